@@ -1,0 +1,171 @@
+"""The one configuration tree of the engine.
+
+Frozen dataclasses, built once in ``main()`` from CLI flags and the environment
+(``EngineConfig.from_sources``) and passed down. Nothing below ``main()`` reads
+the environment or an argparse namespace.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Mapping
+
+GB = 1 << 30
+CACHE_MODES = ("lineage", "exact", "off")
+
+
+def default_cache_dir() -> Path:
+    """The platform's user cache directory for the engine."""
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("lineage-engine"))
+
+
+def _machine_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 64 * GB
+
+
+def parse_bytes(text: str | int) -> int:
+    """'48G', '512M', '1T', '1024' -> bytes. Raises ValueError naming the text."""
+    if isinstance(text, int):
+        return text
+    s = str(text).strip().upper().removesuffix("B")
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    try:
+        if s and s[-1] in units:
+            return int(float(s[:-1]) * units[s[-1]])
+        return int(s)
+    except ValueError:
+        raise ValueError(f"not a byte size: {text!r} (use e.g. 48G, 512M, 1T)")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str | None = None  # None: the embedded default model
+    prefill_step_size: int = 512
+    max_batch: int = 8  # concurrent sequences in the batch generator
+    max_context: int | None = None  # None: from the model's config
+    kv_bits: int | None = None  # quantized KV cache (None: model dtype)
+    kv_group_size: int = 64
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    mode: str = "lineage"  # lineage | exact | off
+    ram_budget: int = 48 * GB  # capped at half the machine's memory
+    anchor_max_entries: int = 16
+    anchor_max_bytes: int = 16 * GB
+    max_checkpoints: int = 4  # per lineage; anchors are separate entries
+    guard_offset: int = 16  # guard checkpoint at prompt length minus this
+    guard_min_suffix: int = 256  # guard only when the uncached suffix is this long
+    divergence_min_gain: int = 256
+    anchor_slack: int = 2  # BPE merges at the anchor boundary
+    exact_max_entries: int = 8  # exact mode: plain LRU by entry count and bytes
+    cache_dir: str | None = None  # None: the platform's user cache directory
+    disk_budget: int = 1 << 40  # capped at half the free disk
+    spill_on_evict: bool = True
+    clear_pool_per_prefill: bool = False  # opt-in mx.clear_cache() per chunk
+    pool_limit: int | None = None  # MLX buffer-pool cap; None: sized from the RAM budget
+    layer_timer_flag: str | None = None  # a file whose presence turns on the per-layer timer
+    layer_timer_requests: int = 4
+
+    def __post_init__(self):
+        if self.mode not in CACHE_MODES:
+            raise ValueError(
+                f"cache mode {self.mode!r} is not one of {', '.join(CACHE_MODES)}"
+            )
+
+    @property
+    def resolved_cache_dir(self) -> Path:
+        return Path(self.cache_dir) if self.cache_dir else default_cache_dir()
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 50051
+    address: str | None = None  # Ray cluster address; None starts Ray locally
+    num_cpus: int | None = None
+    http_port: int | None = None  # OpenAI bridge, off by default
+    replicas: int = 1
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+    @staticmethod
+    def from_sources(
+        flags: Mapping[str, object] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> "EngineConfig":
+        """Build the tree: CLI flags win over the environment, which wins over defaults.
+
+        ``flags`` holds only the flags the user gave (None values are ignored).
+        """
+        flags = {k: v for k, v in (flags or {}).items() if v is not None}
+        env = dict(os.environ if env is None else env)
+
+        def pick(flag: str, var: str | None, default):
+            if flag in flags:
+                return flags[flag]
+            if var and env.get(var):
+                return env[var]
+            return default
+
+        mode = pick("cache_mode", "LINEAGE_CACHE_MODE", None)
+        if mode is None:
+            mode = "exact" if env.get("APC_LINEAGE") == "0" else "lineage"
+
+        ram_cap = _machine_memory() // 2
+        ram = min(parse_bytes(pick("ram_budget", "LINEAGE_RAM_BUDGET", 48 * GB)), ram_cap)
+        cache_dir = pick("cache_dir", "LINEAGE_CACHE_DIR", None)
+        disk = parse_bytes(pick("disk_budget", "LINEAGE_DISK_BUDGET", 1 << 40))
+        probe = Path(cache_dir) if cache_dir else default_cache_dir()
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        disk = min(disk, shutil.disk_usage(probe).free // 2)
+
+        cache = CacheConfig(
+            mode=str(mode),
+            ram_budget=ram,
+            anchor_max_bytes=min(CacheConfig.anchor_max_bytes, ram),
+            cache_dir=str(cache_dir) if cache_dir else None,
+            disk_budget=disk,
+            clear_pool_per_prefill=str(
+                pick("clear_pool", "LINEAGE_CLEAR_POOL", "0")
+            ).lower()
+            in ("1", "true", "yes"),
+            layer_timer_flag=pick("layer_timer_flag", "LINEAGE_LAYER_TIMER_FLAG", None),
+        )
+        model = ModelConfig(
+            path=pick("model", "LINEAGE_MODEL", None),
+            prefill_step_size=int(pick("prefill_step_size", "LINEAGE_PREFILL_STEP", 512)),
+            max_batch=int(pick("max_batch", "LINEAGE_MAX_BATCH", 8)),
+        )
+        server = ServerConfig(
+            host=str(pick("host", "LINEAGE_HOST", "127.0.0.1")),
+            port=int(pick("port", "LINEAGE_PORT", 50051)),
+            address=pick("address", "LINEAGE_RAY_ADDRESS", None),
+            http_port=(lambda v: int(v) if v is not None else None)(
+                pick("http_port", "LINEAGE_HTTP_PORT", None)
+            ),
+        )
+        return EngineConfig(model=model, cache=cache, server=server)
+
+    def with_cache(self, **changes) -> "EngineConfig":
+        return replace(self, cache=replace(self.cache, **changes))
+
+    def with_model(self, **changes) -> "EngineConfig":
+        return replace(self, model=replace(self.model, **changes))
+
+    def with_server(self, **changes) -> "EngineConfig":
+        return replace(self, server=replace(self.server, **changes))

@@ -1,0 +1,36 @@
+"""The model fingerprint: what makes a stored cache valid for a served model.
+
+Each weight file's name, size and mtime (no hashing of multi-GB files), the
+tokenizer's identity (a hash of its files' bytes: they are small), the KV dtype
+and the KV quantization. A changed weight file, another tokenizer or another
+KV layout gives another fingerprint: a miss, never a wrong hit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                   "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")
+
+
+def model_fingerprint(model_dir: str | Path, kv_dtype: str, kv_bits: int | None = None,
+                      kv_group_size: int = 64) -> str:
+    """A short hex digest of the weights' stat, the tokenizer bytes and the KV layout."""
+    root = Path(model_dir)
+    weights = sorted(p for p in root.glob("*.safetensors"))
+    parts = {
+        "weights": [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in weights],
+        "tokenizer": {
+            name: hashlib.sha256((root / name).read_bytes()).hexdigest()
+            for name in TOKENIZER_FILES if (root / name).exists()
+        },
+        "config": hashlib.sha256((root / "config.json").read_bytes()).hexdigest()
+        if (root / "config.json").exists() else "",
+        "kv_dtype": kv_dtype,
+        "kv_quant": [kv_bits, kv_group_size] if kv_bits else None,
+    }
+    blob = json.dumps(parts, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:20]

@@ -1,0 +1,113 @@
+"""The front end's domain side: prompt, plan, run, stream. No gRPC types here.
+
+It tokenizes and renders the chat template (engine.template), asks the cache
+manager for a RestorePlan, runs the request on the model actor through a Ray
+streaming generator and yields the actor's events. The gRPC servicer
+(engine.service) only translates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+import numpy as np
+
+from engine.events import Finished, GenerationRequest, SamplingParams
+from engine.messages import PlanRequest
+from engine.template import InvalidRequest, PromptBuilder, PromptInput
+
+log = logging.getLogger("lineage.request")
+
+
+class Unavailable(RuntimeError):
+    """The engine cannot serve now (stopping, or the model actor is gone)."""
+
+
+class Frontend:
+    def __init__(self, model, manager, builder: PromptBuilder, info, cache_mode: str):
+        self.model = model  # ModelActor handle
+        self.manager = manager  # CacheManagerActor handle
+        self.builder = builder
+        self.info = info  # ModelInfo
+        self.cache_mode = cache_mode
+        self.closing = asyncio.Event()
+
+    @staticmethod
+    def check_sampling(s: SamplingParams) -> None:
+        if s.max_tokens <= 0:
+            raise InvalidRequest(f"max_tokens must be > 0, got {s.max_tokens}")
+        if s.temperature < 0:
+            raise InvalidRequest(f"temperature must be >= 0, got {s.temperature}")
+        if not 0 <= s.top_p <= 1:
+            raise InvalidRequest(f"top_p must be in [0, 1], got {s.top_p}")
+        if s.top_k < 0:
+            raise InvalidRequest(f"top_k must be >= 0, got {s.top_k}")
+
+    async def generate(self, inp: PromptInput, sampling: SamplingParams, namespace: str = "",
+                       request_id: str = ""):
+        """Yield lists of events (Progress, Tokens, Finished) for one request."""
+        if self.closing.is_set():
+            raise Unavailable("the server is shutting down")
+        received = time.time()
+        self.check_sampling(sampling)
+        bad = [t for t in sampling.stop_token_ids if not 0 <= t < self.info.vocab_size]
+        if bad:
+            raise InvalidRequest(f"stop token id {bad[0]} is outside the vocabulary")
+        prompt = self.builder.build(inp)
+        if len(prompt.tokens) + sampling.max_tokens > self.info.max_context:
+            sampling = _clip_max_tokens(sampling, self.info.max_context - len(prompt.tokens))
+        request_id = request_id or uuid.uuid4().hex
+        t0 = time.perf_counter()
+        plan = await self.manager.plan.remote(PlanRequest(
+            request_id=request_id,
+            tokens=np.asarray(prompt.tokens, dtype=np.int32),
+            anchor_len=prompt.anchor_len,
+            namespace=namespace,
+        ))
+        req = GenerationRequest(
+            request_id=request_id, namespace=namespace, tokens=prompt.tokens, plan=plan,
+            sampling=sampling, received_at=received,
+            plan_ms=(time.perf_counter() - t0) * 1000,
+        )
+        finished = False
+        try:
+            async for ref in self.model.generate.options(num_returns="streaming").remote(req):
+                batch = await ref
+                for event in batch:
+                    if isinstance(event, Finished):
+                        finished = True
+                        log_request(event, plan.captures)
+                yield batch
+        finally:
+            if not finished:
+                self.model.cancel.remote(request_id)
+
+    async def stats(self):
+        return await self.manager.stats.remote()
+
+
+def _clip_max_tokens(s: SamplingParams, room: int) -> SamplingParams:
+    from dataclasses import replace
+
+    return replace(s, max_tokens=max(1, room))
+
+
+def log_request(f: Finished, captures) -> None:
+    """One key=value line per request (DESIGN: the cost of each turn is visible)."""
+    t = f.timing
+    log.info(
+        "request id=%s finish=%s prompt=%d cached=%d completion=%d restore=%s@%d "
+        "captures=%s queue_ms=%.1f plan_ms=%.1f restore_ms=%.1f prefill_ms=%.1f "
+        "commit_ms=%.1f ttft_ms=%.1f decode_tps=%.1f bytes_copied_restore=%d "
+        "bytes_copied_commit=%d restored_kv_bytes=%d",
+        f.request_id, f.finish_reason, f.prompt_tokens, f.cached_tokens, f.completion_tokens,
+        f.restore_kind, f.restore_length,
+        ",".join(f"{c.kind}@{c.length}" for c in captures) or "-",
+        t.get("queue_ms", 0), t.get("plan_ms", 0), t.get("restore_ms", 0),
+        t.get("prefill_ms", 0), t.get("commit_ms", 0), t.get("ttft_ms", 0),
+        t.get("decode_tps", 0), t.get("bytes_copied_restore", 0),
+        t.get("bytes_copied_commit", 0), t.get("restored_kv_bytes", 0),
+    )

@@ -1,0 +1,364 @@
+"""Continuous batching with restores and capture points, over mlx-lm's BatchGenerator.
+
+The generator knows tensors and the batch; it knows nothing about which entry
+to restore or what to keep: a request arrives with its RestorePlan, and a
+finished request leaves as a Commit for the cache manager, whose Orders come
+back through `apply_orders`. Every method runs on one thread (the model
+actor's loop); nothing here locks.
+
+Capture points: the prompt is split into segments at each capture point, so
+prefill stops exactly there (BatchGenerator's segments) and the state layers
+of that sequence are snapshotted before the next chunk runs. The state at the
+prompt end is taken when the sequence enters the generation batch (its last
+prompt token has just been fed).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+from mlx_lm.generate import BatchGenerator, StopSequences
+
+from engine import snapshot
+from engine.batch import LineageBatchGenerator
+from engine.config import EngineConfig
+from engine.layer_timer import LayerTimer
+from engine.events import Finished, GenerationRequest, Progress, Tokens
+from engine.messages import CapturedPoint, Commit, Orders, Release
+from engine.sampling import StopMatcher, make_sampler
+from engine.store import RamTier, StoredEntry
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[object], None]
+PROGRESS_MIN_TOKENS = 256  # stream prefill progress only for prompts at least this long
+
+
+@dataclass
+class _Active:
+    """One request in the batch."""
+
+    req: GenerationRequest
+    emit: Emit
+    uid: int
+    restore_kind: str
+    restore_length: int
+    captures: list  # pending CapturePoints, ascending
+    stop_ids: frozenset
+    t_admit: float
+    restore_ms: float
+    restored_kv_bytes: int
+    copied_restore: int = 0
+    copied_commit: int = 0
+    taken: dict = field(default_factory=dict)  # length -> (CapturePoint, StateSnapshot)
+    prompt_end_state: object = None
+    t_prefill_end: float | None = None
+    t_first: float | None = None
+    t_last: float | None = None
+    ids: list = field(default_factory=list)  # emitted completion ids
+    fed: int = 0  # completion tokens fed into the cache
+    detok: object = None
+    stop: StopMatcher | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.req.tokens)
+
+
+class Generator:
+    """The batch loop of one model replica."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        config: EngineConfig,
+        tier: RamTier,
+        send_commit: Callable[[Commit, Callable[[Orders], None]], None],
+        send_release: Callable[[Release], None],
+        replica: int = 0,
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.tier = tier
+        self.send_commit = send_commit
+        self.send_release = send_release
+        self.replica = replica
+        self.vocab_size = int(model.args.vocab_size) if hasattr(model, "args") else len(tokenizer)
+        self.eos_ids = frozenset(int(t) for t in tokenizer.eos_token_ids)
+        self.bg = self._new_batch_generator()
+        self.active: dict[int, _Active] = {}  # uid -> request
+        self.by_request: dict[str, int] = {}  # request_id -> uid
+        self.pending: list[tuple[GenerationRequest, Emit]] = []
+        self.timer = LayerTimer(model, config.cache.layer_timer_flag,
+                                config.cache.layer_timer_requests)
+
+    def _new_batch_generator(self) -> BatchGenerator:
+        m = self.config.model
+        return LineageBatchGenerator(
+            self.model,
+            completion_batch_size=m.max_batch,
+            prefill_batch_size=m.max_batch,
+            prefill_step_size=m.prefill_step_size,
+            clear_pool_per_prefill=self.config.cache.clear_pool_per_prefill,
+        )
+
+    # ---- requests in ----------------------------------------------------
+
+    def submit(self, req: GenerationRequest, emit: Emit) -> None:
+        self.pending.append((req, emit))
+
+    def cancel(self, request_id: str) -> None:
+        """Stop a request now: its slot is freed before the next decode step."""
+        for i, (req, emit) in enumerate(self.pending):
+            if req.request_id == request_id:
+                del self.pending[i]
+                self._release(req)
+                emit(self._finished_cold(req, "cancelled"))
+                return
+        uid = self.by_request.get(request_id)
+        if uid is None:
+            return
+        act = self.active[uid]
+        if act.t_prefill_end is None:  # still in prefill: nothing worth keeping
+            self.bg.remove([uid])
+            self._drop(uid)
+            self._release(act.req)
+            act.emit(self._finished(act, "cancelled"))
+            return
+        caches = self.bg.remove([uid], return_prompt_caches=True)
+        cache, tokens = caches[uid]
+        self._finish(act, "cancelled", cache, list(tokens))
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.pending or self.active)
+
+    # ---- the loop ---------------------------------------------------------
+
+    def step(self) -> None:
+        """Admit pending requests, then one BatchGenerator step."""
+        while self.pending:
+            self._admit(*self.pending.pop(0))
+        if not self.active:
+            return
+        prompt_responses, gen_responses = self.bg.next()
+        for r in prompt_responses:
+            self._on_prompt(r)
+        for r in gen_responses:
+            self._on_token(r)
+
+    def fail_all(self, message: str) -> None:
+        """After an error inside the batch: end every request and start a fresh batch."""
+        for uid, act in list(self.active.items()):
+            self._drop(uid)
+            self._release(act.req)
+            act.emit(self._finished(act, "error", error=message))
+        self.bg = self._new_batch_generator()
+
+    # ---- admission and restore -------------------------------------------
+
+    def _admit(self, req: GenerationRequest, emit: Emit) -> None:
+        self.timer.on_admit(req.request_id)
+        t0 = time.perf_counter()
+        plan = req.plan
+        tokens = list(req.tokens)
+        kind, n = plan.kind, plan.length
+        if n and not self.tier.can_restore(plan.entry_id, n):
+            log.warning("request %s: restore point %s@%d is gone; prefilling cold",
+                        req.request_id, plan.entry_id, n)
+            kind, n = "none", 0
+        counter = snapshot.CopyCounter()
+        cache = self.tier.restore(plan.entry_id, n, counter) if n else None
+        restored_kv = (
+            snapshot.kv_bytes_per_token(self.tier.entries[plan.entry_id].layers) * n if n else 0
+        )
+        captures = sorted((c for c in plan.captures if n < c.length < len(tokens)),
+                          key=lambda c: c.length)
+        cuts = [n] + [c.length for c in captures] + [len(tokens)]
+        segments = [tokens[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
+        stop_ids = self.eos_ids | frozenset(req.sampling.stop_token_ids)
+        uid = self.bg.insert_segments(
+            [segments],
+            max_tokens=[req.sampling.max_tokens],
+            caches=[cache] if cache is not None else None,
+            all_tokens=[tokens[:n]],
+            samplers=[make_sampler(req.sampling, self.vocab_size)],
+            stop_sequences=[StopSequences([[t] for t in sorted(stop_ids)])],
+        )[0]
+        detok = self.tokenizer.detokenizer
+        act = _Active(
+            req=req, emit=emit, uid=uid, restore_kind=kind, restore_length=n,
+            captures=captures, stop_ids=stop_ids, t_admit=time.time(),
+            restore_ms=(time.perf_counter() - t0) * 1000, restored_kv_bytes=restored_kv,
+            copied_restore=counter.copied_kv,
+            detok=detok, stop=StopMatcher(req.sampling.stop),
+        )
+        self.active[uid] = act
+        self.by_request[req.request_id] = uid
+
+    # ---- prefill events ----------------------------------------------------
+
+    def _on_prompt(self, r) -> None:
+        act = self.active.get(r.uid)
+        if act is None:
+            return
+        done = act.restore_length + int(r.progress[0])
+        if act.prompt_len >= PROGRESS_MIN_TOKENS and not r.end_of_prompt:
+            act.emit(Progress(done=done, total=act.prompt_len))
+        if r.end_of_prompt:
+            act.t_prefill_end = time.time()
+            batch = self.bg._generation_batch
+            act.prompt_end_state = snapshot.snapshot_state(
+                batch.prompt_cache, batch.uids.index(r.uid)
+            )
+        elif r.end_of_segment and act.captures and act.captures[0].length == done:
+            point = act.captures.pop(0)
+            batch = self.bg._prompt_batch
+            state = snapshot.snapshot_state(batch.prompt_cache, batch.uids.index(r.uid))
+            act.taken[point.length] = (point, state)
+
+    # ---- decode events -----------------------------------------------------
+
+    def _on_token(self, r) -> None:
+        act = self.active.get(r.uid)
+        if act is None:
+            return
+        now = time.time()
+        act.fed += 1
+        token = int(r.token)
+        if act.t_first is None:
+            act.t_first = now
+        act.t_last = now
+        is_stop_token = r.finish_reason == "stop" and token in act.stop_ids
+        stopped = False
+        if not is_stop_token:
+            act.ids.append(token)
+            act.detok.add_token(token)
+            text, stopped = act.stop.feed(act.detok.last_segment)
+            act.emit(Tokens(ids=(token,), text=text))
+        if stopped:
+            caches = self.bg.remove([r.uid], return_prompt_caches=True)
+            cache, tokens = caches[r.uid]
+            self._finish(act, "stop", cache, list(tokens))
+        elif r.finish_reason is not None:
+            act.detok.finalize()
+            tail = act.stop.feed(act.detok.last_segment)[0] + act.stop.flush()
+            if tail:
+                act.emit(Tokens(ids=(), text=tail))
+            self._finish(act, r.finish_reason, r.prompt_cache, list(r.all_tokens))
+
+    # ---- finishing: store, commit, final event ------------------------------
+
+    def _finish(self, act: _Active, reason: str, cache: list, all_tokens: list) -> None:
+        self._drop(act.uid)
+        plan = act.req.plan
+        if plan.new_entry_id is None or act.prompt_end_state is None:
+            self._release(act.req)
+            act.emit(self._finished(act, reason))
+            return
+        t0 = time.perf_counter()
+        commit = self._store(act, cache, all_tokens)
+
+        def on_orders(orders: Orders) -> None:
+            self.apply_orders(orders)
+            commit_ms = (time.perf_counter() - t0) * 1000
+            act.emit(self._finished(act, reason, commit_ms=commit_ms))
+
+        self.send_commit(commit, on_orders)
+
+    def _store(self, act: _Active, cache: list, all_tokens: list) -> Commit:
+        """Put the finished sequence's entry (and separate capture entries) in the RAM tier."""
+        plan = act.req.plan
+        L = act.prompt_len
+        counter = snapshot.CopyCounter()
+        layers, end_state = snapshot.store_entry(cache, counter)
+        act.copied_commit = counter.copied_kv
+        tokens = np.asarray(all_tokens, dtype=np.int32)
+        assert tokens.shape[0] >= L, "the cache holds fewer tokens than the prompt"
+        if plan.store_reply:
+            length, states = int(tokens.shape[0]), {int(tokens.shape[0]): end_state}
+            if length > L:
+                states[L] = act.prompt_end_state
+        else:
+            length, states = L, {L: act.prompt_end_state}
+            tokens = tokens[:L]
+        captured = []
+        for point, state in act.taken.values():
+            if point.entry_id is None:
+                states[point.length] = state
+            else:
+                self.tier.put(point.entry_id, StoredEntry(layers, point.length, {point.length: state}))
+            captured.append(CapturedPoint(point.length, point.kind, point.entry_id))
+        self.tier.put(plan.new_entry_id, StoredEntry(layers, length, states))
+        return Commit(
+            request_id=act.req.request_id,
+            namespace=act.req.namespace,
+            entry_id=plan.new_entry_id,
+            tokens=tokens,
+            prompt_len=L,
+            restored_from=plan.entry_id if act.restore_length else None,
+            restored_length=act.restore_length,
+            captures=tuple(captured),
+            kv_bytes_per_token=snapshot.kv_bytes_per_token(layers),
+            state_bytes=end_state.nbytes,
+            replica=self.replica,
+        )
+
+    def apply_orders(self, orders: Orders) -> None:
+        if orders:
+            self.tier.apply(orders)
+
+    def _release(self, req: GenerationRequest) -> None:
+        if req.plan.new_entry_id is not None:
+            self.send_release(Release(request_id=req.request_id))
+
+    def _drop(self, uid: int) -> None:
+        act = self.active.pop(uid, None)
+        if act is not None:
+            self.by_request.pop(act.req.request_id, None)
+            self.timer.on_finish(act.req.request_id)
+
+    # ---- final events --------------------------------------------------------
+
+    def _finished(self, act: _Active, reason: str, commit_ms: float = 0.0, error: str = "") -> Finished:
+        t_first = act.t_first
+        n = len(act.ids)
+        decode_tps = 0.0
+        if t_first is not None and act.t_last is not None and act.t_last > t_first and n > 1:
+            decode_tps = (n - 1) / (act.t_last - t_first)
+        received = act.req.received_at
+        timing = {
+            "queue_ms": max(0.0, (act.t_admit - received) * 1000 - act.req.plan_ms),
+            "plan_ms": act.req.plan_ms,
+            "restore_ms": act.restore_ms,
+            "prefill_ms": ((act.t_prefill_end or time.time()) - act.t_admit) * 1000,
+            "commit_ms": commit_ms,
+            "ttft_ms": ((t_first - received) * 1000) if t_first else 0.0,
+            "decode_tps": decode_tps,
+            "bytes_copied_restore": act.copied_restore,
+            "bytes_copied_commit": act.copied_commit,
+            "restored_kv_bytes": act.restored_kv_bytes,
+        }
+        return Finished(
+            request_id=act.req.request_id,
+            finish_reason=reason,
+            prompt_tokens=act.prompt_len,
+            cached_tokens=act.restore_length,
+            completion_tokens=n,
+            restore_kind=act.restore_kind,
+            restore_length=act.restore_length,
+            timing=timing,
+            error=error,
+        )
+
+    def _finished_cold(self, req: GenerationRequest, reason: str) -> Finished:
+        return Finished(
+            request_id=req.request_id, finish_reason=reason, prompt_tokens=len(req.tokens),
+            cached_tokens=0, completion_tokens=0, restore_kind="none", restore_length=0,
+        )

@@ -1,0 +1,121 @@
+"""`lineage serve`: Ray, the actors, the gRPC server, and a clean stop.
+
+`start_engine(config)` builds a running engine inside an initialized Ray (the
+tests use it with their session-wide Ray); `run(config)` is the main job: it
+starts or joins Ray, serves until SIGINT/SIGTERM, then stops cleanly (health
+NOT_SERVING, in-flight streams end with UNAVAILABLE, actors killed, Ray shut
+down if it started it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from dataclasses import dataclass
+
+import ray
+
+from engine.config import EngineConfig
+
+log = logging.getLogger("lineage")
+
+
+@dataclass
+class RunningEngine:
+    server: object
+    port: int
+    health: object
+    frontend: object
+    model: object
+    manager: object
+    info: object
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def stop(self, grace: float = 2.0) -> None:
+        from engine.service import stop_server
+
+        await stop_server(self.server, self.health, self.frontend, grace)
+        for actor in (self.model, self.manager):
+            ray.kill(actor)
+
+
+async def start_engine(config: EngineConfig, port: int | None = None) -> RunningEngine:
+    """Create the actors and serve gRPC; Ray must already be initialized."""
+    from mlx_lm.utils import load_tokenizer
+
+    from engine.actors.cache_manager import CacheManagerActor
+    from engine.actors.model import ModelActor
+    from engine.frontend import Frontend
+    from engine.service import create_server
+    from engine.template import PromptBuilder
+
+    options = {"resources": {"mlx": 1}} if config.server.address else {}
+    model = ModelActor.options(**options).remote(config)
+    info = await model.info.remote()
+    manager = CacheManagerActor.remote(config.cache, info.fingerprint, info.has_state_layers)
+    await model.attach.remote(manager)
+    from pathlib import Path
+
+    tokenizer = load_tokenizer(Path(info.path))
+    builder = PromptBuilder(tokenizer, info.vocab_size, info.max_context, config.cache.anchor_slack)
+    frontend = Frontend(model, manager, builder, info, config.cache.mode)
+    server, bound, health = await create_server(
+        frontend, config.server.host, config.server.port if port is None else port
+    )
+    return RunningEngine(server, bound, health, frontend, model, manager, info)
+
+
+def run(config: EngineConfig) -> int:
+    """The main job. Returns the process exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
+                        stream=sys.stderr)
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        ctx = ray.init(
+            address=config.server.address,
+            num_cpus=config.server.num_cpus,
+            include_dashboard=True,
+            dashboard_host="127.0.0.1",
+            configure_logging=False,
+            log_to_driver=True,
+        )
+        dashboard = getattr(ctx, "dashboard_url", "") or ""
+    else:
+        dashboard = ""
+    try:
+        return asyncio.run(_serve(config, dashboard))
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+
+async def _serve(config: EngineConfig, dashboard: str) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    engine = await start_engine(config)
+    print(f"lineage: serving {engine.info.model_type} ({engine.info.path}) "
+          f"on {config.server.host}:{engine.port}, cache mode {config.cache.mode}", flush=True)
+    if dashboard:
+        url = dashboard if dashboard.startswith("http") else f"http://{dashboard}"
+        print(f"lineage: Ray dashboard at {url}", flush=True)
+    bridge = None
+    if config.server.http_port:
+        from clients.bridge import start_bridge
+
+        bridge = await start_bridge(f"127.0.0.1:{engine.port}", config.server.host,
+                                    config.server.http_port)
+        print(f"lineage: OpenAI-compatible bridge on http://{config.server.host}:"
+              f"{config.server.http_port}/v1", flush=True)
+    await stop.wait()
+    print("lineage: stopping", flush=True)
+    if bridge is not None:
+        await bridge.stop()
+    await engine.stop()
+    return 0

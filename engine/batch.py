@@ -1,17 +1,84 @@
-"""mlx-lm's BatchGenerator, with the memory-pool clear per prefill chunk made opt-in.
+"""mlx-lm's BatchGenerator, with the copies and pool clears of a warm turn taken out.
 
-mlx-lm's PromptProcessingBatch calls `mx.clear_cache()` after every prefill
-chunk and after every padded batch. That hands MLX's buffer pool back to the
-operating system, so the next allocation page-faults fresh memory: on a warm
-turn it turned each KV copy into seconds (reference 000, "Where the other
-second went"). Here the pool stays, bounded by MLX's cache limit, and is
-released when the engine goes idle; the per-chunk clear is a config flag.
+Three changes to mlx-lm's prompt batch, everything else is mlx-lm's:
+
+- The batch merge of restored caches is the only KV copy of a warm turn: the
+  merged KV buffer gets room for the rest of the prompt, so prefill writes in
+  place instead of concatenating (a second whole-KV copy) on its first chunk.
+- Moving sequences from prefill to decode (`split`) no longer deep-copies the
+  whole prompt batch's caches: the caches move when every sequence leaves,
+  and only the leaving rows are gathered otherwise.
+- The `mx.clear_cache()` after every prefill chunk and padded batch is opt-in.
+  It hands MLX's buffer pool back to the operating system, so the next
+  allocation page-faults fresh memory: on a warm turn it turned each KV copy
+  into seconds (reference 000, "Where the other second went"). The pool stays,
+  bounded by MLX's cache limit, and is released when the engine goes idle.
 """
 
 from __future__ import annotations
 
+import copy
+
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, PromptProcessingBatch, _right_pad_prompts
+from mlx_lm.models.cache import BatchKVCache, CacheList, KVCache
+
+
+def merge_with_room(caches: list, room: int) -> list:
+    """mlx-lm's batch merge, with KV buffers sized for `room` more tokens.
+
+    The merge copies each restored sequence's KV rows into the batch layout
+    (the one copy a warm turn pays); sizing the buffer for what prefill will
+    append lets BatchKVCache write in place instead of concatenating.
+    """
+    if not caches:
+        return []
+    return [_merge_layer([c[i] for c in caches], room) for i in range(len(caches[0]))]
+
+
+def _merge_layer(layers: list, room: int):
+    if all(type(c) is KVCache for c in layers):
+        return _merge_kv(layers, room)
+    if all(type(c) is CacheList for c in layers):
+        parts = zip(*(c.caches for c in layers))
+        merged = CacheList()
+        merged.caches = tuple(_merge_layer(list(p), room) for p in parts)
+        return merged
+    if not hasattr(layers[0], "merge"):
+        raise ValueError(f"{type(layers[0]).__name__} does not support batching with history")
+    return layers[0].merge(layers)
+
+
+def _merge_kv(layers: list, room: int) -> BatchKVCache:
+    lengths = [c.size() for c in layers]
+    longest = max(lengths)
+    if longest == 0:
+        return BatchKVCache([0] * len(layers))
+    ref = next(c for c in layers if c.keys is not None)
+    step = BatchKVCache.step
+    capacity = ((longest + room + step - 1) // step) * step
+    B, H = len(layers), ref.keys.shape[1]
+    keys = mx.zeros((B, H, capacity, ref.keys.shape[3]), dtype=ref.keys.dtype)
+    values = mx.zeros((B, H, capacity, ref.values.shape[3]), dtype=ref.values.dtype)
+    padding = [longest - n for n in lengths]
+    for i, (p, c) in enumerate(zip(padding, layers)):
+        if c.keys is not None and c.offset:
+            keys[i : i + 1, :, p : p + c.offset] = c.keys[..., : c.offset, :]
+            values[i : i + 1, :, p : p + c.offset] = c.values[..., : c.offset, :]
+    merged = BatchKVCache(padding)
+    merged.keys, merged.values = keys, values
+    merged.offset = merged.offset + longest
+    merged._idx = longest
+    return merged
+
+
+def _detached(cache):
+    """A shallow copy whose in-place `filter` leaves the original untouched."""
+    if type(cache) is CacheList:
+        out = CacheList()
+        out.caches = tuple(_detached(c) for c in cache.caches)
+        return out
+    return copy.copy(cache)
 
 
 class PoolClearCounter:
@@ -32,9 +99,29 @@ class LineagePromptBatch(PromptProcessingBatch):
     pool: PoolClearCounter | None = None
     layer_timer = None  # set by the generator: callable(chunk_len) -> context manager
 
+    def __init__(self, *args, caches=None, room: int = 0, **kwargs):
+        super().__init__(*args, caches=[], **kwargs)
+        self.prompt_cache = merge_with_room(caches or [], room)
+
     def _copy(self):
         new = super()._copy()
         new.clear_pool, new.pool, new.layer_timer = self.clear_pool, self.pool, self.layer_timer
+        return new
+
+    def split(self, indices):
+        """Move `indices` to a new batch without deep-copying the whole batch's caches."""
+        indices = sorted(indices)
+        rest = sorted(set(range(len(self.uids))) - set(indices))
+        caches, self.prompt_cache = self.prompt_cache, []
+        new = self._copy()  # copies no tensors now: the caches are set aside
+        if rest:
+            new.prompt_cache = [_detached(c) for c in caches]
+            self.prompt_cache = caches
+            self.filter(rest)
+            new.filter(indices)
+        else:
+            new.prompt_cache = caches  # every sequence leaves: nothing to gather
+            self.filter([])
         return new
 
     def prompt(self, tokens):
@@ -83,3 +170,23 @@ class LineageBatchGenerator(BatchGenerator):
         batch.clear_pool = clear_pool_per_prefill
         batch.pool = self.pool
         self._prompt_batch = batch
+
+    def _make_batch(self, n: int):
+        """mlx-lm's _make_batch, merging the restored caches with room for the prompt."""
+        fields = {k: [] for k in ("uids", "caches", "tokens", "samplers", "logits_processors",
+                                  "max_tokens", "stop_sequences")}
+        room = 0
+        for _ in range(n):
+            uid, segments, max_tok, cache, tokens, sampler, procs, stops = (
+                self._unprocessed_sequences.popleft())
+            remaining = sum(len(s) for s in segments)
+            room = max(room, remaining)
+            for key, value in zip(fields, (uid, cache, tokens, sampler, procs, max_tok, stops)):
+                fields[key].append(value)
+            self._currently_processing.append([segments, 0, remaining])
+        batch = LineagePromptBatch(
+            model=self.model, prefill_step_size=self.prefill_step_size,
+            fallback_sampler=self.sampler, room=room, **fields,
+        )
+        batch.clear_pool, batch.pool = self._prompt_batch.clear_pool, self.pool
+        return batch

@@ -34,6 +34,24 @@ class Frontend:
         self.info = info  # ModelInfo
         self.cache_mode = cache_mode
         self.closing = asyncio.Event()
+        self.cancelling: set = set()  # cancels whose commit a retry should see
+
+    async def _settle_cancels(self, timeout: float = 2.0) -> None:
+        """Wait (briefly) for cancelled requests to commit, so a retry can restore them."""
+        if self.cancelling:
+            await asyncio.wait(set(self.cancelling), timeout=timeout)
+
+    def _cancel(self, request_id: str) -> None:
+        task = asyncio.ensure_future(self._await_ref(self.model.cancel.remote(request_id)))
+        self.cancelling.add(task)
+        task.add_done_callback(self.cancelling.discard)
+
+    @staticmethod
+    async def _await_ref(ref) -> None:
+        try:
+            await ref
+        except Exception:  # a dead actor: nothing to wait for
+            pass
 
     @staticmethod
     def check_sampling(s: SamplingParams) -> None:
@@ -60,6 +78,7 @@ class Frontend:
         if len(prompt.tokens) + sampling.max_tokens > self.info.max_context:
             sampling = _clip_max_tokens(sampling, self.info.max_context - len(prompt.tokens))
         request_id = request_id or uuid.uuid4().hex
+        await self._settle_cancels()
         t0 = time.perf_counter()
         plan = await self.manager.plan.remote(PlanRequest(
             request_id=request_id,
@@ -83,7 +102,7 @@ class Frontend:
                 yield batch
         finally:
             if not finished:
-                self.model.cancel.remote(request_id)
+                self._cancel(request_id)
 
     async def stats(self):
         return await self.manager.stats.remote()

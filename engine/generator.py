@@ -113,26 +113,33 @@ class Generator:
     def submit(self, req: GenerationRequest, emit: Emit) -> None:
         self.pending.append((req, emit))
 
-    def cancel(self, request_id: str) -> None:
-        """Stop a request now: its slot is freed before the next decode step."""
+    def cancel(self, request_id: str, on_done: Callable[[], None] | None = None) -> None:
+        """Stop a request now: its slot is freed before the next decode step.
+
+        `on_done` runs once what the request leaves behind is committed (or
+        released): a retry planned after it sees that entry.
+        """
+        done = on_done or (lambda: None)
         for i, (req, emit) in enumerate(self.pending):
             if req.request_id == request_id:
                 del self.pending[i]
                 self._release(req)
                 emit(self._finished_cold(req, "cancelled"))
-                return
+                return done()
         uid = self.by_request.get(request_id)
         if uid is None:
-            return
+            return done()
         act = self.active[uid]
-        if act.t_prefill_end is None:  # still in prefill: nothing worth keeping
-            self.bg.remove([uid])
+        emit = act.emit
+        act.emit = lambda event: (emit(event), isinstance(event, Finished) and done())
+        cache, tokens = self.bg.remove([uid], return_prompt_caches=True)[uid]
+        if len(tokens) <= act.restore_length:  # not admitted to the batch yet: nothing new
             self._drop(uid)
             self._release(act.req)
             act.emit(self._finished(act, "cancelled"))
             return
-        caches = self.bg.remove([uid], return_prompt_caches=True)
-        cache, tokens = caches[uid]
+        # In prefill, the prefix prefilled so far (and its captures) is still worth
+        # keeping: a retry of a dropped long prompt resumes there.
         self._finish(act, "cancelled", cache, list(tokens))
 
     @property
@@ -258,7 +265,7 @@ class Generator:
     def _finish(self, act: _Active, reason: str, cache: list, all_tokens: list) -> None:
         self._drop(act.uid)
         plan = act.req.plan
-        if plan.new_entry_id is None or act.prompt_end_state is None:
+        if plan.new_entry_id is None:
             self._release(act.req)
             act.emit(self._finished(act, reason))
             return
@@ -280,14 +287,17 @@ class Generator:
         layers, end_state = snapshot.store_entry(cache, counter)
         act.copied_commit = counter.copied_kv
         tokens = np.asarray(all_tokens, dtype=np.int32)
-        assert tokens.shape[0] >= L, "the cache holds fewer tokens than the prompt"
-        if plan.store_reply:
+        if act.prompt_end_state is None:  # cancelled in prefill: the prefix done so far
+            L = length = int(tokens.shape[0])
+            states = {length: end_state}
+        elif plan.store_reply:
             length, states = int(tokens.shape[0]), {int(tokens.shape[0]): end_state}
             if length > L:
                 states[L] = act.prompt_end_state
         else:
             length, states = L, {L: act.prompt_end_state}
             tokens = tokens[:L]
+        assert tokens.shape[0] >= L, "the cache holds fewer tokens than the prompt"
         captured = []
         for point, state in act.taken.values():
             if point.entry_id is None:

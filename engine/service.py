@@ -161,13 +161,13 @@ async def _until_closing(events, closing: asyncio.Event):
     try:
         while True:
             nxt = asyncio.ensure_future(it.__anext__())
-            done, _ = await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
+            try:
+                done, _ = await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:  # the client cancelled the call
+                await _cancel_task(nxt)
+                raise
             if nxt not in done:
-                nxt.cancel()  # runs the generator's cleanup (it cancels the request)
-                try:
-                    await nxt
-                except (asyncio.CancelledError, StopAsyncIteration):
-                    pass
+                await _cancel_task(nxt)
                 raise Unavailable("the server is shutting down")
             try:
                 yield nxt.result()
@@ -175,6 +175,15 @@ async def _until_closing(events, closing: asyncio.Event):
                 return
     finally:
         stop.cancel()
+
+
+async def _cancel_task(task: asyncio.Task) -> None:
+    """Cancel the task running the event stream: its cleanup cancels the request."""
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, StopAsyncIteration):
+        pass
 
 
 async def create_server(frontend: Frontend, host: str = "127.0.0.1", port: int = 0):

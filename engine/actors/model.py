@@ -129,8 +129,16 @@ class ModelActor:
             if not finished:  # the consumer went away: free the slot
                 self.inbox.put(lambda g: g.cancel(req.request_id))
 
-    def cancel(self, request_id: str) -> None:
-        self.inbox.put(lambda g: g.cancel(request_id))
+    async def cancel(self, request_id: str) -> None:
+        """Returns once the cancelled request's cache is committed (or released)."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def finished() -> None:
+            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+
+        self.inbox.put(lambda g: g.cancel(request_id, finished))
+        await done
 
     def apply_orders(self, orders: Orders) -> None:
         self.inbox.put(lambda g: g.apply_orders(orders))

@@ -1,0 +1,572 @@
+"""An OpenAI-compatible HTTP bridge (FastAPI on uvicorn), a client of the gRPC API.
+
+Translates `/v1/chat/completions`, `/v1/completions`, `/v1/models` and `/health`
+into Generate, ModelInfo and health-check calls (clients.client.AsyncClient)
+and the answers back into OpenAI shapes, as server-sent events when `stream` is
+set. It knows the OpenAI wire format and the model's `<tool_call>` text; it
+knows nothing of models, caches or Ray, and never loads MLX. gRPC
+INVALID_ARGUMENT -> 400, UNAVAILABLE -> 503, else 500, always as
+`{"error": {"message", "type", "param", "code"}}`. A client that disconnects
+cancels its gRPC call, which frees its batch slot. The cache namespace is the
+`X-Cache-Namespace` header, else the request's `user`.
+
+`start_bridge(...)` serves in the running loop (`lineage serve --http-port`);
+`run_bridge(...)` is the blocking job of `lineage bridge`, whose CLI plug-in
+(HELP, add_arguments, run) this module is. FastAPI, uvicorn and pydantic load
+only when a bridge is built, so the import stays cheap; and no `from __future__
+import annotations`, since FastAPI reads the annotations of the endpoints
+defined inside create_app.
+"""
+
+import asyncio
+import contextlib
+import json
+import re
+import signal
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import PurePath
+from types import SimpleNamespace
+
+from clients.client import DEFAULT_SERVER, AsyncClient, Chunk, Final, LineageError, Progress
+
+HELP = "serve an OpenAI-compatible HTTP API in front of a running engine"
+TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"
+# One block; an unterminated last block counts when its JSON is whole (EOS or
+# max_tokens right after the closing brace).
+_TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+_HTTP_STATUS = {"INVALID_ARGUMENT": 400, "UNAVAILABLE": 503}
+DISCONNECT_POLL_S = 0.25  # how often a request not yet streaming checks for a gone client
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client went away before the response started (answered 499, unseen)."""
+
+
+# ------------------------------------------------------------ tool calls ----
+
+
+def _tool_call(body: str) -> dict | None:
+    """One block's JSON {"name", "arguments"} -> an OpenAI tool call; None if malformed."""
+    try:
+        obj = json.loads(body.strip())
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if not isinstance(args, str):
+        args = json.dumps(args, ensure_ascii=False)
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": obj["name"], "arguments": args}}
+
+
+def parse_tool_calls(text: str) -> tuple[str, list[dict]]:
+    """Model text -> (content, tool calls) for `<tool_call>\\n{json}\\n</tool_call>` blocks.
+
+    The format the embedded chat template renders (mlx-lm's json_tools parser:
+    the same markers, a JSON body). Content is the text outside the blocks,
+    stripped. If any block is malformed, no calls are returned and the content is
+    the text unchanged, so nothing the model wrote is lost.
+    """
+    if TOOL_CALL_START not in text:
+        return text, []
+    calls = [_tool_call(m.group(1)) for m in _TOOL_CALL_BLOCK.finditer(text)]
+    if not calls or None in calls:
+        return text, []
+    return _TOOL_CALL_BLOCK.sub("", text).strip(), calls
+
+
+def _partial_start(text: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of TOOL_CALL_START."""
+    for k in range(min(len(TOOL_CALL_START) - 1, len(text)), 0, -1):
+        if text.endswith(TOOL_CALL_START[:k]):
+            return k
+    return 0
+
+
+class ToolCallStream:
+    """Streamed text -> content to send now, with tool calls parsed at the end.
+
+    Content streams as it comes, except a tail that may be the start of
+    `<tool_call>`; from the first block on, text is held and parsed by finish().
+    Invariant: the pieces feed() returned plus finish()'s content, when finish()
+    finds no calls, are the text fed.
+    """
+
+    def __init__(self):
+        self._held = ""
+        self._calls_text: str | None = None
+
+    def feed(self, text: str) -> str:
+        if self._calls_text is not None:
+            self._calls_text += text
+            return ""
+        text = self._held + text
+        at = text.find(TOOL_CALL_START)
+        if at >= 0:
+            self._held, self._calls_text = "", text[at:]
+            return text[:at]
+        keep = _partial_start(text)
+        self._held = text[len(text) - keep:]
+        return text[: len(text) - keep]
+
+    def finish(self) -> tuple[str, list[dict]]:
+        """(content not yet sent, tool calls)."""
+        if self._calls_text is None:
+            return self._held, []
+        content, calls = parse_tool_calls(self._calls_text)
+        return (content, calls) if calls else (self._calls_text, [])
+
+
+# ------------------------------------------------------- OpenAI shapes ----
+
+
+def _usage(usage) -> dict:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def _lineage_error(error: LineageError) -> tuple[int, dict]:
+    """(HTTP status, OpenAI error body) of a failed gRPC call."""
+    status = _HTTP_STATUS.get(error.code, 500)
+    kind = "invalid_request_error" if status == 400 else "server_error"
+    return status, error_body(error.message, kind, code=error.code.lower())
+
+
+class _Shape:
+    """The envelope shared by the chunks and the whole response of one request."""
+
+    object_whole = object_chunk = ""
+
+    def __init__(self, rid: str, info: dict):
+        self.id, self.created = rid, int(time.time())
+        self.model, self.fingerprint = info["id"], info["fingerprint"]
+
+    def envelope(self, kind: str, choices: list, **extra) -> dict:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
+                "system_fingerprint": self.fingerprint, "choices": choices, **extra}
+
+    def usage_chunk(self, final: Final) -> dict:
+        return self.envelope(self.object_chunk, [], usage=_usage(final.usage))
+
+
+class ChatShape(_Shape):
+    """chat.completion and chat.completion.chunk objects; tool calls parsed when `tools`."""
+
+    object_whole, object_chunk = "chat.completion", "chat.completion.chunk"
+
+    def __init__(self, rid: str, info: dict, tools: bool):
+        super().__init__(f"chatcmpl-{rid}", info)
+        self.stream = ToolCallStream() if tools else None
+
+    def _chunk(self, delta: dict, finish_reason: str | None = None) -> dict:
+        return self.envelope(self.object_chunk, [{"index": 0, "delta": delta, "logprobs": None,
+                                                  "finish_reason": finish_reason}])
+
+    def head(self) -> list[dict]:
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def delta(self, text: str) -> list[dict]:
+        text = self.stream.feed(text) if self.stream else text
+        return [self._chunk({"content": text})] if text else []
+
+    def finish(self, final: Final) -> list[dict]:
+        content, calls = self.stream.finish() if self.stream else ("", [])
+        out = [self._chunk({"content": content})] if content else []
+        if calls:
+            out.append(self._chunk({"tool_calls": [dict(c, index=i) for i, c in enumerate(calls)]}))
+        out.append(self._chunk({}, "tool_calls" if calls else final.finish_reason))
+        return out
+
+    def whole(self, result) -> dict:
+        content, calls = parse_tool_calls(result.text) if self.stream else (result.text, [])
+        message = {"role": "assistant", "content": content or (None if calls else "")}
+        if calls:
+            message["tool_calls"] = calls
+        choice = {"index": 0, "message": message, "logprobs": None,
+                  "finish_reason": "tool_calls" if calls else result.finish_reason}
+        return self.envelope(self.object_whole, [choice], usage=_usage(result.usage))
+
+
+class TextShape(_Shape):
+    """text_completion objects (`/v1/completions`)."""
+
+    object_whole = object_chunk = "text_completion"
+
+    def __init__(self, rid: str, info: dict):
+        super().__init__(f"cmpl-{rid}", info)
+
+    def _choice(self, text: str, finish_reason: str | None) -> dict:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+    def head(self) -> list[dict]:
+        return []
+
+    def delta(self, text: str) -> list[dict]:
+        return [self.envelope(self.object_chunk, [self._choice(text, None)])] if text else []
+
+    def finish(self, final: Final) -> list[dict]:
+        return [self.envelope(self.object_chunk, [self._choice("", final.finish_reason)])]
+
+    def whole(self, result) -> dict:
+        return self.envelope(self.object_whole, [self._choice(result.text, result.finish_reason)],
+                             usage=_usage(result.usage))
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def _events_as_sse(first, stream, shape: _Shape, include_usage: bool):
+    """The SSE body: chunks, the finish chunk, the usage chunk, `[DONE]`.
+
+    Progress becomes an SSE comment (clients ignore it; it keeps proxies from
+    timing out a long prefill). Closing this generator early, as Starlette does
+    when the client disconnects, cancels the gRPC call.
+    """
+    try:
+        for chunk in shape.head():
+            yield _sse(chunk)
+        event = first
+        while event is not None:
+            if isinstance(event, Progress):
+                yield f": prefill {event.done}/{event.total}\n\n"
+            elif isinstance(event, Chunk):
+                for chunk in shape.delta(event.text):
+                    yield _sse(chunk)
+            elif isinstance(event, Final) and event.finish_reason != "error":  # else: error next
+                for chunk in shape.finish(event):
+                    yield _sse(chunk)
+                if include_usage:
+                    yield _sse(shape.usage_chunk(event))
+            event = await anext(stream, None)
+    except LineageError as error:
+        yield _sse(_lineage_error(error)[1])
+    finally:
+        stream.cancel()
+    yield "data: [DONE]\n\n"
+
+
+# --------------------------------------------------------------- backend ----
+
+
+class Backend:
+    """The gRPC side: an AsyncClient, a health stub, and the served model's identity."""
+
+    def __init__(self, grpc_address: str):
+        self.address = grpc_address
+        self.client = AsyncClient(grpc_address)
+        self._health_channel = None
+        self._info: dict | None = None
+
+    async def model_info(self) -> dict:
+        """ModelInfo as {"id", "max_context", "fingerprint", "reply"}, fetched once."""
+        if self._info is None:
+            reply = await self.client.model_info()
+            self._info = {"id": PurePath(reply["model"]).name or reply["model"],
+                          "max_context": reply["max_context"],
+                          "fingerprint": reply["fingerprint"], "reply": reply}
+        return self._info
+
+    async def health(self) -> str:
+        """The grpc.health.v1 status name of the whole server, or the failed call's code."""
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        if self._health_channel is None:
+            self._health_channel = grpc.aio.insecure_channel(self.address)
+        stub = health_pb2_grpc.HealthStub(self._health_channel)
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5.0)
+        except grpc.RpcError as error:
+            return error.code().name
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+    async def close(self) -> None:
+        await self.client.close()
+        if self._health_channel is not None:
+            await self._health_channel.close()
+            self._health_channel = None
+
+
+async def _unless_disconnected(request, awaitable):
+    """Await `awaitable` unless the HTTP client goes away first (then cancel it)."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise ClientDisconnected()
+    finally:
+        task.cancel()
+
+
+def _sampling(body, info: dict, namespace: str, rid: str) -> dict:
+    """The OpenAI sampling fields -> keyword arguments of AsyncClient.stream."""
+    if body.n not in (None, 1):
+        raise ValueError(f"n must be 1 (one choice per request), got {body.n}")
+    max_tokens = getattr(body, "max_completion_tokens", None)
+    max_tokens = max_tokens if max_tokens is not None else body.max_tokens
+    stop = [body.stop] if isinstance(body.stop, str) else body.stop
+    return {
+        # No limit given: the context (the engine clips it to the room left).
+        "max_tokens": info["max_context"] if max_tokens is None else max_tokens,
+        "temperature": 1.0 if body.temperature is None else body.temperature,  # OpenAI's default
+        "top_p": body.top_p or 0.0, "top_k": body.top_k or 0, "seed": body.seed, "stop": stop,
+        "namespace": namespace, "request_id": rid,
+    }
+
+
+async def _respond(request, body, stream, shape: _Shape):
+    """A whole JSON response, or SSE once the first event shows the request was accepted."""
+    from fastapi.responses import StreamingResponse
+    from starlette.background import BackgroundTask
+
+    if not body.stream:
+        return shape.whole(await _unless_disconnected(request, stream.result()))
+    # Waiting for the first event turns an INVALID_ARGUMENT into a 400, not an SSE error.
+    first = await _unless_disconnected(request, anext(stream, None))
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    events = _events_as_sse(first, stream, shape, include_usage)
+    # On a disconnect Starlette cancels the sending task and then runs the
+    # background task: closing the generator there cancels the gRPC call even when
+    # the cancel landed outside the generator (in send).
+    return StreamingResponse(events, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                             background=BackgroundTask(events.aclose))
+
+
+# ------------------------------------------------------------------- app ----
+
+
+def _schemas() -> SimpleNamespace:
+    """The request bodies (pydantic). Unknown fields are accepted and ignored."""
+    from pydantic import BaseModel, ConfigDict
+
+    class Open(BaseModel):
+        model_config = ConfigDict(extra="allow")
+
+    class Function(Open):
+        name: str
+        arguments: str | dict = "{}"
+
+    class ToolCall(Open):
+        id: str | None = None
+        type: str = "function"
+        function: Function
+
+    class Message(Open):
+        role: str
+        content: str | list[dict] | None = None
+        tool_calls: list[ToolCall] | None = None
+        tool_call_id: str | None = None
+        name: str | None = None
+
+    class StreamOptions(Open):
+        include_usage: bool = False
+
+    class Sampling(Open):
+        model: str | None = None
+        temperature: float | None = None
+        top_p: float | None = None
+        top_k: int | None = None
+        max_tokens: int | None = None
+        stop: str | list[str] | None = None
+        seed: int | None = None
+        n: int | None = None
+        stream: bool = False
+        stream_options: StreamOptions | None = None
+        user: str | None = None
+
+    class Chat(Sampling):
+        messages: list[Message]
+        tools: list[dict] | None = None
+        tool_choice: str | dict | None = None
+        max_completion_tokens: int | None = None
+
+    class Completion(Sampling):
+        prompt: str | list[int] | list[str]
+
+    return SimpleNamespace(Chat=Chat, Completion=Completion)
+
+
+def _add_error_handlers(app) -> None:
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, Response
+    from starlette.exceptions import HTTPException
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request, error):
+        first = error.errors()[0] if error.errors() else {"loc": (), "msg": str(error)}
+        param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+        message = f"{param}: {first['msg']}" if param else first["msg"]
+        return JSONResponse(error_body(message, "invalid_request_error", param), 400)
+
+    @app.exception_handler(ValueError)
+    async def bad_value(request, error):
+        return JSONResponse(error_body(str(error), "invalid_request_error"), 400)
+
+    @app.exception_handler(LineageError)
+    async def engine_error(request, error):
+        status, body = _lineage_error(error)
+        return JSONResponse(body, status)
+
+    @app.exception_handler(ClientDisconnected)
+    async def client_gone(request, error):
+        return Response(status_code=499)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, error):
+        kind = "invalid_request_error" if error.status_code < 500 else "server_error"
+        return JSONResponse(error_body(str(error.detail), kind), error.status_code)
+
+
+def create_app(grpc_address: str):
+    """The FastAPI app, a client of the engine at `grpc_address`; app.state.backend."""
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+
+    s = _schemas()
+    backend = Backend(grpc_address)
+    app = FastAPI(title="lineage OpenAI-compatible bridge", docs_url=None, redoc_url=None)
+    app.state.backend = backend
+    _add_error_handlers(app)
+
+    def namespace(request: Request, body) -> str:
+        return request.headers.get("x-cache-namespace") or body.user or ""
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: s.Chat, request: Request):
+        info, rid = await backend.model_info(), uuid.uuid4().hex
+        kwargs = _sampling(body, info, namespace(request, body), rid)
+        messages = [m.model_dump(exclude_none=True) for m in body.messages]
+        stream = backend.client.stream(messages=messages, tools=body.tools, **kwargs)
+        parse_tools = bool(body.tools) and body.tool_choice != "none"
+        return await _respond(request, body, stream, ChatShape(rid, info, parse_tools))
+
+    @app.post("/v1/completions")
+    async def completions(body: s.Completion, request: Request):
+        info, rid = await backend.model_info(), uuid.uuid4().hex
+        kwargs = _sampling(body, info, namespace(request, body), rid)
+        prompt = body.prompt
+        if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
+            stream = backend.client.stream(prompt_ids=prompt, **kwargs)
+        else:
+            if isinstance(prompt, list):
+                if len(prompt) != 1:
+                    raise ValueError(f"prompt: one prompt per request, got {len(prompt)}")
+                prompt = prompt[0]
+            stream = backend.client.stream(prompt=prompt, **kwargs)
+        return await _respond(request, body, stream, TextShape(rid, info))
+
+    @app.get("/v1/models")
+    async def models():
+        info = await backend.model_info()
+        return {"object": "list", "data": [{
+            "id": info["id"], "object": "model", "created": 0, "owned_by": "lineage",
+            "max_model_len": info["max_context"], "root": info["reply"]["model"]}]}
+
+    @app.get("/health")
+    async def health():
+        status = await backend.health()
+        return JSONResponse({"status": status}, 200 if status == "SERVING" else 503)
+
+    return app
+
+
+# --------------------------------------------------------------- running ----
+
+
+@dataclass
+class BridgeHandle:
+    """A bridge serving in the running event loop."""
+
+    server: object  # uvicorn.Server
+    task: asyncio.Task
+    backend: Backend
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def stop(self, grace: float = 2.0) -> None:
+        """Stop accepting, give open requests `grace` seconds, close the gRPC channels."""
+        self.server.config.timeout_graceful_shutdown = grace
+        self.server.should_exit = True
+        try:
+            await self.task
+        finally:
+            await self.backend.close()
+
+
+async def start_bridge(grpc_address: str, host: str, port: int) -> BridgeHandle:
+    """Serve the bridge on host:port (0: any free port) inside the running loop.
+
+    The socket is bound here, so a taken port raises OSError to the caller.
+    Signals stay with the caller's loop (`lineage serve` owns SIGINT/SIGTERM).
+    """
+    import uvicorn
+
+    app = create_app(grpc_address)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    server = uvicorn.Server(config)
+    server.capture_signals = contextlib.nullcontext  # uvicorn would take over SIGINT/SIGTERM
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            sock.close()
+            task.result()
+            raise RuntimeError("the HTTP bridge stopped while starting")
+        await asyncio.sleep(0.01)
+    return BridgeHandle(server, task, app.state.backend, host, sock.getsockname()[1])
+
+
+async def _serve_until_signal(grpc_address: str, host: str, port: int) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    handle = await start_bridge(grpc_address, host, port)
+    print(f"lineage: OpenAI-compatible bridge on {handle.url}/v1 for engine {grpc_address}",
+          flush=True)
+    await stop.wait()
+    print("lineage: stopping the bridge", flush=True)
+    await handle.stop()
+    return 0
+
+
+def run_bridge(grpc_address: str = DEFAULT_SERVER, host: str = "127.0.0.1",
+               port: int = 8000) -> int:
+    """The blocking job of `lineage bridge`: serve until SIGINT/SIGTERM. Returns the exit code."""
+    return asyncio.run(_serve_until_signal(grpc_address, host, port))
+
+
+def add_arguments(parser) -> None:
+    """`lineage bridge` flags (the CLI fills --server from $LINEAGE_SERVER)."""
+    parser.add_argument("--server", metavar="HOST:PORT",
+                        help=f"engine address (default: $LINEAGE_SERVER or {DEFAULT_SERVER})")
+    parser.add_argument("--host", default="127.0.0.1", help="HTTP address (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="HTTP port (default: 8000)")
+
+
+def run(args) -> int:
+    """`lineage bridge`: the CLI plug-in entry point."""
+    return run_bridge(args.server or DEFAULT_SERVER, args.host, args.port)

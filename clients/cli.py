@@ -1,0 +1,341 @@
+"""The `lineage` command: serve, generate, chat, fanout, stats (and plug-ins).
+
+Parses arguments and hands plain values to the client library or to
+`engine.serve.run(config)`. Only `lineage serve` imports the engine's runtime
+(MLX, Ray), lazily; every other subcommand needs grpc alone.
+
+Subcommands live in a registry (`COMMANDS`). Another module adds one with
+`register(Command(...))`, or by being named in `PLUGINS`: such a module defines
+`HELP` (one line), `add_arguments(parser)` and `run(args) -> int`, and must be
+cheap to import. A plug-in module that is not there yet is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from clients.chat import ProgressBar
+from clients.client import (DEFAULT_MAX_TOKENS, DEFAULT_SERVER, Chunk, Client, LineageError,
+                            Progress, Result)
+from engine.config import CACHE_MODES, EngineConfig, parse_bytes
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+# Serve flags, as named by EngineConfig.from_sources.
+SERVE_FLAGS = ("model", "cache_dir", "cache_mode", "ram_budget", "disk_budget", "host", "port",
+               "address", "http_port", "prefill_step_size", "max_batch")
+# Subcommands that other modules provide: name -> module.
+PLUGINS = {"bench": "clients.bench", "cache": "clients.cache", "bridge": "clients.bridge"}
+
+
+class UsageError(Exception):
+    """Bad input found after parsing (an unreadable file, ...): exit 2."""
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+COMMANDS: dict[str, Command] = {}
+
+
+def register(command: Command) -> Command:
+    """Add a subcommand to the registry (a later one with the same name replaces it)."""
+    COMMANDS[command.name] = command
+    return command
+
+
+def _load_plugins() -> None:
+    for name, module_name in PLUGINS.items():
+        if name in COMMANDS:
+            continue
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if error.name == module_name:
+                continue  # not written yet
+            raise
+        register(Command(name, module.HELP, module.add_arguments, module.run))
+
+
+# ---------------------------------------------------------------- helpers ----
+
+
+def _byte_size(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error))
+
+
+def _read_json(path: str, what: str):
+    """Load a JSON file ("-" reads stdin); UsageError naming the file on failure."""
+    try:
+        if path == "-":
+            return json.load(sys.stdin)
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError) as error:
+        raise UsageError(f"cannot read {what} from {path}: {error}")
+
+
+def _read_json_list(path: str | None, what: str) -> list | None:
+    if path is None:
+        return None
+    value = _read_json(path, what)
+    if not isinstance(value, list):
+        raise UsageError(f"{what} file {path} must hold a JSON list")
+    return value
+
+
+def _add_server(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--server", metavar="HOST:PORT",
+                   help=f"engine address (default: $LINEAGE_SERVER or {DEFAULT_SERVER})")
+
+
+def _add_sampling(p: argparse.ArgumentParser, max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+    p.add_argument("--max-tokens", type=int, default=max_tokens)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--top-p", type=float, default=0.0, help="0 or 1: off")
+    p.add_argument("--top-k", type=int, default=0, help="0: off")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop string (repeatable)")
+    p.add_argument("--namespace", default="", help="cache namespace")
+
+
+def sampling_from_args(args: argparse.Namespace) -> dict:
+    """The generate() keyword arguments of the sampling flags."""
+    return {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
+            "top_k": args.top_k, "seed": args.seed, "stop": args.stop,
+            "namespace": args.namespace}
+
+
+# ------------------------------------------------------------------ serve ----
+
+
+def _serve_arguments(p: argparse.ArgumentParser) -> None:
+    # Every default is None: EngineConfig.from_sources sees only the flags given.
+    p.add_argument("--model", metavar="PATH", help="model directory (default: embedded tiny model)")
+    p.add_argument("--host", help="gRPC bind host (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="gRPC port (default 50051)")
+    p.add_argument("--cache-dir", help="disk tier directory")
+    p.add_argument("--cache-mode", choices=CACHE_MODES)
+    p.add_argument("--ram-budget", type=_byte_size, metavar="SIZE", help="e.g. 48G")
+    p.add_argument("--disk-budget", type=_byte_size, metavar="SIZE", help="e.g. 1T")
+    p.add_argument("--address", metavar="RAY_ADDR", help="join a Ray cluster (e.g. auto)")
+    p.add_argument("--http-port", type=int, help="OpenAI bridge port (off by default)")
+    p.add_argument("--prefill-step-size", type=int)
+    p.add_argument("--max-batch", type=int)
+
+
+def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> EngineConfig:
+    """The EngineConfig of `lineage serve` flags (only those given) plus `env`."""
+    flags = {name: getattr(args, name) for name in SERVE_FLAGS}
+    return EngineConfig.from_sources({k: v for k, v in flags.items() if v is not None}, env)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(args, args.env)
+    except ValueError as error:
+        raise UsageError(str(error))
+    from engine import serve  # MLX and Ray load here, and only here
+
+    return int(serve.run(config) or 0)
+
+
+# --------------------------------------------------------------- generate ----
+
+
+def _generate_arguments(p: argparse.ArgumentParser) -> None:
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--messages", metavar="FILE.json", help="a JSON list of {role, content}")
+    source.add_argument("--prompt", metavar="TEXT", help="raw prompt text")
+    p.add_argument("--tools", metavar="FILE.json", help="a JSON list of tool definitions")
+    p.add_argument("--stop-token-id", type=int, action="append", default=[], metavar="ID")
+    p.add_argument("--json", action="store_true", help="print one JSON object (the Result)")
+    _add_sampling(p)
+    _add_server(p)
+
+
+def _print_stream(stream) -> Result:
+    """Write chunks to stdout as they arrive, a prefill bar to a terminal stderr."""
+    bar = ProgressBar(sys.stderr)
+    for event in stream:
+        if isinstance(event, Progress):
+            bar.update(event)
+        elif isinstance(event, Chunk):
+            bar.clear()
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+    bar.clear()
+    sys.stdout.write("\n")
+    return stream.result()
+
+
+def _generate(args: argparse.Namespace) -> int:
+    if args.tools and not args.messages:
+        raise UsageError("--tools needs --messages")
+    request = dict(messages=_read_json_list(args.messages, "messages"),
+                   tools=_read_json_list(args.tools, "tools"), prompt=args.prompt,
+                   stop_token_ids=args.stop_token_id, **sampling_from_args(args))
+    with Client(args.server) as client:
+        try:
+            stream = client.stream(**request)
+        except ValueError as error:
+            raise UsageError(str(error))
+        if args.json:
+            print(json.dumps(stream.result().to_json_dict()))
+        else:
+            _print_stream(stream)
+    return EXIT_OK
+
+
+# ------------------------------------------------------------ chat, stats ----
+
+
+def _chat_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--system", metavar="TEXT", help="system prompt")
+    p.add_argument("--tools", metavar="FILE.json", help="a JSON list of tool definitions")
+    _add_sampling(p)
+    _add_server(p)
+
+
+def _chat(args: argparse.Namespace) -> int:
+    from clients.chat import main_chat
+
+    return main_chat(args.server, args.system, _read_json_list(args.tools, "tools"),
+                     sampling_from_args(args))
+
+
+def _stats_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the counters as JSON")
+    _add_server(p)
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def format_stats(stats: dict) -> str:
+    """A CacheStats dict as a two-column table; byte counters human-readable."""
+    lines = []
+    for key, value in stats.items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k}={v}" for k, v in sorted(value.items())) or "-"
+        elif key.endswith("_bytes"):
+            value = f"{_human_bytes(value)} ({value})"
+        lines.append(f"{key:<16} {value}")
+    if stats.get("prompt_tokens"):
+        fraction = stats["cached_tokens"] / stats["prompt_tokens"]
+        lines.append(f"{'cached_fraction':<16} {fraction:.1%}")
+    return "\n".join(lines)
+
+
+def _stats(args: argparse.Namespace) -> int:
+    with Client(args.server) as client:
+        stats = client.cache_stats()
+    print(json.dumps(stats, indent=2) if args.json else format_stats(stats))
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------- fanout ----
+
+
+def _fanout_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--agents", type=int, required=True, metavar="N")
+    p.add_argument("--turns", type=int, required=True, metavar="T")
+    p.add_argument("--system-tokens", type=int, default=2000,
+                   help="shared system prompt plus tools, in estimated tokens")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--namespace", default="")
+    p.add_argument("--json", metavar="FILE", help="write {rows, summary} to FILE")
+    _add_server(p)
+
+
+def _fanout(args: argparse.Namespace) -> int:
+    from clients import fanout
+
+    for flag in ("agents", "turns", "system_tokens", "max_tokens"):
+        if getattr(args, flag) <= 0:
+            raise UsageError(f"--{flag.replace('_', '-')} must be > 0")
+    rows = asyncio.run(fanout.run_fanout(args.server, args.agents, args.turns,
+                                         args.system_tokens, args.max_tokens, args.seed,
+                                         args.namespace))
+    print(fanout.format_table(rows))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(fanout.rows_to_json(rows), f, indent=2)
+    return EXIT_OK
+
+
+for _command in (
+    Command("serve", "run the engine (Ray, model actors, gRPC server)", _serve_arguments, _serve),
+    Command("generate", "send one request and stream the reply", _generate_arguments, _generate),
+    Command("chat", "interactive multi-turn chat", _chat_arguments, _chat),
+    Command("fanout", "parallel sub-agents sharing one system prompt", _fanout_arguments,
+            _fanout),
+    Command("stats", "show the engine's cache counters", _stats_arguments, _stats),
+):
+    register(_command)
+
+
+# ------------------------------------------------------------------- main ----
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `lineage` parser with every registered subcommand (plug-ins loaded)."""
+    _load_plugins()
+    parser = argparse.ArgumentParser(prog="lineage", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in COMMANDS.values():
+        p = sub.add_parser(command.name, help=command.help, description=command.help)
+        command.add_arguments(p)
+        p.set_defaults(run=command.run)
+    return parser
+
+
+def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    """Run `lineage` with `argv` (default sys.argv[1:]) and `env` (default os.environ).
+
+    Returns the exit status: 0 ok, 1 a failed call, 2 a usage error, 130 interrupted.
+    """
+    env = os.environ if env is None else env
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    args.env = env
+    if hasattr(args, "server") and not args.server:
+        args.server = env.get("LINEAGE_SERVER") or DEFAULT_SERVER
+    try:
+        return args.run(args)
+    except UsageError as error:
+        print(f"lineage {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except LineageError as error:
+        print(f"lineage {args.command}: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

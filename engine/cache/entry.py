@@ -1,0 +1,90 @@
+"""Entries and checkpoints as the index sees them: token ids, lengths, kinds, bytes.
+
+An entry stands for what the model actor stores under its id: the
+append-only rows of its tokens plus one state snapshot at its full length,
+and a checkpoint per earlier length (the state snapshot only, reading its
+rows from the entry). The index never holds the tensors themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.messages import Commit
+
+# What an entry is for. "conversation": one per lineage (lineage mode);
+# "anchor": the pinned (system + tools) prefix, a separate entry; "snapshot":
+# exact mode's whole-prompt snapshots.
+ROLES = ("conversation", "anchor", "snapshot")
+# The restore kind reported when a request restores at an entry's own state.
+_WHOLE_KIND = {"conversation": "entry", "anchor": "anchor", "snapshot": "entry"}
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A state snapshot at `length`, one of messages.CHECKPOINT_KINDS."""
+
+    length: int
+    kind: str
+
+
+@dataclass
+class Entry:
+    """One stored entry. Mutable only through the index (touch, checkpoints)."""
+
+    id: int
+    namespace: str
+    role: str
+    tokens: np.ndarray  # int32, the tokens the entry covers
+    prompt_len: int  # the prompt end (last turn boundary); == len(tokens) unless a reply follows
+    kv_bytes_per_token: int
+    state_bytes: int
+    checkpoints: dict[int, Checkpoint] = field(default_factory=dict)  # by length, all < len(tokens)
+    last_used: int = 0  # the index's clock at the latest touch
+
+    @classmethod
+    def committed(cls, c: Commit, entry_id: int, role: str, tokens: np.ndarray) -> "Entry":
+        """The entry a commit stores under `entry_id`: its own, or a separate capture's."""
+        prompt_len = c.prompt_len if role == "conversation" else len(tokens)
+        sizes = c.kv_bytes_per_token, c.state_bytes
+        return cls(entry_id, c.namespace, role, tokens, prompt_len, *sizes)
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def nbytes(self) -> int:
+        """RAM bytes: the entry's rows and state, plus one state per checkpoint."""
+        rows = self.length * self.kv_bytes_per_token
+        return rows + self.state_bytes * (1 + len(self.checkpoints))
+
+    def restore_point(self, lcp: int, has_state_layers: bool) -> tuple[int, str] | None:
+        """The longest (length, kind) restorable from this entry within `lcp` shared tokens.
+
+        The whole entry when it is all shared; else its longest checkpoint at or
+        before `lcp`; on a model with no state layers, `lcp` itself (rows alone
+        restore anywhere). None when nothing (of positive length) is restorable.
+        """
+        if lcp == self.length:
+            return self.length, _WHOLE_KIND[self.role]
+        if not has_state_layers:
+            return (lcp, _WHOLE_KIND[self.role]) if lcp > 0 else None
+        within = [n for n in self.checkpoints if n <= lcp]
+        if not within:
+            return None
+        best = max(within)
+        return best, self.checkpoints[best].kind
+
+    def check(self) -> None:
+        """Assert the entry's own invariants."""
+        assert self.role in ROLES, self.role
+        assert self.tokens.dtype == np.int32 and self.tokens.ndim == 1 and self.length > 0
+        assert 0 < self.prompt_len <= self.length, (self.prompt_len, self.length)
+        assert self.kv_bytes_per_token >= 0 and self.state_bytes >= 0
+        for n, checkpoint in self.checkpoints.items():
+            assert checkpoint.length == n and 0 < n < self.length, (self.id, n)
+        if self.role != "conversation":
+            assert not self.checkpoints, (self.id, self.role)

@@ -1,0 +1,183 @@
+"""The lineage policy (DESIGN section 3): one entry per conversation lineage plus checkpoints.
+
+What it decides: where a prompt restores (the longest restore point in its
+namespace), which capture points its prefill takes (anchor, guard,
+divergence), what a commit stores (the new entry, its reply and captured
+checkpoints, anchors), which older entry it absorbs, what thinning drops and
+what the budgets evict. What it does not know: tensors, files, replicas.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from engine.cache.anchor import anchor_victims, wants_anchor
+from engine.cache.entry import Checkpoint, Entry
+from engine.cache.index import Index, Lookup
+from engine.cache.orders import OrderBook
+from engine.cache.thinning import thin
+from engine.cache.tier import DiskIndex, ram_priority, victims
+from engine.config import CacheConfig
+from engine.messages import CapturePoint, Commit, RestorePlan
+
+def carry_over(source: Entry, restored: int) -> list[Checkpoint]:
+    """The restore points of `source` that the entry absorbing it takes over.
+
+    Its checkpoints at or before `restored`, its prompt end becoming a
+    "final" turn boundary, and, when the absorbing prompt re-sent the whole
+    reply (`restored` is the source's full length), its full-length state as
+    a "final" point too. Everything beyond `restored` (later checkpoints, the
+    reply tail the new prompt did not reuse) is dropped with the source.
+    """
+    out = [
+        Checkpoint(n, "final" if n == source.prompt_len else checkpoint.kind)
+        for n, checkpoint in sorted(source.checkpoints.items())
+        if n <= restored
+    ]
+    if restored == source.length:
+        out.append(Checkpoint(source.length, "final"))
+    return out
+
+
+class LineagePolicy:
+    """Plans, commits and evictions of lineage mode over a shared Index."""
+
+    def __init__(
+        self,
+        config: CacheConfig,
+        index: Index,
+        new_id: Callable[[], int],
+        has_state_layers: bool,
+        disk: DiskIndex | None = None,
+    ) -> None:
+        self.config = config
+        self.index = index
+        self._new_id = new_id
+        self.has_state_layers = has_state_layers
+        self.disk = disk
+
+    # -- plan ----------------------------------------------------------------
+
+    def plan(
+        self, request_id: str, namespace: str, prompt: np.ndarray, anchor_len: int
+    ) -> RestorePlan:
+        """The restore point and capture points for `prompt`; allocates the new entry's id first."""
+        found = self._restore(namespace, prompt[:-1])  # the model needs one uncached token
+        restore = found.restore
+        points: dict[int, str] = {}
+        for length, kind in self._capture_points(namespace, prompt, anchor_len, found):
+            points.setdefault(length, kind)
+        new_entry_id = self._new_id()
+        captures = tuple(
+            CapturePoint(n, kind, self._new_id() if kind == "anchor" else None)
+            for n, kind in sorted(points.items())
+        )
+        return RestorePlan(
+            request_id, restore.entry_id, restore.length, restore.kind, captures,
+            new_entry_id=new_entry_id, store_reply=True,
+        )
+
+    def _restore(self, namespace: str, query: np.ndarray) -> Lookup:
+        # Disk tier hook: consult self.disk only when it could offer more than
+        # the RAM tier's best (see tier.DiskIndex); not built yet.
+        return self.index.lookup(namespace, query, self.has_state_layers)
+
+    def _capture_points(self, namespace: str, prompt: np.ndarray, anchor_len: int, found: Lookup):
+        """Yield (length, kind) candidates, all strictly between the restore length and len(prompt).
+
+        When two fall on one length the first yielded wins: the anchor entry
+        also serves that length, and a divergence point also serves a resend
+        there while it outlives a guard in thinning. On a model without state
+        layers every length is restorable from the rows alone, so only the
+        anchor (a pinned separate entry) is worth taking.
+        """
+        restored, size = found.restore.length, len(prompt)
+        if wants_anchor(anchor_len, restored, size):
+            if self.index.find_equal(namespace, "anchor", prompt[:anchor_len]) is None:
+                yield anchor_len, "anchor"
+        if not self.has_state_layers:
+            return
+        gain = found.sibling_lcp - restored
+        if gain > 0 and gain >= self.config.divergence_min_gain:
+            yield found.sibling_lcp, "divergence"
+        guard = size - self.config.guard_offset
+        if size - restored >= self.config.guard_min_suffix and restored < guard < size:
+            yield guard, "guard"
+
+    # -- commit --------------------------------------------------------------
+
+    def commit(self, c: Commit, tokens: np.ndarray, orders: OrderBook) -> None:
+        """Store the request's entry and anchors, absorb its source, thin the new entry."""
+        for point in c.captures:
+            if point.entry_id is not None:  # an anchor; a duplicate of a stored one is freed
+                anchor = Entry.committed(c, point.entry_id, "anchor", tokens[: point.length].copy())
+                self.index.add_unique(anchor, orders)
+        entry = Entry.committed(c, c.entry_id, "conversation", tokens)
+        # A prefill cut short right at a capture point stores that state as the entry's own.
+        own = [
+            Checkpoint(p.length, p.kind)
+            for p in c.captures
+            if p.entry_id is None and p.length < len(tokens)
+        ]
+        if len(tokens) > c.prompt_len:
+            own.append(Checkpoint(c.prompt_len, "reply"))
+        source = self._absorbable(c)
+        carried = carry_over(source, c.restored_length) if source else []
+        live_guard = next((p.length for p in own if p.kind == "guard"), None)
+        dropped = set(thin(own + carried, self.config.max_checkpoints, live_guard))
+        for checkpoint in own:
+            if checkpoint in dropped:
+                orders.drop(entry.id, checkpoint.length)
+            else:
+                entry.checkpoints[checkpoint.length] = checkpoint
+        for checkpoint in carried:
+            if checkpoint not in dropped:
+                orders.move(source.id, checkpoint.length, entry.id)
+                entry.checkpoints[checkpoint.length] = checkpoint
+        if source is not None:
+            self.index.free(source.id, orders)  # its unmoved checkpoints and reply tail go with it
+        self.index.add(entry)
+
+    def _absorbable(self, c: Commit) -> Entry | None:
+        """The entry this request absorbs: a conversation source restored at or past its prompt end.
+
+        Not when another in-flight request pins a restore point that would move
+        (it may not have read it yet): the source then stays a sibling entry.
+        """
+        source = self.index.get(c.restored_from)
+        if source is None or source.role != "conversation" or c.restored_length < source.prompt_len:
+            return None
+        moving = carry_over(source, c.restored_length)
+        if any(self.index.pinned(source.id, p.length) for p in moving):
+            return None
+        return source
+
+    # -- budgets -------------------------------------------------------------
+
+    def evict(self, orders: OrderBook) -> list[Entry]:
+        """Evict anchors beyond their caps, then what exceeds the RAM budget; return the victims."""
+        cfg = self.config
+        anchors = self.index.entries("anchor")
+        out = anchor_victims(anchors, cfg.anchor_max_entries, cfg.anchor_max_bytes)
+        for entry in out:
+            self.index.free(entry.id, orders)
+        over = victims(sorted(self.index.entries(), key=ram_priority), max_bytes=cfg.ram_budget)
+        for entry in over:
+            self.index.free(entry.id, orders)
+        return out + over
+
+    def check(self) -> None:
+        """Assert lineage mode's invariants: checkpoint cap, anchor caps, unique anchors, budget."""
+        cfg = self.config
+        entries = self.index.entries()
+        anchors = [e for e in entries if e.role == "anchor"]
+        assert all(e.role in ("conversation", "anchor") for e in entries)
+        for entry in entries:
+            assert len(entry.checkpoints) <= cfg.max_checkpoints, (entry.id, entry.checkpoints)
+        assert len(anchors) <= cfg.anchor_max_entries
+        assert sum(a.nbytes for a in anchors) <= cfg.anchor_max_bytes
+        keys = {(a.namespace, a.tokens.tobytes()) for a in anchors}
+        assert len(keys) == len(anchors), "two anchors hold the same tokens"
+        assert sum(e.nbytes for e in entries) <= cfg.ram_budget

@@ -1,0 +1,243 @@
+"""CacheManager: the facade the cache-manager actor wraps (plan, commit, release, stats).
+
+It validates messages, keeps the requests in flight (their restore pins and
+allocated entry ids), counts hits, and hands the deciding to the mode's
+policy (lineage.LineagePolicy or exact.ExactPolicy; none when the cache is
+off). Every entry it indexes belongs to the model fingerprint it was built
+with; requests match only entries of their own namespace.
+
+Entry ids are ints allocated here: by plan() for the request's new entry and
+for each separate-entry capture point (anchor, exact snapshot). Ids a
+request never commits are freed at its commit or release (the model actor
+may have stored a capture before the request stopped; freeing an id it does
+not hold is a no-op there).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.cache.exact import ExactPolicy
+from engine.cache.index import Index
+from engine.cache.lineage import LineagePolicy
+from engine.cache.orders import OrderBook
+from engine.cache.tokens import as_tokens
+from engine.config import CacheConfig
+from engine.messages import CacheStatsSnapshot, Commit, Orders, PlanRequest, Release, RestorePlan
+
+_POLICIES = {"lineage": LineagePolicy, "exact": ExactPolicy}
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    """A planned request awaiting its commit or release."""
+
+    namespace: str
+    prompt_len: int
+    plan: RestorePlan
+
+    @property
+    def allocated(self) -> tuple[int, ...]:
+        """The entry ids its plan allocated: the new entry, then the separate-entry captures."""
+        captures = tuple(c.entry_id for c in self.plan.captures if c.entry_id is not None)
+        return (self.plan.new_entry_id, *captures)
+
+
+class CacheManager:
+    """The cache policy behind one actor: no tensors, no locks (the actor serializes calls)."""
+
+    def __init__(
+        self, config: CacheConfig, fingerprint: str = "", has_state_layers: bool = True
+    ) -> None:
+        _check_config(config)
+        self.config = config
+        self.fingerprint = fingerprint  # the disk tier keys files by it
+        self.has_state_layers = has_state_layers
+        self.index = Index()
+        self._ids = itertools.count(1)
+        self._in_flight: dict[str, _InFlight] = {}
+        self._hits: Counter[str] = Counter()
+        self._evictions = 0
+        self._cached_tokens = 0
+        self._prompt_tokens = 0
+        policy = _POLICIES.get(config.mode)
+        self._policy = None
+        if policy is not None:
+            self._policy = policy(config, self.index, self._new_id, has_state_layers)
+
+    def _new_id(self) -> int:
+        return next(self._ids)
+
+    def plan(self, req: PlanRequest) -> RestorePlan:
+        """Choose the restore point and capture points for a prompt; pins the restore source.
+
+        Raises ValueError for an empty prompt, an anchor_len outside [0, len], or
+        a request id already in flight.
+        """
+        prompt = as_tokens(req.tokens, "prompt")
+        if not 0 <= req.anchor_len <= len(prompt):
+            raise ValueError(
+                f"anchor_len {req.anchor_len} is outside the prompt's {len(prompt)} tokens"
+            )
+        if self._policy is None:
+            return RestorePlan(req.request_id, None, 0, "none", (), new_entry_id=None)
+        if req.request_id in self._in_flight:
+            raise ValueError(f"request {req.request_id!r} is already planned")
+        plan = self._policy.plan(req.request_id, req.namespace, prompt, req.anchor_len)
+        source = self.index.get(plan.entry_id)
+        if source is not None:
+            self.index.touch(source)
+            self.index.pin(req.request_id, plan.entry_id, plan.length)
+        self._in_flight[req.request_id] = _InFlight(req.namespace, len(prompt), plan)
+        self._hits[plan.kind] += 1
+        self._cached_tokens += plan.length
+        self._prompt_tokens += len(prompt)
+        return plan
+
+    def commit(self, c: Commit) -> Orders:
+        """Index a finished request's entry and captures; answer with the actor's orders.
+
+        The commit echoes the plan's restore point, or (None, 0) when the actor
+        found it gone and prefilled cold. Raises ValueError (and changes
+        nothing) when the commit does not match its plan.
+        """
+        if self._policy is None:
+            return Orders()
+        tokens = self._validate(c)
+        flight = self._in_flight.pop(c.request_id)
+        self.index.unpin(c.request_id)
+        orders = OrderBook()
+        self._policy.commit(c, tokens, orders)
+        taken = {p.entry_id for p in c.captures}
+        for entry_id in flight.allocated:
+            if entry_id != c.entry_id and entry_id not in taken:
+                orders.free(entry_id)  # prefill stopped before this capture
+        self._evictions += len(self._policy.evict(orders))
+        self.index.flush(orders)
+        return orders.build()
+
+    def release(self, r: Release) -> Orders:
+        """End a request without a commit: unpin, free what it stored and every id it was given.
+
+        Releasing an unknown request only frees `r.stored`. Raises ValueError when
+        `r.stored` names an entry the index still holds.
+        """
+        if self._policy is None:
+            return Orders()
+        held = [i for i in r.stored if i in self.index or i in self.index.deferred]
+        if held:
+            raise ValueError(f"release {r.request_id!r} would free indexed entries {held}")
+        flight = self._in_flight.pop(r.request_id, None)
+        self.index.unpin(r.request_id)
+        orders = OrderBook()
+        for entry_id in (*(flight.allocated if flight else ()), *r.stored):
+            orders.free(entry_id)
+        self.index.flush(orders)
+        return orders.build()
+
+    def stats(self) -> CacheStatsSnapshot:
+        """Counters for the CacheStats RPC (all zero when the cache is off)."""
+        if self._policy is None:
+            return CacheStatsSnapshot(mode=self.config.mode, entries=0, anchors=0)
+        entries = self.index.entries()
+        anchors = [e for e in entries if e.role == "anchor"]
+        checkpoints = Counter(c.kind for e in entries for c in e.checkpoints.values())
+        return CacheStatsSnapshot(
+            mode=self.config.mode,
+            entries=len(entries) - len(anchors),
+            anchors=len(anchors),
+            checkpoints=dict(sorted(checkpoints.items())),
+            ram_bytes=sum(e.nbytes for e in entries),
+            anchor_bytes=sum(a.nbytes for a in anchors),
+            hits=dict(sorted(self._hits.items())),
+            evictions=self._evictions,
+            cached_tokens=self._cached_tokens,
+            prompt_tokens=self._prompt_tokens,
+        )
+
+    def check_invariants(self) -> None:
+        """Assert the index's, the policy's and the in-flight requests' invariants."""
+        self.index.check()
+        if self._policy is None:
+            assert not self.index.entries() and not self._in_flight
+            return
+        self._policy.check()
+        pins = {}
+        for request_id, flight in self._in_flight.items():
+            for entry_id in flight.allocated:
+                assert entry_id not in self.index and entry_id not in self.index.deferred, entry_id
+            if flight.plan.entry_id is not None:
+                pins[request_id] = (flight.plan.entry_id, flight.plan.length)
+        assert pins == self.index.pins, (pins, self.index.pins)
+        for entry_id, length in pins.values():  # a pinned restore point stays readable
+            entry = self.index.get(entry_id)
+            if entry is not None:
+                restorable = length in entry.checkpoints or not self.has_state_layers
+                assert length == entry.length or restorable, (entry_id, length)
+
+    def _validate(self, c: Commit) -> np.ndarray:
+        """The commit's tokens as a fresh int32 array; ValueError unless it matches the plan.
+
+        A commit cut short in prefill (cancelled) covers the prefix prefilled so
+        far: `prompt_len` below the planned prompt's, no reply, and only the
+        captures reached.
+        """
+        flight = self._in_flight.get(c.request_id)
+        if flight is None:
+            raise ValueError(f"commit for request {c.request_id!r}, which has no plan in flight")
+        plan = flight.plan
+        if (c.entry_id, c.namespace) != (plan.new_entry_id, flight.namespace):
+            raise ValueError(
+                f"commit {c.request_id!r} stores entry {c.entry_id} in namespace {c.namespace!r}; "
+                f"its plan said {plan.new_entry_id} in {flight.namespace!r}"
+            )
+        if (c.restored_from, c.restored_length) not in ((plan.entry_id, plan.length), (None, 0)):
+            raise ValueError(
+                f"commit {c.request_id!r} restored ({c.restored_from}, {c.restored_length}), "
+                f"plan said ({plan.entry_id}, {plan.length}) (or a cold prefill)"
+            )
+        tokens = as_tokens(c.tokens, "commit tokens").copy()
+        cut_short = c.prompt_len < flight.prompt_len
+        exact_length = cut_short or not plan.store_reply  # no reply follows the prompt
+        if not 0 < c.prompt_len <= min(flight.prompt_len, len(tokens)) or (
+            exact_length and len(tokens) != c.prompt_len
+        ):
+            raise ValueError(
+                f"commit {c.request_id!r} holds {len(tokens)} tokens with prompt_len "
+                f"{c.prompt_len} for a planned {flight.prompt_len}-token prompt"
+            )
+        _check_captures(c, plan)
+        if c.kv_bytes_per_token < 0 or c.state_bytes < 0:
+            raise ValueError(f"commit {c.request_id!r} has negative sizes")
+        return tokens
+
+
+def _check_captures(c: Commit, plan: RestorePlan) -> None:
+    """ValueError unless the commit's captures are distinct planned ones within its prompt."""
+    planned = {(p.length, p.kind, p.entry_id) for p in plan.captures}
+    taken = [(p.length, p.kind, p.entry_id) for p in c.captures]
+    if len(set(taken)) != len(taken):
+        raise ValueError(f"commit {c.request_id!r} reports a capture twice: {c.captures}")
+    for point in c.captures:
+        if (point.length, point.kind, point.entry_id) not in planned:
+            raise ValueError(
+                f"commit {c.request_id!r} reports capture {point}, which its plan did not ask for"
+            )
+        if point.length > c.prompt_len:
+            raise ValueError(
+                f"commit {c.request_id!r} reports capture {point} past prompt_len {c.prompt_len}"
+            )
+
+
+def _check_config(config: CacheConfig) -> None:
+    """ValueError naming the first knob the policy cannot work with."""
+    for name in ("ram_budget", "anchor_max_entries", "anchor_max_bytes", "max_checkpoints",
+                 "guard_min_suffix", "divergence_min_gain", "exact_max_entries"):
+        if getattr(config, name) < 0:
+            raise ValueError(f"cache config {name} must be >= 0, got {getattr(config, name)}")
+    if config.guard_offset < 1:
+        raise ValueError(f"cache config guard_offset must be >= 1, got {config.guard_offset}")

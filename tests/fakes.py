@@ -1,0 +1,261 @@
+"""Fakes for the cache policy's tests: a model actor shaped like a hybrid model, and a driver.
+
+The fake model actor stores "entries" as token arrays plus the set of lengths
+at which it holds a state snapshot, keyed by entry id, and applies Orders. It
+asserts it is never told to restore, move or drop something it does not hold.
+The driver runs requests through a CacheManager and the fake actor and, after
+every call, checks the manager's invariants and that the actor holds exactly
+what the index says (plus the entries whose free waits for a pin).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from engine.cache import CacheManager
+from engine.config import CacheConfig
+from engine.messages import CapturedPoint, Commit, Orders, PlanRequest, Release, RestorePlan
+
+
+@dataclass(frozen=True)
+class HybridLayout:
+    """A kilobyte-sized hybrid model: a few GQA layers plus Gated-DeltaNet-like state layers."""
+
+    attention_layers: int = 4
+    kv_heads: int = 2
+    head_dim: int = 32
+    state_layers: int = 12
+    state_heads: int = 2
+    conv_window: int = 4
+    conv_channels: int = 128
+    dtype_bytes: int = 2
+
+    @property
+    def kv_bytes_per_token(self) -> int:  # keys + values of every attention layer
+        return self.attention_layers * 2 * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def state_bytes(self) -> int:  # recurrent matrix + conv window of every state layer
+        recurrent = self.state_heads * self.head_dim * self.head_dim
+        per_layer = recurrent + self.conv_window * self.conv_channels
+        return self.state_layers * per_layer * self.dtype_bytes
+
+
+LAYOUT = HybridLayout()
+KVPT = LAYOUT.kv_bytes_per_token  # 1 KiB per token
+STATE = LAYOUT.state_bytes  # 60 KiB per state snapshot
+
+
+def entry_bytes(tokens: int, checkpoints: int = 0) -> int:
+    """RAM bytes of an entry of `tokens` tokens with `checkpoints` checkpoints."""
+    return tokens * KVPT + STATE * (1 + checkpoints)
+
+
+def tokens(*parts) -> np.ndarray:
+    """Concatenate ints, ranges and arrays into one int32 token array."""
+    arrays = [np.asarray(list(p) if isinstance(p, range) else p, dtype=np.int32) for p in parts]
+    return np.concatenate([np.atleast_1d(a) for a in arrays]) if arrays else np.zeros(0, np.int32)
+
+
+@dataclass
+class Stored:
+    tokens: np.ndarray
+    states: set[int]  # lengths with a state snapshot, the full length included
+
+
+@dataclass
+class FakeModelActor:
+    """Holds entries by id and obeys Orders; asserts on every order it cannot carry out."""
+
+    state_layers: bool = True
+    stored: dict[int, Stored] = field(default_factory=dict)
+
+    def restore(self, plan: RestorePlan, prompt: np.ndarray) -> None:
+        """Take the plan's restore point: rows [:length] and (with state layers) its state."""
+        assert plan.length < len(prompt), "the model needs one uncached token"
+        if plan.entry_id is None:
+            assert plan.length == 0 and plan.kind == "none"
+            return
+        held = self.stored.get(plan.entry_id)
+        assert held is not None, f"restore from entry {plan.entry_id}, which is not held"
+        assert plan.length <= len(held.tokens)
+        n = plan.length
+        assert np.array_equal(held.tokens[:n], prompt[:n]), "restored rows differ"
+        if self.state_layers:
+            assert plan.length in held.states, f"no state at {plan.length} in entry {plan.entry_id}"
+
+    def prefill(
+        self, plan: RestorePlan, prompt: np.ndarray, reply=(), taken: int | None = None,
+        upto: int | None = None,
+    ):
+        """Prefill from the restore point, taking the first `taken` capture points (all when None).
+
+        `upto`: the request is cancelled after prefilling that many prompt tokens;
+        it commits that prefix (no reply) with the captures reached. Returns the
+        Commit when the plan stores an entry (None when the cache is off).
+        """
+        points = plan.captures if taken is None else plan.captures[:taken]
+        if upto is not None:
+            assert plan.length < upto < len(prompt) and len(reply) == 0
+            prompt = prompt[:upto]
+            points = [p for p in points if p.length <= upto]
+        checkpoints = set()
+        for point in points:
+            assert plan.length < point.length <= len(prompt), point
+            if point.entry_id is None:
+                checkpoints.add(point.length)
+            else:
+                self.store_capture(point.entry_id, prompt, point.length)
+        if plan.new_entry_id is None:
+            return None
+        reply = np.asarray(reply, dtype=np.int32)
+        stored = np.concatenate([prompt, reply]) if plan.store_reply else prompt
+        states = checkpoints | {len(stored)} | ({len(prompt)} if plan.store_reply else set())
+        self._store(plan.new_entry_id, stored, states)
+        return Commit(
+            request_id=plan.request_id,
+            namespace="",  # the driver fills it in
+            entry_id=plan.new_entry_id,
+            tokens=stored,
+            prompt_len=len(prompt),
+            restored_from=plan.entry_id,
+            restored_length=plan.length,
+            captures=tuple(CapturedPoint(p.length, p.kind, p.entry_id) for p in points),
+            kv_bytes_per_token=KVPT,
+            state_bytes=STATE if self.state_layers else 0,
+        )
+
+    def store_capture(self, entry_id: int, prompt: np.ndarray, length: int) -> None:
+        """Store a separate-entry capture (anchor, exact snapshot) taken during prefill."""
+        self._store(entry_id, prompt[:length], {length})
+
+    def _store(self, entry_id: int, stored: np.ndarray, states: set[int]) -> None:
+        assert entry_id not in self.stored, f"entry id {entry_id} stored twice"
+        self.stored[entry_id] = Stored(stored.copy(), set(states))
+
+    def apply(self, orders: Orders) -> None:
+        """Obey orders in field order: moves, checkpoint drops, frees."""
+        for move in orders.moves:
+            src, dst = self.stored.get(move.src), self.stored.get(move.dst)
+            assert src is not None and dst is not None, f"move {move}: entry not held"
+            assert move.length in src.states, f"move {move}: no state there"
+            assert move.length <= len(dst.tokens) and move.length not in dst.states
+            n = move.length
+            assert np.array_equal(src.tokens[:n], dst.tokens[:n]), "move across lineages"
+            src.states.remove(move.length)
+            dst.states.add(move.length)
+        for entry_id, length in orders.drop_checkpoints:
+            held = self.stored.get(entry_id)
+            assert held is not None and length in held.states, f"drop {entry_id}@{length}: not held"
+            assert length != len(held.tokens), "a drop never takes an entry's own state"
+            held.states.remove(length)
+        for entry_id in orders.free:
+            self.stored.pop(entry_id, None)  # ids a request never stored are freed blindly
+
+
+class Driver:
+    """Runs requests through a CacheManager and a FakeModelActor, checking both after every call."""
+
+    def __init__(
+        self, config: CacheConfig | None = None, state_layers: bool = True, **knobs
+    ) -> None:
+        config = config or CacheConfig(**knobs)
+        self.manager = CacheManager(config, fingerprint="fake", has_state_layers=state_layers)
+        self.actor = FakeModelActor(state_layers=state_layers)
+        self._requests: dict[str, tuple[RestorePlan, np.ndarray, str]] = {}
+        self._restored: set[str] = set()
+        self._serial = 0
+
+    def plan(
+        self, prompt, anchor_len: int = 0, namespace: str = "", request_id: str | None = None
+    ) -> RestorePlan:
+        if request_id is None:
+            self._serial += 1
+            request_id = f"r{self._serial}"
+        prompt = tokens(prompt)
+        plan = self.manager.plan(PlanRequest(request_id, prompt, anchor_len, namespace))
+        self._requests[request_id] = (plan, prompt, namespace)
+        self.check()
+        return plan
+
+    def planned(self, request_id: str) -> RestorePlan:
+        """The plan of a request not yet committed or released."""
+        return self._requests[request_id][0]
+
+    def restore(self, request_id: str) -> None:
+        """The model actor takes the restore point (it may do so long after the plan)."""
+        plan, prompt, _ = self._requests[request_id]
+        self.actor.restore(plan, prompt)
+        self._restored.add(request_id)
+
+    def commit(
+        self, request_id: str, reply=(), taken: int | None = None, cold: bool = False,
+        upto: int | None = None,
+    ) -> Orders:
+        """Restore (if not yet), prefill, decode `reply`, commit, apply the orders.
+
+        `cold`: the actor found the restore point gone and prefilled from scratch.
+        `upto`: cancelled in prefill after that many tokens (see FakeModelActor.prefill).
+        """
+        if request_id not in self._restored and not cold:
+            self.restore(request_id)
+        plan, prompt, namespace = self._requests.pop(request_id)
+        self._restored.discard(request_id)
+        if cold:
+            plan = replace(plan, entry_id=None, length=0, kind="none")
+        commit = self.actor.prefill(plan, prompt, tokens(reply), taken, upto)
+        if commit is None:
+            orders = self.manager.commit(_off_commit(plan, prompt, namespace))
+        else:
+            commit = replace(commit, namespace=namespace)
+            orders = self.manager.commit(commit)
+        self.actor.apply(orders)
+        self.check()
+        return orders
+
+    def release(self, request_id: str, taken: int = 0) -> Orders:
+        """Cancel a request after its prefill took `taken` capture points; release its stores."""
+        if taken and request_id not in self._restored:
+            self.restore(request_id)
+        plan, prompt, _ = self._requests.pop(request_id)
+        self._restored.discard(request_id)
+        stored = []
+        for point in plan.captures[:taken]:
+            if point.entry_id is not None:
+                self.actor.store_capture(point.entry_id, prompt, point.length)
+                stored.append(point.entry_id)
+        orders = self.manager.release(Release(request_id, tuple(stored)))
+        self.actor.apply(orders)
+        self.check()
+        return orders
+
+    def turn(self, prompt, reply=(), anchor_len: int = 0, namespace: str = ""):
+        """One whole request: plan, restore, prefill, commit. Returns (plan, orders)."""
+        plan = self.plan(prompt, anchor_len, namespace)
+        return plan, self.commit(plan.request_id, reply)
+
+    def entry(self, entry_id: int):
+        return self.manager.index.get(entry_id)
+
+    def checkpoints(self, entry_id: int) -> dict[int, str]:
+        """Length -> kind of an indexed entry's checkpoints."""
+        return {n: c.kind for n, c in sorted(self.entry(entry_id).checkpoints.items())}
+
+    def check(self) -> None:
+        """The manager's invariants, and the actor holding exactly the index plus deferred frees."""
+        self.manager.check_invariants()
+        index = self.manager.index
+        for entry in index.entries():
+            held = self.actor.stored.get(entry.id)
+            assert held is not None, f"indexed entry {entry.id} is not held by the actor"
+            assert np.array_equal(held.tokens, entry.tokens)
+            assert held.states == set(entry.checkpoints) | {entry.length}, (entry.id, held.states)
+        expected = {e.id for e in index.entries()} | set(index.deferred)
+        assert set(self.actor.stored) == expected, (sorted(self.actor.stored), sorted(expected))
+
+
+def _off_commit(plan: RestorePlan, prompt: np.ndarray, namespace: str) -> Commit:
+    """What an actor would send when the cache is off (the manager ignores it)."""
+    return Commit(plan.request_id, namespace, 0, prompt, len(prompt), None, 0, (), KVPT, STATE)

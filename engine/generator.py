@@ -176,6 +176,7 @@ class Generator:
         plan = req.plan
         tokens = list(req.tokens)
         kind, n = plan.kind, plan.length
+        self.tier.prepare(plan)  # e.g. bring a disk-tier entry into RAM
         if n and not self.tier.can_restore(plan.entry_id, n):
             log.warning("request %s: restore point %s@%d is gone; prefilling cold",
                         req.request_id, plan.entry_id, n)

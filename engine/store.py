@@ -43,6 +43,9 @@ class RamTier:
         assert entry_id not in self.entries, f"entry {entry_id} stored twice"
         self.entries[entry_id] = entry
 
+    def prepare(self, plan) -> None:
+        """Make the plan's restore source readable (the disk tier hooks in here)."""
+
     def can_restore(self, entry_id: int | None, length: int) -> bool:
         entry = self.entries.get(entry_id) if entry_id is not None else None
         if entry is None or length > entry.length:

@@ -1,0 +1,301 @@
+"""The client's wire format: typed events, results, and proto conversion.
+
+OpenAI-shaped chat messages and tools in, `engine.proto` messages out; proto
+events in, frozen dataclasses out. No channels and no calls (clients.client
+holds those), and no MLX: a client process imports grpc and the generated code only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence, Union
+
+import grpc
+
+from engine.proto import engine_pb2
+
+DEFAULT_MAX_TOKENS = 256
+
+
+class LineageError(Exception):
+    """A failed call: `code` is the gRPC status name (e.g. "INVALID_ARGUMENT")."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+    @classmethod
+    def from_rpc(cls, error: grpc.RpcError) -> "LineageError":
+        """Wrap a grpc.RpcError (sync or aio) keeping its code name and details."""
+        code = error.code() if hasattr(error, "code") else None
+        details = error.details() if hasattr(error, "details") else None
+        return cls(code.name if code is not None else "UNKNOWN", details or str(error))
+
+
+# ---------------------------------------------------------------- events ----
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Restore:
+    kind: str = "none"  # entry, guard, final, anchor, divergence, reply, none
+    length: int = 0
+
+
+@dataclass(frozen=True)
+class Timing:
+    queue_ms: float = 0.0
+    plan_ms: float = 0.0
+    restore_ms: float = 0.0
+    prefill_ms: float = 0.0
+    commit_ms: float = 0.0
+    ttft_ms: float = 0.0
+    decode_tps: float = 0.0
+    bytes_copied_restore: int = 0
+    bytes_copied_commit: int = 0
+    restored_kv_bytes: int = 0
+
+
+_JSON_TIMING = ("queue_ms", "plan_ms", "restore_ms", "prefill_ms", "commit_ms", "ttft_ms",
+                "decode_tps")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Prefill progress of a long prompt: `done` of `total` prompt tokens."""
+
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Newly generated tokens and their text."""
+
+    ids: tuple[int, ...]
+    text: str
+
+
+@dataclass(frozen=True)
+class Final:
+    """The last event of a stream."""
+
+    finish_reason: str  # stop | length | cancelled | error
+    usage: Usage
+    restore: Restore
+    timing: Timing
+    request_id: str
+
+
+Event = Union[Progress, Chunk, Final]
+
+
+@dataclass(frozen=True)
+class Result:
+    """A whole response: the chunks joined, plus the final event's fields."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str
+    usage: Usage = field(default_factory=Usage)
+    restore: Restore = field(default_factory=Restore)
+    timing: Timing = field(default_factory=Timing)
+    request_id: str = ""
+
+    def to_json_dict(self) -> dict:
+        """The stable JSON shape printed by `lineage generate --json`."""
+        return {
+            "text": self.text,
+            "token_ids": list(self.token_ids),
+            "finish_reason": self.finish_reason,
+            "usage": {
+                "prompt_tokens": self.usage.prompt_tokens,
+                "cached_tokens": self.usage.cached_tokens,
+                "completion_tokens": self.usage.completion_tokens,
+            },
+            "restore": {"kind": self.restore.kind, "length": self.restore.length},
+            "timing": {name: getattr(self.timing, name) for name in _JSON_TIMING},
+        }
+
+
+def event_from_proto(event: engine_pb2.GenerateEvent) -> Event:
+    """GenerateEvent -> Progress | Chunk | Final. Raises ValueError on an empty event."""
+    which = event.WhichOneof("event")
+    if which == "progress":
+        return Progress(done=event.progress.done, total=event.progress.total)
+    if which == "chunk":
+        return Chunk(ids=tuple(event.chunk.ids), text=event.chunk.text)
+    if which == "final":
+        f = event.final
+        return Final(
+            finish_reason=f.finish_reason,
+            usage=Usage(f.usage.prompt_tokens, f.usage.cached_tokens, f.usage.completion_tokens),
+            restore=Restore(kind=f.restore.kind or "none", length=f.restore.length),
+            timing=Timing(**{k: getattr(f.timing, k) for k in Timing.__dataclass_fields__}),
+            request_id=f.request_id,
+        )
+    raise ValueError(f"generate event with no payload: {event!r}")
+
+
+class _Collector:
+    """Accumulates a stream's events into a Result."""
+
+    def __init__(self):
+        self.texts: list[str] = []
+        self.ids: list[int] = []
+        self.final: Final | None = None
+
+    def add(self, event: Event) -> None:
+        if isinstance(event, Chunk):
+            self.texts.append(event.text)
+            self.ids.extend(event.ids)
+        elif isinstance(event, Final):
+            self.final = event
+
+    def result(self) -> Result:
+        if self.final is None:
+            raise LineageError("INTERNAL", "the stream ended without a final event")
+        f = self.final
+        return Result("".join(self.texts), tuple(self.ids), f.finish_reason, f.usage,
+                      f.restore, f.timing, f.request_id)
+
+
+# --------------------------------------------------------------- requests ----
+
+
+def _content_text(content: Any, where: str) -> str:
+    """OpenAI content (str, None, or a list of text parts) -> text."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not (isinstance(part, Mapping) and part.get("type") == "text"):
+                raise ValueError(f"{where}: only text content parts are supported, got {part!r}")
+            parts.append(str(part.get("text", "")))
+        return "".join(parts)
+    raise ValueError(f"{where}: content must be a string or a list of text parts")
+
+
+def tool_call_to_proto(call: Mapping[str, Any], where: str = "tool call") -> engine_pb2.ToolCall:
+    """OpenAI {"id", "type": "function", "function": {"name", "arguments"}} -> ToolCall.
+
+    A flat {"id", "name", "arguments"} is accepted too; non-string arguments are
+    JSON-encoded.
+    """
+    if not isinstance(call, Mapping):
+        raise ValueError(f"{where} must be a dict, got {call!r}")
+    fn = call.get("function", call)
+    if not isinstance(fn, Mapping) or not fn.get("name"):
+        raise ValueError(f"{where} has no function name: {call!r}")
+    args = fn.get("arguments", "")
+    if not isinstance(args, str):
+        args = json.dumps(args, ensure_ascii=False)
+    return engine_pb2.ToolCall(id=str(call.get("id") or ""), name=str(fn["name"]), arguments=args)
+
+
+def message_to_proto(message: Mapping[str, Any], index: int = 0) -> engine_pb2.Message:
+    """One {role, content, tool_calls?, tool_call_id?, name?} dict -> Message."""
+    where = f"messages[{index}]"
+    if not isinstance(message, Mapping) or not message.get("role"):
+        raise ValueError(f"{where} must be a dict with a role, got {message!r}")
+    calls = message.get("tool_calls") or []
+    return engine_pb2.Message(
+        role=str(message["role"]),
+        content=_content_text(message.get("content"), where),
+        tool_calls=[tool_call_to_proto(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(calls)],
+        tool_call_id=str(message.get("tool_call_id") or ""),
+        name=str(message.get("name") or ""),
+    )
+
+
+def tools_to_json(tools: Sequence[Mapping[str, Any]] | None) -> str:
+    """A list of tool definitions (OpenAI style) -> tools_json text; None or [] -> ""."""
+    if not tools:
+        return ""
+    if not isinstance(tools, (list, tuple)) or not all(isinstance(t, Mapping) for t in tools):
+        raise ValueError(f"tools must be a list of dicts, got {type(tools).__name__}")
+    return json.dumps(list(tools), ensure_ascii=False)
+
+
+def build_request(
+    messages: Sequence[Mapping[str, Any]] | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    prompt: str | None = None,
+    prompt_ids: Iterable[int] | None = None,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    temperature: float = 0.0,
+    top_p: float = 0.0,
+    top_k: int = 0,
+    seed: int | None = None,
+    stop: Sequence[str] | None = None,
+    stop_token_ids: Sequence[int] | None = None,
+    namespace: str = "",
+    request_id: str = "",
+    continue_final_message: bool = False,
+) -> engine_pb2.GenerateRequest:
+    """Arguments of generate()/stream() -> GenerateRequest.
+
+    Exactly one of messages, prompt, prompt_ids; tools only with messages;
+    max_tokens > 0. Raises ValueError naming the bad argument.
+    """
+    given = [n for n, v in (("messages", messages), ("prompt", prompt),
+                            ("prompt_ids", prompt_ids)) if v is not None]
+    if len(given) != 1:
+        got = ", ".join(given) or "none"
+        raise ValueError(f"give exactly one of messages, prompt, prompt_ids (got {got})")
+    if tools and messages is None:
+        raise ValueError("tools need messages (they are rendered by the chat template)")
+    if int(max_tokens) <= 0:
+        raise ValueError(f"max_tokens must be > 0, got {max_tokens}")
+    if isinstance(stop, str):
+        stop = [stop]
+    sampling = engine_pb2.Sampling(
+        temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
+        max_tokens=int(max_tokens), stop=list(stop or []),
+        stop_token_ids=[int(t) for t in stop_token_ids or []],
+    )
+    if seed is not None:
+        sampling.seed = int(seed)
+    request = engine_pb2.GenerateRequest(request_id=request_id, namespace=namespace,
+                                         sampling=sampling)
+    if messages is not None:
+        if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+            raise ValueError("messages must be a list of dicts")
+        if not messages:
+            raise ValueError("messages is empty")
+        request.messages.extend(message_to_proto(m, i) for i, m in enumerate(messages))
+        request.tools_json = tools_to_json(tools)
+        request.add_generation_prompt = not continue_final_message
+        request.continue_final_message = continue_final_message
+    elif prompt is not None:
+        request.prompt_text = str(prompt)
+    else:
+        request.prompt_ids.CopyFrom(engine_pb2.TokenIds(ids=[int(t) for t in prompt_ids]))
+    return request
+
+
+def message_to_dict(message) -> dict:
+    """A proto message -> plain dict with every field (ints stay ints, maps become dicts)."""
+    out = {}
+    for f in message.DESCRIPTOR.fields:
+        value = getattr(message, f.name)
+        if f.message_type is not None and f.message_type.GetOptions().map_entry:
+            out[f.name] = dict(value)
+        elif f.is_repeated:
+            out[f.name] = [message_to_dict(v) if f.message_type else v for v in value]
+        elif f.message_type is not None:
+            out[f.name] = message_to_dict(value)
+        else:
+            out[f.name] = value
+    return out

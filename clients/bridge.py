@@ -225,7 +225,7 @@ class TextShape(_Shape):
 
 
 def _sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
 async def _events_as_sse(first, stream, shape: _Shape, include_usage: bool):
@@ -453,6 +453,8 @@ def create_app(grpc_address: str):
         info, rid = await backend.model_info(), uuid.uuid4().hex
         kwargs = _sampling(body, info, namespace(request, body), rid)
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
+        for m in messages:  # OpenAI's newer name for the system role
+            m["role"] = "system" if m["role"] == "developer" else m["role"]
         stream = backend.client.stream(messages=messages, tools=body.tools, **kwargs)
         parse_tools = bool(body.tools) and body.tool_choice != "none"
         return await _respond(request, body, stream, ChatShape(rid, info, parse_tools))

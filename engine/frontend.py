@@ -35,6 +35,27 @@ class Frontend:
         self.cache_mode = cache_mode
         self.closing = asyncio.Event()
         self.cancelling: set = set()  # cancels whose commit a retry should see
+        self.in_flight: dict[str, tuple[str, np.ndarray]] = {}  # request_id -> (namespace, prompt)
+
+    async def _await_superseded(self, namespace: str, tokens: np.ndarray,
+                                patience: float = 0.5) -> None:
+        """A prompt that extends an in-flight prompt is a retry of a dropped call.
+
+        Its client has gone, but the server may not have seen the cancellation
+        yet (it races the new call): wait briefly for it to land, then for its
+        commit, so the retry restores what the dropped call computed.
+        """
+        def superseded() -> bool:
+            for ns, prompt in self.in_flight.values():
+                n = len(prompt)
+                if ns == namespace and n <= len(tokens) and np.array_equal(tokens[:n], prompt):
+                    return True
+            return False
+
+        deadline = time.monotonic() + patience
+        while superseded() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        await self._settle_cancels()
 
     async def _settle_cancels(self, timeout: float = 2.0) -> None:
         """Wait (briefly) for cancelled requests to commit, so a retry can restore them."""
@@ -78,11 +99,12 @@ class Frontend:
         if len(prompt.tokens) + sampling.max_tokens > self.info.max_context:
             sampling = _clip_max_tokens(sampling, self.info.max_context - len(prompt.tokens))
         request_id = request_id or uuid.uuid4().hex
-        await self._settle_cancels()
+        tokens = np.asarray(prompt.tokens, dtype=np.int32)
+        await self._await_superseded(namespace, tokens)
         t0 = time.perf_counter()
         plan = await self.manager.plan.remote(PlanRequest(
             request_id=request_id,
-            tokens=np.asarray(prompt.tokens, dtype=np.int32),
+            tokens=tokens,
             anchor_len=prompt.anchor_len,
             namespace=namespace,
         ))
@@ -92,6 +114,7 @@ class Frontend:
             plan_ms=(time.perf_counter() - t0) * 1000,
         )
         finished = False
+        self.in_flight[request_id] = (namespace, tokens)
         try:
             async for ref in self.model.generate.options(num_returns="streaming").remote(req):
                 batch = await ref
@@ -103,6 +126,7 @@ class Frontend:
         finally:
             if not finished:
                 self._cancel(request_id)
+            self.in_flight.pop(request_id, None)
 
     async def stats(self):
         return await self.manager.stats.remote()

@@ -151,7 +151,13 @@ class Generator:
     def step(self) -> None:
         """Admit pending requests, then one BatchGenerator step."""
         while self.pending:
-            self._admit(*self.pending.pop(0))
+            req, emit = self.pending.pop(0)
+            try:
+                self._admit(req, emit)
+            except Exception as e:  # one bad request must not fail the batch
+                log.exception("request %s: admission failed", req.request_id)
+                self._release(req)
+                emit(self._finished_cold(req, "error", error=f"{type(e).__name__}: {e}"))
         if not self.active:
             return
         prompt_responses, gen_responses = self.bg.next()
@@ -368,8 +374,9 @@ class Generator:
             error=error,
         )
 
-    def _finished_cold(self, req: GenerationRequest, reason: str) -> Finished:
+    def _finished_cold(self, req: GenerationRequest, reason: str, error: str = "") -> Finished:
         return Finished(
             request_id=req.request_id, finish_reason=reason, prompt_tokens=len(req.tokens),
             cached_tokens=0, completion_tokens=0, restore_kind="none", restore_length=0,
+            error=error,
         )

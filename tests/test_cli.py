@@ -1,10 +1,12 @@
-"""The client library and the `lineage` command, without the engine.
+"""The client library and the `lineage` command.
 
 Covers argument wiring, serve flags -> EngineConfig, request conversion, the
-event and Result shapes, stream cancellation, the fanout prompt generator and
-cluster.yaml. The wire path runs against `FakeEngine`, a tiny in-process gRPC
-servicer on port 0 (no MLX, no Ray). `run_cli(argv)` is reusable by
-end-to-end tests against a real engine.
+event and Result shapes, the fanout prompt generator and cluster.yaml (pure),
+and the wire path against the real engine (the session `engine` fixture: real
+gRPC on localhost, real Ray actors, real MLX): generate/stream/stats/health,
+errors, stream cancellation seen by the server (its batch empties), and the
+generate, chat, fanout and stats subcommands. Each test that relies on the
+cache uses a namespace of its own. `run_cli(argv)` runs `lineage argv` in-process.
 """
 
 from __future__ import annotations
@@ -12,24 +14,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import itertools
 import json
+import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
-from concurrent import futures
 from pathlib import Path
 
-import grpc
 import pytest
 import yaml
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from clients import cli, client as lc, fanout
 from clients.chat import Chat, run_chat
 from engine.config import GB
-from engine.proto import engine_pb2, engine_pb2_grpc
+from engine.proto import engine_pb2
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,84 +47,55 @@ def run_cli(argv: list[str], stdin: str = "", env: dict | None = None) -> tuple[
     return code, out.getvalue()
 
 
-# ------------------------------------------------------------ fake engine ----
+# --------------------------------------------------------------- helpers ----
+
+_ns = itertools.count()
 
 
-class FakeEngine(engine_pb2_grpc.EngineServicer):
-    """Words as tokens; cached = longest common prefix with any earlier prompt.
-
-    Prompt text "boom" aborts with INVALID_ARGUMENT; "slow" streams until cancelled.
-    """
-
-    def __init__(self):
-        self.seen: list[list[str]] = []
-        self.requests: list[engine_pb2.GenerateRequest] = []
-        self.cancelled = threading.Event()
-
-    def _tokens(self, r: engine_pb2.GenerateRequest) -> list[str]:
-        text = r.tools_json + " ".join(f"<{m.role}> {m.content}" for m in r.messages)
-        return (text + r.prompt_text).split() + [str(i) for i in r.prompt_ids.ids]
-
-    def Generate(self, request, context):
-        self.requests.append(request)
-        if request.prompt_text == "boom":
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad prompt: boom")
-        tokens = self._tokens(request)
-        cached = max((len(_common(tokens, s)) for s in self.seen), default=0)
-        self.seen.append(tokens)
-        yield engine_pb2.GenerateEvent(progress=engine_pb2.PrefillProgress(done=len(tokens),
-                                                                           total=len(tokens)))
-        n = request.sampling.max_tokens
-        if request.prompt_text == "slow":
-            context.add_callback(self.cancelled.set)
-            n = 10_000
-        for i in range(n):
-            if request.prompt_text == "slow":
-                time.sleep(0.01)
-            yield engine_pb2.GenerateEvent(chunk=engine_pb2.TokenChunk(ids=[i], text=f" w{i}"))
-        yield engine_pb2.GenerateEvent(final=engine_pb2.Final(
-            finish_reason="length", request_id=request.request_id or "req-1",
-            usage=engine_pb2.Usage(prompt_tokens=len(tokens), cached_tokens=cached,
-                                   completion_tokens=n),
-            restore=engine_pb2.Restore(kind="entry" if cached else "none", length=cached),
-            timing=engine_pb2.Timing(ttft_ms=1.5, decode_tps=100.0, restored_kv_bytes=7)))
-
-    def CacheStats(self, request, context):
-        return engine_pb2.CacheStatsReply(mode="lineage", entries=3, hits={"entry": 2},
-                                          ram_bytes=5 << 30, prompt_tokens=100, cached_tokens=90)
-
-    def ModelInfo(self, request, context):
-        return engine_pb2.ModelInfoReply(model="fake", model_type="qwen3_next", vocab_size=10)
-
-
-def _common(a: list, b: list) -> list:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return a[:n]
-
-
-@pytest.fixture
-def fake():
-    """(servicer, "127.0.0.1:port") of a running FakeEngine with health SERVING."""
-    servicer = FakeEngine()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-    engine_pb2_grpc.add_EngineServicer_to_server(servicer, server)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    health_servicer.set(lc.ENGINE_SERVICE, health_pb2.HealthCheckResponse.SERVING)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield servicer, f"127.0.0.1:{port}"
-    server.stop(None)
+def fresh_ns() -> str:
+    """A cache namespace of its own, so that no other test's entries serve this one."""
+    return f"cli-{next(_ns)}"
 
 
 def _free_port() -> int:
+    """A localhost port with nothing listening on it."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def active(engine) -> int:
+    """Sequences in the engine's batch right now."""
+    return engine.tier_stats()["active"]
+
+
+def wait_active(engine, done, timeout: float = 15) -> int:
+    """Poll the batch size until done(active) or the deadline; the last value seen."""
+    deadline = time.monotonic() + timeout
+    while not done(n := active(engine)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return n
+
+
+def wait_idle(engine, timeout: float = 15) -> int:
+    return wait_active(engine, lambda n: n == 0, timeout)
+
+
+@pytest.fixture
+def idle(engine):
+    """The engine once its batch is empty: the cancellation tests count the batch."""
+    assert wait_idle(engine) == 0, "an earlier request is still in the batch"
+    return engine
+
+
+# A prompt that streams prefill progress (>= 256 tokens): shared system text plus tools.
+SYSTEM, TOOLS = fanout.make_shared_prefix(300, seed=4)
+# A request that decodes until cancelled, for all the tests can tell: the tiny model's
+# greedy reply to LONG runs ~4600 tokens before it emits EOS (20 s and more on a CPU),
+# far past the few seconds a cancelled stream's slot takes to free.
+LONG, SLOW = "1 2 3 4 5 6 7 8 9 10 11 12", 100_000
 
 
 # -------------------------------------------------------------- argparse ----
@@ -294,67 +265,121 @@ def test_event_from_proto_and_message_to_dict():
 # ------------------------------------------------------ client over wire ----
 
 
-def test_generate_stream_stats_and_health(fake):
-    servicer, address = fake
-    with lc.Client(address) as c:
+def test_generate_stream_stats_and_health(engine):
+    ns = fresh_ns()
+    with lc.Client(engine.address, timeout=60) as c:
         c.wait_ready(5)
         c.wait_ready(5, service=lc.ENGINE_SERVICE)
-        r = c.generate(prompt="a b c", max_tokens=3)
-        assert (r.text, r.token_ids, r.finish_reason) == (" w0 w1 w2", (0, 1, 2), "length")
-        assert (r.usage.prompt_tokens, r.timing.ttft_ms, r.timing.restored_kv_bytes) == (3, 1.5, 7)
-        events = list(c.stream(prompt="a b d", max_tokens=1))
-        assert [type(e) for e in events] == [lc.Progress, lc.Chunk, lc.Final]
-        assert events[-1].usage.cached_tokens == 2 and events[-1].restore.kind == "entry"
-        assert c.cache_stats()["hits"] == {"entry": 2} and c.model_info()["model"] == "fake"
+        r = c.generate(prompt="a b c", max_tokens=3, namespace=ns)
+        assert r.finish_reason in ("length", "stop") and 1 <= len(r.token_ids) <= 3
+        assert r.usage.completion_tokens == len(r.token_ids) and r.usage.prompt_tokens > 0
+        assert r.usage.cached_tokens == 0 and r.restore.kind == "none"
+        assert r.timing.ttft_ms > 0 and r.request_id
+        # greedy: the same request streamed gives the same tokens, chunk by chunk
+        events = list(c.stream(prompt="a b c", max_tokens=3, namespace=fresh_ns()))
+        chunks = [e for e in events if isinstance(e, lc.Chunk)]
+        assert isinstance(events[-1], lc.Final) and events[-1].finish_reason == r.finish_reason
+        assert "".join(e.text for e in chunks) == r.text
+        assert tuple(i for e in chunks for i in e.ids) == r.token_ids
+
+        # a long prompt streams prefill progress, then chunks, then the final event
+        msgs = [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": fanout.user_message(0, 0)}]
+        events = list(c.stream(messages=msgs, tools=TOOLS, max_tokens=1, namespace=ns))
+        kinds = [type(e) for e in events]
+        assert [k for i, k in enumerate(kinds) if i == 0 or kinds[i - 1] != k] == [
+            lc.Progress, lc.Chunk, lc.Final]
+        first = events[-1]
+        assert {e.total for e in events if isinstance(e, lc.Progress)} == {
+            first.usage.prompt_tokens}
+        # turn two of the conversation restores turn one from the cache
+        reply = "".join(e.text for e in events if isinstance(e, lc.Chunk))
+        msgs += [{"role": "assistant", "content": reply},
+                 {"role": "user", "content": fanout.user_message(0, 1)}]
+        events = list(c.stream(messages=msgs, tools=TOOLS, max_tokens=1, namespace=ns))
+        second = events[-1]
+        assert second.usage.cached_tokens >= first.usage.prompt_tokens
+        assert second.restore.kind != "none" and second.timing.restored_kv_bytes > 0
+
+        stats = c.cache_stats()
+        assert stats["mode"] == "lineage" and stats["hits"].get(second.restore.kind, 0) >= 1
+        assert stats["prompt_tokens"] >= first.usage.prompt_tokens + second.usage.prompt_tokens
+        info = c.model_info()
+        assert (info["model"], info["model_type"], info["cache_mode"]) == (
+            str(engine.engine.info.path), "qwen3_next", "lineage")
+        assert all(i < info["vocab_size"] for i in r.token_ids)
 
 
-def test_errors_surface_as_lineage_error(fake):
-    _, address = fake
-    with lc.Client(address) as c, pytest.raises(lc.LineageError) as info:
-        c.generate(prompt="boom")
-    assert (info.value.code, info.value.message) == ("INVALID_ARGUMENT", "bad prompt: boom")
+def test_errors_surface_as_lineage_error(engine):
+    with lc.Client(engine.address, timeout=60) as c:
+        with pytest.raises(lc.LineageError) as info:
+            c.generate(prompt_ids=[5, 10**7], max_tokens=2)
+        assert info.value.code == "INVALID_ARGUMENT" and "vocabulary" in info.value.message
+        with pytest.raises(lc.LineageError) as info:
+            list(c.stream(messages=[{"role": "wizard", "content": "hi"}], max_tokens=2))
+        assert info.value.code == "INVALID_ARGUMENT" and "role" in info.value.message.lower()
+        assert c.generate(prompt="still serving", max_tokens=1).usage.completion_tokens == 1
     with lc.Client(f"127.0.0.1:{_free_port()}") as c:
         with pytest.raises(lc.LineageError) as info:
             c.wait_ready(0.3)
         assert info.value.code == "DEADLINE_EXCEEDED"
+        with pytest.raises(lc.LineageError) as info:
+            c.generate(prompt="x", max_tokens=1)
+        assert info.value.code == "UNAVAILABLE"
 
 
 @pytest.mark.parametrize("how", ["break", "cancel", "close"])
-def test_sync_stream_cancels_the_call(fake, how):
-    servicer, address = fake
-    with lc.Client(address) as c:
-        stream = c.stream(prompt="slow")
-        for event in stream:
-            if isinstance(event, lc.Chunk):
-                if how == "break":
-                    break
-                getattr(stream, how)()
-        assert servicer.cancelled.wait(5)
-        assert list(stream) == []
+def test_sync_stream_cancels_the_call(idle, how):
+    engine = idle
+    with lc.Client(engine.address) as c:
+        stream = c.stream(prompt=LONG, max_tokens=SLOW, namespace=fresh_ns())
+        try:
+            after = 0
+            for event in stream:
+                if after:
+                    after += 1
+                    assert after < 100, "the stream kept streaming after cancel"
+                elif isinstance(event, lc.Chunk):
+                    assert active(engine) == 1, "the request is not decoding"
+                    if how == "break":
+                        break
+                    getattr(stream, how)()
+                    after = 1
+            # `stream` is still referenced: only the client's cancel can free the slot
+            assert wait_idle(engine, 10) == 0, "the server is still decoding the stream"
+            assert list(stream) == []
+        finally:
+            stream.cancel()
 
 
-def test_async_client_generate_and_task_cancel(fake):
-    servicer, address = fake
+def test_async_client_generate_and_task_cancel(idle):
+    engine = idle
 
     async def main():
-        async with lc.AsyncClient(address) as c:
+        async with lc.AsyncClient(engine.address) as c:
             await c.wait_ready(5)
-            r = await c.generate(messages=[{"role": "user", "content": "x"}], max_tokens=2)
-            assert r.token_ids == (0, 1)
-            stream = c.stream(prompt="slow")
+            r = await c.generate(messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                 namespace=fresh_ns())
+            assert 1 <= len(r.token_ids) <= 2 and r.usage.completion_tokens == len(r.token_ids)
+            stream = c.stream(prompt=LONG, max_tokens=SLOW, namespace=fresh_ns())
             task = asyncio.create_task(stream.result())
-            await asyncio.sleep(0.2)
+            assert await asyncio.to_thread(wait_active, engine, lambda n: n == 1) == 1
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            assert await asyncio.to_thread(servicer.cancelled.wait, 5)
-            servicer.cancelled.clear()
-            second = c.stream(prompt="slow")
+            assert await asyncio.to_thread(wait_idle, engine, 10) == 0
+            second = c.stream(prompt=LONG, max_tokens=SLOW, namespace=fresh_ns())
+            after = 0
             async for event in second:
-                if isinstance(event, lc.Chunk):
+                if after:
+                    after += 1
+                    assert after < 100, "the stream kept streaming after cancel"
+                elif isinstance(event, lc.Chunk):
+                    assert await asyncio.to_thread(active, engine) == 1
                     second.cancel()
-            assert await asyncio.to_thread(servicer.cancelled.wait, 5)
-            assert (await c.cache_stats())["entries"] == 3
+                    after = 1
+            assert await asyncio.to_thread(wait_idle, engine, 10) == 0
+            assert (await c.cache_stats())["entries"] >= 1
 
     asyncio.run(main())
 
@@ -362,69 +387,108 @@ def test_async_client_generate_and_task_cancel(fake):
 # ------------------------------------------------------------ cli, wire ----
 
 
-def test_cli_generate_json_and_text(fake, tmp_path):
-    servicer, address = fake
+def test_cli_generate_json_and_text(engine, tmp_path):
+    hello = [{"role": "user", "content": "hello"}]
     messages = tmp_path / "m.json"
-    messages.write_text(json.dumps([{"role": "user", "content": "hello"}]))
+    messages.write_text(json.dumps(hello))
     tools = tmp_path / "t.json"
     tools.write_text(json.dumps(fanout.make_tools(200)))
     code, out = run_cli(["generate", "--messages", str(messages), "--tools", str(tools),
-                         "--max-tokens", "2", "--json", "--server", address])
-    assert code == 0 and json.loads(out)["token_ids"] == [0, 1]
-    assert json.loads(servicer.requests[-1].tools_json)[0]["function"]["name"] == "read_file"
+                         "--max-tokens", "2", "--json", "--namespace", fresh_ns(),
+                         "--server", engine.address])
+    d = json.loads(out)
+    assert code == 0 and 1 <= len(d["token_ids"]) <= 2
+    assert d["usage"]["completion_tokens"] == len(d["token_ids"])
+    with lc.Client(engine.address, timeout=60) as c:
+        bare = c.generate(messages=hello, max_tokens=1, namespace=fresh_ns())
+        expected = c.generate(prompt="x", max_tokens=2, namespace=fresh_ns())
+    # the tools reached the server: the chat template rendered them into the prompt
+    assert d["usage"]["prompt_tokens"] > bare.usage.prompt_tokens + 50
     code, out = run_cli(["generate", "--prompt", "x", "--max-tokens", "2"],
-                        env={"LINEAGE_SERVER": address})
-    assert (code, out) == (0, " w0 w1\n")
+                        env={"LINEAGE_SERVER": engine.address})
+    assert (code, out) == (0, expected.text + "\n")
 
 
 @pytest.mark.parametrize("argv, code", [
-    (["generate", "--prompt", "boom"], 1),
     (["generate", "--messages", "/nonexistent.json"], 2),
     (["generate", "--prompt", "x", "--tools", "t.json"], 2),
     (["generate", "--prompt", "x", "--max-tokens", "0"], 2),
 ])
-def test_cli_generate_errors(fake, argv, code):
-    assert run_cli(argv + ["--server", fake[1]])[0] == code
+def test_cli_generate_usage_errors(engine, argv, code):
+    assert run_cli(argv + ["--server", engine.address])[0] == code
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--messages", "wizard.json"], "role"),
+    (["--prompt", "x", "--temperature=-1"], "temperature"),
+])
+def test_cli_generate_server_rejection_exits_1(engine, tmp_path, monkeypatch, capsys,
+                                               argv, needle):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "wizard.json").write_text(json.dumps([{"role": "wizard", "content": "hi"}]))
+    code, _ = run_cli(["generate", *argv, "--max-tokens", "2", "--server", engine.address])
+    err = capsys.readouterr().err
+    assert code == 1 and "INVALID_ARGUMENT" in err and needle in err.lower()
 
 
 def test_cli_generate_unreachable_server_exits_1():
     assert run_cli(["generate", "--prompt", "x", "--server", f"127.0.0.1:{_free_port()}"])[0] == 1
 
 
-def test_cli_chat_resends_the_conversation(fake):
-    servicer, address = fake
-    code, out = run_cli(["chat", "--system", "be brief", "--max-tokens", "2", "--server",
-                         address], stdin="hello\n\nagain\n/exit\nnever sent\n")
-    assert code == 0 and out.count("[prompt ") == 2 and "restore entry" in out
-    roles = [[m.role for m in r.messages] for r in servicer.requests]
-    assert roles == [["system", "user"], ["system", "user", "assistant", "user"]]
-    assert servicer.requests[1].messages[2].content == " w0 w1"
+STATUS = re.compile(r"\[prompt (\d+) tok, cached (\d+).*?restore (\w+), ttft")
+
+
+def test_cli_chat_resends_the_conversation(engine):
+    ns = fresh_ns()
+    code, out = run_cli(["chat", "--system", "be brief", "--max-tokens", "2", "--namespace", ns,
+                         "--server", engine.address],
+                        stdin="hello\n\nagain\n/exit\nnever sent\n")
+    turns = [tuple(int(x) if x.isdigit() else x for x in m) for m in STATUS.findall(out)]
+    assert code == 0 and len(turns) == 2 and out.count("[prompt ") == 2
+    system = {"role": "system", "content": "be brief"}
+    with lc.Client(engine.address, timeout=60) as c:
+        one = c.generate(messages=[system, {"role": "user", "content": "hello"}], max_tokens=2,
+                         namespace=fresh_ns())
+        two = c.generate(messages=[system, {"role": "user", "content": "hello"},
+                                   {"role": "assistant", "content": one.text},
+                                   {"role": "user", "content": "again"}], max_tokens=2,
+                         namespace=fresh_ns())
+    assert out.startswith(one.text + "\n[prompt ")
+    # turn two re-sent system, user, the assistant's reply and the new user line
+    assert (turns[0][0], turns[1][0]) == (one.usage.prompt_tokens, two.usage.prompt_tokens)
+    assert turns[0][1:] == (0, "none")
+    _, cached, kind = turns[1]
+    assert cached >= one.usage.prompt_tokens and kind != "none"
 
 
 def test_chat_drops_a_failed_turn_and_stops_when_unavailable():
-    class Down:
-        def stream(self, **request):
-            raise lc.LineageError("UNAVAILABLE", "down")
-
     chat = Chat("sys")
     out, err = io.StringIO(), io.StringIO()
-    assert run_chat(Down(), chat, {}, io.StringIO("hi\n"), out, err) == 1
-    assert chat.messages == [{"role": "system", "content": "sys"}] and "down" in err.getvalue()
+    with lc.Client(f"127.0.0.1:{_free_port()}") as down:
+        assert run_chat(down, chat, {"max_tokens": 2}, io.StringIO("hi\nnever\n"), out, err) == 1
+    assert chat.messages == [{"role": "system", "content": "sys"}]
+    assert "UNAVAILABLE" in err.getvalue()
 
 
-def test_cli_fanout_and_stats(fake, tmp_path):
-    _, address = fake
+def test_cli_fanout_and_stats(engine, tmp_path):
     path = tmp_path / "rows.json"
     code, out = run_cli(["fanout", "--agents", "2", "--turns", "2", "--system-tokens", "300",
-                         "--json", str(path), "--server", address])
+                         "--max-tokens", "2", "--namespace", fresh_ns(), "--json", str(path),
+                         "--server", engine.address])
     data = json.loads(path.read_text())
     assert code == 0 and [(r["agent"], r["turn"]) for r in data["rows"]] == [
         (0, 0), (0, 1), (1, 0), (1, 1)]
+    assert all(r["cached_tokens"] > 0 and r["restore_kind"] != "none"
+               for r in data["rows"] if r["turn"] == 1)
     assert data["summary"]["cached_tokens"] > 0 and "total:" in out
-    code, out = run_cli(["stats", "--server", address])
-    assert code == 0 and "ram_bytes" in out and "5.0 GiB" in out and "90.0%" in out
-    code, out = run_cli(["stats", "--json", "--server", address])
-    assert json.loads(out)["entries"] == 3
+    code, out = run_cli(["stats", "--json", "--server", engine.address])
+    stats = json.loads(out)
+    assert code == 0 and stats["mode"] == "lineage" and stats["entries"] >= 1
+    code, out = run_cli(["stats", "--server", engine.address])
+    lines = dict(line.split(None, 1) for line in out.splitlines())
+    assert code == 0 and lines["mode"] == "lineage"
+    assert re.fullmatch(r"[\d.]+ (B|KiB|MiB|GiB) \(\d+\)", lines["ram_bytes"])
+    assert re.fullmatch(r"\d+\.\d%", lines["cached_fraction"])
 
 
 # ---------------------------------------------------------------- fanout ----

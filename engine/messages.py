@@ -69,6 +69,9 @@ class RestorePlan:
     new_entry_id: int | None = None  # where the model actor stores this request; None: store nothing
     store_reply: bool = True  # entry extends over the reply (lineage); False: ends at the prompt (exact)
     replica: int = 0
+    # The restore source is on the disk tier only: the model actor reads its file
+    # into RAM at admission (RamTier.prepare), synchronously, before restoring.
+    load_from_disk: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,14 +130,39 @@ class CheckpointMove:
 
 
 @dataclass(frozen=True)
+class EntryRecord:
+    """The index's description of an entry, written into its disk file's header.
+
+    The model actor holds the tensors; this says what they are: the tokens they
+    cover, the prompt end, and the kind of each checkpoint (the state at every
+    checkpoint length and at len(tokens) goes into the file).
+    """
+
+    entry_id: int
+    namespace: str
+    role: str  # "conversation" or "anchor"
+    tokens: np.ndarray  # int32
+    prompt_len: int
+    checkpoints: tuple[tuple[int, str], ...]  # (length, kind), ascending
+    kv_bytes_per_token: int
+    state_bytes: int
+
+
+@dataclass(frozen=True)
 class Orders:
-    """What the model actor must do to its tiers. Applied in field order."""
+    """What the model actor must do to its tiers. Applied in field order, except that
+    the entries in `write` are captured (with their `records`) before `free`."""
 
     moves: tuple[CheckpointMove, ...] = ()
     drop_checkpoints: tuple[tuple[int, int], ...] = ()  # (entry_id, length)
     free: tuple[int, ...] = ()  # entry ids to drop from RAM
     write: tuple[int, ...] = ()  # entry ids to write to the disk tier
     delete_files: tuple[int, ...] = ()  # entry ids whose disk files go
+    # One record per id in `write`, same order: the file header. The actor
+    # captures the entry for writing before it applies `free`, so an entry
+    # spilled at its RAM eviction is written although it leaves RAM; the files
+    # in `delete_files` go after the writes ordered before them.
+    records: tuple[EntryRecord, ...] = ()
 
     def __bool__(self) -> bool:
         return bool(

@@ -40,6 +40,10 @@ class RunningEngine:
         from engine.service import stop_server
 
         await stop_server(self.server, self.health, self.frontend, grace)
+        try:  # queued disk-tier writes land before the actor goes
+            await self.model.flush_disk.remote(60)
+        except Exception:
+            log.exception("flushing the disk tier failed")
         for actor in (self.model, self.manager):
             ray.kill(actor)
 

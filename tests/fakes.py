@@ -5,7 +5,10 @@ at which it holds a state snapshot, keyed by entry id, and applies Orders. It
 asserts it is never told to restore, move or drop something it does not hold.
 The driver runs requests through a CacheManager and the fake actor and, after
 every call, checks the manager's invariants and that the actor holds exactly
-what the index says (plus the entries whose free waits for a pin).
+what the index says (plus the entries whose free waits for a pin). The disk
+tier's variants (FakeDiskActor, DiskDriver) also write, delete and read real
+entry files (real headers and checksums, a dummy body) in a directory of
+their own.
 """
 
 from __future__ import annotations
@@ -162,7 +165,10 @@ class Driver:
         self, config: CacheConfig | None = None, state_layers: bool = True, **knobs
     ) -> None:
         config = config or CacheConfig(**knobs)
-        self.manager = CacheManager(config, fingerprint="fake", has_state_layers=state_layers)
+        # The disk tier stays off here (it would open the user's cache directory);
+        # DiskDriver turns it on in a directory of its own.
+        self.manager = CacheManager(config, fingerprint="fake", has_state_layers=state_layers,
+                                    disk=False)
         self.actor = FakeModelActor(state_layers=state_layers)
         self._requests: dict[str, tuple[RestorePlan, np.ndarray, str]] = {}
         self._restored: set[str] = set()
@@ -259,3 +265,131 @@ class Driver:
 def _off_commit(plan: RestorePlan, prompt: np.ndarray, namespace: str) -> Commit:
     """What an actor would send when the cache is off (the manager ignores it)."""
     return Commit(plan.request_id, namespace, 0, prompt, len(prompt), None, 0, (), KVPT, STATE)
+
+
+# -- the disk tier ---------------------------------------------------------------
+
+
+def write_fake_file(directory, record, fingerprint: str = "fake", body_bytes: int = 64) -> None:
+    """A real entry file (engine.disk's format, header and checksums) with a dummy body.
+
+    Enough for the scan and the policy (headers only); not loadable into MLX.
+    """
+    from engine import disk
+
+    meta = {
+        "fingerprint": fingerprint, "entry_id": record.entry_id, "namespace": record.namespace,
+        "role": record.role, "length": len(record.tokens), "prompt_len": record.prompt_len,
+        "checkpoints": [list(c) for c in record.checkpoints],
+        "kv_bytes_per_token": record.kv_bytes_per_token, "state_bytes": record.state_bytes,
+        "created": 0.0, "layers": [], "states": [],
+    }
+    body = np.full(body_bytes, record.entry_id % 251, dtype=np.uint8)
+    job = disk.WriteJob(record.entry_id, meta, np.asarray(record.tokens, np.int32), [body],
+                        ["uint8"])
+    disk.write_file(directory, job)
+
+
+@dataclass
+class FakeDiskActor(FakeModelActor):
+    """A FakeModelActor that also writes, deletes and loads entry files (real headers)."""
+
+    directory: object = None  # the entries directory
+    fingerprint: str = "fake"
+    loads: int = 0
+
+    def load(self, plan: RestorePlan) -> bool:
+        """Read a plan's restore source from its file; False when it is missing or damaged."""
+        from engine import disk
+
+        if plan.entry_id in self.stored:
+            return True
+        try:
+            header = disk.read_header(disk.entry_path(self.directory, plan.entry_id))
+        except (FileNotFoundError, disk.DamagedFile):
+            return False
+        assert header.fingerprint == self.fingerprint and header.entry_id == plan.entry_id
+        states = {n for n, _ in header.checkpoints} | {header.length}
+        self.stored[plan.entry_id] = Stored(header.tokens.copy(), states)
+        self.loads += 1
+        return True
+
+    def apply(self, orders: Orders) -> None:
+        """Moves and drops, then writes (the entry as it is now), frees, then deletes."""
+        from engine import disk
+
+        super().apply(Orders(moves=orders.moves, drop_checkpoints=orders.drop_checkpoints))
+        assert tuple(r.entry_id for r in orders.records) == orders.write
+        for record in orders.records:
+            held = self.stored.get(record.entry_id)
+            assert held is not None, f"write of entry {record.entry_id}, which is not held"
+            assert np.array_equal(held.tokens, record.tokens), record.entry_id
+            lengths = {n for n, _ in record.checkpoints} | {len(record.tokens)}
+            assert held.states == lengths, (record.entry_id, held.states, lengths)
+            write_fake_file(self.directory, record, self.fingerprint)
+        super().apply(Orders(free=orders.free))
+        for entry_id in orders.delete_files:
+            disk.delete_files(self.directory, entry_id)
+
+    def files(self, damaged: bool = False) -> set[int]:
+        """Ids of the sound files of this fingerprint (or, `damaged`, of the damaged ones)."""
+        from engine import disk
+
+        scanned = disk.scan(self.directory, remove_temps=False).files
+        if damaged:
+            return {f.entry_id for f in scanned if f.problem is not None}
+        return {f.entry_id for f in scanned
+                if f.header is not None and f.header.fingerprint == self.fingerprint}
+
+
+class DiskDriver(Driver):
+    """A Driver with the disk tier on, in `directory` (its own cache_dir)."""
+
+    def __init__(self, directory, config: CacheConfig | None = None, state_layers: bool = True,
+                 fingerprint: str = "fake", **knobs) -> None:
+        from engine import disk
+
+        config = replace(config or CacheConfig(**knobs), cache_dir=str(directory))
+        self.manager = CacheManager(config, fingerprint=fingerprint, has_state_layers=state_layers)
+        assert self.manager.disk is not None, "the disk tier did not open"
+        self.actor = FakeDiskActor(state_layers=state_layers,
+                                   directory=disk.entries_dir(directory), fingerprint=fingerprint)
+        self._requests = {}
+        self._restored = set()
+        self._serial = 0
+
+    def restore(self, request_id: str) -> None:
+        plan = self._requests[request_id][0]
+        if plan.load_from_disk:
+            assert self.actor.load(plan), f"file of entry {plan.entry_id} did not load"
+        super().restore(request_id)
+
+    def commit(self, request_id: str, reply=(), taken=None, cold: bool = False, upto=None):
+        """As Driver.commit; a restore whose file does not load falls back to cold (as the actor)."""
+        plan = self._requests[request_id][0]
+        if plan.load_from_disk and request_id not in self._restored and not cold:
+            cold = not self.actor.load(plan)
+        return super().commit(request_id, reply, taken, cold, upto)
+
+    def close(self) -> None:
+        self.manager.close()
+
+    def check(self) -> None:
+        """The manager's invariants; the actor holds the index, deferred and pending frees; the
+        files of this fingerprint are the disk index's entries."""
+        self.manager.check_invariants()
+        index = self.manager.index
+        loading = set(self.manager.unread)  # the actor may not have read these files yet
+        for entry in index.entries():
+            held = self.actor.stored.get(entry.id)
+            if held is None and entry.id in loading:
+                continue
+            assert held is not None, f"indexed entry {entry.id} is not held by the actor"
+            assert held.states == set(entry.checkpoints) | {entry.length}, (entry.id, held.states)
+        pending = self.manager.pending_orders
+        expected = ({e.id for e in index.entries()} | set(index.deferred)) - loading
+        assert expected <= set(self.actor.stored) <= expected | loading | set(pending.free)
+        disk_index = self.manager.disk
+        own = {i for i, f in disk_index.files.items() if f.entry is not None} - set(pending.write)
+        own -= self.actor.files(damaged=True)  # damaged since the scan: found at a load
+        assert self.actor.files() == own, (sorted(self.actor.files()), sorted(own))

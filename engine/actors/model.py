@@ -1,10 +1,11 @@
 """The model actor: a thin Ray shell over the Generator.
 
-It owns the MLX model, the batch generator and the RAM tier of one replica.
-All MLX work runs on one loop thread; Ray calls reach it through an inbox of
-callables, and events leave through per-request asyncio queues that the
-streaming `generate` method drains (several events per Ray yield, never one
-round trip per token).
+It owns the MLX model, the batch generator and the RAM tier of one replica,
+and (lineage mode) the disk tier's writer thread, which writes entry files off
+the loop thread. All MLX work runs on one loop thread; Ray calls reach it
+through an inbox of callables, and events leave through per-request asyncio
+queues that the streaming `generate` method drains (several events per Ray
+yield, never one round trip per token).
 """
 
 from __future__ import annotations
@@ -143,8 +144,15 @@ class ModelActor:
     def apply_orders(self, orders: Orders) -> None:
         self.inbox.put(lambda g: g.apply_orders(orders))
 
+    async def flush_disk(self, timeout: float = 60.0) -> bool:
+        """Wait until every file ordered so far is written (call before killing the actor)."""
+        store = self.generator.tier.disk if self.generator is not None else None
+        if store is None:
+            return True
+        return await asyncio.to_thread(store.flush, timeout)
+
     def tier_stats(self) -> dict:
-        """RAM tier and pool figures, read on the loop thread."""
+        """RAM tier, pool and disk writer figures, read on the loop thread."""
         done: queue.SimpleQueue = queue.SimpleQueue()
 
         def read(g) -> None:
@@ -153,6 +161,7 @@ class ModelActor:
                 "ram_bytes": g.tier.nbytes,
                 "active": len(g.active),
                 "pool_clears": g.bg.pool.count,
+                "disk": g.tier.disk.stats() if g.tier.disk is not None else None,
             })
 
         self.inbox.put(read)
@@ -168,7 +177,7 @@ class ModelActor:
 
             self.generator = Generator(
                 model, tokenizer, self.config,
-                RamTier(self.info_value.has_state_layers),
+                RamTier(self.info_value.has_state_layers, disk_store(self.config, self.info_value)),
                 send_commit=self._send_commit, send_release=self._send_release,
                 replica=self.replica,
             )
@@ -227,6 +236,17 @@ class ModelActor:
         future.add_done_callback(
             lambda f: (not f.exception()) and self.inbox.put(lambda g: g.apply_orders(f.result()))
         )
+
+
+def disk_store(config: EngineConfig, info: ModelInfo):
+    """The disk tier's store (and writer thread) of this model, or None when it is off."""
+    cache = config.cache
+    if cache.mode != "lineage" or cache.disk_budget <= 0:
+        return None
+    from engine.disk import entries_dir
+    from engine.store import DiskStore
+
+    return DiskStore(entries_dir(cache.resolved_cache_dir), info.fingerprint)
 
 
 def _release_pool() -> None:

@@ -36,7 +36,9 @@ class LocalEngine:
 
         self.config = config
         self.model, self.tokenizer, self.info = load_model(config)
-        self.manager = CacheManager(config.cache, self.info.fingerprint, self.info.has_state_layers)
+        # RAM tier only: a benchmark must not lock or write the user's disk cache.
+        self.manager = CacheManager(config.cache, self.info.fingerprint,
+                                    self.info.has_state_layers, disk=False)
         self.tier = RamTier(self.info.has_state_layers)
         self.generator = Generator(
             self.model, self.tokenizer, config, self.tier,

@@ -4,7 +4,11 @@ What it decides: where a prompt restores (the longest restore point in its
 namespace), which capture points its prefill takes (anchor, guard,
 divergence), what a commit stores (the new entry, its reply and captured
 checkpoints, anchors), which older entry it absorbs, what thinning drops and
-what the budgets evict. What it does not know: tensors, files, replicas.
+what the budgets evict; with a disk tier, which files to write (every entry it
+indexes, when it is indexed; an entry whose file was evicted is spilled again
+when it leaves RAM), which to delete (an absorbed source's, after its
+successor's write; what the disk budget evicts), and when a restore point is
+read from a file. What it does not know: tensors, file formats, replicas.
 """
 
 from __future__ import annotations
@@ -14,13 +18,15 @@ from typing import Callable
 import numpy as np
 
 from engine.cache.anchor import anchor_victims, wants_anchor
+from engine.cache.disk_index import DiskIndex, file_bytes, record
 from engine.cache.entry import Checkpoint, Entry
 from engine.cache.index import Index, Lookup
 from engine.cache.orders import OrderBook
 from engine.cache.thinning import thin
-from engine.cache.tier import DiskIndex, ram_priority, victims
+from engine.cache.tier import ram_priority, victims
 from engine.config import CacheConfig
 from engine.messages import CapturePoint, Commit, RestorePlan
+
 
 def carry_over(source: Entry, restored: int) -> list[Checkpoint]:
     """The restore points of `source` that the entry absorbing it takes over.
@@ -63,8 +69,12 @@ class LineagePolicy:
     def plan(
         self, request_id: str, namespace: str, prompt: np.ndarray, anchor_len: int
     ) -> RestorePlan:
-        """The restore point and capture points for `prompt`; allocates the new entry's id first."""
-        found = self._restore(namespace, prompt[:-1])  # the model needs one uncached token
+        """The restore point and capture points for `prompt`; allocates the new entry's id first.
+
+        A restore point read from the disk tier enters the RAM index now (the
+        model actor loads its file at admission); the caller evicts for it.
+        """
+        found, from_disk = self._restore(namespace, prompt[:-1])  # one uncached token
         restore = found.restore
         points: dict[int, str] = {}
         for length, kind in self._capture_points(namespace, prompt, anchor_len, found):
@@ -76,13 +86,28 @@ class LineagePolicy:
         )
         return RestorePlan(
             request_id, restore.entry_id, restore.length, restore.kind, captures,
-            new_entry_id=new_entry_id, store_reply=True,
+            new_entry_id=new_entry_id, store_reply=True, load_from_disk=from_disk,
         )
 
-    def _restore(self, namespace: str, query: np.ndarray) -> Lookup:
-        # Disk tier hook: consult self.disk only when it could offer more than
-        # the RAM tier's best (see tier.DiskIndex); not built yet.
-        return self.index.lookup(namespace, query, self.has_state_layers)
+    def _restore(self, namespace: str, query: np.ndarray) -> tuple[Lookup, bool]:
+        """The longest restore point in RAM, or on disk when a file offers a longer one.
+
+        (lookup, whether it comes from a file). The disk index reads only files
+        longer than RAM's best; a file's entry is added to the RAM index.
+        """
+        found = self.index.lookup(namespace, query, self.has_state_layers)
+        if self.disk is None:
+            return found, False
+        held = _Held(self.index)
+        on_disk = self.disk.lookup(namespace, query, self.has_state_layers,
+                                   longer_than=found.restore.length, skip=held)
+        sibling = max(found.sibling_lcp, on_disk.sibling_lcp)
+        if on_disk.restore.entry_id is None:
+            return Lookup(found.restore, sibling), False
+        entry = self.disk.entry(on_disk.restore.entry_id)
+        self.index.add(Entry(entry.id, entry.namespace, entry.role, entry.tokens, entry.prompt_len,
+                             entry.kv_bytes_per_token, entry.state_bytes, dict(entry.checkpoints)))
+        return Lookup(on_disk.restore, sibling), True
 
     def _capture_points(self, namespace: str, prompt: np.ndarray, anchor_len: int, found: Lookup):
         """Yield (length, kind) candidates, all strictly between the restore length and len(prompt).
@@ -138,7 +163,31 @@ class LineagePolicy:
                 entry.checkpoints[checkpoint.length] = checkpoint
         if source is not None:
             self.index.free(source.id, orders)  # its unmoved checkpoints and reply tail go with it
+            on_disk = self.disk is not None and source.id in self.disk
+            if on_disk and not self.index.pinned(source.id):
+                self.disk.remove(source.id)  # the writer deletes it after the new entry's file
+                orders.delete_file(source.id)
         self.index.add(entry)
+        for new in [self.index.get(p.entry_id) for p in c.captures] + [entry]:
+            if new is not None:  # an anchor indexed now (not a duplicate), the new entry
+                self._persist(new, orders)
+
+    def _persist(self, entry: Entry, orders: OrderBook) -> None:
+        """Order the file of an entry (unless it alone exceeds the disk budget)."""
+        if self.disk is None or entry.id in self.disk:
+            return
+        nbytes = file_bytes(entry)
+        if nbytes <= self.disk.budget:
+            self.disk.add(entry, nbytes)
+            orders.write(record(entry))
+
+    def forget(self, entry_id: int, orders: OrderBook) -> None:
+        """A file the model actor could not load (missing or damaged): out of both indexes."""
+        if self.index.get(entry_id) is not None:
+            self.index.free(entry_id, orders)
+        if self.disk is not None and entry_id in self.disk:
+            self.disk.remove(entry_id)
+            self.disk.damaged += 1
 
     def _absorbable(self, c: Commit) -> Entry | None:
         """The entry this request absorbs: a conversation source restored at or past its prompt end.
@@ -157,7 +206,10 @@ class LineagePolicy:
     # -- budgets -------------------------------------------------------------
 
     def evict(self, orders: OrderBook) -> list[Entry]:
-        """Evict anchors beyond their caps, then what exceeds the RAM budget; return the victims."""
+        """Evict anchors beyond their caps, then what exceeds the RAM budget; return the victims.
+
+        A victim without a file is spilled to disk (config spill_on_evict).
+        """
         cfg = self.config
         anchors = self.index.entries("anchor")
         out = anchor_victims(anchors, cfg.anchor_max_entries, cfg.anchor_max_bytes)
@@ -166,7 +218,21 @@ class LineagePolicy:
         over = victims(sorted(self.index.entries(), key=ram_priority), max_bytes=cfg.ram_budget)
         for entry in over:
             self.index.free(entry.id, orders)
+        if cfg.spill_on_evict:
+            for entry in out + over:
+                self._persist(entry, orders)
         return out + over
+
+    def evict_disk(self, orders: OrderBook) -> list[int]:
+        """Delete the files that exceed the disk budget (never one a request pins); their ids."""
+        if self.disk is None:
+            return []
+        pinned = {entry_id for entry_id, _ in self.index.pins.values()}
+        out = [f.entry_id for f in self.disk.victims(keep=pinned)]
+        for entry_id in out:
+            self.disk.remove(entry_id)
+            orders.delete_file(entry_id)
+        return out
 
     def check(self) -> None:
         """Assert lineage mode's invariants: checkpoint cap, anchor caps, unique anchors, budget."""
@@ -181,3 +247,20 @@ class LineagePolicy:
         keys = {(a.namespace, a.tokens.tobytes()) for a in anchors}
         assert len(keys) == len(anchors), "two anchors hold the same tokens"
         assert sum(e.nbytes for e in entries) <= cfg.ram_budget
+        if self.disk is not None:
+            self.disk.check()
+            for entry in entries:  # an entry in both tiers is the same entry
+                on_disk = self.disk.entry(entry.id)
+                if on_disk is not None:
+                    assert np.array_equal(on_disk.tokens, entry.tokens), entry.id
+                    assert on_disk.checkpoints == entry.checkpoints, entry.id
+
+
+class _Held:
+    """Ids the disk lookup leaves out: in the RAM index, or out of it with a free pending."""
+
+    def __init__(self, index: Index) -> None:
+        self.index = index
+
+    def __contains__(self, entry_id: int) -> bool:
+        return entry_id in self.index or entry_id in self.index.deferred

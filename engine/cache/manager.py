@@ -10,23 +10,38 @@ Entry ids are ints allocated here: by plan() for the request's new entry and
 for each separate-entry capture point (anchor, exact snapshot). Ids a
 request never commits are freed at its commit or release (the model actor
 may have stored a capture before the request stopped; freeing an id it does
-not hold is a no-op there).
+not hold is a no-op there). An entry's disk file is named by its id, so ids
+start above every id found in the cache directory.
+
+The disk tier (lineage mode, a model fingerprint, a positive disk budget):
+at construction the manager locks ``<cache_dir>/entries``, rebuilds the disk
+index from the files' headers (engine.cache.disk_index.open_disk) and removes
+temporary files a crash left. A plan that restores from a file adds its entry
+to the RAM index; the RAM evictions that make room for it are ordered with
+the next Orders the manager hands out (the model actor frees them then).
+Until a commit shows the model actor read that file, every plan restoring
+from the entry says load_from_disk (the actor reads the file if it does not
+hold the entry yet: requests are not always admitted in plan order); a commit
+that fell back cold instead means the file would not load, and the entry
+leaves both indexes.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from engine.cache.disk_index import DiskIndex, open_disk
 from engine.cache.exact import ExactPolicy
 from engine.cache.index import Index
 from engine.cache.lineage import LineagePolicy
 from engine.cache.orders import OrderBook
 from engine.cache.tokens import as_tokens
 from engine.config import CacheConfig
+from engine.disk import entries_dir
 from engine.messages import CacheStatsSnapshot, Commit, Orders, PlanRequest, Release, RestorePlan
 
 _POLICIES = {"lineage": LineagePolicy, "exact": ExactPolicy}
@@ -51,22 +66,36 @@ class CacheManager:
     """The cache policy behind one actor: no tensors, no locks (the actor serializes calls)."""
 
     def __init__(
-        self, config: CacheConfig, fingerprint: str = "", has_state_layers: bool = True
+        self, config: CacheConfig, fingerprint: str = "", has_state_layers: bool = True,
+        disk: bool = True,
     ) -> None:
+        """`disk=False` keeps the disk tier off (policy tests); it needs lineage mode, a
+        fingerprint and a positive disk budget, and is off when another server holds
+        the cache directory."""
         _check_config(config)
         self.config = config
         self.fingerprint = fingerprint  # the disk tier keys files by it
         self.has_state_layers = has_state_layers
         self.index = Index()
-        self._ids = itertools.count(1)
+        self.disk: DiskIndex | None = None
+        if disk and config.mode == "lineage" and fingerprint and config.disk_budget > 0:
+            self.disk = open_disk(entries_dir(config.resolved_cache_dir), fingerprint,
+                                  config.disk_budget, config.anchor_max_entries,
+                                  config.anchor_max_bytes)
+        self._ids = itertools.count((self.disk.max_id if self.disk else 0) + 1)
         self._in_flight: dict[str, _InFlight] = {}
         self._hits: Counter[str] = Counter()
         self._evictions = 0
+        self._disk_evictions = 0
         self._cached_tokens = 0
         self._prompt_tokens = 0
+        self._pending = OrderBook()  # evictions made at a plan, ordered with the next Orders
+        self._unread: set[int] = set()  # entries indexed from a file no commit has restored yet
         policy = _POLICIES.get(config.mode)
         self._policy = None
-        if policy is not None:
+        if policy is LineagePolicy:
+            self._policy = policy(config, self.index, self._new_id, has_state_layers, self.disk)
+        elif policy is not None:
             self._policy = policy(config, self.index, self._new_id, has_state_layers)
 
     def _new_id(self) -> int:
@@ -88,10 +117,18 @@ class CacheManager:
         if req.request_id in self._in_flight:
             raise ValueError(f"request {req.request_id!r} is already planned")
         plan = self._policy.plan(req.request_id, req.namespace, prompt, req.anchor_len)
+        if plan.load_from_disk:
+            self._unread.add(plan.entry_id)
+        elif plan.entry_id in self._unread:
+            plan = replace(plan, load_from_disk=True)
         source = self.index.get(plan.entry_id)
         if source is not None:
             self.index.touch(source)
             self.index.pin(req.request_id, plan.entry_id, plan.length)
+        if self.disk is not None and plan.entry_id is not None:
+            self.disk.touch(plan.entry_id)
+        if plan.load_from_disk:  # the file's entry is in the RAM index: make room
+            self._evictions += len(self._policy.evict(self._pending))
         self._in_flight[req.request_id] = _InFlight(req.namespace, len(prompt), plan)
         self._hits[plan.kind] += 1
         self._cached_tokens += plan.length
@@ -110,15 +147,45 @@ class CacheManager:
         tokens = self._validate(c)
         flight = self._in_flight.pop(c.request_id)
         self.index.unpin(c.request_id)
-        orders = OrderBook()
+        orders = self._take_pending()
+        if flight.plan.load_from_disk:
+            self._unread.discard(flight.plan.entry_id)
+            if c.restored_from is None:  # its file failed to load
+                self._policy.forget(flight.plan.entry_id, orders)
         self._policy.commit(c, tokens, orders)
         taken = {p.entry_id for p in c.captures}
         for entry_id in flight.allocated:
             if entry_id != c.entry_id and entry_id not in taken:
                 orders.free(entry_id)  # prefill stopped before this capture
         self._evictions += len(self._policy.evict(orders))
+        if isinstance(self._policy, LineagePolicy):
+            self._disk_evictions += len(self._policy.evict_disk(orders))
         self.index.flush(orders)
+        self._forget_unread()
         return orders.build()
+
+    def _forget_unread(self) -> None:
+        """Stop tracking unread entries that left the index and have no free pending."""
+        self._unread = {i for i in self._unread if i in self.index or i in self.index.deferred}
+
+    def _take_pending(self) -> OrderBook:
+        orders, self._pending = self._pending, OrderBook()
+        return orders
+
+    @property
+    def unread(self) -> frozenset[int]:
+        """Ids in the RAM index from a file the model actor may not have read yet."""
+        return frozenset(self._unread)
+
+    @property
+    def pending_orders(self) -> Orders:
+        """Orders decided at a plan, not handed out yet (the next commit or release does)."""
+        return self._pending.build()
+
+    def close(self) -> None:
+        """Release the cache directory (a later manager on it may then use the disk tier)."""
+        if self.disk is not None:
+            self.disk.close()
 
     def release(self, r: Release) -> Orders:
         """End a request without a commit: unpin, free what it stored and every id it was given.
@@ -133,10 +200,11 @@ class CacheManager:
             raise ValueError(f"release {r.request_id!r} would free indexed entries {held}")
         flight = self._in_flight.pop(r.request_id, None)
         self.index.unpin(r.request_id)
-        orders = OrderBook()
+        orders = self._take_pending()
         for entry_id in (*(flight.allocated if flight else ()), *r.stored):
             orders.free(entry_id)
         self.index.flush(orders)
+        self._forget_unread()
         return orders.build()
 
     def stats(self) -> CacheStatsSnapshot:
@@ -155,6 +223,10 @@ class CacheManager:
             anchor_bytes=sum(a.nbytes for a in anchors),
             hits=dict(sorted(self._hits.items())),
             evictions=self._evictions,
+            disk_bytes=self.disk.nbytes if self.disk else 0,
+            disk_entries=self.disk.entries if self.disk else 0,
+            disk_evictions=self._disk_evictions,
+            damaged_files=self.disk.damaged if self.disk else 0,
             cached_tokens=self._cached_tokens,
             prompt_tokens=self._prompt_tokens,
         )
@@ -170,6 +242,7 @@ class CacheManager:
         for request_id, flight in self._in_flight.items():
             for entry_id in flight.allocated:
                 assert entry_id not in self.index and entry_id not in self.index.deferred, entry_id
+                assert self.disk is None or entry_id not in self.disk, entry_id
             if flight.plan.entry_id is not None:
                 pins[request_id] = (flight.plan.entry_id, flight.plan.length)
         assert pins == self.index.pins, (pins, self.index.pins)

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-from engine.messages import CheckpointMove, Orders
+from engine.messages import CheckpointMove, EntryRecord, Orders
 
 
 class OrderBook:
-    """Appends moves, checkpoint drops and frees in decision order; builds frozen Orders.
+    """Appends moves, checkpoint drops, frees, file writes and deletes; builds frozen Orders.
 
-    The model actor applies Orders in field order (moves, drops, frees), so a
-    checkpoint moved out of an entry survives that entry's free.
+    The model actor applies Orders as moves, drops, writes, frees, deletes, so a
+    checkpoint moved out of an entry survives that entry's free, a write sees
+    the entry after its moves and drops (and before a spill's free), and a
+    superseded file goes after its successor's write.
     """
 
     def __init__(self) -> None:
         self._moves: list[CheckpointMove] = []
         self._drops: list[tuple[int, int]] = []
         self._free: list[int] = []
+        self._writes: dict[int, EntryRecord] = {}
+        self._deletes: list[int] = []
 
     def move(self, src: int, length: int, dst: int) -> None:
         self._moves.append(CheckpointMove(src=src, length=length, dst=dst))
@@ -27,9 +31,20 @@ class OrderBook:
         if entry_id not in self._free:
             self._free.append(entry_id)
 
+    def write(self, entry: EntryRecord) -> None:
+        """Write an entry's file (the latest of a write and a delete of one id wins)."""
+        if entry.entry_id in self._deletes:
+            self._deletes.remove(entry.entry_id)
+        self._writes[entry.entry_id] = entry
+
+    def delete_file(self, entry_id: int) -> None:
+        self._writes.pop(entry_id, None)
+        if entry_id not in self._deletes:
+            self._deletes.append(entry_id)
+
     def build(self) -> Orders:
-        # Disk tier hook: `write` (new entries) and `delete_files` (absorbed or
-        # evicted entries, once the successor's file is written) go here.
         return Orders(
-            moves=tuple(self._moves), drop_checkpoints=tuple(self._drops), free=tuple(self._free)
+            moves=tuple(self._moves), drop_checkpoints=tuple(self._drops), free=tuple(self._free),
+            write=tuple(self._writes), delete_files=tuple(self._deletes),
+            records=tuple(self._writes.values()),
         )

@@ -1,17 +1,16 @@
 """The RAM tier's budget: eviction order and the victims that make a set of entries fit.
 
+(The disk tier's budget and order are in disk_index.)
+
 Pure arithmetic over Entry sizes; the caller removes the victims from the
 index (which defers the frees of pinned ones).
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
-
-import numpy as np
+from typing import Sequence
 
 from engine.cache.entry import Entry
-from engine.cache.index import Restore
 
 
 def lru_priority(entry: Entry) -> tuple[int]:
@@ -43,15 +42,3 @@ def victims(
         count -= 1
         total -= entry.nbytes
     return out
-
-
-class DiskIndex(Protocol):
-    """Hook for the disk tier (not built here).
-
-    The lineage policy consults it in one place (`LineagePolicy._restore`),
-    only when it offers a restore point longer than the RAM tier's best; the
-    manager then orders `Orders.write` for new entries and `Orders.delete_files`
-    for absorbed ones once their successor's file is written.
-    """
-
-    def lookup(self, namespace: str, query: np.ndarray) -> Restore | None: ...

@@ -1,0 +1,307 @@
+"""The disk tier's index: which entry files exist, what they hold, which go when it is full.
+
+What it knows: for each file of this model fingerprint, the entry it holds
+as the RAM index sees one (token ids, prompt end, checkpoint kinds, sizes),
+with the file's bytes and an LRU clock; for every other file in the
+directory (another fingerprint, damaged), only its bytes and age, because it
+is never matched but still counts against the budget. What it does not know:
+tensors, file formats, MLX.
+
+Eviction order (`disk_priority`, lowest first): damaged files, then files of
+another fingerprint, then conversations and the anchors no longer among the
+most recently used ones the anchor caps would keep, by LRU; pinned anchors
+(those the caps keep) last. Pinned anchor files are not exempt: a timestamp in
+a system prompt makes a new anchor every minute, and each one leaves the
+pinned set as newer ones arrive.
+
+`open_disk` builds the index from a header-only scan of the directory and
+holds the directory's lock, so two servers never share one set of entry ids.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import time
+from collections.abc import Container
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from engine import disk as files
+from engine.cache.entry import Checkpoint, Entry
+from engine.cache.index import COLD, Lookup, Restore
+from engine.cache.tokens import common_prefix
+from engine.messages import CHECKPOINT_KINDS, EntryRecord
+
+log = logging.getLogger(__name__)
+
+# A disk restore point shorter than this is not worth a file read; it is also
+# the length of the token prefix the index buckets files by.
+DISK_MIN_TOKENS = 16
+HEADER_BYTES = 128 << 10  # bound on a header's meta (structure JSON), before the file exists
+LOCK_NAME = "LOCK"
+_RANK = {"damaged": 0, "foreign": 1, "entry": 2, "pinned": 3}
+
+
+@dataclass
+class DiskFile:
+    """One file as the index sees it. `entry` is None for a file never matched."""
+
+    entry_id: int
+    nbytes: int
+    last_used: int
+    entry: Entry | None = None
+    reason: str = ""  # why it is never matched: "foreign" or "damaged"
+
+
+def disk_priority(f: DiskFile, pinned: Container[int]) -> tuple[int, int]:
+    """Sort key, lowest evicted first: damaged, foreign, LRU entries, pinned anchors."""
+    rank = f.reason if f.entry is None else ("pinned" if f.entry_id in pinned else "entry")
+    return _RANK[rank], f.last_used
+
+
+def file_bytes(entry: Entry) -> int:
+    """Expected size of an entry's file: its arrays, its tokens and a header."""
+    return entry.nbytes + 4 * entry.length + HEADER_BYTES
+
+
+def record(entry: Entry) -> EntryRecord:
+    """The file header the model actor writes for `entry`."""
+    checkpoints = tuple((n, c.kind) for n, c in sorted(entry.checkpoints.items()))
+    return EntryRecord(entry.id, entry.namespace, entry.role, entry.tokens, entry.prompt_len,
+                       checkpoints, entry.kv_bytes_per_token, entry.state_bytes)
+
+
+class DiskIndex:
+    """Files by id, entries bucketed by (namespace, first tokens), an LRU clock and a budget."""
+
+    def __init__(self, budget: int, anchor_max_entries: int = 16,
+                 anchor_max_bytes: int = 16 << 30) -> None:
+        self.budget = budget
+        self.anchor_max_entries = anchor_max_entries
+        self.anchor_max_bytes = anchor_max_bytes
+        self.files: dict[int, DiskFile] = {}
+        self._buckets: dict[tuple[str, bytes], dict[int, DiskFile]] = {}
+        self._clock = 0
+        self.max_id = 0
+        self.damaged = 0  # files found damaged: at the scan, and at loads since
+        self.lock = None  # the directory's lock file, held while the index lives
+
+    # -- contents ----------------------------------------------------------
+
+    def add(self, entry: Entry, nbytes: int) -> None:
+        """Index the file of `entry` (an own copy) as the most recently used."""
+        assert entry.id not in self.files, entry.id
+        f = DiskFile(entry.id, nbytes, 0, replace(entry, checkpoints=dict(entry.checkpoints)))
+        self.files[entry.id] = f
+        if entry.length >= DISK_MIN_TOKENS:
+            self._buckets.setdefault(_key(entry.namespace, entry.tokens), {})[entry.id] = f
+        self.max_id = max(self.max_id, entry.id)
+        self.touch(entry.id)
+
+    def add_other(self, entry_id: int, nbytes: int, reason: str) -> None:
+        """Index a file that is never matched (another fingerprint, damaged)."""
+        assert entry_id not in self.files and reason in ("foreign", "damaged"), entry_id
+        self.files[entry_id] = DiskFile(entry_id, nbytes, 0, None, reason)
+        self.max_id = max(self.max_id, entry_id)
+        self.touch(entry_id)
+
+    def remove(self, entry_id: int) -> DiskFile:
+        f = self.files.pop(entry_id)
+        if f.entry is not None and f.entry.length >= DISK_MIN_TOKENS:
+            key = _key(f.entry.namespace, f.entry.tokens)
+            del self._buckets[key][entry_id]
+            if not self._buckets[key]:
+                del self._buckets[key]
+        return f
+
+    def touch(self, entry_id: int) -> None:
+        if entry_id in self.files:
+            self._clock += 1
+            self.files[entry_id].last_used = self._clock
+
+    def entry(self, entry_id: int | None) -> Entry | None:
+        f = self.files.get(entry_id) if entry_id is not None else None
+        return f.entry if f is not None else None
+
+    def __contains__(self, entry_id: int) -> bool:
+        return entry_id in self.files
+
+    @property
+    def nbytes(self) -> int:
+        return sum(f.nbytes for f in self.files.values())
+
+    @property
+    def entries(self) -> int:
+        """Files this model can restore from."""
+        return sum(f.entry is not None for f in self.files.values())
+
+    # -- lookup --------------------------------------------------------------
+
+    def lookup(self, namespace: str, query: np.ndarray, has_state_layers: bool,
+               longer_than: int = 0, skip: Container[int] = ()) -> Lookup:
+        """The longest restore point within `query` longer than `longer_than`, or COLD.
+
+        Reads only the files that share the query's first DISK_MIN_TOKENS tokens
+        and are longer than `longer_than`; ids in `skip` (held in RAM) are left
+        out. Ties go to the most recently used file.
+        """
+        if len(query) < max(DISK_MIN_TOKENS, longer_than + 1):
+            return Lookup(COLD, 0)
+        best: tuple[int, int, Entry, str] | None = None
+        sibling = 0
+        for f in self._buckets.get(_key(namespace, query), {}).values():
+            entry = f.entry
+            if entry.id in skip or entry.length <= longer_than:
+                continue
+            lcp = common_prefix(entry.tokens, query)
+            sibling = max(sibling, lcp)
+            point = entry.restore_point(lcp, has_state_layers)
+            if not point or point[0] <= longer_than:
+                continue
+            if best is None or (point[0], f.last_used) > best[:2]:
+                best = (point[0], f.last_used, entry, point[1])
+        if best is None:
+            return Lookup(COLD, sibling)
+        return Lookup(Restore(best[2].id, best[0], best[3]), sibling)
+
+    # -- budget -----------------------------------------------------------------
+
+    def pinned_anchors(self) -> set[int]:
+        """The most recently used anchors that fit the anchor caps."""
+        anchors = sorted((f for f in self.files.values()
+                          if f.entry is not None and f.entry.role == "anchor"),
+                         key=lambda f: -f.last_used)
+        out, total = set(), 0
+        for f in anchors:
+            if len(out) >= self.anchor_max_entries or total + f.nbytes > self.anchor_max_bytes:
+                break
+            out.add(f.entry_id)
+            total += f.nbytes
+        return out
+
+    def victims(self, keep: Container[int] = ()) -> list[DiskFile]:
+        """Files to delete, in eviction order, until the rest fits the budget; `keep` stays."""
+        total = self.nbytes
+        if total <= self.budget:
+            return []
+        pinned = self.pinned_anchors()
+        out = []
+        for f in sorted(self.files.values(), key=lambda f: disk_priority(f, pinned)):
+            if total <= self.budget:
+                break
+            if f.entry_id not in keep:
+                out.append(f)
+                total -= f.nbytes
+        return out
+
+    def check(self) -> None:
+        """Assert the buckets and the clock agree with the files."""
+        bucketed = {i for group in self._buckets.values() for i in group}
+        expected = {i for i, f in self.files.items()
+                    if f.entry is not None and f.entry.length >= DISK_MIN_TOKENS}
+        assert bucketed == expected, (bucketed, expected)
+        for key, group in self._buckets.items():
+            assert group
+            for entry_id, f in group.items():
+                assert self.files[entry_id] is f and _key(f.entry.namespace, f.entry.tokens) == key
+        for entry_id, f in self.files.items():
+            assert f.entry_id == entry_id and f.nbytes >= 0 and 0 < f.last_used <= self._clock
+            assert (f.entry is None) != (f.reason == ""), f
+            if f.entry is not None:
+                assert f.entry.id == entry_id and f.entry.role in ("conversation", "anchor")
+                f.entry.check()
+        clocks = [f.last_used for f in self.files.values()]
+        assert len(set(clocks)) == len(clocks), "disk LRU clock values repeat"
+
+    def close(self) -> None:
+        """Release the directory's lock."""
+        if self.lock is not None:
+            self.lock.close()
+            self.lock = None
+
+
+def _key(namespace: str, tokens: np.ndarray) -> tuple[str, bytes]:
+    return namespace, np.ascontiguousarray(tokens[:DISK_MIN_TOKENS], dtype=np.int32).tobytes()
+
+
+def entry_of(header: files.Header) -> Entry:
+    """The index's Entry for a file's header; ValueError for an unknown checkpoint kind."""
+    for _, kind in header.checkpoints:
+        if kind not in CHECKPOINT_KINDS:
+            raise ValueError(f"unknown checkpoint kind {kind!r}")
+    return Entry(header.entry_id, header.namespace, header.role, header.tokens,
+                 header.prompt_len, header.kv_bytes_per_token, header.state_bytes,
+                 {n: Checkpoint(n, kind) for n, kind in header.checkpoints})
+
+
+def index_scan(scan: files.Scan, fingerprint: str, budget: int, anchor_max_entries: int = 16,
+               anchor_max_bytes: int = 16 << 30) -> DiskIndex:
+    """A DiskIndex of a directory's scan: own files matchable, the others counted; LRU by mtime."""
+    index = DiskIndex(budget, anchor_max_entries, anchor_max_bytes)
+    index.max_id = scan.max_id
+    for f in sorted(scan.files, key=lambda f: (f.mtime, f.entry_id)):
+        problem = f.problem
+        if f.header is not None and f.header.fingerprint == fingerprint:
+            try:
+                index.add(entry_of(f.header), f.nbytes)
+                continue
+            except ValueError as e:
+                problem = str(e)
+        if problem is not None:
+            index.damaged += 1
+            index.add_other(f.entry_id, f.nbytes, "damaged")
+        else:
+            index.add_other(f.entry_id, f.nbytes, "foreign")
+    return index
+
+
+def lock_directory(directory: Path, wait: float = 3.0):
+    """The directory's lock file, held (None if another process still holds it after `wait` s)."""
+    handle = open(Path(directory) / LOCK_NAME, "a+")  # noqa: SIM115 (held while the index lives)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"{os.getpid()}\n")
+            handle.flush()
+            return handle
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                handle.close()
+                return None
+            time.sleep(0.1)
+
+
+def open_disk(directory: Path, fingerprint: str, budget: int, anchor_max_entries: int = 16,
+              anchor_max_bytes: int = 16 << 30) -> DiskIndex | None:
+    """Lock the directory, scan its headers and index them; None when another server holds it.
+
+    Temporary files left by a crashed writer are removed; damaged files are
+    reported in the log and counted, never matched.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    lock = lock_directory(directory)
+    if lock is None:
+        log.warning("disk tier off: another server holds %s", directory / LOCK_NAME)
+        return None
+    t0 = time.perf_counter()
+    scan = files.scan(directory)
+    index = index_scan(scan, fingerprint, budget, anchor_max_entries, anchor_max_bytes)
+    index.lock = lock
+    for f in scan.files:
+        if f.problem is not None:
+            log.warning("disk tier: skipping damaged file %s: %s", f.path, f.problem)
+    for path in scan.removed_temps:
+        log.info("disk tier: removed %s, left by an interrupted write", path)
+    foreign = sum(f.reason == "foreign" for f in index.files.values())
+    log.info("disk tier: %d entries of this model, %d of other models, %d damaged, %.1f GB "
+             "in %s (scanned in %.2f s)", index.entries, foreign, index.damaged,
+             index.nbytes / 1e9, directory, time.perf_counter() - t0)
+    return index

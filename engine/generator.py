@@ -28,7 +28,7 @@ from engine.batch import LineageBatchGenerator
 from engine.config import EngineConfig
 from engine.layer_timer import LayerTimer
 from engine.events import Finished, GenerationRequest, Progress, Tokens
-from engine.messages import CapturedPoint, Commit, Orders, Release
+from engine.messages import AnchorCommit, CapturedPoint, Commit, Orders, Release
 from engine.sampling import StopMatcher, make_sampler
 from engine.store import RamTier, StoredEntry
 
@@ -55,6 +55,7 @@ class _Active:
     copied_restore: int = 0
     copied_commit: int = 0
     taken: dict = field(default_factory=dict)  # length -> (CapturePoint, StateSnapshot)
+    early: set = field(default_factory=set)  # anchor ids stored and committed mid-prefill
     prompt_end_state: object = None
     t_prefill_end: float | None = None
     t_first: float | None = None
@@ -81,6 +82,7 @@ class Generator:
         send_commit: Callable[[Commit, Callable[[Orders], None]], None],
         send_release: Callable[[Release], None],
         replica: int = 0,
+        send_anchor: Callable[[AnchorCommit, Callable[[Orders], None]], None] | None = None,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -88,6 +90,7 @@ class Generator:
         self.tier = tier
         self.send_commit = send_commit
         self.send_release = send_release
+        self.send_anchor = send_anchor
         self.replica = replica
         self.vocab_size = int(model.args.vocab_size) if hasattr(model, "args") else len(tokenizer)
         self.eos_ids = frozenset(int(t) for t in tokenizer.eos_token_ids)
@@ -150,14 +153,19 @@ class Generator:
 
     def step(self) -> None:
         """Admit pending requests, then one BatchGenerator step."""
+        waiting = []
         while self.pending:
             req, emit = self.pending.pop(0)
+            if self._must_wait(req):
+                waiting.append((req, emit))
+                continue
             try:
                 self._admit(req, emit)
             except Exception as e:  # one bad request must not fail the batch
                 log.exception("request %s: admission failed", req.request_id)
                 self._release(req)
                 emit(self._finished_cold(req, "error", error=f"{type(e).__name__}: {e}"))
+        self.pending = waiting
         if not self.active:
             return
         prompt_responses, gen_responses = self.bg.next()
@@ -165,6 +173,15 @@ class Generator:
             self._on_prompt(r)
         for r in gen_responses:
             self._on_token(r)
+
+    def _must_wait(self, req: GenerationRequest) -> bool:
+        """A plan waiting on an anchor that a request still in prefill will capture."""
+        plan = req.plan
+        if not plan.wait or self.tier.can_restore(plan.entry_id, plan.length):
+            return False
+        planned = [a.captures for a in self.active.values()]
+        planned += [[c for c in r.plan.captures] for r, _ in self.pending if r is not req]
+        return any(c.entry_id == plan.entry_id for caps in planned for c in caps)
 
     def fail_all(self, message: str) -> None:
         """After an error inside the batch: end every request and start a fresh batch."""
@@ -234,8 +251,28 @@ class Generator:
         elif r.end_of_segment and act.captures and act.captures[0].length == done:
             point = act.captures.pop(0)
             batch = self.bg._prompt_batch
-            state = snapshot.snapshot_state(batch.prompt_cache, batch.uids.index(r.uid))
+            idx = batch.uids.index(r.uid)
+            if point.kind == "anchor" and self.send_anchor is not None:
+                self._commit_anchor(act, point, batch.extract_cache(idx))
+                return
+            state = snapshot.snapshot_state(batch.prompt_cache, idx)
             act.taken[point.length] = (point, state)
+
+    def _commit_anchor(self, act: _Active, point, extracted: list) -> None:
+        """Store an anchor the moment prefill reaches it, and index it now.
+
+        Requests waiting on the same system prompt restore it at once instead of
+        prefilling it again. Costs one copy of the anchor's rows (the extraction),
+        once per distinct system prompt.
+        """
+        layers, state = snapshot.store_entry(extracted)
+        self.tier.put(point.entry_id, StoredEntry(layers, point.length, {point.length: state}))
+        act.early.add(point.entry_id)
+        self.send_anchor(AnchorCommit(
+            request_id=act.req.request_id, namespace=act.req.namespace, entry_id=point.entry_id,
+            tokens=np.asarray(act.req.tokens[: point.length], dtype=np.int32),
+            kv_bytes_per_token=snapshot.kv_bytes_per_token(layers), state_bytes=state.nbytes,
+        ), self.apply_orders)
 
     # ---- decode events -----------------------------------------------------
 

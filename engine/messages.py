@@ -72,6 +72,11 @@ class RestorePlan:
     # The restore source is on the disk tier only: the model actor reads its file
     # into RAM at admission (RamTier.prepare), synchronously, before restoring.
     load_from_disk: bool = False
+    # The restore source is an anchor that another in-flight request is about to
+    # capture (parallel sub-agents sharing a system prompt, arriving together):
+    # the model actor admits this request once it holds that entry, and prefills
+    # cold if the capture never happens. The shared prefix is paid once.
+    wait: bool = False
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,23 @@ class Commit:
     kv_bytes_per_token: int  # bytes of one token's rows across all append-only layers
     state_bytes: int  # bytes of one state snapshot (all state layers)
     replica: int = 0
+
+
+@dataclass(frozen=True)
+class AnchorCommit:
+    """An anchor captured mid-prefill and stored by the model actor at once.
+
+    Indexed before the capturing request ends, so requests waiting on the same
+    system prompt (RestorePlan.wait) restore it; the request's later Commit
+    does not list it again.
+    """
+
+    request_id: str
+    namespace: str
+    entry_id: int
+    tokens: np.ndarray  # int32, the anchor's tokens
+    kv_bytes_per_token: int
+    state_bytes: int
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ import numpy as np
 
 from engine.cache import CacheManager
 from engine.config import CacheConfig
-from engine.messages import CapturedPoint, Commit, Orders, PlanRequest, Release, RestorePlan
+from engine.messages import (AnchorCommit, CapturedPoint, Commit, Orders, PlanRequest, Release,
+                             RestorePlan)
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,7 @@ class Driver:
         self.actor = FakeModelActor(state_layers=state_layers)
         self._requests: dict[str, tuple[RestorePlan, np.ndarray, str]] = {}
         self._restored: set[str] = set()
+        self._early: dict[str, set[int]] = {}  # anchors committed mid-prefill, by request
         self._serial = 0
 
     def plan(
@@ -193,8 +195,27 @@ class Driver:
     def restore(self, request_id: str) -> None:
         """The model actor takes the restore point (it may do so long after the plan)."""
         plan, prompt, _ = self._requests[request_id]
+        if plan.wait and plan.entry_id not in self.actor.stored:
+            return  # the actor holds the request until the anchor it waits on is stored
         self.actor.restore(plan, prompt)
         self._restored.add(request_id)
+
+    def capture_anchor(self, request_id: str) -> Orders | None:
+        """The request's prefill reaches its anchor: stored and committed at once (AnchorCommit)."""
+        plan, prompt, namespace = self._requests[request_id]
+        early = self._early.setdefault(request_id, set())
+        point = next((p for p in plan.captures if p.kind == "anchor" and p.entry_id not in early),
+                     None)
+        if point is None:
+            return None
+        self.actor.store_capture(point.entry_id, prompt, point.length)
+        orders = self.manager.commit_anchor(AnchorCommit(
+            request_id, namespace, point.entry_id, prompt[: point.length], KVPT,
+            STATE if self.actor.state_layers else 0))
+        early.add(point.entry_id)
+        self.actor.apply(orders)
+        self.check()
+        return orders
 
     def commit(
         self, request_id: str, reply=(), taken: int | None = None, cold: bool = False,
@@ -205,10 +226,15 @@ class Driver:
         `cold`: the actor found the restore point gone and prefilled from scratch.
         `upto`: cancelled in prefill after that many tokens (see FakeModelActor.prefill).
         """
+        plan = self._requests[request_id][0]
+        if plan.wait and plan.entry_id not in self.actor.stored:
+            cold = True  # the anchor it waited on was never captured
         if request_id not in self._restored and not cold:
             self.restore(request_id)
         plan, prompt, namespace = self._requests.pop(request_id)
         self._restored.discard(request_id)
+        early = self._early.pop(request_id, set())
+        plan = replace(plan, captures=tuple(p for p in plan.captures if p.entry_id not in early))
         if cold:
             plan = replace(plan, entry_id=None, length=0, kind="none")
         commit = self.actor.prefill(plan, prompt, tokens(reply), taken, upto)
@@ -227,8 +253,9 @@ class Driver:
             self.restore(request_id)
         plan, prompt, _ = self._requests.pop(request_id)
         self._restored.discard(request_id)
+        early = self._early.pop(request_id, set())
         stored = []
-        for point in plan.captures[:taken]:
+        for point in [p for p in plan.captures if p.entry_id not in early][:taken]:
             if point.entry_id is not None:
                 self.actor.store_capture(point.entry_id, prompt, point.length)
                 stored.append(point.entry_id)
@@ -351,6 +378,7 @@ class DiskDriver(Driver):
 
         config = replace(config or CacheConfig(**knobs), cache_dir=str(directory))
         self.manager = CacheManager(config, fingerprint=fingerprint, has_state_layers=state_layers)
+        self._early: dict[str, set[int]] = {}
         assert self.manager.disk is not None, "the disk tier did not open"
         self.actor = FakeDiskActor(state_layers=state_layers,
                                    directory=disk.entries_dir(directory), fingerprint=fingerprint)

@@ -160,15 +160,39 @@ def test_no_anchor_capture_at_or_before_the_restore_point():
     assert d.manager.stats().anchors == 0
 
 
-def test_parallel_requests_store_one_anchor_and_free_the_duplicate():
+def test_parallel_requests_pay_the_shared_anchor_once():
+    """Sub-agents arriving together: the second waits for the first's anchor capture."""
     d = Driver()
     a = d.plan(tokens(seq(1000, 500), seq(7000, 100)), anchor_len=500)
     b = d.plan(tokens(seq(1000, 500), seq(8000, 100)), anchor_len=500)
     assert caps(a) == [(500, "anchor", 2), (584, "guard", None)]
-    assert caps(b) == [(500, "anchor", 4), (584, "guard", None)]
-    assert d.commit(a.request_id, R1) == Orders()
-    assert d.commit(b.request_id, R1) == Orders(free=(4,))
+    assert (b.entry_id, b.length, b.kind, b.wait) == (2, 500, "anchor", True)
+    assert caps(b) == []  # 100 uncached tokens after the anchor: no guard
+    d.restore(b.request_id)  # the actor holds it: the anchor is not stored yet
+    assert d.capture_anchor(a.request_id) == Orders()  # a's prefill reaches the anchor
     assert d.manager.stats().anchors == 1
+    assert d.commit(b.request_id, R1) == Orders()  # restored from the anchor
+    assert d.commit(a.request_id, R1) == Orders()
+    assert d.manager.stats().anchors == 1 and d.manager.stats().hits["anchor"] == 1
+
+
+def test_a_waiter_prefills_cold_when_the_anchor_is_never_captured():
+    d = Driver()
+    a = d.plan(tokens(seq(1000, 500), seq(7000, 100)), anchor_len=500)
+    b = d.plan(tokens(seq(1000, 500), seq(8000, 100)), anchor_len=500)
+    assert b.wait
+    assert d.release(a.request_id) == Orders(free=(1, 2))  # cancelled before its anchor
+    d.commit(b.request_id, R1)  # the actor finds no anchor: cold, and says so
+    assert d.manager.stats().anchors == 0 and d.entry(b.new_entry_id) is not None
+
+
+def test_a_second_capture_of_a_stored_anchor_is_freed():
+    """Two anchors with the same tokens (an anchor evicted, then captured twice) keep one."""
+    d = Driver()
+    a = d.plan(tokens(seq(1000, 500), seq(7000, 100)), anchor_len=500)
+    assert d.commit(a.request_id, R1) == Orders()
+    b = d.plan(tokens(seq(1000, 500), seq(8000, 100)), anchor_len=500)
+    assert (b.kind, b.wait) == ("anchor", False) and caps(b) == []
 
 
 # -- divergence --------------------------------------------------------------------

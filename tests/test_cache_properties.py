@@ -58,6 +58,17 @@ def oracle(entries, namespace: str, query: np.ndarray, state_layers: bool) -> in
     return best
 
 
+def check_waiting(driver, plan, namespace: str, anchor_len: int, expected: int) -> None:
+    """A waiting plan restores an anchor another in-flight request of its namespace captures,
+    longer than anything stored."""
+    assert plan.kind == "anchor" and expected < plan.length == anchor_len, (plan, expected)
+    capturers = [
+        p for p, _, ns in driver._requests.values()
+        if ns == namespace and any(c.entry_id == plan.entry_id for c in p.captures)
+    ]
+    assert capturers, plan
+
+
 class CacheMachine(RuleBasedStateMachine):
     mode = "lineage"
     state_layers = True
@@ -97,7 +108,9 @@ class CacheMachine(RuleBasedStateMachine):
         lengths = [c.length for c in plan.captures]
         assert lengths == sorted(set(lengths))
         assert all(plan.length < n < len(prompt) for n in lengths)
-        if self.mode != "off":
+        if plan.wait:
+            check_waiting(self.driver, plan, namespace, anchor_len, expected)
+        elif self.mode != "off":
             assert plan.length == expected, (plan, expected)
         self.prompts[plan.request_id] = prompt
 
@@ -122,6 +135,12 @@ class CacheMachine(RuleBasedStateMachine):
             prompt = prompt[:upto]
         self.driver.commit(request_id, reply, taken, upto=upto)
         self.texts.append(tokens(prompt, reply))
+
+    @precondition(lambda self: self.prompts)
+    @rule(data=st.data())
+    def capture_anchor(self, data):
+        """A prefill reaches its anchor before the request ends (AnchorCommit)."""
+        self.driver.capture_anchor(self._pick(data))
 
     @precondition(lambda self: self.prompts)
     @rule(data=st.data())

@@ -209,3 +209,17 @@ def test_off_mode_caches_nothing(off_engine):
         assert r1.usage.cached_tokens == 0 and r2.usage.cached_tokens == 0
         assert r2.restore.kind == "none" and r2.text == r1.text
         assert off.cache_stats()["entries"] == 0
+
+
+def test_sub_agents_arriving_together_pay_the_shared_prefix_once(client):
+    """Parallel first turns: one prefills the system prompt, the others wait for its anchor."""
+    ns = fresh_ns("together")
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda a: chat(client, convo(user_message(20 + a, 0)), ns),
+                                range(4)))
+    kinds = sorted(r.restore.kind for r in results)
+    assert kinds == ["anchor", "anchor", "anchor", "none"], kinds
+    anchored = [r for r in results if r.restore.kind == "anchor"]
+    cold = next(r for r in results if r.restore.kind == "none")
+    assert all(r.usage.cached_tokens >= cold.usage.prompt_tokens - 60 for r in anchored)
+    assert client.cache_stats()["anchors"] >= 1

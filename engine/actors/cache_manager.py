@@ -10,7 +10,7 @@ import ray
 
 from engine.cache.manager import CacheManager
 from engine.config import CacheConfig
-from engine.messages import CacheStatsSnapshot, Commit, Orders, PlanRequest, Release, RestorePlan
+from engine.messages import AnchorCommit, CacheStatsSnapshot, Commit, Orders, PlanRequest, Release, RestorePlan
 
 
 @ray.remote(num_cpus=0)
@@ -23,6 +23,9 @@ class CacheManagerActor:
 
     def commit(self, commit: Commit) -> Orders:
         return self.manager.commit(commit)
+
+    def commit_anchor(self, anchor: AnchorCommit) -> Orders:
+        return self.manager.commit_anchor(anchor)
 
     def release(self, release: Release) -> Orders:
         return self.manager.release(release)

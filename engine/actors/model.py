@@ -179,7 +179,7 @@ class ModelActor:
                 model, tokenizer, self.config,
                 RamTier(self.info_value.has_state_layers, disk_store(self.config, self.info_value)),
                 send_commit=self._send_commit, send_release=self._send_release,
-                replica=self.replica,
+                replica=self.replica, send_anchor=self._send_anchor,
             )
         except BaseException as e:  # reported by __init__
             self.error = e
@@ -227,6 +227,19 @@ class ModelActor:
             except Exception:
                 log.exception("commit %s failed", commit.request_id)
                 orders = Orders()
+            self.inbox.put(lambda g: on_orders(orders))
+
+        future.add_done_callback(done)
+
+    def _send_anchor(self, anchor, on_orders) -> None:
+        future = self.manager.commit_anchor.remote(anchor).future()
+
+        def done(f) -> None:
+            try:
+                orders = f.result()
+            except Exception:
+                log.exception("anchor commit %s failed", anchor.request_id)
+                return
             self.inbox.put(lambda g: on_orders(orders))
 
         future.add_done_callback(done)

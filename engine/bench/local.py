@@ -44,6 +44,7 @@ class LocalEngine:
             self.model, self.tokenizer, config, self.tier,
             send_commit=lambda c, done: done(self.manager.commit(c)),
             send_release=lambda r: self.generator.apply_orders(self.manager.release(r)),
+            send_anchor=lambda a, done: done(self.manager.commit_anchor(a)),
         )
         self._ids = itertools.count()
 

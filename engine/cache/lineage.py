@@ -172,6 +172,14 @@ class LineagePolicy:
             if new is not None:  # an anchor indexed now (not a duplicate), the new entry
                 self._persist(new, orders)
 
+    def add_anchor(self, a, tokens: np.ndarray, orders: OrderBook) -> None:
+        """Index an anchor captured mid-prefill (an AnchorCommit); a duplicate's id is freed."""
+        entry = Entry(a.entry_id, a.namespace, "anchor", tokens, len(tokens),
+                      a.kv_bytes_per_token, a.state_bytes)
+        self.index.add_unique(entry, orders)
+        if self.index.get(a.entry_id) is not None:
+            self._persist(entry, orders)
+
     def _persist(self, entry: Entry, orders: OrderBook) -> None:
         """Order the file of an entry (unless it alone exceeds the disk budget)."""
         if self.disk is None or entry.id in self.disk:

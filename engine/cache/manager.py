@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -42,7 +42,7 @@ from engine.cache.orders import OrderBook
 from engine.cache.tokens import as_tokens
 from engine.config import CacheConfig
 from engine.disk import entries_dir
-from engine.messages import CacheStatsSnapshot, Commit, Orders, PlanRequest, Release, RestorePlan
+from engine.messages import AnchorCommit, CacheStatsSnapshot, Commit, Orders, PlanRequest, Release, RestorePlan
 
 _POLICIES = {"lineage": LineagePolicy, "exact": ExactPolicy}
 
@@ -54,6 +54,8 @@ class _InFlight:
     namespace: str
     prompt_len: int
     plan: RestorePlan
+    anchor: np.ndarray | None = None  # tokens of the anchor this request captures
+    committed: set = field(default_factory=set)  # anchor ids indexed early (commit_anchor)
 
     @property
     def allocated(self) -> tuple[int, ...]:
@@ -117,6 +119,12 @@ class CacheManager:
         if req.request_id in self._in_flight:
             raise ValueError(f"request {req.request_id!r} is already planned")
         plan = self._policy.plan(req.request_id, req.namespace, prompt, req.anchor_len)
+        anchor = None
+        if any(c.kind == "anchor" for c in plan.captures):
+            anchor = prompt[: req.anchor_len].copy()
+            capturing = self._capturing(req.namespace, anchor)
+            if capturing is not None:  # another request is prefilling this anchor: wait for it
+                plan, anchor = self._waiting_plan(plan, capturing, req.anchor_len, len(prompt)), None
         if plan.load_from_disk:
             self._unread.add(plan.entry_id)
         elif plan.entry_id in self._unread:
@@ -129,11 +137,60 @@ class CacheManager:
             self.disk.touch(plan.entry_id)
         if plan.load_from_disk:  # the file's entry is in the RAM index: make room
             self._evictions += len(self._policy.evict(self._pending))
-        self._in_flight[req.request_id] = _InFlight(req.namespace, len(prompt), plan)
+        self._in_flight[req.request_id] = _InFlight(req.namespace, len(prompt), plan, anchor)
         self._hits[plan.kind] += 1
         self._cached_tokens += plan.length
         self._prompt_tokens += len(prompt)
         return plan
+
+    def _capturing(self, namespace: str, anchor: np.ndarray) -> int | None:
+        """The id of an anchor with these tokens that an in-flight request will capture."""
+        for flight in self._in_flight.values():
+            if flight.namespace != namespace or flight.anchor is None:
+                continue
+            if len(flight.anchor) == len(anchor) and np.array_equal(flight.anchor, anchor):
+                return next(c.entry_id for c in flight.plan.captures if c.kind == "anchor")
+        return None
+
+    def _waiting_plan(self, plan: RestorePlan, anchor_id: int, anchor_len: int,
+                      size: int) -> RestorePlan:
+        """`plan` restoring from an anchor still being captured: no anchor capture of its own."""
+        guard_ok = size - anchor_len >= self.config.guard_min_suffix
+        captures = tuple(
+            c for c in plan.captures
+            if c.length > anchor_len and c.kind != "anchor" and (c.kind != "guard" or guard_ok)
+        )
+        return replace(plan, entry_id=anchor_id, length=anchor_len, kind="anchor",
+                       captures=captures, load_from_disk=False, wait=True)
+
+    def commit_anchor(self, a: AnchorCommit) -> Orders:
+        """Index an anchor captured mid-prefill, before its request ends (see AnchorCommit).
+
+        Requests waiting on it are pinned to it now. Raises ValueError unless the
+        request is in flight with that anchor capture planned.
+        """
+        if not isinstance(self._policy, LineagePolicy):
+            return Orders()
+        flight = self._in_flight.get(a.request_id)
+        planned = flight is not None and any(
+            c.entry_id == a.entry_id and c.kind == "anchor" for c in flight.plan.captures)
+        if not planned or a.entry_id in flight.committed:
+            raise ValueError(f"anchor {a.entry_id} of {a.request_id!r} is not an open capture")
+        orders = self._take_pending()
+        self._policy.add_anchor(a, as_tokens(a.tokens, "anchor tokens").copy(), orders)
+        flight.committed.add(a.entry_id)
+        if a.entry_id in self.index:
+            for request_id, other in self._in_flight.items():
+                if other.plan.wait and other.plan.entry_id == a.entry_id:
+                    self.index.pin(request_id, a.entry_id, other.plan.length)
+        self._evict(orders)
+        self.index.flush(orders)
+        return orders.build()
+
+    def _evict(self, orders: OrderBook) -> None:
+        self._evictions += len(self._policy.evict(orders))
+        if isinstance(self._policy, LineagePolicy):
+            self._disk_evictions += len(self._policy.evict_disk(orders))
 
     def commit(self, c: Commit) -> Orders:
         """Index a finished request's entry and captures; answer with the actor's orders.
@@ -153,13 +210,11 @@ class CacheManager:
             if c.restored_from is None:  # its file failed to load
                 self._policy.forget(flight.plan.entry_id, orders)
         self._policy.commit(c, tokens, orders)
-        taken = {p.entry_id for p in c.captures}
+        taken = {p.entry_id for p in c.captures} | flight.committed
         for entry_id in flight.allocated:
             if entry_id != c.entry_id and entry_id not in taken:
                 orders.free(entry_id)  # prefill stopped before this capture
-        self._evictions += len(self._policy.evict(orders))
-        if isinstance(self._policy, LineagePolicy):
-            self._disk_evictions += len(self._policy.evict_disk(orders))
+        self._evict(orders)
         self.index.flush(orders)
         self._forget_unread()
         return orders.build()
@@ -201,7 +256,8 @@ class CacheManager:
         flight = self._in_flight.pop(r.request_id, None)
         self.index.unpin(r.request_id)
         orders = self._take_pending()
-        for entry_id in (*(flight.allocated if flight else ()), *r.stored):
+        allocated = [i for i in flight.allocated if i not in flight.committed] if flight else []
+        for entry_id in (*allocated, *r.stored):
             orders.free(entry_id)
         self.index.flush(orders)
         self._forget_unread()
@@ -241,9 +297,14 @@ class CacheManager:
         pins = {}
         for request_id, flight in self._in_flight.items():
             for entry_id in flight.allocated:
+                if entry_id in flight.committed:
+                    continue
                 assert entry_id not in self.index and entry_id not in self.index.deferred, entry_id
                 assert self.disk is None or entry_id not in self.disk, entry_id
-            if flight.plan.entry_id is not None:
+            source = flight.plan.entry_id
+            waiting = flight.plan.wait and source not in self.index and (
+                source not in self.index.deferred)
+            if source is not None and not waiting:
                 pins[request_id] = (flight.plan.entry_id, flight.plan.length)
         assert pins == self.index.pins, (pins, self.index.pins)
         for entry_id, length in pins.values():  # a pinned restore point stays readable

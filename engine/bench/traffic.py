@@ -1,0 +1,414 @@
+"""Seeded agent traffic for `lineage bench agents`: plain Python, no MLX, no Ray.
+
+K parallel sub-agents (lanes) share one long system prompt plus tool
+definitions (about 10k estimated tokens at scale 1.0). Each lane runs
+sessions back to back; a session is several user turns, each followed by
+tool calls (an assistant message with `tool_calls`) and tool results of
+varied size. The traffic also holds:
+
+- a second agent kind ("variant") whose system prompt differs from the main
+  one by a few tokens near its end (same tool definitions);
+- a "clock" agent kind whose system prompt carries a timestamp, inside it,
+  that changes every simulated minute (re-rendered on every request);
+- a user who edits the last message, regenerates a reply, and retries after a
+  dropped stream (a request with `drop_after` chunks: the client cancels it);
+- a fresh session every few turns.
+
+The traffic is a list of `RequestSpec`s ordered by step. Requests of one step
+run concurrently, one per lane; a request depends on the previous request
+of its session only: `Sessions` builds its messages from that request's
+messages and reply, the reply appended as the model produced it.
+
+This module knows what agent frameworks send. It knows nothing about
+tokenizers, caches or servers; sizes are tokenizer-free estimates
+(`clients.fanout.estimate_tokens`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from clients.fanout import estimate_tokens, make_system_prompt
+
+PREFIX_TOKENS = 10_000  # system prompt + tools at scale 1.0 (estimated tokens)
+TOOLS_SHARE = 0.4  # of the prefix
+KINDS = ("main", "variant", "clock")
+STEP_SECONDS = 20  # simulated time per step: the clock's minute changes every 3 steps
+EVENTS = ("edit", "regenerate", "drop_retry")
+
+_FAMILIES = {
+    "fs": ("file in the workspace", ["read", "write", "delete", "move", "stat", "glob"]),
+    "git": ("the git repository", ["status", "diff", "log", "commit", "checkout", "blame"]),
+    "github": ("the GitHub project", ["create_issue", "comment", "list_pulls", "review_pull"]),
+    "tests": ("the test suite", ["run", "list", "rerun_failed", "coverage"]),
+    "shell": ("a sandboxed shell", ["run", "background", "kill"]),
+    "search": ("the code index", ["grep", "symbols", "references", "definitions"]),
+    "docs": ("the documentation site", ["search", "fetch_page"]),
+    "db": ("the development database", ["query", "schema", "migrate"]),
+    "browser": ("a headless browser", ["open", "click", "screenshot"]),
+    "tracker": ("the issue tracker", ["create_ticket", "update_ticket", "search_tickets"]),
+}
+_PARAMS = [
+    ("path", {"type": "string", "description": "Path relative to the workspace root."}),
+    ("paths", {"type": "array", "items": {"type": "string"},
+               "description": "Paths relative to the workspace root, processed in order."}),
+    ("start_line", {"type": "integer", "minimum": 1, "description": "First line (1-based)."}),
+    ("end_line", {"type": "integer", "minimum": 1, "description": "Last line, inclusive."}),
+    ("pattern", {"type": "string", "description": "A regular expression in ripgrep syntax."}),
+    ("glob", {"type": "string", "description": "Only consider files matching this glob."}),
+    ("max_results", {"type": "integer", "default": 50, "description": "Stop after this many."}),
+    ("timeout_s", {"type": "number", "default": 120, "description": "Seconds before giving up."}),
+    ("mode", {"type": "string", "enum": ["fast", "thorough", "dry_run"],
+              "description": "How much work to do; dry_run changes nothing."}),
+    ("format", {"type": "string", "enum": ["text", "json", "markdown"],
+                "description": "Shape of the returned content."}),
+    ("recursive", {"type": "boolean", "default": False, "description": "Descend into folders."}),
+    ("title", {"type": "string", "description": "A short, specific title."}),
+    ("body", {"type": "string", "description": "Markdown body; keep it factual."}),
+    ("labels", {"type": "array", "items": {"type": "string", "enum": [
+        "bug", "enhancement", "question", "performance", "docs"]},
+        "description": "Labels to attach."}),
+    ("env", {"type": "object", "additionalProperties": {"type": "string"},
+             "description": "Extra environment variables for the command."}),
+    ("options", {"type": "object", "description": "Advanced options.", "properties": {
+        "retries": {"type": "integer", "default": 0, "description": "Retries on failure."},
+        "verbose": {"type": "boolean", "default": False, "description": "Log every step."},
+        "cwd": {"type": "string", "description": "Working directory, relative."}}}),
+    ("ref", {"type": "string", "description": "A branch, tag or commit hash."}),
+    ("query", {"type": "string", "description": "What to look for, in plain words."}),
+]
+_WHY = ["Use it before editing anything you have not read.",
+        "Prefer it over the shell when both would work.",
+        "It is read-only and safe to call in parallel.",
+        "It changes the workspace: say why before calling it.",
+        "Results are truncated; narrow the request instead of paging through everything.",
+        "Errors come back as text; read them before retrying."]
+_CODE = ["def {f}(self, {a}):", "    if {a} is None:", "        raise ValueError('{a} is missing')",
+         "    for item in self.{a}s:", "        total += item.size", "    return {f}_result",
+         "class {F}:", "    '''Holds the {a} of one request.'''", "import {a}", "# TODO: {f}"]
+_WORDS = ["cache", "entry", "token", "budget", "lineage", "anchor", "request", "reply", "batch",
+          "tier", "index", "plan", "commit", "restore", "prompt", "session", "config", "worker"]
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One model call of the traffic.
+
+    `base` says how its messages derive from the previous request of its
+    session (see `Sessions.messages`): "new" (system + `new_messages`),
+    "extend" (previous messages + the previous reply, carrying
+    `reply_tool_calls`, + `new_messages`), "same" (the previous messages
+    verbatim: regenerate, retry) or "edit" (the previous messages with the last
+    one replaced by `new_messages[0]`). The system message is re-rendered
+    from `system` every time (the clock's timestamp changes).
+    """
+
+    rid: int
+    step: int  # requests of one step run concurrently, at most one per lane
+    lane: int
+    session: str
+    kind: str  # first | user | tool_result | edit | regenerate | retry
+    system: str  # key into Traffic.systems
+    base: str  # new | extend | same | edit
+    new_messages: tuple = ()
+    reply_tool_calls: tuple = ()
+    namespace: str = ""
+    max_tokens: int = 32
+    drop_after: int = 0  # > 0: the client cancels after this many chunks
+
+
+@dataclass(frozen=True)
+class Traffic:
+    seed: int
+    scale: float
+    agents: int
+    systems: dict  # key -> system text
+    tools: tuple  # the tool definitions every request carries
+    requests: tuple  # RequestSpec, ordered by (step, lane)
+
+    def steps(self) -> list[list[RequestSpec]]:
+        """The requests grouped by step, in order."""
+        out: dict[int, list] = {}
+        for spec in self.requests:
+            out.setdefault(spec.step, []).append(spec)
+        return [out[s] for s in sorted(out)]
+
+    def summary(self) -> dict:
+        """The traffic's shape, for the JSON report."""
+        kinds = Counter(r.kind for r in self.requests)
+        return {
+            "seed": self.seed, "scale": self.scale, "agents": self.agents,
+            "requests": len(self.requests), "steps": len(self.steps()),
+            "sessions": len({r.session for r in self.requests}),
+            "prefix_tokens_estimate": estimate_tokens(self.systems["main"])
+            + estimate_tokens(json.dumps(list(self.tools))),
+            "tools": len(self.tools),
+            "kinds": dict(sorted(kinds.items())),
+            "system_variants": dict(sorted(Counter(
+                r.system.split("@")[0] for r in self.requests).items())),
+            "dropped": sum(1 for r in self.requests if r.drop_after),
+        }
+
+
+class Sessions:
+    """Conversation state per session: the messages and reply of its latest request."""
+
+    def __init__(self, traffic: Traffic):
+        self.traffic = traffic
+        self._last: dict[str, tuple[list, str]] = {}
+
+    def messages(self, spec: RequestSpec) -> list[dict]:
+        """The full message list `spec` sends, given its session so far."""
+        system = {"role": "system", "content": self.traffic.systems[spec.system]}
+        if spec.base == "new":
+            return [system, *spec.new_messages]
+        previous, reply = self._last[spec.session]
+        body = list(previous[1:])
+        if spec.base == "same":
+            pass
+        elif spec.base == "edit":
+            assert body and body[-1]["role"] == "user", spec
+            body = body[:-1] + list(spec.new_messages)
+        elif spec.base == "extend":
+            assistant = {"role": "assistant", "content": reply}
+            if spec.reply_tool_calls:
+                assistant["tool_calls"] = list(spec.reply_tool_calls)
+            body += [assistant, *spec.new_messages]
+        else:
+            raise ValueError(f"unknown base {spec.base!r} in request {spec.rid}")
+        return [system, *body]
+
+    def record(self, spec: RequestSpec, messages: list[dict], reply: str, completed: bool) -> None:
+        """Remember what `spec` sent and got back; a dropped reply is not kept.
+
+        After a dropped stream the client retries the same messages, so the
+        session keeps the messages (the retry is "same") with no reply.
+        """
+        self._last[spec.session] = (messages, reply if completed else "")
+
+
+# ------------------------------------------------------------ generation ----
+
+
+def default_agents(scale: float) -> int:
+    """Lanes at `scale`: 4 at 1.0, down to 2."""
+    return max(2, min(4, round(4 * math.sqrt(scale))))
+
+
+def make_tools(budget: int, seed: int = 0) -> list[dict]:
+    """Tool definitions (OpenAI style, realistic JSON schemas) of about `budget` estimated tokens."""
+    rng = random.Random(f"tools-{seed}")
+    tools: list[dict] = []
+    used = 2
+    for family, (what, actions) in _FAMILIES.items():
+        for action in actions:
+            tool = _tool(rng, family, what, action)
+            cost = estimate_tokens(json.dumps(tool)) + 1
+            if tools and used + cost > budget:
+                return tools
+            tools.append(tool)
+            used += cost
+    return tools
+
+
+def _tool(rng: random.Random, family: str, what: str, action: str) -> dict:
+    params = rng.sample(_PARAMS, rng.randint(2, 5))
+    properties = {name: schema for name, schema in params}
+    required = [params[0][0]] + ([params[1][0]] if rng.random() < 0.4 else [])
+    words = action.replace("_", " ")
+    description = (f"{words.capitalize()}: acts on {what}. {rng.choice(_WHY)} {rng.choice(_WHY)} "
+                   f"Returns a {rng.choice(['JSON object', 'plain-text report', 'list of matches'])}"
+                   f" describing the outcome.")
+    return {"type": "function", "function": {
+        "name": f"{family}_{action}", "description": description,
+        "parameters": {"type": "object", "properties": properties, "required": required}}}
+
+
+def make_systems(prefix_tokens: int, tools: list[dict], seed: int = 0
+                 ) -> tuple[str, Callable[[int], str]]:
+    """(main system text, clock(minute) -> timestamped text) filling the prefix budget.
+
+    The clock text is the main text with an environment section (holding the
+    timestamp) inserted at about 60% of it, at a line boundary.
+    """
+    rest = max(prefix_tokens - estimate_tokens(json.dumps(tools)), 20)
+    body = make_system_prompt(rest, seed)
+    lines = body.split("\n")
+    cut = max(1, int(len(lines) * 0.6))
+    head, tail = "\n".join(lines[:cut]), "\n".join(lines[cut:])
+
+    def clock(minute: int) -> str:
+        h, m = divmod(9 * 60 + minute, 60)
+        env = (f"\n## Environment\n- Current time: 2025-06-02 {h % 24:02d}:{m:02d} UTC\n"
+               f"- Working directory: /workspace/lineage\n")
+        return head + env + tail + _role("scheduler")
+
+    return body, clock
+
+
+def _role(role: str) -> str:
+    return f"\n\nYour role in this team: {role}. Report back to the lead agent when done."
+
+
+def _tool_result(rng: random.Random, name: str, size: int) -> str:
+    """A tool's output of about `size` estimated tokens, shaped by the tool."""
+    lines: list[str] = []
+    used = 0
+    while used < size:
+        f, a = rng.choice(_WORDS), rng.choice(_WORDS)
+        if name.startswith(("fs_", "search_")):
+            line = rng.choice(_CODE).format(f=f, a=a, F=f.capitalize())
+            if name.startswith("search_"):
+                line = f"src/{a}/{f}.py:{rng.randint(1, 900)}: {line.strip()}"
+        elif name.startswith(("shell_", "tests_")):
+            line = (f"[{rng.randint(0, 59):02d}.{rng.randint(0, 999):03d}] "
+                    f"{rng.choice(['PASS', 'FAIL', 'ok', 'warning:'])} {f}_{a} "
+                    f"({rng.randint(1, 400)} ms)")
+        else:
+            line = json.dumps({"id": rng.randint(1, 9999), "name": f"{f}-{a}",
+                               "state": rng.choice(["open", "closed", "merged"])})
+        lines.append(line)
+        used += estimate_tokens(line)
+    return "\n".join(lines)
+
+
+def _tool_call(rng: random.Random, tag: str, tools: list[dict]) -> dict:
+    fn = rng.choice(tools)["function"]
+    args = {}
+    for name, schema in fn["parameters"]["properties"].items():
+        if name in fn["parameters"]["required"] or rng.random() < 0.3:
+            args[name] = _argument(rng, schema)
+    return {"id": f"call_{tag}", "type": "function",
+            "function": {"name": fn["name"], "arguments": json.dumps(args)}}
+
+
+def _argument(rng: random.Random, schema: dict):
+    if "enum" in schema:
+        return rng.choice(schema["enum"])
+    kind = schema.get("type")
+    if kind == "integer":
+        return rng.randint(1, 400)
+    if kind == "number":
+        return rng.choice([30, 60, 120.5])
+    if kind == "boolean":
+        return rng.random() < 0.5
+    if kind == "array":
+        return [f"src/{rng.choice(_WORDS)}.py" for _ in range(rng.randint(1, 3))]
+    if kind == "object":
+        return {"retries": rng.randint(0, 2)}
+    return f"src/{rng.choice(_WORDS)}/{rng.choice(_WORDS)}.py"
+
+
+def _user_text(rng: random.Random, lane: int, session: int, turn: int) -> str:
+    x, y = rng.choice(_WORDS), rng.choice(_WORDS)
+    task = rng.choice([f"find where the {x} {y} is computed and explain it",
+                       f"write a unit test for the {x} {y} code path",
+                       f"fix the off-by-one error in the {x} {y} loop",
+                       f"check why the {x} {y} step is slow on long prompts"])
+    return f"Sub-agent {lane}, session {session}, step {turn + 1}: please {task}."
+
+
+@dataclass
+class _Builder:
+    """Accumulates the requests of one lane."""
+
+    scale: float
+    lane: int
+    tools: list
+    max_tokens: int
+    step: int
+    out: list = field(default_factory=list)
+
+    def add(self, session: str, kind: str, system: str, base: str, new=(), calls=(),
+            drop_after: int = 0) -> None:
+        max_tokens = self.max_tokens * (8 if drop_after else 1)
+        self.out.append(RequestSpec(
+            rid=-1, step=self.step, lane=self.lane, session=session, kind=kind, system=system,
+            base=base, new_messages=tuple(new), reply_tool_calls=tuple(calls),
+            max_tokens=max_tokens, drop_after=drop_after))
+        self.step += 1
+
+    def system_key(self, kind: str) -> str:
+        if kind == "clock":  # re-rendered every request: the minute of this step
+            return f"clock@{self.step * STEP_SECONDS // 60}"
+        return kind
+
+
+def _session(b: _Builder, rng: random.Random, index: int, turns: int, kind: str,
+             event: str, event_turn: int) -> None:
+    """One session of lane `b.lane`: `turns` user turns with tool calls, plus one user event."""
+    sid = f"a{b.lane}s{index}"
+    result_size = (max(10, int(30 * b.scale)), max(20, int(2500 * b.scale)))
+    for turn in range(turns):
+        text = _user_text(rng, b.lane, index, turn)
+        user = {"role": "user", "content": text}
+        first = turn == 0
+        kind_ = "first" if first else "user"
+        base = "new" if first else "extend"
+        drop = 2 if event == "drop_retry" and turn == event_turn else 0
+        b.add(sid, kind_, b.system_key(kind), base, [user], drop_after=drop)
+        if turn == event_turn:
+            if event == "edit":
+                edited = {"role": "user", "content": text.rsplit(" ", 2)[0]
+                          + f" {rng.choice(_WORDS)} path, and keep the public API unchanged."}
+                b.add(sid, "edit", b.system_key(kind), "edit", [edited])
+            elif event == "regenerate":
+                b.add(sid, "regenerate", b.system_key(kind), "same")
+            else:
+                b.add(sid, "retry", b.system_key(kind), "same")
+        calls = rng.choices([0, 1, 2, 3], weights=[2, 4, 3, 1])[0] or int(first)
+        for _ in range(calls):
+            call = _tool_call(rng, f"{b.lane}_{len(b.out)}", b.tools)
+            lo, hi = result_size
+            size = int(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+            result = {"role": "tool", "tool_call_id": call["id"],
+                      "name": call["function"]["name"],
+                      "content": _tool_result(rng, call["function"]["name"], size)}
+            b.add(sid, "tool_result", b.system_key(kind), "extend", [result], calls=[call])
+
+
+def build_traffic(seed: int = 0, scale: float = 1.0, agents: int | None = None) -> Traffic:
+    """The traffic of `agents` lanes at `scale` (1.0: ~10k-token prefix, 3 sessions of 3 turns).
+
+    Lane 0 (the lead) starts at step 0 and the other lanes at step 1, so the
+    sub-agents start together once the lead's first request is done. Session
+    j of lane a is of kind KINDS[(a + j) % 3] and holds the user event
+    EVENTS[(2a + j) % 3], so two lanes of two sessions hold every feature.
+    """
+    if scale <= 0:
+        raise ValueError(f"scale must be > 0, got {scale}")
+    agents = default_agents(scale) if agents is None else agents
+    if agents < 1:
+        raise ValueError(f"agents must be >= 1, got {agents}")
+    root = math.sqrt(min(scale, 1.0))
+    prefix = max(120, round(PREFIX_TOKENS * scale))
+    sessions = max(2, round(3 * root))
+    turns = max(2, round(3 * root))
+    max_tokens = max(8, round(48 * root))
+    tools = make_tools(int(prefix * TOOLS_SHARE), seed)
+    body, clock = make_systems(prefix, tools, seed)
+    systems = {"main": body + _role("implementer"), "variant": body + _role("reviewer")}
+    specs: list[RequestSpec] = []
+    for lane in range(agents):
+        rng = random.Random(f"lane-{seed}-{lane}")
+        b = _Builder(scale, lane, tools, max_tokens, step=0 if lane == 0 else 1)
+        for j in range(sessions):
+            event_turn = rng.randrange(turns)
+            _session(b, rng, j, turns, KINDS[(lane + j) % 3], EVENTS[(2 * lane + j) % 3],
+                     event_turn)
+        specs += b.out
+    for spec in specs:
+        if spec.system.startswith("clock@"):
+            systems.setdefault(spec.system, clock(int(spec.system.split("@")[1])))
+    specs.sort(key=lambda r: (r.step, r.lane))
+    requests = tuple(_with_rid(r, i) for i, r in enumerate(specs))
+    return Traffic(seed, scale, agents, systems, tuple(tools), requests)
+
+
+def _with_rid(spec: RequestSpec, rid: int) -> RequestSpec:
+    return replace(spec, rid=rid)

@@ -60,16 +60,20 @@ SUFFIX, DAMAGED_SUFFIX = ".entry", ".damaged"
 _NAME = re.compile(r"^(\d+)\.(entry|damaged)$")
 _TEMP = re.compile(r"^\.(\d+)\.(\d+)\.tmp$")
 _MAX_META = 64 << 20
-ROLES = ("conversation", "anchor")
+ROLES = ("conversation", "anchor", "snapshot")  # snapshot: exact mode's whole prompts
 
 
 class DamagedFile(Exception):
     """A file that must not be loaded; the message says why."""
 
 
-def entries_dir(cache_dir: str | Path) -> Path:
-    """Where the entry files live (``<cache_dir>/models/`` holds the embedded model)."""
-    return Path(cache_dir) / "entries"
+def entries_dir(cache_dir: str | Path, mode: str = "lineage") -> Path:
+    """Where the entry files live (``<cache_dir>/models/`` holds the embedded model).
+
+    Exact mode (the baseline) keeps its whole-prompt snapshots apart, so a
+    lineage server never matches them.
+    """
+    return Path(cache_dir) / ("entries" if mode == "lineage" else f"entries-{mode}")
 
 
 def entry_path(directory: Path, entry_id: int) -> Path:

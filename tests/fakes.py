@@ -381,7 +381,8 @@ class DiskDriver(Driver):
         self._early: dict[str, set[int]] = {}
         assert self.manager.disk is not None, "the disk tier did not open"
         self.actor = FakeDiskActor(state_layers=state_layers,
-                                   directory=disk.entries_dir(directory), fingerprint=fingerprint)
+                                   directory=disk.entries_dir(directory, config.mode),
+                                   fingerprint=fingerprint)
         self._requests = {}
         self._restored = set()
         self._serial = 0

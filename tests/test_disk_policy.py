@@ -17,6 +17,7 @@ from engine.cache.disk_index import DiskFile, DiskIndex, disk_priority
 from engine.cache.entry import Entry
 from engine.fingerprint import model_fingerprint
 from engine.messages import EntryRecord
+from engine.config import CacheConfig
 from fakes import KVPT, STATE, DiskDriver, tokens, write_fake_file
 
 
@@ -243,3 +244,15 @@ def test_invalidation_is_a_miss_never_a_wrong_hit(tmp_path, change, kv):
     d.close()
     d = DiskDriver(tmp_path / "cache", fingerprint=before)  # the old model again: still warm
     assert d.plan(tokens(P1, R1, U2)).load_from_disk
+
+
+def test_exact_mode_writes_both_snapshots_of_every_request_in_its_own_directory(tmp_path):
+    """The baseline pays the old tier's disk cost: two whole-prompt files per request."""
+    d = DiskDriver(tmp_path, CacheConfig(mode="exact"))
+    plan, orders = d.turn(P1, R1)
+    assert [c.kind for c in plan.captures] == ["snapshot"]
+    assert orders.write == (plan.captures[0].entry_id, plan.new_entry_id)
+    assert [len(r.tokens) for r in orders.records] == [len(P1) - 16, len(P1)]
+    assert all(r.role == "snapshot" for r in orders.records)
+    assert d.actor.files() == set(orders.write)
+    assert (tmp_path / "entries-exact").is_dir() and not (tmp_path / "entries").exists()

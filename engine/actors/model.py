@@ -254,12 +254,12 @@ class ModelActor:
 def disk_store(config: EngineConfig, info: ModelInfo):
     """The disk tier's store (and writer thread) of this model, or None when it is off."""
     cache = config.cache
-    if cache.mode != "lineage" or cache.disk_budget <= 0:
+    if cache.mode == "off" or cache.disk_budget <= 0:
         return None
     from engine.disk import entries_dir
     from engine.store import DiskStore
 
-    return DiskStore(entries_dir(cache.resolved_cache_dir), info.fingerprint)
+    return DiskStore(entries_dir(cache.resolved_cache_dir, cache.mode), info.fingerprint)
 
 
 def _release_pool() -> None:

@@ -212,7 +212,7 @@ class DiskIndex:
             assert f.entry_id == entry_id and f.nbytes >= 0 and 0 < f.last_used <= self._clock
             assert (f.entry is None) != (f.reason == ""), f
             if f.entry is not None:
-                assert f.entry.id == entry_id and f.entry.role in ("conversation", "anchor")
+                assert f.entry.id == entry_id and f.entry.role in ("conversation", "anchor", "snapshot")
                 f.entry.check()
         clocks = [f.last_used for f in self.files.values()]
         assert len(set(clocks)) == len(clocks), "disk LRU clock values repeat"
@@ -276,6 +276,28 @@ def lock_directory(directory: Path, wait: float = 3.0):
                 handle.close()
                 return None
             time.sleep(0.1)
+
+
+def persist(disk: DiskIndex | None, entry: Entry, orders) -> None:
+    """Order the file of an entry (unless it alone exceeds the disk budget)."""
+    if disk is None or entry.id in disk:
+        return
+    nbytes = file_bytes(entry)
+    if nbytes <= disk.budget:
+        disk.add(entry, nbytes)
+        orders.write(record(entry))
+
+
+def evict_disk(disk: DiskIndex | None, index, orders) -> list[int]:
+    """Delete the files that exceed the disk budget (never one a request pins); their ids."""
+    if disk is None:
+        return []
+    pinned = {entry_id for entry_id, _ in index.pins.values()}
+    out = [f.entry_id for f in disk.victims(keep=pinned)]
+    for entry_id in out:
+        disk.remove(entry_id)
+        orders.delete_file(entry_id)
+    return out
 
 
 def open_disk(directory: Path, fingerprint: str, budget: int, anchor_max_entries: int = 16,

@@ -4,7 +4,9 @@ Each request stores two full snapshots, at the prompt minus `guard_offset`
 (a separate entry, so a verbatim resend still has an uncached token) and at
 the full prompt; a prompt restores from the longest snapshot whose tokens are
 a prefix of it. No checkpoints, no absorption, no anchors; eviction is LRU by
-count (`exact_max_entries`) and by the RAM budget.
+count (`exact_max_entries`) and by the RAM budget. With a disk tier, every
+snapshot gets its file, as the old tier wrote them (in a directory of exact
+mode's own); this baseline does not read them back.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Callable
 
 import numpy as np
 
+from engine.cache.disk_index import DiskIndex, persist
 from engine.cache.entry import Entry
 from engine.cache.index import Index
 from engine.cache.orders import OrderBook
@@ -25,11 +28,13 @@ class ExactPolicy:
     """Plans, commits and evictions of exact mode over a shared Index."""
 
     def __init__(
-        self, config: CacheConfig, index: Index, new_id: Callable[[], int], has_state_layers: bool
+        self, config: CacheConfig, index: Index, new_id: Callable[[], int],
+        has_state_layers: bool, disk: DiskIndex | None = None,
     ) -> None:
         self.config = config
         self.index = index
         self._new_id = new_id  # has_state_layers is ignored: snapshots match whole
+        self.disk = disk
 
     def plan(
         self, request_id: str, namespace: str, prompt: np.ndarray, anchor_len: int
@@ -54,10 +59,14 @@ class ExactPolicy:
 
         A snapshot whose tokens are already stored is freed (a resend).
         """
-        for point in c.captures:
-            snapshot = Entry.committed(c, point.entry_id, "snapshot", tokens[: point.length].copy())
+        snapshots = [
+            Entry.committed(c, point.entry_id, "snapshot", tokens[: point.length].copy())
+            for point in c.captures
+        ] + [Entry.committed(c, c.entry_id, "snapshot", tokens)]
+        for snapshot in snapshots:
             self.index.add_unique(snapshot, orders)
-        self.index.add_unique(Entry.committed(c, c.entry_id, "snapshot", tokens), orders)
+            if self.index.get(snapshot.id) is not None:
+                persist(self.disk, snapshot, orders)
 
     def evict(self, orders: OrderBook) -> list[Entry]:
         """Evict least recently used snapshots beyond the count cap or the RAM budget."""

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from engine.cache.anchor import anchor_victims, wants_anchor
-from engine.cache.disk_index import DiskIndex, file_bytes, record
+from engine.cache.disk_index import DiskIndex, persist
 from engine.cache.entry import Checkpoint, Entry
 from engine.cache.index import Index, Lookup
 from engine.cache.orders import OrderBook
@@ -181,13 +181,7 @@ class LineagePolicy:
             self._persist(entry, orders)
 
     def _persist(self, entry: Entry, orders: OrderBook) -> None:
-        """Order the file of an entry (unless it alone exceeds the disk budget)."""
-        if self.disk is None or entry.id in self.disk:
-            return
-        nbytes = file_bytes(entry)
-        if nbytes <= self.disk.budget:
-            self.disk.add(entry, nbytes)
-            orders.write(record(entry))
+        persist(self.disk, entry, orders)
 
     def forget(self, entry_id: int, orders: OrderBook) -> None:
         """A file the model actor could not load (missing or damaged): out of both indexes."""
@@ -230,17 +224,6 @@ class LineagePolicy:
             for entry in out + over:
                 self._persist(entry, orders)
         return out + over
-
-    def evict_disk(self, orders: OrderBook) -> list[int]:
-        """Delete the files that exceed the disk budget (never one a request pins); their ids."""
-        if self.disk is None:
-            return []
-        pinned = {entry_id for entry_id, _ in self.index.pins.values()}
-        out = [f.entry_id for f in self.disk.victims(keep=pinned)]
-        for entry_id in out:
-            self.disk.remove(entry_id)
-            orders.delete_file(entry_id)
-        return out
 
     def check(self) -> None:
         """Assert lineage mode's invariants: checkpoint cap, anchor caps, unique anchors, budget."""

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from engine.cache.disk_index import DiskIndex, open_disk
+from engine.cache.disk_index import DiskIndex, evict_disk, open_disk
 from engine.cache.exact import ExactPolicy
 from engine.cache.index import Index
 from engine.cache.lineage import LineagePolicy
@@ -80,8 +80,8 @@ class CacheManager:
         self.has_state_layers = has_state_layers
         self.index = Index()
         self.disk: DiskIndex | None = None
-        if disk and config.mode == "lineage" and fingerprint and config.disk_budget > 0:
-            self.disk = open_disk(entries_dir(config.resolved_cache_dir), fingerprint,
+        if disk and config.mode != "off" and fingerprint and config.disk_budget > 0:
+            self.disk = open_disk(entries_dir(config.resolved_cache_dir, config.mode), fingerprint,
                                   config.disk_budget, config.anchor_max_entries,
                                   config.anchor_max_bytes)
         self._ids = itertools.count((self.disk.max_id if self.disk else 0) + 1)
@@ -95,10 +95,8 @@ class CacheManager:
         self._unread: set[int] = set()  # entries indexed from a file no commit has restored yet
         policy = _POLICIES.get(config.mode)
         self._policy = None
-        if policy is LineagePolicy:
+        if policy is not None:
             self._policy = policy(config, self.index, self._new_id, has_state_layers, self.disk)
-        elif policy is not None:
-            self._policy = policy(config, self.index, self._new_id, has_state_layers)
 
     def _new_id(self) -> int:
         return next(self._ids)
@@ -189,8 +187,7 @@ class CacheManager:
 
     def _evict(self, orders: OrderBook) -> None:
         self._evictions += len(self._policy.evict(orders))
-        if isinstance(self._policy, LineagePolicy):
-            self._disk_evictions += len(self._policy.evict_disk(orders))
+        self._disk_evictions += len(evict_disk(self.disk, self.index, orders))
 
     def commit(self, c: Commit) -> Orders:
         """Index a finished request's entry and captures; answer with the actor's orders.

@@ -59,8 +59,11 @@ def _tool_call(body: str) -> dict | None:
     args = obj.get("arguments", obj.get("parameters", {}))
     if not isinstance(args, str):
         args = json.dumps(args, ensure_ascii=False)
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": obj["name"], "arguments": args}}
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": obj["name"], "arguments": args},
+    }
 
 
 def parse_tool_calls(text: str) -> tuple[str, list[dict]]:
@@ -110,7 +113,7 @@ class ToolCallStream:
             self._held, self._calls_text = "", text[at:]
             return text[:at]
         keep = _partial_start(text)
-        self._held = text[len(text) - keep:]
+        self._held = text[len(text) - keep :]
         return text[: len(text) - keep]
 
     def finish(self) -> tuple[str, list[dict]]:
@@ -154,8 +157,15 @@ class _Shape:
         self.model, self.fingerprint = info["id"], info["fingerprint"]
 
     def envelope(self, kind: str, choices: list, **extra) -> dict:
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
-                "system_fingerprint": self.fingerprint, "choices": choices, **extra}
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.fingerprint,
+            "choices": choices,
+            **extra,
+        }
 
     def usage_chunk(self, final: Final) -> dict:
         return self.envelope(self.object_chunk, [], usage=_usage(final.usage))
@@ -171,8 +181,10 @@ class ChatShape(_Shape):
         self.stream = ToolCallStream() if tools else None
 
     def _chunk(self, delta: dict, finish_reason: str | None = None) -> dict:
-        return self.envelope(self.object_chunk, [{"index": 0, "delta": delta, "logprobs": None,
-                                                  "finish_reason": finish_reason}])
+        return self.envelope(
+            self.object_chunk,
+            [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        )
 
     def head(self) -> list[dict]:
         return [self._chunk({"role": "assistant", "content": ""})]
@@ -194,8 +206,12 @@ class ChatShape(_Shape):
         message = {"role": "assistant", "content": content or (None if calls else "")}
         if calls:
             message["tool_calls"] = calls
-        choice = {"index": 0, "message": message, "logprobs": None,
-                  "finish_reason": "tool_calls" if calls else result.finish_reason}
+        choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": "tool_calls" if calls else result.finish_reason,
+        }
         return self.envelope(self.object_whole, [choice], usage=_usage(result.usage))
 
 
@@ -220,8 +236,11 @@ class TextShape(_Shape):
         return [self.envelope(self.object_chunk, [self._choice("", final.finish_reason)])]
 
     def whole(self, result) -> dict:
-        return self.envelope(self.object_whole, [self._choice(result.text, result.finish_reason)],
-                             usage=_usage(result.usage))
+        return self.envelope(
+            self.object_whole,
+            [self._choice(result.text, result.finish_reason)],
+            usage=_usage(result.usage),
+        )
 
 
 def _sse(obj: dict) -> str:
@@ -274,9 +293,12 @@ class Backend:
         """ModelInfo as {"id", "max_context", "fingerprint", "reply"}, fetched once."""
         if self._info is None:
             reply = await self.client.model_info()
-            self._info = {"id": PurePath(reply["model"]).name or reply["model"],
-                          "max_context": reply["max_context"],
-                          "fingerprint": reply["fingerprint"], "reply": reply}
+            self._info = {
+                "id": PurePath(reply["model"]).name or reply["model"],
+                "max_context": reply["max_context"],
+                "fingerprint": reply["fingerprint"],
+                "reply": reply,
+            }
         return self._info
 
     async def health(self) -> str:
@@ -325,8 +347,12 @@ def _sampling(body, info: dict, namespace: str, rid: str) -> dict:
         # No limit given: the context (the engine clips it to the room left).
         "max_tokens": info["max_context"] if max_tokens is None else max_tokens,
         "temperature": 1.0 if body.temperature is None else body.temperature,  # OpenAI's default
-        "top_p": body.top_p or 0.0, "top_k": body.top_k or 0, "seed": body.seed, "stop": stop,
-        "namespace": namespace, "request_id": rid,
+        "top_p": body.top_p or 0.0,
+        "top_k": body.top_k or 0,
+        "seed": body.seed,
+        "stop": stop,
+        "namespace": namespace,
+        "request_id": rid,
     }
 
 
@@ -344,9 +370,12 @@ async def _respond(request, body, stream, shape: _Shape):
     # On a disconnect Starlette cancels the sending task and then runs the
     # background task: closing the generator there cancels the gRPC call even when
     # the cancel landed outside the generator (in send).
-    return StreamingResponse(events, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-                             background=BackgroundTask(events.aclose))
+    return StreamingResponse(
+        events,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        background=BackgroundTask(events.aclose),
+    )
 
 
 # ------------------------------------------------------------------- app ----
@@ -477,9 +506,19 @@ def create_app(grpc_address: str):
     @app.get("/v1/models")
     async def models():
         info = await backend.model_info()
-        return {"object": "list", "data": [{
-            "id": info["id"], "object": "model", "created": 0, "owned_by": "lineage",
-            "max_model_len": info["max_context"], "root": info["reply"]["model"]}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": info["id"],
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "lineage",
+                    "max_model_len": info["max_context"],
+                    "root": info["reply"]["model"],
+                }
+            ],
+        }
 
     @app.get("/health")
     async def health():
@@ -547,24 +586,30 @@ async def _serve_until_signal(grpc_address: str, host: str, port: int) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     handle = await start_bridge(grpc_address, host, port)
-    print(f"lineage: OpenAI-compatible bridge on {handle.url}/v1 for engine {grpc_address}",
-          flush=True)
+    print(
+        f"lineage: OpenAI-compatible bridge on {handle.url}/v1 for engine {grpc_address}",
+        flush=True,
+    )
     await stop.wait()
     print("lineage: stopping the bridge", flush=True)
     await handle.stop()
     return 0
 
 
-def run_bridge(grpc_address: str = DEFAULT_SERVER, host: str = "127.0.0.1",
-               port: int = 8000) -> int:
+def run_bridge(
+    grpc_address: str = DEFAULT_SERVER, host: str = "127.0.0.1", port: int = 8000
+) -> int:
     """The blocking job of `lineage bridge`: serve until SIGINT/SIGTERM. Returns the exit code."""
     return asyncio.run(_serve_until_signal(grpc_address, host, port))
 
 
 def add_arguments(parser) -> None:
     """`lineage bridge` flags (the CLI fills --server from $LINEAGE_SERVER)."""
-    parser.add_argument("--server", metavar="HOST:PORT",
-                        help=f"engine address (default: $LINEAGE_SERVER or {DEFAULT_SERVER})")
+    parser.add_argument(
+        "--server",
+        metavar="HOST:PORT",
+        help=f"engine address (default: $LINEAGE_SERVER or {DEFAULT_SERVER})",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="HTTP address (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="HTTP port (default: 8000)")
 

@@ -23,16 +23,25 @@ HELP = "inspect and clean the disk tier: ls, stats, rm, prune"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    for name, help_text in (("ls", "list the entry files"),
-                            ("stats", "totals of the directory, or a server's counters"),
-                            ("rm", "remove entry files by id or namespace"),
-                            ("prune", "remove foreign, damaged, leftover and over-budget files")):
+    for name, help_text in (
+        ("ls", "list the entry files"),
+        ("stats", "totals of the directory, or a server's counters"),
+        ("rm", "remove entry files by id or namespace"),
+        ("prune", "remove foreign, damaged, leftover and over-budget files"),
+    ):
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--cache-dir", metavar="DIR",
-                       help="the engine's cache directory (default: $LINEAGE_CACHE_DIR or the "
-                            "platform's user cache directory)")
-        p.add_argument("--server", dest="via_server", metavar="HOST:PORT",
-                       help="ask this running server (stats: its counters; else: its fingerprint)")
+        p.add_argument(
+            "--cache-dir",
+            metavar="DIR",
+            help="the engine's cache directory (default: $LINEAGE_CACHE_DIR or the "
+            "platform's user cache directory)",
+        )
+        p.add_argument(
+            "--server",
+            dest="via_server",
+            metavar="HOST:PORT",
+            help="ask this running server (stats: its counters; else: its fingerprint)",
+        )
         p.add_argument("--json", action="store_true", help="print JSON")
         if name != "stats":
             p.add_argument("--fingerprint", help="the model fingerprint whose files are kept")
@@ -40,13 +49,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("ids", nargs="*", type=int, metavar="ID", help="entry ids")
             p.add_argument("--namespace", help="remove every entry of this namespace")
         if name == "prune":
-            p.add_argument("--budget", metavar="SIZE",
-                           help="disk budget (default: as `lineage serve`: 1T, at most half "
-                                "the free disk)")
+            p.add_argument(
+                "--budget",
+                metavar="SIZE",
+                help="disk budget (default: as `lineage serve`: 1T, at most half the free disk)",
+            )
             p.add_argument("--dry-run", action="store_true", help="say what would go")
         if name in ("rm", "prune"):
-            p.add_argument("--force", action="store_true",
-                           help="even while a server holds the directory")
+            p.add_argument(
+                "--force", action="store_true", help="even while a server holds the directory"
+            )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     directory = _entries(args, env)
     return {"ls": _ls, "stats": _stats, "rm": _rm, "prune": _prune}[args.action](
-        args, directory, env)
+        args, directory, env
+    )
 
 
 def _entries(args, env) -> Path:
@@ -90,13 +103,23 @@ def _own_fingerprint(args, files) -> tuple[str | None, str]:
 
 def _row(f, own: str | None) -> dict:
     h = f.header
-    status = ("damaged: " + f.problem if f.problem else
-              "own" if h.fingerprint == own else "foreign")
-    row = {"id": f.entry_id, "file": f.path.name, "bytes": f.nbytes, "status": status,
-           "modified": f.mtime}
+    status = "damaged: " + f.problem if f.problem else "own" if h.fingerprint == own else "foreign"
+    row = {
+        "id": f.entry_id,
+        "file": f.path.name,
+        "bytes": f.nbytes,
+        "status": status,
+        "modified": f.mtime,
+    }
     if h is not None:
-        row.update(role=h.role, namespace=h.namespace, tokens=h.length, prompt_len=h.prompt_len,
-                   checkpoints=[list(c) for c in h.checkpoints], fingerprint=h.fingerprint)
+        row.update(
+            role=h.role,
+            namespace=h.namespace,
+            tokens=h.length,
+            prompt_len=h.prompt_len,
+            checkpoints=[list(c) for c in h.checkpoints],
+            fingerprint=h.fingerprint,
+        )
     return row
 
 
@@ -108,8 +131,9 @@ def _ls(args, directory: Path, env) -> int:
     own, source = _own_fingerprint(args, files)
     rows = [_row(f, own) for f in sorted(files, key=lambda f: f.mtime)]
     if args.json:
-        print(json.dumps({"directory": str(directory), "fingerprint": own, "files": rows},
-                         indent=2))
+        print(
+            json.dumps({"directory": str(directory), "fingerprint": own, "files": rows}, indent=2)
+        )
         return 0
     print(f"{directory}: {len(rows)} files; this model's fingerprint {own} ({source})")
     now = time.time()
@@ -117,8 +141,10 @@ def _ls(args, directory: Path, env) -> int:
         what = ""
         if "role" in r:
             points = ",".join(str(n) for n, _ in r["checkpoints"]) or "-"
-            what = (f"{r['role']:<12} ns={r['namespace'] or '-':<10} {r['tokens']:>7} tokens "
-                    f"(prompt {r['prompt_len']}, checkpoints {points})")
+            what = (
+                f"{r['role']:<12} ns={r['namespace'] or '-':<10} {r['tokens']:>7} tokens "
+                f"(prompt {r['prompt_len']}, checkpoints {points})"
+            )
         age = _age(now - r["modified"])
         print(f"{r['id']:>8}  {_human_bytes(r['bytes']):>10}  {age:>6}  {r['status']:<8} {what}")
     return 0
@@ -188,9 +214,19 @@ def _remove(args, directory: Path, doomed: list, why: dict, temps=()) -> int:
     freed = sum(f.nbytes for f in doomed)
     verb = "would remove" if getattr(args, "dry_run", False) else "removed"
     if args.json:
-        print(json.dumps({verb.replace(" ", "_"): [
-            {"id": f.entry_id, "bytes": f.nbytes, "why": why[f.entry_id]} for f in doomed],
-            "bytes": freed, "removed_temporary": [p.name for p in temps]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    verb.replace(" ", "_"): [
+                        {"id": f.entry_id, "bytes": f.nbytes, "why": why[f.entry_id]}
+                        for f in doomed
+                    ],
+                    "bytes": freed,
+                    "removed_temporary": [p.name for p in temps],
+                },
+                indent=2,
+            )
+        )
     else:
         for path in temps:
             print(f"removed {path.name} (left by an interrupted write)")
@@ -208,9 +244,16 @@ def _rm(args, directory: Path, env) -> int:
         raise UsageError("name entry ids or --namespace")
     files = disk.scan(directory, remove_temps=False).files
     wanted = set(args.ids)
-    doomed = [f for f in files if f.entry_id in wanted or (
-        args.namespace is not None and f.header is not None
-        and f.header.namespace == args.namespace)]
+    doomed = [
+        f
+        for f in files
+        if f.entry_id in wanted
+        or (
+            args.namespace is not None
+            and f.header is not None
+            and f.header.namespace == args.namespace
+        )
+    ]
     missing = wanted - {f.entry_id for f in doomed}
     if missing:
         raise UsageError(f"no entry files with ids {sorted(missing)} in {directory}")
@@ -228,8 +271,9 @@ def _prune(args, directory: Path, env) -> int:
     clean_temps = not args.dry_run and (args.force or not _held_by_server(directory))
     scan = disk.scan(directory, remove_temps=clean_temps)
     own, source = _own_fingerprint(args, scan.files)
-    index = index_scan(scan, own or "", config.disk_budget, config.anchor_max_entries,
-                       config.anchor_max_bytes)
+    index = index_scan(
+        scan, own or "", config.disk_budget, config.anchor_max_entries, config.anchor_max_bytes
+    )
     by_id = {f.entry_id: f for f in scan.files}
     why = {}
     for entry_id, f in list(index.files.items()):

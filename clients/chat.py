@@ -22,9 +22,11 @@ def status_line(result: Result) -> str:
     """One line per turn: prompt tokens, cached tokens, restore kind, time to first token."""
     u, r = result.usage, result.restore
     share = f" ({u.cached_tokens / u.prompt_tokens:.0%})" if u.prompt_tokens else ""
-    return (f"[prompt {u.prompt_tokens} tok, cached {u.cached_tokens}{share}, "
-            f"restore {r.kind}, ttft {result.timing.ttft_ms:.1f} ms, "
-            f"{u.completion_tokens} tok at {result.timing.decode_tps:.1f} tok/s]")
+    return (
+        f"[prompt {u.prompt_tokens} tok, cached {u.cached_tokens}{share}, "
+        f"restore {r.kind}, ttft {result.timing.ttft_ms:.1f} ms, "
+        f"{u.completion_tokens} tok at {result.timing.decode_tps:.1f} tok/s]"
+    )
 
 
 class ProgressBar:
@@ -83,8 +85,9 @@ class Chat:
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
 
 
-def run_chat(client: Client, chat: Chat, sampling: dict, lines: TextIO, out: TextIO,
-             err: TextIO) -> int:
+def run_chat(
+    client: Client, chat: Chat, sampling: dict, lines: TextIO, out: TextIO, err: TextIO
+) -> int:
     """Read user lines until EOF or /exit; 0 if every turn succeeded, else 1.
 
     /reset starts a new conversation. A failed turn is dropped from the
@@ -113,8 +116,9 @@ def run_chat(client: Client, chat: Chat, sampling: dict, lines: TextIO, out: Tex
             continue
         chat.messages.append({"role": "user", "content": text})
         try:
-            result = stream_reply(client, out, err, messages=chat.messages,
-                                  tools=chat.tools, **sampling)
+            result = stream_reply(
+                client, out, err, messages=chat.messages, tools=chat.tools, **sampling
+            )
         except (LineageError, KeyboardInterrupt) as error:
             chat.messages.pop()
             out.write("\n")
@@ -131,8 +135,7 @@ def run_chat(client: Client, chat: Chat, sampling: dict, lines: TextIO, out: Tex
         out.flush()
 
 
-def main_chat(server: str, system: str | None, tools: list[dict] | None,
-              sampling: dict) -> int:
+def main_chat(server: str, system: str | None, tools: list[dict] | None, sampling: dict) -> int:
     """Chat on the process's stdin/stdout/stderr against `server`."""
     with Client(server) as client:
         return run_chat(client, Chat(system, tools), sampling, sys.stdin, sys.stdout, sys.stderr)

@@ -22,14 +22,32 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from clients.chat import ProgressBar
-from clients.client import (DEFAULT_MAX_TOKENS, DEFAULT_SERVER, Chunk, Client, LineageError,
-                            Progress, Result)
+from clients.client import (
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_SERVER,
+    Chunk,
+    Client,
+    LineageError,
+    Progress,
+    Result,
+)
 from engine.config import CACHE_MODES, EngineConfig, parse_bytes
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 # Serve flags, as named by EngineConfig.from_sources.
-SERVE_FLAGS = ("model", "cache_dir", "cache_mode", "ram_budget", "disk_budget", "host", "port",
-               "address", "http_port", "prefill_step_size", "max_batch")
+SERVE_FLAGS = (
+    "model",
+    "cache_dir",
+    "cache_mode",
+    "ram_budget",
+    "disk_budget",
+    "host",
+    "port",
+    "address",
+    "http_port",
+    "prefill_step_size",
+    "max_batch",
+)
 # Subcommands that other modules provide: name -> module.
 PLUGINS = {"bench": "clients.bench", "cache": "clients.cache", "bridge": "clients.bridge"}
 
@@ -99,8 +117,11 @@ def _read_json_list(path: str | None, what: str) -> list | None:
 
 
 def _add_server(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--server", metavar="HOST:PORT",
-                   help=f"engine address (default: $LINEAGE_SERVER or {DEFAULT_SERVER})")
+    p.add_argument(
+        "--server",
+        metavar="HOST:PORT",
+        help=f"engine address (default: $LINEAGE_SERVER or {DEFAULT_SERVER})",
+    )
 
 
 def _add_sampling(p: argparse.ArgumentParser, max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
@@ -109,16 +130,23 @@ def _add_sampling(p: argparse.ArgumentParser, max_tokens: int = DEFAULT_MAX_TOKE
     p.add_argument("--top-p", type=float, default=0.0, help="0 or 1: off")
     p.add_argument("--top-k", type=int, default=0, help="0: off")
     p.add_argument("--seed", type=int)
-    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                   help="stop string (repeatable)")
+    p.add_argument(
+        "--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)"
+    )
     p.add_argument("--namespace", default="", help="cache namespace")
 
 
 def sampling_from_args(args: argparse.Namespace) -> dict:
     """The generate() keyword arguments of the sampling flags."""
-    return {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
-            "top_k": args.top_k, "seed": args.seed, "stop": args.stop,
-            "namespace": args.namespace}
+    return {
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "seed": args.seed,
+        "stop": args.stop,
+        "namespace": args.namespace,
+    }
 
 
 # ------------------------------------------------------------------ serve ----
@@ -187,9 +215,13 @@ def _print_stream(stream) -> Result:
 def _generate(args: argparse.Namespace) -> int:
     if args.tools and not args.messages:
         raise UsageError("--tools needs --messages")
-    request = dict(messages=_read_json_list(args.messages, "messages"),
-                   tools=_read_json_list(args.tools, "tools"), prompt=args.prompt,
-                   stop_token_ids=args.stop_token_id, **sampling_from_args(args))
+    request = dict(
+        messages=_read_json_list(args.messages, "messages"),
+        tools=_read_json_list(args.tools, "tools"),
+        prompt=args.prompt,
+        stop_token_ids=args.stop_token_id,
+        **sampling_from_args(args),
+    )
     with Client(args.server) as client:
         try:
             stream = client.stream(**request)
@@ -215,8 +247,9 @@ def _chat_arguments(p: argparse.ArgumentParser) -> None:
 def _chat(args: argparse.Namespace) -> int:
     from clients.chat import main_chat
 
-    return main_chat(args.server, args.system, _read_json_list(args.tools, "tools"),
-                     sampling_from_args(args))
+    return main_chat(
+        args.server, args.system, _read_json_list(args.tools, "tools"), sampling_from_args(args)
+    )
 
 
 def _stats_arguments(p: argparse.ArgumentParser) -> None:
@@ -260,8 +293,12 @@ def _stats(args: argparse.Namespace) -> int:
 def _fanout_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--agents", type=int, required=True, metavar="N")
     p.add_argument("--turns", type=int, required=True, metavar="T")
-    p.add_argument("--system-tokens", type=int, default=2000,
-                   help="shared system prompt plus tools, in estimated tokens")
+    p.add_argument(
+        "--system-tokens",
+        type=int,
+        default=2000,
+        help="shared system prompt plus tools, in estimated tokens",
+    )
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--namespace", default="")
@@ -275,9 +312,17 @@ def _fanout(args: argparse.Namespace) -> int:
     for flag in ("agents", "turns", "system_tokens", "max_tokens"):
         if getattr(args, flag) <= 0:
             raise UsageError(f"--{flag.replace('_', '-')} must be > 0")
-    rows = asyncio.run(fanout.run_fanout(args.server, args.agents, args.turns,
-                                         args.system_tokens, args.max_tokens, args.seed,
-                                         args.namespace))
+    rows = asyncio.run(
+        fanout.run_fanout(
+            args.server,
+            args.agents,
+            args.turns,
+            args.system_tokens,
+            args.max_tokens,
+            args.seed,
+            args.namespace,
+        )
+    )
     print(fanout.format_table(rows))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
@@ -289,8 +334,7 @@ for _command in (
     Command("serve", "run the engine (Ray, model actors, gRPC server)", _serve_arguments, _serve),
     Command("generate", "send one request and stream the reply", _generate_arguments, _generate),
     Command("chat", "interactive multi-turn chat", _chat_arguments, _chat),
-    Command("fanout", "parallel sub-agents sharing one system prompt", _fanout_arguments,
-            _fanout),
+    Command("fanout", "parallel sub-agents sharing one system prompt", _fanout_arguments, _fanout),
     Command("stats", "show the engine's cache counters", _stats_arguments, _stats),
 ):
     register(_command)

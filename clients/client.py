@@ -23,23 +23,23 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.wire import (  # noqa: F401  (re-exported: the client's public types)
-    LineageError,
-    Usage,
-    Restore,
-    Timing,
-    Progress,
-    Chunk,
-    Final,
-    Result,
-    Event,
-    event_from_proto,
-    _Collector,
-    tool_call_to_proto,
-    message_to_proto,
-    tools_to_json,
-    build_request,
-    message_to_dict,
     DEFAULT_MAX_TOKENS,
+    Chunk,
+    Event,
+    Final,
+    LineageError,
+    Progress,
+    Restore,
+    Result,
+    Timing,
+    Usage,
+    _Collector,
+    build_request,
+    event_from_proto,
+    message_to_dict,
+    message_to_proto,
+    tool_call_to_proto,
+    tools_to_json,
 )
 from engine.proto import engine_pb2, engine_pb2_grpc
 
@@ -51,8 +51,6 @@ _NOT_READY_CODES = (
     grpc.StatusCode.DEADLINE_EXCEEDED,
     grpc.StatusCode.NOT_FOUND,
 )
-
-
 
 
 class _HealthPoll:
@@ -81,8 +79,10 @@ class _HealthPoll:
         """Seconds to wait before the next Check; LineageError once the deadline passed."""
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
-            raise LineageError("DEADLINE_EXCEEDED",
-                               f"{self.server} not ready after {self.timeout:g}s ({self.last})")
+            raise LineageError(
+                "DEADLINE_EXCEEDED",
+                f"{self.server} not ready after {self.timeout:g}s ({self.last})",
+            )
         delay, self.delay = min(self.delay, remaining), min(self.delay * 2, 0.5)
         return delay
 
@@ -179,22 +179,41 @@ class Client:
     `timeout` is the deadline (seconds) of the unary calls; streams have none.
     """
 
-    def __init__(self, server: str = DEFAULT_SERVER, *, timeout: float | None = 30.0,
-                 options: Sequence[tuple[str, Any]] = ()):
+    def __init__(
+        self,
+        server: str = DEFAULT_SERVER,
+        *,
+        timeout: float | None = 30.0,
+        options: Sequence[tuple[str, Any]] = (),
+    ):
         self.server = server
         self.timeout = timeout
         self._channel = grpc.insecure_channel(server, options=list(options))
         self._engine = engine_pb2_grpc.EngineStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
-    def stream(self, messages=None, tools=None, prompt=None, prompt_ids=None,
-               max_tokens: int = DEFAULT_MAX_TOKENS, **kwargs) -> Stream:
+    def stream(
+        self,
+        messages=None,
+        tools=None,
+        prompt=None,
+        prompt_ids=None,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        **kwargs,
+    ) -> Stream:
         """Start a Generate call; see build_request for the arguments."""
         request = build_request(messages, tools, prompt, prompt_ids, max_tokens, **kwargs)
         return Stream(self._engine.Generate(request))
 
-    def generate(self, messages=None, tools=None, prompt=None, prompt_ids=None,
-                 max_tokens: int = DEFAULT_MAX_TOKENS, **kwargs) -> Result:
+    def generate(
+        self,
+        messages=None,
+        tools=None,
+        prompt=None,
+        prompt_ids=None,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        **kwargs,
+    ) -> Result:
         """Run one request to the end and return its Result."""
         return self.stream(messages, tools, prompt, prompt_ids, max_tokens, **kwargs).result()
 
@@ -298,8 +317,13 @@ class AsyncStream(_Call):
 class AsyncClient:
     """asyncio client; the channel is opened on first use inside the running loop."""
 
-    def __init__(self, server: str = DEFAULT_SERVER, *, timeout: float | None = 30.0,
-                 options: Sequence[tuple[str, Any]] = ()):
+    def __init__(
+        self,
+        server: str = DEFAULT_SERVER,
+        *,
+        timeout: float | None = 30.0,
+        options: Sequence[tuple[str, Any]] = (),
+    ):
         self.server = server
         self.timeout = timeout
         self._options = list(options)
@@ -312,17 +336,30 @@ class AsyncClient:
             self._health = health_pb2_grpc.HealthStub(self._channel)
         return self._engine, self._health
 
-    def stream(self, messages=None, tools=None, prompt=None, prompt_ids=None,
-               max_tokens: int = DEFAULT_MAX_TOKENS, **kwargs) -> AsyncStream:
+    def stream(
+        self,
+        messages=None,
+        tools=None,
+        prompt=None,
+        prompt_ids=None,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        **kwargs,
+    ) -> AsyncStream:
         """Start a Generate call (call it inside the event loop); see build_request."""
         request = build_request(messages, tools, prompt, prompt_ids, max_tokens, **kwargs)
         return AsyncStream(self._stubs()[0].Generate(request))
 
-    async def generate(self, messages=None, tools=None, prompt=None, prompt_ids=None,
-                       max_tokens: int = DEFAULT_MAX_TOKENS, **kwargs) -> Result:
+    async def generate(
+        self,
+        messages=None,
+        tools=None,
+        prompt=None,
+        prompt_ids=None,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        **kwargs,
+    ) -> Result:
         """Run one request to the end and return its Result."""
-        return await self.stream(messages, tools, prompt, prompt_ids, max_tokens,
-                                 **kwargs).result()
+        return await self.stream(messages, tools, prompt, prompt_ids, max_tokens, **kwargs).result()
 
     async def _unary(self, name: str, request):
         try:

@@ -21,48 +21,137 @@ _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 
 # Tool definitions in OpenAI style, in the order they are added to the prefix.
 _TOOLS = [
-    ("read_file", "Read a text file from the workspace and return its contents with line numbers.",
-     {"path": ("string", "Path relative to the workspace root."),
-      "start_line": ("integer", "First line to return (1-based)."),
-      "end_line": ("integer", "Last line to return, inclusive.")}, ["path"]),
-    ("write_file", "Create or overwrite a file in the workspace with the given contents.",
-     {"path": ("string", "Path relative to the workspace root."),
-      "content": ("string", "The complete new contents of the file.")}, ["path", "content"]),
-    ("run_shell", "Run a shell command in the workspace and return its exit code and output.",
-     {"command": ("string", "The command line to run with bash."),
-      "timeout_s": ("integer", "Seconds before the command is killed.")}, ["command"]),
-    ("search_code", "Search the repository for a regular expression and list matching lines.",
-     {"pattern": ("string", "A regular expression (ripgrep syntax)."),
-      "glob": ("string", "Only search files matching this glob, e.g. '*.py'."),
-      "max_results": ("integer", "Stop after this many matches.")}, ["pattern"]),
-    ("list_dir", "List the entries of a directory with their sizes and kinds.",
-     {"path": ("string", "Directory relative to the workspace root."),
-      "recursive": ("boolean", "Descend into subdirectories.")}, ["path"]),
-    ("apply_patch", "Apply a unified diff to the workspace; fails if any hunk does not apply.",
-     {"patch": ("string", "The diff text, with ---/+++ headers.")}, ["patch"]),
+    (
+        "read_file",
+        "Read a text file from the workspace and return its contents with line numbers.",
+        {
+            "path": ("string", "Path relative to the workspace root."),
+            "start_line": ("integer", "First line to return (1-based)."),
+            "end_line": ("integer", "Last line to return, inclusive."),
+        },
+        ["path"],
+    ),
+    (
+        "write_file",
+        "Create or overwrite a file in the workspace with the given contents.",
+        {
+            "path": ("string", "Path relative to the workspace root."),
+            "content": ("string", "The complete new contents of the file."),
+        },
+        ["path", "content"],
+    ),
+    (
+        "run_shell",
+        "Run a shell command in the workspace and return its exit code and output.",
+        {
+            "command": ("string", "The command line to run with bash."),
+            "timeout_s": ("integer", "Seconds before the command is killed."),
+        },
+        ["command"],
+    ),
+    (
+        "search_code",
+        "Search the repository for a regular expression and list matching lines.",
+        {
+            "pattern": ("string", "A regular expression (ripgrep syntax)."),
+            "glob": ("string", "Only search files matching this glob, e.g. '*.py'."),
+            "max_results": ("integer", "Stop after this many matches."),
+        },
+        ["pattern"],
+    ),
+    (
+        "list_dir",
+        "List the entries of a directory with their sizes and kinds.",
+        {
+            "path": ("string", "Directory relative to the workspace root."),
+            "recursive": ("boolean", "Descend into subdirectories."),
+        },
+        ["path"],
+    ),
+    (
+        "apply_patch",
+        "Apply a unified diff to the workspace; fails if any hunk does not apply.",
+        {"patch": ("string", "The diff text, with ---/+++ headers.")},
+        ["patch"],
+    ),
 ]
 
-_SECTIONS = ["Role", "Workflow", "Code style", "Testing", "Tool use", "Safety", "Communication",
-             "Git hygiene", "Performance", "Reviews"]
-_SUBJECTS = ["the repository", "every change", "a failing test", "the user's request",
-             "a new module", "the public API", "each tool call", "the build", "a refactor",
-             "the error message", "the documentation", "a dependency"]
-_VERBS = ["Read", "Check", "Keep", "Explain", "Verify", "Prefer", "Avoid breaking", "Document",
-          "Test", "Review", "Summarize", "Measure"]
-_CLAUSES = ["before you edit anything", "in as few steps as possible",
-            "so that a colleague can follow your reasoning", "and report what you changed",
-            "unless the user asks otherwise", "using the tools listed above",
-            "without guessing at file contents", "and stop when the task is complete",
-            "with small, focused commits", "and quote the exact command you ran",
-            "while keeping the existing behaviour", "and mention any risk you see"]
-_TASKS = ["find where {x} is defined and explain what it does",
-          "write a unit test for {x}", "rename {x} and update every caller",
-          "check why {x} is slow on large inputs", "add type hints to {x}",
-          "summarize the recent changes around {x}", "fix the off-by-one error in {x}",
-          "list the modules that import {x}"]
-_NAMES = ["parse_config", "CacheIndex.lookup", "the retry loop", "TokenBudget", "load_weights",
-          "the HTTP handler", "merge_batches", "the CLI entry point", "Scheduler.step",
-          "write_atomic"]
+_SECTIONS = [
+    "Role",
+    "Workflow",
+    "Code style",
+    "Testing",
+    "Tool use",
+    "Safety",
+    "Communication",
+    "Git hygiene",
+    "Performance",
+    "Reviews",
+]
+_SUBJECTS = [
+    "the repository",
+    "every change",
+    "a failing test",
+    "the user's request",
+    "a new module",
+    "the public API",
+    "each tool call",
+    "the build",
+    "a refactor",
+    "the error message",
+    "the documentation",
+    "a dependency",
+]
+_VERBS = [
+    "Read",
+    "Check",
+    "Keep",
+    "Explain",
+    "Verify",
+    "Prefer",
+    "Avoid breaking",
+    "Document",
+    "Test",
+    "Review",
+    "Summarize",
+    "Measure",
+]
+_CLAUSES = [
+    "before you edit anything",
+    "in as few steps as possible",
+    "so that a colleague can follow your reasoning",
+    "and report what you changed",
+    "unless the user asks otherwise",
+    "using the tools listed above",
+    "without guessing at file contents",
+    "and stop when the task is complete",
+    "with small, focused commits",
+    "and quote the exact command you ran",
+    "while keeping the existing behaviour",
+    "and mention any risk you see",
+]
+_TASKS = [
+    "find where {x} is defined and explain what it does",
+    "write a unit test for {x}",
+    "rename {x} and update every caller",
+    "check why {x} is slow on large inputs",
+    "add type hints to {x}",
+    "summarize the recent changes around {x}",
+    "fix the off-by-one error in {x}",
+    "list the modules that import {x}",
+]
+_NAMES = [
+    "parse_config",
+    "CacheIndex.lookup",
+    "the retry loop",
+    "TokenBudget",
+    "load_weights",
+    "the HTTP handler",
+    "merge_batches",
+    "the CLI entry point",
+    "Scheduler.step",
+    "write_atomic",
+]
 
 
 def estimate_tokens(text: str) -> int:
@@ -72,9 +161,14 @@ def estimate_tokens(text: str) -> int:
 
 def _tool(name: str, description: str, params: dict, required: list[str]) -> dict:
     properties = {k: {"type": t, "description": d} for k, (t, d) in params.items()}
-    return {"type": "function", "function": {
-        "name": name, "description": description,
-        "parameters": {"type": "object", "properties": properties, "required": required}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": required},
+        },
+    }
 
 
 def make_tools(budget: int) -> list[dict]:
@@ -154,33 +248,60 @@ class Row:
 
     @staticmethod
     def of(agent: int, turn: int, result: Result) -> "Row":
-        return Row(agent, turn, result.usage.prompt_tokens, result.usage.cached_tokens,
-                   result.restore.kind, result.restore.length, result.timing.ttft_ms,
-                   result.usage.completion_tokens, result.finish_reason)
+        return Row(
+            agent,
+            turn,
+            result.usage.prompt_tokens,
+            result.usage.cached_tokens,
+            result.restore.kind,
+            result.restore.length,
+            result.timing.ttft_ms,
+            result.usage.completion_tokens,
+            result.finish_reason,
+        )
 
 
-async def run_agent(client: AsyncClient, agent: int, system: str, tools: list[dict],
-                    turns: int, max_tokens: int, seed: int, namespace: str = "") -> list[Row]:
+async def run_agent(
+    client: AsyncClient,
+    agent: int,
+    system: str,
+    tools: list[dict],
+    turns: int,
+    max_tokens: int,
+    seed: int,
+    namespace: str = "",
+) -> list[Row]:
     """One sub-agent: `turns` turns, re-sending the whole conversation each turn."""
     messages = [{"role": "system", "content": system}]
     rows = []
     for turn in range(turns):
         messages.append({"role": "user", "content": user_message(agent, turn, seed)})
-        result = await client.generate(messages=messages, tools=tools, max_tokens=max_tokens,
-                                       seed=seed, namespace=namespace)
+        result = await client.generate(
+            messages=messages, tools=tools, max_tokens=max_tokens, seed=seed, namespace=namespace
+        )
         messages.append({"role": "assistant", "content": result.text})
         rows.append(Row.of(agent, turn, result))
     return rows
 
 
-async def run_fanout(server: str, agents: int, turns: int, system_tokens: int,
-                     max_tokens: int, seed: int = 0, namespace: str = "") -> list[Row]:
+async def run_fanout(
+    server: str,
+    agents: int,
+    turns: int,
+    system_tokens: int,
+    max_tokens: int,
+    seed: int = 0,
+    namespace: str = "",
+) -> list[Row]:
     """All agents at once against `server`; rows sorted by (agent, turn)."""
     system, tools = make_shared_prefix(system_tokens, seed)
     async with AsyncClient(server) as client:
-        per_agent = await asyncio.gather(*(
-            run_agent(client, a, system, tools, turns, max_tokens, seed, namespace)
-            for a in range(agents)))
+        per_agent = await asyncio.gather(
+            *(
+                run_agent(client, a, system, tools, turns, max_tokens, seed, namespace)
+                for a in range(agents)
+            )
+        )
     return sorted((r for rows in per_agent for r in rows), key=lambda r: (r.agent, r.turn))
 
 
@@ -188,8 +309,12 @@ def summary(rows: list[Row]) -> dict:
     """Totals over rows: prompt tokens, cached tokens and their fraction."""
     prompt = sum(r.prompt_tokens for r in rows)
     cached = sum(r.cached_tokens for r in rows)
-    return {"requests": len(rows), "prompt_tokens": prompt, "cached_tokens": cached,
-            "cached_fraction": cached / prompt if prompt else 0.0}
+    return {
+        "requests": len(rows),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "cached_fraction": cached / prompt if prompt else 0.0,
+    }
 
 
 def format_table(rows: list[Row]) -> str:
@@ -197,11 +322,15 @@ def format_table(rows: list[Row]) -> str:
     head = f"{'agent':>5} {'turn':>4} {'prompt':>7} {'cached':>7} {'restore':<10} {'ttft ms':>9}"
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r.agent:>5} {r.turn:>4} {r.prompt_tokens:>7} {r.cached_tokens:>7} "
-                     f"{r.restore_kind:<10} {r.ttft_ms:>9.1f}")
+        lines.append(
+            f"{r.agent:>5} {r.turn:>4} {r.prompt_tokens:>7} {r.cached_tokens:>7} "
+            f"{r.restore_kind:<10} {r.ttft_ms:>9.1f}"
+        )
     s = summary(rows)
-    lines.append(f"total: {s['prompt_tokens']} prompt tokens, {s['cached_tokens']} cached "
-                 f"({s['cached_fraction']:.1%}) over {s['requests']} requests")
+    lines.append(
+        f"total: {s['prompt_tokens']} prompt tokens, {s['cached_tokens']} cached "
+        f"({s['cached_fraction']:.1%}) over {s['requests']} requests"
+    )
     return "\n".join(lines)
 
 

@@ -64,8 +64,15 @@ class Timing:
     restored_kv_bytes: int = 0
 
 
-_JSON_TIMING = ("queue_ms", "plan_ms", "restore_ms", "prefill_ms", "commit_ms", "ttft_ms",
-                "decode_tps")
+_JSON_TIMING = (
+    "queue_ms",
+    "plan_ms",
+    "restore_ms",
+    "prefill_ms",
+    "commit_ms",
+    "ttft_ms",
+    "decode_tps",
+)
 
 
 @dataclass(frozen=True)
@@ -164,8 +171,15 @@ class _Collector:
         if self.final is None:
             raise LineageError("INTERNAL", "the stream ended without a final event")
         f = self.final
-        return Result("".join(self.texts), tuple(self.ids), f.finish_reason, f.usage,
-                      f.restore, f.timing, f.request_id)
+        return Result(
+            "".join(self.texts),
+            tuple(self.ids),
+            f.finish_reason,
+            f.usage,
+            f.restore,
+            f.timing,
+            f.request_id,
+        )
 
 
 # --------------------------------------------------------------- requests ----
@@ -249,8 +263,11 @@ def build_request(
     Exactly one of messages, prompt, prompt_ids; tools only with messages;
     max_tokens > 0. Raises ValueError naming the bad argument.
     """
-    given = [n for n, v in (("messages", messages), ("prompt", prompt),
-                            ("prompt_ids", prompt_ids)) if v is not None]
+    given = [
+        n
+        for n, v in (("messages", messages), ("prompt", prompt), ("prompt_ids", prompt_ids))
+        if v is not None
+    ]
     if len(given) != 1:
         got = ", ".join(given) or "none"
         raise ValueError(f"give exactly one of messages, prompt, prompt_ids (got {got})")
@@ -261,14 +278,18 @@ def build_request(
     if isinstance(stop, str):
         stop = [stop]
     sampling = engine_pb2.Sampling(
-        temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
-        max_tokens=int(max_tokens), stop=list(stop or []),
+        temperature=float(temperature),
+        top_p=float(top_p),
+        top_k=int(top_k),
+        max_tokens=int(max_tokens),
+        stop=list(stop or []),
         stop_token_ids=[int(t) for t in stop_token_ids or []],
     )
     if seed is not None:
         sampling.seed = int(seed)
-    request = engine_pb2.GenerateRequest(request_id=request_id, namespace=namespace,
-                                         sampling=sampling)
+    request = engine_pb2.GenerateRequest(
+        request_id=request_id, namespace=namespace, sampling=sampling
+    )
     if messages is not None:
         if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
             raise ValueError("messages must be a list of dicts")

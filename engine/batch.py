@@ -173,20 +173,34 @@ class LineageBatchGenerator(BatchGenerator):
 
     def _make_batch(self, n: int):
         """mlx-lm's _make_batch, merging the restored caches with room for the prompt."""
-        fields = {k: [] for k in ("uids", "caches", "tokens", "samplers", "logits_processors",
-                                  "max_tokens", "stop_sequences")}
+        fields = {
+            k: []
+            for k in (
+                "uids",
+                "caches",
+                "tokens",
+                "samplers",
+                "logits_processors",
+                "max_tokens",
+                "stop_sequences",
+            )
+        }
         room = 0
         for _ in range(n):
             uid, segments, max_tok, cache, tokens, sampler, procs, stops = (
-                self._unprocessed_sequences.popleft())
+                self._unprocessed_sequences.popleft()
+            )
             remaining = sum(len(s) for s in segments)
             room = max(room, remaining)
             for key, value in zip(fields, (uid, cache, tokens, sampler, procs, max_tok, stops)):
                 fields[key].append(value)
             self._currently_processing.append([segments, 0, remaining])
         batch = LineagePromptBatch(
-            model=self.model, prefill_step_size=self.prefill_step_size,
-            fallback_sampler=self.sampler, room=room, **fields,
+            model=self.model,
+            prefill_step_size=self.prefill_step_size,
+            fallback_sampler=self.sampler,
+            room=room,
+            **fields,
         )
         batch.clear_pool, batch.pool = self._prompt_batch.clear_pool, self.pool
         return batch

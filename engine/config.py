@@ -77,9 +77,7 @@ class CacheConfig:
 
     def __post_init__(self):
         if self.mode not in CACHE_MODES:
-            raise ValueError(
-                f"cache mode {self.mode!r} is not one of {', '.join(CACHE_MODES)}"
-            )
+            raise ValueError(f"cache mode {self.mode!r} is not one of {', '.join(CACHE_MODES)}")
 
     @property
     def resolved_cache_dir(self) -> Path:
@@ -140,9 +138,7 @@ class EngineConfig:
             anchor_max_bytes=min(CacheConfig.anchor_max_bytes, ram),
             cache_dir=str(cache_dir) if cache_dir else None,
             disk_budget=disk,
-            clear_pool_per_prefill=str(
-                pick("clear_pool", "LINEAGE_CLEAR_POOL", "0")
-            ).lower()
+            clear_pool_per_prefill=str(pick("clear_pool", "LINEAGE_CLEAR_POOL", "0")).lower()
             in ("1", "true", "yes"),
             layer_timer_flag=pick("layer_timer_flag", "LINEAGE_LAYER_TIMER_FLAG", None),
         )

@@ -126,7 +126,7 @@ def parse_header(head: bytes | memoryview, file_bytes: int | None = None) -> Hea
     end = _PREFIX.size + meta_len + 4 * n_tokens
     if meta_len > _MAX_META or len(head) < end:
         raise DamagedFile("truncated inside the header")
-    body = memoryview(head)[_PREFIX.size:end]
+    body = memoryview(head)[_PREFIX.size : end]
     if zlib.crc32(body, zlib.crc32(memoryview(head)[:20])) != crc:
         raise DamagedFile("header checksum mismatch")
     try:
@@ -134,10 +134,20 @@ def parse_header(head: bytes | memoryview, file_bytes: int | None = None) -> Hea
         tokens = np.frombuffer(body[meta_len:], dtype="<i4").astype(np.int32)
         checkpoints = tuple((int(n), str(kind)) for n, kind in meta["checkpoints"])
         header = Header(
-            version, str(meta["fingerprint"]), int(meta["entry_id"]), str(meta["namespace"]),
-            str(meta["role"]), tokens, int(meta["prompt_len"]), checkpoints,
-            int(meta["kv_bytes_per_token"]), int(meta["state_bytes"]), float(meta["created"]),
-            _align(end), _align(end) + int(meta["body_bytes"]) + _TRAILER.size, meta,
+            version,
+            str(meta["fingerprint"]),
+            int(meta["entry_id"]),
+            str(meta["namespace"]),
+            str(meta["role"]),
+            tokens,
+            int(meta["prompt_len"]),
+            checkpoints,
+            int(meta["kv_bytes_per_token"]),
+            int(meta["state_bytes"]),
+            float(meta["created"]),
+            _align(end),
+            _align(end) + int(meta["body_bytes"]) + _TRAILER.size,
+            meta,
         )
     except (ValueError, KeyError, TypeError) as e:
         raise DamagedFile(f"unparseable header: {e}") from None
@@ -147,7 +157,8 @@ def parse_header(head: bytes | memoryview, file_bytes: int | None = None) -> Hea
         raise DamagedFile("inconsistent header (lengths or role)")
     if file_bytes is not None and file_bytes != header.file_bytes:
         raise DamagedFile(
-            f"truncated or padded: {file_bytes} bytes, header says {header.file_bytes}")
+            f"truncated or padded: {file_bytes} bytes, header says {header.file_bytes}"
+        )
     return header
 
 
@@ -311,7 +322,7 @@ def encode_header(job: WriteJob) -> tuple[bytes, list, int]:
 def _write_all(fd: int, data) -> None:
     view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _blocks(view: np.ndarray, most: int = 4096):
@@ -434,8 +445,7 @@ class DiskWriter:
     def backlog(self) -> tuple[int, int]:
         """(queued operations, bytes of queued writes)."""
         with self._cond:
-            return len(self._queue) + self._busy, sum(
-                j.nbytes for j in self._pending.values())
+            return len(self._queue) + self._busy, sum(j.nbytes for j in self._pending.values())
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything asked so far is on disk; False on timeout."""

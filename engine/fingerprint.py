@@ -12,12 +12,20 @@ import hashlib
 import json
 from pathlib import Path
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
-                   "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+)
 
 
-def model_fingerprint(model_dir: str | Path, kv_dtype: str, kv_bits: int | None = None,
-                      kv_group_size: int = 64) -> str:
+def model_fingerprint(
+    model_dir: str | Path, kv_dtype: str, kv_bits: int | None = None, kv_group_size: int = 64
+) -> str:
     """A short hex digest of the weights' stat, the tokenizer bytes and the KV layout."""
     root = Path(model_dir)
     weights = sorted(p for p in root.glob("*.safetensors"))
@@ -25,10 +33,12 @@ def model_fingerprint(model_dir: str | Path, kv_dtype: str, kv_bits: int | None 
         "weights": [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in weights],
         "tokenizer": {
             name: hashlib.sha256((root / name).read_bytes()).hexdigest()
-            for name in TOKENIZER_FILES if (root / name).exists()
+            for name in TOKENIZER_FILES
+            if (root / name).exists()
         },
         "config": hashlib.sha256((root / "config.json").read_bytes()).hexdigest()
-        if (root / "config.json").exists() else "",
+        if (root / "config.json").exists()
+        else "",
         "kv_dtype": kv_dtype,
         "kv_quant": [kv_bits, kv_group_size] if kv_bits else None,
     }

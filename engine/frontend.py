@@ -37,14 +37,16 @@ class Frontend:
         self.cancelling: set = set()  # cancels whose commit a retry should see
         self.in_flight: dict[str, tuple[str, np.ndarray]] = {}  # request_id -> (namespace, prompt)
 
-    async def _await_superseded(self, namespace: str, tokens: np.ndarray,
-                                patience: float = 0.5) -> None:
+    async def _await_superseded(
+        self, namespace: str, tokens: np.ndarray, patience: float = 0.5
+    ) -> None:
         """A prompt that extends an in-flight prompt is a retry of a dropped call.
 
         Its client has gone, but the server may not have seen the cancellation
         yet (it races the new call): wait briefly for it to land, then for its
         commit, so the retry restores what the dropped call computed.
         """
+
         def superseded() -> bool:
             for ns, prompt in self.in_flight.values():
                 n = len(prompt)
@@ -85,8 +87,9 @@ class Frontend:
         if s.top_k < 0:
             raise InvalidRequest(f"top_k must be >= 0, got {s.top_k}")
 
-    async def generate(self, inp: PromptInput, sampling: SamplingParams, namespace: str = "",
-                       request_id: str = ""):
+    async def generate(
+        self, inp: PromptInput, sampling: SamplingParams, namespace: str = "", request_id: str = ""
+    ):
         """Yield lists of events (Progress, Tokens, Finished) for one request."""
         if self.closing.is_set():
             raise Unavailable("the server is shutting down")
@@ -102,15 +105,21 @@ class Frontend:
         tokens = np.asarray(prompt.tokens, dtype=np.int32)
         await self._await_superseded(namespace, tokens)
         t0 = time.perf_counter()
-        plan = await self.manager.plan.remote(PlanRequest(
-            request_id=request_id,
-            tokens=tokens,
-            anchor_len=prompt.anchor_len,
-            namespace=namespace,
-        ))
+        plan = await self.manager.plan.remote(
+            PlanRequest(
+                request_id=request_id,
+                tokens=tokens,
+                anchor_len=prompt.anchor_len,
+                namespace=namespace,
+            )
+        )
         req = GenerationRequest(
-            request_id=request_id, namespace=namespace, tokens=prompt.tokens, plan=plan,
-            sampling=sampling, received_at=received,
+            request_id=request_id,
+            namespace=namespace,
+            tokens=prompt.tokens,
+            plan=plan,
+            sampling=sampling,
+            received_at=received,
             plan_ms=(time.perf_counter() - t0) * 1000,
         )
         finished = False
@@ -146,11 +155,22 @@ def log_request(f: Finished, captures) -> None:
         "captures=%s queue_ms=%.1f plan_ms=%.1f restore_ms=%.1f prefill_ms=%.1f "
         "commit_ms=%.1f ttft_ms=%.1f decode_tps=%.1f bytes_copied_restore=%d "
         "bytes_copied_commit=%d restored_kv_bytes=%d",
-        f.request_id, f.finish_reason, f.prompt_tokens, f.cached_tokens, f.completion_tokens,
-        f.restore_kind, f.restore_length,
+        f.request_id,
+        f.finish_reason,
+        f.prompt_tokens,
+        f.cached_tokens,
+        f.completion_tokens,
+        f.restore_kind,
+        f.restore_length,
         ",".join(f"{c.kind}@{c.length}" for c in captures) or "-",
-        t.get("queue_ms", 0), t.get("plan_ms", 0), t.get("restore_ms", 0),
-        t.get("prefill_ms", 0), t.get("commit_ms", 0), t.get("ttft_ms", 0),
-        t.get("decode_tps", 0), t.get("bytes_copied_restore", 0),
-        t.get("bytes_copied_commit", 0), t.get("restored_kv_bytes", 0),
+        t.get("queue_ms", 0),
+        t.get("plan_ms", 0),
+        t.get("restore_ms", 0),
+        t.get("prefill_ms", 0),
+        t.get("commit_ms", 0),
+        t.get("ttft_ms", 0),
+        t.get("decode_tps", 0),
+        t.get("bytes_copied_restore", 0),
+        t.get("bytes_copied_commit", 0),
+        t.get("restored_kv_bytes", 0),
     )

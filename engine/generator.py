@@ -26,8 +26,8 @@ from mlx_lm.generate import BatchGenerator, StopSequences
 from engine import snapshot
 from engine.batch import LineageBatchGenerator
 from engine.config import EngineConfig
-from engine.layer_timer import LayerTimer
 from engine.events import Finished, GenerationRequest, Progress, Tokens
+from engine.layer_timer import LayerTimer
 from engine.messages import AnchorCommit, CapturedPoint, Commit, Orders, Release
 from engine.sampling import StopMatcher, make_sampler
 from engine.store import RamTier, StoredEntry
@@ -98,8 +98,9 @@ class Generator:
         self.active: dict[int, _Active] = {}  # uid -> request
         self.by_request: dict[str, int] = {}  # request_id -> uid
         self.pending: list[tuple[GenerationRequest, Emit]] = []
-        self.timer = LayerTimer(model, config.cache.layer_timer_flag,
-                                config.cache.layer_timer_requests)
+        self.timer = LayerTimer(
+            model, config.cache.layer_timer_flag, config.cache.layer_timer_requests
+        )
 
     def _new_batch_generator(self) -> BatchGenerator:
         m = self.config.model
@@ -201,16 +202,21 @@ class Generator:
         kind, n = plan.kind, plan.length
         self.tier.prepare(plan)  # e.g. bring a disk-tier entry into RAM
         if n and not self.tier.can_restore(plan.entry_id, n):
-            log.warning("request %s: restore point %s@%d is gone; prefilling cold",
-                        req.request_id, plan.entry_id, n)
+            log.warning(
+                "request %s: restore point %s@%d is gone; prefilling cold",
+                req.request_id,
+                plan.entry_id,
+                n,
+            )
             kind, n = "none", 0
         counter = snapshot.CopyCounter()
         cache = self.tier.restore(plan.entry_id, n, counter) if n else None
         restored_kv = (
             snapshot.kv_bytes_per_token(self.tier.entries[plan.entry_id].layers) * n if n else 0
         )
-        captures = sorted((c for c in plan.captures if n < c.length < len(tokens)),
-                          key=lambda c: c.length)
+        captures = sorted(
+            (c for c in plan.captures if n < c.length < len(tokens)), key=lambda c: c.length
+        )
         cuts = [n] + [c.length for c in captures] + [len(tokens)]
         segments = [tokens[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
         stop_ids = self.eos_ids | frozenset(req.sampling.stop_token_ids)
@@ -224,11 +230,19 @@ class Generator:
         )[0]
         detok = self.tokenizer.detokenizer
         act = _Active(
-            req=req, emit=emit, uid=uid, restore_kind=kind, restore_length=n,
-            captures=captures, stop_ids=stop_ids, t_admit=time.time(),
-            restore_ms=(time.perf_counter() - t0) * 1000, restored_kv_bytes=restored_kv,
+            req=req,
+            emit=emit,
+            uid=uid,
+            restore_kind=kind,
+            restore_length=n,
+            captures=captures,
+            stop_ids=stop_ids,
+            t_admit=time.time(),
+            restore_ms=(time.perf_counter() - t0) * 1000,
+            restored_kv_bytes=restored_kv,
             copied_restore=counter.copied_kv,
-            detok=detok, stop=StopMatcher(req.sampling.stop),
+            detok=detok,
+            stop=StopMatcher(req.sampling.stop),
         )
         self.active[uid] = act
         self.by_request[req.request_id] = uid
@@ -268,11 +282,17 @@ class Generator:
         layers, state = snapshot.store_entry(extracted)
         self.tier.put(point.entry_id, StoredEntry(layers, point.length, {point.length: state}))
         act.early.add(point.entry_id)
-        self.send_anchor(AnchorCommit(
-            request_id=act.req.request_id, namespace=act.req.namespace, entry_id=point.entry_id,
-            tokens=np.asarray(act.req.tokens[: point.length], dtype=np.int32),
-            kv_bytes_per_token=snapshot.kv_bytes_per_token(layers), state_bytes=state.nbytes,
-        ), self.apply_orders)
+        self.send_anchor(
+            AnchorCommit(
+                request_id=act.req.request_id,
+                namespace=act.req.namespace,
+                entry_id=point.entry_id,
+                tokens=np.asarray(act.req.tokens[: point.length], dtype=np.int32),
+                kv_bytes_per_token=snapshot.kv_bytes_per_token(layers),
+                state_bytes=state.nbytes,
+            ),
+            self.apply_orders,
+        )
 
     # ---- decode events -----------------------------------------------------
 
@@ -347,7 +367,9 @@ class Generator:
             if point.entry_id is None:
                 states[point.length] = state
             else:
-                self.tier.put(point.entry_id, StoredEntry(layers, point.length, {point.length: state}))
+                self.tier.put(
+                    point.entry_id, StoredEntry(layers, point.length, {point.length: state})
+                )
             captured.append(CapturedPoint(point.length, point.kind, point.entry_id))
         self.tier.put(plan.new_entry_id, StoredEntry(layers, length, states))
         return Commit(
@@ -380,7 +402,9 @@ class Generator:
 
     # ---- final events --------------------------------------------------------
 
-    def _finished(self, act: _Active, reason: str, commit_ms: float = 0.0, error: str = "") -> Finished:
+    def _finished(
+        self, act: _Active, reason: str, commit_ms: float = 0.0, error: str = ""
+    ) -> Finished:
         t_first = act.t_first
         n = len(act.ids)
         decode_tps = 0.0
@@ -413,7 +437,12 @@ class Generator:
 
     def _finished_cold(self, req: GenerationRequest, reason: str, error: str = "") -> Finished:
         return Finished(
-            request_id=req.request_id, finish_reason=reason, prompt_tokens=len(req.tokens),
-            cached_tokens=0, completion_tokens=0, restore_kind="none", restore_length=0,
+            request_id=req.request_id,
+            finish_reason=reason,
+            prompt_tokens=len(req.tokens),
+            cached_tokens=0,
+            completion_tokens=0,
+            restore_kind="none",
+            restore_length=0,
             error=error,
         )

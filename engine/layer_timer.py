@@ -81,8 +81,12 @@ class LayerTimer:
         if index == len(self.originals) - 1:
             total = sum(s for _, _, s in self.current)
             parts = " ".join(f"{i}:{n}={s * 1000:.2f}" for i, n, s in self.current)
-            log.info("layer_timer requests=%s total_ms=%.2f %s",
-                     ",".join(sorted(self.timed)), total * 1000, parts)
+            log.info(
+                "layer_timer requests=%s total_ms=%.2f %s",
+                ",".join(sorted(self.timed)),
+                total * 1000,
+                parts,
+            )
             self.current = []
 
     def _wrap(self) -> None:

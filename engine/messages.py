@@ -66,8 +66,12 @@ class RestorePlan:
     length: int  # restored tokens (0 when cold); the rows/state to take
     kind: str  # one of RESTORE_KINDS
     captures: tuple[CapturePoint, ...] = ()  # ascending, all > length, all < len(prompt)
-    new_entry_id: int | None = None  # where the model actor stores this request; None: store nothing
-    store_reply: bool = True  # entry extends over the reply (lineage); False: ends at the prompt (exact)
+    new_entry_id: int | None = (
+        None  # where the model actor stores this request; None: store nothing
+    )
+    store_reply: bool = (
+        True  # entry extends over the reply (lineage); False: ends at the prompt (exact)
+    )
     replica: int = 0
     # The restore source is on the disk tier only: the model actor reads its file
     # into RAM at admission (RamTier.prepare), synchronously, before restoring.

@@ -76,8 +76,9 @@ async def start_engine(config: EngineConfig, port: int | None = None) -> Running
 
 def run(config: EngineConfig) -> int:
     """The main job. Returns the process exit code."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr
+    )
     started_ray = not ray.is_initialized()
     if started_ray:
         ctx = ray.init(
@@ -104,8 +105,11 @@ async def _serve(config: EngineConfig, dashboard: str) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     engine = await start_engine(config)
-    print(f"lineage: serving {engine.info.model_type} ({engine.info.path}) "
-          f"on {config.server.host}:{engine.port}, cache mode {config.cache.mode}", flush=True)
+    print(
+        f"lineage: serving {engine.info.model_type} ({engine.info.path}) "
+        f"on {config.server.host}:{engine.port}, cache mode {config.cache.mode}",
+        flush=True,
+    )
     if dashboard:
         url = dashboard if dashboard.startswith("http") else f"http://{dashboard}"
         print(f"lineage: Ray dashboard at {url}", flush=True)
@@ -113,10 +117,14 @@ async def _serve(config: EngineConfig, dashboard: str) -> int:
     if config.server.http_port:
         from clients.bridge import start_bridge
 
-        bridge = await start_bridge(f"127.0.0.1:{engine.port}", config.server.host,
-                                    config.server.http_port)
-        print(f"lineage: OpenAI-compatible bridge on http://{config.server.host}:"
-              f"{config.server.http_port}/v1", flush=True)
+        bridge = await start_bridge(
+            f"127.0.0.1:{engine.port}", config.server.host, config.server.http_port
+        )
+        print(
+            f"lineage: OpenAI-compatible bridge on http://{config.server.host}:"
+            f"{config.server.http_port}/v1",
+            flush=True,
+        )
     await stop.wait()
     print("lineage: stopping", flush=True)
     if bridge is not None:

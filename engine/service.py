@@ -52,8 +52,9 @@ def _message(m: engine_pb2.Message) -> dict:
                 args = json.loads(c.arguments) if c.arguments else {}
             except json.JSONDecodeError:
                 raise InvalidRequest(f"tool call {c.name!r}: arguments are not valid JSON")
-            calls.append({"id": c.id, "type": "function",
-                          "function": {"name": c.name, "arguments": args}})
+            calls.append(
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": args}}
+            )
         out["tool_calls"] = calls
     if m.tool_call_id:
         out["tool_call_id"] = m.tool_call_id
@@ -77,20 +78,27 @@ def to_sampling(s: engine_pb2.Sampling) -> SamplingParams:
 def to_event(event) -> engine_pb2.GenerateEvent:
     if isinstance(event, Progress):
         return engine_pb2.GenerateEvent(
-            progress=engine_pb2.PrefillProgress(done=event.done, total=event.total))
+            progress=engine_pb2.PrefillProgress(done=event.done, total=event.total)
+        )
     if isinstance(event, Tokens):
         return engine_pb2.GenerateEvent(chunk=engine_pb2.TokenChunk(ids=event.ids, text=event.text))
     assert isinstance(event, Finished), event
-    timing = {k: v for k, v in event.timing.items() if k in engine_pb2.Timing.DESCRIPTOR.fields_by_name}
-    return engine_pb2.GenerateEvent(final=engine_pb2.Final(
-        finish_reason=event.finish_reason,
-        request_id=event.request_id,
-        usage=engine_pb2.Usage(prompt_tokens=event.prompt_tokens,
-                               cached_tokens=event.cached_tokens,
-                               completion_tokens=event.completion_tokens),
-        restore=engine_pb2.Restore(kind=event.restore_kind, length=event.restore_length),
-        timing=engine_pb2.Timing(**timing),
-    ))
+    timing = {
+        k: v for k, v in event.timing.items() if k in engine_pb2.Timing.DESCRIPTOR.fields_by_name
+    }
+    return engine_pb2.GenerateEvent(
+        final=engine_pb2.Final(
+            finish_reason=event.finish_reason,
+            request_id=event.request_id,
+            usage=engine_pb2.Usage(
+                prompt_tokens=event.prompt_tokens,
+                cached_tokens=event.cached_tokens,
+                completion_tokens=event.completion_tokens,
+            ),
+            restore=engine_pb2.Restore(kind=event.restore_kind, length=event.restore_length),
+            timing=engine_pb2.Timing(**timing),
+        )
+    )
 
 
 class EngineServicer(engine_pb2_grpc.EngineServicer):
@@ -100,15 +108,19 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     async def Generate(self, request, context):
         try:
             events = self.frontend.generate(
-                to_prompt_input(request), to_sampling(request.sampling),
-                namespace=request.namespace, request_id=request.request_id,
+                to_prompt_input(request),
+                to_sampling(request.sampling),
+                namespace=request.namespace,
+                request_id=request.request_id,
             )
             async for batch in _until_closing(events, self.frontend.closing):
                 chunks = _coalesce(batch)
                 for event in chunks:
                     yield to_event(event)
                     if isinstance(event, Finished) and event.finish_reason == "error":
-                        await context.abort(grpc.StatusCode.INTERNAL, event.error or "generation failed")
+                        await context.abort(
+                            grpc.StatusCode.INTERNAL, event.error or "generation failed"
+                        )
         except InvalidRequest as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except Unavailable as e:
@@ -119,19 +131,32 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     async def CacheStats(self, request, context):
         s = await self.frontend.stats()
         return engine_pb2.CacheStatsReply(
-            mode=s.mode, entries=s.entries, anchors=s.anchors, checkpoints=s.checkpoints,
-            ram_bytes=s.ram_bytes, anchor_bytes=s.anchor_bytes, disk_bytes=s.disk_bytes,
-            disk_entries=s.disk_entries, hits=s.hits, evictions=s.evictions,
-            disk_evictions=s.disk_evictions, damaged_files=s.damaged_files,
-            cached_tokens=s.cached_tokens, prompt_tokens=s.prompt_tokens,
+            mode=s.mode,
+            entries=s.entries,
+            anchors=s.anchors,
+            checkpoints=s.checkpoints,
+            ram_bytes=s.ram_bytes,
+            anchor_bytes=s.anchor_bytes,
+            disk_bytes=s.disk_bytes,
+            disk_entries=s.disk_entries,
+            hits=s.hits,
+            evictions=s.evictions,
+            disk_evictions=s.disk_evictions,
+            damaged_files=s.damaged_files,
+            cached_tokens=s.cached_tokens,
+            prompt_tokens=s.prompt_tokens,
         )
 
     async def ModelInfo(self, request, context):
         i = self.frontend.info
         return engine_pb2.ModelInfoReply(
-            model=i.path, model_type=i.model_type, vocab_size=i.vocab_size,
-            max_context=i.max_context, fingerprint=i.fingerprint,
-            cache_mode=self.frontend.cache_mode, has_state_layers=i.has_state_layers,
+            model=i.path,
+            model_type=i.model_type,
+            vocab_size=i.vocab_size,
+            max_context=i.max_context,
+            fingerprint=i.fingerprint,
+            cache_mode=self.frontend.cache_mode,
+            has_state_layers=i.has_state_layers,
         )
 
 
@@ -193,8 +218,11 @@ async def create_server(frontend: Frontend, host: str = "127.0.0.1", port: int =
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
-        (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-         reflection.SERVICE_NAME),
+        (
+            SERVICE,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ),
         server,
     )
     bound = server.add_insecure_port(f"{host}:{port}")

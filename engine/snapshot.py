@@ -264,9 +264,7 @@ def _window_state(c: RotatingKVCache, counter: CopyCounter) -> WindowState:
     extra = keys.shape[2] - c.max_size
     if extra > 0:
         keys, values = c._trim(extra, keys), c._trim(extra, values)
-    return WindowState(
-        _copy(keys, counter), _copy(values, counter), c.offset, c.max_size, c.keep
-    )
+    return WindowState(_copy(keys, counter), _copy(values, counter), c.offset, c.max_size, c.keep)
 
 
 def _rows(a: Optional[mx.array], idx: Optional[int]) -> Optional[mx.array]:
@@ -392,9 +390,7 @@ def _restore_kv(layer: StoredKV, n: int, counter: CopyCounter) -> Any:
     else:
         cache = QuantizedKVCache(group_size=layer.quant[0], bits=layer.quant[1])
     if n > 0 and layer.keys is not None:
-        cache.keys, cache.values = tree_map(
-            lambda a: a[..., :n, :], (layer.keys, layer.values)
-        )
+        cache.keys, cache.values = tree_map(lambda a: a[..., :n, :], (layer.keys, layer.values))
         counter.shared_kv += nbytes((cache.keys, cache.values))
     cache.offset = n
     return cache
@@ -453,14 +449,9 @@ def restore(
     straight to ``BatchGenerator.insert(caches=...)`` for kinds mlx-lm batches.
     """
     if len(entry_layers) != len(state.layers):
-        raise ValueError(
-            f"entry has {len(entry_layers)} layers, snapshot {len(state.layers)}"
-        )
+        raise ValueError(f"entry has {len(entry_layers)} layers, snapshot {len(state.layers)}")
     # A model without state layers restores anywhere from any snapshot.
     if n < 0 or (state.holds_state and state.length not in (None, n)):
         raise ValueError(f"snapshot taken at {state.length}, restore asked {n}")
     counter = counter if counter is not None else CopyCounter()
-    return [
-        _restore_layer(layer, s, n, counter)
-        for layer, s in zip(entry_layers, state.layers)
-    ]
+    return [_restore_layer(layer, s, n, counter) for layer, s in zip(entry_layers, state.layers)]

@@ -163,8 +163,12 @@ class DiskStore:
         except FileNotFoundError:
             log.warning("disk tier: file of entry %d is missing; prefilling cold", entry_id)
         except (disk.DamagedFile, OSError) as e:
-            log.error("disk tier: %s is damaged (%s); not loaded, renamed to %s",
-                      path, e, disk.DAMAGED_SUFFIX)
+            log.error(
+                "disk tier: %s is damaged (%s); not loaded, renamed to %s",
+                path,
+                e,
+                disk.DAMAGED_SUFFIX,
+            )
             try:
                 os.replace(path, path.with_suffix(disk.DAMAGED_SUFFIX))
             except OSError:
@@ -196,16 +200,26 @@ class DiskStore:
             "loads": self.loads,
             "load_failures": self.load_failures,
             "load_mb_per_s": self.load_bytes / self.load_seconds / 1e6
-            if self.load_seconds else 0.0,
+            if self.load_seconds
+            else 0.0,
         }
 
 
 # --- entries <-> files ------------------------------------------------------------
 
 # The snapshot module's stored forms a file may hold, by name.
-_FORMS = {cls.__name__: cls for cls in (
-    snapshot.StoredKV, snapshot.StoredList, snapshot.ArraysState, snapshot.WindowState,
-    snapshot.OpaqueState, snapshot.ListState, snapshot.StateSnapshot)}
+_FORMS = {
+    cls.__name__: cls
+    for cls in (
+        snapshot.StoredKV,
+        snapshot.StoredList,
+        snapshot.ArraysState,
+        snapshot.WindowState,
+        snapshot.OpaqueState,
+        snapshot.ListState,
+        snapshot.StateSnapshot,
+    )
+}
 
 
 def _dtype_name(a: mx.array) -> str:
@@ -237,11 +251,16 @@ class _Encoder:
             raise ValueError(f"the disk tier cannot write a {name}")
         if isinstance(obj, snapshot.StoredKV):  # rows [:rows] of the shared buffers
             n = obj.length if rows is None else min(obj.length, rows)
-            fields = {"keys": self.tree(obj.keys, n), "values": self.tree(obj.values, n),
-                      "length": n, "quant": self.tree(obj.quant)}
+            fields = {
+                "keys": self.tree(obj.keys, n),
+                "values": self.tree(obj.values, n),
+                "length": n,
+                "quant": self.tree(obj.quant),
+            }
         else:
-            fields = {f.name: self.tree(getattr(obj, f.name), rows)
-                      for f in dataclasses.fields(obj)}
+            fields = {
+                f.name: self.tree(getattr(obj, f.name), rows) for f in dataclasses.fields(obj)
+            }
         return {"o": name, "f": fields}
 
 
@@ -254,8 +273,10 @@ def capture(entry: StoredEntry, record: EntryRecord, fingerprint: str) -> disk.W
     length = len(record.tokens)
     lengths = sorted({n for n, _ in record.checkpoints} | {length})
     if entry.length != length or any(n not in entry.states for n in lengths):
-        raise ValueError(f"entry {record.entry_id} holds {entry.length} tokens and states at "
-                         f"{sorted(entry.states)}; its record says {length} and {lengths}")
+        raise ValueError(
+            f"entry {record.entry_id} holds {entry.length} tokens and states at "
+            f"{sorted(entry.states)}; its record says {length} and {lengths}"
+        )
     states = {n: entry.states[n] for n in lengths}
     enc = _Encoder()
     layers = enc.tree(list(entry.layers), rows=length)
@@ -270,15 +291,29 @@ def capture(entry: StoredEntry, record: EntryRecord, fingerprint: str) -> disk.W
         views.append(view)
         dtypes.append(_dtype_name(a))
     meta = {
-        "fingerprint": fingerprint, "entry_id": record.entry_id, "namespace": record.namespace,
-        "role": record.role, "length": length, "prompt_len": record.prompt_len,
+        "fingerprint": fingerprint,
+        "entry_id": record.entry_id,
+        "namespace": record.namespace,
+        "role": record.role,
+        "length": length,
+        "prompt_len": record.prompt_len,
         "checkpoints": [list(c) for c in record.checkpoints],
-        "kv_bytes_per_token": record.kv_bytes_per_token, "state_bytes": record.state_bytes,
-        "created": time.time(), "layers": layers, "states": state_tree,
+        "kv_bytes_per_token": record.kv_bytes_per_token,
+        "state_bytes": record.state_bytes,
+        "created": time.time(),
+        "layers": layers,
+        "states": state_tree,
     }
     held = StoredEntry(entry.layers, length, states)
-    return disk.WriteJob(record.entry_id, meta, np.asarray(record.tokens, np.int32), views,
-                         dtypes, held, sum(int(v.nbytes) for v in views))
+    return disk.WriteJob(
+        record.entry_id,
+        meta,
+        np.asarray(record.tokens, np.int32),
+        views,
+        dtypes,
+        held,
+        sum(int(v.nbytes) for v in views),
+    )
 
 
 def _class(path: str) -> type:
@@ -317,11 +352,13 @@ def load_entry(path: Path, fingerprint: str, entry_id: int) -> tuple[StoredEntry
             raise disk.DamagedFile("short read")
     header = disk.parse_header(buf.data, size)
     if header.fingerprint != fingerprint or header.entry_id != entry_id:
-        raise disk.DamagedFile(f"file of entry {header.entry_id}, fingerprint "
-                               f"{header.fingerprint}; expected {entry_id}, {fingerprint}")
+        raise disk.DamagedFile(
+            f"file of entry {header.entry_id}, fingerprint "
+            f"{header.fingerprint}; expected {entry_id}, {fingerprint}"
+        )
     meta = header.meta
     body_bytes = int(meta["body_bytes"])
-    body = buf[header.body_offset: header.body_offset + body_bytes]
+    body = buf[header.body_offset : header.body_offset + body_bytes]
     magic, declared, crc = disk._TRAILER.unpack_from(buf, header.body_offset + body_bytes)
     if magic != disk.END_MAGIC or declared != body_bytes:
         raise disk.DamagedFile("bad trailer")

@@ -67,8 +67,14 @@ def parse_tools(tools_json: str) -> tuple[dict, ...] | None:
 class PromptBuilder:
     """Turns a PromptInput into prompt tokens plus the anchor length."""
 
-    def __init__(self, tokenizer, vocab_size: int, max_context: int, anchor_slack: int = 2,
-                 memo_size: int = 256):
+    def __init__(
+        self,
+        tokenizer,
+        vocab_size: int,
+        max_context: int,
+        anchor_slack: int = 2,
+        memo_size: int = 256,
+    ):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_context = max_context
@@ -90,8 +96,9 @@ class PromptBuilder:
             anchor = 0
         else:
             self._check_messages(inp.messages)
-            text = self.render(list(inp.messages), inp.tools, inp.add_generation_prompt,
-                               inp.continue_final_message)
+            text = self.render(
+                list(inp.messages), inp.tools, inp.add_generation_prompt, inp.continue_final_message
+            )
             tokens = tuple(self.tokenizer.encode(text, add_special_tokens=False))
             anchor = self.anchor_length(inp.messages, inp.tools, tokens)
         if not tokens:
@@ -102,8 +109,13 @@ class PromptBuilder:
             )
         return Prompt(tokens=tokens, anchor_len=anchor)
 
-    def render(self, messages: list, tools, add_generation_prompt: bool,
-               continue_final_message: bool = False) -> str:
+    def render(
+        self,
+        messages: list,
+        tools,
+        add_generation_prompt: bool,
+        continue_final_message: bool = False,
+    ) -> str:
         kwargs = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
         if tools:
             kwargs["tools"] = list(tools)

@@ -90,8 +90,8 @@ CHAT_TEMPLATE = (
     "{{- '# Tools\\n\\nYou may call one or more of these functions. Each line is one "
     "function signature in JSON:\\n' -}}"
     "{%- for tool in tools -%}{{- tool | tojson -}}{{- '\\n' -}}{%- endfor -%}"
-    "{{- '\\nTo call a function, reply with <tool_call>\\n{\"name\": <function-name>, "
-    "\"arguments\": <args-json-object>}\\n</tool_call>' -}}"
+    '{{- \'\\nTo call a function, reply with <tool_call>\\n{"name": <function-name>, '
+    '"arguments": <args-json-object>}\\n</tool_call>\' -}}'
     "{%- if ns.lead > 0 -%}{{- '\\n\\n' -}}{%- endif -%}"
     "{%- endif -%}"
     "{{- ns.system -}}"

@@ -49,8 +49,13 @@ class EngineThread:
 def ray_session():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False,
-             log_to_driver=False, namespace="lineage-tests")
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        configure_logging=False,
+        log_to_driver=False,
+        namespace="lineage-tests",
+    )
     yield ray
     ray.shutdown()
 

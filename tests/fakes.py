@@ -19,8 +19,15 @@ import numpy as np
 
 from engine.cache import CacheManager
 from engine.config import CacheConfig
-from engine.messages import (AnchorCommit, CapturedPoint, Commit, Orders, PlanRequest, Release,
-                             RestorePlan)
+from engine.messages import (
+    AnchorCommit,
+    CapturedPoint,
+    Commit,
+    Orders,
+    PlanRequest,
+    Release,
+    RestorePlan,
+)
 
 
 @dataclass(frozen=True)
@@ -91,7 +98,11 @@ class FakeModelActor:
             assert plan.length in held.states, f"no state at {plan.length} in entry {plan.entry_id}"
 
     def prefill(
-        self, plan: RestorePlan, prompt: np.ndarray, reply=(), taken: int | None = None,
+        self,
+        plan: RestorePlan,
+        prompt: np.ndarray,
+        reply=(),
+        taken: int | None = None,
         upto: int | None = None,
     ):
         """Prefill from the restore point, taking the first `taken` capture points (all when None).
@@ -168,8 +179,9 @@ class Driver:
         config = config or CacheConfig(**knobs)
         # The disk tier stays off here (it would open the user's cache directory);
         # DiskDriver turns it on in a directory of its own.
-        self.manager = CacheManager(config, fingerprint="fake", has_state_layers=state_layers,
-                                    disk=False)
+        self.manager = CacheManager(
+            config, fingerprint="fake", has_state_layers=state_layers, disk=False
+        )
         self.actor = FakeModelActor(state_layers=state_layers)
         self._requests: dict[str, tuple[RestorePlan, np.ndarray, str]] = {}
         self._restored: set[str] = set()
@@ -204,21 +216,33 @@ class Driver:
         """The request's prefill reaches its anchor: stored and committed at once (AnchorCommit)."""
         plan, prompt, namespace = self._requests[request_id]
         early = self._early.setdefault(request_id, set())
-        point = next((p for p in plan.captures if p.kind == "anchor" and p.entry_id not in early),
-                     None)
+        point = next(
+            (p for p in plan.captures if p.kind == "anchor" and p.entry_id not in early), None
+        )
         if point is None:
             return None
         self.actor.store_capture(point.entry_id, prompt, point.length)
-        orders = self.manager.commit_anchor(AnchorCommit(
-            request_id, namespace, point.entry_id, prompt[: point.length], KVPT,
-            STATE if self.actor.state_layers else 0))
+        orders = self.manager.commit_anchor(
+            AnchorCommit(
+                request_id,
+                namespace,
+                point.entry_id,
+                prompt[: point.length],
+                KVPT,
+                STATE if self.actor.state_layers else 0,
+            )
+        )
         early.add(point.entry_id)
         self.actor.apply(orders)
         self.check()
         return orders
 
     def commit(
-        self, request_id: str, reply=(), taken: int | None = None, cold: bool = False,
+        self,
+        request_id: str,
+        reply=(),
+        taken: int | None = None,
+        cold: bool = False,
         upto: int | None = None,
     ) -> Orders:
         """Restore (if not yet), prefill, decode `reply`, commit, apply the orders.
@@ -305,15 +329,23 @@ def write_fake_file(directory, record, fingerprint: str = "fake", body_bytes: in
     from engine import disk
 
     meta = {
-        "fingerprint": fingerprint, "entry_id": record.entry_id, "namespace": record.namespace,
-        "role": record.role, "length": len(record.tokens), "prompt_len": record.prompt_len,
+        "fingerprint": fingerprint,
+        "entry_id": record.entry_id,
+        "namespace": record.namespace,
+        "role": record.role,
+        "length": len(record.tokens),
+        "prompt_len": record.prompt_len,
         "checkpoints": [list(c) for c in record.checkpoints],
-        "kv_bytes_per_token": record.kv_bytes_per_token, "state_bytes": record.state_bytes,
-        "created": 0.0, "layers": [], "states": [],
+        "kv_bytes_per_token": record.kv_bytes_per_token,
+        "state_bytes": record.state_bytes,
+        "created": 0.0,
+        "layers": [],
+        "states": [],
     }
     body = np.full(body_bytes, record.entry_id % 251, dtype=np.uint8)
-    job = disk.WriteJob(record.entry_id, meta, np.asarray(record.tokens, np.int32), [body],
-                        ["uint8"])
+    job = disk.WriteJob(
+        record.entry_id, meta, np.asarray(record.tokens, np.int32), [body], ["uint8"]
+    )
     disk.write_file(directory, job)
 
 
@@ -365,24 +397,35 @@ class FakeDiskActor(FakeModelActor):
         scanned = disk.scan(self.directory, remove_temps=False).files
         if damaged:
             return {f.entry_id for f in scanned if f.problem is not None}
-        return {f.entry_id for f in scanned
-                if f.header is not None and f.header.fingerprint == self.fingerprint}
+        return {
+            f.entry_id
+            for f in scanned
+            if f.header is not None and f.header.fingerprint == self.fingerprint
+        }
 
 
 class DiskDriver(Driver):
     """A Driver with the disk tier on, in `directory` (its own cache_dir)."""
 
-    def __init__(self, directory, config: CacheConfig | None = None, state_layers: bool = True,
-                 fingerprint: str = "fake", **knobs) -> None:
+    def __init__(
+        self,
+        directory,
+        config: CacheConfig | None = None,
+        state_layers: bool = True,
+        fingerprint: str = "fake",
+        **knobs,
+    ) -> None:
         from engine import disk
 
         config = replace(config or CacheConfig(**knobs), cache_dir=str(directory))
         self.manager = CacheManager(config, fingerprint=fingerprint, has_state_layers=state_layers)
         self._early: dict[str, set[int]] = {}
         assert self.manager.disk is not None, "the disk tier did not open"
-        self.actor = FakeDiskActor(state_layers=state_layers,
-                                   directory=disk.entries_dir(directory, config.mode),
-                                   fingerprint=fingerprint)
+        self.actor = FakeDiskActor(
+            state_layers=state_layers,
+            directory=disk.entries_dir(directory, config.mode),
+            fingerprint=fingerprint,
+        )
         self._requests = {}
         self._restored = set()
         self._serial = 0
@@ -394,7 +437,7 @@ class DiskDriver(Driver):
         super().restore(request_id)
 
     def commit(self, request_id: str, reply=(), taken=None, cold: bool = False, upto=None):
-        """As Driver.commit; a restore whose file does not load falls back to cold (as the actor)."""
+        """As Driver.commit; a restore whose file fails falls back to cold (as the actor)."""
         plan = self._requests[request_id][0]
         if plan.load_from_disk and request_id not in self._restored and not cold:
             cold = not self.actor.load(plan)

@@ -27,8 +27,12 @@ _WORD = re.compile(r"\w+|[^\w\s]")
 
 
 def test_traffic_is_deterministic_for_a_seed():
-    assert build_traffic(seed=3, scale=0.05, agents=2) == build_traffic(seed=3, scale=0.05, agents=2)
-    assert build_traffic(seed=3, scale=0.05, agents=2) != build_traffic(seed=4, scale=0.05, agents=2)
+    assert build_traffic(seed=3, scale=0.05, agents=2) == build_traffic(
+        seed=3, scale=0.05, agents=2
+    )
+    assert build_traffic(seed=3, scale=0.05, agents=2) != build_traffic(
+        seed=4, scale=0.05, agents=2
+    )
 
 
 @pytest.mark.parametrize("scale, agents", [(1.0, None), (0.05, 2)])
@@ -53,14 +57,19 @@ def test_traffic_holds_every_feature(scale, agents):
         assert len({r.session for r in t.requests if r.lane == lane}) >= 2
     # The variant's system prompt differs from the main one by a few tokens.
     main, variant = (_WORD.findall(t.systems[k]) for k in ("main", "variant"))
-    changed = sum(max(i2 - i1, j2 - j1) for op, i1, i2, j1, j2 in
-                  difflib.SequenceMatcher(a=main, b=variant, autojunk=False).get_opcodes()
-                  if op != "equal")
+    changed = sum(
+        max(i2 - i1, j2 - j1)
+        for op, i1, i2, j1, j2 in difflib.SequenceMatcher(
+            a=main, b=variant, autojunk=False
+        ).get_opcodes()
+        if op != "equal"
+    )
     assert 0 < changed <= 4
     # The clock's timestamp changes within a session, inside the system prompt.
     clock = [r for r in t.requests if r.system.startswith("clock@")]
-    assert any(len({r.system for r in clock if r.session == s}) >= 2
-               for s in {r.session for r in clock})
+    assert any(
+        len({r.system for r in clock if r.session == s}) >= 2 for s in {r.session for r in clock}
+    )
     a, b = (_WORD.findall(t.systems[k]) for k in sorted({r.system for r in clock})[:2])
     diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
     assert len(a) == len(b) and 1 <= len(diff) <= 2 and diff[-1] < 0.9 * len(a)
@@ -97,20 +106,31 @@ def test_sessions_append_replies_as_produced():
 # ------------------------------------------------------------------ oracle ----
 
 
-@pytest.mark.parametrize("steps, prompts, stored, expected", [
-    # Nothing earlier: nothing to share.
-    ([0], [[1, 2, 3]], [[1, 2, 3, 9]], [0]),
-    # The same step runs concurrently: not earlier.
-    ([0, 0], [[1, 2, 3], [1, 2, 4]], [[1, 2, 3], [1, 2, 4]], [0, 0]),
-    # A prefix of an earlier prompt, and of an earlier reply beyond its prompt.
-    ([0, 1, 2], [[1, 2, 3], [1, 2, 5, 6], [1, 2, 3, 7, 8, 9]],
-     [[1, 2, 3, 7, 8], [1, 2, 5, 6], [1, 2, 3, 7, 8, 9]], [0, 2, 5]),
-    # A verbatim resend is capped at its length minus one.
-    ([0, 1], [[4, 5, 6, 7], [4, 5, 6, 7]], [[4, 5, 6, 7, 1], [4, 5, 6, 7]], [0, 3]),
-    # The longest over every earlier request wins.
-    ([0, 1, 2], [[1, 1, 1], [2, 2, 2, 2], [2, 2, 2, 9, 9]],
-     [[1, 1, 1], [2, 2, 2, 2], [2, 2, 2, 9, 9]], [0, 0, 3]),
-])
+@pytest.mark.parametrize(
+    "steps, prompts, stored, expected",
+    [
+        # Nothing earlier: nothing to share.
+        ([0], [[1, 2, 3]], [[1, 2, 3, 9]], [0]),
+        # The same step runs concurrently: not earlier.
+        ([0, 0], [[1, 2, 3], [1, 2, 4]], [[1, 2, 3], [1, 2, 4]], [0, 0]),
+        # A prefix of an earlier prompt, and of an earlier reply beyond its prompt.
+        (
+            [0, 1, 2],
+            [[1, 2, 3], [1, 2, 5, 6], [1, 2, 3, 7, 8, 9]],
+            [[1, 2, 3, 7, 8], [1, 2, 5, 6], [1, 2, 3, 7, 8, 9]],
+            [0, 2, 5],
+        ),
+        # A verbatim resend is capped at its length minus one.
+        ([0, 1], [[4, 5, 6, 7], [4, 5, 6, 7]], [[4, 5, 6, 7, 1], [4, 5, 6, 7]], [0, 3]),
+        # The longest over every earlier request wins.
+        (
+            [0, 1, 2],
+            [[1, 1, 1], [2, 2, 2, 2], [2, 2, 2, 9, 9]],
+            [[1, 1, 1], [2, 2, 2, 2], [2, 2, 2, 9, 9]],
+            [0, 0, 3],
+        ),
+    ],
+)
 def test_oracle_on_hand_made_tokens(steps, prompts, stored, expected):
     def arrays(xs):
         return [np.asarray(x, dtype=np.int32) for x in xs]
@@ -126,10 +146,14 @@ def test_a_dropped_reply_is_not_shared():
 
 
 def test_summarize_against_its_own_oracle():
-    run = PolicyRun("lineage", stats=[
-        {"ram_bytes": 10, "disk_bytes": 100, "disk_bytes_written": 100, "evictions": 0},
-        {"ram_bytes": 30, "disk_bytes": 60, "disk_bytes_written": 150, "evictions": 1},
-        {"ram_bytes": 20, "disk_bytes": 160, "disk_bytes_written": 250, "evictions": 2}])
+    run = PolicyRun(
+        "lineage",
+        stats=[
+            {"ram_bytes": 10, "disk_bytes": 100, "disk_bytes_written": 100, "evictions": 0},
+            {"ram_bytes": 30, "disk_bytes": 60, "disk_bytes_written": 150, "evictions": 1},
+            {"ram_bytes": 20, "disk_bytes": 160, "disk_bytes_written": 250, "evictions": 2},
+        ],
+    )
 
     def tokens(*xs):
         return np.asarray(xs, dtype=np.int32)
@@ -141,7 +165,12 @@ def test_summarize_against_its_own_oracle():
     ]
     run.evictions = 2
     s = summarize(run)
-    assert (s["requests"], s["dropped"], s["cached_tokens"], s["oracle_cached_tokens"]) == (2, 1, 4, 5)
+    assert (s["requests"], s["dropped"], s["cached_tokens"], s["oracle_cached_tokens"]) == (
+        2,
+        1,
+        4,
+        5,
+    )
     assert s["oracle_fraction"] == pytest.approx(0.8)
     assert s["prefill_tokens"] == 10 - 4
     assert s["restore_kinds"] == {"none": 1, "reply": 1}
@@ -158,8 +187,20 @@ def test_small_run_against_every_policy(ray_session, model_cache_dir, tmp_path, 
     parser = argparse.ArgumentParser()
     agents.add_arguments(parser)
     out = tmp_path / "agents.json"
-    argv = ["--scale", "0.05", "--agents", "2", "--seed", "0", "--ram-budget", "2G",
-            "--model", str(ensure_default_model(model_cache_dir)), "--json", str(out)]
+    argv = [
+        "--scale",
+        "0.05",
+        "--agents",
+        "2",
+        "--seed",
+        "0",
+        "--ram-budget",
+        "2G",
+        "--model",
+        str(ensure_default_model(model_cache_dir)),
+        "--json",
+        str(out),
+    ]
     try:
         import matplotlib  # noqa: F401  (the bench extra)
 
@@ -172,9 +213,18 @@ def test_small_run_against_every_policy(ray_session, model_cache_dir, tmp_path, 
     assert set(report) >= {"traffic", "oracle", "policies"}
     assert set(report["policies"]) == {"lineage", "exact", "off", "mlx_lm"}
     for name, p in report["policies"].items():
-        for key in ("cached_tokens", "oracle_fraction", "ttft_ms_p50", "ttft_ms_p90",
-                    "prefill_tokens", "ram_bytes", "disk_bytes", "evictions",
-                    "disk_bytes_per_turn", "restore_kinds"):
+        for key in (
+            "cached_tokens",
+            "oracle_fraction",
+            "ttft_ms_p50",
+            "ttft_ms_p90",
+            "prefill_tokens",
+            "ram_bytes",
+            "disk_bytes",
+            "evictions",
+            "disk_bytes_per_turn",
+            "restore_kinds",
+        ):
             assert key in p, (name, key)
         assert p["ttft_ms_p90"] >= p["ttft_ms_p50"] > 0
         assert sum(p["restore_kinds"].values()) == p["requests"]

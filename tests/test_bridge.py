@@ -36,8 +36,9 @@ class BridgeThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0,
-                             timeout=120)
+        return openai.OpenAI(
+            base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=120
+        )
 
     def stop(self) -> None:
         try:
@@ -62,13 +63,26 @@ def client(bridge):
 
 USER = [{"role": "user", "content": "Say something about prompt caches."}]
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "read_file", "description": "Read a file of the repository",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
-                       "required": ["path"]}}},
-    {"type": "function", "function": {
-        "name": "run_tests", "description": "Run the test suite and report failures",
-        "parameters": {"type": "object", "properties": {"pattern": {"type": "string"}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file of the repository",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "run_tests",
+            "description": "Run the test suite and report failures",
+            "parameters": {"type": "object", "properties": {"pattern": {"type": "string"}}},
+        },
+    },
 ]
 # About 900 tokens of shared system prompt, as parallel sub-agents send.
 SYSTEM = "You are a careful coding agent working in a large repository.\n" + "\n".join(
@@ -96,22 +110,39 @@ NAMELESS = '<tool_call>{"arguments": {}}</tool_call>'
 PARSE_CASES = [
     ("plain text", "hello there", "hello there", []),
     ("one call", CALL, "", [("read_file", {"path": "setup.py"})]),
-    ("content first", "Let me look.\n" + CALL, "Let me look.",
-     [("read_file", {"path": "setup.py"})]),
-    ("two calls", CALL + "\n" + CALL.replace("read_file", "run_tests"), "",
-     [("read_file", {"path": "setup.py"}), ("run_tests", {"path": "setup.py"})]),
-    ("string arguments", '<tool_call>\n{"name": "f", "arguments": "{\\"a\\": 1}"}\n</tool_call>',
-     "", [("f", {"a": 1})]),
-    ("unterminated but whole", CALL[: -len("</tool_call>")], "",
-     [("read_file", {"path": "setup.py"})]),
+    (
+        "content first",
+        "Let me look.\n" + CALL,
+        "Let me look.",
+        [("read_file", {"path": "setup.py"})],
+    ),
+    (
+        "two calls",
+        CALL + "\n" + CALL.replace("read_file", "run_tests"),
+        "",
+        [("read_file", {"path": "setup.py"}), ("run_tests", {"path": "setup.py"})],
+    ),
+    (
+        "string arguments",
+        '<tool_call>\n{"name": "f", "arguments": "{\\"a\\": 1}"}\n</tool_call>',
+        "",
+        [("f", {"a": 1})],
+    ),
+    (
+        "unterminated but whole",
+        CALL[: -len("</tool_call>")],
+        "",
+        [("read_file", {"path": "setup.py"})],
+    ),
     ("bad json", "<tool_call>\n{nope}\n</tool_call>", "<tool_call>\n{nope}\n</tool_call>", []),
     ("cut off", CALL[:30], CALL[:30], []),
     ("no name", NAMELESS, NAMELESS, []),
 ]
 
 
-@pytest.mark.parametrize("text,content,calls", [c[1:] for c in PARSE_CASES],
-                         ids=[c[0] for c in PARSE_CASES])
+@pytest.mark.parametrize(
+    "text,content,calls", [c[1:] for c in PARSE_CASES], ids=[c[0] for c in PARSE_CASES]
+)
 def test_parse_tool_calls(text, content, calls):
     got_content, got = parse_tool_calls(text)
     assert got_content == content
@@ -120,14 +151,17 @@ def test_parse_tool_calls(text, content, calls):
     assert len({c["id"] for c in got}) == len(got)
 
 
-@pytest.mark.parametrize("text", [c[1] for c in PARSE_CASES] + ["a <tool b <tool_c", "x <"],
-                         ids=[c[0] for c in PARSE_CASES] + ["near misses", "trailing <"])
+@pytest.mark.parametrize(
+    "text",
+    [c[1] for c in PARSE_CASES] + ["a <tool b <tool_c", "x <"],
+    ids=[c[0] for c in PARSE_CASES] + ["near misses", "trailing <"],
+)
 def test_tool_call_stream_matches_the_whole_text_parse(text):
     """Any split of the text into chunks streams the same content and calls."""
     want_content, want_calls = parse_tool_calls(text)
     for size in (1, 2, 3, 7, len(text) or 1):
         s = ToolCallStream()
-        sent = "".join(s.feed(text[i:i + size]) for i in range(0, len(text), size))
+        sent = "".join(s.feed(text[i : i + size]) for i in range(0, len(text), size))
         rest, calls = s.finish()
         assert [c["function"] for c in calls] == [c["function"] for c in want_calls]
         if want_calls:
@@ -141,27 +175,37 @@ def test_a_tool_call_becomes_tool_calls_whole_and_streamed():
     from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
     info = {"id": "tiny", "fingerprint": "fp"}
-    text, usage = "Checking.\n" + CALL, Usage(prompt_tokens=40, cached_tokens=32,
-                                             completion_tokens=30)
-    whole = ChatCompletion.model_validate(ChatShape("r1", info, tools=True).whole(
-        Result(text, (), "stop", usage)))
+    text, usage = (
+        "Checking.\n" + CALL,
+        Usage(prompt_tokens=40, cached_tokens=32, completion_tokens=30),
+    )
+    whole = ChatCompletion.model_validate(
+        ChatShape("r1", info, tools=True).whole(Result(text, (), "stop", usage))
+    )
     choice = whole.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking."
     calls = choice.message.tool_calls
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
-        ("read_file", {"path": "setup.py"})]
+        ("read_file", {"path": "setup.py"})
+    ]
     assert whole.usage.prompt_tokens_details.cached_tokens == 32
 
     shape = ChatShape("r2", info, tools=True)
-    chunks = shape.head() + [c for i in range(0, len(text), 4) for c in shape.delta(text[i:i + 4])]
+    chunks = shape.head() + [
+        c for i in range(0, len(text), 4) for c in shape.delta(text[i : i + 4])
+    ]
     chunks += shape.finish(Final("stop", usage, Restore(), Timing(), "r2"))
     chunks = [ChatCompletionChunk.model_validate(c) for c in chunks]
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Checking.\n"
     calls = [t for c in chunks for t in c.choices[0].delta.tool_calls or ()]
     assert [(t.index, t.function.name) for t in calls] == [(0, "read_file")]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
-    assert ChatCompletionChunk.model_validate(shape.usage_chunk(
-        Final("stop", usage, Restore(), Timing(), "r2"))).usage.total_tokens == 70
+    assert (
+        ChatCompletionChunk.model_validate(
+            shape.usage_chunk(Final("stop", usage, Restore(), Timing(), "r2"))
+        ).usage.total_tokens
+        == 70
+    )
 
 
 # --------------------------------------------------------- chat, served ----
@@ -190,10 +234,15 @@ def test_shared_system_prompt_and_tools_are_cached(client):
     usages = []
     for question in ("Which tests fail?", "Read setup.py, please."):
         stream = client.chat.completions.create(
-            model="lineage", max_tokens=3, temperature=0, tools=TOOLS, stream=True,
+            model="lineage",
+            max_tokens=3,
+            temperature=0,
+            tools=TOOLS,
+            stream=True,
             stream_options={"include_usage": True},
             extra_headers={"X-Cache-Namespace": "bridge-shared-prompt"},
-            messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}])
+            messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+        )
         usages.append(stream_text(stream)[2])
     first, second = usages
     assert first is not None and second is not None, "no usage chunk with include_usage"
@@ -202,12 +251,15 @@ def test_shared_system_prompt_and_tools_are_cached(client):
 
 
 def test_namespace_comes_from_the_header_else_user(client):
-    messages = [{"role": "system", "content": SYSTEM + "\nNamespaces."},
-                {"role": "user", "content": "Hello."}]
+    messages = [
+        {"role": "system", "content": SYSTEM + "\nNamespaces."},
+        {"role": "user", "content": "Hello."},
+    ]
 
     def cached(**kwargs) -> int:
-        reply = client.chat.completions.create(model="lineage", messages=messages, max_tokens=2,
-                                               temperature=0, **kwargs)
+        reply = client.chat.completions.create(
+            model="lineage", messages=messages, max_tokens=2, temperature=0, **kwargs
+        )
         return reply.usage.prompt_tokens_details.cached_tokens
 
     cached(extra_headers={"X-Cache-Namespace": "bridge-ns-a"})
@@ -217,15 +269,23 @@ def test_namespace_comes_from_the_header_else_user(client):
 
 
 def test_tool_call_round_trip_renders_and_runs(client):
-    turn = [{"role": "developer", "content": "You are terse."},  # the system role's new name
-            {"role": "user", "content": "What is in setup.py?"}]
-    call = {"id": "call_1", "type": "function",
-            "function": {"name": "read_file", "arguments": '{"path": "setup.py"}'}}
-    follow_up = turn + [{"role": "assistant", "content": None, "tool_calls": [call]},
-                        {"role": "tool", "tool_call_id": "call_1", "content": "print('hi')"}]
+    turn = [
+        {"role": "developer", "content": "You are terse."},  # the system role's new name
+        {"role": "user", "content": "What is in setup.py?"},
+    ]
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "read_file", "arguments": '{"path": "setup.py"}'},
+    }
+    follow_up = turn + [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "print('hi')"},
+    ]
     a = client.chat.completions.create(model="lineage", messages=turn, tools=TOOLS, max_tokens=2)
-    b = client.chat.completions.create(model="lineage", messages=follow_up, tools=TOOLS,
-                                       max_tokens=2)
+    b = client.chat.completions.create(
+        model="lineage", messages=follow_up, tools=TOOLS, max_tokens=2
+    )
     assert b.choices[0].finish_reason in ("stop", "length", "tool_calls")
     # The call and its result are in the rendered prompt.
     assert b.usage.prompt_tokens > a.usage.prompt_tokens + 15
@@ -240,8 +300,9 @@ BAD_REQUESTS = [
 ]
 
 
-@pytest.mark.parametrize("override,needle", [b[1:] for b in BAD_REQUESTS],
-                         ids=[b[0] for b in BAD_REQUESTS])
+@pytest.mark.parametrize(
+    "override,needle", [b[1:] for b in BAD_REQUESTS], ids=[b[0] for b in BAD_REQUESTS]
+)
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_bad_request_is_400_and_the_bridge_keeps_serving(client, override, needle, stream):
     args = {"model": "lineage", "messages": USER, "max_tokens": 2, "stream": stream} | override
@@ -269,7 +330,8 @@ def wait_until_idle(engine, within: float) -> None:
 
 def test_abandoned_stream_frees_its_slot(engine, client):
     stream = client.chat.completions.create(
-        model="lineage", messages=ENDLESS, max_tokens=4000, temperature=0, stream=True)
+        model="lineage", messages=ENDLESS, max_tokens=4000, temperature=0, stream=True
+    )
     seen = 0
     for chunk in stream:
         seen += bool(chunk.choices and chunk.choices[0].delta.content)
@@ -294,12 +356,17 @@ def test_abandoned_whole_request_frees_its_slot(engine, bridge):
 
 
 def test_completions_models_and_health(bridge, client):
-    whole = client.completions.create(model="lineage", prompt="Once upon a time", max_tokens=6,
-                                      temperature=0)
+    whole = client.completions.create(
+        model="lineage", prompt="Once upon a time", max_tokens=6, temperature=0
+    )
     assert whole.object == "text_completion" and whole.usage.completion_tokens >= 1
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model="lineage", prompt="Once upon a time", max_tokens=6, temperature=0, stream=True)
-        if c.choices)
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model="lineage", prompt="Once upon a time", max_tokens=6, temperature=0, stream=True
+        )
+        if c.choices
+    )
     assert streamed == whole.choices[0].text
     by_ids = client.completions.create(model="lineage", prompt=[5, 17, 300, 42], max_tokens=2)
     assert by_ids.usage.prompt_tokens == 4

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fakes import KVPT, STATE, Driver, entry_bytes, tokens
 
 from engine.cache import CacheManager
 from engine.config import CacheConfig
 from engine.messages import CapturedPoint, CheckpointMove, Commit, Orders, PlanRequest, Release
-from fakes import KVPT, STATE, Driver, entry_bytes, tokens
 
 
 def seq(start: int, n: int) -> range:

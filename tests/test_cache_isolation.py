@@ -34,7 +34,11 @@ def test_cache_policy_imports_without_mlx_and_ray():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
         [sys.executable, "-c", SCRIPT],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     assert int(result.stdout) >= 9  # every module of engine.cache was imported

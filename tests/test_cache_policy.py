@@ -7,11 +7,11 @@ starts elsewhere, so the longest common prefixes are exact by construction.
 from __future__ import annotations
 
 import pytest
+from fakes import Driver, entry_bytes, tokens
 
 from engine.cache.entry import Checkpoint
 from engine.cache.thinning import thin
 from engine.messages import CheckpointMove, Orders
-from fakes import Driver, entry_bytes, tokens
 
 
 def seq(start: int, n: int) -> range:

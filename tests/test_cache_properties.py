@@ -11,12 +11,12 @@ restore point. Bounded to run in a few seconds.
 from __future__ import annotations
 
 import numpy as np
+from fakes import KVPT, STATE, Driver, tokens
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from engine.config import CacheConfig
-from fakes import KVPT, STATE, Driver, tokens
 
 # Three system prompts: two differ by 4 tokens near their end, one elsewhere.
 SYSTEMS = [
@@ -63,7 +63,8 @@ def check_waiting(driver, plan, namespace: str, anchor_len: int, expected: int) 
     longer than anything stored."""
     assert plan.kind == "anchor" and expected < plan.length == anchor_len, (plan, expected)
     capturers = [
-        p for p, _, ns in driver._requests.values()
+        p
+        for p, _, ns in driver._requests.values()
         if ns == namespace and any(c.entry_id == plan.entry_id for c in p.captures)
     ]
     assert capturers, plan
@@ -96,7 +97,8 @@ class CacheMachine(RuleBasedStateMachine):
     def _plan(self, data, head: np.ndarray) -> None:
         prompt = tokens(head, data.draw(st.lists(st.integers(0, 20), min_size=1, max_size=60)))
         anchors = [
-            len(s) - 2 for s in SYSTEMS
+            len(s) - 2
+            for s in SYSTEMS
             if len(prompt) > len(s) and np.array_equal(prompt[: len(s)], s)
         ]
         anchor_len = data.draw(st.sampled_from([0, *anchors]))

@@ -30,8 +30,9 @@ def client(engine):
 
 
 def chat(client, messages, ns, max_tokens=6, **kw):
-    return client.generate(messages=messages, tools=TOOLS, max_tokens=max_tokens,
-                           namespace=ns, **kw)
+    return client.generate(
+        messages=messages, tools=TOOLS, max_tokens=max_tokens, namespace=ns, **kw
+    )
 
 
 def convo(*users, system=SYSTEM):
@@ -43,8 +44,10 @@ def test_turn_two_restores_turn_one(client):
     msgs = convo(user_message(0, 0))
     r1 = chat(client, msgs, ns)
     assert r1.restore.kind == "none" and r1.usage.cached_tokens == 0
-    msgs2 = msgs + [{"role": "assistant", "content": r1.text},
-                    {"role": "user", "content": user_message(0, 1)}]
+    msgs2 = msgs + [
+        {"role": "assistant", "content": r1.text},
+        {"role": "user", "content": user_message(0, 1)},
+    ]
     r2 = chat(client, msgs2, ns)
     assert r2.usage.cached_tokens >= r1.usage.prompt_tokens
     assert r2.restore.kind in ("entry", "reply")
@@ -74,11 +77,15 @@ def test_edited_last_message_restores_at_turn_boundary(client):
     ns = fresh_ns("edit")
     msgs = convo(user_message(3, 0))
     r1 = chat(client, msgs, ns)
-    msgs2 = msgs + [{"role": "assistant", "content": r1.text},
-                    {"role": "user", "content": user_message(3, 1)}]
+    msgs2 = msgs + [
+        {"role": "assistant", "content": r1.text},
+        {"role": "user", "content": user_message(3, 1)},
+    ]
     r2 = chat(client, msgs2, ns)
-    edited = msgs + [{"role": "assistant", "content": r1.text},
-                     {"role": "user", "content": "Actually, do something else entirely."}]
+    edited = msgs + [
+        {"role": "assistant", "content": r1.text},
+        {"role": "user", "content": "Actually, do something else entirely."},
+    ]
     r3 = chat(client, edited, ns)
     assert r3.restore.kind in ("final", "reply", "entry")
     # the turn boundary: turn one's prompt plus its reply
@@ -90,11 +97,26 @@ def test_regenerate_restores_the_prompt(client):
     ns = fresh_ns("regen")
     msgs = convo(user_message(4, 0))
     r1 = chat(client, msgs, ns)
-    r2 = chat(client, msgs + [{"role": "assistant", "content": r1.text},
-                              {"role": "user", "content": user_message(4, 1)}], ns)
-    regen = chat(client, msgs + [{"role": "assistant", "content": r1.text},
-                                 {"role": "user", "content": user_message(4, 1)}], ns,
-                 temperature=0.9, seed=5)
+    r2 = chat(
+        client,
+        msgs
+        + [
+            {"role": "assistant", "content": r1.text},
+            {"role": "user", "content": user_message(4, 1)},
+        ],
+        ns,
+    )
+    regen = chat(
+        client,
+        msgs
+        + [
+            {"role": "assistant", "content": r1.text},
+            {"role": "user", "content": user_message(4, 1)},
+        ],
+        ns,
+        temperature=0.9,
+        seed=5,
+    )
     # turn two added < 256 tokens, so it has no guard: the regenerate (a verbatim
     # resend) lands on the turn boundary, which absorption kept, and re-prefills
     # the short suffix
@@ -151,8 +173,9 @@ def test_parallel_sessions_share_the_anchor(client):
     ns = fresh_ns("parallel")
     first = chat(client, convo(user_message(7, 0)), ns)
     with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda a: chat(client, convo(user_message(10 + a, 0)), ns),
-                                range(4)))
+        results = list(
+            pool.map(lambda a: chat(client, convo(user_message(10 + a, 0)), ns), range(4))
+        )
     for r in results:
         assert r.restore.kind == "anchor", r.restore
         assert r.usage.cached_tokens >= first.usage.prompt_tokens - 60
@@ -194,8 +217,9 @@ def test_exact_mode_hits_whole_prompts_only(exact_engine, client):
         assert resend.text == r1.text
         # a new session with the same system prompt: exact mode has no anchor
         other = chat(ex, convo("Something unrelated to the first session."), ns)
-        lineage_other = chat(client, convo("Something unrelated to the first session."),
-                             fresh_ns("exact-compare"))
+        lineage_other = chat(
+            client, convo("Something unrelated to the first session."), fresh_ns("exact-compare")
+        )
         assert other.restore.kind in ("none", "entry")
         assert ex.cache_stats()["mode"] == "exact"
         assert lineage_other.usage.cached_tokens == 0  # its own namespace: cold
@@ -215,8 +239,9 @@ def test_sub_agents_arriving_together_pay_the_shared_prefix_once(client):
     """Parallel first turns: one prefills the system prompt, the others wait for its anchor."""
     ns = fresh_ns("together")
     with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda a: chat(client, convo(user_message(20 + a, 0)), ns),
-                                range(4)))
+        results = list(
+            pool.map(lambda a: chat(client, convo(user_message(20 + a, 0)), ns), range(4))
+        )
     kinds = sorted(r.restore.kind for r in results)
     assert kinds == ["anchor", "anchor", "anchor", "none"], kinds
     anchored = [r for r in results if r.restore.kind == "anchor"]

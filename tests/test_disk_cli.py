@@ -9,12 +9,12 @@ import sys
 
 import numpy as np
 import pytest
+from fakes import KVPT, STATE, write_fake_file
 
 from clients.cli import main
 from engine import disk
 from engine.cache.disk_index import lock_directory
 from engine.messages import EntryRecord
-from fakes import KVPT, STATE, write_fake_file
 
 
 def _record(entry_id, n, role="conversation", namespace=""):
@@ -28,14 +28,20 @@ def cache_dir(tmp_path):
     d = disk.entries_dir(tmp_path)
     d.mkdir(parents=True)
     write_fake_file(d, _record(5, 50), fingerprint="old")
-    for i, (role, ns) in enumerate([("conversation", "a"), ("anchor", "a"),
-                                    ("conversation", "b"), ("conversation", "a")], start=1):
+    for i, (role, ns) in enumerate(
+        [("conversation", "a"), ("anchor", "a"), ("conversation", "b"), ("conversation", "a")],
+        start=1,
+    ):
         write_fake_file(d, _record(i, 100 * i, role, ns), fingerprint="fp", body_bytes=1000 * i)
         os.utime(d / f"{i}.entry", (1000 + i, 1000 + i))
     os.utime(d / "5.entry", (500, 500))
     (d / "6.entry").write_bytes(b"garbage")
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     (d / f".7.{dead}.tmp").write_bytes(b"partial")
     return tmp_path
 
@@ -76,8 +82,16 @@ def test_prune_removes_foreign_damaged_leftovers_then_lru_over_budget(cache_dir,
     d = disk.entries_dir(cache_dir)
     sizes = {i: (d / f"{i}.entry").stat().st_size for i in (1, 2, 3, 4)}
     budget = sizes[2] + sizes[4]  # the anchor and the newest conversation fit
-    out = run_json(capsys, "prune", "--cache-dir", str(cache_dir), "--fingerprint", "fp",
-                   "--budget", str(budget))
+    out = run_json(
+        capsys,
+        "prune",
+        "--cache-dir",
+        str(cache_dir),
+        "--fingerprint",
+        "fp",
+        "--budget",
+        str(budget),
+    )
     why = {r["id"]: r["why"] for r in out["removed"]}
     assert sorted(why) == [1, 3, 5, 6]
     assert why[5] == "another model's file" and why[6].startswith("damaged")

@@ -34,8 +34,10 @@ def _kv(rows, dtype=mx.float32, seed=0, step=7):
     cache = KVCache()
     for i, start in enumerate(range(0, rows, step)):  # several writes: spare capacity
         n = min(step, rows - start)
-        cache.update_and_fetch(_rand(1, 2, n, 64, seed=seed + i, dtype=dtype),
-                               _rand(1, 2, n, 64, seed=seed + 50 + i, dtype=dtype))
+        cache.update_and_fetch(
+            _rand(1, 2, n, 64, seed=seed + i, dtype=dtype),
+            _rand(1, 2, n, 64, seed=seed + 50 + i, dtype=dtype),
+        )
     return cache
 
 
@@ -114,8 +116,9 @@ def test_an_anchor_sharing_a_longer_entry_writes_its_own_rows_only(tmp_path):
     assert small < big
     loaded, _ = load_entry(tmp_path / "3.entry", "fp", 3)
     assert snapshot.entry_length(loaded.layers) == 12
-    np.testing.assert_array_equal(np.array(loaded.layers[0].keys),
-                                  np.array(layers[0].keys)[..., :12, :])
+    np.testing.assert_array_equal(
+        np.array(loaded.layers[0].keys), np.array(layers[0].keys)[..., :12, :]
+    )
 
 
 def test_checkpoints_are_written_with_their_states(tmp_path):
@@ -151,8 +154,13 @@ def _damage(kind: str, path: Path) -> None:
 
 
 DAMAGE = {  # kind -> found by the header scan (else only by the load's body checksum)
-    "truncated-body": True, "truncated-header": True, "header-bit-flip": True,
-    "body-bit-flip": False, "foreign-version": True, "garbage": True, "empty": True,
+    "truncated-body": True,
+    "truncated-header": True,
+    "header-bit-flip": True,
+    "body-bit-flip": False,
+    "foreign-version": True,
+    "garbage": True,
+    "empty": True,
 }
 
 
@@ -210,8 +218,12 @@ def test_a_queued_write_serves_a_load_and_a_superseded_one_is_dropped(tmp_path, 
 
 
 def test_scan_removes_temporary_files_of_dead_writers_only(tmp_path):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     (tmp_path / f".5.{dead}.tmp").write_bytes(b"partial")
     (tmp_path / f".6.{os.getppid()}.tmp").write_bytes(b"a live writer's")
     scan = disk.scan(tmp_path)
@@ -248,15 +260,20 @@ def test_kill_9_while_writing_loses_no_complete_file(tmp_path):
     from engine.messages import PlanRequest
 
     directory = disk.entries_dir(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-c", CRASH_WRITER, str(directory)], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CRASH_WRITER, str(directory)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+    )
     try:
         assert proc.stdout.readline().strip() == b"queued"
         deadline, mid_write = time.monotonic() + 60, False
         while not mid_write and time.monotonic() < deadline:  # kill it with a write under way
             names = [p.name for p in directory.iterdir()]
             mid_write = sum(n.endswith(".entry") for n in names) >= 3 and any(
-                n.endswith(".tmp") for n in names)
+                n.endswith(".tmp") for n in names
+            )
         proc.send_signal(signal.SIGKILL)
         assert mid_write
     finally:

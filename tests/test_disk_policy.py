@@ -12,13 +12,13 @@ import os
 
 import numpy as np
 import pytest
+from fakes import KVPT, STATE, DiskDriver, tokens, write_fake_file
 
 from engine.cache.disk_index import DiskFile, DiskIndex, disk_priority
 from engine.cache.entry import Entry
+from engine.config import CacheConfig
 from engine.fingerprint import model_fingerprint
 from engine.messages import EntryRecord
-from engine.config import CacheConfig
-from fakes import KVPT, STATE, DiskDriver, tokens, write_fake_file
 
 
 def seq(start: int, n: int) -> range:
@@ -121,8 +121,9 @@ def test_a_timestamp_series_does_not_pin_anchor_files_forever(tmp_path):
     anchors = []
     for minute in range(15):
         system = tokens(seq(1000, 280), [90_000 + minute], seq(2000, 19))
-        plan, _ = d.turn(tokens(system, seq(10_000 * (minute + 1), 300)), seq(7000, 5),
-                         anchor_len=ANCHOR)
+        plan, _ = d.turn(
+            tokens(system, seq(10_000 * (minute + 1), 300)), seq(7000, 5), anchor_len=ANCHOR
+        )
         anchors.append(plan.captures[0].entry_id)
         assert d.manager.disk.nbytes <= budget
     files = d.actor.files()
@@ -133,8 +134,12 @@ def test_a_timestamp_series_does_not_pin_anchor_files_forever(tmp_path):
 @pytest.mark.parametrize("spill", [True, False])
 def test_ram_eviction_spills_an_entry_whose_file_was_evicted(tmp_path, spill):
     one = 620 * KVPT + 3 * STATE
-    d = DiskDriver(tmp_path, ram_budget=3 * one, disk_budget=2 * _entry_file_bytes(620, 2) + 10,
-                   spill_on_evict=spill)
+    d = DiskDriver(
+        tmp_path,
+        ram_budget=3 * one,
+        disk_budget=2 * _entry_file_bytes(620, 2) + 10,
+        spill_on_evict=spill,
+    )
     ids = [d.turn(seq(100_000 * (k + 1), 600), seq(5000, 20))[0].new_entry_id for k in range(3)]
     assert ids[0] not in d.manager.disk and ids[0] in d.manager.index  # disk LRU evicted it
     _, orders = d.turn(seq(900_000, 600), seq(5000, 20))  # RAM evicts ids[0]
@@ -145,8 +150,15 @@ def test_ram_eviction_spills_an_entry_whose_file_was_evicted(tmp_path, spill):
 
 def test_disk_eviction_order_damaged_foreign_lru_then_pinned_anchors():
     def entry(entry_id: int, role: str) -> Entry:
-        return Entry(entry_id, "", role, np.arange(entry_id * 100, entry_id * 100 + 20,
-                                                   dtype=np.int32), 20, KVPT, STATE)
+        return Entry(
+            entry_id,
+            "",
+            role,
+            np.arange(entry_id * 100, entry_id * 100 + 20, dtype=np.int32),
+            20,
+            KVPT,
+            STATE,
+        )
 
     index = DiskIndex(budget=0, anchor_max_entries=2)
     index.add(entry(7, "anchor"), 10)  # oldest anchor: not among the 2 newest, so not pinned

@@ -14,14 +14,14 @@ import shutil
 import tempfile
 
 import numpy as np
+from fakes import KVPT, STATE, DiskDriver, tokens
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
+from test_cache_properties import CONFIG, SETTINGS, SYSTEMS, CacheMachine, check_waiting, oracle
 
 from engine.cache.disk_index import DISK_MIN_TOKENS, HEADER_BYTES
 from engine.config import CacheConfig
-from fakes import KVPT, STATE, DiskDriver, tokens
-from test_cache_properties import CONFIG, SETTINGS, SYSTEMS, CacheMachine, check_waiting, oracle
 
 DISK_BUDGET = 6 * (150 * KVPT + 3 * STATE + 4 * 150 + HEADER_BYTES)
 STATS = {"examples": 0, "restarts": 0, "loads": 0}  # what the runs exercised
@@ -59,8 +59,11 @@ class DiskMachine(CacheMachine):
 
     def _plan(self, data, head: np.ndarray) -> None:
         prompt = tokens(head, data.draw(st.lists(st.integers(0, 20), min_size=1, max_size=60)))
-        anchors = [len(s) - 2 for s in SYSTEMS
-                   if len(prompt) > len(s) and np.array_equal(prompt[: len(s)], s)]
+        anchors = [
+            len(s) - 2
+            for s in SYSTEMS
+            if len(prompt) > len(s) and np.array_equal(prompt[: len(s)], s)
+        ]
         anchor_len = data.draw(st.sampled_from([0, *anchors]))
         namespace = data.draw(st.sampled_from(["", "", "", "tenant"]))
         expected = both_tiers(self.driver.manager, namespace, prompt[:-1])

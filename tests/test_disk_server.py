@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import os
 
+from conftest import EngineThread, make_config
+
 from clients.client import Client
 from clients.fanout import make_shared_prefix, user_message
-from conftest import EngineThread, make_config
 
 SYSTEM, TOOLS = make_shared_prefix(900, seed=11)
 
@@ -42,8 +43,12 @@ def plant_damaged_files(entries) -> int:
     flipped[40] ^= 0x04
     future = bytearray(raw)
     future[8:12] = (99).to_bytes(4, "little")
-    planted = {"9001": raw[: len(raw) // 2], "9002": bytes(flipped), "9003": bytes(future),
-               "9004": b"\0" * 100}
+    planted = {
+        "9001": raw[: len(raw) // 2],
+        "9002": bytes(flipped),
+        "9003": bytes(future),
+        "9004": b"\0" * 100,
+    }
     for name, data in planted.items():
         (entries / f"{name}.entry").write_bytes(data)
     return len(planted)
@@ -72,8 +77,10 @@ def test_restart_is_warm_skips_damaged_files_and_a_touched_model_misses(
         with Client(engine.address, timeout=120) as client:
             stats = client.cache_stats()
             assert (stats["disk_entries"], stats["damaged_files"]) == (2, damaged)
-            second = first + [{"role": "assistant", "content": r1.text},
-                              {"role": "user", "content": user_message(0, 1)}]
+            second = first + [
+                {"role": "assistant", "content": r1.text},
+                {"role": "user", "content": user_message(0, 1)},
+            ]
             r2 = chat(client, second)
             assert r2.usage.cached_tokens >= r1.usage.prompt_tokens - 16
             assert r2.restore.kind in ("entry", "reply", "final")

@@ -97,8 +97,9 @@ def test_eight_concurrent_streams_match_their_solo_output(engine, stub):
     prompts = [[(i * 37 + j * 11) % 2000 + 10 for j in range(8 + 5 * i)] for i in range(8)]
     solo = [collect(stub, request(prompt_ids=p, max_tokens=16))[0] for p in prompts]
     with ThreadPoolExecutor(8) as pool:
-        together = list(pool.map(lambda p: collect(stub, request(prompt_ids=p, max_tokens=16))[0],
-                                 prompts))
+        together = list(
+            pool.map(lambda p: collect(stub, request(prompt_ids=p, max_tokens=16))[0], prompts)
+        )
     assert together == solo
 
 
@@ -141,12 +142,15 @@ def test_bad_input_is_invalid_argument(stub, name, req, needle):
     assert len(ids) >= 1
 
 
-@pytest.mark.parametrize("tools_json,needle", [
-    ("{not json", "json"),
-    ('{"type": "function"}', "list"),
-    ('[{"type": "function", "function": {"description": "x"}}]', "name"),
-    ('["just a string"]', "object"),
-])
+@pytest.mark.parametrize(
+    "tools_json,needle",
+    [
+        ("{not json", "json"),
+        ('{"type": "function"}', "list"),
+        ('[{"type": "function", "function": {"description": "x"}}]', "name"),
+        ('["just a string"]', "object"),
+    ],
+)
 def test_malformed_tools_are_invalid_argument(stub, tools_json, needle):
     req = request(messages=[{"role": "user", "content": "hello"}])
     req.tools_json = tools_json
@@ -157,11 +161,27 @@ def test_malformed_tools_are_invalid_argument(stub, tools_json, needle):
 
 
 def test_chat_messages_with_tools_and_sampling(stub):
-    tools = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
-              "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
-    req = request(messages=[{"role": "system", "content": "You are terse."},
-                            {"role": "user", "content": "Read setup.py"}],
-                  max_tokens=8, temperature=0.8, top_p=0.9, top_k=50, seed=7)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "read_file",
+                "description": "Read a file",
+                "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+            },
+        }
+    ]
+    req = request(
+        messages=[
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Read setup.py"},
+        ],
+        max_tokens=8,
+        temperature=0.8,
+        top_p=0.9,
+        top_k=50,
+        seed=7,
+    )
     req.tools_json = json.dumps(tools)
     a = collect(stub, req)
     b = collect(stub, req)
@@ -173,21 +193,26 @@ def test_stop_strings_and_stop_token_ids(stub):
     ids, text, _ = collect(stub, request(prompt_ids=PROMPTS[1], max_tokens=12))
     assert len(ids) >= 4
     stop_id = ids[2]
-    ids2, _, final = collect(stub, request(prompt_ids=PROMPTS[1], max_tokens=12,
-                                           stop_token_ids=[stop_id]))
+    ids2, _, final = collect(
+        stub, request(prompt_ids=PROMPTS[1], max_tokens=12, stop_token_ids=[stop_id])
+    )
     assert final.finish_reason == "stop" and ids2 == ids[: ids.index(stop_id)]
     if len(text) > 6:
         needle = text[3:6]
-        _, text3, final3 = collect(stub, request(prompt_ids=PROMPTS[1], max_tokens=12,
-                                                 stop=[needle]))
+        _, text3, final3 = collect(
+            stub, request(prompt_ids=PROMPTS[1], max_tokens=12, stop=[needle])
+        )
         assert final3.finish_reason == "stop" and needle not in text3
         assert text.startswith(text3)
 
 
 def test_long_prompt_streams_prefill_progress(stub):
     req = request(prompt_ids=[(i * 7) % 1500 + 20 for i in range(700)], max_tokens=2)
-    progress = [ev.progress for ev in stub.Generate(req, timeout=120)
-                if ev.WhichOneof("event") == "progress"]
+    progress = [
+        ev.progress
+        for ev in stub.Generate(req, timeout=120)
+        if ev.WhichOneof("event") == "progress"
+    ]
     assert progress, "no prefill progress for a 700-token prompt"
     assert all(p.total == 700 for p in progress)
     assert [p.done for p in progress] == sorted(p.done for p in progress)
@@ -201,8 +226,9 @@ def test_health_and_reflection(engine):
         h = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""))
         assert h.status == health_pb2.HealthCheckResponse.SERVING
         stub = reflection_pb2_grpc.ServerReflectionStub(ch)
-        replies = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(
-            list_services="")]))
+        replies = stub.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+        )
         names = [s.name for r in replies for s in r.list_services_response.service]
         assert "lineage.v1.Engine" in names
 

@@ -412,7 +412,10 @@ def test_wrong_snapshot_is_caught_or_visible():
         restore(layers, at40, 20)
     wrong = restore(layers, dataclasses.replace(at40, length=20), 20)
     right = restore(layers, at20, 20)
-    diff = lambda c: float(mx.abs(model(mx.array([tokens[20:]]), cache=c)[0, -1] - cold).max())
+
+    def diff(c):
+        return float(mx.abs(model(mx.array([tokens[20:]]), cache=c)[0, -1] - cold).max())
+
     assert diff(right) <= 1e-4 < 1e-2 < diff(wrong)
 
 

@@ -16,10 +16,12 @@ from engine.config import CacheConfig, EngineConfig, ModelConfig
 
 
 def make_engine(cache_dir, **cache) -> LocalEngine:
-    return LocalEngine(EngineConfig(
-        model=ModelConfig(prefill_step_size=128),
-        cache=CacheConfig(cache_dir=str(cache_dir), ram_budget=1 << 30, **cache),
-    ))
+    return LocalEngine(
+        EngineConfig(
+            model=ModelConfig(prefill_step_size=128),
+            cache=CacheConfig(cache_dir=str(cache_dir), ram_budget=1 << 30, **cache),
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +77,9 @@ def test_merge_leaves_room_so_prefill_writes_in_place(local):
     assert kv and all(c.keys.shape[2] >= n + 100 and c._idx == n for c in kv)
 
 
-def test_layer_timer_logs_per_layer_only_while_the_flag_file_exists(model_cache_dir, tmp_path,
-                                                                     caplog):
+def test_layer_timer_logs_per_layer_only_while_the_flag_file_exists(
+    model_cache_dir, tmp_path, caplog
+):
     flag = tmp_path / "time-layers"
     local = make_engine(model_cache_dir, layer_timer_flag=str(flag), layer_timer_requests=1)
     n_layers = len(local.model.layers)

@@ -10,13 +10,23 @@ import ray
 
 from engine.cache.manager import CacheManager
 from engine.config import CacheConfig
-from engine.messages import AnchorCommit, CacheStatsSnapshot, Commit, Orders, PlanRequest, Release, RestorePlan
+from engine.messages import (
+    AnchorCommit,
+    CacheStatsSnapshot,
+    Commit,
+    Orders,
+    PlanRequest,
+    Release,
+    RestorePlan,
+)
 
 
 @ray.remote(num_cpus=0)
 class CacheManagerActor:
     def __init__(self, config: CacheConfig, fingerprint: str, has_state_layers: bool):
-        self.manager = CacheManager(config, fingerprint=fingerprint, has_state_layers=has_state_layers)
+        self.manager = CacheManager(
+            config, fingerprint=fingerprint, has_state_layers=has_state_layers
+        )
 
     def plan(self, req: PlanRequest) -> RestorePlan:
         return self.manager.plan(req)

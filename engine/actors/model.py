@@ -44,7 +44,9 @@ def resolve_model_path(config: EngineConfig) -> Path:
     if config.model.path:
         path = Path(config.model.path).expanduser()
         if not (path / "config.json").exists():
-            raise ValueError(f"--model {path}: no config.json there (not an mlx-lm model directory)")
+            raise ValueError(
+                f"--model {path}: no config.json there (not an mlx-lm model directory)"
+            )
         return path
     from engine.tiny_models import ensure_default_model
 
@@ -70,7 +72,9 @@ def load_model(config: EngineConfig):
         model_type=str(raw.get("model_type", "")),
         vocab_size=int(raw.get("vocab_size") or len(tokenizer._tokenizer)),
         max_context=max_context,
-        fingerprint=model_fingerprint(path, dtype, config.model.kv_bits, config.model.kv_group_size),
+        fingerprint=model_fingerprint(
+            path, dtype, config.model.kv_bits, config.model.kv_group_size
+        ),
         has_state_layers=any(k != "append" for k in kinds),
         eos_token_ids=tuple(sorted(int(t) for t in tokenizer.eos_token_ids)),
     )
@@ -156,13 +160,15 @@ class ModelActor:
         done: queue.SimpleQueue = queue.SimpleQueue()
 
         def read(g) -> None:
-            done.put({
-                "entries": len(g.tier.entries),
-                "ram_bytes": g.tier.nbytes,
-                "active": len(g.active),
-                "pool_clears": g.bg.pool.count,
-                "disk": g.tier.disk.stats() if g.tier.disk is not None else None,
-            })
+            done.put(
+                {
+                    "entries": len(g.tier.entries),
+                    "ram_bytes": g.tier.nbytes,
+                    "active": len(g.active),
+                    "pool_clears": g.bg.pool.count,
+                    "disk": g.tier.disk.stats() if g.tier.disk is not None else None,
+                }
+            )
 
         self.inbox.put(read)
         return done.get(timeout=30)
@@ -176,10 +182,14 @@ class ModelActor:
             from engine.store import RamTier
 
             self.generator = Generator(
-                model, tokenizer, self.config,
+                model,
+                tokenizer,
+                self.config,
                 RamTier(self.info_value.has_state_layers, disk_store(self.config, self.info_value)),
-                send_commit=self._send_commit, send_release=self._send_release,
-                replica=self.replica, send_anchor=self._send_anchor,
+                send_commit=self._send_commit,
+                send_release=self._send_release,
+                replica=self.replica,
+                send_anchor=self._send_anchor,
             )
         except BaseException as e:  # reported by __init__
             self.error = e

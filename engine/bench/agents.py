@@ -103,8 +103,10 @@ def oracle_lengths(steps, prompts, stored) -> list[int]:
     """
     out = []
     for i, prompt in enumerate(prompts):
-        best = max((common_prefix(prompt, stored[j]) for j in range(len(prompts))
-                    if steps[j] < steps[i]), default=0)
+        best = max(
+            (common_prefix(prompt, stored[j]) for j in range(len(prompts)) if steps[j] < steps[i]),
+            default=0,
+        )
         out.append(max(0, min(best, len(prompt) - 1)))
     return out
 
@@ -140,8 +142,9 @@ class PromptIds:
             lead += 1
         if not lead or messages[-1]["role"] != "user":
             return 0
-        text = self.builder.render(messages[:lead] + [{"role": "user", "content": ""}], tools,
-                                   add_generation_prompt=False)
+        text = self.builder.render(
+            messages[:lead] + [{"role": "user", "content": ""}], tools, add_generation_prompt=False
+        )
         head = self.tokenizer.encode(text, add_special_tokens=False)
         end = next((i for i, (a, b) in enumerate(zip(head, prompt.tolist())) if a != b), 0)
         return end if 0 < end < len(prompt) else 0
@@ -181,8 +184,14 @@ def _send(client, spec, messages, tools, seed):
     from clients.client import Chunk, Final
 
     ids, texts, chunks, final = [], [], 0, None
-    stream = client.stream(messages=messages, tools=list(tools), max_tokens=spec.max_tokens,
-                           namespace=spec.namespace, temperature=0.0, seed=seed)
+    stream = client.stream(
+        messages=messages,
+        tools=list(tools),
+        max_tokens=spec.max_tokens,
+        namespace=spec.namespace,
+        temperature=0.0,
+        seed=seed,
+    )
     for event in stream:
         if isinstance(event, Chunk):
             ids += event.ids
@@ -196,8 +205,9 @@ def _send(client, spec, messages, tools, seed):
     return ids, "".join(texts), final
 
 
-def run_engine(mode: str, traffic: Traffic, opts: BenchOptions, ids: PromptIds,
-               cache_dir: str) -> PolicyRun:
+def run_engine(
+    mode: str, traffic: Traffic, opts: BenchOptions, ids: PromptIds, cache_dir: str
+) -> PolicyRun:
     """The traffic against a fresh engine in cache mode `mode` (Ray must be initialized)."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -210,12 +220,17 @@ def run_engine(mode: str, traffic: Traffic, opts: BenchOptions, ids: PromptIds,
         server=ServerConfig(port=0),
     )
     files = _FilesSeen(cache_dir)
-    with _served(config) as address, Client(address, timeout=600) as client, \
-            ThreadPoolExecutor(max(1, traffic.agents)) as pool:
+    with (
+        _served(config) as address,
+        Client(address, timeout=600) as client,
+        ThreadPoolExecutor(max(1, traffic.agents)) as pool,
+    ):
 
         def serve(batch):
-            futures = [pool.submit(_send, client, spec, messages, traffic.tools, opts.seed)
-                       for spec, messages, _ in batch]
+            futures = [
+                pool.submit(_send, client, spec, messages, traffic.tools, opts.seed)
+                for spec, messages, _ in batch
+            ]
             for (spec, _, prompt), future in zip(batch, futures):
                 got, text, final = future.result()
                 done = final is not None and final.finish_reason != "cancelled"
@@ -223,7 +238,8 @@ def run_engine(mode: str, traffic: Traffic, opts: BenchOptions, ids: PromptIds,
                 if final is not None and final.usage.prompt_tokens != len(prompt):
                     raise RuntimeError(
                         f"{mode}: request {spec.rid} has {final.usage.prompt_tokens} prompt "
-                        f"tokens on the server, {len(prompt)} rendered here")
+                        f"tokens on the server, {len(prompt)} rendered here"
+                    )
                 if done:
                     ob.cached, ob.ttft_ms = final.usage.cached_tokens, final.timing.ttft_ms
                     ob.restore, ob.restore_length = final.restore.kind, final.restore.length
@@ -231,9 +247,12 @@ def run_engine(mode: str, traffic: Traffic, opts: BenchOptions, ids: PromptIds,
 
         def sample():
             s = client.cache_stats()
-            return {"ram_bytes": s["ram_bytes"], "disk_bytes": s["disk_bytes"],
-                    "evictions": s["evictions"],
-                    "disk_bytes_written": s.get("disk_bytes_written", files.written())}
+            return {
+                "ram_bytes": s["ram_bytes"],
+                "disk_bytes": s["disk_bytes"],
+                "evictions": s["evictions"],
+                "disk_bytes_written": s.get("disk_bytes_written", files.written()),
+            }
 
         return _drive(mode, traffic, ids, serve, sample)
 
@@ -319,7 +338,7 @@ def run_mlx_lm(traffic: Traffic, opts: BenchOptions, ids: PromptIds) -> PolicyRu
 
     def serve(batch):
         admitted = []
-        for spec, messages, prompt in batch:
+        for _spec, _messages, prompt in batch:
             t = time.perf_counter()
             kind = _mlx_lm_kind(lru, key, prompt.tolist())
             cache, rest = lru.fetch_nearest_cache(key, prompt.tolist())
@@ -332,8 +351,9 @@ def run_mlx_lm(traffic: Traffic, opts: BenchOptions, ids: PromptIds) -> PolicyRu
             end = ids.system_end(messages, traffic.tools, prompt)
             if cached < end:
                 _prefill(model, cache, prompt[cached:end].tolist(), opts.prefill_step_size)
-                lru.insert_cache(key, prompt[:end].tolist(), copy.deepcopy(cache),
-                                 cache_type="system")
+                lru.insert_cache(
+                    key, prompt[:end].tolist(), copy.deepcopy(cache), cache_type="system"
+                )
                 rest = prompt[end:].tolist()
             limit = spec.drop_after or spec.max_tokens
             got, first_at = _decode(model, cache, rest, limit, eos, opts.prefill_step_size)
@@ -341,13 +361,30 @@ def run_mlx_lm(traffic: Traffic, opts: BenchOptions, ids: PromptIds) -> PolicyRu
             if done:
                 lru.insert_cache(key, prompt.tolist() + got[:-1], cache, cache_type="assistant")
             reply = [g for g in got if g not in eos]
-            yield (Observed(spec.rid, spec.step, spec.lane, spec.kind, prompt, reply, done,
-                            cached, kind, cached, (fetch_s + first_at - t) * 1000),
-                   tokenizer.decode(reply))
+            yield (
+                Observed(
+                    spec.rid,
+                    spec.step,
+                    spec.lane,
+                    spec.kind,
+                    prompt,
+                    reply,
+                    done,
+                    cached,
+                    kind,
+                    cached,
+                    (fetch_s + first_at - t) * 1000,
+                ),
+                tokenizer.decode(reply),
+            )
 
     def sample():
-        return {"ram_bytes": lru.nbytes, "disk_bytes": 0, "disk_bytes_written": 0,
-                "evictions": evictions[0]}
+        return {
+            "ram_bytes": lru.nbytes,
+            "disk_bytes": 0,
+            "disk_bytes_written": 0,
+            "evictions": evictions[0],
+        }
 
     return _drive("mlx_lm", traffic, ids, serve, sample)
 
@@ -372,7 +409,7 @@ def _prefill(model, cache, tokens: list, step: int) -> None:
     import mlx.core as mx
 
     for i in range(0, len(tokens), step):
-        model(mx.array(tokens[i:i + step])[None], cache=cache)
+        model(mx.array(tokens[i : i + step])[None], cache=cache)
         mx.eval([c.state for c in cache])
 
 
@@ -424,10 +461,19 @@ def summarize(run: PolicyRun) -> dict:
         "restore_kinds": dict(sorted(Counter(o.restore for o, _ in done).items())),
         "wall_s": round(run.wall_s, 2),
         "per_request": [
-            {"rid": o.rid, "step": o.step, "lane": o.lane, "kind": o.kind,
-             "prompt_tokens": len(o.prompt), "cached_tokens": o.cached, "oracle": n,
-             "restore": o.restore, "restore_length": o.restore_length,
-             "ttft_ms": round(o.ttft_ms, 2), "completed": o.completed}
+            {
+                "rid": o.rid,
+                "step": o.step,
+                "lane": o.lane,
+                "kind": o.kind,
+                "prompt_tokens": len(o.prompt),
+                "cached_tokens": o.cached,
+                "oracle": n,
+                "restore": o.restore,
+                "restore_length": o.restore_length,
+                "ttft_ms": round(o.ttft_ms, 2),
+                "completed": o.completed,
+            }
             for o, n in zip(obs, oracle)
         ],
     }
@@ -437,12 +483,17 @@ def format_table(report: dict) -> str:
     """The side-by-side table, then where lineage falls short of the oracle."""
     t = report["traffic"]
     lines = [
-        (f"agents traffic: scale {t['scale']}, {t['agents']} agents, {t['requests']} requests in "
-         f"{t['steps']} steps, {t['sessions']} sessions, prefix ~{t['prefix_tokens_estimate']} "
-         f"estimated tokens; oracle {report['oracle']['cached_tokens']} cached tokens"),
-        (f"{'policy':<8} {'cached':>8} {'oracle%':>8} {'ttft p50':>9} {'ttft p90':>9} "
-         f"{'prefill':>8} {'ram MB':>8} {'disk MB':>8} {'evict':>6} {'disk B/turn':>11}  "
-         f"restore kinds"),
+        (
+            f"agents traffic: scale {t['scale']}, {t['agents']} agents, "
+            f"{t['requests']} requests in "
+            f"{t['steps']} steps, {t['sessions']} sessions, prefix ~{t['prefix_tokens_estimate']} "
+            f"estimated tokens; oracle {report['oracle']['cached_tokens']} cached tokens"
+        ),
+        (
+            f"{'policy':<8} {'cached':>8} {'oracle%':>8} {'ttft p50':>9} {'ttft p90':>9} "
+            f"{'prefill':>8} {'ram MB':>8} {'disk MB':>8} {'evict':>6} {'disk B/turn':>11}  "
+            f"restore kinds"
+        ),
     ]
     for name, p in report["policies"].items():
         kinds = " ".join(f"{k}={v}" for k, v in p["restore_kinds"].items())
@@ -450,18 +501,24 @@ def format_table(report: dict) -> str:
             f"{name:<8} {p['cached_tokens']:>8} {p['oracle_fraction']:>8.1%} "
             f"{p['ttft_ms_p50']:>9.1f} {p['ttft_ms_p90']:>9.1f} {p['prefill_tokens']:>8} "
             f"{p['ram_bytes'] / 1e6:>8.1f} {p['disk_bytes'] / 1e6:>8.1f} {p['evictions']:>6} "
-            f"{p['disk_bytes_per_turn']:>11.0f}  {kinds}")
+            f"{p['disk_bytes_per_turn']:>11.0f}  {kinds}"
+        )
     lineage = report["policies"].get("lineage")
     if lineage:
-        short = [r for r in lineage["per_request"] if r["completed"]
-                 and r["cached_tokens"] < r["oracle"]]
-        lines.append(f"lineage below the oracle on {len(short)} requests "
-                     f"({sum(r['oracle'] - r['cached_tokens'] for r in short)} tokens):")
+        short = [
+            r for r in lineage["per_request"] if r["completed"] and r["cached_tokens"] < r["oracle"]
+        ]
+        lines.append(
+            f"lineage below the oracle on {len(short)} requests "
+            f"({sum(r['oracle'] - r['cached_tokens'] for r in short)} tokens):"
+        )
         for r in sorted(short, key=lambda r: r["cached_tokens"] - r["oracle"])[:12]:
-            lines.append(f"  request {r['rid']:>3} step {r['step']:>2} lane {r['lane']} "
-                         f"{r['kind']:<11} prompt {r['prompt_tokens']:>6} cached "
-                         f"{r['cached_tokens']:>6} oracle {r['oracle']:>6} "
-                         f"restore {r['restore']}@{r['restore_length']}")
+            lines.append(
+                f"  request {r['rid']:>3} step {r['step']:>2} lane {r['lane']} "
+                f"{r['kind']:<11} prompt {r['prompt_tokens']:>6} cached "
+                f"{r['cached_tokens']:>6} oracle {r['oracle']:>6} "
+                f"restore {r['restore']}@{r['restore_length']}"
+            )
     return "\n".join(lines)
 
 
@@ -474,50 +531,85 @@ def plot(report: dict, path: str) -> None:
 
     names = list(report["policies"])
     colors = dict(zip(POLICIES, ["#1b7837", "#2166ac", "#b2182b", "#e08214"]))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(15, 5.5),
-                                      gridspec_kw={"width_ratios": [2.3, 1]})
+    fig, (left, right) = plt.subplots(
+        1, 2, figsize=(15, 5.5), gridspec_kw={"width_ratios": [2.3, 1]}
+    )
     oracle = {r["rid"]: r for r in report["policies"][names[0]]["per_request"]}
     x = sorted(r for r in oracle if oracle[r]["completed"])
-    left.bar(x, [oracle[r]["oracle"] / oracle[r]["prompt_tokens"] for r in x], width=0.9,
-             color="0.87", label="oracle")
+    left.bar(
+        x,
+        [oracle[r]["oracle"] / oracle[r]["prompt_tokens"] for r in x],
+        width=0.9,
+        color="0.87",
+        label="oracle",
+    )
     # Drawn back to front, lineage on top; small x offsets keep equal values visible.
     order = sorted(names, key=lambda n: n == "lineage")
     for i, name in enumerate(order):
         rows = [r for r in report["policies"][name]["per_request"] if r["completed"]]
         dx = (i - (len(order) - 1) / 2) * 0.12
-        left.plot([r["rid"] + dx for r in rows],
-                  [r["cached_tokens"] / r["prompt_tokens"] for r in rows],
-                  "o-" if name == "lineage" else "o:", ms=4 if name == "lineage" else 3,
-                  lw=1.6 if name == "lineage" else 0.9, color=colors.get(name), label=name)
-    left.set(xlabel="request (traffic order; concurrent requests share a step)",
-             ylabel="cached / prompt tokens", ylim=(-0.03, 1.03),
-             title="cached fraction per request (grey: the oracle)")
+        left.plot(
+            [r["rid"] + dx for r in rows],
+            [r["cached_tokens"] / r["prompt_tokens"] for r in rows],
+            "o-" if name == "lineage" else "o:",
+            ms=4 if name == "lineage" else 3,
+            lw=1.6 if name == "lineage" else 0.9,
+            color=colors.get(name),
+            label=name,
+        )
+    left.set(
+        xlabel="request (traffic order; concurrent requests share a step)",
+        ylabel="cached / prompt tokens",
+        ylim=(-0.03, 1.03),
+        title="cached fraction per request (grey: the oracle)",
+    )
     handles, labels = left.get_legend_handles_labels()
-    left.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 1.07), ncol=5,
-                fontsize=9, frameon=False)
+    left.legend(
+        handles,
+        labels,
+        loc="lower center",
+        bbox_to_anchor=(0.5, 1.07),
+        ncol=5,
+        fontsize=9,
+        frameon=False,
+    )
     left.grid(alpha=0.3)
-    data = [[max(r["ttft_ms"], 0.1) for r in report["policies"][n]["per_request"]
-             if r["completed"]] for n in names]
-    box = right.boxplot(data, orientation="horizontal", whis=(0, 100), patch_artist=True,
-                        widths=0.5)
+    data = [
+        [max(r["ttft_ms"], 0.1) for r in report["policies"][n]["per_request"] if r["completed"]]
+        for n in names
+    ]
+    box = right.boxplot(
+        data, orientation="horizontal", whis=(0, 100), patch_artist=True, widths=0.5
+    )
     for patch, name in zip(box["boxes"], names):
         patch.set_facecolor(colors.get(name, "0.7"))
         patch.set_alpha(0.55)
     for i, (name, values) in enumerate(zip(names, data), start=1):
-        right.scatter(values, i + np.linspace(-0.12, 0.12, len(values)), s=7, color="k",
-                      alpha=0.45, zorder=3)
+        right.scatter(
+            values, i + np.linspace(-0.12, 0.12, len(values)), s=7, color="k", alpha=0.45, zorder=3
+        )
         p = report["policies"][name]
-        right.annotate(f"p50 {p['ttft_ms_p50']:.0f} ms, p90 {p['ttft_ms_p90']:.0f} ms",
-                       (0.99, i + 0.38), xycoords=("axes fraction", "data"), ha="right",
-                       fontsize=8)
+        right.annotate(
+            f"p50 {p['ttft_ms_p50']:.0f} ms, p90 {p['ttft_ms_p90']:.0f} ms",
+            (0.99, i + 0.38),
+            xycoords=("axes fraction", "data"),
+            ha="right",
+            fontsize=8,
+        )
     right.set_yticks(range(1, len(names) + 1), names)
-    right.set(xscale="log", xlabel="time to first token (ms, log scale)",
-              title="time to first token", ylim=(0.5, len(names) + 0.6))
+    right.set(
+        xscale="log",
+        xlabel="time to first token (ms, log scale)",
+        title="time to first token",
+        ylim=(0.5, len(names) + 0.6),
+    )
     right.grid(alpha=0.3, axis="x")
     t = report["traffic"]
     summary = ", ".join(f"{n} {report['policies'][n]['oracle_fraction']:.0%}" for n in names)
-    fig.suptitle(f"lineage bench agents: scale {t['scale']}, {t['agents']} agents, "
-                 f"{t['requests']} requests; cached tokens / oracle: {summary}")
+    fig.suptitle(
+        f"lineage bench agents: scale {t['scale']}, {t['agents']} agents, "
+        f"{t['requests']} requests; cached tokens / oracle: {summary}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -548,8 +640,10 @@ def run_bench(opts: BenchOptions) -> dict:
         shutil.rmtree(work, ignore_errors=True)
     policies = {name: summarize(run) for name, run in runs.items()}
     first = next(iter(policies.values()))
-    replies = {name: {o.rid: o.completion for o in run.observed if o.completed}
-               for name, run in runs.items()}
+    replies = {
+        name: {o.rid: o.completion for o in run.observed if o.completed}
+        for name, run in runs.items()
+    }
     base = next(iter(replies.values()))
     return {
         "traffic": traffic.summary(),
@@ -559,25 +653,38 @@ def run_bench(opts: BenchOptions) -> dict:
             "cached_tokens": policies.get("lineage", first)["oracle_cached_tokens"],
             "per_policy": {n: p["oracle_cached_tokens"] for n, p in policies.items()},
             # Replies are the model's own: a policy whose replies differ has its own oracle.
-            "replies_differ": [n for n, r in replies.items()
-                               if any(r.get(k, v) != v for k, v in base.items())],
+            "replies_differ": [
+                n for n, r in replies.items() if any(r.get(k, v) != v for k, v in base.items())
+            ],
         },
         "policies": policies,
     }
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--scale", type=float, default=1.0,
-                        help="shrink the traffic (prefix size, sessions, turns, agents); 1.0: "
-                             "~10k-token prefix, 4 agents")
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="shrink the traffic (prefix size, sessions, turns, agents); 1.0: "
+        "~10k-token prefix, 4 agents",
+    )
     parser.add_argument("--agents", type=int, help="parallel sub-agents (default: from --scale)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--model", metavar="PATH", help="model directory (default: the embedded "
-                        "tiny model)")
-    parser.add_argument("--ram-budget", metavar="SIZE", help="RAM budget of every policy "
-                        "(default: the engine's, 48G capped at half the machine's memory)")
-    parser.add_argument("--policies", default=",".join(POLICIES),
-                        help=f"comma-separated subset of {','.join(POLICIES)}")
+    parser.add_argument(
+        "--model", metavar="PATH", help="model directory (default: the embedded tiny model)"
+    )
+    parser.add_argument(
+        "--ram-budget",
+        metavar="SIZE",
+        help="RAM budget of every policy "
+        "(default: the engine's, 48G capped at half the machine's memory)",
+    )
+    parser.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help=f"comma-separated subset of {','.join(POLICIES)}",
+    )
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="write the figure (matplotlib)")
 
@@ -591,11 +698,20 @@ def options_from_args(args) -> BenchOptions:
         from engine.tiny_models import ensure_default_model
 
         model = str(ensure_default_model())
-    budget = (parse_bytes(args.ram_budget) if args.ram_budget
-              else EngineConfig.from_sources({}, {}).cache.ram_budget)
+    budget = (
+        parse_bytes(args.ram_budget)
+        if args.ram_budget
+        else EngineConfig.from_sources({}, {}).cache.ram_budget
+    )
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
-    return BenchOptions(model=model, scale=args.scale, agents=args.agents, seed=args.seed,
-                        ram_budget=budget, policies=policies)
+    return BenchOptions(
+        model=model,
+        scale=args.scale,
+        agents=args.agents,
+        seed=args.seed,
+        ram_budget=budget,
+        policies=policies,
+    )
 
 
 def run(args) -> int:
@@ -607,8 +723,12 @@ def run(args) -> int:
 
         if not ray.is_initialized():
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-            ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False,
-                     configure_logging=False, log_to_driver=False)
+            ray.init(
+                num_cpus=os.cpu_count() or 2,
+                include_dashboard=False,
+                configure_logging=False,
+                log_to_driver=False,
+            )
             started = True
     try:
         report = run_bench(opts)

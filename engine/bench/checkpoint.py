@@ -41,20 +41,29 @@ def run_bench(config, lengths=(1024, 8192), seed: int = 0) -> dict:
 
     engine = LocalEngine(config)
     rows = [measure(engine, n, seed) for n in lengths]
-    return {"model": engine.info.path, "rows": rows,
-            "checkpoint_bytes_equal": len({tuple(r["checkpoint_bytes"]) for r in rows}) == 1}
+    return {
+        "model": engine.info.path,
+        "rows": rows,
+        "checkpoint_bytes_equal": len({tuple(r["checkpoint_bytes"]) for r in rows}) == 1,
+    }
 
 
 def report(out: dict) -> str:
-    lines = [f"model {out['model']}",
-             f"{'tokens':>7} {'entry bytes':>13} {'kv bytes':>13} {'checkpoint bytes':>17} "
-             f"{'checkpoint/entry':>17}"]
+    lines = [
+        f"model {out['model']}",
+        f"{'tokens':>7} {'entry bytes':>13} {'kv bytes':>13} {'checkpoint bytes':>17} "
+        f"{'checkpoint/entry':>17}",
+    ]
     for r in out["rows"]:
         ck = r["checkpoint_bytes"][0] if r["checkpoint_bytes"] else 0
-        lines.append(f"{r['tokens']:>7} {r['entry_bytes']:>13,} {r['kv_bytes']:>13,} {ck:>17,} "
-                     f"{ck / r['entry_bytes']:>17.4f}")
-    lines.append("checkpoint bytes equal at every length: "
-                 + ("yes" if out["checkpoint_bytes_equal"] else "NO"))
+        lines.append(
+            f"{r['tokens']:>7} {r['entry_bytes']:>13,} {r['kv_bytes']:>13,} {ck:>17,} "
+            f"{ck / r['entry_bytes']:>17.4f}"
+        )
+    lines.append(
+        "checkpoint bytes equal at every length: "
+        + ("yes" if out["checkpoint_bytes_equal"] else "NO")
+    )
     return "\n".join(lines)
 
 

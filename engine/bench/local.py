@@ -37,19 +37,29 @@ class LocalEngine:
         self.config = config
         self.model, self.tokenizer, self.info = load_model(config)
         # RAM tier only: a benchmark must not lock or write the user's disk cache.
-        self.manager = CacheManager(config.cache, self.info.fingerprint,
-                                    self.info.has_state_layers, disk=False)
+        self.manager = CacheManager(
+            config.cache, self.info.fingerprint, self.info.has_state_layers, disk=False
+        )
         self.tier = RamTier(self.info.has_state_layers)
         self.generator = Generator(
-            self.model, self.tokenizer, config, self.tier,
+            self.model,
+            self.tokenizer,
+            config,
+            self.tier,
             send_commit=lambda c, done: done(self.manager.commit(c)),
             send_release=lambda r: self.generator.apply_orders(self.manager.release(r)),
             send_anchor=lambda a, done: done(self.manager.commit_anchor(a)),
         )
         self._ids = itertools.count()
 
-    def run(self, tokens, max_tokens: int = 1, anchor_len: int = 0, namespace: str = "",
-            cold: bool = False) -> TurnResult:
+    def run(
+        self,
+        tokens,
+        max_tokens: int = 1,
+        anchor_len: int = 0,
+        namespace: str = "",
+        cold: bool = False,
+    ) -> TurnResult:
         """One request to completion; cold=True runs it in a namespace of its own."""
         rid = f"bench-{next(self._ids)}"
         if cold:  # a namespace of its own: nothing stored matches
@@ -60,9 +70,18 @@ class LocalEngine:
         plan = self.manager.plan(req)
         plan_ms = (time.perf_counter() - t0) * 1000
         events: list = []
-        self.generator.submit(GenerationRequest(
-            rid, namespace, tuple(int(t) for t in tokens), plan,
-            SamplingParams(max_tokens=max_tokens), received, plan_ms), events.append)
+        self.generator.submit(
+            GenerationRequest(
+                rid,
+                namespace,
+                tuple(int(t) for t in tokens),
+                plan,
+                SamplingParams(max_tokens=max_tokens),
+                received,
+                plan_ms,
+            ),
+            events.append,
+        )
         first = None
         while self.generator.busy:
             self.generator.step()

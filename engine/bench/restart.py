@@ -36,8 +36,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--cache-dir", help="cache directory (default: a temporary one)")
     parser.add_argument("--context", type=int, default=8192, help="conversation length")
     parser.add_argument("--new-tokens", type=int, default=20, help="new tokens of the next turn")
-    parser.add_argument("--decode-tokens", type=int, default=256,
-                        help="tokens decoded for the decode-under-writes figure")
+    parser.add_argument(
+        "--decode-tokens",
+        type=int,
+        default=256,
+        help="tokens decoded for the decode-under-writes figure",
+    )
     parser.add_argument("--burst", type=int, default=8, help="entry copies per writer burst")
     parser.add_argument("--rounds", type=int, default=3, help="idle/writing decode rounds")
     parser.add_argument("--json", help="write the figures to this file")
@@ -59,7 +63,10 @@ class _Engine:
         self.info = info
         self.tier = RamTier(info.has_state_layers, disk_store(config, info))
         self.generator = Generator(
-            model, tokenizer, config, self.tier,
+            model,
+            tokenizer,
+            config,
+            self.tier,
             send_commit=lambda c, done: done(self.manager.commit(c)),
             send_release=lambda r: self.generator.apply_orders(self.manager.release(r)),
         )
@@ -80,8 +87,15 @@ def _burst(store, entry, record, copies: int, first_id: int) -> None:
         store.write(entry, dataclasses.replace(record, entry_id=first_id + i))
 
 
-def run_bench(config, context: int = 8192, new_tokens: int = 20, decode_tokens: int = 256,
-              copies: int = 8, rounds: int = 3, seed: int = 0) -> dict:
+def run_bench(
+    config,
+    context: int = 8192,
+    new_tokens: int = 20,
+    decode_tokens: int = 256,
+    copies: int = 8,
+    rounds: int = 3,
+    seed: int = 0,
+) -> dict:
     import numpy as np
 
     from engine.actors.model import load_model
@@ -143,6 +157,7 @@ def run_bench(config, context: int = 8192, new_tokens: int = 20, decode_tokens: 
 
     def t(r, key: str) -> float:
         return r.final.timing[key]
+
     out = {
         "model": info.path,
         "context_tokens": len(turn),
@@ -168,24 +183,37 @@ def run_bench(config, context: int = 8192, new_tokens: int = 20, decode_tokens: 
 
 
 def report(out: dict) -> str:
-    busy = "" if out["writer_still_busy_after_decode"] else (
-        "  (the writer finished before the decode did)")
+    busy = (
+        ""
+        if out["writer_still_busy_after_decode"]
+        else ("  (the writer finished before the decode did)")
+    )
     lines = [
         f"model                  {out['model']}",
-        (f"context                {out['context_tokens']} tokens; entry file "
-         f"{out['file_bytes'] / 1e6:.1f} MB"),
+        (
+            f"context                {out['context_tokens']} tokens; entry file "
+            f"{out['file_bytes'] / 1e6:.1f} MB"
+        ),
         f"restart                header scan {out['scan_ms']:.1f} ms",
-        (f"ttft after restart     {out['restart_ttft_ms']:.1f} ms  (file load "
-         f"{out['restart_restore_ms']:.1f} ms, prefill {out['restart_prefill_ms']:.1f} ms, "
-         f"{out['restart_cached_tokens']} tokens cached)"),
-        (f"ttft cold              {out['cold_ttft_ms']:.1f} ms  "
-         f"({out['cold_to_restart']:.1f}x the restart's)"),
+        (
+            f"ttft after restart     {out['restart_ttft_ms']:.1f} ms  (file load "
+            f"{out['restart_restore_ms']:.1f} ms, prefill {out['restart_prefill_ms']:.1f} ms, "
+            f"{out['restart_cached_tokens']} tokens cached)"
+        ),
+        (
+            f"ttft cold              {out['cold_ttft_ms']:.1f} ms  "
+            f"({out['cold_to_restart']:.1f}x the restart's)"
+        ),
         f"ttft warm in RAM       {out['ram_ttft_ms']:.1f} ms  (the turn before the restart)",
-        (f"writer                 {out['writer_mb_per_s']:.0f} MB/s "
-         f"({out['writer_files']} files back to back, fsync each)"),
-        (f"decode                 {out['decode_tps_writing']:.0f} tok/s while writing, "
-         f"{out['decode_tps_idle']:.0f} idle: ratio {out['decode_ratio']:.2f} "
-         f"(medians of {out['decode_rounds']} interleaved rounds){busy}"),
+        (
+            f"writer                 {out['writer_mb_per_s']:.0f} MB/s "
+            f"({out['writer_files']} files back to back, fsync each)"
+        ),
+        (
+            f"decode                 {out['decode_tps_writing']:.0f} tok/s while writing, "
+            f"{out['decode_tps_idle']:.0f} idle: ratio {out['decode_ratio']:.2f} "
+            f"(medians of {out['decode_rounds']} interleaved rounds){busy}"
+        ),
     ]
     return "\n".join(lines)
 
@@ -199,8 +227,9 @@ def run(args) -> int:
             model=ModelConfig(path=args.model),
             cache=CacheConfig(cache_dir=str(root), ram_budget=8 << 30),
         )
-        out = run_bench(config, args.context, args.new_tokens, args.decode_tokens, args.burst,
-                        args.rounds)
+        out = run_bench(
+            config, args.context, args.new_tokens, args.decode_tokens, args.burst, args.rounds
+        )
     finally:
         if not args.cache_dir:
             shutil.rmtree(root, ignore_errors=True)

@@ -55,44 +55,113 @@ _FAMILIES = {
 }
 _PARAMS = [
     ("path", {"type": "string", "description": "Path relative to the workspace root."}),
-    ("paths", {"type": "array", "items": {"type": "string"},
-               "description": "Paths relative to the workspace root, processed in order."}),
+    (
+        "paths",
+        {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "Paths relative to the workspace root, processed in order.",
+        },
+    ),
     ("start_line", {"type": "integer", "minimum": 1, "description": "First line (1-based)."}),
     ("end_line", {"type": "integer", "minimum": 1, "description": "Last line, inclusive."}),
     ("pattern", {"type": "string", "description": "A regular expression in ripgrep syntax."}),
     ("glob", {"type": "string", "description": "Only consider files matching this glob."}),
     ("max_results", {"type": "integer", "default": 50, "description": "Stop after this many."}),
     ("timeout_s", {"type": "number", "default": 120, "description": "Seconds before giving up."}),
-    ("mode", {"type": "string", "enum": ["fast", "thorough", "dry_run"],
-              "description": "How much work to do; dry_run changes nothing."}),
-    ("format", {"type": "string", "enum": ["text", "json", "markdown"],
-                "description": "Shape of the returned content."}),
+    (
+        "mode",
+        {
+            "type": "string",
+            "enum": ["fast", "thorough", "dry_run"],
+            "description": "How much work to do; dry_run changes nothing.",
+        },
+    ),
+    (
+        "format",
+        {
+            "type": "string",
+            "enum": ["text", "json", "markdown"],
+            "description": "Shape of the returned content.",
+        },
+    ),
     ("recursive", {"type": "boolean", "default": False, "description": "Descend into folders."}),
     ("title", {"type": "string", "description": "A short, specific title."}),
     ("body", {"type": "string", "description": "Markdown body; keep it factual."}),
-    ("labels", {"type": "array", "items": {"type": "string", "enum": [
-        "bug", "enhancement", "question", "performance", "docs"]},
-        "description": "Labels to attach."}),
-    ("env", {"type": "object", "additionalProperties": {"type": "string"},
-             "description": "Extra environment variables for the command."}),
-    ("options", {"type": "object", "description": "Advanced options.", "properties": {
-        "retries": {"type": "integer", "default": 0, "description": "Retries on failure."},
-        "verbose": {"type": "boolean", "default": False, "description": "Log every step."},
-        "cwd": {"type": "string", "description": "Working directory, relative."}}}),
+    (
+        "labels",
+        {
+            "type": "array",
+            "items": {
+                "type": "string",
+                "enum": ["bug", "enhancement", "question", "performance", "docs"],
+            },
+            "description": "Labels to attach.",
+        },
+    ),
+    (
+        "env",
+        {
+            "type": "object",
+            "additionalProperties": {"type": "string"},
+            "description": "Extra environment variables for the command.",
+        },
+    ),
+    (
+        "options",
+        {
+            "type": "object",
+            "description": "Advanced options.",
+            "properties": {
+                "retries": {"type": "integer", "default": 0, "description": "Retries on failure."},
+                "verbose": {"type": "boolean", "default": False, "description": "Log every step."},
+                "cwd": {"type": "string", "description": "Working directory, relative."},
+            },
+        },
+    ),
     ("ref", {"type": "string", "description": "A branch, tag or commit hash."}),
     ("query", {"type": "string", "description": "What to look for, in plain words."}),
 ]
-_WHY = ["Use it before editing anything you have not read.",
-        "Prefer it over the shell when both would work.",
-        "It is read-only and safe to call in parallel.",
-        "It changes the workspace: say why before calling it.",
-        "Results are truncated; narrow the request instead of paging through everything.",
-        "Errors come back as text; read them before retrying."]
-_CODE = ["def {f}(self, {a}):", "    if {a} is None:", "        raise ValueError('{a} is missing')",
-         "    for item in self.{a}s:", "        total += item.size", "    return {f}_result",
-         "class {F}:", "    '''Holds the {a} of one request.'''", "import {a}", "# TODO: {f}"]
-_WORDS = ["cache", "entry", "token", "budget", "lineage", "anchor", "request", "reply", "batch",
-          "tier", "index", "plan", "commit", "restore", "prompt", "session", "config", "worker"]
+_WHY = [
+    "Use it before editing anything you have not read.",
+    "Prefer it over the shell when both would work.",
+    "It is read-only and safe to call in parallel.",
+    "It changes the workspace: say why before calling it.",
+    "Results are truncated; narrow the request instead of paging through everything.",
+    "Errors come back as text; read them before retrying.",
+]
+_CODE = [
+    "def {f}(self, {a}):",
+    "    if {a} is None:",
+    "        raise ValueError('{a} is missing')",
+    "    for item in self.{a}s:",
+    "        total += item.size",
+    "    return {f}_result",
+    "class {F}:",
+    "    '''Holds the {a} of one request.'''",
+    "import {a}",
+    "# TODO: {f}",
+]
+_WORDS = [
+    "cache",
+    "entry",
+    "token",
+    "budget",
+    "lineage",
+    "anchor",
+    "request",
+    "reply",
+    "batch",
+    "tier",
+    "index",
+    "plan",
+    "commit",
+    "restore",
+    "prompt",
+    "session",
+    "config",
+    "worker",
+]
 
 
 @dataclass(frozen=True)
@@ -142,15 +211,19 @@ class Traffic:
         """The traffic's shape, for the JSON report."""
         kinds = Counter(r.kind for r in self.requests)
         return {
-            "seed": self.seed, "scale": self.scale, "agents": self.agents,
-            "requests": len(self.requests), "steps": len(self.steps()),
+            "seed": self.seed,
+            "scale": self.scale,
+            "agents": self.agents,
+            "requests": len(self.requests),
+            "steps": len(self.steps()),
             "sessions": len({r.session for r in self.requests}),
             "prefix_tokens_estimate": estimate_tokens(self.systems["main"])
             + estimate_tokens(json.dumps(list(self.tools))),
             "tools": len(self.tools),
             "kinds": dict(sorted(kinds.items())),
-            "system_variants": dict(sorted(Counter(
-                r.system.split("@")[0] for r in self.requests).items())),
+            "system_variants": dict(
+                sorted(Counter(r.system.split("@")[0] for r in self.requests).items())
+            ),
             "dropped": sum(1 for r in self.requests if r.drop_after),
         }
 
@@ -201,7 +274,7 @@ def default_agents(scale: float) -> int:
 
 
 def make_tools(budget: int, seed: int = 0) -> list[dict]:
-    """Tool definitions (OpenAI style, realistic JSON schemas) of about `budget` estimated tokens."""
+    """Tool definitions (OpenAI style, realistic JSON schemas) of ~`budget` estimated tokens."""
     rng = random.Random(f"tools-{seed}")
     tools: list[dict] = []
     used = 2
@@ -221,16 +294,24 @@ def _tool(rng: random.Random, family: str, what: str, action: str) -> dict:
     properties = {name: schema for name, schema in params}
     required = [params[0][0]] + ([params[1][0]] if rng.random() < 0.4 else [])
     words = action.replace("_", " ")
-    description = (f"{words.capitalize()}: acts on {what}. {rng.choice(_WHY)} {rng.choice(_WHY)} "
-                   f"Returns a {rng.choice(['JSON object', 'plain-text report', 'list of matches'])}"
-                   f" describing the outcome.")
-    return {"type": "function", "function": {
-        "name": f"{family}_{action}", "description": description,
-        "parameters": {"type": "object", "properties": properties, "required": required}}}
+    description = (
+        f"{words.capitalize()}: acts on {what}. {rng.choice(_WHY)} {rng.choice(_WHY)} "
+        f"Returns a {rng.choice(['JSON object', 'plain-text report', 'list of matches'])}"
+        f" describing the outcome."
+    )
+    return {
+        "type": "function",
+        "function": {
+            "name": f"{family}_{action}",
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": required},
+        },
+    }
 
 
-def make_systems(prefix_tokens: int, tools: list[dict], seed: int = 0
-                 ) -> tuple[str, Callable[[int], str]]:
+def make_systems(
+    prefix_tokens: int, tools: list[dict], seed: int = 0
+) -> tuple[str, Callable[[int], str]]:
     """(main system text, clock(minute) -> timestamped text) filling the prefix budget.
 
     The clock text is the main text with an environment section (holding the
@@ -244,8 +325,10 @@ def make_systems(prefix_tokens: int, tools: list[dict], seed: int = 0
 
     def clock(minute: int) -> str:
         h, m = divmod(9 * 60 + minute, 60)
-        env = (f"\n## Environment\n- Current time: 2025-06-02 {h % 24:02d}:{m:02d} UTC\n"
-               f"- Working directory: /workspace/lineage\n")
+        env = (
+            f"\n## Environment\n- Current time: 2025-06-02 {h % 24:02d}:{m:02d} UTC\n"
+            f"- Working directory: /workspace/lineage\n"
+        )
         return head + env + tail + _role("scheduler")
 
     return body, clock
@@ -266,12 +349,19 @@ def _tool_result(rng: random.Random, name: str, size: int) -> str:
             if name.startswith("search_"):
                 line = f"src/{a}/{f}.py:{rng.randint(1, 900)}: {line.strip()}"
         elif name.startswith(("shell_", "tests_")):
-            line = (f"[{rng.randint(0, 59):02d}.{rng.randint(0, 999):03d}] "
-                    f"{rng.choice(['PASS', 'FAIL', 'ok', 'warning:'])} {f}_{a} "
-                    f"({rng.randint(1, 400)} ms)")
+            line = (
+                f"[{rng.randint(0, 59):02d}.{rng.randint(0, 999):03d}] "
+                f"{rng.choice(['PASS', 'FAIL', 'ok', 'warning:'])} {f}_{a} "
+                f"({rng.randint(1, 400)} ms)"
+            )
         else:
-            line = json.dumps({"id": rng.randint(1, 9999), "name": f"{f}-{a}",
-                               "state": rng.choice(["open", "closed", "merged"])})
+            line = json.dumps(
+                {
+                    "id": rng.randint(1, 9999),
+                    "name": f"{f}-{a}",
+                    "state": rng.choice(["open", "closed", "merged"]),
+                }
+            )
         lines.append(line)
         used += estimate_tokens(line)
     return "\n".join(lines)
@@ -283,8 +373,11 @@ def _tool_call(rng: random.Random, tag: str, tools: list[dict]) -> dict:
     for name, schema in fn["parameters"]["properties"].items():
         if name in fn["parameters"]["required"] or rng.random() < 0.3:
             args[name] = _argument(rng, schema)
-    return {"id": f"call_{tag}", "type": "function",
-            "function": {"name": fn["name"], "arguments": json.dumps(args)}}
+    return {
+        "id": f"call_{tag}",
+        "type": "function",
+        "function": {"name": fn["name"], "arguments": json.dumps(args)},
+    }
 
 
 def _argument(rng: random.Random, schema: dict):
@@ -306,10 +399,14 @@ def _argument(rng: random.Random, schema: dict):
 
 def _user_text(rng: random.Random, lane: int, session: int, turn: int) -> str:
     x, y = rng.choice(_WORDS), rng.choice(_WORDS)
-    task = rng.choice([f"find where the {x} {y} is computed and explain it",
-                       f"write a unit test for the {x} {y} code path",
-                       f"fix the off-by-one error in the {x} {y} loop",
-                       f"check why the {x} {y} step is slow on long prompts"])
+    task = rng.choice(
+        [
+            f"find where the {x} {y} is computed and explain it",
+            f"write a unit test for the {x} {y} code path",
+            f"fix the off-by-one error in the {x} {y} loop",
+            f"check why the {x} {y} step is slow on long prompts",
+        ]
+    )
     return f"Sub-agent {lane}, session {session}, step {turn + 1}: please {task}."
 
 
@@ -324,13 +421,25 @@ class _Builder:
     step: int
     out: list = field(default_factory=list)
 
-    def add(self, session: str, kind: str, system: str, base: str, new=(), calls=(),
-            drop_after: int = 0) -> None:
+    def add(
+        self, session: str, kind: str, system: str, base: str, new=(), calls=(), drop_after: int = 0
+    ) -> None:
         max_tokens = self.max_tokens * (8 if drop_after else 1)
-        self.out.append(RequestSpec(
-            rid=-1, step=self.step, lane=self.lane, session=session, kind=kind, system=system,
-            base=base, new_messages=tuple(new), reply_tool_calls=tuple(calls),
-            max_tokens=max_tokens, drop_after=drop_after))
+        self.out.append(
+            RequestSpec(
+                rid=-1,
+                step=self.step,
+                lane=self.lane,
+                session=session,
+                kind=kind,
+                system=system,
+                base=base,
+                new_messages=tuple(new),
+                reply_tool_calls=tuple(calls),
+                max_tokens=max_tokens,
+                drop_after=drop_after,
+            )
+        )
         self.step += 1
 
     def system_key(self, kind: str) -> str:
@@ -339,8 +448,9 @@ class _Builder:
         return kind
 
 
-def _session(b: _Builder, rng: random.Random, index: int, turns: int, kind: str,
-             event: str, event_turn: int) -> None:
+def _session(
+    b: _Builder, rng: random.Random, index: int, turns: int, kind: str, event: str, event_turn: int
+) -> None:
     """One session of lane `b.lane`: `turns` user turns with tool calls, plus one user event."""
     sid = f"a{b.lane}s{index}"
     result_size = (max(10, int(30 * b.scale)), max(20, int(2500 * b.scale)))
@@ -354,8 +464,11 @@ def _session(b: _Builder, rng: random.Random, index: int, turns: int, kind: str,
         b.add(sid, kind_, b.system_key(kind), base, [user], drop_after=drop)
         if turn == event_turn:
             if event == "edit":
-                edited = {"role": "user", "content": text.rsplit(" ", 2)[0]
-                          + f" {rng.choice(_WORDS)} path, and keep the public API unchanged."}
+                edited = {
+                    "role": "user",
+                    "content": text.rsplit(" ", 2)[0]
+                    + f" {rng.choice(_WORDS)} path, and keep the public API unchanged.",
+                }
                 b.add(sid, "edit", b.system_key(kind), "edit", [edited])
             elif event == "regenerate":
                 b.add(sid, "regenerate", b.system_key(kind), "same")
@@ -366,9 +479,12 @@ def _session(b: _Builder, rng: random.Random, index: int, turns: int, kind: str,
             call = _tool_call(rng, f"{b.lane}_{len(b.out)}", b.tools)
             lo, hi = result_size
             size = int(math.exp(rng.uniform(math.log(lo), math.log(hi))))
-            result = {"role": "tool", "tool_call_id": call["id"],
-                      "name": call["function"]["name"],
-                      "content": _tool_result(rng, call["function"]["name"], size)}
+            result = {
+                "role": "tool",
+                "tool_call_id": call["id"],
+                "name": call["function"]["name"],
+                "content": _tool_result(rng, call["function"]["name"], size),
+            }
             b.add(sid, "tool_result", b.system_key(kind), "extend", [result], calls=[call])
 
 
@@ -399,8 +515,9 @@ def build_traffic(seed: int = 0, scale: float = 1.0, agents: int | None = None) 
         b = _Builder(scale, lane, tools, max_tokens, step=0 if lane == 0 else 1)
         for j in range(sessions):
             event_turn = rng.randrange(turns)
-            _session(b, rng, j, turns, KINDS[(lane + j) % 3], EVENTS[(2 * lane + j) % 3],
-                     event_turn)
+            _session(
+                b, rng, j, turns, KINDS[(lane + j) % 3], EVENTS[(2 * lane + j) % 3], event_turn
+            )
         specs += b.out
     for spec in specs:
         if spec.system.startswith("clock@"):

@@ -60,21 +60,23 @@ def _warm_turns(engine: LocalEngine, rng, context: int, turns: int, new: int, vo
         # The same restore point the turn used is still stored (now a checkpoint
         # of the new entry, or the anchor/entry itself): time the bare forward.
         plan = _replan(engine, r)
-        uncached = prompt[r.final.restore_length:]
+        uncached = prompt[r.final.restore_length :]
         fwd = _bare_forward_ms(engine, plan, uncached)
         t = r.final.timing
-        rows.append({
-            "prompt_tokens": len(prompt),
-            "cached_tokens": r.final.cached_tokens,
-            "uncached_tokens": len(uncached),
-            "restore_kind": r.final.restore_kind,
-            "warm_ttft_ms": r.ttft_ms,
-            "forward_ms": fwd,
-            "bytes_copied_restore": t["bytes_copied_restore"],
-            "bytes_copied_commit": t["bytes_copied_commit"],
-            "restored_kv_bytes": t["restored_kv_bytes"],
-            "peak_memory_delta": peak_delta,
-        })
+        rows.append(
+            {
+                "prompt_tokens": len(prompt),
+                "cached_tokens": r.final.cached_tokens,
+                "uncached_tokens": len(uncached),
+                "restore_kind": r.final.restore_kind,
+                "warm_ttft_ms": r.ttft_ms,
+                "forward_ms": fwd,
+                "bytes_copied_restore": t["bytes_copied_restore"],
+                "bytes_copied_commit": t["bytes_copied_commit"],
+                "restored_kv_bytes": t["restored_kv_bytes"],
+                "peak_memory_delta": peak_delta,
+            }
+        )
         convo = prompt + r.ids
     return rows, prompt
 
@@ -90,8 +92,14 @@ def _replan(engine: LocalEngine, r):
     raise RuntimeError("the restore point used by the turn is gone")
 
 
-def run_bench(config, context: int = 8192, small_context: int = 1024, turns: int = 5,
-              new_tokens: int = 20, seed: int = 0) -> dict:
+def run_bench(
+    config,
+    context: int = 8192,
+    small_context: int = 1024,
+    turns: int = 5,
+    new_tokens: int = 20,
+    seed: int = 0,
+) -> dict:
     engine = LocalEngine(config)
     vocab = engine.info.vocab_size
     rng = np.random.default_rng(seed)
@@ -125,24 +133,27 @@ def run_bench(config, context: int = 8192, small_context: int = 1024, turns: int
 
 
 def report(out: dict) -> str:
-    return "\n".join([
-        f"model                 {out['model']}",
-        f"context               {out['context_tokens']} tokens, {out['turns']} turns of "
-        f"{out['new_tokens_per_turn']} new tokens (medians)",
-        f"warm ttft             {out['warm_ttft_ms']:.1f} ms",
-        f"forward (+1 decode)   {out['forward_ms']:.1f} ms",
-        f"ratio                 {out['ratio']:.2f}   (target <= 1.15)",
-        f"cold ttft             {out['cold_ttft_ms']:.1f} ms   ({out['cold_to_warm']:.1f}x warm)",
-        f"warm ttft at 1k       {out['warm_ttft_1k_ms']:.1f} ms   "
-        f"(8k/1k = {out['ratio_8k_to_1k']:.2f}, target <= 1.5; the bare forward alone "
-        f"scales {out['forward_8k_to_1k']:.2f}x: {out['forward_1k_ms']:.1f} ms at 1k)",
-        f"bytes copied/turn     restore {out['bytes_copied_restore']:.0f}, commit "
-        f"{out['bytes_copied_commit']:.0f}; restored KV {out['restored_kv_bytes']:.0f} "
-        f"(the batch merge copies it once; mlx-lm's row extraction at commit copies the "
-        f"entry's rows once more)",
-        f"peak memory delta     {out['peak_memory_delta']:.0f} bytes per warm turn",
-        f"pool clears           {out['pool_clears']}",
-    ])
+    return "\n".join(
+        [
+            f"model                 {out['model']}",
+            f"context               {out['context_tokens']} tokens, {out['turns']} turns of "
+            f"{out['new_tokens_per_turn']} new tokens (medians)",
+            f"warm ttft             {out['warm_ttft_ms']:.1f} ms",
+            f"forward (+1 decode)   {out['forward_ms']:.1f} ms",
+            f"ratio                 {out['ratio']:.2f}   (target <= 1.15)",
+            f"cold ttft             {out['cold_ttft_ms']:.1f} ms   "
+            f"({out['cold_to_warm']:.1f}x warm)",
+            f"warm ttft at 1k       {out['warm_ttft_1k_ms']:.1f} ms   "
+            f"(8k/1k = {out['ratio_8k_to_1k']:.2f}, target <= 1.5; the bare forward alone "
+            f"scales {out['forward_8k_to_1k']:.2f}x: {out['forward_1k_ms']:.1f} ms at 1k)",
+            f"bytes copied/turn     restore {out['bytes_copied_restore']:.0f}, commit "
+            f"{out['bytes_copied_commit']:.0f}; restored KV {out['restored_kv_bytes']:.0f} "
+            f"(the batch merge copies it once; mlx-lm's row extraction at commit copies the "
+            f"entry's rows once more)",
+            f"peak memory delta     {out['peak_memory_delta']:.0f} bytes per warm turn",
+            f"pool clears           {out['pool_clears']}",
+        ]
+    )
 
 
 def main(config, args) -> int:

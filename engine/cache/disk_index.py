@@ -71,15 +71,24 @@ def file_bytes(entry: Entry) -> int:
 def record(entry: Entry) -> EntryRecord:
     """The file header the model actor writes for `entry`."""
     checkpoints = tuple((n, c.kind) for n, c in sorted(entry.checkpoints.items()))
-    return EntryRecord(entry.id, entry.namespace, entry.role, entry.tokens, entry.prompt_len,
-                       checkpoints, entry.kv_bytes_per_token, entry.state_bytes)
+    return EntryRecord(
+        entry.id,
+        entry.namespace,
+        entry.role,
+        entry.tokens,
+        entry.prompt_len,
+        checkpoints,
+        entry.kv_bytes_per_token,
+        entry.state_bytes,
+    )
 
 
 class DiskIndex:
     """Files by id, entries bucketed by (namespace, first tokens), an LRU clock and a budget."""
 
-    def __init__(self, budget: int, anchor_max_entries: int = 16,
-                 anchor_max_bytes: int = 16 << 30) -> None:
+    def __init__(
+        self, budget: int, anchor_max_entries: int = 16, anchor_max_bytes: int = 16 << 30
+    ) -> None:
         self.budget = budget
         self.anchor_max_entries = anchor_max_entries
         self.anchor_max_bytes = anchor_max_bytes
@@ -141,8 +150,14 @@ class DiskIndex:
 
     # -- lookup --------------------------------------------------------------
 
-    def lookup(self, namespace: str, query: np.ndarray, has_state_layers: bool,
-               longer_than: int = 0, skip: Container[int] = ()) -> Lookup:
+    def lookup(
+        self,
+        namespace: str,
+        query: np.ndarray,
+        has_state_layers: bool,
+        longer_than: int = 0,
+        skip: Container[int] = (),
+    ) -> Lookup:
         """The longest restore point within `query` longer than `longer_than`, or COLD.
 
         Reads only the files that share the query's first DISK_MIN_TOKENS tokens
@@ -172,9 +187,10 @@ class DiskIndex:
 
     def pinned_anchors(self) -> set[int]:
         """The most recently used anchors that fit the anchor caps."""
-        anchors = sorted((f for f in self.files.values()
-                          if f.entry is not None and f.entry.role == "anchor"),
-                         key=lambda f: -f.last_used)
+        anchors = sorted(
+            (f for f in self.files.values() if f.entry is not None and f.entry.role == "anchor"),
+            key=lambda f: -f.last_used,
+        )
         out, total = set(), 0
         for f in anchors:
             if len(out) >= self.anchor_max_entries or total + f.nbytes > self.anchor_max_bytes:
@@ -201,8 +217,11 @@ class DiskIndex:
     def check(self) -> None:
         """Assert the buckets and the clock agree with the files."""
         bucketed = {i for group in self._buckets.values() for i in group}
-        expected = {i for i, f in self.files.items()
-                    if f.entry is not None and f.entry.length >= DISK_MIN_TOKENS}
+        expected = {
+            i
+            for i, f in self.files.items()
+            if f.entry is not None and f.entry.length >= DISK_MIN_TOKENS
+        }
         assert bucketed == expected, (bucketed, expected)
         for key, group in self._buckets.items():
             assert group
@@ -212,7 +231,11 @@ class DiskIndex:
             assert f.entry_id == entry_id and f.nbytes >= 0 and 0 < f.last_used <= self._clock
             assert (f.entry is None) != (f.reason == ""), f
             if f.entry is not None:
-                assert f.entry.id == entry_id and f.entry.role in ("conversation", "anchor", "snapshot")
+                assert f.entry.id == entry_id and f.entry.role in (
+                    "conversation",
+                    "anchor",
+                    "snapshot",
+                )
                 f.entry.check()
         clocks = [f.last_used for f in self.files.values()]
         assert len(set(clocks)) == len(clocks), "disk LRU clock values repeat"
@@ -233,13 +256,25 @@ def entry_of(header: files.Header) -> Entry:
     for _, kind in header.checkpoints:
         if kind not in CHECKPOINT_KINDS:
             raise ValueError(f"unknown checkpoint kind {kind!r}")
-    return Entry(header.entry_id, header.namespace, header.role, header.tokens,
-                 header.prompt_len, header.kv_bytes_per_token, header.state_bytes,
-                 {n: Checkpoint(n, kind) for n, kind in header.checkpoints})
+    return Entry(
+        header.entry_id,
+        header.namespace,
+        header.role,
+        header.tokens,
+        header.prompt_len,
+        header.kv_bytes_per_token,
+        header.state_bytes,
+        {n: Checkpoint(n, kind) for n, kind in header.checkpoints},
+    )
 
 
-def index_scan(scan: files.Scan, fingerprint: str, budget: int, anchor_max_entries: int = 16,
-               anchor_max_bytes: int = 16 << 30) -> DiskIndex:
+def index_scan(
+    scan: files.Scan,
+    fingerprint: str,
+    budget: int,
+    anchor_max_entries: int = 16,
+    anchor_max_bytes: int = 16 << 30,
+) -> DiskIndex:
     """A DiskIndex of a directory's scan: own files matchable, the others counted; LRU by mtime."""
     index = DiskIndex(budget, anchor_max_entries, anchor_max_bytes)
     index.max_id = scan.max_id
@@ -300,8 +335,13 @@ def evict_disk(disk: DiskIndex | None, index, orders) -> list[int]:
     return out
 
 
-def open_disk(directory: Path, fingerprint: str, budget: int, anchor_max_entries: int = 16,
-              anchor_max_bytes: int = 16 << 30) -> DiskIndex | None:
+def open_disk(
+    directory: Path,
+    fingerprint: str,
+    budget: int,
+    anchor_max_entries: int = 16,
+    anchor_max_bytes: int = 16 << 30,
+) -> DiskIndex | None:
     """Lock the directory, scan its headers and index them; None when another server holds it.
 
     Temporary files left by a crashed writer are removed; damaged files are
@@ -323,7 +363,14 @@ def open_disk(directory: Path, fingerprint: str, budget: int, anchor_max_entries
     for path in scan.removed_temps:
         log.info("disk tier: removed %s, left by an interrupted write", path)
     foreign = sum(f.reason == "foreign" for f in index.files.values())
-    log.info("disk tier: %d entries of this model, %d of other models, %d damaged, %.1f GB "
-             "in %s (scanned in %.2f s)", index.entries, foreign, index.damaged,
-             index.nbytes / 1e9, directory, time.perf_counter() - t0)
+    log.info(
+        "disk tier: %d entries of this model, %d of other models, %d damaged, %.1f GB "
+        "in %s (scanned in %.2f s)",
+        index.entries,
+        foreign,
+        index.damaged,
+        index.nbytes / 1e9,
+        directory,
+        time.perf_counter() - t0,
+    )
     return index

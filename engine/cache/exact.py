@@ -28,8 +28,12 @@ class ExactPolicy:
     """Plans, commits and evictions of exact mode over a shared Index."""
 
     def __init__(
-        self, config: CacheConfig, index: Index, new_id: Callable[[], int],
-        has_state_layers: bool, disk: DiskIndex | None = None,
+        self,
+        config: CacheConfig,
+        index: Index,
+        new_id: Callable[[], int],
+        has_state_layers: bool,
+        disk: DiskIndex | None = None,
     ) -> None:
         self.config = config
         self.index = index
@@ -50,8 +54,13 @@ class ExactPolicy:
         if guard > restore.length:
             captures = (CapturePoint(guard, "snapshot", self._new_id()),)
         return RestorePlan(
-            request_id, restore.entry_id, restore.length, restore.kind, captures,
-            new_entry_id=new_entry_id, store_reply=False,
+            request_id,
+            restore.entry_id,
+            restore.length,
+            restore.kind,
+            captures,
+            new_entry_id=new_entry_id,
+            store_reply=False,
         )
 
     def commit(self, c: Commit, tokens: np.ndarray, orders: OrderBook) -> None:

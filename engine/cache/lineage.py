@@ -85,8 +85,14 @@ class LineagePolicy:
             for n, kind in sorted(points.items())
         )
         return RestorePlan(
-            request_id, restore.entry_id, restore.length, restore.kind, captures,
-            new_entry_id=new_entry_id, store_reply=True, load_from_disk=from_disk,
+            request_id,
+            restore.entry_id,
+            restore.length,
+            restore.kind,
+            captures,
+            new_entry_id=new_entry_id,
+            store_reply=True,
+            load_from_disk=from_disk,
         )
 
     def _restore(self, namespace: str, query: np.ndarray) -> tuple[Lookup, bool]:
@@ -99,14 +105,25 @@ class LineagePolicy:
         if self.disk is None:
             return found, False
         held = _Held(self.index)
-        on_disk = self.disk.lookup(namespace, query, self.has_state_layers,
-                                   longer_than=found.restore.length, skip=held)
+        on_disk = self.disk.lookup(
+            namespace, query, self.has_state_layers, longer_than=found.restore.length, skip=held
+        )
         sibling = max(found.sibling_lcp, on_disk.sibling_lcp)
         if on_disk.restore.entry_id is None:
             return Lookup(found.restore, sibling), False
         entry = self.disk.entry(on_disk.restore.entry_id)
-        self.index.add(Entry(entry.id, entry.namespace, entry.role, entry.tokens, entry.prompt_len,
-                             entry.kv_bytes_per_token, entry.state_bytes, dict(entry.checkpoints)))
+        self.index.add(
+            Entry(
+                entry.id,
+                entry.namespace,
+                entry.role,
+                entry.tokens,
+                entry.prompt_len,
+                entry.kv_bytes_per_token,
+                entry.state_bytes,
+                dict(entry.checkpoints),
+            )
+        )
         return Lookup(on_disk.restore, sibling), True
 
     def _capture_points(self, namespace: str, prompt: np.ndarray, anchor_len: int, found: Lookup):
@@ -174,8 +191,15 @@ class LineagePolicy:
 
     def add_anchor(self, a, tokens: np.ndarray, orders: OrderBook) -> None:
         """Index an anchor captured mid-prefill (an AnchorCommit); a duplicate's id is freed."""
-        entry = Entry(a.entry_id, a.namespace, "anchor", tokens, len(tokens),
-                      a.kv_bytes_per_token, a.state_bytes)
+        entry = Entry(
+            a.entry_id,
+            a.namespace,
+            "anchor",
+            tokens,
+            len(tokens),
+            a.kv_bytes_per_token,
+            a.state_bytes,
+        )
         self.index.add_unique(entry, orders)
         if self.index.get(a.entry_id) is not None:
             self._persist(entry, orders)

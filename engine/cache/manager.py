@@ -42,7 +42,15 @@ from engine.cache.orders import OrderBook
 from engine.cache.tokens import as_tokens
 from engine.config import CacheConfig
 from engine.disk import entries_dir
-from engine.messages import AnchorCommit, CacheStatsSnapshot, Commit, Orders, PlanRequest, Release, RestorePlan
+from engine.messages import (
+    AnchorCommit,
+    CacheStatsSnapshot,
+    Commit,
+    Orders,
+    PlanRequest,
+    Release,
+    RestorePlan,
+)
 
 _POLICIES = {"lineage": LineagePolicy, "exact": ExactPolicy}
 
@@ -68,7 +76,10 @@ class CacheManager:
     """The cache policy behind one actor: no tensors, no locks (the actor serializes calls)."""
 
     def __init__(
-        self, config: CacheConfig, fingerprint: str = "", has_state_layers: bool = True,
+        self,
+        config: CacheConfig,
+        fingerprint: str = "",
+        has_state_layers: bool = True,
         disk: bool = True,
     ) -> None:
         """`disk=False` keeps the disk tier off (policy tests); it needs lineage mode, a
@@ -81,9 +92,13 @@ class CacheManager:
         self.index = Index()
         self.disk: DiskIndex | None = None
         if disk and config.mode != "off" and fingerprint and config.disk_budget > 0:
-            self.disk = open_disk(entries_dir(config.resolved_cache_dir, config.mode), fingerprint,
-                                  config.disk_budget, config.anchor_max_entries,
-                                  config.anchor_max_bytes)
+            self.disk = open_disk(
+                entries_dir(config.resolved_cache_dir, config.mode),
+                fingerprint,
+                config.disk_budget,
+                config.anchor_max_entries,
+                config.anchor_max_bytes,
+            )
         self._ids = itertools.count((self.disk.max_id if self.disk else 0) + 1)
         self._in_flight: dict[str, _InFlight] = {}
         self._hits: Counter[str] = Counter()
@@ -122,7 +137,10 @@ class CacheManager:
             anchor = prompt[: req.anchor_len].copy()
             capturing = self._capturing(req.namespace, anchor)
             if capturing is not None:  # another request is prefilling this anchor: wait for it
-                plan, anchor = self._waiting_plan(plan, capturing, req.anchor_len, len(prompt)), None
+                plan, anchor = (
+                    self._waiting_plan(plan, capturing, req.anchor_len, len(prompt)),
+                    None,
+                )
         if plan.load_from_disk:
             self._unread.add(plan.entry_id)
         elif plan.entry_id in self._unread:
@@ -150,16 +168,25 @@ class CacheManager:
                 return next(c.entry_id for c in flight.plan.captures if c.kind == "anchor")
         return None
 
-    def _waiting_plan(self, plan: RestorePlan, anchor_id: int, anchor_len: int,
-                      size: int) -> RestorePlan:
+    def _waiting_plan(
+        self, plan: RestorePlan, anchor_id: int, anchor_len: int, size: int
+    ) -> RestorePlan:
         """`plan` restoring from an anchor still being captured: no anchor capture of its own."""
         guard_ok = size - anchor_len >= self.config.guard_min_suffix
         captures = tuple(
-            c for c in plan.captures
+            c
+            for c in plan.captures
             if c.length > anchor_len and c.kind != "anchor" and (c.kind != "guard" or guard_ok)
         )
-        return replace(plan, entry_id=anchor_id, length=anchor_len, kind="anchor",
-                       captures=captures, load_from_disk=False, wait=True)
+        return replace(
+            plan,
+            entry_id=anchor_id,
+            length=anchor_len,
+            kind="anchor",
+            captures=captures,
+            load_from_disk=False,
+            wait=True,
+        )
 
     def commit_anchor(self, a: AnchorCommit) -> Orders:
         """Index an anchor captured mid-prefill, before its request ends (see AnchorCommit).
@@ -171,7 +198,8 @@ class CacheManager:
             return Orders()
         flight = self._in_flight.get(a.request_id)
         planned = flight is not None and any(
-            c.entry_id == a.entry_id and c.kind == "anchor" for c in flight.plan.captures)
+            c.entry_id == a.entry_id and c.kind == "anchor" for c in flight.plan.captures
+        )
         if not planned or a.entry_id in flight.committed:
             raise ValueError(f"anchor {a.entry_id} of {a.request_id!r} is not an open capture")
         orders = self._take_pending()
@@ -299,8 +327,11 @@ class CacheManager:
                 assert entry_id not in self.index and entry_id not in self.index.deferred, entry_id
                 assert self.disk is None or entry_id not in self.disk, entry_id
             source = flight.plan.entry_id
-            waiting = flight.plan.wait and source not in self.index and (
-                source not in self.index.deferred)
+            waiting = (
+                flight.plan.wait
+                and source not in self.index
+                and (source not in self.index.deferred)
+            )
             if source is not None and not waiting:
                 pins[request_id] = (flight.plan.entry_id, flight.plan.length)
         assert pins == self.index.pins, (pins, self.index.pins)
@@ -366,8 +397,15 @@ def _check_captures(c: Commit, plan: RestorePlan) -> None:
 
 def _check_config(config: CacheConfig) -> None:
     """ValueError naming the first knob the policy cannot work with."""
-    for name in ("ram_budget", "anchor_max_entries", "anchor_max_bytes", "max_checkpoints",
-                 "guard_min_suffix", "divergence_min_gain", "exact_max_entries"):
+    for name in (
+        "ram_budget",
+        "anchor_max_entries",
+        "anchor_max_bytes",
+        "max_checkpoints",
+        "guard_min_suffix",
+        "divergence_min_gain",
+        "exact_max_entries",
+    ):
         if getattr(config, name) < 0:
             raise ValueError(f"cache config {name} must be >= 0, got {getattr(config, name)}")
     if config.guard_offset < 1:

@@ -44,7 +44,10 @@ class OrderBook:
 
     def build(self) -> Orders:
         return Orders(
-            moves=tuple(self._moves), drop_checkpoints=tuple(self._drops), free=tuple(self._free),
-            write=tuple(self._writes), delete_files=tuple(self._deletes),
+            moves=tuple(self._moves),
+            drop_checkpoints=tuple(self._drops),
+            free=tuple(self._free),
+            write=tuple(self._writes),
+            delete_files=tuple(self._deletes),
             records=tuple(self._writes.values()),
         )

@@ -229,36 +229,30 @@ class ModelActor:
                 return
 
     def _send_commit(self, commit: Commit, on_orders) -> None:
-        future = self.manager.commit.remote(commit).future()
-
-        def done(f) -> None:
-            try:
-                orders = f.result()
-            except Exception:
-                log.exception("commit %s failed", commit.request_id)
-                orders = Orders()
-            self.inbox.put(lambda g: on_orders(orders))
-
-        future.add_done_callback(done)
+        self._ask_manager(self.manager.commit.remote(commit), on_orders, commit.request_id)
 
     def _send_anchor(self, anchor, on_orders) -> None:
-        future = self.manager.commit_anchor.remote(anchor).future()
+        self._ask_manager(self.manager.commit_anchor.remote(anchor), on_orders, anchor.request_id)
+
+    def _send_release(self, release: Release) -> None:
+        self._ask_manager(self.manager.release.remote(release), None, release.request_id)
+
+    def _ask_manager(self, ref, on_orders, request_id: str) -> None:
+        """Hand the manager's Orders to the loop thread when they come (never blocks it).
+
+        `on_orders` runs on the loop thread (default: apply them); a failed call
+        is logged and answered with empty Orders, so a waiting request still ends.
+        """
 
         def done(f) -> None:
             try:
                 orders = f.result()
             except Exception:
-                log.exception("anchor commit %s failed", anchor.request_id)
-                return
-            self.inbox.put(lambda g: on_orders(orders))
+                log.exception("cache manager call for %s failed", request_id)
+                orders = Orders()
+            self.inbox.put(lambda g: (on_orders or g.apply_orders)(orders))
 
-        future.add_done_callback(done)
-
-    def _send_release(self, release: Release) -> None:
-        future = self.manager.release.remote(release).future()
-        future.add_done_callback(
-            lambda f: (not f.exception()) and self.inbox.put(lambda g: g.apply_orders(f.result()))
-        )
+        ref.future().add_done_callback(done)
 
 
 def disk_store(config: EngineConfig, info: ModelInfo):

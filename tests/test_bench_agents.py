@@ -17,7 +17,8 @@ import pytest
 
 from clients.fanout import estimate_tokens
 from engine.bench import agents
-from engine.bench.agents import Observed, PolicyRun, oracle_lengths, summarize
+from engine.bench.agents import Observed, PolicyRun, oracle_lengths
+from engine.bench.report import summarize
 from engine.bench.traffic import Sessions, build_traffic
 
 _WORD = re.compile(r"\w+|[^\w\s]")

@@ -55,13 +55,11 @@ class _Active:
     copied_restore: int = 0
     copied_commit: int = 0
     taken: dict = field(default_factory=dict)  # length -> (CapturePoint, StateSnapshot)
-    early: set = field(default_factory=set)  # anchor ids stored and committed mid-prefill
     prompt_end_state: object = None
     t_prefill_end: float | None = None
     t_first: float | None = None
     t_last: float | None = None
     ids: list = field(default_factory=list)  # emitted completion ids
-    fed: int = 0  # completion tokens fed into the cache
     detok: object = None
     stop: StopMatcher | None = None
 
@@ -281,7 +279,6 @@ class Generator:
         """
         layers, state = snapshot.store_entry(extracted)
         self.tier.put(point.entry_id, StoredEntry(layers, point.length, {point.length: state}))
-        act.early.add(point.entry_id)
         self.send_anchor(
             AnchorCommit(
                 request_id=act.req.request_id,
@@ -301,7 +298,6 @@ class Generator:
         if act is None:
             return
         now = time.time()
-        act.fed += 1
         token = int(r.token)
         if act.t_first is None:
             act.t_first = now

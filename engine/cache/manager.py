@@ -205,13 +205,18 @@ class CacheManager:
         orders = self._take_pending()
         self._policy.add_anchor(a, as_tokens(a.tokens, "anchor tokens").copy(), orders)
         flight.committed.add(a.entry_id)
-        if a.entry_id in self.index:
-            for request_id, other in self._in_flight.items():
-                if other.plan.wait and other.plan.entry_id == a.entry_id:
-                    self.index.pin(request_id, a.entry_id, other.plan.length)
+        self._pin_waiters(a.entry_id)
         self._evict(orders)
         self.index.flush(orders)
         return orders.build()
+
+    def _pin_waiters(self, anchor_id: int | None) -> None:
+        """Requests waiting on an anchor that is now indexed keep it readable (pins)."""
+        if anchor_id is None or anchor_id not in self.index:
+            return
+        for request_id, other in self._in_flight.items():
+            if other.plan.wait and other.plan.entry_id == anchor_id:
+                self.index.pin(request_id, anchor_id, other.plan.length)
 
     def _evict(self, orders: OrderBook) -> None:
         self._evictions += len(self._policy.evict(orders))
@@ -235,6 +240,8 @@ class CacheManager:
             if c.restored_from is None:  # its file failed to load
                 self._policy.forget(flight.plan.entry_id, orders)
         self._policy.commit(c, tokens, orders)
+        for point in c.captures:
+            self._pin_waiters(point.entry_id)
         taken = {p.entry_id for p in c.captures} | flight.committed
         for entry_id in flight.allocated:
             if entry_id != c.entry_id and entry_id not in taken:

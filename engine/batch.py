@@ -1,6 +1,6 @@
 """mlx-lm's BatchGenerator, with the copies and pool clears of a warm turn taken out.
 
-Three changes to mlx-lm's prompt batch, everything else is mlx-lm's:
+Four changes to mlx-lm's batches, everything else is mlx-lm's:
 
 - The batch merge of restored caches is the only KV copy of a warm turn: the
   merged KV buffer gets room for the rest of the prompt, so prefill writes in
@@ -8,6 +8,8 @@ Three changes to mlx-lm's prompt batch, everything else is mlx-lm's:
 - Moving sequences from prefill to decode (`split`) no longer deep-copies the
   whole prompt batch's caches: the caches move when every sequence leaves,
   and only the leaving rows are gathered otherwise.
+- A sequence that finishes alone in the batch leaves with views of its KV
+  rows, not a copy (`extract_alone`): the commit copies nothing.
 - The `mx.clear_cache()` after every prefill chunk and padded batch is opt-in.
   It hands MLX's buffer pool back to the operating system, so the next
   allocation page-faults fresh memory: on a warm turn it turned each KV copy
@@ -158,11 +160,40 @@ class LineagePromptBatch(PromptProcessingBatch):
             self.pool.clear()
 
 
+def extract_alone(batch, idx: int) -> list:
+    """A finished sequence's caches; when it is alone in the batch, its KV rows are views.
+
+    mlx-lm's extraction copies the rows out of the batch layout (so the rest of
+    the batch can be dropped). A sequence alone in an unpadded batch owns the
+    whole buffer, which the batch drops right after: a view of its rows is the
+    same entry without the copy (it keeps at most a step of spare rows alive).
+    """
+    if len(batch.uids) != 1:
+        return [c.extract(idx) for c in batch.prompt_cache]
+    return [_extract_layer(c, idx) for c in batch.prompt_cache]
+
+
+def _extract_layer(c, idx: int):
+    if type(c) is BatchKVCache and c.keys is not None and int(c.left_padding[0].item()) == 0:
+        cache = KVCache()
+        cache.keys, cache.values = c.keys[..., : c._idx, :], c.values[..., : c._idx, :]
+        cache.offset = c._idx
+        return cache
+    if type(c) is CacheList:
+        out = CacheList()
+        out.caches = tuple(_extract_layer(p, idx) for p in c.caches)
+        return out
+    return c.extract(idx)
+
+
 class LineageBatchGenerator(BatchGenerator):
-    """BatchGenerator with the opt-in pool clear; everything else is mlx-lm's."""
+    """BatchGenerator with the warm turn's copies and pool clears taken out (module doc)."""
 
     def __init__(self, model, *, clear_pool_per_prefill: bool = False, **kwargs):
         super().__init__(model, **kwargs)
+        # The one generation batch lives as long as the generator (others extend it).
+        gen = self._generation_batch
+        gen.extract_cache = lambda idx: extract_alone(gen, idx)
         self.pool = PoolClearCounter()
         batch = LineagePromptBatch.empty(
             self.model, self.sampler, prefill_step_size=self.prefill_step_size

@@ -111,3 +111,27 @@ def test_pool_clear_per_prefill_chunk_is_opt_in(model_cache_dir, switched_on):
     local.run([(i * 13) % 3000 + 20 for i in range(400)], max_tokens=2)  # 4 chunks of 128
     clears = local.generator.bg.pool.count
     assert (clears >= 4) if switched_on else (clears == 0), clears
+
+
+@pytest.mark.parametrize("sequences", [1, 2])
+def test_a_sequence_finishing_alone_leaves_with_views_of_its_rows(local, sequences):
+    """extract_alone: no KV copy for a lone sequence; mlx-lm's copy when others remain."""
+    from engine.batch import LineageBatchGenerator
+
+    bg = LineageBatchGenerator(local.model, prefill_step_size=512)
+    prompts = [[(i * 7 + s) % 3000 + 20 for i in range(1500)] for s in range(sequences)]
+    bg.insert(prompts, max_tokens=[50] * sequences)
+    while len(bg._generation_batch) < sequences:
+        bg.next()
+    gen = bg._generation_batch
+    kv = next(c for c in gen.prompt_cache if type(c).__name__ == "BatchKVCache")
+    mx.eval(kv.keys, kv.values)
+    before = mx.get_active_memory()
+    extracted = gen.extract_cache(0)
+    rows = next(c for c in extracted if type(c).__name__ == "KVCache")
+    mx.eval(rows.keys, rows.values)
+    grew = mx.get_active_memory() - before
+    if sequences == 1:
+        assert grew < rows.keys.nbytes // 2, grew
+    else:
+        assert grew >= rows.keys.nbytes, grew

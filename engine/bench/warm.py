@@ -148,8 +148,8 @@ def report(out: dict) -> str:
             f"scales {out['forward_8k_to_1k']:.2f}x: {out['forward_1k_ms']:.1f} ms at 1k)",
             f"bytes copied/turn     restore {out['bytes_copied_restore']:.0f}, commit "
             f"{out['bytes_copied_commit']:.0f}; restored KV {out['restored_kv_bytes']:.0f} "
-            f"(the batch merge copies it once; mlx-lm's row extraction at commit copies the "
-            f"entry's rows once more)",
+            f"(the batch merge copies it once; a sequence finishing alone leaves with views "
+            f"of its rows, so the commit copies none)",
             f"peak memory delta     {out['peak_memory_delta']:.0f} bytes per warm turn",
             f"pool clears           {out['pool_clears']}",
         ]

@@ -34,10 +34,13 @@ CONFIG = dict(
     divergence_min_gain=12,
     exact_max_entries=5,
 )
+# Derandomized: CI runs the same sequences every time (a red run is a real bug,
+# never a lucky draw); explore with more examples and random seeds by hand.
 SETTINGS = settings(
     max_examples=30,
     stateful_step_count=25,
     deadline=None,
+    derandomize=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
 

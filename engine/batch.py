@@ -83,6 +83,21 @@ def _detached(cache):
     return copy.copy(cache)
 
 
+POOL_LIMIT_CAP = 16 << 30  # the launcher's cap in reference 000
+
+
+def pool_limit(ram_budget: int, configured: int | None = None) -> int:
+    """MLX's buffer-pool cap: as configured, else a quarter of the RAM budget, at most 16 GB."""
+    return configured if configured is not None else min(POOL_LIMIT_CAP, ram_budget // 4)
+
+
+def bound_pool(ram_budget: int, configured: int | None = None) -> int:
+    """Bound the pool that the warm path keeps (instead of clearing it per chunk)."""
+    limit = pool_limit(ram_budget, configured)
+    mx.set_cache_limit(limit)
+    return limit
+
+
 class PoolClearCounter:
     """Counts the pool clears the batch makes (the tests read it)."""
 

@@ -141,6 +141,9 @@ class EngineConfig:
             clear_pool_per_prefill=str(pick("clear_pool", "LINEAGE_CLEAR_POOL", "0")).lower()
             in ("1", "true", "yes"),
             layer_timer_flag=pick("layer_timer_flag", "LINEAGE_LAYER_TIMER_FLAG", None),
+            pool_limit=(lambda v: parse_bytes(v) if v is not None else None)(
+                pick("pool_limit", "LINEAGE_POOL_LIMIT", None)
+            ),
         )
         model = ModelConfig(
             path=pick("model", "LINEAGE_MODEL", None),

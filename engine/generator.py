@@ -24,7 +24,7 @@ import numpy as np
 from mlx_lm.generate import BatchGenerator, StopSequences
 
 from engine import snapshot
-from engine.batch import LineageBatchGenerator
+from engine.batch import LineageBatchGenerator, bound_pool
 from engine.config import EngineConfig
 from engine.events import Finished, GenerationRequest, Progress, Tokens
 from engine.layer_timer import LayerTimer
@@ -92,6 +92,7 @@ class Generator:
         self.replica = replica
         self.vocab_size = int(model.args.vocab_size) if hasattr(model, "args") else len(tokenizer)
         self.eos_ids = frozenset(int(t) for t in tokenizer.eos_token_ids)
+        self.pool_limit = bound_pool(config.cache.ram_budget, config.cache.pool_limit)
         self.bg = self._new_batch_generator()
         self.active: dict[int, _Active] = {}  # uid -> request
         self.by_request: dict[str, int] = {}  # request_id -> uid

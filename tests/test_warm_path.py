@@ -135,3 +135,11 @@ def test_a_sequence_finishing_alone_leaves_with_views_of_its_rows(local, sequenc
         assert grew < rows.keys.nbytes // 2, grew
     else:
         assert grew >= rows.keys.nbytes, grew
+
+
+def test_the_kept_pool_is_bounded_by_the_configured_limit(model_cache_dir):
+    local = make_engine(model_cache_dir, pool_limit=64 << 20)
+    assert local.generator.pool_limit == 64 << 20
+    assert mx.set_cache_limit(64 << 20) == 64 << 20  # what the engine set
+    default = make_engine(model_cache_dir)
+    assert default.generator.pool_limit == min(16 << 30, default.config.cache.ram_budget // 4)

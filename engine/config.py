@@ -50,6 +50,7 @@ class ModelConfig:
     path: str | None = None  # None: the embedded default model
     prefill_step_size: int = 512
     max_batch: int = 8  # concurrent sequences in the batch generator
+    max_queue: int = 256  # requests in flight (batch + waiting); more get RESOURCE_EXHAUSTED
     max_context: int | None = None  # None: from the model's config
     kv_bits: int | None = None  # quantized KV cache (None: model dtype)
     kv_group_size: int = 64

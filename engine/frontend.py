@@ -26,14 +26,21 @@ class Unavailable(RuntimeError):
     """The engine cannot serve now (stopping, or the model actor is gone)."""
 
 
+class Overloaded(RuntimeError):
+    """Too many requests in flight (mapped to RESOURCE_EXHAUSTED)."""
+
+
 class Frontend:
-    def __init__(self, model, manager, builder: PromptBuilder, info, cache_mode: str):
+    def __init__(
+        self, model, manager, builder: PromptBuilder, info, cache_mode: str, max_queue: int = 256
+    ):
         self.model = model  # ModelActor handle
         self.manager = manager  # CacheManagerActor handle
         self.builder = builder
         self.info = info  # ModelInfo
         self.cache_mode = cache_mode
         self.closing = asyncio.Event()
+        self.max_queue = max_queue
         self.cancelling: set = set()  # cancels whose commit a retry should see
         self.in_flight: dict[str, tuple[str, np.ndarray]] = {}  # request_id -> (namespace, prompt)
 
@@ -102,6 +109,11 @@ class Frontend:
         if len(prompt.tokens) + sampling.max_tokens > self.info.max_context:
             sampling = _clip_max_tokens(sampling, self.info.max_context - len(prompt.tokens))
         request_id = request_id or uuid.uuid4().hex
+        if len(self.in_flight) >= self.max_queue:
+            raise Overloaded(
+                f"{len(self.in_flight)} requests are in flight (the limit is {self.max_queue}); "
+                "retry later"
+            )
         tokens = np.asarray(prompt.tokens, dtype=np.int32)
         await self._await_superseded(namespace, tokens)
         t0 = time.perf_counter()

@@ -67,7 +67,7 @@ async def start_engine(config: EngineConfig, port: int | None = None) -> Running
 
     tokenizer = load_tokenizer(Path(info.path))
     builder = PromptBuilder(tokenizer, info.vocab_size, info.max_context, config.cache.anchor_slack)
-    frontend = Frontend(model, manager, builder, info, config.cache.mode)
+    frontend = Frontend(model, manager, builder, info, config.cache.mode, config.model.max_queue)
     server, bound, health = await create_server(
         frontend, config.server.host, config.server.port if port is None else port
     )

@@ -17,7 +17,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from engine.events import Finished, Progress, SamplingParams, Tokens
-from engine.frontend import Frontend, Unavailable
+from engine.frontend import Frontend, Overloaded, Unavailable
 from engine.proto import engine_pb2, engine_pb2_grpc
 from engine.template import InvalidRequest, PromptInput, parse_tools
 
@@ -125,6 +125,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except Unavailable as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        except Overloaded as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except _ActorDied as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"the model actor is unavailable: {e}")
 

@@ -263,3 +263,23 @@ async def _stop_and_probe(e, health_pb2, health_pb2_grpc):
         r = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""))
         e.health_seen = r.status
     await e.engine.stop(grace=1.0)
+
+
+def test_a_full_queue_is_resource_exhausted_and_the_server_keeps_serving(engine, stub):
+    frontend = engine.engine.frontend
+    frontend.max_queue = 1
+    try:
+        busy = stub.Generate(request(prompt_ids=PROMPTS[1], max_tokens=100000))
+        next(iter(busy))  # in flight
+        with pytest.raises(grpc.RpcError) as err:
+            collect(stub, request(prompt_ids=PROMPTS[0], max_tokens=2))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "in flight" in err.value.details()
+        busy.cancel()
+    finally:
+        frontend.max_queue = 256
+    deadline = time.time() + 20
+    while engine.tier_stats()["active"] and time.time() < deadline:
+        time.sleep(0.1)
+    ids, _, _ = collect(stub, request(prompt_ids=PROMPTS[0], max_tokens=2))
+    assert len(ids) >= 1

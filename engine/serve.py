@@ -31,6 +31,7 @@ class RunningEngine:
     model: object
     manager: object
     info: object
+    watch: object = None  # the health watchdog task
 
     @property
     def address(self) -> str:
@@ -39,6 +40,8 @@ class RunningEngine:
     async def stop(self, grace: float = 2.0) -> None:
         from engine.service import stop_server
 
+        if self.watch is not None:
+            self.watch.cancel()
         await stop_server(self.server, self.health, self.frontend, grace)
         try:  # queued disk-tier writes land before the actor goes
             await self.model.flush_disk.remote(60)
@@ -71,7 +74,37 @@ async def start_engine(config: EngineConfig, port: int | None = None) -> Running
     server, bound, health = await create_server(
         frontend, config.server.host, config.server.port if port is None else port
     )
-    return RunningEngine(server, bound, health, frontend, model, manager, info)
+    engine = RunningEngine(server, bound, health, frontend, model, manager, info)
+    engine.watch = asyncio.ensure_future(watch_actors(engine))
+    return engine
+
+
+async def watch_actors(engine: RunningEngine, every: float = 2.0, patience: float = 10.0):
+    """Health follows the actors: NOT_SERVING while the model or the cache manager is gone."""
+    from grpc_health.v1 import health_pb2
+
+    from engine.service import SERVICE
+
+    serving = True
+    while True:
+        await asyncio.sleep(every)
+        try:
+            await asyncio.wait_for(engine.model.info.remote(), patience)
+            await asyncio.wait_for(engine.manager.stats.remote(), patience)
+            up = True
+        except Exception as e:  # a dead or stuck actor
+            if serving:
+                log.error("an actor is not answering (%s): health goes NOT_SERVING", e)
+            up = False
+        if up != serving and not engine.frontend.closing.is_set():
+            status = (
+                health_pb2.HealthCheckResponse.SERVING
+                if up
+                else (health_pb2.HealthCheckResponse.NOT_SERVING)
+            )
+            for name in ("", SERVICE):
+                await engine.health.set(name, status)
+            serving = up
 
 
 def run(config: EngineConfig) -> int:

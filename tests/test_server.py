@@ -283,3 +283,30 @@ def test_a_full_queue_is_resource_exhausted_and_the_server_keeps_serving(engine,
         time.sleep(0.1)
     ids, _, _ = collect(stub, request(prompt_ids=PROMPTS[0], max_tokens=2))
     assert len(ids) >= 1
+
+
+def test_health_goes_not_serving_when_the_model_actor_dies(ray_session, model_cache_dir):
+    import ray
+    from conftest import EngineThread, make_config
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from engine.proto import engine_pb2_grpc
+
+    e = EngineThread(make_config(model_cache_dir))
+    try:
+        with grpc.insecure_channel(e.address) as ch:
+            health = health_pb2_grpc.HealthStub(ch)
+            check = health_pb2.HealthCheckRequest(service="")
+            assert health.Check(check).status == health_pb2.HealthCheckResponse.SERVING
+            ray.kill(e.engine.model)
+            deadline = time.time() + 30
+            while time.time() < deadline:
+                if health.Check(check).status == health_pb2.HealthCheckResponse.NOT_SERVING:
+                    break
+                time.sleep(0.2)
+            assert health.Check(check).status == health_pb2.HealthCheckResponse.NOT_SERVING
+            with pytest.raises(grpc.RpcError) as err:
+                collect(engine_pb2_grpc.EngineStub(ch), request(prompt_ids=PROMPTS[0]))
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        e.stop()

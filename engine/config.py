@@ -52,8 +52,6 @@ class ModelConfig:
     max_batch: int = 8  # concurrent sequences in the batch generator
     max_queue: int = 256  # requests in flight (batch + waiting); more get RESOURCE_EXHAUSTED
     max_context: int | None = None  # None: from the model's config
-    kv_bits: int | None = None  # quantized KV cache (None: model dtype)
-    kv_group_size: int = 64
 
 
 @dataclass(frozen=True)
@@ -92,7 +90,6 @@ class ServerConfig:
     address: str | None = None  # Ray cluster address; None starts Ray locally
     num_cpus: int | None = None
     http_port: int | None = None  # OpenAI bridge, off by default
-    replicas: int = 1
 
 
 @dataclass(frozen=True)

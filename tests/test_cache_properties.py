@@ -106,9 +106,7 @@ class CacheMachine(RuleBasedStateMachine):
         ]
         anchor_len = data.draw(st.sampled_from([0, *anchors]))
         namespace = data.draw(st.sampled_from(["", "", "", "tenant"]))
-        manager = self.driver.manager
-        needs_state = self.state_layers or self.mode == "exact"  # exact: whole snapshots only
-        expected = oracle(manager.index.entries(), namespace, prompt[:-1], needs_state)
+        expected = self.expected(namespace, prompt[:-1])
         plan = self.driver.plan(prompt, anchor_len, namespace)
         lengths = [c.length for c in plan.captures]
         assert lengths == sorted(set(lengths))
@@ -118,6 +116,11 @@ class CacheMachine(RuleBasedStateMachine):
         elif self.mode != "off":
             assert plan.length == expected, (plan, expected)
         self.prompts[plan.request_id] = prompt
+
+    def expected(self, namespace: str, query: np.ndarray) -> int:
+        """The oracle's longest restore point for `query` (what is stored in RAM)."""
+        needs_state = self.state_layers or self.mode == "exact"  # exact: whole snapshots only
+        return oracle(self.driver.manager.index.entries(), namespace, query, needs_state)
 
     def _pick(self, data) -> str:
         return data.draw(st.sampled_from(sorted(self.prompts)))

@@ -97,26 +97,12 @@ def test_regenerate_restores_the_prompt(client):
     ns = fresh_ns("regen")
     msgs = convo(user_message(4, 0))
     r1 = chat(client, msgs, ns)
-    r2 = chat(
-        client,
-        msgs
-        + [
-            {"role": "assistant", "content": r1.text},
-            {"role": "user", "content": user_message(4, 1)},
-        ],
-        ns,
-    )
-    regen = chat(
-        client,
-        msgs
-        + [
-            {"role": "assistant", "content": r1.text},
-            {"role": "user", "content": user_message(4, 1)},
-        ],
-        ns,
-        temperature=0.9,
-        seed=5,
-    )
+    turn_two = msgs + [
+        {"role": "assistant", "content": r1.text},
+        {"role": "user", "content": user_message(4, 1)},
+    ]
+    r2 = chat(client, turn_two, ns)
+    regen = chat(client, turn_two, ns, temperature=0.9, seed=5)
     # turn two added < 256 tokens, so it has no guard: the regenerate (a verbatim
     # resend) lands on the turn boundary, which absorption kept, and re-prefills
     # the short suffix

@@ -72,9 +72,9 @@ def load_model(config: EngineConfig):
         model_type=str(raw.get("model_type", "")),
         vocab_size=int(raw.get("vocab_size") or len(tokenizer._tokenizer)),
         max_context=max_context,
-        fingerprint=model_fingerprint(
-            path, dtype, config.model.kv_bits, config.model.kv_group_size
-        ),
+        # The KV cache is the model dtype: mlx-lm's batch cannot merge a quantized
+        # KV cache, so KV quantization is not offered (the fingerprint would key it).
+        fingerprint=model_fingerprint(path, dtype),
         has_state_layers=any(k != "append" for k in kinds),
         eos_token_ids=tuple(sorted(int(t) for t in tokenizer.eos_token_ids)),
     )

@@ -5,7 +5,8 @@ into Generate, ModelInfo and health-check calls (clients.client.AsyncClient)
 and the answers back into OpenAI shapes, as server-sent events when `stream` is
 set. It knows the OpenAI wire format and the model's `<tool_call>` text; it
 knows nothing of models, caches or Ray, and never loads MLX. gRPC
-INVALID_ARGUMENT -> 400, UNAVAILABLE -> 503, else 500, always as
+INVALID_ARGUMENT (and a request the bridge itself finds malformed) -> 400,
+UNAVAILABLE -> 503, anything else (a bug included) -> 500, always as
 `{"error": {"message", "type", "param", "code"}}`. A client that disconnects
 cancels its gRPC call, which frees its batch slot. The cache namespace is the
 `X-Cache-Namespace` header, else the request's `user`.
@@ -21,6 +22,7 @@ defined inside create_app.
 import asyncio
 import contextlib
 import json
+import logging
 import signal
 import socket
 import time
@@ -35,8 +37,10 @@ from clients.tool_calls import (  # noqa: F401  (re-exported)
     ToolCallStream,
     parse_tool_calls,
 )
+from clients.wire import InvalidInput
 
 HELP = "serve an OpenAI-compatible HTTP API in front of a running engine"
+log = logging.getLogger(__name__)
 _HTTP_STATUS = {"INVALID_ARGUMENT": 400, "UNAVAILABLE": 503}
 DISCONNECT_POLL_S = 0.25  # how often a request not yet streaming checks for a gone client
 
@@ -260,7 +264,7 @@ async def _unless_disconnected(request, awaitable):
 def _sampling(body, info: dict, namespace: str, rid: str) -> dict:
     """The OpenAI sampling fields -> keyword arguments of AsyncClient.stream."""
     if body.n not in (None, 1):
-        raise ValueError(f"n must be 1 (one choice per request), got {body.n}")
+        raise InvalidInput(f"n must be 1 (one choice per request), got {body.n}")
     max_tokens = getattr(body, "max_completion_tokens", None)
     max_tokens = max_tokens if max_tokens is not None else body.max_tokens
     stop = [body.stop] if isinstance(body.stop, str) else body.stop
@@ -365,9 +369,14 @@ def _add_error_handlers(app) -> None:
         message = f"{param}: {first['msg']}" if param else first["msg"]
         return JSONResponse(error_body(message, "invalid_request_error", param), 400)
 
-    @app.exception_handler(ValueError)
+    @app.exception_handler(InvalidInput)
     async def bad_value(request, error):
         return JSONResponse(error_body(str(error), "invalid_request_error"), 400)
+
+    @app.exception_handler(Exception)
+    async def internal(request, error):  # a bug here, not the caller's fault: 500, logged
+        log.exception("bridge: %s %s failed", request.method, request.url.path)
+        return JSONResponse(error_body(f"internal error: {error}", "server_error"), 500)
 
     @app.exception_handler(LineageError)
     async def engine_error(request, error):
@@ -419,7 +428,7 @@ def create_app(grpc_address: str):
         else:
             if isinstance(prompt, list):
                 if len(prompt) != 1:
-                    raise ValueError(f"prompt: one prompt per request, got {len(prompt)}")
+                    raise InvalidInput(f"prompt: one prompt per request, got {len(prompt)}")
                 prompt = prompt[0]
             stream = backend.client.stream(prompt=prompt, **kwargs)
         return await _respond(request, body, stream, TextShape(rid, info))

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _entries(args, env) -> Path:
     from engine.config import default_cache_dir
-    from engine.disk import entries_dir
+    from engine.storage.file_format import entries_dir
 
     root = args.cache_dir or env.get("LINEAGE_CACHE_DIR") or default_cache_dir()
     return entries_dir(Path(root).expanduser())
@@ -125,9 +125,9 @@ def _row(f, own: str | None) -> dict:
 
 def _ls(args, directory: Path, env) -> int:
     from clients.cli import _human_bytes
-    from engine import disk
+    from engine.storage.directory import scan_directory
 
-    files = disk.scan(directory, remove_temps=False).files
+    files = scan_directory(directory, remove_temps=False).files
     own, source = _own_fingerprint(args, files)
     rows = [_row(f, own) for f in sorted(files, key=lambda f: f.mtime)]
     if args.json:
@@ -160,9 +160,9 @@ def _age(seconds: float) -> str:
 def _summary(directory: Path) -> dict:
     from collections import Counter
 
-    from engine import disk
+    from engine.storage.directory import scan_directory
 
-    scan = disk.scan(directory, remove_temps=False)
+    scan = scan_directory(directory, remove_temps=False)
     roles: Counter = Counter()
     prints: Counter = Counter()
     for f in scan.files:
@@ -191,7 +191,7 @@ def _stats(args, directory: Path, env) -> int:
 
 
 def _held_by_server(directory: Path) -> bool:
-    from engine.cache.disk_index import lock_directory
+    from engine.storage.directory import lock_directory
 
     if not directory.is_dir():
         return False
@@ -204,13 +204,13 @@ def _held_by_server(directory: Path) -> bool:
 
 def _remove(args, directory: Path, doomed: list, why: dict, temps=()) -> int:
     from clients.cli import UsageError
-    from engine import disk
+    from engine.storage.directory import delete_files
 
     if doomed and not getattr(args, "dry_run", False):
         if _held_by_server(directory) and not args.force:
             raise UsageError(f"a running server holds {directory}; stop it or pass --force")
         for f in doomed:
-            disk.delete_files(directory, f.entry_id)
+            delete_files(directory, f.entry_id)
     freed = sum(f.nbytes for f in doomed)
     verb = "would remove" if getattr(args, "dry_run", False) else "removed"
     if args.json:
@@ -238,11 +238,11 @@ def _remove(args, directory: Path, doomed: list, why: dict, temps=()) -> int:
 
 def _rm(args, directory: Path, env) -> int:
     from clients.cli import UsageError
-    from engine import disk
+    from engine.storage.directory import scan_directory
 
     if not args.ids and args.namespace is None:
         raise UsageError("name entry ids or --namespace")
-    files = disk.scan(directory, remove_temps=False).files
+    files = scan_directory(directory, remove_temps=False).files
     wanted = set(args.ids)
     doomed = [
         f
@@ -262,18 +262,16 @@ def _rm(args, directory: Path, env) -> int:
 
 def _prune(args, directory: Path, env) -> int:
     """Damaged files, other models' files, leftover temporary files, then LRU over the budget."""
-    from engine import disk
-    from engine.cache.disk_index import index_scan
     from engine.config import EngineConfig
+    from engine.storage.directory import index_scan, scan_directory
 
     flags = {"cache_dir": str(directory.parent), "disk_budget": args.budget}
     config = EngineConfig.from_sources(flags, env).cache
     clean_temps = not args.dry_run and (args.force or not _held_by_server(directory))
-    scan = disk.scan(directory, remove_temps=clean_temps)
+    scan = scan_directory(directory, remove_temps=clean_temps)
     own, source = _own_fingerprint(args, scan.files)
-    index = index_scan(
-        scan, own or "", config.disk_budget, config.anchor_max_entries, config.anchor_max_bytes
-    )
+    caps = (config.anchor_max_entries, config.anchor_max_bytes)
+    index = index_scan(scan, own or "", config.disk_budget, caps)
     by_id = {f.entry_id: f for f in scan.files}
     why = {}
     for entry_id, f in list(index.files.items()):

@@ -1,7 +1,7 @@
 """The `lineage` command: serve, generate, chat, fanout, stats (and plug-ins).
 
 Parses arguments and hands plain values to the client library or to
-`engine.serve.run(config)`. Only `lineage serve` imports the engine's runtime
+`engine.server.serve.run(config)`. Only `lineage serve` imports the engine's runtime
 (MLX, Ray), lazily; every other subcommand needs grpc alone.
 
 Subcommands live in a registry (`COMMANDS`). Another module adds one with
@@ -152,7 +152,7 @@ def sampling_from_args(args: argparse.Namespace) -> dict:
 # ------------------------------------------------------------------ serve ----
 
 
-def _serve_arguments(p: argparse.ArgumentParser) -> None:
+def serve_arguments(p: argparse.ArgumentParser) -> None:
     # Every default is None: EngineConfig.from_sources sees only the flags given.
     p.add_argument("--model", metavar="PATH", help="model directory (default: embedded tiny model)")
     p.add_argument("--host", help="gRPC bind host (default 127.0.0.1)")
@@ -178,9 +178,24 @@ def _serve(args: argparse.Namespace) -> int:
         config = config_from_args(args, args.env)
     except ValueError as error:
         raise UsageError(str(error))
-    from engine import serve  # MLX and Ray load here, and only here
+    from engine.server import serve  # MLX and Ray load here, and only here
 
-    return int(serve.run(config) or 0)
+    sidecars = []
+    if config.server.http_port:
+        sidecars.append(_bridge_sidecar(config.server.host, config.server.http_port))
+    return int(serve.run(config, sidecars) or 0)
+
+
+def _bridge_sidecar(host: str, port: int):
+    """Start the OpenAI bridge in front of the engine once it serves (`--http-port`)."""
+    from clients.bridge import start_bridge  # fails here, before Ray starts, if not installed
+
+    async def start(grpc_address: str):
+        handle = await start_bridge(grpc_address, host, port)
+        print(f"lineage: OpenAI-compatible bridge on http://{host}:{port}/v1", flush=True)
+        return handle
+
+    return start
 
 
 # --------------------------------------------------------------- generate ----
@@ -331,7 +346,7 @@ def _fanout(args: argparse.Namespace) -> int:
 
 
 for _command in (
-    Command("serve", "run the engine (Ray, model actors, gRPC server)", _serve_arguments, _serve),
+    Command("serve", "run the engine (Ray, model actors, gRPC server)", serve_arguments, _serve),
     Command("generate", "send one request and stream the reply", _generate_arguments, _generate),
     Command("chat", "interactive multi-turn chat", _chat_arguments, _chat),
     Command("fanout", "parallel sub-agents sharing one system prompt", _fanout_arguments, _fanout),

@@ -15,6 +15,12 @@ import grpc
 
 from engine.proto import engine_pb2
 
+
+class InvalidInput(ValueError):
+    """A request the caller built wrongly (bad messages, tools, sampling): the caller's
+    fault, answered as such (the bridge's 400), unlike any other ValueError."""
+
+
 DEFAULT_MAX_TOKENS = 256
 
 
@@ -195,10 +201,10 @@ def _content_text(content: Any, where: str) -> str:
         parts = []
         for part in content:
             if not (isinstance(part, Mapping) and part.get("type") == "text"):
-                raise ValueError(f"{where}: only text content parts are supported, got {part!r}")
+                raise InvalidInput(f"{where}: only text content parts are supported, got {part!r}")
             parts.append(str(part.get("text", "")))
         return "".join(parts)
-    raise ValueError(f"{where}: content must be a string or a list of text parts")
+    raise InvalidInput(f"{where}: content must be a string or a list of text parts")
 
 
 def tool_call_to_proto(call: Mapping[str, Any], where: str = "tool call") -> engine_pb2.ToolCall:
@@ -208,10 +214,10 @@ def tool_call_to_proto(call: Mapping[str, Any], where: str = "tool call") -> eng
     JSON-encoded.
     """
     if not isinstance(call, Mapping):
-        raise ValueError(f"{where} must be a dict, got {call!r}")
+        raise InvalidInput(f"{where} must be a dict, got {call!r}")
     fn = call.get("function", call)
     if not isinstance(fn, Mapping) or not fn.get("name"):
-        raise ValueError(f"{where} has no function name: {call!r}")
+        raise InvalidInput(f"{where} has no function name: {call!r}")
     args = fn.get("arguments", "")
     if not isinstance(args, str):
         args = json.dumps(args, ensure_ascii=False)
@@ -222,7 +228,7 @@ def message_to_proto(message: Mapping[str, Any], index: int = 0) -> engine_pb2.M
     """One {role, content, tool_calls?, tool_call_id?, name?} dict -> Message."""
     where = f"messages[{index}]"
     if not isinstance(message, Mapping) or not message.get("role"):
-        raise ValueError(f"{where} must be a dict with a role, got {message!r}")
+        raise InvalidInput(f"{where} must be a dict with a role, got {message!r}")
     calls = message.get("tool_calls") or []
     return engine_pb2.Message(
         role=str(message["role"]),
@@ -238,7 +244,7 @@ def tools_to_json(tools: Sequence[Mapping[str, Any]] | None) -> str:
     if not tools:
         return ""
     if not isinstance(tools, (list, tuple)) or not all(isinstance(t, Mapping) for t in tools):
-        raise ValueError(f"tools must be a list of dicts, got {type(tools).__name__}")
+        raise InvalidInput(f"tools must be a list of dicts, got {type(tools).__name__}")
     return json.dumps(list(tools), ensure_ascii=False)
 
 
@@ -270,11 +276,11 @@ def build_request(
     ]
     if len(given) != 1:
         got = ", ".join(given) or "none"
-        raise ValueError(f"give exactly one of messages, prompt, prompt_ids (got {got})")
+        raise InvalidInput(f"give exactly one of messages, prompt, prompt_ids (got {got})")
     if tools and messages is None:
-        raise ValueError("tools need messages (they are rendered by the chat template)")
+        raise InvalidInput("tools need messages (they are rendered by the chat template)")
     if int(max_tokens) <= 0:
-        raise ValueError(f"max_tokens must be > 0, got {max_tokens}")
+        raise InvalidInput(f"max_tokens must be > 0, got {max_tokens}")
     if isinstance(stop, str):
         stop = [stop]
     sampling = engine_pb2.Sampling(
@@ -292,9 +298,9 @@ def build_request(
     )
     if messages is not None:
         if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
-            raise ValueError("messages must be a list of dicts")
+            raise InvalidInput("messages must be a list of dicts")
         if not messages:
-            raise ValueError("messages is empty")
+            raise InvalidInput("messages is empty")
         request.messages.extend(message_to_proto(m, i) for i, m in enumerate(messages))
         request.tools_json = tools_to_json(tools)
         request.add_generation_prompt = not continue_final_message

@@ -106,57 +106,10 @@ class EngineConfig:
         """Build the tree: CLI flags win over the environment, which wins over defaults.
 
         ``flags`` holds only the flags the user gave (None values are ignored).
+        Raises ValueError naming a value that does not parse.
         """
-        flags = {k: v for k, v in (flags or {}).items() if v is not None}
-        env = dict(os.environ if env is None else env)
-
-        def pick(flag: str, var: str | None, default):
-            if flag in flags:
-                return flags[flag]
-            if var and env.get(var):
-                return env[var]
-            return default
-
-        mode = pick("cache_mode", "LINEAGE_CACHE_MODE", None)
-        if mode is None:
-            mode = "exact" if env.get("APC_LINEAGE") == "0" else "lineage"
-
-        ram_cap = _machine_memory() // 2
-        ram = min(parse_bytes(pick("ram_budget", "LINEAGE_RAM_BUDGET", 48 * GB)), ram_cap)
-        cache_dir = pick("cache_dir", "LINEAGE_CACHE_DIR", None)
-        disk = parse_bytes(pick("disk_budget", "LINEAGE_DISK_BUDGET", 1 << 40))
-        probe = Path(cache_dir) if cache_dir else default_cache_dir()
-        while not probe.exists() and probe != probe.parent:
-            probe = probe.parent
-        disk = min(disk, shutil.disk_usage(probe).free // 2)
-
-        cache = CacheConfig(
-            mode=str(mode),
-            ram_budget=ram,
-            anchor_max_bytes=min(CacheConfig.anchor_max_bytes, ram),
-            cache_dir=str(cache_dir) if cache_dir else None,
-            disk_budget=disk,
-            clear_pool_per_prefill=str(pick("clear_pool", "LINEAGE_CLEAR_POOL", "0")).lower()
-            in ("1", "true", "yes"),
-            layer_timer_flag=pick("layer_timer_flag", "LINEAGE_LAYER_TIMER_FLAG", None),
-            pool_limit=(lambda v: parse_bytes(v) if v is not None else None)(
-                pick("pool_limit", "LINEAGE_POOL_LIMIT", None)
-            ),
-        )
-        model = ModelConfig(
-            path=pick("model", "LINEAGE_MODEL", None),
-            prefill_step_size=int(pick("prefill_step_size", "LINEAGE_PREFILL_STEP", 512)),
-            max_batch=int(pick("max_batch", "LINEAGE_MAX_BATCH", 8)),
-        )
-        server = ServerConfig(
-            host=str(pick("host", "LINEAGE_HOST", "127.0.0.1")),
-            port=int(pick("port", "LINEAGE_PORT", 50051)),
-            address=pick("address", "LINEAGE_RAY_ADDRESS", None),
-            http_port=(lambda v: int(v) if v is not None else None)(
-                pick("http_port", "LINEAGE_HTTP_PORT", None)
-            ),
-        )
-        return EngineConfig(model=model, cache=cache, server=server)
+        pick = _Picker(flags or {}, dict(os.environ if env is None else env))
+        return EngineConfig(model=_model(pick), cache=_cache(pick), server=_server(pick))
 
     def with_cache(self, **changes) -> "EngineConfig":
         return replace(self, cache=replace(self.cache, **changes))
@@ -166,3 +119,65 @@ class EngineConfig:
 
     def with_server(self, **changes) -> "EngineConfig":
         return replace(self, server=replace(self.server, **changes))
+
+
+class _Picker:
+    """A setting's value: its flag if given, else its environment variable, else a default."""
+
+    def __init__(self, flags: Mapping[str, object], env: Mapping[str, str]):
+        self.flags = {k: v for k, v in flags.items() if v is not None}
+        self.env = env
+
+    def __call__(self, flag: str, var: str | None, default):
+        if flag in self.flags:
+            return self.flags[flag]
+        if var and self.env.get(var):
+            return self.env[var]
+        return default
+
+    def optional(self, flag: str, var: str, parse):
+        value = self(flag, var, None)
+        return parse(value) if value is not None else None
+
+
+def _cache(pick: _Picker) -> CacheConfig:
+    mode = pick("cache_mode", "LINEAGE_CACHE_MODE", None)
+    if mode is None:
+        mode = "exact" if pick.env.get("APC_LINEAGE") == "0" else "lineage"
+    ram = min(
+        parse_bytes(pick("ram_budget", "LINEAGE_RAM_BUDGET", 48 * GB)), _machine_memory() // 2
+    )
+    cache_dir = pick("cache_dir", "LINEAGE_CACHE_DIR", None)
+    disk = parse_bytes(pick("disk_budget", "LINEAGE_DISK_BUDGET", 1 << 40))
+    probe = Path(cache_dir) if cache_dir else default_cache_dir()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    disk = min(disk, shutil.disk_usage(probe).free // 2)
+    return CacheConfig(
+        mode=str(mode),
+        ram_budget=ram,
+        anchor_max_bytes=min(CacheConfig.anchor_max_bytes, ram),
+        cache_dir=str(cache_dir) if cache_dir else None,
+        disk_budget=disk,
+        clear_pool_per_prefill=str(pick("clear_pool", "LINEAGE_CLEAR_POOL", "0")).lower()
+        in ("1", "true", "yes"),
+        layer_timer_flag=pick("layer_timer_flag", "LINEAGE_LAYER_TIMER_FLAG", None),
+        pool_limit=pick.optional("pool_limit", "LINEAGE_POOL_LIMIT", parse_bytes),
+    )
+
+
+def _model(pick: _Picker) -> ModelConfig:
+    return ModelConfig(
+        path=pick("model", "LINEAGE_MODEL", None),
+        prefill_step_size=int(pick("prefill_step_size", "LINEAGE_PREFILL_STEP", 512)),
+        max_batch=int(pick("max_batch", "LINEAGE_MAX_BATCH", 8)),
+    )
+
+
+def _server(pick: _Picker) -> ServerConfig:
+    return ServerConfig(
+        host=str(pick("host", "LINEAGE_HOST", "127.0.0.1")),
+        port=int(pick("port", "LINEAGE_PORT", 50051)),
+        address=pick("address", "LINEAGE_RAY_ADDRESS", None),
+        http_port=pick.optional("http_port", "LINEAGE_HTTP_PORT", int),
+    )

@@ -4,7 +4,7 @@ Regenerate the committed files with (from the repository root):
 
     . .venv/bin/activate && python scripts/train_tokenizer.py
 
-which writes ``engine/assets/tokenizer/{tokenizer.json, tokenizer_config.json,
+which writes ``engine/runtime/assets/tokenizer/{tokenizer.json, tokenizer_config.json,
 special_tokens_map.json}``. The corpus is text that ships with Python itself
 (``pydoc_data/topics.py`` plus a fixed list of standard-library modules, read
 in a fixed order), so no download is needed and the same Python minor version
@@ -199,7 +199,9 @@ def write(tokenizer: Tokenizer, out: Path) -> None:
 def main() -> None:
     root = Path(__file__).resolve().parent.parent
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=root / "engine" / "assets" / "tokenizer")
+    parser.add_argument(
+        "--out", type=Path, default=root / "engine" / "runtime" / "assets" / "tokenizer"
+    )
     args = parser.parse_args()
     write(train(corpus_paths()), args.out)
     print(f"wrote {args.out}")

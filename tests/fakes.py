@@ -18,8 +18,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from engine.cache import CacheManager
-from engine.config import CacheConfig
-from engine.messages import (
+from engine.cache.messages import (
     AnchorCommit,
     CapturedPoint,
     Commit,
@@ -28,6 +27,9 @@ from engine.messages import (
     Release,
     RestorePlan,
 )
+from engine.config import CacheConfig
+from engine.storage import file_format, writer
+from engine.storage.directory import delete_files, open_cache_directory, scan_directory
 
 
 @dataclass(frozen=True)
@@ -179,9 +181,7 @@ class Driver:
         config = config or CacheConfig(**knobs)
         # The disk tier stays off here (it would open the user's cache directory);
         # DiskDriver turns it on in a directory of its own.
-        self.manager = CacheManager(
-            config, fingerprint="fake", has_state_layers=state_layers, disk=False
-        )
+        self.manager = CacheManager(config, fingerprint="fake", has_state_layers=state_layers)
         self.actor = FakeModelActor(state_layers=state_layers)
         self._requests: dict[str, tuple[RestorePlan, np.ndarray, str]] = {}
         self._restored: set[str] = set()
@@ -322,11 +322,10 @@ def _off_commit(plan: RestorePlan, prompt: np.ndarray, namespace: str) -> Commit
 
 
 def write_fake_file(directory, record, fingerprint: str = "fake", body_bytes: int = 64) -> None:
-    """A real entry file (engine.disk's format, header and checksums) with a dummy body.
+    """A real entry file (engine.storage.file_format, header and checksums) with a dummy body.
 
     Enough for the scan and the policy (headers only); not loadable into MLX.
     """
-    from engine import disk
 
     meta = {
         "fingerprint": fingerprint,
@@ -343,10 +342,10 @@ def write_fake_file(directory, record, fingerprint: str = "fake", body_bytes: in
         "states": [],
     }
     body = np.full(body_bytes, record.entry_id % 251, dtype=np.uint8)
-    job = disk.WriteJob(
+    job = writer.WriteJob(
         record.entry_id, meta, np.asarray(record.tokens, np.int32), [body], ["uint8"]
     )
-    disk.write_file(directory, job)
+    writer.write_file(directory, job)
 
 
 @dataclass
@@ -359,13 +358,12 @@ class FakeDiskActor(FakeModelActor):
 
     def load(self, plan: RestorePlan) -> bool:
         """Read a plan's restore source from its file; False when it is missing or damaged."""
-        from engine import disk
 
         if plan.entry_id in self.stored:
             return True
         try:
-            header = disk.read_header(disk.entry_path(self.directory, plan.entry_id))
-        except (FileNotFoundError, disk.DamagedFile):
+            header = file_format.read_header(file_format.entry_path(self.directory, plan.entry_id))
+        except (FileNotFoundError, file_format.DamagedFile):
             return False
         assert header.fingerprint == self.fingerprint and header.entry_id == plan.entry_id
         states = {n for n, _ in header.checkpoints} | {header.length}
@@ -375,7 +373,6 @@ class FakeDiskActor(FakeModelActor):
 
     def apply(self, orders: Orders) -> None:
         """Moves and drops, then writes (the entry as it is now), frees, then deletes."""
-        from engine import disk
 
         super().apply(Orders(moves=orders.moves, drop_checkpoints=orders.drop_checkpoints))
         assert tuple(r.entry_id for r in orders.records) == orders.write
@@ -388,13 +385,12 @@ class FakeDiskActor(FakeModelActor):
             write_fake_file(self.directory, record, self.fingerprint)
         super().apply(Orders(free=orders.free))
         for entry_id in orders.delete_files:
-            disk.delete_files(self.directory, entry_id)
+            delete_files(self.directory, entry_id)
 
     def files(self, damaged: bool = False) -> set[int]:
         """Ids of the sound files of this fingerprint (or, `damaged`, of the damaged ones)."""
-        from engine import disk
 
-        scanned = disk.scan(self.directory, remove_temps=False).files
+        scanned = scan_directory(self.directory, remove_temps=False).files
         if damaged:
             return {f.entry_id for f in scanned if f.problem is not None}
         return {
@@ -415,15 +411,20 @@ class DiskDriver(Driver):
         fingerprint: str = "fake",
         **knobs,
     ) -> None:
-        from engine import disk
 
         config = replace(config or CacheConfig(**knobs), cache_dir=str(directory))
-        self.manager = CacheManager(config, fingerprint=fingerprint, has_state_layers=state_layers)
+        self.opened = open_cache_directory(config, fingerprint)
+        self.manager = CacheManager(
+            config,
+            fingerprint=fingerprint,
+            has_state_layers=state_layers,
+            disk_index=self.opened.index if self.opened else None,
+        )
         self._early: dict[str, set[int]] = {}
-        assert self.manager.disk is not None, "the disk tier did not open"
+        assert self.manager.disk_index is not None, "the disk tier did not open"
         self.actor = FakeDiskActor(
             state_layers=state_layers,
-            directory=disk.entries_dir(directory, config.mode),
+            directory=file_format.entries_dir(directory, config.mode),
             fingerprint=fingerprint,
         )
         self._requests = {}
@@ -444,7 +445,8 @@ class DiskDriver(Driver):
         return super().commit(request_id, reply, taken, cold, upto)
 
     def close(self) -> None:
-        self.manager.close()
+        if self.opened is not None:
+            self.opened.close()
 
     def check(self) -> None:
         """The manager's invariants; the actor holds the index, deferred and pending frees; the
@@ -461,7 +463,7 @@ class DiskDriver(Driver):
         pending = self.manager.pending_orders
         expected = ({e.id for e in index.entries()} | set(index.deferred)) - loading
         assert expected <= set(self.actor.stored) <= expected | loading | set(pending.free)
-        disk_index = self.manager.disk
+        disk_index = self.manager.disk_index
         own = {i for i, f in disk_index.files.items() if f.entry is not None} - set(pending.write)
         own -= self.actor.files(damaged=True)  # damaged since the scan: found at a load
         assert self.actor.files() == own, (sorted(self.actor.files()), sorted(own))

@@ -1,7 +1,9 @@
 """The cache-manager actor: a thin Ray shell over engine.cache.CacheManager.
 
 One actor serializes every cache decision, so the policy needs no locks. It
-holds no tensors: token arrays, lengths, kinds, sizes and ids.
+holds no tensors: token arrays, lengths, kinds, sizes and ids. At start it
+opens the cache directory (engine.storage.directory: lock, header scan) and
+hands the disk index it built to the policy.
 """
 
 from __future__ import annotations
@@ -9,23 +11,28 @@ from __future__ import annotations
 import ray
 
 from engine.cache.manager import CacheManager
-from engine.config import CacheConfig
-from engine.messages import (
+from engine.cache.messages import (
     AnchorCommit,
-    CacheStatsSnapshot,
+    CacheStats,
     Commit,
     Orders,
     PlanRequest,
     Release,
     RestorePlan,
 )
+from engine.config import CacheConfig
+from engine.storage.directory import open_cache_directory
 
 
 @ray.remote(num_cpus=0)
 class CacheManagerActor:
     def __init__(self, config: CacheConfig, fingerprint: str, has_state_layers: bool):
+        self.directory = open_cache_directory(config, fingerprint)
         self.manager = CacheManager(
-            config, fingerprint=fingerprint, has_state_layers=has_state_layers
+            config,
+            fingerprint=fingerprint,
+            has_state_layers=has_state_layers,
+            disk_index=self.directory.index if self.directory else None,
         )
 
     def plan(self, req: PlanRequest) -> RestorePlan:
@@ -40,5 +47,5 @@ class CacheManagerActor:
     def release(self, release: Release) -> Orders:
         return self.manager.release(release)
 
-    def stats(self) -> CacheStatsSnapshot:
+    def stats(self) -> CacheStats:
         return self.manager.stats()

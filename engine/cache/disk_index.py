@@ -14,35 +14,28 @@ most recently used ones the anchor caps would keep, by LRU; pinned anchors
 a system prompt makes a new anchor every minute, and each one leaves the
 pinned set as newer ones arrive.
 
-`open_disk` builds the index from a header-only scan of the directory and
-holds the directory's lock, so two servers never share one set of entry ids.
+The storage layer scans the directory (engine.storage.directory) and hands
+the files it found here (`index_files`); the files themselves are written and
+deleted by the model actor, on the Orders this index's decisions produce.
 """
 
 from __future__ import annotations
 
-import fcntl
-import logging
-import os
-import time
-from collections.abc import Container
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 
-from engine import disk as files
 from engine.cache.entry import Checkpoint, Entry
 from engine.cache.index import COLD, Lookup, Restore
+from engine.cache.kinds import CheckpointKind, Role
+from engine.cache.messages import EntryRecord
 from engine.cache.tokens import common_prefix
-from engine.messages import CHECKPOINT_KINDS, EntryRecord
-
-log = logging.getLogger(__name__)
 
 # A disk restore point shorter than this is not worth a file read; it is also
 # the length of the token prefix the index buckets files by.
 DISK_MIN_TOKENS = 16
 HEADER_BYTES = 128 << 10  # bound on a header's meta (structure JSON), before the file exists
-LOCK_NAME = "LOCK"
 _RANK = {"damaged": 0, "foreign": 1, "entry": 2, "pinned": 3}
 
 
@@ -97,7 +90,6 @@ class DiskIndex:
         self._clock = 0
         self.max_id = 0
         self.damaged = 0  # files found damaged: at the scan, and at loads since
-        self.lock = None  # the directory's lock file, held while the index lives
 
     # -- contents ----------------------------------------------------------
 
@@ -188,7 +180,7 @@ class DiskIndex:
     def pinned_anchors(self) -> set[int]:
         """The most recently used anchors that fit the anchor caps."""
         anchors = sorted(
-            (f for f in self.files.values() if f.entry is not None and f.entry.role == "anchor"),
+            (f for f in self.files.values() if f.entry is not None and f.entry.role == Role.ANCHOR),
             key=lambda f: -f.last_used,
         )
         out, total = set(), 0
@@ -231,58 +223,67 @@ class DiskIndex:
             assert f.entry_id == entry_id and f.nbytes >= 0 and 0 < f.last_used <= self._clock
             assert (f.entry is None) != (f.reason == ""), f
             if f.entry is not None:
-                assert f.entry.id == entry_id and f.entry.role in (
-                    "conversation",
-                    "anchor",
-                    "snapshot",
-                )
+                assert f.entry.id == entry_id and f.entry.role in tuple(Role)
                 f.entry.check()
         clocks = [f.last_used for f in self.files.values()]
         assert len(set(clocks)) == len(clocks), "disk LRU clock values repeat"
-
-    def close(self) -> None:
-        """Release the directory's lock."""
-        if self.lock is not None:
-            self.lock.close()
-            self.lock = None
 
 
 def _key(namespace: str, tokens: np.ndarray) -> tuple[str, bytes]:
     return namespace, np.ascontiguousarray(tokens[:DISK_MIN_TOKENS], dtype=np.int32).tobytes()
 
 
-def entry_of(header: files.Header) -> Entry:
-    """The index's Entry for a file's header; ValueError for an unknown checkpoint kind."""
-    for _, kind in header.checkpoints:
-        if kind not in CHECKPOINT_KINDS:
-            raise ValueError(f"unknown checkpoint kind {kind!r}")
+@dataclass(frozen=True)
+class FoundFile:
+    """A file of the cache directory as the storage layer's scan found it.
+
+    `record` is what its header says (None when the header failed a check,
+    `problem` then says why); `fingerprint` the model it was written for.
+    """
+
+    entry_id: int
+    nbytes: int
+    mtime: float
+    fingerprint: str = ""
+    record: EntryRecord | None = None
+    problem: str | None = None
+
+
+def entry_of(record: EntryRecord) -> Entry:
+    """The index's Entry for a file's record; ValueError for an unknown checkpoint kind."""
+    kinds = [CheckpointKind(kind) for _, kind in record.checkpoints]  # ValueError if unknown
     return Entry(
-        header.entry_id,
-        header.namespace,
-        header.role,
-        header.tokens,
-        header.prompt_len,
-        header.kv_bytes_per_token,
-        header.state_bytes,
-        {n: Checkpoint(n, kind) for n, kind in header.checkpoints},
+        record.entry_id,
+        record.namespace,
+        Role(record.role),
+        record.tokens,
+        record.prompt_len,
+        record.kv_bytes_per_token,
+        record.state_bytes,
+        {n: Checkpoint(n, kind) for (n, _), kind in zip(record.checkpoints, kinds)},
     )
 
 
-def index_scan(
-    scan: files.Scan,
+def index_files(
+    found: Iterable[FoundFile],
     fingerprint: str,
     budget: int,
     anchor_max_entries: int = 16,
     anchor_max_bytes: int = 16 << 30,
+    max_id: int = 0,
 ) -> DiskIndex:
-    """A DiskIndex of a directory's scan: own files matchable, the others counted; LRU by mtime."""
+    """A DiskIndex of a directory's files: own files matchable, the others counted; LRU by mtime.
+
+    `max_id`: the largest id the directory holds (temporary files included), so
+    new ids never reuse one.
+    """
     index = DiskIndex(budget, anchor_max_entries, anchor_max_bytes)
-    index.max_id = scan.max_id
-    for f in sorted(scan.files, key=lambda f: (f.mtime, f.entry_id)):
+    index.max_id = max_id
+    for f in sorted(found, key=lambda f: (f.mtime, f.entry_id)):
         problem = f.problem
-        if f.header is not None and f.header.fingerprint == fingerprint:
+        if f.record is not None and f.fingerprint == fingerprint:
             try:
-                index.add(entry_of(f.header), f.nbytes)
+                index.add(entry_of(f.record), f.nbytes)
                 continue
             except ValueError as e:
                 problem = str(e)
@@ -292,25 +293,6 @@ def index_scan(
         else:
             index.add_other(f.entry_id, f.nbytes, "foreign")
     return index
-
-
-def lock_directory(directory: Path, wait: float = 3.0):
-    """The directory's lock file, held (None if another process still holds it after `wait` s)."""
-    handle = open(Path(directory) / LOCK_NAME, "a+")  # noqa: SIM115 (held while the index lives)
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            handle.seek(0)
-            handle.truncate()
-            handle.write(f"{os.getpid()}\n")
-            handle.flush()
-            return handle
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                handle.close()
-                return None
-            time.sleep(0.1)
 
 
 def persist(disk: DiskIndex | None, entry: Entry, orders) -> None:
@@ -333,44 +315,3 @@ def evict_disk(disk: DiskIndex | None, index, orders) -> list[int]:
         disk.remove(entry_id)
         orders.delete_file(entry_id)
     return out
-
-
-def open_disk(
-    directory: Path,
-    fingerprint: str,
-    budget: int,
-    anchor_max_entries: int = 16,
-    anchor_max_bytes: int = 16 << 30,
-) -> DiskIndex | None:
-    """Lock the directory, scan its headers and index them; None when another server holds it.
-
-    Temporary files left by a crashed writer are removed; damaged files are
-    reported in the log and counted, never matched.
-    """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    lock = lock_directory(directory)
-    if lock is None:
-        log.warning("disk tier off: another server holds %s", directory / LOCK_NAME)
-        return None
-    t0 = time.perf_counter()
-    scan = files.scan(directory)
-    index = index_scan(scan, fingerprint, budget, anchor_max_entries, anchor_max_bytes)
-    index.lock = lock
-    for f in scan.files:
-        if f.problem is not None:
-            log.warning("disk tier: skipping damaged file %s: %s", f.path, f.problem)
-    for path in scan.removed_temps:
-        log.info("disk tier: removed %s, left by an interrupted write", path)
-    foreign = sum(f.reason == "foreign" for f in index.files.values())
-    log.info(
-        "disk tier: %d entries of this model, %d of other models, %d damaged, %.1f GB "
-        "in %s (scanned in %.2f s)",
-        index.entries,
-        foreign,
-        index.damaged,
-        index.nbytes / 1e9,
-        directory,
-        time.perf_counter() - t0,
-    )
-    return index

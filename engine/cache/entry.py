@@ -12,22 +12,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.messages import Commit
+from engine.cache.kinds import CheckpointKind, RestoreKind, Role
+from engine.cache.messages import Commit
 
-# What an entry is for. "conversation": one per lineage (lineage mode);
-# "anchor": the pinned (system + tools) prefix, a separate entry; "snapshot":
-# exact mode's whole-prompt snapshots.
-ROLES = ("conversation", "anchor", "snapshot")
 # The restore kind reported when a request restores at an entry's own state.
-_WHOLE_KIND = {"conversation": "entry", "anchor": "anchor", "snapshot": "entry"}
+_WHOLE_KIND = {
+    Role.CONVERSATION: RestoreKind.ENTRY,
+    Role.ANCHOR: RestoreKind.ANCHOR,
+    Role.SNAPSHOT: RestoreKind.ENTRY,
+}
 
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A state snapshot at `length`, one of messages.CHECKPOINT_KINDS."""
+    """A state snapshot at `length`, placed by the event its kind names."""
 
     length: int
-    kind: str
+    kind: CheckpointKind
 
 
 @dataclass
@@ -36,7 +37,7 @@ class Entry:
 
     id: int
     namespace: str
-    role: str
+    role: Role
     tokens: np.ndarray  # int32, the tokens the entry covers
     prompt_len: int  # the prompt end (last turn boundary); == len(tokens) unless a reply follows
     kv_bytes_per_token: int
@@ -45,9 +46,9 @@ class Entry:
     last_used: int = 0  # the index's clock at the latest touch
 
     @classmethod
-    def committed(cls, c: Commit, entry_id: int, role: str, tokens: np.ndarray) -> "Entry":
+    def committed(cls, c: Commit, entry_id: int, role: Role, tokens: np.ndarray) -> "Entry":
         """The entry a commit stores under `entry_id`: its own, or a separate capture's."""
-        prompt_len = c.prompt_len if role == "conversation" else len(tokens)
+        prompt_len = c.prompt_len if role == Role.CONVERSATION else len(tokens)
         sizes = c.kv_bytes_per_token, c.state_bytes
         return cls(entry_id, c.namespace, role, tokens, prompt_len, *sizes)
 
@@ -80,11 +81,11 @@ class Entry:
 
     def check(self) -> None:
         """Assert the entry's own invariants."""
-        assert self.role in ROLES, self.role
+        assert self.role in tuple(Role), self.role
         assert self.tokens.dtype == np.int32 and self.tokens.ndim == 1 and self.length > 0
         assert 0 < self.prompt_len <= self.length, (self.prompt_len, self.length)
         assert self.kv_bytes_per_token >= 0 and self.state_bytes >= 0
         for n, checkpoint in self.checkpoints.items():
             assert checkpoint.length == n and 0 < n < self.length, (self.id, n)
-        if self.role != "conversation":
+        if self.role != Role.CONVERSATION:
             assert not self.checkpoints, (self.id, self.role)

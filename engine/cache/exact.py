@@ -18,10 +18,11 @@ import numpy as np
 from engine.cache.disk_index import DiskIndex, persist
 from engine.cache.entry import Entry
 from engine.cache.index import Index
+from engine.cache.kinds import CaptureKind, Role
+from engine.cache.messages import CapturePoint, Commit, RestorePlan
 from engine.cache.orders import OrderBook
 from engine.cache.tier import lru_priority, victims
 from engine.config import CacheConfig
-from engine.messages import CapturePoint, Commit, RestorePlan
 
 
 class ExactPolicy:
@@ -38,7 +39,7 @@ class ExactPolicy:
         self.config = config
         self.index = index
         self._new_id = new_id  # has_state_layers is ignored: snapshots match whole
-        self.disk = disk
+        self.disk_index = disk
 
     def plan(
         self, request_id: str, namespace: str, prompt: np.ndarray, anchor_len: int
@@ -52,7 +53,7 @@ class ExactPolicy:
         guard = len(prompt) - self.config.guard_offset
         captures = ()
         if guard > restore.length:
-            captures = (CapturePoint(guard, "snapshot", self._new_id()),)
+            captures = (CapturePoint(guard, CaptureKind.SNAPSHOT, self._new_id()),)
         return RestorePlan(
             request_id,
             restore.entry_id,
@@ -69,13 +70,13 @@ class ExactPolicy:
         A snapshot whose tokens are already stored is freed (a resend).
         """
         snapshots = [
-            Entry.committed(c, point.entry_id, "snapshot", tokens[: point.length].copy())
+            Entry.committed(c, point.entry_id, Role.SNAPSHOT, tokens[: point.length].copy())
             for point in c.captures
-        ] + [Entry.committed(c, c.entry_id, "snapshot", tokens)]
+        ] + [Entry.committed(c, c.entry_id, Role.SNAPSHOT, tokens)]
         for snapshot in snapshots:
             self.index.add_unique(snapshot, orders)
             if self.index.get(snapshot.id) is not None:
-                persist(self.disk, snapshot, orders)
+                persist(self.disk_index, snapshot, orders)
 
     def evict(self, orders: OrderBook) -> list[Entry]:
         """Evict least recently used snapshots beyond the count cap or the RAM budget."""
@@ -89,6 +90,6 @@ class ExactPolicy:
     def check(self) -> None:
         """Assert exact mode's invariants: snapshots only, within the count cap and RAM budget."""
         entries = self.index.entries()
-        assert all(e.role == "snapshot" for e in entries)
+        assert all(e.role == Role.SNAPSHOT for e in entries)
         assert len(entries) <= self.config.exact_max_entries
         assert sum(e.nbytes for e in entries) <= self.config.ram_budget

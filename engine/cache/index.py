@@ -21,20 +21,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.cache.entry import Entry
+from engine.cache.kinds import RestoreKind, Role
 from engine.cache.orders import OrderBook
 from engine.cache.tokens import common_prefix
 
 
 @dataclass(frozen=True)
 class Restore:
-    """A restore point: `length` tokens of entry `entry_id`; (None, 0, "none") when cold."""
+    """A restore point: `length` tokens of entry `entry_id`; (None, 0, NONE) when cold."""
 
     entry_id: int | None
     length: int
-    kind: str
+    kind: RestoreKind
 
 
-COLD = Restore(None, 0, "none")
+COLD = Restore(None, 0, RestoreKind.NONE)
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class Index:
     def __contains__(self, entry_id: int) -> bool:
         return entry_id in self._entries
 
-    def entries(self, role: str | None = None) -> list[Entry]:
+    def entries(self, role: Role | None = None) -> list[Entry]:
         """Indexed entries (of one role), in insertion order."""
         return [e for e in self._entries.values() if role is None or e.role == role]
 
@@ -92,7 +93,7 @@ class Index:
             self.touch(existing)
             orders.free(entry.id)
 
-    def find_equal(self, namespace: str, role: str, tokens: np.ndarray) -> Entry | None:
+    def find_equal(self, namespace: str, role: Role, tokens: np.ndarray) -> Entry | None:
         """The entry of this namespace and role whose tokens equal `tokens`, if any."""
         for entry in self._by_namespace.get(namespace, {}).values():
             same = entry.length == len(tokens) and np.array_equal(entry.tokens, tokens)

@@ -1,4 +1,4 @@
-"""The lineage policy (DESIGN section 3): one entry per conversation lineage plus checkpoints.
+"""The lineage policy: one entry per conversation lineage plus checkpoints.
 
 What it decides: where a prompt restores (the longest restore point in its
 namespace), which capture points its prefill takes (anchor, guard,
@@ -21,11 +21,12 @@ from engine.cache.anchor import anchor_victims, wants_anchor
 from engine.cache.disk_index import DiskIndex, persist
 from engine.cache.entry import Checkpoint, Entry
 from engine.cache.index import Index, Lookup
+from engine.cache.kinds import CaptureKind, CheckpointKind, Role
+from engine.cache.messages import CapturePoint, Commit, RestorePlan
 from engine.cache.orders import OrderBook
 from engine.cache.thinning import thin
 from engine.cache.tier import ram_priority, victims
 from engine.config import CacheConfig
-from engine.messages import CapturePoint, Commit, RestorePlan
 
 
 def carry_over(source: Entry, restored: int) -> list[Checkpoint]:
@@ -38,12 +39,12 @@ def carry_over(source: Entry, restored: int) -> list[Checkpoint]:
     reply tail the new prompt did not reuse) is dropped with the source.
     """
     out = [
-        Checkpoint(n, "final" if n == source.prompt_len else checkpoint.kind)
+        Checkpoint(n, CheckpointKind.FINAL if n == source.prompt_len else checkpoint.kind)
         for n, checkpoint in sorted(source.checkpoints.items())
         if n <= restored
     ]
     if restored == source.length:
-        out.append(Checkpoint(source.length, "final"))
+        out.append(Checkpoint(source.length, CheckpointKind.FINAL))
     return out
 
 
@@ -62,7 +63,7 @@ class LineagePolicy:
         self.index = index
         self._new_id = new_id
         self.has_state_layers = has_state_layers
-        self.disk = disk
+        self.disk_index = disk
 
     # -- plan ----------------------------------------------------------------
 
@@ -81,7 +82,7 @@ class LineagePolicy:
             points.setdefault(length, kind)
         new_entry_id = self._new_id()
         captures = tuple(
-            CapturePoint(n, kind, self._new_id() if kind == "anchor" else None)
+            CapturePoint(n, kind, self._new_id() if kind == CaptureKind.ANCHOR else None)
             for n, kind in sorted(points.items())
         )
         return RestorePlan(
@@ -102,16 +103,16 @@ class LineagePolicy:
         longer than RAM's best; a file's entry is added to the RAM index.
         """
         found = self.index.lookup(namespace, query, self.has_state_layers)
-        if self.disk is None:
+        if self.disk_index is None:
             return found, False
         held = _Held(self.index)
-        on_disk = self.disk.lookup(
+        on_disk = self.disk_index.lookup(
             namespace, query, self.has_state_layers, longer_than=found.restore.length, skip=held
         )
         sibling = max(found.sibling_lcp, on_disk.sibling_lcp)
         if on_disk.restore.entry_id is None:
             return Lookup(found.restore, sibling), False
-        entry = self.disk.entry(on_disk.restore.entry_id)
+        entry = self.disk_index.entry(on_disk.restore.entry_id)
         self.index.add(
             Entry(
                 entry.id,
@@ -137,16 +138,16 @@ class LineagePolicy:
         """
         restored, size = found.restore.length, len(prompt)
         if wants_anchor(anchor_len, restored, size):
-            if self.index.find_equal(namespace, "anchor", prompt[:anchor_len]) is None:
-                yield anchor_len, "anchor"
+            if self.index.find_equal(namespace, Role.ANCHOR, prompt[:anchor_len]) is None:
+                yield anchor_len, CaptureKind.ANCHOR
         if not self.has_state_layers:
             return
         gain = found.sibling_lcp - restored
         if gain > 0 and gain >= self.config.divergence_min_gain:
-            yield found.sibling_lcp, "divergence"
+            yield found.sibling_lcp, CaptureKind.DIVERGENCE
         guard = size - self.config.guard_offset
         if size - restored >= self.config.guard_min_suffix and restored < guard < size:
-            yield guard, "guard"
+            yield guard, CaptureKind.GUARD
 
     # -- commit --------------------------------------------------------------
 
@@ -154,9 +155,11 @@ class LineagePolicy:
         """Store the request's entry and anchors, absorb its source, thin the new entry."""
         for point in c.captures:
             if point.entry_id is not None:  # an anchor; a duplicate of a stored one is freed
-                anchor = Entry.committed(c, point.entry_id, "anchor", tokens[: point.length].copy())
+                anchor = Entry.committed(
+                    c, point.entry_id, Role.ANCHOR, tokens[: point.length].copy()
+                )
                 self.index.add_unique(anchor, orders)
-        entry = Entry.committed(c, c.entry_id, "conversation", tokens)
+        entry = Entry.committed(c, c.entry_id, Role.CONVERSATION, tokens)
         # A prefill cut short right at a capture point stores that state as the entry's own.
         own = [
             Checkpoint(p.length, p.kind)
@@ -164,10 +167,10 @@ class LineagePolicy:
             if p.entry_id is None and p.length < len(tokens)
         ]
         if len(tokens) > c.prompt_len:
-            own.append(Checkpoint(c.prompt_len, "reply"))
+            own.append(Checkpoint(c.prompt_len, CheckpointKind.REPLY))
         source = self._absorbable(c)
         carried = carry_over(source, c.restored_length) if source else []
-        live_guard = next((p.length for p in own if p.kind == "guard"), None)
+        live_guard = next((p.length for p in own if p.kind == CheckpointKind.GUARD), None)
         dropped = set(thin(own + carried, self.config.max_checkpoints, live_guard))
         for checkpoint in own:
             if checkpoint in dropped:
@@ -180,9 +183,10 @@ class LineagePolicy:
                 entry.checkpoints[checkpoint.length] = checkpoint
         if source is not None:
             self.index.free(source.id, orders)  # its unmoved checkpoints and reply tail go with it
-            on_disk = self.disk is not None and source.id in self.disk
+            on_disk = self.disk_index is not None and source.id in self.disk_index
             if on_disk and not self.index.pinned(source.id):
-                self.disk.remove(source.id)  # the writer deletes it after the new entry's file
+                # the writer deletes it after the new entry's file
+                self.disk_index.remove(source.id)
                 orders.delete_file(source.id)
         self.index.add(entry)
         for new in [self.index.get(p.entry_id) for p in c.captures] + [entry]:
@@ -205,15 +209,15 @@ class LineagePolicy:
             self._persist(entry, orders)
 
     def _persist(self, entry: Entry, orders: OrderBook) -> None:
-        persist(self.disk, entry, orders)
+        persist(self.disk_index, entry, orders)
 
     def forget(self, entry_id: int, orders: OrderBook) -> None:
         """A file the model actor could not load (missing or damaged): out of both indexes."""
         if self.index.get(entry_id) is not None:
             self.index.free(entry_id, orders)
-        if self.disk is not None and entry_id in self.disk:
-            self.disk.remove(entry_id)
-            self.disk.damaged += 1
+        if self.disk_index is not None and entry_id in self.disk_index:
+            self.disk_index.remove(entry_id)
+            self.disk_index.damaged += 1
 
     def _absorbable(self, c: Commit) -> Entry | None:
         """The entry this request absorbs: a conversation source restored at or past its prompt end.
@@ -222,7 +226,11 @@ class LineagePolicy:
         (it may not have read it yet): the source then stays a sibling entry.
         """
         source = self.index.get(c.restored_from)
-        if source is None or source.role != "conversation" or c.restored_length < source.prompt_len:
+        if (
+            source is None
+            or source.role != Role.CONVERSATION
+            or c.restored_length < source.prompt_len
+        ):
             return None
         moving = carry_over(source, c.restored_length)
         if any(self.index.pinned(source.id, p.length) for p in moving):
@@ -237,7 +245,7 @@ class LineagePolicy:
         A victim without a file is spilled to disk (config spill_on_evict).
         """
         cfg = self.config
-        anchors = self.index.entries("anchor")
+        anchors = self.index.entries(Role.ANCHOR)
         out = anchor_victims(anchors, cfg.anchor_max_entries, cfg.anchor_max_bytes)
         for entry in out:
             self.index.free(entry.id, orders)
@@ -253,8 +261,8 @@ class LineagePolicy:
         """Assert lineage mode's invariants: checkpoint cap, anchor caps, unique anchors, budget."""
         cfg = self.config
         entries = self.index.entries()
-        anchors = [e for e in entries if e.role == "anchor"]
-        assert all(e.role in ("conversation", "anchor") for e in entries)
+        anchors = [e for e in entries if e.role == Role.ANCHOR]
+        assert all(e.role in (Role.CONVERSATION, Role.ANCHOR) for e in entries)
         for entry in entries:
             assert len(entry.checkpoints) <= cfg.max_checkpoints, (entry.id, entry.checkpoints)
         assert len(anchors) <= cfg.anchor_max_entries
@@ -262,10 +270,10 @@ class LineagePolicy:
         keys = {(a.namespace, a.tokens.tobytes()) for a in anchors}
         assert len(keys) == len(anchors), "two anchors hold the same tokens"
         assert sum(e.nbytes for e in entries) <= cfg.ram_budget
-        if self.disk is not None:
-            self.disk.check()
+        if self.disk_index is not None:
+            self.disk_index.check()
             for entry in entries:  # an entry in both tiers is the same entry
-                on_disk = self.disk.entry(entry.id)
+                on_disk = self.disk_index.entry(entry.id)
                 if on_disk is not None:
                     assert np.array_equal(on_disk.tokens, entry.tokens), entry.id
                     assert on_disk.checkpoints == entry.checkpoints, entry.id

@@ -13,10 +13,9 @@ may have stored a capture before the request stopped; freeing an id it does
 not hold is a no-op there). An entry's disk file is named by its id, so ids
 start above every id found in the cache directory.
 
-The disk tier (lineage mode, a model fingerprint, a positive disk budget):
-at construction the manager locks ``<cache_dir>/entries``, rebuilds the disk
-index from the files' headers (engine.cache.disk_index.open_disk) and removes
-temporary files a crash left. A plan that restores from a file adds its entry
+The disk tier: the manager is handed a DiskIndex that the storage layer built
+from the cache directory's headers (engine.storage.directory.open_directory,
+which also holds the directory's lock). A plan that restores from a file adds its entry
 to the RAM index; the RAM evictions that make room for it are ordered with
 the next Orders the manager hands out (the model actor frees them then).
 Until a commit shows the model actor read that file, every plan restoring
@@ -34,23 +33,23 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from engine.cache.disk_index import DiskIndex, evict_disk, open_disk
+from engine.cache.disk_index import DiskIndex, evict_disk
 from engine.cache.exact import ExactPolicy
 from engine.cache.index import Index
+from engine.cache.kinds import CaptureKind, RestoreKind, Role
 from engine.cache.lineage import LineagePolicy
-from engine.cache.orders import OrderBook
-from engine.cache.tokens import as_tokens
-from engine.config import CacheConfig
-from engine.disk import entries_dir
-from engine.messages import (
+from engine.cache.messages import (
     AnchorCommit,
-    CacheStatsSnapshot,
+    CacheStats,
     Commit,
     Orders,
     PlanRequest,
     Release,
     RestorePlan,
 )
+from engine.cache.orders import OrderBook
+from engine.cache.tokens import as_tokens
+from engine.config import CacheConfig
 
 _POLICIES = {"lineage": LineagePolicy, "exact": ExactPolicy}
 
@@ -80,26 +79,17 @@ class CacheManager:
         config: CacheConfig,
         fingerprint: str = "",
         has_state_layers: bool = True,
-        disk: bool = True,
+        disk_index: DiskIndex | None = None,
     ) -> None:
-        """`disk=False` keeps the disk tier off (policy tests); it needs lineage mode, a
-        fingerprint and a positive disk budget, and is off when another server holds
-        the cache directory."""
+        """`disk_index`: the disk tier's files (engine.storage.directory builds it from
+        the cache directory); None keeps the disk tier off."""
         _check_config(config)
         self.config = config
         self.fingerprint = fingerprint  # the disk tier keys files by it
         self.has_state_layers = has_state_layers
         self.index = Index()
-        self.disk: DiskIndex | None = None
-        if disk and config.mode != "off" and fingerprint and config.disk_budget > 0:
-            self.disk = open_disk(
-                entries_dir(config.resolved_cache_dir, config.mode),
-                fingerprint,
-                config.disk_budget,
-                config.anchor_max_entries,
-                config.anchor_max_bytes,
-            )
-        self._ids = itertools.count((self.disk.max_id if self.disk else 0) + 1)
+        self.disk_index = disk_index if config.mode != "off" else None
+        self._ids = itertools.count((self.disk_index.max_id if self.disk_index else 0) + 1)
         self._in_flight: dict[str, _InFlight] = {}
         self._hits: Counter[str] = Counter()
         self._evictions = 0
@@ -111,7 +101,9 @@ class CacheManager:
         policy = _POLICIES.get(config.mode)
         self._policy = None
         if policy is not None:
-            self._policy = policy(config, self.index, self._new_id, has_state_layers, self.disk)
+            self._policy = policy(
+                config, self.index, self._new_id, has_state_layers, self.disk_index
+            )
 
     def _new_id(self) -> int:
         return next(self._ids)
@@ -128,12 +120,12 @@ class CacheManager:
                 f"anchor_len {req.anchor_len} is outside the prompt's {len(prompt)} tokens"
             )
         if self._policy is None:
-            return RestorePlan(req.request_id, None, 0, "none", (), new_entry_id=None)
+            return RestorePlan(req.request_id, None, 0, RestoreKind.NONE, (), new_entry_id=None)
         if req.request_id in self._in_flight:
             raise ValueError(f"request {req.request_id!r} is already planned")
         plan = self._policy.plan(req.request_id, req.namespace, prompt, req.anchor_len)
         anchor = None
-        if any(c.kind == "anchor" for c in plan.captures):
+        if any(c.kind == CaptureKind.ANCHOR for c in plan.captures):
             anchor = prompt[: req.anchor_len].copy()
             capturing = self._capturing(req.namespace, anchor)
             if capturing is not None:  # another request is prefilling this anchor: wait for it
@@ -149,8 +141,8 @@ class CacheManager:
         if source is not None:
             self.index.touch(source)
             self.index.pin(req.request_id, plan.entry_id, plan.length)
-        if self.disk is not None and plan.entry_id is not None:
-            self.disk.touch(plan.entry_id)
+        if self.disk_index is not None and plan.entry_id is not None:
+            self.disk_index.touch(plan.entry_id)
         if plan.load_from_disk:  # the file's entry is in the RAM index: make room
             self._evictions += len(self._policy.evict(self._pending))
         self._in_flight[req.request_id] = _InFlight(req.namespace, len(prompt), plan, anchor)
@@ -165,7 +157,9 @@ class CacheManager:
             if flight.namespace != namespace or flight.anchor is None:
                 continue
             if len(flight.anchor) == len(anchor) and np.array_equal(flight.anchor, anchor):
-                return next(c.entry_id for c in flight.plan.captures if c.kind == "anchor")
+                return next(
+                    c.entry_id for c in flight.plan.captures if c.kind == CaptureKind.ANCHOR
+                )
         return None
 
     def _waiting_plan(
@@ -176,13 +170,15 @@ class CacheManager:
         captures = tuple(
             c
             for c in plan.captures
-            if c.length > anchor_len and c.kind != "anchor" and (c.kind != "guard" or guard_ok)
+            if c.length > anchor_len
+            and c.kind != CaptureKind.ANCHOR
+            and (c.kind != CaptureKind.GUARD or guard_ok)
         )
         return replace(
             plan,
             entry_id=anchor_id,
             length=anchor_len,
-            kind="anchor",
+            kind=RestoreKind.ANCHOR,
             captures=captures,
             load_from_disk=False,
             wait=True,
@@ -198,7 +194,7 @@ class CacheManager:
             return Orders()
         flight = self._in_flight.get(a.request_id)
         planned = flight is not None and any(
-            c.entry_id == a.entry_id and c.kind == "anchor" for c in flight.plan.captures
+            c.entry_id == a.entry_id and c.kind == CaptureKind.ANCHOR for c in flight.plan.captures
         )
         if not planned or a.entry_id in flight.committed:
             raise ValueError(f"anchor {a.entry_id} of {a.request_id!r} is not an open capture")
@@ -220,7 +216,7 @@ class CacheManager:
 
     def _evict(self, orders: OrderBook) -> None:
         self._evictions += len(self._policy.evict(orders))
-        self._disk_evictions += len(evict_disk(self.disk, self.index, orders))
+        self._disk_evictions += len(evict_disk(self.disk_index, self.index, orders))
 
     def commit(self, c: Commit) -> Orders:
         """Index a finished request's entry and captures; answer with the actor's orders.
@@ -269,11 +265,6 @@ class CacheManager:
         """Orders decided at a plan, not handed out yet (the next commit or release does)."""
         return self._pending.build()
 
-    def close(self) -> None:
-        """Release the cache directory (a later manager on it may then use the disk tier)."""
-        if self.disk is not None:
-            self.disk.close()
-
     def release(self, r: Release) -> Orders:
         """End a request without a commit: unpin, free what it stored and every id it was given.
 
@@ -295,14 +286,14 @@ class CacheManager:
         self._forget_unread()
         return orders.build()
 
-    def stats(self) -> CacheStatsSnapshot:
+    def stats(self) -> CacheStats:
         """Counters for the CacheStats RPC (all zero when the cache is off)."""
         if self._policy is None:
-            return CacheStatsSnapshot(mode=self.config.mode, entries=0, anchors=0)
+            return CacheStats(mode=self.config.mode, entries=0, anchors=0)
         entries = self.index.entries()
-        anchors = [e for e in entries if e.role == "anchor"]
+        anchors = [e for e in entries if e.role == Role.ANCHOR]
         checkpoints = Counter(c.kind for e in entries for c in e.checkpoints.values())
-        return CacheStatsSnapshot(
+        return CacheStats(
             mode=self.config.mode,
             entries=len(entries) - len(anchors),
             anchors=len(anchors),
@@ -311,10 +302,10 @@ class CacheManager:
             anchor_bytes=sum(a.nbytes for a in anchors),
             hits=dict(sorted(self._hits.items())),
             evictions=self._evictions,
-            disk_bytes=self.disk.nbytes if self.disk else 0,
-            disk_entries=self.disk.entries if self.disk else 0,
+            disk_bytes=self.disk_index.nbytes if self.disk_index else 0,
+            disk_entries=self.disk_index.entries if self.disk_index else 0,
             disk_evictions=self._disk_evictions,
-            damaged_files=self.disk.damaged if self.disk else 0,
+            damaged_files=self.disk_index.damaged if self.disk_index else 0,
             cached_tokens=self._cached_tokens,
             prompt_tokens=self._prompt_tokens,
         )
@@ -332,7 +323,7 @@ class CacheManager:
                 if entry_id in flight.committed:
                     continue
                 assert entry_id not in self.index and entry_id not in self.index.deferred, entry_id
-                assert self.disk is None or entry_id not in self.disk, entry_id
+                assert self.disk_index is None or entry_id not in self.disk_index, entry_id
             source = flight.plan.entry_id
             waiting = (
                 flight.plan.wait

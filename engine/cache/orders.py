@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.messages import CheckpointMove, EntryRecord, Orders
+from engine.cache.messages import CheckpointMove, EntryRecord, Orders
 
 
 class OrderBook:

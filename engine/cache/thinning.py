@@ -1,7 +1,7 @@
 """Thinning: which checkpoints of one lineage go when it holds more than the cap.
 
-The drop order, first to last (DESIGN section 3, "at most 4 checkpoints per
-lineage"):
+The drop order, first to last (at most 4 checkpoints per lineage; see
+docs/architecture.md, "The cache contract"):
 
 1. old guard points, shortest first: only the newest guard, the one the
    entry's own (latest) prompt captured, is a live resend point; guards
@@ -24,14 +24,20 @@ from __future__ import annotations
 from typing import Iterable
 
 from engine.cache.entry import Checkpoint
+from engine.cache.kinds import CheckpointKind
 
-_RANK = {"guard": 0, "final": 1, "divergence": 2, "reply": 4}
+_RANK = {
+    CheckpointKind.GUARD: 0,
+    CheckpointKind.FINAL: 1,
+    CheckpointKind.DIVERGENCE: 2,
+    CheckpointKind.REPLY: 4,
+}
 _NEWEST_GUARD_RANK = 3
 
 
 def drop_priority(checkpoint: Checkpoint, live_guard: int | None) -> tuple[int, int]:
     """Sort key, lower dropped first. `live_guard`: the latest prompt's guard length, if any."""
-    if checkpoint.kind == "guard" and checkpoint.length == live_guard:
+    if checkpoint.kind == CheckpointKind.GUARD and checkpoint.length == live_guard:
         return _NEWEST_GUARD_RANK, checkpoint.length
     return _RANK[checkpoint.kind], checkpoint.length
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from engine.cache.entry import Entry
+from engine.cache.kinds import Role
 
 
 def lru_priority(entry: Entry) -> tuple[int]:
@@ -24,7 +25,7 @@ def ram_priority(entry: Entry) -> tuple[bool, int]:
     Anchors are exempt from the conversation LRU; they go only when the
     conversations alone cannot bring the total under the budget.
     """
-    return entry.role == "anchor", entry.last_used
+    return entry.role == Role.ANCHOR, entry.last_used
 
 
 def victims(

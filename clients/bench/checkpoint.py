@@ -1,0 +1,84 @@
+"""`lineage bench checkpoint`: a checkpoint costs the state bytes only.
+
+Grows a conversation to ~1k and to ~8k tokens on the served model (in
+process, the server's own Generator and CacheManager) and reports the bytes
+of the entry (its KV rows plus its state) against the bytes of one of its
+checkpoints, at both lengths. A checkpoint's bytes must not depend on the
+prompt length.
+"""
+
+from __future__ import annotations
+
+import json
+
+from clients.bench import engine_config, serve_arguments
+
+HELP = "checkpoint bytes vs entry bytes at 1k and 8k tokens"
+
+
+def measure(engine, length: int, seed: int) -> dict:
+    """Bytes of the entry and of its checkpoints after a conversation of `length` tokens."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    vocab = engine.info.vocab_size
+    tokens = [int(t) for t in rng.integers(10, vocab - 10, size=length)]
+    r = engine.run(tokens, max_tokens=4, namespace=f"ckpt-{length}")
+    entry = engine.tier.entries[r.plan.new_entry_id]
+    checkpoints = {n: s.nbytes for n, s in entry.states.items() if n != entry.length}
+    from engine.runtime import layer_caches
+
+    return {
+        "tokens": entry.length,
+        "entry_bytes": entry.nbytes,
+        "kv_bytes": layer_caches.kv_bytes_per_token(entry.layers) * entry.length,
+        "state_bytes": entry.states[entry.length].nbytes,
+        "checkpoint_bytes": sorted(set(checkpoints.values())),
+        "checkpoints": {str(n): b for n, b in sorted(checkpoints.items())},
+    }
+
+
+def run_bench(config, lengths=(1024, 8192), seed: int = 0) -> dict:
+    from engine.runtime.local import LocalEngine
+
+    engine = LocalEngine(config)
+    rows = [measure(engine, n, seed) for n in lengths]
+    return {
+        "model": engine.info.path,
+        "rows": rows,
+        "checkpoint_bytes_equal": len({tuple(r["checkpoint_bytes"]) for r in rows}) == 1,
+    }
+
+
+def report(out: dict) -> str:
+    lines = [
+        f"model {out['model']}",
+        f"{'tokens':>7} {'entry bytes':>13} {'kv bytes':>13} {'checkpoint bytes':>17} "
+        f"{'checkpoint/entry':>17}",
+    ]
+    for r in out["rows"]:
+        ck = r["checkpoint_bytes"][0] if r["checkpoint_bytes"] else 0
+        lines.append(
+            f"{r['tokens']:>7} {r['entry_bytes']:>13,} {r['kv_bytes']:>13,} {ck:>17,} "
+            f"{ck / r['entry_bytes']:>17.4f}"
+        )
+    lines.append(
+        "checkpoint bytes equal at every length: "
+        + ("yes" if out["checkpoint_bytes_equal"] else "NO")
+    )
+    return "\n".join(lines)
+
+
+def add_arguments(p) -> None:
+    serve_arguments(p)
+    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 8192])
+    p.add_argument("--json", help="write the figures to this file")
+
+
+def run(args) -> int:
+    out = run_bench(engine_config(args), tuple(args.lengths))
+    print(report(out))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+    return 0

@@ -1,0 +1,196 @@
+"""The agent benchmark's figures: per-policy summaries, the table, the plot.
+
+Reads PolicyRun records (clients.bench.agents) and the oracle; knows nothing
+about engines or traffic generation. matplotlib is imported inside `plot`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from clients.bench.agents import POLICIES, PolicyRun, oracle_lengths
+
+
+def summarize(run: PolicyRun) -> dict:
+    """The policy's figures over its completed requests, against its own oracle."""
+    obs = run.observed
+    oracle = oracle_lengths([o.step for o in obs], [o.prompt for o in obs], [o.stored for o in obs])
+    done = [(o, n) for o, n in zip(obs, oracle) if o.completed]
+    prompt = sum(len(o.prompt) for o, _ in done)
+    cached = sum(o.cached for o, _ in done)
+    best = sum(n for _, n in done)
+    ttft = [o.ttft_ms for o, _ in done] or [0.0]
+    last = run.stats[-1] if run.stats else {}
+    written = last.get("disk_bytes_written", 0)
+    return {
+        "requests": len(done),
+        "dropped": len(obs) - len(done),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "oracle_cached_tokens": best,
+        "oracle_fraction": cached / best if best else 1.0,
+        "ttft_ms_p50": float(np.percentile(ttft, 50)),
+        "ttft_ms_p90": float(np.percentile(ttft, 90)),
+        "prefill_tokens": prompt - cached,
+        "ram_bytes": int(last.get("ram_bytes", 0)),
+        "ram_bytes_peak": int(max((s["ram_bytes"] for s in run.stats), default=0)),
+        "disk_bytes": int(last.get("disk_bytes", 0)),
+        "evictions": int(run.evictions),
+        "disk_bytes_per_turn": written / len(done) if done else 0.0,
+        "restore_kinds": dict(sorted(Counter(o.restore for o, _ in done).items())),
+        "wall_s": round(run.wall_s, 2),
+        "per_request": [
+            {
+                "rid": o.rid,
+                "step": o.step,
+                "lane": o.lane,
+                "kind": o.kind,
+                "prompt_tokens": len(o.prompt),
+                "cached_tokens": o.cached,
+                "oracle": n,
+                "restore": o.restore,
+                "restore_length": o.restore_length,
+                "ttft_ms": round(o.ttft_ms, 2),
+                "completed": o.completed,
+            }
+            for o, n in zip(obs, oracle)
+        ],
+    }
+
+
+def format_table(report: dict) -> str:
+    """The side-by-side table, then where lineage falls short of the oracle."""
+    t = report["traffic"]
+    lines = [
+        (
+            f"agents traffic: scale {t['scale']}, {t['agents']} agents, "
+            f"{t['requests']} requests in "
+            f"{t['steps']} steps, {t['sessions']} sessions, prefix ~{t['prefix_tokens_estimate']} "
+            f"estimated tokens; oracle {report['oracle']['cached_tokens']} cached tokens"
+        ),
+        (
+            f"{'policy':<8} {'cached':>8} {'oracle%':>8} {'ttft p50':>9} {'ttft p90':>9} "
+            f"{'prefill':>8} {'ram MB':>8} {'disk MB':>8} {'evict':>6} {'disk B/turn':>11}  "
+            f"restore kinds"
+        ),
+    ]
+    for name, p in report["policies"].items():
+        kinds = " ".join(f"{k}={v}" for k, v in p["restore_kinds"].items())
+        lines.append(
+            f"{name:<8} {p['cached_tokens']:>8} {p['oracle_fraction']:>8.1%} "
+            f"{p['ttft_ms_p50']:>9.1f} {p['ttft_ms_p90']:>9.1f} {p['prefill_tokens']:>8} "
+            f"{p['ram_bytes'] / 1e6:>8.1f} {p['disk_bytes'] / 1e6:>8.1f} {p['evictions']:>6} "
+            f"{p['disk_bytes_per_turn']:>11.0f}  {kinds}"
+        )
+    lineage = report["policies"].get("lineage")
+    if lineage:
+        short = [
+            r for r in lineage["per_request"] if r["completed"] and r["cached_tokens"] < r["oracle"]
+        ]
+        lines.append(
+            f"lineage below the oracle on {len(short)} requests "
+            f"({sum(r['oracle'] - r['cached_tokens'] for r in short)} tokens):"
+        )
+        for r in sorted(short, key=lambda r: r["cached_tokens"] - r["oracle"])[:12]:
+            lines.append(
+                f"  request {r['rid']:>3} step {r['step']:>2} lane {r['lane']} "
+                f"{r['kind']:<11} prompt {r['prompt_tokens']:>6} cached "
+                f"{r['cached_tokens']:>6} oracle {r['oracle']:>6} "
+                f"restore {r['restore']}@{r['restore_length']}"
+            )
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: str) -> None:
+    """Cached fraction per request over the traffic, and the time-to-first-token spread."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(report["policies"])
+    colors = dict(zip(POLICIES, ["#1b7837", "#2166ac", "#b2182b", "#e08214"]))
+    fig, (left, right) = plt.subplots(
+        1, 2, figsize=(15, 5.5), gridspec_kw={"width_ratios": [2.3, 1]}
+    )
+    oracle = {r["rid"]: r for r in report["policies"][names[0]]["per_request"]}
+    x = sorted(r for r in oracle if oracle[r]["completed"])
+    left.bar(
+        x,
+        [oracle[r]["oracle"] / oracle[r]["prompt_tokens"] for r in x],
+        width=0.9,
+        color="0.87",
+        label="oracle",
+    )
+    # Drawn back to front, lineage on top; small x offsets keep equal values visible.
+    order = sorted(names, key=lambda n: n == "lineage")
+    for i, name in enumerate(order):
+        rows = [r for r in report["policies"][name]["per_request"] if r["completed"]]
+        dx = (i - (len(order) - 1) / 2) * 0.12
+        left.plot(
+            [r["rid"] + dx for r in rows],
+            [r["cached_tokens"] / r["prompt_tokens"] for r in rows],
+            "o-" if name == "lineage" else "o:",
+            ms=4 if name == "lineage" else 3,
+            lw=1.6 if name == "lineage" else 0.9,
+            color=colors.get(name),
+            label=name,
+        )
+    left.set(
+        xlabel="request (traffic order; concurrent requests share a step)",
+        ylabel="cached / prompt tokens",
+        ylim=(-0.03, 1.03),
+        title="cached fraction per request (grey: the oracle)",
+    )
+    handles, labels = left.get_legend_handles_labels()
+    left.legend(
+        handles,
+        labels,
+        loc="lower center",
+        bbox_to_anchor=(0.5, 1.07),
+        ncol=5,
+        fontsize=9,
+        frameon=False,
+    )
+    left.grid(alpha=0.3)
+    data = [
+        [max(r["ttft_ms"], 0.1) for r in report["policies"][n]["per_request"] if r["completed"]]
+        for n in names
+    ]
+    box = right.boxplot(
+        data, orientation="horizontal", whis=(0, 100), patch_artist=True, widths=0.5
+    )
+    for patch, name in zip(box["boxes"], names):
+        patch.set_facecolor(colors.get(name, "0.7"))
+        patch.set_alpha(0.55)
+    for i, (name, values) in enumerate(zip(names, data), start=1):
+        right.scatter(
+            values, i + np.linspace(-0.12, 0.12, len(values)), s=7, color="k", alpha=0.45, zorder=3
+        )
+        p = report["policies"][name]
+        right.annotate(
+            f"p50 {p['ttft_ms_p50']:.0f} ms, p90 {p['ttft_ms_p90']:.0f} ms",
+            (0.99, i + 0.38),
+            xycoords=("axes fraction", "data"),
+            ha="right",
+            fontsize=8,
+        )
+    right.set_yticks(range(1, len(names) + 1), names)
+    right.set(
+        xscale="log",
+        xlabel="time to first token (ms, log scale)",
+        title="time to first token",
+        ylim=(0.5, len(names) + 0.6),
+    )
+    right.grid(alpha=0.3, axis="x")
+    t = report["traffic"]
+    summary = ", ".join(f"{n} {report['policies'][n]['oracle_fraction']:.0%}" for n in names)
+    fig.suptitle(
+        f"lineage bench agents: scale {t['scale']}, {t['agents']} agents, "
+        f"{t['requests']} requests; cached tokens / oracle: {summary}"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

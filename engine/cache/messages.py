@@ -1,0 +1,205 @@
+"""Messages between the front end, the cache manager and the model actor.
+
+Frozen dataclasses only; plain Python plus numpy (no MLX, no Ray), so the
+cache policy and its tests import this module freely.
+
+The flow (docs/architecture.md, "One request's path"):
+
+    front end   --PlanRequest-->  cache manager  --RestorePlan-->  front end
+    front end   --(plan, sampling)-->  model actor
+    model actor --Commit-->  cache manager  --Orders-->  model actor
+    model actor --Release-->  cache manager  --Orders-->  model actor  (cancel / error)
+
+The model actor stores tensors keyed by entry id and obeys Orders; it never
+decides what to keep.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.cache.kinds import CaptureKind, CheckpointKind, RestoreKind, Role
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """A prompt the front end wants to run."""
+
+    request_id: str
+    tokens: np.ndarray  # int32 prompt token ids
+    anchor_len: int = 0  # tokens shared with the (system + tools) render; 0: none
+    namespace: str = ""
+
+
+@dataclass(frozen=True)
+class CapturePoint:
+    """Stop prefill at `length` tokens and snapshot the state layers there.
+
+    With `entry_id` set, the capture becomes a separate entry of its own (an
+    anchor, or exact mode's prompt-minus-16 snapshot): the rows [:length] of the
+    append-only layers plus the state at `length`, stored under that id.
+    Without it, the capture is a checkpoint of the request's new entry.
+    """
+
+    length: int
+    kind: CaptureKind
+    entry_id: int | None = None
+
+
+@dataclass(frozen=True)
+class RestorePlan:
+    """The manager's answer to a PlanRequest."""
+
+    request_id: str
+    entry_id: int | None  # stored entry to restore from; None: cold
+    length: int  # restored tokens (0 when cold); the rows/state to take
+    kind: RestoreKind
+    captures: tuple[CapturePoint, ...] = ()  # ascending, all > length, all < len(prompt)
+    new_entry_id: int | None = (
+        None  # where the model actor stores this request; None: store nothing
+    )
+    store_reply: bool = (
+        True  # entry extends over the reply (lineage); False: ends at the prompt (exact)
+    )
+    # The restore source is on the disk tier only: the model actor reads its file
+    # into RAM at admission (RamTier.prepare), synchronously, before restoring.
+    load_from_disk: bool = False
+    # The restore source is an anchor that another in-flight request is about to
+    # capture (parallel sub-agents sharing a system prompt, arriving together):
+    # the model actor admits this request once it holds that entry, and prefills
+    # cold if the capture never happens. The shared prefix is paid once.
+    wait: bool = False
+
+
+@dataclass(frozen=True)
+class CapturedPoint:
+    """A capture the model actor actually took (prefill may be cut short)."""
+
+    length: int
+    kind: CaptureKind
+    entry_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Commit:
+    """A finished request's cache, now held by the model actor under `entry_id`.
+
+    `tokens` are the tokens the stored entry covers: the prompt plus the reply
+    when the plan said store_reply, else the prompt. The stored entry holds the
+    state at len(tokens) and, as a checkpoint, the state at `prompt_len` (the
+    prompt end) when store_reply and the reply is non-empty. `captures` lists
+    the capture points taken (checkpoints and separate entries).
+    """
+
+    request_id: str
+    namespace: str
+    entry_id: int
+    tokens: np.ndarray  # int32
+    prompt_len: int
+    restored_from: int | None  # echo of the plan
+    restored_length: int
+    captures: tuple[CapturedPoint, ...]
+    kv_bytes_per_token: int  # bytes of one token's rows across all append-only layers
+    state_bytes: int  # bytes of one state snapshot (all state layers)
+
+
+@dataclass(frozen=True)
+class AnchorCommit:
+    """An anchor captured mid-prefill and stored by the model actor at once.
+
+    Indexed before the capturing request ends, so requests waiting on the same
+    system prompt (RestorePlan.wait) restore it; the request's later Commit
+    does not list it again.
+    """
+
+    request_id: str
+    namespace: str
+    entry_id: int
+    tokens: np.ndarray  # int32, the anchor's tokens
+    kv_bytes_per_token: int
+    state_bytes: int
+
+
+@dataclass(frozen=True)
+class Release:
+    """A planned request ended without a commit (cancelled, failed, cache off)."""
+
+    request_id: str
+    stored: tuple[int, ...] = ()  # entry ids the model actor stored anyway; the manager frees them
+
+
+@dataclass(frozen=True)
+class CheckpointMove:
+    """Re-key the state snapshot at `length` from entry `src` to entry `dst`.
+
+    Used by absorption: the old entry's checkpoints (and its prompt end or full
+    length) become checkpoints of the new entry, reading their append-only rows
+    from the new entry.
+    """
+
+    src: int
+    length: int
+    dst: int
+
+
+@dataclass(frozen=True)
+class EntryRecord:
+    """The index's description of an entry, written into its disk file's header.
+
+    The model actor holds the tensors; this says what they are: the tokens they
+    cover, the prompt end, and the kind of each checkpoint (the state at every
+    checkpoint length and at len(tokens) goes into the file).
+    """
+
+    entry_id: int
+    namespace: str
+    role: Role
+    tokens: np.ndarray  # int32
+    prompt_len: int
+    checkpoints: tuple[tuple[int, CheckpointKind], ...]  # (length, kind), ascending
+    kv_bytes_per_token: int
+    state_bytes: int
+
+
+@dataclass(frozen=True)
+class Orders:
+    """What the model actor must do to its tiers. Applied in field order, except that
+    the entries in `write` are captured (with their `records`) before `free`."""
+
+    moves: tuple[CheckpointMove, ...] = ()
+    drop_checkpoints: tuple[tuple[int, int], ...] = ()  # (entry_id, length)
+    free: tuple[int, ...] = ()  # entry ids to drop from RAM
+    write: tuple[int, ...] = ()  # entry ids to write to the disk tier
+    delete_files: tuple[int, ...] = ()  # entry ids whose disk files go
+    # One record per id in `write`, same order: the file header. The actor
+    # captures the entry for writing before it applies `free`, so an entry
+    # spilled at its RAM eviction is written although it leaves RAM; the files
+    # in `delete_files` go after the writes ordered before them.
+    records: tuple[EntryRecord, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.moves or self.drop_checkpoints or self.free or self.write or self.delete_files
+        )
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """Counters for the CacheStats RPC."""
+
+    mode: str
+    entries: int
+    anchors: int
+    checkpoints: dict[str, int] = field(default_factory=dict)  # by kind
+    ram_bytes: int = 0
+    anchor_bytes: int = 0
+    disk_bytes: int = 0
+    disk_entries: int = 0
+    hits: dict[str, int] = field(default_factory=dict)  # by restore kind
+    evictions: int = 0
+    disk_evictions: int = 0
+    damaged_files: int = 0
+    cached_tokens: int = 0
+    prompt_tokens: int = 0

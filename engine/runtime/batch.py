@@ -1,0 +1,277 @@
+"""mlx-lm's BatchGenerator, with the copies and pool clears of a warm turn taken out.
+
+Four changes to mlx-lm's batches, everything else is mlx-lm's:
+
+- The batch merge of restored caches is the only KV copy of a warm turn: the
+  merged KV buffer gets room for the rest of the prompt, so prefill writes in
+  place instead of concatenating (a second whole-KV copy) on its first chunk.
+- Moving sequences from prefill to decode (`split`) no longer deep-copies the
+  whole prompt batch's caches: the caches move when every sequence leaves,
+  and only the leaving rows are gathered otherwise.
+- A sequence that finishes alone in the batch leaves with views of its KV
+  rows, not a copy (`extract_alone`): the commit copies nothing.
+- The `mx.clear_cache()` after every prefill chunk and padded batch is opt-in.
+  It hands MLX's buffer pool back to the operating system, so the next
+  allocation page-faults fresh memory: on a warm turn it turned each KV copy
+  into seconds on a warm turn (measured with `lineage bench warm`). The pool stays,
+  bounded by MLX's cache limit, and is released when the engine goes idle.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, PromptProcessingBatch, _right_pad_prompts
+from mlx_lm.models.cache import BatchKVCache, CacheList, KVCache
+
+from engine.runtime.layer_caches import snapshot_state
+
+
+def merge_with_room(caches: list, room: int) -> list:
+    """mlx-lm's batch merge, with KV buffers sized for `room` more tokens.
+
+    The merge copies each restored sequence's KV rows into the batch layout
+    (the one copy a warm turn pays); sizing the buffer for what prefill will
+    append lets BatchKVCache write in place instead of concatenating.
+    """
+    if not caches:
+        return []
+    return [_merge_layer([c[i] for c in caches], room) for i in range(len(caches[0]))]
+
+
+def _merge_layer(layers: list, room: int):
+    if all(type(c) is KVCache for c in layers):
+        return _merge_kv(layers, room)
+    if all(type(c) is CacheList for c in layers):
+        parts = zip(*(c.caches for c in layers))
+        merged = CacheList()
+        merged.caches = tuple(_merge_layer(list(p), room) for p in parts)
+        return merged
+    if not hasattr(layers[0], "merge"):
+        raise ValueError(f"{type(layers[0]).__name__} does not support batching with history")
+    return layers[0].merge(layers)
+
+
+def _merge_kv(layers: list, room: int) -> BatchKVCache:
+    lengths = [c.size() for c in layers]
+    longest = max(lengths)
+    if longest == 0:
+        return BatchKVCache([0] * len(layers))
+    ref = next(c for c in layers if c.keys is not None)
+    step = BatchKVCache.step
+    capacity = ((longest + room + step - 1) // step) * step
+    B, H = len(layers), ref.keys.shape[1]
+    keys = mx.zeros((B, H, capacity, ref.keys.shape[3]), dtype=ref.keys.dtype)
+    values = mx.zeros((B, H, capacity, ref.values.shape[3]), dtype=ref.values.dtype)
+    padding = [longest - n for n in lengths]
+    for i, (p, c) in enumerate(zip(padding, layers)):
+        if c.keys is not None and c.offset:
+            keys[i : i + 1, :, p : p + c.offset] = c.keys[..., : c.offset, :]
+            values[i : i + 1, :, p : p + c.offset] = c.values[..., : c.offset, :]
+    merged = BatchKVCache(padding)
+    merged.keys, merged.values = keys, values
+    merged.offset = merged.offset + longest
+    merged._idx = longest
+    return merged
+
+
+def _detached(cache):
+    """A shallow copy whose in-place `filter` leaves the original untouched."""
+    if type(cache) is CacheList:
+        out = CacheList()
+        out.caches = tuple(_detached(c) for c in cache.caches)
+        return out
+    return copy.copy(cache)
+
+
+POOL_LIMIT_CAP = 16 << 30  # an upper bound on the kept pool, whatever the budget
+
+
+def pool_limit(ram_budget: int, configured: int | None = None) -> int:
+    """MLX's buffer-pool cap: as configured, else a quarter of the RAM budget, at most 16 GB."""
+    return configured if configured is not None else min(POOL_LIMIT_CAP, ram_budget // 4)
+
+
+def bound_pool(ram_budget: int, configured: int | None = None) -> int:
+    """Bound the pool that the warm path keeps (instead of clearing it per chunk)."""
+    limit = pool_limit(ram_budget, configured)
+    mx.set_cache_limit(limit)
+    return limit
+
+
+class PoolClearCounter:
+    """Counts the pool clears the batch makes (the tests read it)."""
+
+    def __init__(self):
+        self.count = 0
+
+    def clear(self) -> None:
+        self.count += 1
+        mx.clear_cache()
+
+
+class LineagePromptBatch(PromptProcessingBatch):
+    """PromptProcessingBatch whose per-chunk pool clear happens only when asked."""
+
+    clear_pool: bool = False
+    pool: PoolClearCounter | None = None
+    layer_timer = None  # set by the generator: callable(chunk_len) -> context manager
+
+    def __init__(self, *args, caches=None, room: int = 0, **kwargs):
+        super().__init__(*args, caches=[], **kwargs)
+        self.prompt_cache = merge_with_room(caches or [], room)
+
+    def _copy(self):
+        new = super()._copy()
+        new.clear_pool, new.pool, new.layer_timer = self.clear_pool, self.pool, self.layer_timer
+        return new
+
+    def split(self, indices):
+        """Move `indices` to a new batch without deep-copying the whole batch's caches."""
+        indices = sorted(indices)
+        rest = sorted(set(range(len(self.uids))) - set(indices))
+        caches, self.prompt_cache = self.prompt_cache, []
+        new = self._copy()  # copies no tensors now: the caches are set aside
+        if rest:
+            new.prompt_cache = [_detached(c) for c in caches]
+            self.prompt_cache = caches
+            self.filter(rest)
+            new.filter(indices)
+        else:
+            new.prompt_cache = caches  # every sequence leaves: nothing to gather
+            self.filter([])
+        return new
+
+    def prompt(self, tokens):
+        """Run the prompt tokens through the model (mlx-lm's loop, minus the forced clears)."""
+        if len(self.uids) != len(tokens):
+            raise ValueError("The batch length doesn't match the number of inputs")
+        if not tokens:
+            return
+        for sti, ti in zip(self.tokens, tokens):
+            sti += ti
+        lengths = [len(p) for p in tokens]
+        max_length = max(lengths)
+        padding = [max_length - n for n in lengths]
+        if max(padding) > 0:
+            tokens = _right_pad_prompts(tokens, max_length=max_length)
+            for c in self.prompt_cache:
+                c.prepare(lengths=lengths, right_padding=padding)
+        else:
+            tokens = mx.array(tokens)
+        while tokens.shape[1] > 0:
+            n = min(self.prefill_step_size, tokens.shape[1])
+            self.model(tokens[:, :n], cache=self.prompt_cache)
+            mx.eval([c.state for c in self.prompt_cache])
+            self._maybe_clear()
+            tokens = tokens[:, n:]
+        if max(padding) > 0:
+            for c in self.prompt_cache:
+                c.finalize()
+            mx.eval([c.state for c in self.prompt_cache])
+            self._maybe_clear()
+
+    def _maybe_clear(self) -> None:
+        if self.clear_pool and self.pool is not None:
+            self.pool.clear()
+
+
+def extract_alone(batch, idx: int) -> list:
+    """A finished sequence's caches; when it is alone in the batch, its KV rows are views.
+
+    mlx-lm's extraction copies the rows out of the batch layout (so the rest of
+    the batch can be dropped). A sequence alone in an unpadded batch owns the
+    whole buffer, which the batch drops right after: a view of its rows is the
+    same entry without the copy (it keeps at most a step of spare rows alive).
+    """
+    if len(batch.uids) != 1:
+        return [c.extract(idx) for c in batch.prompt_cache]
+    return [_extract_layer(c, idx) for c in batch.prompt_cache]
+
+
+def _extract_layer(c, idx: int):
+    if type(c) is BatchKVCache and c.keys is not None and int(c.left_padding[0].item()) == 0:
+        cache = KVCache()
+        cache.keys, cache.values = c.keys[..., : c._idx, :], c.values[..., : c._idx, :]
+        cache.offset = c._idx
+        return cache
+    if type(c) is CacheList:
+        out = CacheList()
+        out.caches = tuple(_extract_layer(p, idx) for p in c.caches)
+        return out
+    return c.extract(idx)
+
+
+class LineageBatchGenerator(BatchGenerator):
+    """BatchGenerator with the warm turn's copies and pool clears taken out (module doc)."""
+
+    def __init__(self, model, *, clear_pool_per_prefill: bool = False, **kwargs):
+        super().__init__(model, **kwargs)
+        # The one generation batch lives as long as the generator (others extend it).
+        gen = self._generation_batch
+        gen.extract_cache = lambda idx: extract_alone(gen, idx)
+        self.pool = PoolClearCounter()
+        batch = LineagePromptBatch.empty(
+            self.model, self.sampler, prefill_step_size=self.prefill_step_size
+        )
+        batch.clear_pool = clear_pool_per_prefill
+        batch.pool = self.pool
+        self._prompt_batch = batch
+
+    # The engine's view of the two batches: what the generator may read of a
+    # sequence between steps. mlx-lm's private fields are touched here only.
+
+    def generation_state(self, uid: int):
+        """The state snapshot of a sequence that just entered the generation batch."""
+        batch = self._generation_batch
+        return snapshot_state(batch.prompt_cache, batch.uids.index(uid))
+
+    def prefill_state(self, uid: int):
+        """The state snapshot of a sequence in prefill, at its current length."""
+        batch = self._prompt_batch
+        return snapshot_state(batch.prompt_cache, batch.uids.index(uid))
+
+    def prefill_extract(self, uid: int) -> list:
+        """The layer caches of a sequence in prefill, extracted alone (one copy of its rows)."""
+        batch = self._prompt_batch
+        return batch.extract_cache(batch.uids.index(uid))
+
+    @property
+    def generating(self) -> int:
+        """Sequences in the generation batch."""
+        return len(self._generation_batch)
+
+    def _make_batch(self, n: int):
+        """mlx-lm's _make_batch, merging the restored caches with room for the prompt."""
+        fields = {
+            k: []
+            for k in (
+                "uids",
+                "caches",
+                "tokens",
+                "samplers",
+                "logits_processors",
+                "max_tokens",
+                "stop_sequences",
+            )
+        }
+        room = 0
+        for _ in range(n):
+            uid, segments, max_tok, cache, tokens, sampler, procs, stops = (
+                self._unprocessed_sequences.popleft()
+            )
+            remaining = sum(len(s) for s in segments)
+            room = max(room, remaining)
+            for key, value in zip(fields, (uid, cache, tokens, sampler, procs, max_tok, stops)):
+                fields[key].append(value)
+            self._currently_processing.append([segments, 0, remaining])
+        batch = LineagePromptBatch(
+            model=self.model,
+            prefill_step_size=self.prefill_step_size,
+            fallback_sampler=self.sampler,
+            room=room,
+            **fields,
+        )
+        batch.clear_pool, batch.pool = self._prompt_batch.clear_pool, self.pool
+        return batch

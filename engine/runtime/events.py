@@ -1,0 +1,61 @@
+"""What the model actor streams back for one request: progress, tokens, the final event.
+
+Plain frozen dataclasses (no MLX, no Ray): they cross the Ray boundary between
+the model actor and the front end, which translates them to gRPC events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.cache.kinds import RestoreKind, TextEnum
+
+
+class FinishReason(TextEnum):
+    """Why a request's stream ended."""
+
+    STOP = "stop"  # a stop token or stop string
+    LENGTH = "length"  # max_tokens (or the context) reached
+    CANCELLED = "cancelled"  # the client went away, or cancelled
+    ERROR = "error"  # admission or the batch failed; Finished.error says why
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Where one request's time went, and what its restore and commit copied."""
+
+    queue_ms: float = 0.0  # received to admitted, less the plan
+    plan_ms: float = 0.0  # the cache manager's plan
+    restore_ms: float = 0.0  # the restore at admission
+    prefill_ms: float = 0.0  # admitted to the last prompt token fed
+    commit_ms: float = 0.0  # stored to the manager's Orders applied
+    ttft_ms: float = 0.0  # received to the first token
+    decode_tps: float = 0.0  # tokens per second after the first
+    bytes_copied_restore: int = 0
+    bytes_copied_commit: int = 0
+    restored_kv_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Progress:
+    done: int  # prompt tokens in the cache, restored ones included
+    total: int
+
+
+@dataclass(frozen=True)
+class Tokens:
+    ids: tuple[int, ...]
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    request_id: str
+    finish_reason: FinishReason
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    restore_kind: RestoreKind
+    restore_length: int
+    timing: Timing = field(default_factory=Timing)
+    error: str = ""

@@ -1,0 +1,460 @@
+"""Continuous batching with restores and capture points, over mlx-lm's BatchGenerator.
+
+The generator knows tensors and the batch; it knows nothing about which entry
+to restore or what to keep: a request arrives with its RestorePlan, and a
+finished request leaves as a Commit for the cache manager, whose Orders come
+back through `apply_orders`. Every method runs on one thread (the model
+actor's loop); nothing here locks.
+
+Capture points: the prompt is split into segments at each capture point, so
+prefill stops exactly there (BatchGenerator's segments) and the state layers
+of that sequence are snapshotted before the next chunk runs. The state at the
+prompt end is taken when the sequence enters the generation batch (its last
+prompt token has just been fed).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+from mlx_lm.generate import BatchGenerator, StopSequences
+
+from engine.cache.kinds import CaptureKind, RestoreKind
+from engine.cache.messages import AnchorCommit, CapturedPoint, Commit, Orders, Release
+from engine.config import EngineConfig
+from engine.runtime import layer_caches
+from engine.runtime.batch import LineageBatchGenerator, bound_pool
+from engine.runtime.events import Finished, FinishReason, Progress, Timing, Tokens
+from engine.runtime.layer_timer import LayerTimer
+from engine.runtime.ram_tier import RamTier, StoredEntry
+from engine.runtime.requests import GenerationRequest
+from engine.runtime.sampling import StopMatcher, make_sampler
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[object], None]
+OnOrders = Callable[[Orders], None]
+
+
+class CacheLink(Protocol):
+    """How the generator reaches the cache manager. Each call answers with Orders,
+    handed to `on_orders` on the generator's own thread (never re-entrantly
+    inside a step for a remote manager; at once for an in-process one)."""
+
+    def commit(self, commit: Commit, on_orders: OnOrders) -> None: ...
+
+    def commit_anchor(self, anchor: AnchorCommit, on_orders: OnOrders) -> None: ...
+
+    def release(self, release: Release, on_orders: OnOrders) -> None: ...
+
+
+PROGRESS_MIN_TOKENS = 256  # stream prefill progress only for prompts at least this long
+
+
+@dataclass
+class _Active:
+    """One request in the batch."""
+
+    req: GenerationRequest
+    emit: Emit
+    uid: int
+    restore_kind: RestoreKind
+    restore_length: int
+    captures: list  # pending CapturePoints, ascending
+    stop_ids: frozenset
+    t_admit: float
+    restore_ms: float
+    restored_kv_bytes: int
+    copied_restore: int = 0
+    copied_commit: int = 0
+    taken: dict = field(default_factory=dict)  # length -> (CapturePoint, StateSnapshot)
+    prompt_end_state: object = None
+    t_prefill_end: float | None = None
+    t_first: float | None = None
+    t_last: float | None = None
+    ids: list = field(default_factory=list)  # emitted completion ids
+    detok: object = None
+    stop: StopMatcher | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.req.tokens)
+
+
+class Generator:
+    """The batch loop of one model replica."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        config: EngineConfig,
+        tier: RamTier,
+        cache: CacheLink,
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.tier = tier
+        self.cache = cache
+        self.vocab_size = int(model.args.vocab_size) if hasattr(model, "args") else len(tokenizer)
+        self.eos_ids = frozenset(int(t) for t in tokenizer.eos_token_ids)
+        self.pool_limit = bound_pool(config.cache.ram_budget, config.cache.pool_limit)
+        self.bg = self._new_batch_generator()
+        self.active: dict[int, _Active] = {}  # uid -> request
+        self.by_request: dict[str, int] = {}  # request_id -> uid
+        self.pending: list[tuple[GenerationRequest, Emit]] = []
+        self.timer = LayerTimer(
+            model, config.cache.layer_timer_flag, config.cache.layer_timer_requests
+        )
+
+    def _new_batch_generator(self) -> BatchGenerator:
+        m = self.config.model
+        return LineageBatchGenerator(
+            self.model,
+            completion_batch_size=m.max_batch,
+            prefill_batch_size=m.max_batch,
+            prefill_step_size=m.prefill_step_size,
+            clear_pool_per_prefill=self.config.cache.clear_pool_per_prefill,
+        )
+
+    # ---- requests in ----------------------------------------------------
+
+    def submit(self, req: GenerationRequest, emit: Emit) -> None:
+        self.pending.append((req, emit))
+
+    def cancel(self, request_id: str, on_done: Callable[[], None] | None = None) -> None:
+        """Stop a request now: its slot is freed before the next decode step.
+
+        `on_done` runs once what the request leaves behind is committed (or
+        released): a retry planned after it sees that entry.
+        """
+        done = on_done or (lambda: None)
+        for i, (req, emit) in enumerate(self.pending):
+            if req.request_id == request_id:
+                del self.pending[i]
+                self._release(req)
+                emit(self._finished_cold(req, FinishReason.CANCELLED))
+                return done()
+        uid = self.by_request.get(request_id)
+        if uid is None:
+            return done()
+        act = self.active[uid]
+        emit = act.emit
+        act.emit = lambda event: (emit(event), isinstance(event, Finished) and done())
+        cache, tokens = self.bg.remove([uid], return_prompt_caches=True)[uid]
+        if len(tokens) <= act.restore_length:  # not admitted to the batch yet: nothing new
+            self._drop(uid)
+            self._release(act.req)
+            act.emit(self._finished(act, FinishReason.CANCELLED))
+            return
+        # In prefill, the prefix prefilled so far (and its captures) is still worth
+        # keeping: a retry of a dropped long prompt resumes there.
+        self._finish(act, FinishReason.CANCELLED, cache, list(tokens))
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.pending or self.active)
+
+    # ---- the loop ---------------------------------------------------------
+
+    def step(self) -> None:
+        """Admit pending requests, then one BatchGenerator step."""
+        waiting = []
+        while self.pending:
+            req, emit = self.pending.pop(0)
+            if self._must_wait(req):
+                waiting.append((req, emit))
+                continue
+            try:
+                self._admit(req, emit)
+            except Exception as e:  # one bad request must not fail the batch
+                log.exception("request %s: admission failed", req.request_id)
+                self._release(req)
+                emit(self._finished_cold(req, FinishReason.ERROR, error=f"{type(e).__name__}: {e}"))
+        self.pending = waiting
+        if not self.active:
+            return
+        prompt_responses, gen_responses = self.bg.next()
+        for r in prompt_responses:
+            self._on_prompt(r)
+        for r in gen_responses:
+            self._on_token(r)
+
+    def _must_wait(self, req: GenerationRequest) -> bool:
+        """A plan waiting on an anchor that a request still in prefill will capture."""
+        plan = req.plan
+        if not plan.wait or self.tier.can_restore(plan.entry_id, plan.length):
+            return False
+        planned = [a.captures for a in self.active.values()]
+        planned += [[c for c in r.plan.captures] for r, _ in self.pending if r is not req]
+        return any(c.entry_id == plan.entry_id for caps in planned for c in caps)
+
+    def fail_all(self, message: str) -> None:
+        """After an error inside the batch: end every request and start a fresh batch."""
+        for uid, act in list(self.active.items()):
+            self._drop(uid)
+            self._release(act.req)
+            act.emit(self._finished(act, FinishReason.ERROR, error=message))
+        self.bg = self._new_batch_generator()
+
+    # ---- admission and restore -------------------------------------------
+
+    def _admit(self, req: GenerationRequest, emit: Emit) -> None:
+        """Restore the plan's point and insert the prompt's remaining segments into the batch."""
+        self.timer.on_admit(req.request_id)
+        t0 = time.perf_counter()
+        tokens = list(req.tokens)
+        kind, n, cache, restored_kv, copied = self._restore(req)
+        captures = sorted(
+            (c for c in req.plan.captures if n < c.length < len(tokens)), key=lambda c: c.length
+        )
+        # Prefill stops at every capture point: one segment between two of them.
+        cuts = [n] + [c.length for c in captures] + [len(tokens)]
+        segments = [tokens[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
+        stop_ids = self.eos_ids | frozenset(req.sampling.stop_token_ids)
+        uid = self.bg.insert_segments(
+            [segments],
+            max_tokens=[req.sampling.max_tokens],
+            caches=[cache] if cache is not None else None,
+            all_tokens=[tokens[:n]],
+            samplers=[make_sampler(req.sampling, self.vocab_size)],
+            stop_sequences=[StopSequences([[t] for t in sorted(stop_ids)])],
+        )[0]
+        self.active[uid] = _Active(
+            req=req,
+            emit=emit,
+            uid=uid,
+            restore_kind=kind,
+            restore_length=n,
+            captures=captures,
+            stop_ids=stop_ids,
+            t_admit=time.time(),
+            restore_ms=(time.perf_counter() - t0) * 1000,
+            restored_kv_bytes=restored_kv,
+            copied_restore=copied,
+            detok=self.tokenizer.detokenizer,
+            stop=StopMatcher(req.sampling.stop),
+        )
+        self.by_request[req.request_id] = uid
+
+    def _restore(self, req: GenerationRequest):
+        """(kind, length, layer caches or None, restored KV bytes, bytes copied) of the plan.
+
+        A restore point the RAM tier no longer holds (nor can load) falls back to
+        a cold prefill, logged.
+        """
+        plan = req.plan
+        kind, n = plan.kind, plan.length
+        self.tier.prepare(plan)  # e.g. bring a disk-tier entry into RAM
+        if n and not self.tier.can_restore(plan.entry_id, n):
+            log.warning(
+                "request %s: restore point %s@%d is gone; prefilling cold",
+                req.request_id,
+                plan.entry_id,
+                n,
+            )
+            kind, n = RestoreKind.NONE, 0
+        if not n:
+            return kind, 0, None, 0, 0
+        counter = layer_caches.CopyCounter()
+        cache = self.tier.restore(plan.entry_id, n, counter)
+        restored_kv = layer_caches.kv_bytes_per_token(self.tier.entries[plan.entry_id].layers) * n
+        return kind, n, cache, restored_kv, counter.copied_kv
+
+    # ---- prefill events ----------------------------------------------------
+
+    def _on_prompt(self, r) -> None:
+        act = self.active.get(r.uid)
+        if act is None:
+            return
+        done = act.restore_length + int(r.progress[0])
+        if act.prompt_len >= PROGRESS_MIN_TOKENS and not r.end_of_prompt:
+            act.emit(Progress(done=done, total=act.prompt_len))
+        if r.end_of_prompt:
+            act.t_prefill_end = time.time()
+            act.prompt_end_state = self.bg.generation_state(r.uid)
+        elif r.end_of_segment and act.captures and act.captures[0].length == done:
+            point = act.captures.pop(0)
+            if point.kind == CaptureKind.ANCHOR:
+                self._commit_anchor(act, point, self.bg.prefill_extract(r.uid))
+                return
+            act.taken[point.length] = (point, self.bg.prefill_state(r.uid))
+
+    def _commit_anchor(self, act: _Active, point, extracted: list) -> None:
+        """Store an anchor the moment prefill reaches it, and index it now.
+
+        Requests waiting on the same system prompt restore it at once instead of
+        prefilling it again. Costs one copy of the anchor's rows (the extraction),
+        once per distinct system prompt.
+        """
+        layers, state = layer_caches.store_entry(extracted)
+        self.tier.put(point.entry_id, StoredEntry(layers, point.length, {point.length: state}))
+        self.cache.commit_anchor(
+            AnchorCommit(
+                request_id=act.req.request_id,
+                namespace=act.req.namespace,
+                entry_id=point.entry_id,
+                tokens=np.asarray(act.req.tokens[: point.length], dtype=np.int32),
+                kv_bytes_per_token=layer_caches.kv_bytes_per_token(layers),
+                state_bytes=state.nbytes,
+            ),
+            self.apply_orders,
+        )
+
+    # ---- decode events -----------------------------------------------------
+
+    def _on_token(self, r) -> None:
+        act = self.active.get(r.uid)
+        if act is None:
+            return
+        now = time.time()
+        token = int(r.token)
+        if act.t_first is None:
+            act.t_first = now
+        act.t_last = now
+        is_stop_token = r.finish_reason == "stop" and token in act.stop_ids
+        stopped = False
+        if not is_stop_token:
+            act.ids.append(token)
+            act.detok.add_token(token)
+            text, stopped = act.stop.feed(act.detok.last_segment)
+            act.emit(Tokens(ids=(token,), text=text))
+        if stopped:
+            caches = self.bg.remove([r.uid], return_prompt_caches=True)
+            cache, tokens = caches[r.uid]
+            self._finish(act, FinishReason.STOP, cache, list(tokens))
+        elif r.finish_reason is not None:
+            act.detok.finalize()
+            tail = act.stop.feed(act.detok.last_segment)[0] + act.stop.flush()
+            if tail:
+                act.emit(Tokens(ids=(), text=tail))
+            self._finish(act, FinishReason(r.finish_reason), r.prompt_cache, list(r.all_tokens))
+
+    # ---- finishing: store, commit, final event ------------------------------
+
+    def _finish(self, act: _Active, reason: FinishReason, cache: list, all_tokens: list) -> None:
+        self._drop(act.uid)
+        plan = act.req.plan
+        if plan.new_entry_id is None:
+            self._release(act.req)
+            act.emit(self._finished(act, reason))
+            return
+        t0 = time.perf_counter()
+        commit = self._store(act, cache, all_tokens)
+
+        def on_orders(orders: Orders) -> None:
+            self.apply_orders(orders)
+            commit_ms = (time.perf_counter() - t0) * 1000
+            act.emit(self._finished(act, reason, commit_ms=commit_ms))
+
+        self.cache.commit(commit, on_orders)
+
+    def _store(self, act: _Active, cache: list, all_tokens: list) -> Commit:
+        """Put the finished sequence's entry (and separate capture entries) in the RAM tier."""
+        plan = act.req.plan
+        L = act.prompt_len
+        counter = layer_caches.CopyCounter()
+        layers, end_state = layer_caches.store_entry(cache, counter)
+        act.copied_commit = counter.copied_kv
+        tokens = np.asarray(all_tokens, dtype=np.int32)
+        if act.prompt_end_state is None:  # cancelled in prefill: the prefix done so far
+            L = length = int(tokens.shape[0])
+            states = {length: end_state}
+        elif plan.store_reply:
+            length, states = int(tokens.shape[0]), {int(tokens.shape[0]): end_state}
+            if length > L:
+                states[L] = act.prompt_end_state
+        else:
+            length, states = L, {L: act.prompt_end_state}
+            tokens = tokens[:L]
+        assert tokens.shape[0] >= L, "the cache holds fewer tokens than the prompt"
+        captured = []
+        for point, state in act.taken.values():
+            if point.entry_id is None:
+                states[point.length] = state
+            else:
+                self.tier.put(
+                    point.entry_id, StoredEntry(layers, point.length, {point.length: state})
+                )
+            captured.append(CapturedPoint(point.length, point.kind, point.entry_id))
+        self.tier.put(plan.new_entry_id, StoredEntry(layers, length, states))
+        return Commit(
+            request_id=act.req.request_id,
+            namespace=act.req.namespace,
+            entry_id=plan.new_entry_id,
+            tokens=tokens,
+            prompt_len=L,
+            restored_from=plan.entry_id if act.restore_length else None,
+            restored_length=act.restore_length,
+            captures=tuple(captured),
+            kv_bytes_per_token=layer_caches.kv_bytes_per_token(layers),
+            state_bytes=end_state.nbytes,
+        )
+
+    def apply_orders(self, orders: Orders) -> None:
+        if orders:
+            self.tier.apply(orders)
+
+    def _release(self, req: GenerationRequest) -> None:
+        if req.plan.new_entry_id is not None:
+            self.cache.release(Release(request_id=req.request_id), self.apply_orders)
+
+    def _drop(self, uid: int) -> None:
+        act = self.active.pop(uid, None)
+        if act is not None:
+            self.by_request.pop(act.req.request_id, None)
+            self.timer.on_finish(act.req.request_id)
+
+    # ---- final events --------------------------------------------------------
+
+    def _finished(
+        self, act: _Active, reason: FinishReason, commit_ms: float = 0.0, error: str = ""
+    ) -> Finished:
+        t_first = act.t_first
+        n = len(act.ids)
+        decode_tps = 0.0
+        if t_first is not None and act.t_last is not None and act.t_last > t_first and n > 1:
+            decode_tps = (n - 1) / (act.t_last - t_first)
+        received = act.req.received_at
+        timing = Timing(
+            queue_ms=max(0.0, (act.t_admit - received) * 1000 - act.req.plan_ms),
+            plan_ms=act.req.plan_ms,
+            restore_ms=act.restore_ms,
+            prefill_ms=((act.t_prefill_end or time.time()) - act.t_admit) * 1000,
+            commit_ms=commit_ms,
+            ttft_ms=((t_first - received) * 1000) if t_first else 0.0,
+            decode_tps=decode_tps,
+            bytes_copied_restore=act.copied_restore,
+            bytes_copied_commit=act.copied_commit,
+            restored_kv_bytes=act.restored_kv_bytes,
+        )
+        return Finished(
+            request_id=act.req.request_id,
+            finish_reason=reason,
+            prompt_tokens=act.prompt_len,
+            cached_tokens=act.restore_length,
+            completion_tokens=n,
+            restore_kind=act.restore_kind,
+            restore_length=act.restore_length,
+            timing=timing,
+            error=error,
+        )
+
+    def _finished_cold(
+        self, req: GenerationRequest, reason: FinishReason, error: str = ""
+    ) -> Finished:
+        return Finished(
+            request_id=req.request_id,
+            finish_reason=reason,
+            prompt_tokens=len(req.tokens),
+            cached_tokens=0,
+            completion_tokens=0,
+            restore_kind=RestoreKind.NONE,
+            restore_length=0,
+            error=error,
+        )

@@ -1,0 +1,120 @@
+"""The RAM tier: stored entries' tensors, keyed by entry id. It obeys, never decides.
+
+An entry holds the append-only layers of one finished sequence (as extracted
+from the batch, never cloned) and state snapshots keyed by length: the state at
+the entry's own length and at each of its checkpoints. A restore at length n
+needs a state snapshot at exactly n (or, for a model without state layers,
+none) and reads rows [:n] of the append-only layers.
+
+What to keep, move, drop, write or delete comes from the cache manager as
+Orders. The disk tier is reached through the `DiskTier` protocol (the
+storage layer's DiskStore fills it), so this module never imports storage.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from engine.cache.messages import EntryRecord, Orders, RestorePlan
+from engine.runtime import layer_caches
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StoredEntry:
+    layers: list  # append-only layers (layer_caches' stored forms), full length
+    length: int  # tokens this entry covers (rows of `layers` it may serve)
+    states: dict[int, layer_caches.StateSnapshot] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        kv = layer_caches.kv_bytes_per_token(self.layers) * self.length
+        return kv + sum(s.nbytes for s in self.states.values())
+
+
+class DiskTier(Protocol):
+    """What the RAM tier asks of the disk tier (engine.storage.disk_store.DiskStore)."""
+
+    def write(self, entry: StoredEntry, record: EntryRecord) -> None: ...
+
+    def delete(self, entry_id: int) -> None: ...
+
+    def load(self, entry_id: int) -> StoredEntry | None: ...
+
+
+class RamTier:
+    """Entry id -> StoredEntry, plus the orders that change it (and the disk tier's files)."""
+
+    def __init__(self, has_state_layers: bool, disk_tier: DiskTier | None = None):
+        self.has_state_layers = has_state_layers
+        self.entries: dict[int, StoredEntry] = {}
+        self.disk_tier = disk_tier
+
+    def put(self, entry_id: int, entry: StoredEntry) -> None:
+        assert entry_id not in self.entries, f"entry {entry_id} stored twice"
+        self.entries[entry_id] = entry
+
+    def prepare(self, plan: RestorePlan) -> None:
+        """Make the plan's restore source readable: load its disk file when the plan says so.
+
+        Synchronous (read, checksum, copy into MLX arrays) on the loop thread; a
+        file that fails is logged and left out, and the request prefills cold.
+        """
+        if not plan.load_from_disk or self.disk_tier is None or plan.entry_id in self.entries:
+            return
+        entry = self.disk_tier.load(plan.entry_id)
+        if entry is not None:
+            self.entries[plan.entry_id] = entry
+
+    def can_restore(self, entry_id: int | None, length: int) -> bool:
+        entry = self.entries.get(entry_id) if entry_id is not None else None
+        if entry is None or length > entry.length:
+            return False
+        return length in entry.states or not self.has_state_layers
+
+    def restore(self, entry_id: int, length: int, counter=None) -> list:
+        """Fresh single-sequence layer caches at `length` (views, no KV copy)."""
+        entry = self.entries[entry_id]
+        state = entry.states.get(length)
+        if state is None:  # no state layers: any snapshot gives the layout
+            state = next(iter(entry.states.values()))
+        return layer_caches.restore(entry.layers, state, length, counter)
+
+    def apply(self, orders: Orders) -> None:
+        """Moves (absorption), dropped checkpoints, writes, frees, then file deletes.
+
+        A write captures the entry as it is after the moves and drops, before
+        the frees (an entry spilled at its eviction is written as it leaves).
+        """
+        for move in orders.moves:
+            src, dst = self.entries.get(move.src), self.entries.get(move.dst)
+            if src is None or dst is None or move.length not in src.states:
+                log.warning("move %s: source or destination missing", move)
+                continue
+            dst.states[move.length] = src.states[move.length]
+        for entry_id, length in orders.drop_checkpoints:
+            entry = self.entries.get(entry_id)
+            if entry is not None and length != entry.length:
+                entry.states.pop(length, None)
+        if self.disk_tier is not None:
+            for record in orders.records:
+                entry = self.entries.get(record.entry_id)
+                if entry is None:
+                    log.warning("write of entry %d: not held", record.entry_id)
+                    continue
+                try:
+                    self.disk_tier.write(entry, record)
+                except ValueError:
+                    log.exception("write of entry %d skipped", record.entry_id)
+        for entry_id in orders.free:
+            self.entries.pop(entry_id, None)
+        if self.disk_tier is not None:
+            for entry_id in orders.delete_files:
+                self.disk_tier.delete(entry_id)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.nbytes for e in self.entries.values())

@@ -1,0 +1,35 @@
+"""What the model actor is asked to run: a planned prompt and how to sample it.
+
+Plain frozen dataclasses (no MLX, no Ray): the front end builds them, Ray
+carries them to the model actor, the Generator admits them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.cache.messages import RestorePlan
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 0.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A planned prompt for the model actor."""
+
+    request_id: str
+    namespace: str
+    tokens: tuple[int, ...]
+    plan: RestorePlan
+    sampling: SamplingParams
+    received_at: float  # time.time() when the front end got the call
+    plan_ms: float = 0.0

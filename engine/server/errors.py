@@ -1,0 +1,27 @@
+"""The server's domain errors. The gRPC servicer maps each to one status code.
+
+InvalidRequest -> INVALID_ARGUMENT; Overloaded -> RESOURCE_EXHAUSTED;
+Unavailable (and an actor Ray reports dead) -> UNAVAILABLE. They carry a
+message for the client that names the problem; nothing else about them is
+gRPC's.
+"""
+
+from __future__ import annotations
+
+from ray.exceptions import RayActorError
+
+# Ray's errors for an actor that died or cannot be reached (ActorDiedError and
+# ActorUnavailableError are both RayActorErrors).
+ActorGone = RayActorError
+
+
+class InvalidRequest(ValueError):
+    """Bad input; its message names the problem."""
+
+
+class Unavailable(RuntimeError):
+    """The engine cannot serve now (stopping, or the model actor is gone)."""
+
+
+class Overloaded(RuntimeError):
+    """Too many requests in flight."""

@@ -1,0 +1,195 @@
+"""The front end's domain side: prompt, plan, run, stream. No gRPC types here.
+
+It tokenizes and renders the chat template (engine.server.prompt), asks the cache
+manager for a RestorePlan, runs the request on the model actor through a Ray
+streaming generator and yields the actor's events. The gRPC servicer
+(engine.server.service) only translates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+import numpy as np
+
+from engine.cache.messages import PlanRequest
+from engine.runtime.events import Finished
+from engine.runtime.requests import GenerationRequest, SamplingParams
+from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
+from engine.server.prompt import PromptBuilder, PromptInput
+
+log = logging.getLogger("lineage.request")
+
+
+class Frontend:
+    def __init__(
+        self, model, manager, builder: PromptBuilder, info, cache_mode: str, max_queue: int = 256
+    ):
+        self.model = model  # ModelActor handle
+        self.manager = manager  # CacheManagerActor handle
+        self.builder = builder
+        self.info = info  # ModelInfo
+        self.cache_mode = cache_mode
+        self.closing = asyncio.Event()
+        self.max_queue = max_queue
+        self.cancelling: set = set()  # cancels whose commit a retry should see
+        self.in_flight: dict[str, tuple[str, np.ndarray]] = {}  # request_id -> (namespace, prompt)
+
+    async def _await_superseded(
+        self, namespace: str, tokens: np.ndarray, patience: float = 0.5
+    ) -> None:
+        """A prompt that extends an in-flight prompt is a retry of a dropped call.
+
+        Its client has gone, but the server may not have seen the cancellation
+        yet (it races the new call): wait briefly for it to land, then for its
+        commit, so the retry restores what the dropped call computed.
+        """
+
+        def superseded() -> bool:
+            for ns, prompt in self.in_flight.values():
+                n = len(prompt)
+                if ns == namespace and n <= len(tokens) and np.array_equal(tokens[:n], prompt):
+                    return True
+            return False
+
+        deadline = time.monotonic() + patience
+        while superseded() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        await self._settle_cancels()
+
+    async def _settle_cancels(self, timeout: float = 2.0) -> None:
+        """Wait (briefly) for cancelled requests to commit, so a retry can restore them."""
+        if self.cancelling:
+            await asyncio.wait(set(self.cancelling), timeout=timeout)
+
+    def _cancel(self, request_id: str) -> None:
+        task = asyncio.ensure_future(self._await_ref(self.model.cancel.remote(request_id)))
+        self.cancelling.add(task)
+        task.add_done_callback(self.cancelling.discard)
+
+    @staticmethod
+    async def _await_ref(ref) -> None:
+        try:
+            await ref
+        except ActorGone:  # a dead actor: nothing to wait for
+            pass
+        except Exception:  # anything else is a bug in the cancel path: say so
+            log.exception("cancelling a request failed")
+
+    @staticmethod
+    def check_sampling(s: SamplingParams) -> None:
+        if s.max_tokens <= 0:
+            raise InvalidRequest(f"max_tokens must be > 0, got {s.max_tokens}")
+        if s.temperature < 0:
+            raise InvalidRequest(f"temperature must be >= 0, got {s.temperature}")
+        if not 0 <= s.top_p <= 1:
+            raise InvalidRequest(f"top_p must be in [0, 1], got {s.top_p}")
+        if s.top_k < 0:
+            raise InvalidRequest(f"top_k must be >= 0, got {s.top_k}")
+
+    async def generate(
+        self, inp: PromptInput, sampling: SamplingParams, namespace: str = "", request_id: str = ""
+    ):
+        """Yield lists of events (Progress, Tokens, Finished) for one request."""
+        if self.closing.is_set():
+            raise Unavailable("the server is shutting down")
+        received = time.time()
+        prompt, sampling = self._prepare(inp, sampling)
+        request_id = request_id or uuid.uuid4().hex
+        if len(self.in_flight) >= self.max_queue:
+            raise Overloaded(
+                f"{len(self.in_flight)} requests are in flight (the limit is {self.max_queue}); "
+                "retry later"
+            )
+        tokens = np.asarray(prompt.tokens, dtype=np.int32)
+        await self._await_superseded(namespace, tokens)
+        req = await self._plan(request_id, namespace, prompt, tokens, sampling, received)
+        finished = False
+        self.in_flight[request_id] = (namespace, tokens)
+        try:
+            async for ref in self.model.generate.options(num_returns="streaming").remote(req):
+                batch = await ref
+                for event in batch:
+                    if isinstance(event, Finished):
+                        finished = True
+                        log_request(event, req.plan.captures)
+                yield batch
+        finally:
+            if not finished:
+                self._cancel(request_id)
+            self.in_flight.pop(request_id, None)
+
+    def _prepare(self, inp: PromptInput, sampling: SamplingParams):
+        """(prompt, sampling) checked and built; max_tokens clipped to the context left."""
+        self.check_sampling(sampling)
+        bad = [t for t in sampling.stop_token_ids if not 0 <= t < self.info.vocab_size]
+        if bad:
+            raise InvalidRequest(f"stop token id {bad[0]} is outside the vocabulary")
+        prompt = self.builder.build(inp)
+        if len(prompt.tokens) + sampling.max_tokens > self.info.max_context:
+            sampling = _clip_max_tokens(sampling, self.info.max_context - len(prompt.tokens))
+        return prompt, sampling
+
+    async def _plan(
+        self, request_id: str, namespace: str, prompt, tokens, sampling, received: float
+    ) -> GenerationRequest:
+        """Ask the cache manager for the restore plan; the request the model actor runs."""
+        t0 = time.perf_counter()
+        plan = await self.manager.plan.remote(
+            PlanRequest(
+                request_id=request_id,
+                tokens=tokens,
+                anchor_len=prompt.anchor_len,
+                namespace=namespace,
+            )
+        )
+        return GenerationRequest(
+            request_id=request_id,
+            namespace=namespace,
+            tokens=prompt.tokens,
+            plan=plan,
+            sampling=sampling,
+            received_at=received,
+            plan_ms=(time.perf_counter() - t0) * 1000,
+        )
+
+    async def stats(self):
+        return await self.manager.stats.remote()
+
+
+def _clip_max_tokens(s: SamplingParams, room: int) -> SamplingParams:
+    from dataclasses import replace
+
+    return replace(s, max_tokens=max(1, room))
+
+
+def log_request(f: Finished, captures) -> None:
+    """One key=value line per request (the cost of each turn is visible in the log)."""
+    t = f.timing
+    log.info(
+        "request id=%s finish=%s prompt=%d cached=%d completion=%d restore=%s@%d "
+        "captures=%s queue_ms=%.1f plan_ms=%.1f restore_ms=%.1f prefill_ms=%.1f "
+        "commit_ms=%.1f ttft_ms=%.1f decode_tps=%.1f bytes_copied_restore=%d "
+        "bytes_copied_commit=%d restored_kv_bytes=%d",
+        f.request_id,
+        f.finish_reason,
+        f.prompt_tokens,
+        f.cached_tokens,
+        f.completion_tokens,
+        f.restore_kind,
+        f.restore_length,
+        ",".join(f"{c.kind}@{c.length}" for c in captures) or "-",
+        t.queue_ms,
+        t.plan_ms,
+        t.restore_ms,
+        t.prefill_ms,
+        t.commit_ms,
+        t.ttft_ms,
+        t.decode_tps,
+        t.bytes_copied_restore,
+        t.bytes_copied_commit,
+        t.restored_kv_bytes,
+    )

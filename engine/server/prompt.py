@@ -1,0 +1,174 @@
+"""Prompts from requests: validation, the chat template, and the anchor boundary.
+
+The anchor is where (system messages + tools) ends and the first user message
+begins: the chat template rendered on the leading system messages plus the
+tools, without the generation prompt, tokenized once per distinct text
+(memoized), and its common prefix with the prompt, minus a few tokens of slack
+for BPE merges at the boundary (docs/architecture.md, "The cache contract").
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.server.errors import InvalidRequest
+
+MESSAGE_ROLES = ("system", "user", "assistant", "tool")  # roles of chat messages
+
+
+@dataclass(frozen=True)
+class PromptInput:
+    """What a request asks to run, before tokenization."""
+
+    messages: tuple[dict, ...] = ()
+    tools: tuple[dict, ...] | None = None
+    prompt_ids: tuple[int, ...] | None = None
+    prompt_text: str | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+
+@dataclass(frozen=True)
+class Prompt:
+    tokens: tuple[int, ...]
+    anchor_len: int
+
+
+def parse_tools(tools_json: str) -> tuple[dict, ...] | None:
+    """The tools list from its JSON text; InvalidRequest names what is malformed."""
+    if not tools_json.strip():
+        return None
+    try:
+        tools = json.loads(tools_json)
+    except json.JSONDecodeError as e:
+        raise InvalidRequest(f"tools_json is not valid JSON: {e}")
+    if not isinstance(tools, list):
+        raise InvalidRequest("tools_json must be a JSON list of tool definitions")
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise InvalidRequest(f"tools[{i}] must be an object, got {type(tool).__name__}")
+        fn = tool.get("function", tool) if tool.get("type", "function") == "function" else None
+        if fn is None:
+            raise InvalidRequest(f"tools[{i}].type must be 'function', got {tool.get('type')!r}")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise InvalidRequest(f"tools[{i}] has no function name")
+        params = fn.get("parameters", {})
+        if not isinstance(params, dict):
+            raise InvalidRequest(f"tools[{i}].function.parameters must be an object")
+    return tuple(tools)
+
+
+class PromptBuilder:
+    """Turns a PromptInput into prompt tokens plus the anchor length."""
+
+    def __init__(
+        self,
+        tokenizer,
+        vocab_size: int,
+        max_context: int,
+        anchor_slack: int = 2,
+        memo_size: int = 256,
+    ):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_context = max_context
+        self.anchor_slack = anchor_slack
+        self._memo: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._memo_size = memo_size
+
+    def build(self, inp: PromptInput) -> Prompt:
+        if inp.prompt_ids is not None:
+            tokens = tuple(int(t) for t in inp.prompt_ids)
+            bad = [t for t in tokens if not 0 <= t < self.vocab_size]
+            if bad:
+                raise InvalidRequest(
+                    f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
+                )
+            anchor = 0
+        elif inp.prompt_text is not None:
+            tokens = tuple(self.tokenizer.encode(inp.prompt_text, add_special_tokens=False))
+            anchor = 0
+        else:
+            self._check_messages(inp.messages)
+            text = self.render(
+                list(inp.messages), inp.tools, inp.add_generation_prompt, inp.continue_final_message
+            )
+            tokens = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+            anchor = self.anchor_length(inp.messages, inp.tools, tokens)
+        if not tokens:
+            raise InvalidRequest("the prompt is empty")
+        if len(tokens) >= self.max_context:
+            raise InvalidRequest(
+                f"the prompt has {len(tokens)} tokens; the model's context is {self.max_context}"
+            )
+        return Prompt(tokens=tokens, anchor_len=anchor)
+
+    def render(
+        self,
+        messages: list,
+        tools,
+        add_generation_prompt: bool,
+        continue_final_message: bool = False,
+    ) -> str:
+        kwargs = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
+        if tools:
+            kwargs["tools"] = list(tools)
+        if continue_final_message:
+            kwargs.update(add_generation_prompt=False, continue_final_message=True)
+        try:
+            if not messages:  # transformers refuses an empty conversation; render directly
+                from transformers.utils.chat_template_utils import render_jinja_template
+
+                kwargs.pop("tokenize")
+                return render_jinja_template(
+                    conversations=[messages], chat_template=self.tokenizer.chat_template, **kwargs
+                )[0][0]
+            return self.tokenizer.apply_chat_template(messages, **kwargs)
+        except Exception as e:  # a template error is the request's fault
+            raise InvalidRequest(f"the chat template failed on these messages: {e}")
+
+    def anchor_length(self, messages, tools, tokens) -> int:
+        """Tokens the prompt shares with the render of its system messages plus tools."""
+        head = []
+        for m in messages:
+            if m.get("role") != "system":
+                break
+            head.append(m)
+        if not head and not tools:
+            return 0
+        if len(head) == len(messages) and not tools:
+            return 0  # nothing after the system block: no boundary to pin
+        text = self.render(head, tools, add_generation_prompt=False)
+        prefix = self._tokens(text)
+        prompt = np.asarray(tokens, dtype=np.int64)
+        n = min(len(prefix), len(prompt))
+        mismatch = np.nonzero(prefix[:n] != prompt[:n])[0]
+        common = int(mismatch[0]) if mismatch.size else n
+        return max(0, common - self.anchor_slack)
+
+    def _tokens(self, text: str) -> np.ndarray:
+        hit = self._memo.get(text)
+        if hit is not None:
+            self._memo.move_to_end(text)
+            return hit
+        ids = np.asarray(self.tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)
+        self._memo[text] = ids
+        if len(self._memo) > self._memo_size:
+            self._memo.popitem(last=False)
+        return ids
+
+    @staticmethod
+    def _check_messages(messages) -> None:
+        if not messages:
+            raise InvalidRequest("no messages and no prompt: the prompt is empty")
+        for i, m in enumerate(messages):
+            role = m.get("role")
+            if role not in MESSAGE_ROLES:
+                raise InvalidRequest(
+                    f"messages[{i}].role {role!r} is unknown "
+                    f"(use one of {', '.join(MESSAGE_ROLES)})"
+                )

@@ -1,0 +1,171 @@
+"""`lineage serve`: Ray, the actors, the gRPC server, and a clean stop.
+
+`start_engine(config)` builds a running engine inside an initialized Ray (the
+tests use it with their session-wide Ray); `run(config)` is the main job: it
+starts or joins Ray, serves until SIGINT/SIGTERM, then stops cleanly (health
+NOT_SERVING, in-flight streams end with UNAVAILABLE, actors killed, Ray shut
+down if it started it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Protocol, Sequence
+
+import ray
+
+from engine.config import EngineConfig
+
+log = logging.getLogger("lineage")
+
+
+class Stoppable(Protocol):
+    async def stop(self) -> None: ...
+
+
+# Started beside the engine with its gRPC address; stopped before it.
+Sidecar = Callable[[str], Awaitable[Stoppable]]
+
+
+@dataclass
+class RunningEngine:
+    server: object
+    port: int
+    health: object
+    frontend: object
+    model: object
+    manager: object
+    info: object
+    watch: object = None  # the health watchdog task
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def stop(self, grace: float = 2.0) -> None:
+        from engine.server.service import stop_server
+
+        if self.watch is not None:
+            self.watch.cancel()
+        await stop_server(self.server, self.health, self.frontend, grace)
+        try:  # queued disk-tier writes land before the actor goes
+            await self.model.flush_disk.remote(60)
+        except Exception:
+            log.exception("flushing the disk tier failed")
+        for actor in (self.model, self.manager):
+            ray.kill(actor)
+
+
+async def start_engine(config: EngineConfig, port: int | None = None) -> RunningEngine:
+    """Create the actors and serve gRPC; Ray must already be initialized."""
+    from mlx_lm.utils import load_tokenizer
+
+    from engine.actors.cache_manager import CacheManagerActor
+    from engine.actors.model import ModelActor
+    from engine.server.frontend import Frontend
+    from engine.server.prompt import PromptBuilder
+    from engine.server.service import create_server
+
+    options = {"resources": {"mlx": 1}} if config.server.address else {}
+    model = ModelActor.options(**options).remote(config)
+    info = await model.info.remote()
+    manager = CacheManagerActor.remote(config.cache, info.fingerprint, info.has_state_layers)
+    await model.attach.remote(manager)
+    from pathlib import Path
+
+    tokenizer = load_tokenizer(Path(info.path))
+    builder = PromptBuilder(tokenizer, info.vocab_size, info.max_context, config.cache.anchor_slack)
+    frontend = Frontend(model, manager, builder, info, config.cache.mode, config.model.max_queue)
+    server, bound, health = await create_server(
+        frontend, config.server.host, config.server.port if port is None else port
+    )
+    engine = RunningEngine(server, bound, health, frontend, model, manager, info)
+    engine.watch = asyncio.ensure_future(watch_actors(engine))
+    return engine
+
+
+async def watch_actors(engine: RunningEngine, every: float = 2.0, patience: float = 10.0):
+    """Health follows the actors: NOT_SERVING while the model or the cache manager is gone."""
+    from grpc_health.v1 import health_pb2
+
+    from engine.server.service import SERVICE
+
+    serving = True
+    while True:
+        await asyncio.sleep(every)
+        try:
+            await asyncio.wait_for(engine.model.info.remote(), patience)
+            await asyncio.wait_for(engine.manager.stats.remote(), patience)
+            up = True
+        except Exception as e:  # a dead or stuck actor
+            if serving:
+                log.error("an actor is not answering (%s): health goes NOT_SERVING", e)
+            up = False
+        if up != serving and not engine.frontend.closing.is_set():
+            status = (
+                health_pb2.HealthCheckResponse.SERVING
+                if up
+                else (health_pb2.HealthCheckResponse.NOT_SERVING)
+            )
+            for name in ("", SERVICE):
+                await engine.health.set(name, status)
+            serving = up
+
+
+def run(config: EngineConfig, sidecars: Sequence[Sidecar] = ()) -> int:
+    """The main job. Returns the process exit code.
+
+    `sidecars` start beside the engine once it serves (each is handed the
+    engine's gRPC address) and stop before it: `lineage serve --http-port`
+    runs the OpenAI bridge this way, from the client side.
+    """
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr
+    )
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        ctx = ray.init(
+            address=config.server.address,
+            num_cpus=config.server.num_cpus,
+            include_dashboard=True,
+            dashboard_host="127.0.0.1",
+            configure_logging=False,
+            log_to_driver=True,
+        )
+        dashboard = getattr(ctx, "dashboard_url", "") or ""
+    else:
+        dashboard = ""
+    try:
+        return asyncio.run(_serve(config, dashboard, sidecars))
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+
+async def _serve(config: EngineConfig, dashboard: str, sidecars: Sequence[Sidecar]) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    engine = await start_engine(config)
+    print(
+        f"lineage: serving {engine.info.model_type} ({engine.info.path}) "
+        f"on {config.server.host}:{engine.port}, cache mode {config.cache.mode}",
+        flush=True,
+    )
+    if dashboard:
+        url = dashboard if dashboard.startswith("http") else f"http://{dashboard}"
+        print(f"lineage: Ray dashboard at {url}", flush=True)
+    started = []
+    for sidecar in sidecars:
+        started.append(await sidecar(f"127.0.0.1:{engine.port}"))
+    await stop.wait()
+    print("lineage: stopping", flush=True)
+    for handle in reversed(started):
+        await handle.stop()
+    await engine.stop()
+    return 0

@@ -1,0 +1,244 @@
+"""The gRPC servicer: proto in, dataclasses to the Frontend, proto out.
+
+Every domain error becomes a status code here, in one place:
+InvalidRequest -> INVALID_ARGUMENT, Unavailable (and a dead actor) -> UNAVAILABLE,
+a full queue -> RESOURCE_EXHAUSTED. Standard health checking and server
+reflection are served beside the Engine service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from engine.proto import engine_pb2, engine_pb2_grpc
+from engine.runtime.events import Finished, FinishReason, Progress, Tokens
+from engine.runtime.requests import SamplingParams
+from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
+from engine.server.frontend import Frontend
+from engine.server.prompt import PromptInput, parse_tools
+
+log = logging.getLogger(__name__)
+SERVICE = engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name
+
+
+def to_prompt_input(req: engine_pb2.GenerateRequest) -> PromptInput:
+    """The request's prompt, in domain terms. Raises InvalidRequest."""
+    sources = [bool(req.messages), req.HasField("prompt_ids"), bool(req.prompt_text)]
+    if sum(sources) > 1:
+        raise InvalidRequest("give exactly one of messages, prompt_ids, prompt_text")
+    if req.HasField("prompt_ids"):
+        return PromptInput(prompt_ids=tuple(req.prompt_ids.ids))
+    if req.prompt_text:
+        return PromptInput(prompt_text=req.prompt_text)
+    messages = tuple(_message(m) for m in req.messages)
+    return PromptInput(
+        messages=messages,
+        tools=parse_tools(req.tools_json),
+        add_generation_prompt=True,
+        continue_final_message=req.continue_final_message,
+    )
+
+
+def _message(m: engine_pb2.Message) -> dict:
+    out = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        calls = []
+        for c in m.tool_calls:
+            try:
+                args = json.loads(c.arguments) if c.arguments else {}
+            except json.JSONDecodeError:
+                raise InvalidRequest(f"tool call {c.name!r}: arguments are not valid JSON")
+            calls.append(
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": args}}
+            )
+        out["tool_calls"] = calls
+    if m.tool_call_id:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name:
+        out["name"] = m.name
+    return out
+
+
+def to_sampling(s: engine_pb2.Sampling) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=s.max_tokens,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        seed=s.seed if s.HasField("seed") else None,
+        stop=tuple(s.stop),
+        stop_token_ids=tuple(s.stop_token_ids),
+    )
+
+
+def to_event(event) -> engine_pb2.GenerateEvent:
+    if isinstance(event, Progress):
+        return engine_pb2.GenerateEvent(
+            progress=engine_pb2.PrefillProgress(done=event.done, total=event.total)
+        )
+    if isinstance(event, Tokens):
+        return engine_pb2.GenerateEvent(chunk=engine_pb2.TokenChunk(ids=event.ids, text=event.text))
+    assert isinstance(event, Finished), event
+    timing = {
+        k: v
+        for k, v in dataclasses.asdict(event.timing).items()
+        if k in engine_pb2.Timing.DESCRIPTOR.fields_by_name
+    }
+    return engine_pb2.GenerateEvent(
+        final=engine_pb2.Final(
+            finish_reason=event.finish_reason.value,
+            request_id=event.request_id,
+            usage=engine_pb2.Usage(
+                prompt_tokens=event.prompt_tokens,
+                cached_tokens=event.cached_tokens,
+                completion_tokens=event.completion_tokens,
+            ),
+            restore=engine_pb2.Restore(kind=event.restore_kind.value, length=event.restore_length),
+            timing=engine_pb2.Timing(**timing),
+        )
+    )
+
+
+class EngineServicer(engine_pb2_grpc.EngineServicer):
+    def __init__(self, frontend: Frontend):
+        self.frontend = frontend
+
+    async def Generate(self, request, context):
+        try:
+            events = self.frontend.generate(
+                to_prompt_input(request),
+                to_sampling(request.sampling),
+                namespace=request.namespace,
+                request_id=request.request_id,
+            )
+            async for batch in _until_closing(events, self.frontend.closing):
+                chunks = _coalesce(batch)
+                for event in chunks:
+                    yield to_event(event)
+                    if isinstance(event, Finished) and event.finish_reason == FinishReason.ERROR:
+                        await context.abort(
+                            grpc.StatusCode.INTERNAL, event.error or "generation failed"
+                        )
+        except InvalidRequest as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except Unavailable as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        except Overloaded as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        except ActorGone as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the model actor is unavailable: {e}")
+
+    async def CacheStats(self, request, context):
+        s = await self.frontend.stats()
+        return engine_pb2.CacheStatsReply(
+            mode=s.mode,
+            entries=s.entries,
+            anchors=s.anchors,
+            checkpoints=s.checkpoints,
+            ram_bytes=s.ram_bytes,
+            anchor_bytes=s.anchor_bytes,
+            disk_bytes=s.disk_bytes,
+            disk_entries=s.disk_entries,
+            hits=s.hits,
+            evictions=s.evictions,
+            disk_evictions=s.disk_evictions,
+            damaged_files=s.damaged_files,
+            cached_tokens=s.cached_tokens,
+            prompt_tokens=s.prompt_tokens,
+        )
+
+    async def ModelInfo(self, request, context):
+        i = self.frontend.info
+        return engine_pb2.ModelInfoReply(
+            model=i.path,
+            model_type=i.model_type,
+            vocab_size=i.vocab_size,
+            max_context=i.max_context,
+            fingerprint=i.fingerprint,
+            cache_mode=self.frontend.cache_mode,
+            has_state_layers=i.has_state_layers,
+        )
+
+
+def _coalesce(batch: list) -> list:
+    """Merge consecutive token events into one chunk; keep only the last progress."""
+    out: list = []
+    for e in batch:
+        if isinstance(e, Tokens) and out and isinstance(out[-1], Tokens):
+            out[-1] = Tokens(ids=out[-1].ids + e.ids, text=out[-1].text + e.text)
+        elif isinstance(e, Progress) and out and isinstance(out[-1], Progress):
+            out[-1] = e
+        else:
+            out.append(e)
+    return out
+
+
+async def _until_closing(events, closing: asyncio.Event):
+    """Iterate `events` until it ends, or raise Unavailable once `closing` is set."""
+    it = events.__aiter__()
+    stop = asyncio.ensure_future(closing.wait())
+    try:
+        while True:
+            nxt = asyncio.ensure_future(it.__anext__())
+            try:
+                done, _ = await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:  # the client cancelled the call
+                await _cancel_task(nxt)
+                raise
+            if nxt not in done:
+                await _cancel_task(nxt)
+                raise Unavailable("the server is shutting down")
+            try:
+                yield nxt.result()
+            except StopAsyncIteration:
+                return
+    finally:
+        stop.cancel()
+
+
+async def _cancel_task(task: asyncio.Task) -> None:
+    """Cancel the task running the event stream: its cleanup cancels the request."""
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, StopAsyncIteration):
+        pass
+
+
+async def create_server(frontend: Frontend, host: str = "127.0.0.1", port: int = 0):
+    """(server, bound port, health servicer); the server is started, health SERVING."""
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    engine_pb2_grpc.add_EngineServicer_to_server(EngineServicer(frontend), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (
+            SERVICE,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ),
+        server,
+    )
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind {host}:{port}")
+    await server.start()
+    for name in ("", SERVICE):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, bound, health_servicer
+
+
+async def stop_server(server, health_servicer, frontend: Frontend, grace: float = 2.0) -> None:
+    """Health NOT_SERVING, in-flight streams end with UNAVAILABLE, then the server stops."""
+    for name in ("", SERVICE):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    frontend.closing.set()
+    await asyncio.sleep(0.2)  # let streams see `closing` and end with UNAVAILABLE
+    await server.stop(grace)

@@ -1,0 +1,201 @@
+"""Stored entries to file contents and back: the only code that sees both MLX and files.
+
+`to_write_job` turns a RAM-tier entry into a WriteJob (numpy views over its
+evaluated arrays, no copy); `read_entry` turns a file back into a StoredEntry
+after every check (header, trailer, body checksum, structure). The structure
+is written as JSON naming the stored forms of engine.runtime.layer_caches;
+a file may name only those forms and mlx-lm classes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from engine.cache.messages import EntryRecord
+from engine.runtime import layer_caches
+from engine.runtime.ram_tier import StoredEntry
+from engine.storage import file_format
+from engine.storage.writer import WriteJob
+
+# The stored forms (engine.runtime.layer_caches) a file may hold, by name.
+_FORMS = {
+    cls.__name__: cls
+    for cls in (
+        layer_caches.StoredKV,
+        layer_caches.StoredList,
+        layer_caches.ArraysState,
+        layer_caches.WindowState,
+        layer_caches.OpaqueState,
+        layer_caches.ListState,
+        layer_caches.StateSnapshot,
+    )
+}
+
+
+def _dtype_name(a: mx.array) -> str:
+    return str(a.dtype).rsplit(".", 1)[-1]
+
+
+class _Encoder:
+    """A stored form as JSON-able structure; arrays replaced by their index in `arrays`."""
+
+    def __init__(self) -> None:
+        self.arrays: list[tuple[mx.array, int | None]] = []  # (array, rows to keep)
+
+    def tree(self, obj: Any, rows: int | None = None) -> Any:
+        if obj is None or isinstance(obj, (bool, int, float, str)):
+            return obj
+        if isinstance(obj, mx.array):
+            self.arrays.append((obj, rows))
+            return {"a": len(self.arrays) - 1}
+        if isinstance(obj, tuple):
+            return {"t": [self.tree(x, rows) for x in obj]}
+        if isinstance(obj, list):
+            return [self.tree(x, rows) for x in obj]
+        if isinstance(obj, dict):
+            return {"d": [[self.tree(k), self.tree(v, rows)] for k, v in obj.items()]}
+        if isinstance(obj, type):
+            return {"c": f"{obj.__module__}:{obj.__qualname__}"}
+        name = type(obj).__name__
+        if _FORMS.get(name) is not type(obj):
+            raise ValueError(f"the disk tier cannot write a {name}")
+        if isinstance(obj, layer_caches.StoredKV):  # rows [:rows] of the shared buffers
+            n = obj.length if rows is None else min(obj.length, rows)
+            fields = {
+                "keys": self.tree(obj.keys, n),
+                "values": self.tree(obj.values, n),
+                "length": n,
+                "quant": self.tree(obj.quant),
+            }
+        else:
+            fields = {
+                f.name: self.tree(getattr(obj, f.name), rows) for f in dataclasses.fields(obj)
+            }
+        return {"o": name, "f": fields}
+
+
+def to_write_job(entry: StoredEntry, record: EntryRecord, fingerprint: str) -> WriteJob:
+    """The entry as a write job: numpy views over its arrays (bfloat16 as uint16 bits).
+
+    Runs on the loop thread and copies nothing. ValueError when the entry does
+    not hold the record's length or a state at each of its lengths.
+    """
+    length = len(record.tokens)
+    lengths = sorted({n for n, _ in record.checkpoints} | {length})
+    if entry.length != length or any(n not in entry.states for n in lengths):
+        raise ValueError(
+            f"entry {record.entry_id} holds {entry.length} tokens and states at "
+            f"{sorted(entry.states)}; its record says {length} and {lengths}"
+        )
+    states = {n: entry.states[n] for n in lengths}
+    enc = _Encoder()
+    layers = enc.tree(list(entry.layers), rows=length)
+    state_tree = [[n, enc.tree(states[n])] for n in lengths]
+    bits = [a.view(mx.uint16) if a.dtype == mx.bfloat16 else a for a, _ in enc.arrays]
+    mx.eval(bits)  # views share the buffers: no copy
+    views, dtypes = [], []
+    for (a, rows), b in zip(enc.arrays, bits):
+        view = np.asarray(b)  # zero-copy over the evaluated buffer
+        if rows is not None and view.ndim >= 2:
+            view = view[..., :rows, :]
+        views.append(view)
+        dtypes.append(_dtype_name(a))
+    meta = {
+        "fingerprint": fingerprint,
+        "entry_id": record.entry_id,
+        "namespace": record.namespace,
+        "role": record.role,
+        "length": length,
+        "prompt_len": record.prompt_len,
+        "checkpoints": [list(c) for c in record.checkpoints],
+        "kv_bytes_per_token": record.kv_bytes_per_token,
+        "state_bytes": record.state_bytes,
+        "created": time.time(),
+        "layers": layers,
+        "states": state_tree,
+    }
+    held = StoredEntry(entry.layers, length, states)
+    return WriteJob(
+        record.entry_id,
+        meta,
+        np.asarray(record.tokens, np.int32),
+        views,
+        dtypes,
+        held,
+        sum(int(v.nbytes) for v in views),
+    )
+
+
+def _class(path: str) -> type:
+    module, _, qualname = path.partition(":")
+    if not module.startswith("mlx_lm."):
+        raise file_format.DamagedFile(f"refusing to build class {path}")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _decode(node: Any, arrays: list) -> Any:
+    if node is None or isinstance(node, (bool, int, float, str)):
+        return node
+    if isinstance(node, list):
+        return [_decode(x, arrays) for x in node]
+    if "a" in node:
+        return arrays[node["a"]]
+    if "t" in node:
+        return tuple(_decode(x, arrays) for x in node["t"])
+    if "d" in node:
+        return {_decode(k, arrays): _decode(v, arrays) for k, v in node["d"]}
+    if "c" in node:
+        return _class(node["c"])
+    form = _FORMS[node["o"]]
+    return form(**{k: _decode(v, arrays) for k, v in node["f"].items()})
+
+
+def read_entry(path: Path, fingerprint: str, entry_id: int) -> tuple[StoredEntry, int]:
+    """(entry, file bytes) of one file, every check passed; DamagedFile (or OSError) if not."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        buf = np.empty(size, np.uint8)
+        if f.readinto(memoryview(buf)) != size:
+            raise file_format.DamagedFile("short read")
+    header = file_format.parse_header(buf.data, size)
+    if header.fingerprint != fingerprint or header.entry_id != entry_id:
+        raise file_format.DamagedFile(
+            f"file of entry {header.entry_id}, fingerprint "
+            f"{header.fingerprint}; expected {entry_id}, {fingerprint}"
+        )
+    meta = header.meta
+    body = file_format.check_body(buf, header)
+    body_bytes = len(body)
+    try:
+        arrays = []
+        for dtype, shape, offset, nbytes in meta["arrays"]:
+            raw = np.dtype(np.uint16 if dtype == "bfloat16" else dtype)
+            count = int(np.prod(shape, dtype=np.int64))
+            if count * raw.itemsize != nbytes or offset + nbytes > body_bytes:
+                raise file_format.DamagedFile("array table out of bounds")
+            view = np.frombuffer(body, raw, count, offset).reshape(shape)
+            a = mx.array(view)
+            arrays.append(a.view(mx.bfloat16) if dtype == "bfloat16" else a)
+        layers = _decode(meta["layers"], arrays)
+        states = {int(n): _decode(tree, arrays) for n, tree in meta["states"]}
+    except (KeyError, TypeError, ValueError, AttributeError, ImportError) as e:
+        raise file_format.DamagedFile(f"undecodable body: {e}") from None
+    if (
+        set(states) != {n for n, _ in header.checkpoints} | {header.length}
+        or not all(isinstance(s, layer_caches.StateSnapshot) for s in states.values())
+        or layer_caches.entry_length(layers) not in (None, header.length)
+    ):
+        raise file_format.DamagedFile("states do not match the header")
+    mx.eval(arrays)
+    return StoredEntry(layers, header.length, states), size

@@ -1,0 +1,232 @@
+"""The cache directory: its lock, a header-only scan of its files, and deletion.
+
+It reads headers (engine.storage.file_format) and file metadata; it never
+reads a body and never decides which files go: the cache policy's disk index
+does, from the files `open_directory` hands it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.cache.disk_index import DiskIndex, FoundFile, index_files
+from engine.cache.messages import EntryRecord
+from engine.config import CacheConfig
+from engine.storage.file_format import (
+    DAMAGED_SUFFIX,
+    SUFFIX,
+    TEMP_NAME,
+    DamagedFile,
+    Header,
+    entries_dir,
+    file_id,
+    read_header,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ScannedFile:
+    """One file of the directory: its header, or why it is damaged."""
+
+    entry_id: int
+    path: Path
+    nbytes: int
+    mtime: float
+    header: Header | None
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class Scan:
+    files: tuple[ScannedFile, ...]
+    removed_temps: tuple[Path, ...]
+    max_id: int  # the largest id of any file, temporary ones included (0: none)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def scan_directory(directory: Path, remove_temps: bool = True) -> Scan:
+    """Read every entry file's header; remove temporary files whose writer is gone.
+
+    A temporary file of a live process (another server's writer, mid-write) is
+    kept. Damaged files come back with `problem` set, never with a header.
+    """
+    directory = Path(directory)
+    files, removed, max_id = [], [], 0
+    if not directory.is_dir():
+        return Scan((), (), 0)
+    for path in sorted(directory.iterdir()):
+        temp = TEMP_NAME.match(path.name)
+        if temp:
+            max_id = max(max_id, int(temp.group(1)))
+            pid = int(temp.group(2))
+            if remove_temps and (pid == os.getpid() or not _alive(pid)):
+                path.unlink(missing_ok=True)
+                removed.append(path)
+            continue
+        entry_id = file_id(path)
+        if entry_id is None:
+            continue
+        max_id = max(max_id, entry_id)
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            continue
+        header, problem = None, None
+        if path.suffix == DAMAGED_SUFFIX:
+            problem = "quarantined after a failed load"
+        else:
+            try:
+                header = read_header(path)
+            except DamagedFile as e:
+                problem = str(e)
+            except OSError as e:
+                problem = f"unreadable: {e}"
+        files.append(ScannedFile(entry_id, path, st.st_size, st.st_mtime, header, problem))
+    return Scan(tuple(files), tuple(removed), max_id)
+
+
+def delete_files(directory: Path, entry_id: int) -> int:
+    """Remove an entry's file (and a quarantined copy); the bytes freed."""
+    freed = 0
+    for suffix in (SUFFIX, DAMAGED_SUFFIX):
+        path = Path(directory) / f"{entry_id}{suffix}"
+        try:
+            freed += path.stat().st_size
+            path.unlink()
+        except FileNotFoundError:
+            pass
+    return freed
+
+
+LOCK_NAME = "LOCK"
+
+
+def lock_directory(directory: Path, wait: float = 3.0):
+    """The directory's lock file, held (None if another process still holds it after `wait` s)."""
+    handle = open(Path(directory) / LOCK_NAME, "a+")  # noqa: SIM115 (held while the index lives)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"{os.getpid()}\n")
+            handle.flush()
+            return handle
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                handle.close()
+                return None
+            time.sleep(0.1)
+
+
+def found_files(scan: Scan) -> list[FoundFile]:
+    """The scan as the cache policy's disk index takes it."""
+    out = []
+    for f in scan.files:
+        h = f.header
+        record = None
+        if h is not None:
+            record = EntryRecord(
+                h.entry_id,
+                h.namespace,
+                h.role,
+                h.tokens,
+                h.prompt_len,
+                h.checkpoints,
+                h.kv_bytes_per_token,
+                h.state_bytes,
+            )
+        fingerprint = h.fingerprint if h is not None else ""
+        out.append(FoundFile(f.entry_id, f.nbytes, f.mtime, fingerprint, record, f.problem))
+    return out
+
+
+def index_scan(scan: Scan, fingerprint: str, budget: int, caps: tuple[int, int]) -> DiskIndex:
+    """A DiskIndex of a scan: this model's files matchable, the others counted."""
+    return index_files(found_files(scan), fingerprint, budget, *caps, max_id=scan.max_id)
+
+
+@dataclass
+class OpenDirectory:
+    """A locked cache directory and the disk index built from its files."""
+
+    path: Path
+    index: DiskIndex
+    lock: Any  # the open lock file; closing it releases the directory
+
+    def close(self) -> None:
+        if self.lock is not None:
+            self.lock.close()
+            self.lock = None
+
+
+def open_directory(
+    directory: Path, fingerprint: str, budget: int, caps: tuple[int, int] = (16, 16 << 30)
+) -> OpenDirectory | None:
+    """Lock the directory, scan its headers and index them; None when another server holds it.
+
+    `caps` are the anchor caps (entries, bytes). Temporary files left by a
+    crashed writer are removed; damaged files are reported in the log and
+    counted, never matched. The lock is held until `close()`, so two servers
+    never share one set of entry ids.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    lock = lock_directory(directory)
+    if lock is None:
+        log.warning("disk tier off: another server holds %s", directory / LOCK_NAME)
+        return None
+    t0 = time.perf_counter()
+    found = scan_directory(directory)
+    index = index_scan(found, fingerprint, budget, caps)
+    for f in found.files:
+        if f.problem is not None:
+            log.warning("disk tier: skipping damaged file %s: %s", f.path, f.problem)
+    for path in found.removed_temps:
+        log.info("disk tier: removed %s, left by an interrupted write", path)
+    foreign = sum(f.reason == "foreign" for f in index.files.values())
+    log.info(
+        "disk tier: %d entries of this model, %d of other models, %d damaged, %.1f GB "
+        "in %s (scanned in %.2f s)",
+        index.entries,
+        foreign,
+        index.damaged,
+        index.nbytes / 1e9,
+        directory,
+        time.perf_counter() - t0,
+    )
+    return OpenDirectory(directory, index, lock)
+
+
+def open_cache_directory(config: CacheConfig, fingerprint: str) -> OpenDirectory | None:
+    """The configured mode's entry directory, opened; None when the disk tier is off.
+
+    Off when the cache is off, the disk budget is zero, there is no model
+    fingerprint, or another server holds the directory.
+    """
+    if config.mode == "off" or config.disk_budget <= 0 or not fingerprint:
+        return None
+    return open_directory(
+        entries_dir(config.resolved_cache_dir, config.mode),
+        fingerprint,
+        config.disk_budget,
+        (config.anchor_max_entries, config.anchor_max_bytes),
+    )

@@ -1,0 +1,107 @@
+"""The disk tier's tensor side: entry files written off the hot path, read back into RAM.
+
+An order to write captures the entry as numpy views over its arrays (no copy
+on the loop thread; the arrays are immutable) and queues it; the writer
+thread copies and writes it. A plan that restores from a file
+(`RestorePlan.load_from_disk`) is read into RAM at admission: one read of the
+file, a checksum over it and one copy into MLX arrays, paid once per file.
+It obeys the cache manager's Orders; it decides nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+from engine.cache.messages import EntryRecord
+from engine.config import EngineConfig
+from engine.runtime.ram_tier import StoredEntry
+from engine.storage import file_format
+from engine.storage.codec import read_entry, to_write_job
+from engine.storage.writer import DiskWriter
+
+log = logging.getLogger(__name__)
+
+
+class DiskStore:
+    """Files of one model fingerprint: writes through the writer thread, loads on the caller's."""
+
+    def __init__(self, directory: str | Path, fingerprint: str) -> None:
+        self.directory = Path(directory)
+        self.fingerprint = fingerprint
+        self.writer = DiskWriter(self.directory)
+        self.loads = 0
+        self.load_failures = 0
+        self.load_bytes = 0
+        self.load_seconds = 0.0
+
+    def write(self, entry: StoredEntry, record: EntryRecord) -> None:
+        """Queue the entry's file; ValueError when the entry does not match its record."""
+        self.writer.write(to_write_job(entry, record, self.fingerprint))
+
+    def delete(self, entry_id: int) -> None:
+        self.writer.delete(entry_id)
+
+    def load(self, entry_id: int) -> StoredEntry | None:
+        """The entry from its queued write or its file; None (logged) when missing or damaged."""
+        job = self.writer.held(entry_id)
+        if job is not None:
+            held = job.entry
+            return StoredEntry(held.layers, held.length, dict(held.states))
+        path = file_format.entry_path(self.directory, entry_id)
+        t0 = time.perf_counter()
+        try:
+            entry, nbytes = read_entry(path, self.fingerprint, entry_id)
+        except FileNotFoundError:
+            log.warning("disk tier: file of entry %d is missing; prefilling cold", entry_id)
+        except (file_format.DamagedFile, OSError) as e:
+            log.error(
+                "disk tier: %s is damaged (%s); not loaded, renamed to %s",
+                path,
+                e,
+                file_format.DAMAGED_SUFFIX,
+            )
+            try:
+                os.replace(path, path.with_suffix(file_format.DAMAGED_SUFFIX))
+            except OSError:
+                pass
+        else:
+            self.loads += 1
+            self.load_bytes += nbytes
+            self.load_seconds += time.perf_counter() - t0
+            try:
+                os.utime(path)  # the disk tier's LRU survives restarts through mtimes
+            except OSError:
+                pass
+            return entry
+        self.load_failures += 1
+        return None
+
+    def flush(self, timeout: float | None = None) -> bool:
+        return self.writer.flush(timeout)
+
+    def close(self, timeout: float | None = None) -> bool:
+        return self.writer.close(timeout)
+
+    def stats(self) -> dict:
+        queued, queued_bytes = self.writer.backlog
+        return {
+            "writer": self.writer.stats.as_dict(),
+            "queued": queued,
+            "queued_bytes": queued_bytes,
+            "loads": self.loads,
+            "load_failures": self.load_failures,
+            "load_mb_per_s": self.load_bytes / self.load_seconds / 1e6
+            if self.load_seconds
+            else 0.0,
+        }
+
+
+def open_disk_store(config: EngineConfig, fingerprint: str) -> DiskStore | None:
+    """The disk tier's store (and writer thread) of this model, or None when it is off."""
+    cache = config.cache
+    if cache.mode == "off" or cache.disk_budget <= 0:
+        return None
+    return DiskStore(file_format.entries_dir(cache.resolved_cache_dir, cache.mode), fingerprint)

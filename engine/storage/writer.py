@@ -1,0 +1,226 @@
+"""The disk tier's writer: a background thread that writes and deletes entry files.
+
+A file is written under a temporary name ``.<id>.<pid>.tmp``, fsynced,
+renamed, and its directory fsynced, so a crash leaves either the whole file
+or a temporary one that the next scan removes. What to write comes as a
+WriteJob (numpy views captured by engine.storage.codec); what to write or
+delete, and when, comes from the cache manager's Orders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import threading
+import time
+import zlib
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.storage.directory import delete_files
+from engine.storage.file_format import TRAILER_BYTES, encode_header, encode_trailer, entry_path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class WriteJob:
+    """An entry captured for writing: numpy views over its (immutable) arrays."""
+
+    entry_id: int
+    meta: dict  # everything but body_bytes, arrays
+    tokens: np.ndarray
+    arrays: list  # numpy views, rows already cut to the entry's length
+    dtypes: list  # dtype name per array ("bfloat16" for uint16 bits)
+    entry: Any = None  # the captured StoredEntry: a load while the job is queued reads it
+    nbytes: int = 0
+
+
+@dataclass
+class WriterStats:
+    files: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    dropped: int = 0  # superseded before the write started
+    failed: int = 0
+    deleted: int = 0
+
+    def as_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["mb_per_s"] = self.bytes / self.seconds / 1e6 if self.seconds else 0.0
+        return out
+
+
+def _write_all(fd: int, data) -> None:
+    view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _blocks(view: np.ndarray, most: int = 4096):
+    """C-contiguous pieces of `view` in order, written without a copy where they are few.
+
+    A stored KV array is rows [:n] of a longer buffer: each (head) plane is
+    contiguous, the whole is not. Copying it would hold the GIL for the copy;
+    writing its planes one by one lets the loop thread run meanwhile.
+    """
+    if view.size == 0:
+        return
+    if view.flags.c_contiguous:
+        yield view
+        return
+    for k in range(1, view.ndim):
+        lead = int(np.prod(view.shape[:k]))
+        if lead > most:
+            break
+        if view[(0,) * k].flags.c_contiguous:
+            for index in np.ndindex(*view.shape[:k]):
+                yield view[index]
+            return
+    yield np.ascontiguousarray(view)
+
+
+def write_file(directory: Path, job: WriteJob) -> int:
+    """Write one entry file atomically (temporary name, fsync, rename, fsync dir); its bytes."""
+    directory = Path(directory)
+    tmp = directory / f".{job.entry_id}.{os.getpid()}.tmp"
+    header, table, body_bytes = encode_header(job.meta, job.tokens, job.arrays, job.dtypes)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _write_all(fd, header)
+        crc, written = 0, 0
+        for view, (_, _, offset, nbytes) in zip(job.arrays, table):
+            pad = offset - written
+            if pad:
+                crc = zlib.crc32(b"\0" * pad, crc)
+                _write_all(fd, b"\0" * pad)
+            for block in _blocks(view):
+                crc = zlib.crc32(memoryview(block).cast("B"), crc)
+                _write_all(fd, block)
+            written = offset + nbytes
+        pad = body_bytes - written
+        crc = zlib.crc32(b"\0" * pad, crc)
+        _write_all(fd, b"\0" * pad + encode_trailer(body_bytes, crc))
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    os.replace(tmp, entry_path(directory, job.entry_id))
+    _fsync_dir(directory)
+    return len(header) + body_bytes + TRAILER_BYTES
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _lower_priority() -> None:
+    """Nice the calling thread (Linux only: there nice is per thread), so decode wins a
+    contended CPU."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):
+        pass
+
+
+class DiskWriter:
+    """A background thread that writes and deletes files in the order they were asked for.
+
+    A write not yet started when its entry's file is deleted is dropped (the
+    entry was superseded or evicted); a delete of a file being written runs
+    after that write. Generation never waits on it.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.stats = WriterStats()
+        self._cond = threading.Condition()
+        self._queue: deque[tuple[str, int]] = deque()
+        self._pending: dict[int, WriteJob] = {}
+        self._current: WriteJob | None = None  # the write under way
+        self._busy = False  # an operation is under way
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="disk-writer", daemon=True)
+        self._thread.start()
+
+    def write(self, job: WriteJob) -> None:
+        with self._cond:
+            self._pending[job.entry_id] = job
+            self._queue.append(("write", job.entry_id))
+            self._cond.notify_all()
+
+    def delete(self, entry_id: int) -> None:
+        with self._cond:
+            if self._pending.pop(entry_id, None) is not None:
+                self.stats.dropped += 1
+            else:
+                self._queue.append(("delete", entry_id))
+            self._cond.notify_all()
+
+    def held(self, entry_id: int) -> WriteJob | None:
+        """The queued or running write of this entry, if any."""
+        with self._cond:
+            job = self._pending.get(entry_id)
+            current = self._current
+        return job or (current if current is not None and current.entry_id == entry_id else None)
+
+    @property
+    def backlog(self) -> tuple[int, int]:
+        """(queued operations, bytes of queued writes)."""
+        with self._cond:
+            return len(self._queue) + self._busy, sum(j.nbytes for j in self._pending.values())
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything asked so far is on disk; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._queue and not self._busy, timeout)
+
+    def close(self, timeout: float | None = None) -> bool:
+        done = self.flush(timeout)
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        return done
+
+    def _run(self) -> None:
+        _lower_priority()
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._queue or self._closed)
+                if not self._queue:
+                    return
+                op, entry_id = self._queue.popleft()
+                job = self._pending.pop(entry_id, None) if op == "write" else None
+                self._current, self._busy = job, True
+            try:
+                if op == "delete":
+                    delete_files(self.directory, entry_id)
+                    self.stats.deleted += 1
+                elif job is not None:
+                    t0 = time.perf_counter()
+                    nbytes = write_file(self.directory, job)
+                    self.stats.seconds += time.perf_counter() - t0
+                    self.stats.files += 1
+                    self.stats.bytes += nbytes
+            except Exception:  # the writer must outlive one bad file (disk full, ...)
+                self.stats.failed += 1
+                log.exception("disk tier: %s of entry %d failed", op, entry_id)
+            finally:
+                with self._cond:
+                    self._current, self._busy = None, False
+                    self._cond.notify_all()

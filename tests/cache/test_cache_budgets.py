@@ -1,0 +1,263 @@
+"""Budgets, anchors' caps, namespaces, exact and off modes, in-flight pinning, bad input.
+
+Exact eviction orders asserted; sizes come from the fake hybrid layout
+(fakes.KVPT bytes per token, fakes.STATE bytes per state snapshot).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.cache import CacheManager
+from engine.cache.messages import (
+    CapturedPoint,
+    CheckpointMove,
+    Commit,
+    Orders,
+    PlanRequest,
+    Release,
+)
+from engine.config import CacheConfig
+from tests.fakes import KVPT, STATE, Driver, entry_bytes, tokens
+
+
+def seq(start: int, n: int) -> range:
+    return range(start, start + n)
+
+
+CONVERSATION = entry_bytes(220, 1)  # a 200-token prompt (no guard) plus a 20-token reply
+
+
+def conversation(d: Driver, k: int, namespace: str = ""):
+    """A fresh single-turn conversation k: 200 prompt tokens, 20 reply tokens."""
+    return d.turn(seq(100_000 * k, 200), seq(100_000 * k + 50_000, 20), namespace=namespace)
+
+
+# -- the RAM budget --------------------------------------------------------------
+
+
+def test_ram_budget_evicts_least_recently_used_conversations_first():
+    d = Driver(ram_budget=3 * CONVERSATION)
+    for k in (1, 2, 3):
+        assert conversation(d, k)[1] == Orders()
+    assert conversation(d, 4)[1] == Orders(free=(1,))
+    # a lookup touches entry 2 (restores at its prompt end), then is cancelled
+    plan = d.plan(tokens(seq(200_000, 200), seq(7, 10)))
+    assert (plan.entry_id, plan.kind) == (2, "reply")
+    assert d.release(plan.request_id) == Orders(free=(plan.new_entry_id,))
+    assert conversation(d, 5)[1] == Orders(free=(3,))
+    assert conversation(d, 6)[1] == Orders(free=(4,))
+    stats = d.manager.stats()
+    assert (stats.entries, stats.evictions, stats.ram_bytes) == (3, 3, 3 * CONVERSATION)
+
+
+def test_an_entry_larger_than_the_budget_is_evicted_at_once():
+    d = Driver(ram_budget=CONVERSATION - 1)
+    assert conversation(d, 1)[1] == Orders(free=(1,))
+    assert d.manager.stats().entries == 0
+
+
+def test_anchors_outlive_conversations_until_they_alone_overflow():
+    anchor = entry_bytes(150)
+    d = Driver(ram_budget=2 * anchor + CONVERSATION)
+    first = tokens(seq(100_000, 150), seq(150_000, 50))
+    second = tokens(seq(200_000, 150), seq(250_000, 50))
+    d.turn(first, seq(7, 20), anchor_len=150)  # entry 1, anchor 2
+    d.turn(second, seq(7, 20), anchor_len=150)  # entry 3, anchor 4
+    assert d.manager.stats().evictions == 1  # entry 1, older than anchor 2, goes first
+    assert d.entry(1) is None and d.entry(2) and d.entry(4)
+    small = Driver(ram_budget=anchor)
+    _, orders = small.turn(first, seq(7, 20), anchor_len=150)
+    assert orders == Orders(free=(1,))
+    _, orders = small.turn(second, seq(7, 20), anchor_len=150)
+    assert orders == Orders(free=(3, 2))  # the conversation, then the older anchor
+
+
+# -- the anchors' own caps ----------------------------------------------------------
+
+
+def anchored(d: Driver, k: int, user: int = 0, anchor_len: int = 300, namespace: str = ""):
+    """A session whose first `anchor_len` tokens are system prompt k, then user message `user`."""
+    prompt = tokens(seq(100_000 * k, anchor_len), seq(100_000 * k + 60_000 + 1000 * user, 20))
+    return d.turn(prompt, seq(7, 10), anchor_len=anchor_len, namespace=namespace)
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [dict(anchor_max_entries=2), dict(anchor_max_bytes=2 * entry_bytes(300))],
+    ids=["by count", "by bytes"],
+)
+def test_anchor_caps_evict_the_least_recently_used_anchor(knobs):
+    d = Driver(**knobs)
+    anchored(d, 1)  # entry 1, anchor 2
+    anchored(d, 2)  # entry 3, anchor 4
+    plan, _ = anchored(d, 1, user=1)  # a new session on system prompt 1 touches anchor 2: entry 5
+    assert (plan.entry_id, plan.kind) == (2, "anchor")
+    _, orders = anchored(d, 3)  # entry 6, anchor 7
+    assert orders == Orders(free=(4,))
+    assert sorted(a.id for a in d.manager.index.entries("anchor")) == [2, 7]
+
+
+def test_a_timestamp_in_the_system_prompt_never_grows_anchors_past_their_caps():
+    d = Driver(anchor_max_entries=4, anchor_max_bytes=4 * entry_bytes(598))
+    kinds = []
+    for minute in range(12):
+        system = tokens(seq(10_000, 590), [minute], seq(10_591, 9))  # a timestamp at 590
+        plan, _ = d.turn(tokens(system, seq(20_000 + minute * 100, 20)), seq(7, 10), anchor_len=598)
+        kinds.append(plan.kind)
+        stats = d.manager.stats()
+        assert stats.anchors <= 4 and stats.anchor_bytes <= 4 * entry_bytes(598)
+    # the second prompt places a divergence point at the timestamp; every later one lands on it
+    assert kinds == ["none", "none"] + ["divergence"] * 10
+    assert d.manager.stats().anchors == 4
+
+
+# -- namespaces ----------------------------------------------------------------------
+
+
+def test_namespaces_never_share_entries_or_anchors():
+    d = Driver()
+    anchored(d, 1, namespace="a")
+    plan, _ = anchored(d, 1, namespace="b")
+    assert plan.kind == "none" and [c.kind for c in plan.captures] == ["anchor", "guard"]
+    plan, _ = anchored(d, 1, user=1, namespace="a")
+    assert (plan.entry_id, plan.kind) == (2, "anchor")
+    assert d.manager.stats().anchors == 2
+
+
+# -- exact mode ------------------------------------------------------------------------
+
+
+def test_exact_mode_stores_two_whole_snapshots_and_matches_exact_prefixes():
+    d = Driver(mode="exact", exact_max_entries=3)
+    p1 = tokens(seq(1000, 600))
+    plan, orders = d.turn(p1, seq(5000, 20), anchor_len=500)
+    assert (plan.kind, plan.new_entry_id, plan.store_reply) == ("none", 1, False)
+    assert [(c.length, c.kind, c.entry_id) for c in plan.captures] == [(584, "snapshot", 2)]
+    assert orders == Orders() and [e.length for e in d.manager.index.entries()] == [584, 600]
+    p2 = tokens(p1, seq(5000, 20), seq(7000, 10))
+    plan, orders = d.turn(p2, seq(8000, 20))
+    assert (plan.entry_id, plan.length, plan.kind) == (1, 600, "entry")  # the reply is not cached
+    assert orders == Orders(free=(2,))  # four snapshots over a cap of three: LRU first
+    plan, orders = d.turn(p2, seq(9000, 20))  # a verbatim resend restores at prompt minus 16
+    assert (plan.entry_id, plan.length, plan.captures) == (4, 614, ())
+    assert orders == Orders(free=(5,))  # the full prompt is already stored
+    stats = d.manager.stats()
+    assert (stats.entries, stats.anchors, stats.checkpoints, stats.evictions) == (3, 0, {}, 1)
+
+
+def test_exact_mode_keeps_a_prefill_cancelled_past_its_snapshot():
+    d = Driver(mode="exact")
+    plan = d.plan(seq(1000, 600))
+    assert d.commit(plan.request_id, upto=590) == Orders()
+    assert [e.length for e in d.manager.index.entries()] == [584, 590]
+    plan = d.plan(seq(1000, 600))
+    assert (plan.entry_id, plan.length) == (1, 590)
+
+
+# -- off mode -------------------------------------------------------------------------------
+
+
+def test_off_mode_plans_cold_and_stores_nothing():
+    d = Driver(mode="off")
+    for _ in range(2):
+        plan, orders = d.turn(seq(1000, 600), seq(5000, 20), anchor_len=500)
+        assert (plan.entry_id, plan.length, plan.kind) == (None, 0, "none")
+        assert (plan.captures, plan.new_entry_id) == ((), None)
+        assert orders == Orders()
+    plan = d.plan(seq(1000, 600))
+    assert d.release(plan.request_id) == Orders()
+    assert d.actor.stored == {}
+    stats = d.manager.stats()
+    assert (stats.mode, stats.entries, stats.hits, stats.prompt_tokens) == ("off", 0, {}, 0)
+
+
+# -- in-flight pinning -------------------------------------------------------------------------
+
+
+def test_eviction_of_a_pinned_entry_defers_its_free():
+    d = Driver(ram_budget=2 * CONVERSATION + 15 * KVPT)  # room for the pinned one's longer entry
+    conversation(d, 1)
+    conversation(d, 2)
+    pending = d.plan(tokens(seq(100_000, 200), seq(150_000, 20), seq(7, 10)))  # pins entry 1
+    assert (pending.entry_id, pending.length) == (1, 220)
+    assert conversation(d, 3)[1] == Orders(free=(2,))
+    assert conversation(d, 4)[1] == Orders()  # entry 1 leaves the index, its free waits
+    assert d.entry(1) is None and d.manager.index.deferred == (1,)
+    d.restore(pending.request_id)  # the actor still holds it
+    # an eviction, then the deferred free
+    assert d.commit(pending.request_id, seq(8, 5)) == Orders(free=(4, 1))
+
+
+def test_absorption_while_another_request_reads_the_source():
+    d = Driver()
+    d.turn(seq(1000, 600), seq(5000, 20))
+    rerendered = d.plan(tokens(seq(1000, 600), seq(6000, 20), seq(7000, 10)))  # at 600
+    verbatim = d.plan(tokens(seq(1000, 600), seq(5000, 20), seq(7000, 10)))  # pins the full 620
+    assert (rerendered.length, verbatim.length) == (600, 620)
+    moved = (CheckpointMove(1, 584, 2), CheckpointMove(1, 600, 2))
+    assert d.commit(rerendered.request_id, seq(8, 5)) == Orders(moves=moved)  # free deferred
+    assert d.commit(verbatim.request_id, seq(9, 5)) == Orders(free=(1,))
+
+
+def test_absorption_is_skipped_when_a_moving_point_is_pinned():
+    d = Driver()
+    d.turn(seq(1000, 600), seq(5000, 20))
+    first = d.plan(tokens(seq(1000, 600), seq(5000, 20), seq(7000, 10)))
+    second = d.plan(tokens(seq(1000, 600), seq(5000, 20), seq(7100, 10)))
+    assert d.commit(first.request_id, seq(8, 5)) == Orders()  # entry 1 stays a sibling
+    moved = tuple(CheckpointMove(1, n, 3) for n in (584, 600, 620))
+    assert d.commit(second.request_id, seq(9, 5)) == Orders(moves=moved, free=(1,))
+
+
+def test_a_cold_fallback_commit_absorbs_nothing():
+    d = Driver()
+    d.turn(seq(1000, 600), seq(5000, 20))
+    plan = d.plan(tokens(seq(1000, 600), seq(5000, 20), seq(7000, 10)))
+    assert d.commit(plan.request_id, seq(8, 5), cold=True) == Orders()
+    assert d.manager.stats().entries == 2
+
+
+def test_release_frees_every_id_the_plan_gave_and_what_the_actor_stored():
+    d = Driver()
+    plan = d.plan(tokens(seq(1000, 500), seq(7000, 100)), anchor_len=500)
+    assert d.release(plan.request_id, taken=1) == Orders(free=(1, 2))
+    assert d.manager.stats().anchors == 0 and d.manager.release(Release("unknown")) == Orders()
+
+
+def test_a_capture_prefill_never_reached_is_freed_at_commit():
+    d = Driver()
+    plan = d.plan(tokens(seq(1000, 500), seq(7000, 100)), anchor_len=500)
+    assert d.commit(plan.request_id, seq(8, 5), taken=0) == Orders(free=(2,))
+    assert d.checkpoints(1) == {600: "reply"}
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+
+def test_bad_input_raises_value_error_naming_it():
+    m = CacheManager(CacheConfig())
+    prompt = np.arange(1, 50, dtype=np.int32)
+    with pytest.raises(ValueError, match="prompt"):
+        m.plan(PlanRequest("r", np.zeros(0, np.int32)))
+    with pytest.raises(ValueError, match="anchor_len 60"):
+        m.plan(PlanRequest("r", prompt, anchor_len=60))
+    plan = m.plan(PlanRequest("r", prompt))
+    with pytest.raises(ValueError, match="already planned"):
+        m.plan(PlanRequest("r", prompt))
+    good = Commit("r", "", plan.new_entry_id, prompt, 49, None, 0, (), KVPT, STATE)
+    for bad in (
+        Commit("x", "", 1, prompt, 49, None, 0, (), KVPT, STATE),
+        Commit("r", "", 9, prompt, 49, None, 0, (), KVPT, STATE),
+        Commit("r", "", 1, prompt, 49, 3, 10, (), KVPT, STATE),
+        Commit("r", "", 1, prompt, 49, None, 0, (CapturedPoint(10, "guard"),), KVPT, STATE),
+    ):
+        with pytest.raises(ValueError):
+            m.commit(bad)
+        m.check_invariants()
+    assert m.commit(good) == Orders()
+    with pytest.raises(ValueError, match="indexed"):
+        m.release(Release("r2", stored=(1,)))
+    with pytest.raises(ValueError, match="guard_offset"):
+        CacheManager(CacheConfig(guard_offset=0))

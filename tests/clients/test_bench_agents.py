@@ -1,0 +1,237 @@
+"""`lineage bench agents` (issue 7): the traffic generator, the oracle, and a small real run.
+
+The traffic and oracle tests are plain Python; the run starts three engines
+(lineage, exact, off) on the session's Ray and serves mlx-lm's own prompt
+cache in process, at scale 0.05 with 2 agents.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+
+import numpy as np
+import pytest
+
+from clients.bench import agents
+from clients.bench.agents import Observed, PolicyRun, oracle_lengths
+from clients.bench.report import summarize
+from clients.bench.traffic import Sessions, build_traffic
+from clients.fanout import estimate_tokens
+
+_WORD = re.compile(r"\w+|[^\w\s]")
+
+
+# ----------------------------------------------------------------- traffic ----
+
+
+def test_traffic_is_deterministic_for_a_seed():
+    assert build_traffic(seed=3, scale=0.05, agents=2) == build_traffic(
+        seed=3, scale=0.05, agents=2
+    )
+    assert build_traffic(seed=3, scale=0.05, agents=2) != build_traffic(
+        seed=4, scale=0.05, agents=2
+    )
+
+
+@pytest.mark.parametrize("scale, agents", [(1.0, None), (0.05, 2)])
+def test_traffic_holds_every_feature(scale, agents):
+    t = build_traffic(seed=0, scale=scale, agents=agents)
+    kinds = {r.kind for r in t.requests}
+    assert {"first", "user", "tool_result", "edit", "regenerate", "retry"} <= kinds
+    # K lanes in parallel: some step runs a request on every lane.
+    assert max(len(step) for step in t.steps()) == t.agents
+    # A dropped stream, retried verbatim by the same session right after.
+    for dropped in (r for r in t.requests if r.drop_after):
+        later = [r for r in t.requests if r.session == dropped.session and r.rid > dropped.rid]
+        assert later[0].kind == "retry" and later[0].base == "same"
+    assert any(r.drop_after for r in t.requests)
+    # Tool calls on the replies, and tool results of varied size.
+    results = [m for r in t.requests for m in r.new_messages if m["role"] == "tool"]
+    assert all(r.reply_tool_calls for r in t.requests if r.kind == "tool_result")
+    sizes = [estimate_tokens(m["content"]) for m in results]
+    assert max(sizes) >= 4 * min(sizes)
+    # A fresh session every few turns, on every lane.
+    for lane in range(t.agents):
+        assert len({r.session for r in t.requests if r.lane == lane}) >= 2
+    # The variant's system prompt differs from the main one by a few tokens.
+    main, variant = (_WORD.findall(t.systems[k]) for k in ("main", "variant"))
+    changed = sum(
+        max(i2 - i1, j2 - j1)
+        for op, i1, i2, j1, j2 in difflib.SequenceMatcher(
+            a=main, b=variant, autojunk=False
+        ).get_opcodes()
+        if op != "equal"
+    )
+    assert 0 < changed <= 4
+    # The clock's timestamp changes within a session, inside the system prompt.
+    clock = [r for r in t.requests if r.system.startswith("clock@")]
+    assert any(
+        len({r.system for r in clock if r.session == s}) >= 2 for s in {r.session for r in clock}
+    )
+    a, b = (_WORD.findall(t.systems[k]) for k in sorted({r.system for r in clock})[:2])
+    diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    assert len(a) == len(b) and 1 <= len(diff) <= 2 and diff[-1] < 0.9 * len(a)
+
+
+def test_scale_shrinks_the_traffic():
+    full, small = build_traffic(scale=1.0), build_traffic(scale=0.05)
+    f, s = full.summary(), small.summary()
+    assert 9_000 <= f["prefix_tokens_estimate"] <= 11_000 and f["agents"] == 4
+    assert s["prefix_tokens_estimate"] < f["prefix_tokens_estimate"] / 10
+    assert s["agents"] < f["agents"] and s["requests"] < f["requests"]
+    assert max(r.max_tokens for r in small.requests) < max(r.max_tokens for r in full.requests)
+
+
+def test_sessions_append_replies_as_produced():
+    t = build_traffic(seed=1, scale=0.05, agents=2)
+    sessions = Sessions(t)
+    for spec in t.requests:
+        messages = sessions.messages(spec)
+        assert messages[0] == {"role": "system", "content": t.systems[spec.system]}
+        previous = sessions._last.get(spec.session)
+        if spec.base == "same":
+            assert messages[1:] == previous[0][1:]
+        elif spec.base == "edit":
+            assert messages[1:-1] == previous[0][1:-1] and messages[-1]["role"] == "user"
+            assert messages[-1] != previous[0][-1]
+        elif spec.base == "extend":
+            reply = messages[len(previous[0])]
+            assert reply["role"] == "assistant" and reply["content"] == previous[1]
+            assert reply.get("tool_calls", []) == list(spec.reply_tool_calls)
+        sessions.record(spec, messages, f"reply to {spec.rid}", completed=not spec.drop_after)
+
+
+# ------------------------------------------------------------------ oracle ----
+
+
+@pytest.mark.parametrize(
+    "steps, prompts, stored, expected",
+    [
+        # Nothing earlier: nothing to share.
+        ([0], [[1, 2, 3]], [[1, 2, 3, 9]], [0]),
+        # The same step runs concurrently: not earlier.
+        ([0, 0], [[1, 2, 3], [1, 2, 4]], [[1, 2, 3], [1, 2, 4]], [0, 0]),
+        # A prefix of an earlier prompt, and of an earlier reply beyond its prompt.
+        (
+            [0, 1, 2],
+            [[1, 2, 3], [1, 2, 5, 6], [1, 2, 3, 7, 8, 9]],
+            [[1, 2, 3, 7, 8], [1, 2, 5, 6], [1, 2, 3, 7, 8, 9]],
+            [0, 2, 5],
+        ),
+        # A verbatim resend is capped at its length minus one.
+        ([0, 1], [[4, 5, 6, 7], [4, 5, 6, 7]], [[4, 5, 6, 7, 1], [4, 5, 6, 7]], [0, 3]),
+        # The longest over every earlier request wins.
+        (
+            [0, 1, 2],
+            [[1, 1, 1], [2, 2, 2, 2], [2, 2, 2, 9, 9]],
+            [[1, 1, 1], [2, 2, 2, 2], [2, 2, 2, 9, 9]],
+            [0, 0, 3],
+        ),
+    ],
+)
+def test_oracle_on_hand_made_tokens(steps, prompts, stored, expected):
+    def arrays(xs):
+        return [np.asarray(x, dtype=np.int32) for x in xs]
+
+    assert oracle_lengths(steps, arrays(prompts), arrays(stored)) == expected
+
+
+def test_a_dropped_reply_is_not_shared():
+    done = Observed(0, 0, 0, "first", np.array([1, 2, 3], np.int32), [4, 5], True)
+    dropped = Observed(1, 0, 1, "first", np.array([6, 7], np.int32), [8, 9], False)
+    assert done.stored.tolist() == [1, 2, 3, 4, 5]
+    assert dropped.stored.tolist() == [6, 7]
+
+
+def test_summarize_against_its_own_oracle():
+    run = PolicyRun(
+        "lineage",
+        stats=[
+            {"ram_bytes": 10, "disk_bytes": 100, "disk_bytes_written": 100, "evictions": 0},
+            {"ram_bytes": 30, "disk_bytes": 60, "disk_bytes_written": 150, "evictions": 1},
+            {"ram_bytes": 20, "disk_bytes": 160, "disk_bytes_written": 250, "evictions": 2},
+        ],
+    )
+
+    def tokens(*xs):
+        return np.asarray(xs, dtype=np.int32)
+
+    run.observed = [
+        Observed(0, 0, 0, "first", tokens(1, 2, 3, 4), [5], True, ttft_ms=100.0),
+        Observed(1, 1, 0, "user", tokens(1, 2, 3, 4, 5, 6), [7], True, 4, "reply", 4, 10.0),
+        Observed(2, 1, 1, "first", tokens(1, 2, 9), [], False),
+    ]
+    run.evictions = 2
+    s = summarize(run)
+    assert (s["requests"], s["dropped"], s["cached_tokens"], s["oracle_cached_tokens"]) == (
+        2,
+        1,
+        4,
+        5,
+    )
+    assert s["oracle_fraction"] == pytest.approx(0.8)
+    assert s["prefill_tokens"] == 10 - 4
+    assert s["restore_kinds"] == {"none": 1, "reply": 1}
+    assert (s["ram_bytes"], s["ram_bytes_peak"], s["disk_bytes"]) == (20, 30, 160)
+    assert s["disk_bytes_per_turn"] == pytest.approx(250 / 2)
+
+
+# -------------------------------------------------------------- a real run ----
+
+
+def test_small_run_against_every_policy(ray_session, model_cache_dir, tmp_path, capsys):
+    from engine.runtime.tiny_models import ensure_default_model
+
+    parser = argparse.ArgumentParser()
+    agents.add_arguments(parser)
+    out = tmp_path / "agents.json"
+    argv = [
+        "--scale",
+        "0.05",
+        "--agents",
+        "2",
+        "--seed",
+        "0",
+        "--ram-budget",
+        "2G",
+        "--model",
+        str(ensure_default_model(model_cache_dir)),
+        "--json",
+        str(out),
+    ]
+    try:
+        import matplotlib  # noqa: F401  (the bench extra)
+
+        argv += ["--plot", str(tmp_path / "agents.png")]
+    except ImportError:
+        pass
+    assert agents.run(parser.parse_args(argv)) == 0
+    assert "lineage" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert set(report) >= {"traffic", "oracle", "policies"}
+    assert set(report["policies"]) == {"lineage", "exact", "off", "mlx_lm"}
+    for name, p in report["policies"].items():
+        for key in (
+            "cached_tokens",
+            "oracle_fraction",
+            "ttft_ms_p50",
+            "ttft_ms_p90",
+            "prefill_tokens",
+            "ram_bytes",
+            "disk_bytes",
+            "evictions",
+            "disk_bytes_per_turn",
+            "restore_kinds",
+        ):
+            assert key in p, (name, key)
+        assert p["ttft_ms_p90"] >= p["ttft_ms_p50"] > 0
+        assert sum(p["restore_kinds"].values()) == p["requests"]
+        assert p["cached_tokens"] <= p["oracle_cached_tokens"], name
+    cached = {name: p["cached_tokens"] for name, p in report["policies"].items()}
+    assert cached["lineage"] >= cached["exact"] >= cached["off"] == 0
+    assert report["oracle"]["cached_tokens"] >= cached["lineage"] > 0
+    if (tmp_path / "agents.png").exists():
+        assert (tmp_path / "agents.png").stat().st_size > 10_000

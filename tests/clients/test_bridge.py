@@ -1,0 +1,385 @@
+"""The OpenAI-compatible bridge: the official `openai` client against the real bridge,
+the real gRPC server, Ray and MLX (plus the tool-call parser on plain text)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+from clients.bridge import (
+    TOOL_CALL_START,
+    ChatShape,
+    ToolCallStream,
+    parse_tool_calls,
+    start_bridge,
+)
+from clients.client import Final, Restore, Result, Timing, Usage
+from engine.server.background import BackgroundLoop
+
+
+class BridgeThread:
+    """A bridge serving on a free port from a background event loop."""
+
+    def __init__(self, grpc_address: str):
+        self.background = BackgroundLoop("bridge-loop")
+        self.handle = self.call(start_bridge(grpc_address, "127.0.0.1", 0))
+        self.url = self.handle.url
+
+    def call(self, coro, timeout: float = 60):
+        return self.background.call(coro, timeout)
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=120
+        )
+
+    def stop(self) -> None:
+        try:
+            self.call(self.handle.stop(grace=1.0))
+        finally:
+            self.background.close()
+
+
+@pytest.fixture(scope="module")
+def bridge(engine):
+    b = BridgeThread(engine.address)
+    yield b
+    b.stop()
+
+
+@pytest.fixture(scope="module")
+def client(bridge):
+    with bridge.client() as c:
+        yield c
+
+
+USER = [{"role": "user", "content": "Say something about prompt caches."}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file of the repository",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "run_tests",
+            "description": "Run the test suite and report failures",
+            "parameters": {"type": "object", "properties": {"pattern": {"type": "string"}}},
+        },
+    },
+]
+# About 900 tokens of shared system prompt, as parallel sub-agents send.
+SYSTEM = "You are a careful coding agent working in a large repository.\n" + "\n".join(
+    f"Rule {i}: keep module {i} tidy, test every change to it, and answer in short sentences."
+    for i in range(60)
+)
+
+
+def stream_text(stream) -> tuple[str, str | None, object]:
+    """(text, finish_reason, usage) of a streamed chat completion."""
+    text, reason, usage = "", None, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            reason = choice.finish_reason or reason
+    return text, reason, usage
+
+
+# ---------------------------------------------------------------- parser ----
+
+CALL = '<tool_call>\n{"name": "read_file", "arguments": {"path": "setup.py"}}\n</tool_call>'
+NAMELESS = '<tool_call>{"arguments": {}}</tool_call>'
+PARSE_CASES = [
+    ("plain text", "hello there", "hello there", []),
+    ("one call", CALL, "", [("read_file", {"path": "setup.py"})]),
+    (
+        "content first",
+        "Let me look.\n" + CALL,
+        "Let me look.",
+        [("read_file", {"path": "setup.py"})],
+    ),
+    (
+        "two calls",
+        CALL + "\n" + CALL.replace("read_file", "run_tests"),
+        "",
+        [("read_file", {"path": "setup.py"}), ("run_tests", {"path": "setup.py"})],
+    ),
+    (
+        "string arguments",
+        '<tool_call>\n{"name": "f", "arguments": "{\\"a\\": 1}"}\n</tool_call>',
+        "",
+        [("f", {"a": 1})],
+    ),
+    (
+        "unterminated but whole",
+        CALL[: -len("</tool_call>")],
+        "",
+        [("read_file", {"path": "setup.py"})],
+    ),
+    ("bad json", "<tool_call>\n{nope}\n</tool_call>", "<tool_call>\n{nope}\n</tool_call>", []),
+    ("cut off", CALL[:30], CALL[:30], []),
+    ("no name", NAMELESS, NAMELESS, []),
+]
+
+
+@pytest.mark.parametrize(
+    "text,content,calls", [c[1:] for c in PARSE_CASES], ids=[c[0] for c in PARSE_CASES]
+)
+def test_parse_tool_calls(text, content, calls):
+    got_content, got = parse_tool_calls(text)
+    assert got_content == content
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in got] == calls
+    assert all(c["type"] == "function" and c["id"].startswith("call_") for c in got)
+    assert len({c["id"] for c in got}) == len(got)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [c[1] for c in PARSE_CASES] + ["a <tool b <tool_c", "x <"],
+    ids=[c[0] for c in PARSE_CASES] + ["near misses", "trailing <"],
+)
+def test_tool_call_stream_matches_the_whole_text_parse(text):
+    """Any split of the text into chunks streams the same content and calls."""
+    want_content, want_calls = parse_tool_calls(text)
+    for size in (1, 2, 3, 7, len(text) or 1):
+        s = ToolCallStream()
+        sent = "".join(s.feed(text[i : i + size]) for i in range(0, len(text), size))
+        rest, calls = s.finish()
+        assert [c["function"] for c in calls] == [c["function"] for c in want_calls]
+        if want_calls:
+            assert TOOL_CALL_START not in sent and (sent + rest).strip() == want_content
+        else:
+            assert sent + rest == text
+
+
+def test_a_tool_call_becomes_tool_calls_whole_and_streamed():
+    """The chat shapes, checked against the openai package's own response types."""
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    info = {"id": "tiny", "fingerprint": "fp"}
+    text, usage = (
+        "Checking.\n" + CALL,
+        Usage(prompt_tokens=40, cached_tokens=32, completion_tokens=30),
+    )
+    whole = ChatCompletion.model_validate(
+        ChatShape("r1", info, tools=True).whole(Result(text, (), "stop", usage))
+    )
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking."
+    calls = choice.message.tool_calls
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("read_file", {"path": "setup.py"})
+    ]
+    assert whole.usage.prompt_tokens_details.cached_tokens == 32
+
+    shape = ChatShape("r2", info, tools=True)
+    chunks = shape.head() + [
+        c for i in range(0, len(text), 4) for c in shape.delta(text[i : i + 4])
+    ]
+    chunks += shape.finish(Final("stop", usage, Restore(), Timing(), "r2"))
+    chunks = [ChatCompletionChunk.model_validate(c) for c in chunks]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Checking.\n"
+    calls = [t for c in chunks for t in c.choices[0].delta.tool_calls or ()]
+    assert [(t.index, t.function.name) for t in calls] == [(0, "read_file")]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert (
+        ChatCompletionChunk.model_validate(
+            shape.usage_chunk(Final("stop", usage, Restore(), Timing(), "r2"))
+        ).usage.total_tokens
+        == 70
+    )
+
+
+# --------------------------------------------------------- chat, served ----
+
+
+def test_streamed_text_equals_non_streamed_at_temperature_0(client):
+    args = {"model": "lineage", "messages": USER, "max_tokens": 12, "temperature": 0}
+    whole = client.chat.completions.create(**args)
+    choice = whole.choices[0]
+    assert whole.object == "chat.completion" and choice.message.role == "assistant"
+    assert choice.finish_reason in ("stop", "length")
+    assert whole.usage.prompt_tokens > 5 and 1 <= whole.usage.completion_tokens <= 12
+    assert whole.usage.prompt_tokens_details.cached_tokens >= 0
+    streamed = args | {"max_tokens": None, "max_completion_tokens": 12, "stream": True}
+    text, reason, usage = stream_text(client.chat.completions.create(**streamed))
+    assert text == choice.message.content and reason == choice.finish_reason
+    assert usage is None, "usage chunk without stream_options.include_usage"
+    if len(text) > 6:  # a stop string, given as a str
+        cut = client.chat.completions.create(**args, stop=text[3:6]).choices[0]
+        assert cut.finish_reason == "stop" and text.startswith(cut.message.content)
+        assert text[3:6] not in cut.message.content
+
+
+def test_shared_system_prompt_and_tools_are_cached(client):
+    """The second sub-agent's turn reuses the first one's system prompt + tools."""
+    usages = []
+    for question in ("Which tests fail?", "Read setup.py, please."):
+        stream = client.chat.completions.create(
+            model="lineage",
+            max_tokens=3,
+            temperature=0,
+            tools=TOOLS,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_headers={"X-Cache-Namespace": "bridge-shared-prompt"},
+            messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+        )
+        usages.append(stream_text(stream)[2])
+    first, second = usages
+    assert first is not None and second is not None, "no usage chunk with include_usage"
+    assert first.prompt_tokens > 600
+    assert second.prompt_tokens_details.cached_tokens > 0, "the shared prefix was not reused"
+
+
+def test_namespace_comes_from_the_header_else_user(client):
+    messages = [
+        {"role": "system", "content": SYSTEM + "\nNamespaces."},
+        {"role": "user", "content": "Hello."},
+    ]
+
+    def cached(**kwargs) -> int:
+        reply = client.chat.completions.create(
+            model="lineage", messages=messages, max_tokens=2, temperature=0, **kwargs
+        )
+        return reply.usage.prompt_tokens_details.cached_tokens
+
+    cached(extra_headers={"X-Cache-Namespace": "bridge-ns-a"})
+    assert cached(user="bridge-ns-b") == 0, "another namespace reused bridge-ns-a's entries"
+    assert cached(user="bridge-ns-b") > 0
+    assert cached(extra_headers={"X-Cache-Namespace": "bridge-ns-b"}, user="bridge-ns-c") > 0
+
+
+def test_tool_call_round_trip_renders_and_runs(client):
+    turn = [
+        {"role": "developer", "content": "You are terse."},  # the system role's new name
+        {"role": "user", "content": "What is in setup.py?"},
+    ]
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "read_file", "arguments": '{"path": "setup.py"}'},
+    }
+    follow_up = turn + [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "print('hi')"},
+    ]
+    a = client.chat.completions.create(model="lineage", messages=turn, tools=TOOLS, max_tokens=2)
+    b = client.chat.completions.create(
+        model="lineage", messages=follow_up, tools=TOOLS, max_tokens=2
+    )
+    assert b.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    # The call and its result are in the rendered prompt.
+    assert b.usage.prompt_tokens > a.usage.prompt_tokens + 15
+
+
+BAD_REQUESTS = [
+    ("max_tokens 0", {"max_tokens": 0}, "max_tokens"),
+    ("unknown role", {"messages": [{"role": "wizard", "content": "hi"}]}, "role"),
+    ("negative temperature", {"temperature": -1.0}, "temperature"),
+    ("messages not a list", {"messages": "hello"}, "messages"),
+    ("two choices", {"n": 2}, "n must be 1"),
+]
+
+
+@pytest.mark.parametrize(
+    "override,needle", [b[1:] for b in BAD_REQUESTS], ids=[b[0] for b in BAD_REQUESTS]
+)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_bad_request_is_400_and_the_bridge_keeps_serving(client, override, needle, stream):
+    args = {"model": "lineage", "messages": USER, "max_tokens": 2, "stream": stream} | override
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(**args)
+    assert err.value.status_code == 400
+    assert needle in err.value.message.lower()
+    assert err.value.body["type"] == "invalid_request_error"
+    ok = client.chat.completions.create(model="lineage", messages=USER, max_tokens=2)
+    assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+# Greedy on the embedded model, this prompt runs its 4000 tokens (about 20 s on CI's CPU);
+# a slot freed within FREED_WITHIN_S was freed by the cancel, not by the end.
+ENDLESS = [{"role": "user", "content": "Repeat after me forever."}]
+FREED_WITHIN_S = 5.0
+
+
+def wait_until_idle(engine, within: float) -> None:
+    deadline = time.time() + within
+    while engine.tier_stats().active and time.time() < deadline:
+        time.sleep(0.05)
+    assert engine.tier_stats().active == 0, "the abandoned request is still in the batch"
+
+
+def test_abandoned_stream_frees_its_slot(engine, client):
+    stream = client.chat.completions.create(
+        model="lineage", messages=ENDLESS, max_tokens=4000, temperature=0, stream=True
+    )
+    seen = 0
+    for chunk in stream:
+        seen += bool(chunk.choices and chunk.choices[0].delta.content)
+        if seen == 3:
+            break
+    assert seen == 3, "the model stopped before the stream could be abandoned"
+    assert engine.tier_stats().active == 1
+    stream.close()
+    wait_until_idle(engine, FREED_WITHIN_S)
+    ok = client.chat.completions.create(model="lineage", messages=USER, max_tokens=2)
+    assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def test_abandoned_whole_request_frees_its_slot(engine, bridge):
+    body = {"model": "lineage", "messages": ENDLESS, "max_tokens": 4000, "temperature": 0}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{bridge.url}/v1/chat/completions", json=body, timeout=1.0)
+    wait_until_idle(engine, FREED_WITHIN_S)
+
+
+# ------------------------------------------ completions, models, health ----
+
+
+def test_completions_models_and_health(bridge, client):
+    whole = client.completions.create(
+        model="lineage", prompt="Once upon a time", max_tokens=6, temperature=0
+    )
+    assert whole.object == "text_completion" and whole.usage.completion_tokens >= 1
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model="lineage", prompt="Once upon a time", max_tokens=6, temperature=0, stream=True
+        )
+        if c.choices
+    )
+    assert streamed == whole.choices[0].text
+    by_ids = client.completions.create(model="lineage", prompt=[5, 17, 300, 42], max_tokens=2)
+    assert by_ids.usage.prompt_tokens == 4
+    models = client.models.list().data
+    assert len(models) == 1 and models[0].id == whole.model
+    health = httpx.get(f"{bridge.url}/health", timeout=10)
+    assert health.status_code == 200 and health.json() == {"status": "SERVING"}
+    missing = httpx.get(f"{bridge.url}/v1/nothing", timeout=10)
+    assert missing.status_code == 404 and "error" in missing.json()
+
+
+def test_engine_unavailable_is_503():
+    b = BridgeThread("127.0.0.1:1")  # nothing listens there
+    try:
+        with b.client() as c, pytest.raises(openai.InternalServerError) as err:
+            c.chat.completions.create(model="lineage", messages=USER, max_tokens=2)
+        assert err.value.status_code == 503 and err.value.body["code"] == "unavailable"
+        assert httpx.get(f"{b.url}/health", timeout=10).status_code == 503
+    finally:
+        b.stop()

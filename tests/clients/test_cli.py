@@ -1,0 +1,740 @@
+"""The client library and the `lineage` command.
+
+Covers argument wiring, serve flags -> EngineConfig, request conversion, the
+event and Result shapes, the fanout prompt generator and cluster.yaml (pure),
+and the wire path against the real engine (the session `engine` fixture: real
+gRPC on localhost, real Ray actors, real MLX): generate/stream/stats/health,
+errors, stream cancellation seen by the server (its batch empties), and the
+generate, chat, fanout and stats subcommands. Each test that relies on the
+cache uses a namespace of its own. `run_cli(argv)` runs `lineage argv` in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import itertools
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from clients import cli, fanout
+from clients import client as lc
+from clients.chat import Chat, run_chat
+from engine.config import GB
+from engine.proto import engine_pb2
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(argv: list[str], stdin: str = "", env: dict | None = None) -> tuple[int, str]:
+    """Run `lineage argv` in-process: (exit code, stdout). stderr passes through."""
+    out = io.StringIO()
+    old_stdin = sys.stdin
+    sys.stdin = io.StringIO(stdin)
+    try:
+        with contextlib.redirect_stdout(out):
+            code = cli.main(argv, env={} if env is None else env)
+    finally:
+        sys.stdin = old_stdin
+    return code, out.getvalue()
+
+
+# --------------------------------------------------------------- helpers ----
+
+_ns = itertools.count()
+
+
+def fresh_ns() -> str:
+    """A cache namespace of its own, so that no other test's entries serve this one."""
+    return f"cli-{next(_ns)}"
+
+
+def _free_port() -> int:
+    """A localhost port with nothing listening on it."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def active(engine) -> int:
+    """Sequences in the engine's batch right now."""
+    return engine.tier_stats().active
+
+
+def wait_active(engine, done, timeout: float = 15) -> int:
+    """Poll the batch size until done(active) or the deadline; the last value seen."""
+    deadline = time.monotonic() + timeout
+    while not done(n := active(engine)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return n
+
+
+def wait_idle(engine, timeout: float = 15) -> int:
+    return wait_active(engine, lambda n: n == 0, timeout)
+
+
+@pytest.fixture
+def idle(engine):
+    """The engine once its batch is empty: the cancellation tests count the batch."""
+    assert wait_idle(engine) == 0, "an earlier request is still in the batch"
+    return engine
+
+
+# A prompt that streams prefill progress (>= 256 tokens): shared system text plus tools.
+SYSTEM, TOOLS = fanout.make_shared_prefix(300, seed=4)
+# A request that decodes until cancelled, for all the tests can tell: the tiny model's
+# greedy reply to LONG runs ~4600 tokens before it emits EOS (20 s and more on a CPU),
+# far past the few seconds a cancelled stream's slot takes to free.
+LONG, SLOW = "1 2 3 4 5 6 7 8 9 10 11 12", 100_000
+
+
+# -------------------------------------------------------------- argparse ----
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve"],
+        ["serve", "--model", "/m", "--cache-mode", "off", "--ram-budget", "1G"],
+        ["generate", "--prompt", "hi"],
+        [
+            "generate",
+            "--messages",
+            "m.json",
+            "--tools",
+            "t.json",
+            "--stop",
+            "a",
+            "--stop",
+            "b",
+            "--json",
+            "--seed",
+            "3",
+            "--top-k",
+            "5",
+            "--top-p",
+            "0.9",
+            "--temperature",
+            "0.7",
+        ],
+        ["chat", "--system", "be brief", "--tools", "t.json", "--max-tokens", "8"],
+        ["fanout", "--agents", "4", "--turns", "3", "--system-tokens", "500", "--json", "o.json"],
+        ["stats", "--json", "--server", "h:1"],
+    ],
+)
+def test_every_subcommand_parses(argv):
+    args = cli.build_parser().parse_args(argv)
+    assert args.command == argv[0] and callable(args.run)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["nope"],
+        ["generate"],
+        ["generate", "--prompt", "a", "--messages", "m.json"],
+        ["serve", "--cache-mode", "bogus"],
+        ["serve", "--ram-budget", "lots"],
+        ["fanout", "--agents", "2"],
+    ],
+)
+def test_usage_errors_exit_2(argv):
+    assert run_cli(argv)[0] == 2
+
+
+def test_parse_leaves_unset_serve_flags_none():
+    args = cli.build_parser().parse_args(["serve"])
+    assert all(getattr(args, name) is None for name in cli.SERVE_FLAGS)
+
+
+def test_serve_flags_land_in_engine_config(tmp_path):
+    args = cli.build_parser().parse_args(
+        [
+            "serve",
+            "--model",
+            "/models/m",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "6000",
+            "--cache-dir",
+            str(tmp_path),
+            "--cache-mode",
+            "exact",
+            "--ram-budget",
+            "1G",
+            "--disk-budget",
+            "2G",
+            "--address",
+            "auto",
+            "--http-port",
+            "8080",
+            "--prefill-step-size",
+            "256",
+            "--max-batch",
+            "4",
+        ]
+    )
+    c = cli.config_from_args(args, {"LINEAGE_PORT": "7000", "LINEAGE_MAX_BATCH": "2"})
+    assert (c.model.path, c.model.prefill_step_size, c.model.max_batch) == ("/models/m", 256, 4)
+    assert (c.server.host, c.server.port, c.server.address, c.server.http_port) == (
+        "0.0.0.0",
+        6000,
+        "auto",
+        8080,
+    )
+    assert (c.cache.mode, c.cache.cache_dir, c.cache.ram_budget) == ("exact", str(tmp_path), GB)
+    assert c.cache.disk_budget == min(2 * GB, shutil.disk_usage(tmp_path).free // 2)
+
+
+def test_serve_env_applies_where_no_flag_is_given():
+    args = cli.build_parser().parse_args(["serve", "--max-batch", "4"])
+    c = cli.config_from_args(
+        args, {"LINEAGE_PORT": "7000", "LINEAGE_MAX_BATCH": "2", "APC_LINEAGE": "0"}
+    )
+    assert (c.server.port, c.model.max_batch, c.cache.mode) == (7000, 4, "exact")
+
+
+def test_serve_runs_engine_serve_with_the_config(monkeypatch):
+    import types
+
+    import engine.server
+
+    seen = []
+    fake_serve = types.ModuleType("engine.server.serve")
+    fake_serve.run = lambda config, sidecars=(): seen.append(config) or 0
+    monkeypatch.setitem(sys.modules, "engine.server.serve", fake_serve)
+    monkeypatch.setattr(engine.server, "serve", fake_serve, raising=False)
+    assert run_cli(["serve", "--port", "1234", "--cache-mode", "off"])[0] == 0
+    assert (seen[0].server.port, seen[0].cache.mode) == (1234, "off")
+
+
+def test_plugin_registry_adds_a_subcommand(monkeypatch):
+    monkeypatch.setitem(
+        cli.COMMANDS,
+        "bench",
+        cli.Command(
+            "bench", "benchmarks", lambda p: p.add_argument("--n", type=int), lambda a: a.n
+        ),
+    )
+    assert run_cli(["bench", "--n", "7"])[0] == 7
+
+
+def test_cli_imports_neither_mlx_nor_ray():
+    code = (
+        "import sys, importlib.abc\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('mlx', 'mlx_lm', 'ray'):\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from clients import cli, chat, fanout\n"
+        "cli.build_parser().parse_args(['generate', '--prompt', 'x'])\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+# ---------------------------------------------------------- conversions ----
+
+
+def test_result_to_json_dict_shape():
+    r = lc.Result(
+        "hi",
+        (1, 2),
+        "stop",
+        lc.Usage(10, 8, 2),
+        lc.Restore("anchor", 8),
+        lc.Timing(1, 2, 3, 4, 5, 6, 7, 8, 9, 10),
+        "rid",
+    )
+    d = r.to_json_dict()
+    assert d == {
+        "text": "hi",
+        "token_ids": [1, 2],
+        "finish_reason": "stop",
+        "usage": {"prompt_tokens": 10, "cached_tokens": 8, "completion_tokens": 2},
+        "restore": {"kind": "anchor", "length": 8},
+        "timing": {
+            "queue_ms": 1,
+            "plan_ms": 2,
+            "restore_ms": 3,
+            "prefill_ms": 4,
+            "commit_ms": 5,
+            "ttft_ms": 6,
+            "decode_tps": 7,
+        },
+    }
+    json.dumps(d)
+
+
+@pytest.mark.parametrize(
+    "message, expected",
+    [
+        ({"role": "user", "content": "hi"}, dict(role="user", content="hi")),
+        ({"role": "assistant", "content": None}, dict(role="assistant", content="")),
+        (
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            },
+            dict(role="user", content="ab"),
+        ),
+        (
+            {"role": "tool", "content": "42", "tool_call_id": "c1", "name": "calc"},
+            dict(role="tool", content="42", tool_call_id="c1", name="calc"),
+        ),
+        (
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "f", "arguments": '{"x": 1}'},
+                    },
+                    {
+                        "id": "c2",
+                        "type": "function",
+                        "function": {"name": "g", "arguments": {"y": 2}},
+                    },
+                    {"id": "c3", "name": "h", "arguments": "{}"},
+                ],
+            },
+            dict(
+                role="assistant",
+                content="",
+                tool_calls=[
+                    engine_pb2.ToolCall(id="c1", name="f", arguments='{"x": 1}'),
+                    engine_pb2.ToolCall(id="c2", name="g", arguments='{"y": 2}'),
+                    engine_pb2.ToolCall(id="c3", name="h", arguments="{}"),
+                ],
+            ),
+        ),
+    ],
+)
+def test_message_to_proto(message, expected):
+    assert lc.message_to_proto(message) == engine_pb2.Message(**expected)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"content": "no role"},
+        "text",
+        {"role": "user", "content": [{"type": "image_url"}]},
+        {"role": "assistant", "tool_calls": [{"id": "c", "function": {}}]},
+    ],
+)
+def test_bad_message_raises_value_error(bad):
+    with pytest.raises(ValueError):
+        lc.message_to_proto(bad)
+
+
+def test_build_request():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    r = lc.build_request(
+        messages=[{"role": "user", "content": "x"}],
+        tools=tools,
+        max_tokens=5,
+        stop="END",
+        seed=0,
+        namespace="ns",
+        request_id="r1",
+    )
+    assert json.loads(r.tools_json) == tools and r.add_generation_prompt
+    assert (r.sampling.max_tokens, list(r.sampling.stop), r.sampling.seed) == (5, ["END"], 0)
+    assert r.sampling.HasField("seed") and (r.namespace, r.request_id) == ("ns", "r1")
+    assert not lc.build_request(prompt="p").sampling.HasField("seed")
+    ids = lc.build_request(prompt_ids=[3, 4])
+    assert ids.HasField("prompt_ids") and list(ids.prompt_ids.ids) == [3, 4]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"prompt": "a", "prompt_ids": [1]},
+        {"messages": []},
+        {"prompt": "a", "tools": [{"type": "function"}]},
+        {"prompt": "a", "max_tokens": 0},
+        {"messages": [{"role": "user", "content": "x"}], "tools": "not a list"},
+    ],
+)
+def test_bad_request_raises_value_error(kwargs):
+    with pytest.raises(ValueError):
+        lc.build_request(**kwargs)
+
+
+def test_event_from_proto_and_message_to_dict():
+    assert lc.event_from_proto(
+        engine_pb2.GenerateEvent(progress=engine_pb2.PrefillProgress(done=1, total=2))
+    ) == lc.Progress(1, 2)
+    assert lc.event_from_proto(
+        engine_pb2.GenerateEvent(chunk=engine_pb2.TokenChunk(ids=[5], text="x"))
+    ) == lc.Chunk((5,), "x")
+    final = lc.event_from_proto(
+        engine_pb2.GenerateEvent(
+            final=engine_pb2.Final(
+                finish_reason="stop", timing=engine_pb2.Timing(bytes_copied_commit=9)
+            )
+        )
+    )
+    assert final.restore.kind == "none" and final.timing.bytes_copied_commit == 9
+    d = lc.message_to_dict(engine_pb2.CacheStatsReply(ram_bytes=1 << 40, hits={"anchor": 1}))
+    assert d["ram_bytes"] == 1 << 40 and d["hits"] == {"anchor": 1} and d["evictions"] == 0
+
+
+# ------------------------------------------------------ client over wire ----
+
+
+def test_generate_stream_stats_and_health(engine):
+    ns = fresh_ns()
+    with lc.Client(engine.address, timeout=60) as c:
+        c.wait_ready(5)
+        c.wait_ready(5, service=lc.ENGINE_SERVICE)
+        r = c.generate(prompt="a b c", max_tokens=3, namespace=ns)
+        assert r.finish_reason in ("length", "stop") and 1 <= len(r.token_ids) <= 3
+        assert r.usage.completion_tokens == len(r.token_ids) and r.usage.prompt_tokens > 0
+        assert r.usage.cached_tokens == 0 and r.restore.kind == "none"
+        assert r.timing.ttft_ms > 0 and r.request_id
+        # greedy: the same request streamed gives the same tokens, chunk by chunk
+        events = list(c.stream(prompt="a b c", max_tokens=3, namespace=fresh_ns()))
+        chunks = [e for e in events if isinstance(e, lc.Chunk)]
+        assert isinstance(events[-1], lc.Final) and events[-1].finish_reason == r.finish_reason
+        assert "".join(e.text for e in chunks) == r.text
+        assert tuple(i for e in chunks for i in e.ids) == r.token_ids
+
+        # a long prompt streams prefill progress, then chunks, then the final event
+        msgs = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": fanout.user_message(0, 0)},
+        ]
+        events = list(c.stream(messages=msgs, tools=TOOLS, max_tokens=1, namespace=ns))
+        kinds = [type(e) for e in events]
+        assert [k for i, k in enumerate(kinds) if i == 0 or kinds[i - 1] != k] == [
+            lc.Progress,
+            lc.Chunk,
+            lc.Final,
+        ]
+        first = events[-1]
+        assert {e.total for e in events if isinstance(e, lc.Progress)} == {
+            first.usage.prompt_tokens
+        }
+        # turn two of the conversation restores turn one from the cache
+        reply = "".join(e.text for e in events if isinstance(e, lc.Chunk))
+        msgs += [
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": fanout.user_message(0, 1)},
+        ]
+        events = list(c.stream(messages=msgs, tools=TOOLS, max_tokens=1, namespace=ns))
+        second = events[-1]
+        assert second.usage.cached_tokens >= first.usage.prompt_tokens
+        assert second.restore.kind != "none" and second.timing.restored_kv_bytes > 0
+
+        stats = c.cache_stats()
+        assert stats["mode"] == "lineage" and stats["hits"].get(second.restore.kind, 0) >= 1
+        assert stats["prompt_tokens"] >= first.usage.prompt_tokens + second.usage.prompt_tokens
+        info = c.model_info()
+        assert (info["model"], info["model_type"], info["cache_mode"]) == (
+            str(engine.engine.info.path),
+            "qwen3_next",
+            "lineage",
+        )
+        assert all(i < info["vocab_size"] for i in r.token_ids)
+
+
+def test_errors_surface_as_lineage_error(engine):
+    with lc.Client(engine.address, timeout=60) as c:
+        with pytest.raises(lc.LineageError) as info:
+            c.generate(prompt_ids=[5, 10**7], max_tokens=2)
+        assert info.value.code == "INVALID_ARGUMENT" and "vocabulary" in info.value.message
+        with pytest.raises(lc.LineageError) as info:
+            list(c.stream(messages=[{"role": "wizard", "content": "hi"}], max_tokens=2))
+        assert info.value.code == "INVALID_ARGUMENT" and "role" in info.value.message.lower()
+        assert c.generate(prompt="still serving", max_tokens=1).usage.completion_tokens == 1
+    with lc.Client(f"127.0.0.1:{_free_port()}") as c:
+        with pytest.raises(lc.LineageError) as info:
+            c.wait_ready(0.3)
+        assert info.value.code == "DEADLINE_EXCEEDED"
+        with pytest.raises(lc.LineageError) as info:
+            c.generate(prompt="x", max_tokens=1)
+        assert info.value.code == "UNAVAILABLE"
+
+
+@pytest.mark.parametrize("how", ["break", "cancel", "close"])
+def test_sync_stream_cancels_the_call(idle, how):
+    engine = idle
+    with lc.Client(engine.address) as c:
+        stream = c.stream(prompt=LONG, max_tokens=SLOW, namespace=fresh_ns())
+        try:
+            after = 0
+            for event in stream:
+                if after:
+                    after += 1
+                    assert after < 100, "the stream kept streaming after cancel"
+                elif isinstance(event, lc.Chunk):
+                    assert active(engine) == 1, "the request is not decoding"
+                    if how == "break":
+                        break
+                    getattr(stream, how)()
+                    after = 1
+            # `stream` is still referenced: only the client's cancel can free the slot
+            assert wait_idle(engine, 10) == 0, "the server is still decoding the stream"
+            assert list(stream) == []
+        finally:
+            stream.cancel()
+
+
+def test_async_client_generate_and_task_cancel(idle):
+    engine = idle
+
+    async def main():
+        async with lc.AsyncClient(engine.address) as c:
+            await c.wait_ready(5)
+            r = await c.generate(
+                messages=[{"role": "user", "content": "x"}], max_tokens=2, namespace=fresh_ns()
+            )
+            assert 1 <= len(r.token_ids) <= 2 and r.usage.completion_tokens == len(r.token_ids)
+            stream = c.stream(prompt=LONG, max_tokens=SLOW, namespace=fresh_ns())
+            task = asyncio.create_task(stream.result())
+            assert await asyncio.to_thread(wait_active, engine, lambda n: n == 1) == 1
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert await asyncio.to_thread(wait_idle, engine, 10) == 0
+            second = c.stream(prompt=LONG, max_tokens=SLOW, namespace=fresh_ns())
+            after = 0
+            async for event in second:
+                if after:
+                    after += 1
+                    assert after < 100, "the stream kept streaming after cancel"
+                elif isinstance(event, lc.Chunk):
+                    assert await asyncio.to_thread(active, engine) == 1
+                    second.cancel()
+                    after = 1
+            assert await asyncio.to_thread(wait_idle, engine, 10) == 0
+            assert (await c.cache_stats())["entries"] >= 1
+
+    asyncio.run(main())
+
+
+# ------------------------------------------------------------ cli, wire ----
+
+
+def test_cli_generate_json_and_text(engine, tmp_path):
+    hello = [{"role": "user", "content": "hello"}]
+    messages = tmp_path / "m.json"
+    messages.write_text(json.dumps(hello))
+    tools = tmp_path / "t.json"
+    tools.write_text(json.dumps(fanout.make_tools(200)))
+    code, out = run_cli(
+        [
+            "generate",
+            "--messages",
+            str(messages),
+            "--tools",
+            str(tools),
+            "--max-tokens",
+            "2",
+            "--json",
+            "--namespace",
+            fresh_ns(),
+            "--server",
+            engine.address,
+        ]
+    )
+    d = json.loads(out)
+    assert code == 0 and 1 <= len(d["token_ids"]) <= 2
+    assert d["usage"]["completion_tokens"] == len(d["token_ids"])
+    with lc.Client(engine.address, timeout=60) as c:
+        bare = c.generate(messages=hello, max_tokens=1, namespace=fresh_ns())
+        expected = c.generate(prompt="x", max_tokens=2, namespace=fresh_ns())
+    # the tools reached the server: the chat template rendered them into the prompt
+    assert d["usage"]["prompt_tokens"] > bare.usage.prompt_tokens + 50
+    code, out = run_cli(
+        ["generate", "--prompt", "x", "--max-tokens", "2"], env={"LINEAGE_SERVER": engine.address}
+    )
+    assert (code, out) == (0, expected.text + "\n")
+
+
+@pytest.mark.parametrize(
+    "argv, code",
+    [
+        (["generate", "--messages", "/nonexistent.json"], 2),
+        (["generate", "--prompt", "x", "--tools", "t.json"], 2),
+        (["generate", "--prompt", "x", "--max-tokens", "0"], 2),
+    ],
+)
+def test_cli_generate_usage_errors(engine, argv, code):
+    assert run_cli(argv + ["--server", engine.address])[0] == code
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--messages", "wizard.json"], "role"),
+        (["--prompt", "x", "--temperature=-1"], "temperature"),
+    ],
+)
+def test_cli_generate_server_rejection_exits_1(engine, tmp_path, monkeypatch, capsys, argv, needle):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "wizard.json").write_text(json.dumps([{"role": "wizard", "content": "hi"}]))
+    code, _ = run_cli(["generate", *argv, "--max-tokens", "2", "--server", engine.address])
+    err = capsys.readouterr().err
+    assert code == 1 and "INVALID_ARGUMENT" in err and needle in err.lower()
+
+
+def test_cli_generate_unreachable_server_exits_1():
+    assert run_cli(["generate", "--prompt", "x", "--server", f"127.0.0.1:{_free_port()}"])[0] == 1
+
+
+STATUS = re.compile(r"\[prompt (\d+) tok, cached (\d+).*?restore (\w+), ttft")
+
+
+def test_cli_chat_resends_the_conversation(engine):
+    ns = fresh_ns()
+    code, out = run_cli(
+        [
+            "chat",
+            "--system",
+            "be brief",
+            "--max-tokens",
+            "2",
+            "--namespace",
+            ns,
+            "--server",
+            engine.address,
+        ],
+        stdin="hello\n\nagain\n/exit\nnever sent\n",
+    )
+    turns = [tuple(int(x) if x.isdigit() else x for x in m) for m in STATUS.findall(out)]
+    assert code == 0 and len(turns) == 2 and out.count("[prompt ") == 2
+    system = {"role": "system", "content": "be brief"}
+    with lc.Client(engine.address, timeout=60) as c:
+        one = c.generate(
+            messages=[system, {"role": "user", "content": "hello"}],
+            max_tokens=2,
+            namespace=fresh_ns(),
+        )
+        two = c.generate(
+            messages=[
+                system,
+                {"role": "user", "content": "hello"},
+                {"role": "assistant", "content": one.text},
+                {"role": "user", "content": "again"},
+            ],
+            max_tokens=2,
+            namespace=fresh_ns(),
+        )
+    assert out.startswith(one.text + "\n[prompt ")
+    # turn two re-sent system, user, the assistant's reply and the new user line
+    assert (turns[0][0], turns[1][0]) == (one.usage.prompt_tokens, two.usage.prompt_tokens)
+    assert turns[0][1:] == (0, "none")
+    _, cached, kind = turns[1]
+    assert cached >= one.usage.prompt_tokens and kind != "none"
+
+
+def test_chat_drops_a_failed_turn_and_stops_when_unavailable():
+    chat = Chat("sys")
+    out, err = io.StringIO(), io.StringIO()
+    with lc.Client(f"127.0.0.1:{_free_port()}") as down:
+        assert run_chat(down, chat, {"max_tokens": 2}, io.StringIO("hi\nnever\n"), out, err) == 1
+    assert chat.messages == [{"role": "system", "content": "sys"}]
+    assert "UNAVAILABLE" in err.getvalue()
+
+
+def test_cli_fanout_and_stats(engine, tmp_path):
+    path = tmp_path / "rows.json"
+    code, out = run_cli(
+        [
+            "fanout",
+            "--agents",
+            "2",
+            "--turns",
+            "2",
+            "--system-tokens",
+            "300",
+            "--max-tokens",
+            "2",
+            "--namespace",
+            fresh_ns(),
+            "--json",
+            str(path),
+            "--server",
+            engine.address,
+        ]
+    )
+    data = json.loads(path.read_text())
+    assert code == 0 and [(r["agent"], r["turn"]) for r in data["rows"]] == [
+        (0, 0),
+        (0, 1),
+        (1, 0),
+        (1, 1),
+    ]
+    assert all(
+        r["cached_tokens"] > 0 and r["restore_kind"] != "none"
+        for r in data["rows"]
+        if r["turn"] == 1
+    )
+    assert data["summary"]["cached_tokens"] > 0 and "total:" in out
+    code, out = run_cli(["stats", "--json", "--server", engine.address])
+    stats = json.loads(out)
+    assert code == 0 and stats["mode"] == "lineage" and stats["entries"] >= 1
+    code, out = run_cli(["stats", "--server", engine.address])
+    lines = dict(line.split(None, 1) for line in out.splitlines())
+    assert code == 0 and lines["mode"] == "lineage"
+    assert re.fullmatch(r"[\d.]+ (B|KiB|MiB|GiB) \(\d+\)", lines["ram_bytes"])
+    assert re.fullmatch(r"\d+\.\d%", lines["cached_fraction"])
+
+
+# ---------------------------------------------------------------- fanout ----
+
+
+@pytest.mark.parametrize("size", [500, 2000, 10000])
+def test_shared_prefix_is_deterministic_and_sized(size):
+    system, tools = fanout.make_shared_prefix(size, seed=1)
+    assert (system, tools) == fanout.make_shared_prefix(size, seed=1)
+    assert system != fanout.make_shared_prefix(size, seed=2)[0]
+    total = fanout.estimate_tokens(system) + fanout.estimate_tokens(json.dumps(tools))
+    assert 0.9 * size <= total <= size and len(tools) >= 1
+    assert all(t["function"]["parameters"]["type"] == "object" for t in tools)
+
+
+def test_user_messages_are_deterministic_and_distinct():
+    assert fanout.user_message(1, 2, 0) == fanout.user_message(1, 2, 0)
+    assert len({fanout.user_message(a, t, 0) for a in range(4) for t in range(3)}) == 12
+
+
+# ----------------------------------------------------------- cluster.yaml ----
+
+
+def test_cluster_yaml():
+    config = yaml.safe_load((ROOT / "cluster.yaml").read_text())
+    assert config["provider"]["type"] == "local" and config["provider"]["worker_ips"]
+    assert any("pip install -e ." in c for c in config["setup_commands"])
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        commands = config[key]
+        assert "ray stop" in commands[0]
+        start = commands[-1]
+        assert """--resources='{"mlx": 1}'""" in start
+        assert "export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1" in start
+
+
+def test_cluster_yaml_passes_rays_schema():
+    pytest.importorskip("ray.autoscaler")
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    validate_config(prepare_config(yaml.safe_load((ROOT / "cluster.yaml").read_text())))

@@ -1,0 +1,238 @@
+"""The lineage cache through the running server: real gRPC, Ray and MLX (issue 3).
+
+Each test uses a namespace of its own, so entries of one test never serve
+another. The system prompt plus tools is ~900 tokens, long enough for a guard
+checkpoint (the uncached suffix of a first turn is >= 256 tokens).
+"""
+
+from __future__ import annotations
+
+import itertools
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from clients.client import Client
+from clients.fanout import make_shared_prefix, user_message
+
+SYSTEM, TOOLS = make_shared_prefix(900, seed=3)
+_ns = itertools.count()
+
+
+def fresh_ns(tag: str) -> str:
+    return f"{tag}-{next(_ns)}"
+
+
+@pytest.fixture(scope="module")
+def client(engine):
+    with Client(engine.address, timeout=120) as c:
+        yield c
+
+
+def chat(client, messages, ns, max_tokens=6, **kw):
+    return client.generate(
+        messages=messages, tools=TOOLS, max_tokens=max_tokens, namespace=ns, **kw
+    )
+
+
+def convo(*users, system=SYSTEM):
+    return [{"role": "system", "content": system}] + [{"role": "user", "content": u} for u in users]
+
+
+def test_turn_two_restores_turn_one(client):
+    ns = fresh_ns("turns")
+    msgs = convo(user_message(0, 0))
+    r1 = chat(client, msgs, ns)
+    assert r1.restore.kind == "none" and r1.usage.cached_tokens == 0
+    msgs2 = msgs + [
+        {"role": "assistant", "content": r1.text},
+        {"role": "user", "content": user_message(0, 1)},
+    ]
+    r2 = chat(client, msgs2, ns)
+    assert r2.usage.cached_tokens >= r1.usage.prompt_tokens
+    assert r2.restore.kind in ("entry", "reply")
+
+
+def test_verbatim_resend_restores_from_guard_or_turn_boundary(client):
+    ns = fresh_ns("resend")
+    msgs = convo(user_message(1, 0))
+    r1 = chat(client, msgs, ns)
+    r2 = chat(client, msgs, ns)
+    assert r2.restore.kind in ("guard", "final", "reply")
+    assert r2.usage.cached_tokens >= r1.usage.prompt_tokens - 16
+    assert r2.text == r1.text, "greedy output from a restore equals the cold output"
+
+
+def test_new_session_lands_on_the_anchor(client):
+    ns = fresh_ns("anchor")
+    r1 = chat(client, convo(user_message(2, 0)), ns)
+    r2 = chat(client, convo("A completely different first question about parsers."), ns)
+    assert r2.restore.kind == "anchor"
+    stats = client.cache_stats()
+    assert stats["anchors"] >= 1
+    assert r2.usage.cached_tokens >= r1.usage.prompt_tokens - 40  # the anchor covers system+tools
+
+
+def test_edited_last_message_restores_at_turn_boundary(client):
+    ns = fresh_ns("edit")
+    msgs = convo(user_message(3, 0))
+    r1 = chat(client, msgs, ns)
+    msgs2 = msgs + [
+        {"role": "assistant", "content": r1.text},
+        {"role": "user", "content": user_message(3, 1)},
+    ]
+    r2 = chat(client, msgs2, ns)
+    edited = msgs + [
+        {"role": "assistant", "content": r1.text},
+        {"role": "user", "content": "Actually, do something else entirely."},
+    ]
+    r3 = chat(client, edited, ns)
+    assert r3.restore.kind in ("final", "reply", "entry")
+    # the turn boundary: turn one's prompt plus its reply
+    assert r3.usage.cached_tokens >= r1.usage.prompt_tokens
+    assert r3.usage.cached_tokens < r2.usage.prompt_tokens
+
+
+def test_regenerate_restores_the_prompt(client):
+    ns = fresh_ns("regen")
+    msgs = convo(user_message(4, 0))
+    r1 = chat(client, msgs, ns)
+    turn_two = msgs + [
+        {"role": "assistant", "content": r1.text},
+        {"role": "user", "content": user_message(4, 1)},
+    ]
+    r2 = chat(client, turn_two, ns)
+    regen = chat(client, turn_two, ns, temperature=0.9, seed=5)
+    # turn two added < 256 tokens, so it has no guard: the regenerate (a verbatim
+    # resend) lands on the turn boundary, which absorption kept, and re-prefills
+    # the short suffix
+    assert regen.restore.kind == "final"
+    assert r1.usage.prompt_tokens <= regen.usage.cached_tokens < r2.usage.prompt_tokens
+
+
+def test_retry_after_cancel_mid_stream(client, engine):
+    from clients.client import Chunk
+
+    ns = fresh_ns("retry")
+    msgs = convo(user_message(5, 0))
+    stream = client.stream(messages=msgs, tools=TOOLS, max_tokens=400, namespace=ns)
+    chunks = 0
+    for event in stream:
+        chunks += isinstance(event, Chunk)
+        if chunks >= 3:
+            break  # the client drops the stream mid-reply
+    stream.cancel()
+    r = chat(client, msgs, ns)
+    assert r.restore.kind == "guard"
+    assert r.usage.cached_tokens == r.usage.prompt_tokens - 16
+
+
+def test_retry_after_cancel_in_prefill_resumes_the_prefix(client):
+    from clients.client import Progress
+
+    ns = fresh_ns("retry-prefill")
+    msgs = convo(user_message(5, 1))
+    stream = client.stream(messages=msgs, tools=TOOLS, max_tokens=4, namespace=ns)
+    for event in stream:
+        if isinstance(event, Progress):
+            break  # dropped after the first prefill chunk
+    stream.cancel()
+    r = chat(client, msgs, ns)
+    assert r.usage.cached_tokens >= 256, "the prefix prefilled before the drop was kept"
+    assert r.restore.kind in ("entry", "anchor")
+
+
+def test_four_token_system_variant_reuses_all_but_its_tail(client):
+    ns = fresh_ns("variant")
+    tail_a = " Reply in English. Keep answers short and precise."
+    tail_b = " Reply in French. Keep answers short and precise."
+    chat(client, convo(user_message(6, 0), system=SYSTEM + tail_a), ns)
+    first_b = chat(client, convo(user_message(6, 0), system=SYSTEM + tail_b), ns)
+    # a third request that shares the common part lands on the divergence checkpoint
+    tail_c = " Reply in German. Keep answers short and precise."
+    r = chat(client, convo(user_message(6, 1), system=SYSTEM + tail_c), ns)
+    assert r.restore.kind == "divergence"
+    assert r.usage.cached_tokens >= first_b.usage.prompt_tokens - 80
+
+
+def test_parallel_sessions_share_the_anchor(client):
+    ns = fresh_ns("parallel")
+    first = chat(client, convo(user_message(7, 0)), ns)
+    with ThreadPoolExecutor(4) as pool:
+        results = list(
+            pool.map(lambda a: chat(client, convo(user_message(10 + a, 0)), ns), range(4))
+        )
+    for r in results:
+        assert r.restore.kind == "anchor", r.restore
+        assert r.usage.cached_tokens >= first.usage.prompt_tokens - 60
+
+
+def test_cache_stats_count_hits_and_checkpoints(client):
+    stats = client.cache_stats()
+    assert stats["mode"] == "lineage"
+    assert stats["entries"] >= 1
+    assert sum(stats["hits"].values()) >= 1
+    assert stats["ram_bytes"] > 0
+
+
+@pytest.fixture(scope="module")
+def exact_engine(ray_session, model_cache_dir):
+    from engine.server.background import BackgroundEngine
+    from tests.engines import make_config
+
+    e = BackgroundEngine(make_config(model_cache_dir, mode="exact"))
+    yield e
+    e.stop()
+
+
+@pytest.fixture(scope="module")
+def off_engine(ray_session, model_cache_dir):
+    from engine.server.background import BackgroundEngine
+    from tests.engines import make_config
+
+    e = BackgroundEngine(make_config(model_cache_dir, mode="off"))
+    yield e
+    e.stop()
+
+
+def test_exact_mode_hits_whole_prompts_only(exact_engine, client):
+    with Client(exact_engine.address, timeout=120) as ex:
+        ns = fresh_ns("exact")
+        msgs = convo(user_message(8, 0))
+        r1 = chat(ex, msgs, ns)
+        resend = chat(ex, msgs, ns)
+        assert resend.usage.cached_tokens >= r1.usage.prompt_tokens - 16
+        assert resend.text == r1.text
+        # a new session with the same system prompt: exact mode has no anchor
+        other = chat(ex, convo("Something unrelated to the first session."), ns)
+        lineage_other = chat(
+            client, convo("Something unrelated to the first session."), fresh_ns("exact-compare")
+        )
+        assert other.restore.kind in ("none", "entry")
+        assert ex.cache_stats()["mode"] == "exact"
+        assert lineage_other.usage.cached_tokens == 0  # its own namespace: cold
+
+
+def test_off_mode_caches_nothing(off_engine):
+    with Client(off_engine.address, timeout=120) as off:
+        msgs = convo(user_message(9, 0))
+        r1 = chat(off, msgs, "")
+        r2 = chat(off, msgs, "")
+        assert r1.usage.cached_tokens == 0 and r2.usage.cached_tokens == 0
+        assert r2.restore.kind == "none" and r2.text == r1.text
+        assert off.cache_stats()["entries"] == 0
+
+
+def test_sub_agents_arriving_together_pay_the_shared_prefix_once(client):
+    """Parallel first turns: one prefills the system prompt, the others wait for its anchor."""
+    ns = fresh_ns("together")
+    with ThreadPoolExecutor(4) as pool:
+        results = list(
+            pool.map(lambda a: chat(client, convo(user_message(20 + a, 0)), ns), range(4))
+        )
+    kinds = sorted(r.restore.kind for r in results)
+    assert kinds == ["anchor", "anchor", "anchor", "none"], kinds
+    anchored = [r for r in results if r.restore.kind == "anchor"]
+    cold = next(r for r in results if r.restore.kind == "none")
+    assert all(r.usage.cached_tokens >= cold.usage.prompt_tokens - 60 for r in anchored)
+    assert client.cache_stats()["anchors"] >= 1

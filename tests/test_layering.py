@@ -1,0 +1,136 @@
+"""The layers' imports point one way (docs/architecture.md, "Layers").
+
+Walks every module of `engine/` and `clients/` with `ast`, function-level
+imports included, and fails on an arrow in the wrong direction. The rules
+name a layer by its package prefix; a module is in the first layer whose
+prefix it starts with.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# layer -> import prefixes it must never import
+FORBIDDEN = {
+    "engine.cache": (
+        "mlx",
+        "mlx_lm",
+        "ray",
+        "grpc",
+        "engine.storage",
+        "engine.runtime",
+        "engine.server",
+        "engine.actors",
+        "engine.proto",
+        "clients",
+    ),
+    "engine.config": ("mlx", "mlx_lm", "ray", "grpc", "engine.", "clients"),
+    "engine.storage": ("ray", "grpc", "engine.server", "engine.actors", "engine.proto", "clients"),
+    "engine.runtime": (
+        "ray",
+        "grpc",
+        "engine.storage",
+        "engine.server",
+        "engine.actors",
+        "engine.proto",
+        "clients",
+    ),
+    "engine.actors": ("grpc", "engine.server", "engine.proto", "clients"),
+    "engine.server": ("clients",),
+    "engine.proto": ("clients",),
+    "engine": ("clients",),
+}
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    """(line, imported module) for every import statement in the file."""
+    tree = ast.parse(path.read_text(), str(path))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.lineno, node.module))
+            out += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return out
+
+
+def layer_of(module: str) -> str | None:
+    for layer in FORBIDDEN:  # most specific first (dict order)
+        if module == layer or module.startswith(layer + "."):
+            return layer
+    return None
+
+
+def violations(files, root: Path = ROOT) -> list[str]:
+    """One line per import in the wrong direction: `path:line: layer imports target`."""
+    out = []
+    for path in files:
+        module = module_name(path, root)
+        layer = layer_of(module)
+        if layer is None:
+            continue
+        for line, target in imports(path):
+            for banned in FORBIDDEN[layer]:
+                if banned.endswith("."):  # any submodule of it
+                    hit = target.startswith(banned)
+                else:
+                    hit = target == banned or target.startswith(banned + ".")
+                own = target == layer or target.startswith(layer + ".")
+                if hit and not own:
+                    out.append(f"{path.relative_to(root)}:{line}: {layer} imports {target}")
+    return sorted(set(out))
+
+
+def sources() -> list[Path]:
+    files = [*ROOT.glob("engine/**/*.py"), *ROOT.glob("clients/**/*.py")]
+    return [p for p in files if "_pb2" not in p.name]
+
+
+def test_every_layer_imports_only_downwards():
+    found = sources()
+    assert len(found) > 40, f"the walk found only {len(found)} modules"
+    assert violations(found) == []
+
+
+def test_no_module_in_the_engine_root_but_init_and_config():
+    root = sorted(p.name for p in (ROOT / "engine").glob("*.py"))
+    assert root == ["__init__.py", "config.py"]
+
+
+@pytest.mark.parametrize(
+    "layer, source, expected",
+    [
+        ("engine/cache/x.py", "import mlx.core as mx\n", "engine.cache imports mlx.core"),
+        ("engine/cache/x.py", "from engine.storage import directory\n", "engine.storage"),
+        ("engine/runtime/x.py", "def f():\n    from engine.server import serve\n", "server"),
+        ("engine/server/x.py", "from clients.client import Client\n", "clients.client"),
+        ("engine/x.py", "import clients.cli\n", "clients.cli"),
+    ],
+)
+def test_a_wrong_arrow_is_caught(tmp_path, layer, source, expected):
+    """The check itself: a planted import in the wrong direction is reported."""
+    path = tmp_path / layer
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source)
+    found = violations([path], tmp_path)
+    assert found and expected in found[0]
+
+
+def test_imports_in_the_same_layer_are_allowed(tmp_path):
+    path = tmp_path / "engine" / "runtime" / "x.py"
+    path.parent.mkdir(parents=True)
+    path.write_text("from engine.runtime.batch import LineageBatchGenerator\nimport numpy\n")
+    assert violations([path], tmp_path) == []

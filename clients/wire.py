@@ -7,6 +7,7 @@ holds those), and no MLX: a client process imports grpc and the generated code o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence, Union
@@ -14,6 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence, Union
 import grpc
 
 from engine.proto import engine_pb2
+from engine.runtime.events import Timing  # one definition: the engine's (no MLX behind it)
 
 
 class InvalidInput(ValueError):
@@ -54,20 +56,6 @@ class Usage:
 class Restore:
     kind: str = "none"  # entry, guard, final, anchor, divergence, reply, none
     length: int = 0
-
-
-@dataclass(frozen=True)
-class Timing:
-    queue_ms: float = 0.0
-    plan_ms: float = 0.0
-    restore_ms: float = 0.0
-    prefill_ms: float = 0.0
-    commit_ms: float = 0.0
-    ttft_ms: float = 0.0
-    decode_tps: float = 0.0
-    bytes_copied_restore: int = 0
-    bytes_copied_commit: int = 0
-    restored_kv_bytes: int = 0
 
 
 _JSON_TIMING = (
@@ -152,7 +140,9 @@ def event_from_proto(event: engine_pb2.GenerateEvent) -> Event:
             finish_reason=f.finish_reason,
             usage=Usage(f.usage.prompt_tokens, f.usage.cached_tokens, f.usage.completion_tokens),
             restore=Restore(kind=f.restore.kind or "none", length=f.restore.length),
-            timing=Timing(**{k: getattr(f.timing, k) for k in Timing.__dataclass_fields__}),
+            timing=Timing(
+                **{t.name: getattr(f.timing, t.name) for t in dataclasses.fields(Timing)}
+            ),
             request_id=f.request_id,
         )
     raise ValueError(f"generate event with no payload: {event!r}")

@@ -48,13 +48,6 @@ def run(args: argparse.Namespace) -> int:
     return int(args.bench_run(args) or 0)
 
 
-def serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `lineage serve` flags, for a benchmark that runs the engine in process."""
-    from clients.cli import serve_arguments
-
-    serve_arguments(parser)
-
-
 def engine_config(args: argparse.Namespace):
     """The EngineConfig of the serve flags given, plus the environment (as `lineage serve`)."""
     from clients.cli import config_from_args

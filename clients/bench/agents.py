@@ -28,12 +28,12 @@ import json
 import os
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from clients.bench.traffic import Sessions, Traffic, build_traffic
+from engine.cache.tokens import common_prefix
 
 HELP = "agent traffic against lineage, exact, off and mlx-lm's prompt cache, beside the oracle"
 POLICIES = ("lineage", "exact", "off", "mlx_lm")
@@ -86,12 +86,6 @@ class PolicyRun:
 
 
 # ------------------------------------------------------------------ oracle ----
-
-
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(diff[0]) if diff.size else n
 
 
 def oracle_lengths(steps, prompts, stored) -> list[int]:
@@ -152,15 +146,6 @@ class PromptIds:
 # ----------------------------------------------------------------- engines ----
 
 
-@contextmanager
-def _served(config):
-    """A running engine (actors + gRPC) on a background event loop; yields its address."""
-    from engine.server.background import BackgroundEngine
-
-    with BackgroundEngine(config, timeout=600) as engine:
-        yield engine.address
-
-
 def _send(client, spec, messages, tools, seed):
     """One request through the client; cancels after `drop_after` chunks. (ids, text, final)."""
     from clients.client import Chunk, Final
@@ -195,6 +180,7 @@ def run_engine(
 
     from clients.client import Client
     from engine.config import CacheConfig, EngineConfig, ModelConfig, ServerConfig
+    from engine.server.background import BackgroundEngine
 
     config = EngineConfig(
         model=ModelConfig(path=opts.model, prefill_step_size=opts.prefill_step_size),
@@ -203,8 +189,8 @@ def run_engine(
     )
     files = _FilesSeen(cache_dir)
     with (
-        _served(config) as address,
-        Client(address, timeout=600) as client,
+        BackgroundEngine(config, timeout=600) as engine,
+        Client(engine.address, timeout=600) as client,
         ThreadPoolExecutor(max(1, traffic.agents)) as pool,
     ):
 

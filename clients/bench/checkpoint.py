@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 
-from clients.bench import engine_config, serve_arguments
+from clients.bench import engine_config
+from clients.cli import serve_arguments
 
 HELP = "checkpoint bytes vs entry bytes at 1k and 8k tokens"
 

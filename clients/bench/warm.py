@@ -21,7 +21,8 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from clients.bench import engine_config, serve_arguments
+from clients.bench import engine_config
+from clients.cli import serve_arguments
 from engine.runtime.local import LocalEngine
 
 HELP = "time to first token of a short turn on a long conversation"

@@ -115,9 +115,6 @@ class ModelActor:
         self.loop.call(lambda g: g.cancel(request_id, finished))
         await done
 
-    def apply_orders(self, orders: Orders) -> None:
-        self.loop.call(lambda g: g.apply_orders(orders))
-
     async def flush_disk(self, timeout: float = 60.0) -> bool:
         """Wait until every file ordered so far is written (call before killing the actor)."""
         store = self.loop.generator.tier.disk_tier

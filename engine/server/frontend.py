@@ -9,6 +9,7 @@ streaming generator and yields the actor's events. The gRPC servicer
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -168,12 +169,12 @@ def _clip_max_tokens(s: SamplingParams, room: int) -> SamplingParams:
 
 def log_request(f: Finished, captures) -> None:
     """One key=value line per request (the cost of each turn is visible in the log)."""
-    t = f.timing
+    timing = " ".join(
+        f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
+        for k, v in dataclasses.asdict(f.timing).items()
+    )
     log.info(
-        "request id=%s finish=%s prompt=%d cached=%d completion=%d restore=%s@%d "
-        "captures=%s queue_ms=%.1f plan_ms=%.1f restore_ms=%.1f prefill_ms=%.1f "
-        "commit_ms=%.1f ttft_ms=%.1f decode_tps=%.1f bytes_copied_restore=%d "
-        "bytes_copied_commit=%d restored_kv_bytes=%d",
+        "request id=%s finish=%s prompt=%d cached=%d completion=%d restore=%s@%d captures=%s %s",
         f.request_id,
         f.finish_reason,
         f.prompt_tokens,
@@ -182,14 +183,5 @@ def log_request(f: Finished, captures) -> None:
         f.restore_kind,
         f.restore_length,
         ",".join(f"{c.kind}@{c.length}" for c in captures) or "-",
-        t.queue_ms,
-        t.plan_ms,
-        t.restore_ms,
-        t.prefill_ms,
-        t.commit_ms,
-        t.ttft_ms,
-        t.decode_tps,
-        t.bytes_copied_restore,
-        t.bytes_copied_commit,
-        t.restored_kv_bytes,
+        timing,
     )

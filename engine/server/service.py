@@ -86,11 +86,6 @@ def to_event(event) -> engine_pb2.GenerateEvent:
     if isinstance(event, Tokens):
         return engine_pb2.GenerateEvent(chunk=engine_pb2.TokenChunk(ids=event.ids, text=event.text))
     assert isinstance(event, Finished), event
-    timing = {
-        k: v
-        for k, v in dataclasses.asdict(event.timing).items()
-        if k in engine_pb2.Timing.DESCRIPTOR.fields_by_name
-    }
     return engine_pb2.GenerateEvent(
         final=engine_pb2.Final(
             finish_reason=event.finish_reason.value,
@@ -101,7 +96,7 @@ def to_event(event) -> engine_pb2.GenerateEvent:
                 completion_tokens=event.completion_tokens,
             ),
             restore=engine_pb2.Restore(kind=event.restore_kind.value, length=event.restore_length),
-            timing=engine_pb2.Timing(**timing),
+            timing=engine_pb2.Timing(**dataclasses.asdict(event.timing)),
         )
     )
 
@@ -137,22 +132,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
     async def CacheStats(self, request, context):
         s = await self.frontend.stats()
-        return engine_pb2.CacheStatsReply(
-            mode=s.mode,
-            entries=s.entries,
-            anchors=s.anchors,
-            checkpoints=s.checkpoints,
-            ram_bytes=s.ram_bytes,
-            anchor_bytes=s.anchor_bytes,
-            disk_bytes=s.disk_bytes,
-            disk_entries=s.disk_entries,
-            hits=s.hits,
-            evictions=s.evictions,
-            disk_evictions=s.disk_evictions,
-            damaged_files=s.damaged_files,
-            cached_tokens=s.cached_tokens,
-            prompt_tokens=s.prompt_tokens,
-        )
+        return engine_pb2.CacheStatsReply(**dataclasses.asdict(s))
 
     async def ModelInfo(self, request, context):
         i = self.frontend.info

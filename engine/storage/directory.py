@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from engine.cache.disk_index import DiskIndex, FoundFile, index_files
-from engine.cache.messages import EntryRecord
 from engine.config import CacheConfig
 from engine.storage.file_format import (
     DAMAGED_SUFFIX,
@@ -139,24 +138,17 @@ def lock_directory(directory: Path, wait: float = 3.0):
 
 def found_files(scan: Scan) -> list[FoundFile]:
     """The scan as the cache policy's disk index takes it."""
-    out = []
-    for f in scan.files:
-        h = f.header
-        record = None
-        if h is not None:
-            record = EntryRecord(
-                h.entry_id,
-                h.namespace,
-                h.role,
-                h.tokens,
-                h.prompt_len,
-                h.checkpoints,
-                h.kv_bytes_per_token,
-                h.state_bytes,
-            )
-        fingerprint = h.fingerprint if h is not None else ""
-        out.append(FoundFile(f.entry_id, f.nbytes, f.mtime, fingerprint, record, f.problem))
-    return out
+    return [
+        FoundFile(
+            f.entry_id,
+            f.nbytes,
+            f.mtime,
+            f.header.fingerprint if f.header else "",
+            f.header.record if f.header else None,
+            f.problem,
+        )
+        for f in scan.files
+    ]
 
 
 def index_scan(scan: Scan, fingerprint: str, budget: int, caps: tuple[int, int]) -> DiskIndex:

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.cache.kinds import Role
+from engine.cache.messages import EntryRecord
 
 _ROLES = {r.value for r in Role}
 
@@ -98,6 +99,20 @@ class Header:
     @property
     def length(self) -> int:
         return len(self.tokens)
+
+    @property
+    def record(self) -> EntryRecord:
+        """The entry as the cache policy's index describes it."""
+        return EntryRecord(
+            self.entry_id,
+            self.namespace,
+            self.role,
+            self.tokens,
+            self.prompt_len,
+            self.checkpoints,
+            self.kv_bytes_per_token,
+            self.state_bytes,
+        )
 
 
 def parse_header(head: bytes | memoryview, file_bytes: int | None = None) -> Header:

@@ -1,0 +1,25 @@
+"""The per-request log line carries every Timing field, derived from the dataclass."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from engine.cache.kinds import RestoreKind
+from engine.cache.messages import CapturePoint
+from engine.runtime.events import Finished, FinishReason, Timing
+from engine.server.frontend import log_request
+
+
+def test_the_log_line_names_every_timing_field(caplog):
+    timing = Timing(queue_ms=1.25, ttft_ms=12.0, bytes_copied_commit=7, restored_kv_bytes=4096)
+    final = Finished("r1", FinishReason.STOP, 100, 64, 5, RestoreKind.REPLY, 64, timing)
+    with caplog.at_level(logging.INFO, logger="lineage.request"):
+        log_request(final, (CapturePoint(90, "guard"),))
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "lineage.request"]
+    assert line.startswith("request id=r1 finish=stop prompt=100 cached=64 completion=5 ")
+    assert "restore=reply@64 captures=guard@90 " in line
+    for field in dataclasses.fields(Timing):
+        assert f" {field.name}=" in line, field.name
+    assert "queue_ms=1.2 " in line or "queue_ms=1.3 " in line
+    assert "bytes_copied_commit=7 " in line and line.endswith("restored_kv_bytes=4096")

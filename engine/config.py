@@ -67,7 +67,7 @@ class CacheConfig:
     anchor_slack: int = 2  # BPE merges at the anchor boundary
     exact_max_entries: int = 8  # exact mode: plain LRU by entry count and bytes
     cache_dir: str | None = None  # None: the platform's user cache directory
-    disk_budget: int = 1 << 40  # capped at half the free disk
+    disk_budget: int = 1 << 40  # capped at half of (free disk + the cache's own files)
     spill_on_evict: bool = True
     clear_pool_per_prefill: bool = False  # opt-in mx.clear_cache() per chunk
     pool_limit: int | None = None  # MLX buffer-pool cap; None: sized from the RAM budget
@@ -152,7 +152,10 @@ def _cache(pick: _Picker) -> CacheConfig:
     probe = Path(cache_dir) if cache_dir else default_cache_dir()
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    disk = min(disk, shutil.disk_usage(probe).free // 2)
+    # The cache's own files count as available: measured at a restart, the free
+    # space alone would trim a cache that already filled its half at its first commit.
+    own = _entry_bytes(Path(cache_dir) if cache_dir else default_cache_dir())
+    disk = min(disk, (shutil.disk_usage(probe).free + own) // 2)
     return CacheConfig(
         mode=str(mode),
         ram_budget=ram,
@@ -164,6 +167,18 @@ def _cache(pick: _Picker) -> CacheConfig:
         layer_timer_flag=pick("layer_timer_flag", "LINEAGE_LAYER_TIMER_FLAG", None),
         pool_limit=pick.optional("pool_limit", "LINEAGE_POOL_LIMIT", parse_bytes),
     )
+
+
+def _entry_bytes(cache_dir: Path) -> int:
+    """Bytes of the entry files (`entries*/*.entry`) already in the cache directory."""
+    total = 0
+    for directory in cache_dir.glob("entries*") if cache_dir.is_dir() else ():
+        for f in directory.glob("*.entry"):
+            try:
+                total += f.stat().st_size
+            except OSError:  # removed meanwhile
+                continue
+    return total
 
 
 def _model(pick: _Picker) -> ModelConfig:

@@ -144,6 +144,12 @@ class CheckpointMove:
     dst: int
 
 
+# The layout of an entry file (engine.storage.file_format writes it in every
+# file's prefix). The model fingerprint includes it, so files of another layout
+# are another model's: counted, never matched.
+ENTRY_FORMAT_VERSION = 1
+
+
 @dataclass(frozen=True)
 class EntryRecord:
     """The index's description of an entry, written into its disk file's header.

@@ -42,7 +42,6 @@ def resolve_model_path(config: EngineConfig) -> Path:
 def load_model(config: EngineConfig):
     """(model, tokenizer, ModelInfo) for the configured model."""
     import mlx_lm
-    from mlx.utils import tree_flatten
 
     from engine.runtime import layer_caches
     from engine.runtime.fingerprint import model_fingerprint
@@ -50,7 +49,7 @@ def load_model(config: EngineConfig):
     path = resolve_model_path(config)
     model, tokenizer, raw = mlx_lm.load(str(path), return_config=True)
     kinds = [layer_caches.layer_kind(c) for c in model.make_cache()]
-    dtype = str(next(iter(v for _, v in tree_flatten(model.parameters()))).dtype)
+    dtype = kv_dtype(model)
     max_context = config.model.max_context or int(
         raw.get("max_position_embeddings") or raw.get("max_seq_len") or 32768
     )
@@ -59,10 +58,40 @@ def load_model(config: EngineConfig):
         model_type=str(raw.get("model_type", "")),
         vocab_size=int(raw.get("vocab_size") or len(tokenizer._tokenizer)),
         max_context=max_context,
-        # The KV cache is the model dtype: mlx-lm's batch cannot merge a quantized
-        # KV cache, so KV quantization is not offered (the fingerprint would key it).
+        # mlx-lm's batch cannot merge a quantized KV cache, so KV quantization is
+        # not offered (the fingerprint would key it).
         fingerprint=model_fingerprint(path, dtype),
         has_state_layers=any(k != "append" for k in kinds),
         eos_token_ids=tuple(sorted(int(t) for t in tokenizer.eos_token_ids)),
     )
     return model, tokenizer, info
+
+
+def kv_dtype(model) -> str:
+    """The dtype of the KV cache the model fills (one token's forward on a fresh cache).
+
+    Not a parameter's dtype: a quantized model's first parameter is packed
+    uint32 while its KV cache holds the activations' dtype. A model without
+    append-only layers answers its state's dtype.
+    """
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from engine.runtime import layer_caches
+
+    cache = model.make_cache()
+    model(mx.array([[0]]), cache=cache)
+    layers = list(cache)
+    append, state = [], []
+    while layers:
+        c = layers.pop(0)
+        kind = layer_caches.layer_kind(c)
+        if kind == layer_caches.LIST:
+            layers[:0] = list(c.caches)
+        else:
+            arrays = [a for _, a in tree_flatten(c.state) if isinstance(a, mx.array)]
+            (append if kind == layer_caches.APPEND else state).extend(arrays)
+    found = append or state
+    if not found:
+        raise ValueError("the model's cache holds no arrays after a forward")
+    return str(found[0].dtype)

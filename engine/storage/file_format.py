@@ -35,13 +35,13 @@ from pathlib import Path
 import numpy as np
 
 from engine.cache.kinds import Role
-from engine.cache.messages import EntryRecord
+from engine.cache.messages import ENTRY_FORMAT_VERSION, EntryRecord
 
 _ROLES = {r.value for r in Role}
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = ENTRY_FORMAT_VERSION
 MAGIC = b"LNGCACHE"
 END_MAGIC = b"LNGEND\0\0"
 _PREFIX = struct.Struct("<8sIIII")

@@ -17,7 +17,7 @@ from engine.cache.disk_index import DiskFile, DiskIndex, disk_priority
 from engine.cache.entry import Entry
 from engine.cache.messages import EntryRecord
 from engine.config import CacheConfig
-from engine.runtime.fingerprint import model_fingerprint
+from engine.runtime.fingerprint import library_versions, model_fingerprint
 from tests.fakes import KVPT, STATE, DiskDriver, tokens, write_fake_file
 
 
@@ -237,8 +237,20 @@ def _touch(root):
         (lambda r: (r / "tokenizer.json").write_text('{"v": 2}'), ("float32", None)),
         (lambda r: None, ("bfloat16", None)),  # another KV dtype
         (lambda r: None, ("float32", 4)),  # KV quantization
+        (lambda r: None, ("float32", None, 64, {**library_versions(), "mlx": "0.0.1"})),
+        (lambda r: None, ("float32", None, 64, {**library_versions(), "mlx_lm": "0.0.1"})),
+        (lambda r: None, ("float32", None, 64, {**library_versions(), "entry_format": "0"})),
     ],
-    ids=["weights-mtime", "weights-size", "tokenizer", "kv-dtype", "kv-bits"],
+    ids=[
+        "weights-mtime",
+        "weights-size",
+        "tokenizer",
+        "kv-dtype",
+        "kv-bits",
+        "mlx",
+        "mlx-lm",
+        "entry-format",
+    ],
 )
 def test_invalidation_is_a_miss_never_a_wrong_hit(tmp_path, change, kv):
     model = _model_dir(tmp_path / "model")

@@ -738,3 +738,21 @@ def test_cluster_yaml_passes_rays_schema():
     from ray.autoscaler._private.util import prepare_config, validate_config
 
     validate_config(prepare_config(yaml.safe_load((ROOT / "cluster.yaml").read_text())))
+
+
+def test_disk_budget_counts_the_caches_own_files_as_available(tmp_path, monkeypatch):
+    """At a restart the cache's own files are part of what it may use, not lost free space."""
+    import collections
+
+    from engine.config import EngineConfig
+
+    entries = tmp_path / "entries"
+    entries.mkdir()
+    (entries / "7.entry").write_bytes(b"x" * 6000)
+    (entries / "8.entry").write_bytes(b"x" * 4000)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "weights.safetensors").write_bytes(b"w" * 50000)  # not the cache's
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr("shutil.disk_usage", lambda path: usage(10**9, 0, 10000))
+    c = EngineConfig.from_sources({"cache_dir": str(tmp_path)}, {})
+    assert c.cache.disk_budget == (10000 + 10000) // 2

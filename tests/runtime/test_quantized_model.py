@@ -9,6 +9,7 @@ from __future__ import annotations
 from mlx_lm import convert
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig
+from engine.runtime.loader import kv_dtype
 from engine.runtime.local import LocalEngine
 from engine.runtime.tiny_models import write_model_dir
 
@@ -31,3 +32,7 @@ def test_a_quantized_model_serves_and_restores(tmp_path):
     assert second.final.cached_tokens == len(prompt) + len(first.ids)
     resend = engine.run(prompt, max_tokens=5)
     assert resend.ids == first.ids, "a restored quantized model decodes what a cold one does"
+    # The fingerprint keys files by the KV cache's dtype, not the packed weights' uint32.
+    stored = next(iter(engine.tier.entries.values()))
+    kv = next(layer for layer in stored.layers if layer)
+    assert kv_dtype(engine.model) == str(kv.keys.dtype) != "mlx.core.uint32"

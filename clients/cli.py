@@ -47,6 +47,8 @@ SERVE_FLAGS = (
     "http_port",
     "prefill_step_size",
     "max_batch",
+    "ray_namespace",
+    "metrics_port",
 )
 # Subcommands that other modules provide: name -> module.
 PLUGINS = {"bench": "clients.bench", "cache": "clients.cache", "bridge": "clients.bridge"}
@@ -165,6 +167,15 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http-port", type=int, help="OpenAI bridge port (off by default)")
     p.add_argument("--prefill-step-size", type=int)
     p.add_argument("--max-batch", type=int)
+    p.add_argument(
+        "--ray-namespace", help="Ray namespace the actors are named in (default lineage)"
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="P",
+        help="serve Prometheus metrics at http://127.0.0.1:P/metrics (off by default)",
+    )
 
 
 def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> EngineConfig:

@@ -90,6 +90,12 @@ class ServerConfig:
     address: str | None = None  # Ray cluster address; None starts Ray locally
     num_cpus: int | None = None
     http_port: int | None = None  # OpenAI bridge, off by default
+    ray_namespace: str = "lineage"  # the Ray namespace the actors are named in
+    metrics_port: int | None = None  # Prometheus text at http://127.0.0.1:P/metrics; None: off
+
+    def __post_init__(self):
+        if not self.ray_namespace:
+            raise ValueError("the Ray namespace must not be empty")
 
 
 @dataclass(frozen=True)
@@ -195,4 +201,6 @@ def _server(pick: _Picker) -> ServerConfig:
         port=int(pick("port", "LINEAGE_PORT", 50051)),
         address=pick("address", "LINEAGE_RAY_ADDRESS", None),
         http_port=pick.optional("http_port", "LINEAGE_HTTP_PORT", int),
+        ray_namespace=str(pick("ray_namespace", "LINEAGE_RAY_NAMESPACE", "lineage")),
+        metrics_port=pick.optional("metrics_port", "LINEAGE_METRICS_PORT", int),
     )

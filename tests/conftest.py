@@ -25,15 +25,31 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture(scope="session")
-def ray_session():
+def metrics_port():
+    """The port of the session Ray's Prometheus export (ray_session)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def ray_session(metrics_port):
     import ray
 
+    # The dashboard (on a free port) serves the state API: ray.util.state.list_actors,
+    # actor logs. Metrics are reported every second, exported at metrics_port.
     ray.init(
         num_cpus=2,
-        include_dashboard=False,
+        include_dashboard=True,
+        dashboard_host="127.0.0.1",
+        dashboard_port=0,
         configure_logging=False,
         log_to_driver=False,
         namespace="lineage-tests",
+        _metrics_export_port=metrics_port,
+        _system_config={"metrics_report_interval_ms": 1000},
     )
     yield ray
     ray.shutdown()

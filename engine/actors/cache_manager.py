@@ -8,8 +8,11 @@ hands the disk index it built to the policy.
 
 from __future__ import annotations
 
+import logging
+
 import ray
 
+from engine.actors.names import log_to_stderr
 from engine.cache.manager import CacheManager
 from engine.cache.messages import (
     AnchorCommit,
@@ -23,16 +26,24 @@ from engine.cache.messages import (
 from engine.config import CacheConfig
 from engine.storage.directory import open_cache_directory
 
+log = logging.getLogger(__name__)
+
 
 @ray.remote(num_cpus=0)
 class CacheManagerActor:
     def __init__(self, config: CacheConfig, fingerprint: str, has_state_layers: bool):
+        log_to_stderr()
         self.directory = open_cache_directory(config, fingerprint)
         self.manager = CacheManager(
             config,
             fingerprint=fingerprint,
             has_state_layers=has_state_layers,
             disk_index=self.directory.index if self.directory else None,
+        )
+        log.info(
+            "cache manager started: mode %s, %s",
+            config.mode,
+            f"cache directory {config.resolved_cache_dir}" if self.directory else "no disk tier",
         )
 
     def plan(self, req: PlanRequest) -> RestorePlan:

@@ -60,6 +60,7 @@ class RayCacheLink:
 @ray.remote(num_cpus=0)
 class ModelActor:
     def __init__(self, config: EngineConfig):
+        from engine.actors.names import log_to_stderr
         from engine.runtime.generator import Generator
         from engine.runtime.ram_tier import RamTier
         from engine.storage.disk_store import open_disk_store
@@ -73,8 +74,10 @@ class ModelActor:
             tier = RamTier(self.info_value.has_state_layers, disk)
             return Generator(model, tokenizer, config, tier, self.link)
 
+        log_to_stderr()
         self.loop = ModelLoop(build)
         self.link.loop = self.loop
+        log.info("model actor started (cache mode %s)", config.cache.mode)
 
     def info(self) -> ModelInfo:
         return self.info_value

@@ -40,6 +40,8 @@ class RunningEngine:
     model: object
     manager: object
     info: object
+    namespace: str = "lineage"  # the Ray namespace the actors are named in
+    names: tuple = ()  # their names
     watch: object = None  # the health watchdog task
 
     @property
@@ -58,6 +60,20 @@ class RunningEngine:
             log.exception("flushing the disk tier failed")
         for actor in (self.model, self.manager):
             ray.kill(actor)
+        await _names_released(self.namespace, self.names)
+
+
+async def _names_released(namespace: str, names: Sequence[str], patience: float = 10.0) -> None:
+    """Wait until killed actors give up their names, so an engine restarted at once can
+    take them again (`ray.kill` returns before the actor is gone)."""
+    deadline = asyncio.get_running_loop().time() + patience
+    for name in names:
+        while asyncio.get_running_loop().time() < deadline:
+            try:
+                ray.get_actor(name, namespace=namespace)
+            except ValueError:
+                break
+            await asyncio.sleep(0.05)
 
 
 async def start_engine(config: EngineConfig, port: int | None = None) -> RunningEngine:
@@ -66,14 +82,20 @@ async def start_engine(config: EngineConfig, port: int | None = None) -> Running
 
     from engine.actors.cache_manager import CacheManagerActor
     from engine.actors.model import ModelActor
+    from engine.actors.names import CACHE_MANAGER, model_actor_name
     from engine.server.frontend import Frontend
     from engine.server.prompt import PromptBuilder
     from engine.server.service import create_server
 
+    namespace = config.server.ray_namespace
+    names = (model_actor_name(0), CACHE_MANAGER)
+    _check_names_free(namespace, names)
     options = {"resources": {"mlx": 1}} if config.server.address else {}
-    model = ModelActor.options(**options).remote(config)
+    model = ModelActor.options(name=names[0], namespace=namespace, **options).remote(config)
     info = await model.info.remote()
-    manager = CacheManagerActor.remote(config.cache, info.fingerprint, info.has_state_layers)
+    manager = CacheManagerActor.options(name=names[1], namespace=namespace).remote(
+        config.cache, info.fingerprint, info.has_state_layers
+    )
     await model.attach.remote(manager)
     from pathlib import Path
 
@@ -83,9 +105,22 @@ async def start_engine(config: EngineConfig, port: int | None = None) -> Running
     server, bound, health = await create_server(
         frontend, config.server.host, config.server.port if port is None else port
     )
-    engine = RunningEngine(server, bound, health, frontend, model, manager, info)
+    engine = RunningEngine(server, bound, health, frontend, model, manager, info, namespace, names)
     engine.watch = asyncio.ensure_future(watch_actors(engine))
     return engine
+
+
+def _check_names_free(namespace: str, names: Sequence[str]) -> None:
+    """ValueError naming the namespace when another engine's actors hold these names."""
+    for name in names:
+        try:
+            ray.get_actor(name, namespace=namespace)
+        except ValueError:
+            continue
+        raise ValueError(
+            f"an actor named {name!r} already runs in Ray namespace {namespace!r}: another "
+            "engine serves there; give this one its own (--ray-namespace, LINEAGE_RAY_NAMESPACE)"
+        )
 
 
 async def watch_actors(engine: RunningEngine, every: float = 2.0, patience: float = 10.0):
@@ -128,6 +163,9 @@ def run(config: EngineConfig, sidecars: Sequence[Sidecar] = ()) -> int:
     )
     started_ray = not ray.is_initialized()
     if started_ray:
+        metrics = {}
+        if config.server.metrics_port:  # this node's metrics agent serves Prometheus text
+            metrics = {"_metrics_export_port": config.server.metrics_port}
         ctx = ray.init(
             address=config.server.address,
             num_cpus=config.server.num_cpus,
@@ -135,6 +173,8 @@ def run(config: EngineConfig, sidecars: Sequence[Sidecar] = ()) -> int:
             dashboard_host="127.0.0.1",
             configure_logging=False,
             log_to_driver=True,
+            namespace=config.server.ray_namespace,
+            **metrics,
         )
         dashboard = getattr(ctx, "dashboard_url", "") or ""
     else:
@@ -160,6 +200,21 @@ async def _serve(config: EngineConfig, dashboard: str, sidecars: Sequence[Sideca
     if dashboard:
         url = dashboard if dashboard.startswith("http") else f"http://{dashboard}"
         print(f"lineage: Ray dashboard at {url}", flush=True)
+    print(
+        f"lineage: actors {', '.join(engine.names)} in Ray namespace {engine.namespace}",
+        flush=True,
+    )
+    if config.server.metrics_port and config.server.address:
+        print(
+            "lineage: --metrics-port is ignored when joining a cluster: its nodes export "
+            "metrics at their `ray start --metrics-export-port`",
+            flush=True,
+        )
+    elif config.server.metrics_port:
+        print(
+            f"lineage: Prometheus metrics at http://127.0.0.1:{config.server.metrics_port}/metrics",
+            flush=True,
+        )
     started = []
     for sidecar in sidecars:
         started.append(await sidecar(f"127.0.0.1:{engine.port}"))

@@ -31,7 +31,7 @@ from clients.client import (
     Progress,
     Result,
 )
-from engine.config import CACHE_MODES, EngineConfig, parse_bytes
+from engine.config import CACHE_MODES, SCHEDULES, EngineConfig, parse_bytes
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 # Serve flags, as named by EngineConfig.from_sources.
@@ -49,6 +49,9 @@ SERVE_FLAGS = (
     "max_batch",
     "ray_namespace",
     "metrics_port",
+    "schedule",
+    "prefill_budget",
+    "prefill_group",
 )
 # Subcommands that other modules provide: name -> module.
 PLUGINS = {"bench": "clients.bench", "cache": "clients.cache", "bridge": "clients.bridge"}
@@ -175,6 +178,26 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         metavar="P",
         help="serve Prometheus metrics at http://127.0.0.1:P/metrics (off by default)",
+    )
+    p.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        help="prefill order: srpt (shortest remaining first, default), fifo, or batched "
+        "(mlx-lm's padded prefill batch, the baseline) (env LINEAGE_SCHEDULE)",
+    )
+    p.add_argument(
+        "--prefill-budget",
+        type=int,
+        metavar="TOKENS",
+        help="prompt tokens prefilled per step under srpt/fifo (default 128; "
+        "env LINEAGE_PREFILL_BUDGET)",
+    )
+    p.add_argument(
+        "--prefill-group",
+        type=int,
+        metavar="N",
+        help="prefill up to N not-yet-started prompts of similar length in one chunk "
+        "(default 1; env LINEAGE_PREFILL_GROUP)",
     )
 
 

@@ -15,6 +15,9 @@ from typing import Mapping
 
 GB = 1 << 30
 CACHE_MODES = ("lineage", "exact", "off")
+# Prefill order of the model actor (engine/runtime/scheduler.py); batched is mlx-lm's
+# padded prefill batch, kept as the baseline.
+SCHEDULES = ("srpt", "fifo", "batched")
 
 
 def default_cache_dir() -> Path:
@@ -52,6 +55,21 @@ class ModelConfig:
     max_batch: int = 8  # concurrent sequences in the batch generator
     max_queue: int = 256  # requests in flight (batch + waiting); more get RESOURCE_EXHAUSTED
     max_context: int | None = None  # None: from the model's config
+    schedule: str = "srpt"  # srpt | fifo | batched
+    prefill_budget: int = 128  # prompt tokens prefilled per step (srpt, fifo)
+    prefill_group: int = 1  # sequences of similar length prefilled in one chunk (srpt, fifo)
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"--schedule {self.schedule!r} is not one of {', '.join(SCHEDULES)}")
+        for flag, value in (
+            ("--prefill-budget", self.prefill_budget),
+            ("--prefill-group", self.prefill_group),
+            ("--prefill-step-size", self.prefill_step_size),
+            ("--max-batch", self.max_batch),
+        ):
+            if value < 1:
+                raise ValueError(f"{flag} must be a positive number, got {value}")
 
 
 @dataclass(frozen=True)
@@ -190,9 +208,22 @@ def _entry_bytes(cache_dir: Path) -> int:
 def _model(pick: _Picker) -> ModelConfig:
     return ModelConfig(
         path=pick("model", "LINEAGE_MODEL", None),
-        prefill_step_size=int(pick("prefill_step_size", "LINEAGE_PREFILL_STEP", 512)),
-        max_batch=int(pick("max_batch", "LINEAGE_MAX_BATCH", 8)),
+        prefill_step_size=_int(pick, "prefill_step_size", "LINEAGE_PREFILL_STEP", 512),
+        max_batch=_int(pick, "max_batch", "LINEAGE_MAX_BATCH", 8),
+        schedule=str(pick("schedule", "LINEAGE_SCHEDULE", ModelConfig.schedule)),
+        prefill_budget=_int(pick, "prefill_budget", "LINEAGE_PREFILL_BUDGET", 128),
+        prefill_group=_int(pick, "prefill_group", "LINEAGE_PREFILL_GROUP", 1),
     )
+
+
+def _int(pick: _Picker, flag: str, var: str, default: int) -> int:
+    """An integer setting; ValueError naming the flag and its variable when it does not parse."""
+    value = pick(flag, var, default)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        name = "--" + flag.replace("_", "-")
+        raise ValueError(f"{name} ({var}) must be an integer, got {value!r}")
 
 
 def _server(pick: _Picker) -> ServerConfig:

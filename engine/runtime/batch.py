@@ -244,6 +244,13 @@ class LineageBatchGenerator(BatchGenerator):
 
     def _make_batch(self, n: int):
         """mlx-lm's _make_batch, merging the restored caches with room for the prompt."""
+        sequences = [self._unprocessed_sequences.popleft() for _ in range(n)]
+        batch, processing = self._prompt_batch_of(sequences)
+        self._currently_processing.extend(processing)
+        return batch
+
+    def _prompt_batch_of(self, sequences: list):
+        """(prompt batch, its [segments, done, total] rows) of sequences taken off the queue."""
         fields = {
             k: []
             for k in (
@@ -257,15 +264,13 @@ class LineageBatchGenerator(BatchGenerator):
             )
         }
         room = 0
-        for _ in range(n):
-            uid, segments, max_tok, cache, tokens, sampler, procs, stops = (
-                self._unprocessed_sequences.popleft()
-            )
+        processing = []
+        for uid, segments, max_tok, cache, tokens, sampler, procs, stops in sequences:
             remaining = sum(len(s) for s in segments)
             room = max(room, remaining)
             for key, value in zip(fields, (uid, cache, tokens, sampler, procs, max_tok, stops)):
                 fields[key].append(value)
-            self._currently_processing.append([segments, 0, remaining])
+            processing.append([segments, 0, remaining])
         batch = LineagePromptBatch(
             model=self.model,
             prefill_step_size=self.prefill_step_size,
@@ -274,4 +279,4 @@ class LineageBatchGenerator(BatchGenerator):
             **fields,
         )
         batch.clear_pool, batch.pool = self._prompt_batch.clear_pool, self.pool
-        return batch
+        return batch, processing

@@ -28,11 +28,13 @@ from engine.cache.messages import AnchorCommit, CapturedPoint, Commit, Orders, R
 from engine.config import EngineConfig
 from engine.runtime import layer_caches
 from engine.runtime.batch import LineageBatchGenerator, bound_pool
+from engine.runtime.chunked import ChunkedBatchGenerator
 from engine.runtime.events import Finished, FinishReason, Progress, Timing, Tokens
 from engine.runtime.layer_timer import LayerTimer
 from engine.runtime.ram_tier import RamTier, StoredEntry
 from engine.runtime.requests import GenerationRequest
 from engine.runtime.sampling import StopMatcher, make_sampler
+from engine.runtime.scheduler import PrefillScheduler
 
 log = logging.getLogger(__name__)
 
@@ -114,13 +116,16 @@ class Generator:
 
     def _new_batch_generator(self) -> BatchGenerator:
         m = self.config.model
-        return LineageBatchGenerator(
-            self.model,
+        common = dict(
             completion_batch_size=m.max_batch,
             prefill_batch_size=m.max_batch,
             prefill_step_size=m.prefill_step_size,
             clear_pool_per_prefill=self.config.cache.clear_pool_per_prefill,
         )
+        if m.schedule == "batched":  # mlx-lm's padded prefill batch: the baseline
+            return LineageBatchGenerator(self.model, **common)
+        scheduler = PrefillScheduler(m.schedule, m.prefill_budget, m.prefill_group)
+        return ChunkedBatchGenerator(self.model, scheduler=scheduler, **common)
 
     # ---- requests in ----------------------------------------------------
 
@@ -179,6 +184,8 @@ class Generator:
         self.pending = waiting
         if not self.active:
             return
+        if isinstance(self.bg, ChunkedBatchGenerator):
+            self.bg.unblocks = self._unblocks(waiting)
         prompt_responses, gen_responses = self.bg.next()
         for r in prompt_responses:
             self._on_prompt(r)
@@ -193,6 +200,17 @@ class Generator:
         planned = [a.captures for a in self.active.values()]
         planned += [[c for c in r.plan.captures] for r, _ in self.pending if r is not req]
         return any(c.entry_id == plan.entry_id for caps in planned for c in caps)
+
+    def _unblocks(self, waiting: list) -> dict[int, int]:
+        """uid -> its prompt tokens (from its restore point) up to an anchor `waiting` await."""
+        wanted = {req.plan.entry_id for req, _ in waiting}
+        out = {}
+        for act in self.active.values():
+            for point in act.captures:
+                if point.kind == CaptureKind.ANCHOR and point.entry_id in wanted:
+                    out[act.uid] = point.length - act.restore_length
+                    break
+        return out
 
     def fail_all(self, message: str) -> None:
         """After an error inside the batch: end every request and start a fresh batch."""

@@ -154,6 +154,32 @@ def test_usage_errors_exit_2(argv):
     assert run_cli(argv)[0] == 2
 
 
+@pytest.mark.parametrize(
+    "argv, env, flag",
+    [
+        (["serve", "--schedule", "lifo"], {}, "--schedule"),
+        (["serve", "--prefill-budget", "0"], {}, "--prefill-budget"),
+        (["serve", "--prefill-budget", "-64"], {}, "--prefill-budget"),
+        (["serve"], {"LINEAGE_SCHEDULE": "lifo"}, "--schedule"),
+        (["serve"], {"LINEAGE_PREFILL_BUDGET": "0"}, "--prefill-budget"),
+        (["serve"], {"LINEAGE_PREFILL_BUDGET": "many"}, "--prefill-budget"),
+        (["serve", "--prefill-group", "0"], {}, "--prefill-group"),
+    ],
+)
+def test_bad_schedule_settings_are_refused_at_startup_naming_the_flag(argv, env, flag, capsys):
+    assert run_cli(argv, env=env)[0] == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_schedule_settings_from_flags_and_env():
+    args = cli.build_parser().parse_args(["serve", "--schedule", "fifo"])
+    env = {"LINEAGE_SCHEDULE": "batched", "LINEAGE_PREFILL_BUDGET": "64"}
+    c = cli.config_from_args(args, env)
+    assert (c.model.schedule, c.model.prefill_budget, c.model.prefill_group) == ("fifo", 64, 1)
+    default = cli.config_from_args(cli.build_parser().parse_args(["serve"]), {})
+    assert default.model.schedule == "srpt"
+
+
 def test_parse_leaves_unset_serve_flags_none():
     args = cli.build_parser().parse_args(["serve"])
     assert all(getattr(args, name) is None for name in cli.SERVE_FLAGS)

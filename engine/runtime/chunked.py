@@ -1,0 +1,237 @@
+"""Chunked prefill under the scheduler: the batch generator of `--schedule srpt|fifo`.
+
+mlx-lm's BatchGenerator prefills every admitted sequence together, one padded
+batch, a full chunk each per step: a short suffix waits for (and is padded to)
+its neighbours' long ones. Here each step
+1. decodes every sequence of the generation batch (mlx-lm's own step);
+2. moves sequences whose prompt is done (only the last token left) into it;
+3. runs the one chunk the PrefillScheduler picks: `tokens` prompt tokens of
+   each sequence of one cohort, unpadded.
+
+A cohort is a prompt batch of its own (LineagePromptBatch): one sequence, or
+several started together because their remaining prefills were similar. It
+keeps its merged caches between steps, so a preempted long prompt resumes
+where it stopped, and its members leave one by one as their prompts end.
+Segments (capture points) are kept: a chunk never crosses a segment end, so
+the generator snapshots state there as with mlx-lm's batches. Cancelling
+(`remove`) takes a sequence out between steps: at a chunk boundary.
+
+It knows the batches and the clock; the order is the scheduler's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import mlx.core as mx
+from mlx_lm.generate import PromptProcessingBatch
+
+from engine.runtime.batch import LineageBatchGenerator
+from engine.runtime.scheduler import Candidate, Chunk, Costs, PrefillScheduler
+
+EWMA = 0.3  # weight of the newest measurement in the cost estimates
+
+
+class Cohort:
+    """A prompt batch and its [segments, done, total] rows, in the batch's uid order."""
+
+    def __init__(self, batch, processing: list):
+        self.batch = batch
+        self.processing = processing
+
+    def index(self, uid: int) -> int:
+        return self.batch.uids.index(uid)
+
+    def keep(self, indices: list[int]) -> None:
+        self.batch.filter(indices)
+        self.processing = [self.processing[i] for i in indices]
+
+
+def _remaining(segments: list) -> int:
+    """Prompt tokens left to prefill: all but the last segment (the last token alone)."""
+    return sum(len(s) for s in segments[:-1])
+
+
+class ChunkedBatchGenerator(LineageBatchGenerator):
+    """LineageBatchGenerator whose prefill runs chunk by chunk as the scheduler says."""
+
+    def __init__(self, model, *, scheduler: PrefillScheduler, **kwargs):
+        super().__init__(model, **kwargs)
+        self.scheduler = scheduler
+        self.cohorts: dict[int, Cohort] = {}
+        self._cohort_ids = itertools.count()
+        self.steps = 0
+        self.arrived: dict[int, int] = {}  # uid -> step it arrived in
+        self.unblocks: dict[int, int] = {}  # uid -> its prompt tokens up to an awaited anchor
+        self.costs = Costs()
+        self.chunks: list[Chunk] = []  # the chunks run, newest last (bounded)
+
+    def insert_segments(self, segments, *args, **kwargs):
+        uids = super().insert_segments(segments, *args, **kwargs)
+        for uid in uids:
+            self.arrived[uid] = self.steps
+        return uids
+
+    # ---- the step ----------------------------------------------------------------
+
+    def _next(self):
+        self.steps += 1
+        prompt_responses, generation_responses = [], []
+        if len(self._generation_batch) > 0:
+            tic = time.perf_counter()
+            generation_responses = self._generation_batch.next()
+            elapsed = time.perf_counter() - tic
+            self._counters.decode_time += elapsed
+            self._counters.generation_tokens += len(generation_responses)
+            self._counters.generation_steps += 1
+            self._measure(decode_ms=elapsed * 1000)
+            if self._counters.generation_steps % 512 == 0:
+                mx.clear_cache()
+        self._start_decoding(prompt_responses)
+        chunk = self.scheduler.plan(
+            self._candidates(), self.steps, len(self._generation_batch), self.costs
+        )
+        if chunk is not None:
+            prompt_responses += self._prefill(chunk)
+        return prompt_responses, generation_responses
+
+    def _room(self) -> int:
+        started = len(self._generation_batch) + sum(len(c.batch) for c in self.cohorts.values())
+        return self.completion_batch_size - started
+
+    def _candidates(self) -> list[Candidate]:
+        out = []
+        for cid, cohort in self.cohorts.items():
+            for uid, (segments, done, _) in zip(cohort.batch.uids, cohort.processing):
+                out.append(self._candidate(uid, segments, done, cid))
+        if self._room() > 0:
+            for seq in self._unprocessed_sequences:
+                out.append(self._candidate(seq[0], seq[1], 0, None))
+        return out
+
+    def _candidate(self, uid: int, segments: list, done: int, cohort) -> Candidate:
+        anchor = self.unblocks.get(uid)
+        return Candidate(
+            uid=uid,
+            remaining=_remaining(segments),
+            boundary=len(segments[0]),
+            arrived=self.arrived.get(uid, 0),
+            cohort=cohort,
+            unblocks=None if anchor is None else max(0, anchor - done),
+        )
+
+    def _start_cohort(self, uids) -> int:
+        """Take `uids` off the queue into a new cohort (their restored caches merge here)."""
+        wanted = set(uids)
+        taken = [s for s in self._unprocessed_sequences if s[0] in wanted]
+        for seq in taken:
+            self._unprocessed_sequences.remove(seq)
+        cid = next(self._cohort_ids)
+        self.cohorts[cid] = Cohort(*self._prompt_batch_of(taken))
+        return cid
+
+    def _start_decoding(self, responses: list) -> None:
+        """Sequences with only their last token left enter the generation batch."""
+        ready = [s[0] for s in self._unprocessed_sequences if len(s[1]) == 1]
+        if ready and self._room() > 0:
+            self._start_cohort(ready[: self._room()])
+        for cid, cohort in list(self.cohorts.items()):
+            split = [i for i, row in enumerate(cohort.processing) if len(row[0]) == 1]
+            if not split:
+                continue
+            rows = [cohort.processing[i] for i in split]
+            rest = [i for i in range(len(cohort.processing)) if i not in set(split)]
+            cohort.processing = [cohort.processing[i] for i in rest]
+            gen = cohort.batch.split(split).generate([row[0][0] for row in rows])
+            for uid, row in zip(gen.uids, rows):
+                self.arrived.pop(uid, None)
+                self.unblocks.pop(uid, None)
+                responses.append(PromptProcessingBatch.Response(uid, (row[2],) * 2, True, True))
+            self._generation_batch.extend(gen)
+            if not cohort.processing:
+                del self.cohorts[cid]
+
+    def _prefill(self, chunk: Chunk) -> list:
+        cid = self._cohort_id(chunk.uids[0])
+        if cid is None:
+            cid = self._start_cohort(chunk.uids[: max(1, self._room())])
+        cohort = self.cohorts[cid]
+        prompts, responses = [], []
+        for uid, row in zip(cohort.batch.uids, cohort.processing):
+            segments = row[0]
+            n = min(chunk.tokens, len(segments[0]))
+            prompts.append(segments[0][:n])
+            segments[0] = segments[0][n:]
+            end = not segments[0]
+            if end:
+                segments.pop(0)
+            row[1] += n
+            responses.append(PromptProcessingBatch.Response(uid, (row[1], row[2]), end, False))
+        assert len({len(p) for p in prompts}) == 1, "a chunk is never padded"
+        tic = time.perf_counter()
+        cohort.batch.prompt(prompts)
+        elapsed = time.perf_counter() - tic
+        tokens = sum(len(p) for p in prompts)
+        self._counters.prompt_tokens += tokens
+        self._counters.prompt_time += elapsed
+        self._measure(token_ms=elapsed * 1000 / tokens)
+        self.chunks = self.chunks[-255:] + [Chunk(tuple(cohort.batch.uids), len(prompts[0]))]
+        return responses
+
+    def _measure(self, decode_ms: float | None = None, token_ms: float | None = None) -> None:
+        c = self.costs
+
+        def ewma(old: float, new: float | None) -> float:
+            if new is None:
+                return old
+            return new if old <= 0 else (1 - EWMA) * old + EWMA * new
+
+        self.costs = Costs(ewma(c.decode_ms, decode_ms), ewma(c.token_ms, token_ms))
+
+    # ---- the engine's view of a sequence in prefill -------------------------------
+
+    def _cohort_id(self, uid: int) -> int | None:
+        return next((k for k, c in self.cohorts.items() if uid in c.batch.uids), None)
+
+    def _cohort_of(self, uid: int) -> Cohort | None:
+        cid = self._cohort_id(uid)
+        return None if cid is None else self.cohorts[cid]
+
+    def prefill_state(self, uid: int):
+        from engine.runtime.layer_caches import snapshot_state
+
+        cohort = self._cohort_of(uid)
+        return snapshot_state(cohort.batch.prompt_cache, cohort.index(uid))
+
+    def prefill_extract(self, uid: int) -> list:
+        cohort = self._cohort_of(uid)
+        return cohort.batch.extract_cache(cohort.index(uid))
+
+    def extract_cache(self, uids):
+        results = super().extract_cache([u for u in uids if self._cohort_of(u) is None])
+        for uid in uids:
+            cohort = self._cohort_of(uid)
+            if cohort is not None:
+                i = cohort.index(uid)
+                results[uid] = (cohort.batch.extract_cache(i), cohort.batch.tokens[i])
+        return results
+
+    def remove(self, uids, return_prompt_caches=False):
+        """Take sequences out between steps (so a prefill stops at a chunk boundary)."""
+        caches = self.extract_cache(uids) if return_prompt_caches else {}
+        rest = []
+        for uid in uids:
+            self.arrived.pop(uid, None)
+            self.unblocks.pop(uid, None)
+            cid = self._cohort_id(uid)
+            if cid is None:
+                rest.append(uid)
+                continue
+            cohort = self.cohorts[cid]
+            i = cohort.index(uid)
+            cohort.keep([j for j in range(len(cohort.batch.uids)) if j != i])
+            if not cohort.batch.uids:
+                del self.cohorts[cid]
+        super().remove(rest)
+        return caches

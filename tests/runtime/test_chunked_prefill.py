@@ -1,0 +1,139 @@
+"""Chunked prefill under the scheduler, on the real tiny model, without Ray.
+
+The Generator is stepped on the calling thread (as LocalEngine does), so each
+test sees what one step did: every decoding stream decodes each step, a long
+prefill runs in budget-sized chunks, a cancelled prefill commits what it
+computed up to the chunk boundary, an anchor waiter starts in the step after
+the capture, and every schedule gives the tokens `batched` gives.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from engine.cache.messages import PlanRequest
+from engine.config import CacheConfig, EngineConfig, ModelConfig
+from engine.runtime.events import Finished, FinishReason, Progress, Tokens
+from engine.runtime.loader import load_model
+from engine.runtime.local import LocalEngine
+from engine.runtime.requests import GenerationRequest, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def loaded(model_cache_dir):
+    config = EngineConfig(cache=CacheConfig(cache_dir=str(model_cache_dir), ram_budget=1 << 30))
+    return config, load_model(config)
+
+
+def engine(loaded, schedule="srpt", budget=64, group=1) -> LocalEngine:
+    config, model = loaded
+    model_config = ModelConfig(
+        prefill_step_size=256, schedule=schedule, prefill_budget=budget, prefill_group=group
+    )
+    return LocalEngine(EngineConfig(model=model_config, cache=config.cache), model)
+
+
+def tokens(n: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(20, 4000, n).tolist()
+
+
+def submit(eng, rid, prompt, max_tokens=4, anchor_len=0, namespace="") -> list:
+    plan = eng.manager.plan(PlanRequest(rid, np.asarray(prompt, np.int32), anchor_len, namespace))
+    events: list = []
+    sampling = SamplingParams(max_tokens=max_tokens)
+    request = GenerationRequest(rid, namespace, tuple(prompt), plan, sampling, time.time())
+    eng.generator.submit(request, events.append)
+    return events
+
+
+def ids(events) -> list[int]:
+    return [i for e in events if isinstance(e, Tokens) for i in e.ids]
+
+
+def final(events) -> Finished | None:
+    return next((e for e in events if isinstance(e, Finished)), None)
+
+
+def run_all(eng) -> None:
+    while eng.generator.busy:
+        eng.generator.step()
+
+
+def test_streams_decode_every_step_while_a_long_prompt_prefills_in_chunks(loaded):
+    eng = engine(loaded, budget=32)
+    a = submit(eng, "a", tokens(40, 1), max_tokens=200)
+    while not ids(a):
+        eng.generator.step()
+    b = submit(eng, "b", tokens(1500, 2), namespace="b")
+    prefill_steps = 0
+    while not ids(b) and final(a) is None:
+        before, progress = len(ids(a)), sum(isinstance(e, Progress) for e in b)
+        eng.generator.step()
+        decoded = len(ids(a)) == before + 1 or final(a) is not None  # or it sampled EOS
+        assert decoded, "a decoding stream skipped a step"
+        prefill_steps += sum(isinstance(e, Progress) for e in b) > progress
+    assert prefill_steps >= 20, "the long prompt was not interleaved in chunks"
+    assert max(c.tokens * len(c.uids) for c in eng.generator.bg.chunks) <= 32
+    run_all(eng)
+
+
+def test_a_cancelled_prefill_commits_up_to_its_chunk_boundary(loaded):
+    eng = engine(loaded, budget=64)
+    prompt = tokens(1200, 3)
+    events = submit(eng, "c", prompt, namespace="c")
+    for _ in range(5):
+        eng.generator.step()
+    done = [e.done for e in events if isinstance(e, Progress)][-1]
+    assert 0 < done < len(prompt) and done % 64 == 0
+    eng.generator.cancel("c")
+    assert final(events).finish_reason == FinishReason.CANCELLED
+    retry = submit(eng, "c2", prompt, namespace="c")
+    run_all(eng)
+    assert final(retry).cached_tokens == done, "the prefix computed before the cancel was lost"
+
+
+def test_an_anchor_waiter_starts_in_the_step_after_the_capture(loaded):
+    eng = engine(loaded, budget=64)
+    system = tokens(600, 4)
+    first = submit(eng, "s1", system + tokens(40, 5), anchor_len=600, namespace="s")
+    eng.generator.step()
+    waiter = submit(eng, "s2", system + tokens(30, 6), anchor_len=600, namespace="s")
+    plan = eng.generator.pending[-1][0].plan
+    assert plan.wait, "the second request does not wait on the anchor"
+    while not eng.tier.can_restore(plan.entry_id, plan.length):
+        assert "s2" not in eng.generator.by_request
+        eng.generator.step()
+    eng.generator.step()
+    assert "s2" in eng.generator.by_request, "the waiter did not start right after the capture"
+    run_all(eng)
+    assert final(waiter).cached_tokens == plan.length and final(first).cached_tokens == 0
+
+
+def workload(eng) -> dict:
+    """Warm conversations, then warm turns of different sizes and a cold prompt at once."""
+    out = {}
+    bases = {k: tokens(300 + 100 * k, 10 + k) for k in range(3)}
+    for k, base in bases.items():
+        out[f"base{k}"] = submit(eng, f"base{k}", base, max_tokens=3, namespace=f"w{k}")
+        run_all(eng)
+    turns = {
+        "cold": (tokens(900, 20), "cold"),
+        "warm0": (bases[0] + ids(out["base0"]) + tokens(200, 21), "w0"),
+        "warm1": (bases[1] + ids(out["base1"]) + tokens(20, 22), "w1"),
+        "warm2": (bases[2] + ids(out["base2"]) + tokens(230, 23), "w2"),
+    }
+    for rid, (prompt, namespace) in turns.items():
+        out[rid] = submit(eng, rid, prompt, max_tokens=8, namespace=namespace)
+    run_all(eng)
+    return {rid: ids(events) for rid, events in out.items()}
+
+
+def test_every_schedule_gives_the_tokens_batched_gives(loaded):
+    expected = workload(engine(loaded, schedule="batched"))
+    for schedule, group in (("srpt", 1), ("fifo", 1), ("srpt", 3)):
+        eng = engine(loaded, schedule=schedule, group=group)
+        assert workload(eng) == expected, f"{schedule} (group {group}) differs from batched"
+    assert any(len(c.uids) > 1 for c in eng.generator.bg.chunks), "no cohort was grouped"

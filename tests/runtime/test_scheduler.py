@@ -1,0 +1,123 @@
+"""The prefill policy (engine/runtime/scheduler.py), pure: order, aging, budget, groups, anchors.
+
+The executor side (decode every step, cancellation at a chunk boundary, an
+anchor waiter admitted the step after the capture) runs on the real model in
+tests/runtime/test_chunked_prefill.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.runtime.scheduler import AGING, MIN_CHUNK, Candidate, Chunk, Costs, PrefillScheduler
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cand(uid, remaining, arrived=0, boundary=None, cohort=None, unblocks=None) -> Candidate:
+    return Candidate(uid, remaining, boundary or remaining, arrived, cohort, unblocks)
+
+
+@pytest.mark.parametrize(
+    "schedule, expected",
+    [("srpt", (2, 3, 1)), ("fifo", (1, 2, 3))],
+)
+def test_order_shortest_remaining_first_or_arrival(schedule, expected):
+    s = PrefillScheduler(schedule, budget=1000)
+    waiting = [cand(1, 900, arrived=0), cand(2, 100, arrived=1), cand(3, 400, arrived=2)]
+    order = []
+    while waiting:
+        chunk = s.plan(waiting, step=3)
+        order.append(chunk.uids[0])
+        waiting = [c for c in waiting if c.uid != chunk.uids[0]]
+    assert tuple(order) == expected
+
+
+def test_aging_lets_a_long_prompt_beat_newcomers_in_bounded_steps():
+    s = PrefillScheduler("srpt", budget=64)
+    long = cand(1, 4000, arrived=0)
+    steps = 4000 // AGING + 1
+    # A newcomer of 50 tokens arrives every step: the long one waits, then wins.
+    assert s.plan([long, cand(2, 50, arrived=10)], step=10).uids == (2,)
+    assert s.plan([long, cand(3, 50, arrived=steps)], step=steps).uids == (1,)
+
+
+@pytest.mark.parametrize(
+    "decoding, costs, expected",
+    [
+        (0, Costs(5.0, 0.4), 128),  # nothing decodes: the whole budget
+        (2, Costs(5.0, 0.4), 25),  # 2 decode steps of prefill time: 10 ms / 0.4 ms
+        (2, Costs(5.0, 0.01), 128),  # cheap tokens: still at most the budget
+        (2, Costs(1.0, 1.0), MIN_CHUNK),  # never below MIN_CHUNK while decoding
+        (2, Costs(0.0, 0.0), 128),  # nothing measured yet
+    ],
+)
+def test_budget_and_decode_share(decoding, costs, expected):
+    s = PrefillScheduler("srpt", budget=128)
+    assert s.allowance(decoding, costs) == expected
+    chunk = s.plan([cand(1, 10_000)], step=0, decoding=decoding, costs=costs)
+    assert chunk == Chunk((1,), expected)
+
+
+def test_a_chunk_stops_at_the_next_capture_point():
+    s = PrefillScheduler("srpt", budget=512)
+    assert s.plan([cand(1, 1000, boundary=300)], step=0) == Chunk((1,), 300)
+
+
+def test_similar_unstarted_prompts_group_unpadded_within_the_budget():
+    s = PrefillScheduler("srpt", budget=300, group=4)
+    waiting = [cand(1, 200), cand(2, 260), cand(3, 900), cand(4, 250, cohort=7)]
+    # 3 is not similar (900 > 1.5 * 200), 4 has started in another cohort.
+    assert s.plan(waiting, step=0) == Chunk((1, 2), 150)
+    one = PrefillScheduler("srpt", budget=300, group=1)
+    assert one.plan(waiting, step=0) == Chunk((1,), 200)
+
+
+def test_a_started_cohort_runs_whole():
+    s = PrefillScheduler("srpt", budget=100)
+    waiting = [cand(1, 50, cohort=0), cand(2, 400, cohort=0), cand(3, 80)]
+    assert s.plan(waiting, step=0) == Chunk((1, 2), 50)
+
+
+def test_the_anchor_capturer_goes_first_so_waiters_start_early():
+    s = PrefillScheduler("srpt", budget=512)
+    waiting = [cand(1, 300), cand(2, 9000, boundary=128, unblocks=200)]
+    assert s.plan(waiting, step=0).uids == (2,)
+    assert s.plan([cand(1, 300), cand(2, 9000, boundary=128)], step=0).uids == (1,)
+
+
+def test_nothing_to_prefill():
+    s = PrefillScheduler("fifo", budget=8)
+    assert s.plan([], step=0) is None
+    assert s.plan([cand(1, 0)], step=0) is None
+
+
+@pytest.mark.parametrize(
+    "schedule, budget, group", [("batched", 8, 1), ("x", 8, 1), ("srpt", 0, 1)]
+)
+def test_bad_settings_are_refused(schedule, budget, group):
+    with pytest.raises(ValueError):
+        PrefillScheduler(schedule, budget, group)
+
+
+def test_the_policy_imports_without_mlx_or_ray():
+    script = (
+        "import sys\n"
+        "class Blocked:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('mlx', 'mlx_lm', 'ray', 'grpc'):\n"
+        "            raise ImportError(name)\n"
+        "sys.meta_path.insert(0, Blocked())\n"
+        "import engine.runtime.scheduler\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm', 'ray')]\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr

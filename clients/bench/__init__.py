@@ -15,7 +15,7 @@ import argparse
 import importlib
 import os
 
-HELP = "benchmarks: warm turns, checkpoint bytes, agent traffic, warm restarts"
+HELP = "benchmarks: warm turns, checkpoint bytes, agent traffic, warm restarts, concurrency"
 
 # subcommand -> module; add one here and write the module.
 BENCHES = {
@@ -23,6 +23,7 @@ BENCHES = {
     "checkpoint": "clients.bench.checkpoint",
     "agents": "clients.bench.agents",
     "restart": "clients.bench.restart",
+    "concurrency": "clients.bench.concurrency",
 }
 
 

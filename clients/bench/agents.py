@@ -8,6 +8,11 @@ In one run, the same seeded traffic (clients.bench.traffic) goes to
   budget), driven as mlx_lm.server's batch path drives it: fetch_nearest_cache
   at admission, the system segment stored when its prefill ends, the rest
   prefilled, greedy decode, insert_cache of prompt + completion;
+- a real `mlx_lm.server` subprocess on the same model directory
+  (clients.bench.peer), fed the same messages and tools through its OpenAI
+  HTTP API, one thread per lane; its time to first token is the client's,
+  comparable with ours (a dropped stream is sent with max_tokens = its drop
+  point and counted as dropped);
 - the oracle: for each request, the longest prefix its prompt shares with the
   prompt of any request of an earlier step, or with prompt + completion of
   any earlier completed one (capped at the prompt length minus 1).
@@ -36,7 +41,7 @@ from clients.bench.traffic import Sessions, Traffic, build_traffic
 from engine.cache.tokens import common_prefix
 
 HELP = "agent traffic against lineage, exact, off and mlx-lm's prompt cache, beside the oracle"
-POLICIES = ("lineage", "exact", "off", "mlx_lm")
+POLICIES = ("lineage", "exact", "off", "mlx_lm", "mlx_lm_server")
 MLX_LM_ENTRIES = 10  # mlx_lm.server --prompt-cache-size default
 
 
@@ -274,6 +279,37 @@ def _drive(name: str, traffic: Traffic, ids: PromptIds, serve, sample) -> Policy
 # ------------------------------------------------------------------ mlx-lm ----
 
 
+def run_mlx_lm_server(traffic: Traffic, opts: BenchOptions, ids: PromptIds) -> PolicyRun:
+    """The traffic against a real mlx_lm.server subprocess, concurrently per step."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from clients.bench.peer import MlxLmServer
+
+    with (
+        MlxLmServer(opts.model) as server,
+        ThreadPoolExecutor(max(1, traffic.agents)) as pool,
+    ):
+
+        def send(spec, messages):
+            return server.stream(messages, traffic.tools, spec.drop_after or spec.max_tokens)
+
+        def serve(batch):
+            futures = [pool.submit(send, spec, messages) for spec, messages, _ in batch]
+            for (spec, _, prompt), future in zip(batch, futures):
+                reply = future.result()
+                done = not spec.drop_after
+                completion = ids.tokenizer.encode(reply.text, add_special_tokens=False)
+                ob = Observed(spec.rid, spec.step, spec.lane, spec.kind, prompt, completion, done)
+                if done:
+                    ob.cached, ob.ttft_ms = reply.cached_tokens, reply.ttft_ms
+                yield ob, reply.text
+
+        def sample():  # its cache figures are not exposed: only the replies' usage
+            return {"ram_bytes": 0, "disk_bytes": 0, "evictions": 0, "disk_bytes_written": 0}
+
+        return _drive("mlx_lm_server", traffic, ids, serve, sample)
+
+
 def run_mlx_lm(traffic: Traffic, opts: BenchOptions, ids: PromptIds) -> PolicyRun:
     """The traffic against mlx-lm's LRUPromptCache, in this process, as its server drives it.
 
@@ -416,6 +452,8 @@ def run_bench(opts: BenchOptions) -> dict:
         for name in opts.policies:
             if name == "mlx_lm":
                 runs[name] = run_mlx_lm(traffic, opts, ids)
+            elif name == "mlx_lm_server":
+                runs[name] = run_mlx_lm_server(traffic, opts, ids)
             else:
                 runs[name] = run_engine(name, traffic, opts, ids, os.path.join(work, name))
     finally:
@@ -502,7 +540,7 @@ def run(args) -> int:
     """`lineage bench agents`: print the table; write --json and --plot when asked."""
     opts = options_from_args(args)
     started = False
-    if any(p != "mlx_lm" for p in opts.policies):
+    if any(p not in ("mlx_lm", "mlx_lm_server") for p in opts.policies):
         import ray
 
         if not ray.is_initialized():

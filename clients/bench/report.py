@@ -111,7 +111,7 @@ def plot(report: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     names = list(report["policies"])
-    colors = dict(zip(POLICIES, ["#1b7837", "#2166ac", "#b2182b", "#e08214"]))
+    colors = dict(zip(POLICIES, ["#1b7837", "#2166ac", "#b2182b", "#e08214", "#762a83"]))
     fig, (left, right) = plt.subplots(
         1, 2, figsize=(15, 5.5), gridspec_kw={"width_ratios": [2.3, 1]}
     )

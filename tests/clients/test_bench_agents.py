@@ -212,7 +212,7 @@ def test_small_run_against_every_policy(ray_session, model_cache_dir, tmp_path, 
     assert "lineage" in capsys.readouterr().out
     report = json.loads(out.read_text())
     assert set(report) >= {"traffic", "oracle", "policies"}
-    assert set(report["policies"]) == {"lineage", "exact", "off", "mlx_lm"}
+    assert set(report["policies"]) == {"lineage", "exact", "off", "mlx_lm", "mlx_lm_server"}
     for name, p in report["policies"].items():
         for key in (
             "cached_tokens",

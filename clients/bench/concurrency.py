@@ -1,0 +1,362 @@
+"""`lineage bench concurrency`: concurrent sub-agents per prefill schedule, and mlx_lm.server.
+
+One seeded agent traffic (clients.bench.traffic: K lanes sharing a system
+prompt plus tools, tool results of varied size) runs step by step; in every
+`--cold-every`-th step a long cold prompt (a system prompt of its own) is
+sent first and the lanes' warm turns follow `--stagger-ms` later, so they
+arrive while it prefills. Replies are greedy, so every schedule sees the same
+conversations. The traffic runs
+- once with every request alone (`solo`): each request's time to first token
+  on an idle engine from the same cache state;
+- once per schedule (`--schedules`), each on a fresh engine;
+- once against a real `mlx_lm.server` subprocess on the same model directory
+  (clients.bench.peer), fed through its OpenAI API from one thread per lane.
+Drops and retries of the traffic are sent as plain requests.
+
+After the traffic, a probe on each schedule's engine: a stream decodes while
+an 8k-token cold prompt prefills, and a short warm turn (200 new tokens)
+arrives during that prefill; its time to first token is divided by the same
+turn's on the idle engine, and the stream's inter-token gaps by the idle
+decode step.
+
+Times are the client's (send to first chunk), for ours and the peer alike.
+Cheap to import: MLX, Ray and matplotlib load inside functions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from clients.bench.traffic import Sessions, Traffic, build_traffic
+from clients.fanout import make_system_prompt
+
+HELP = "concurrent sub-agents plus long cold prompts: TTFT, ITL and prefill rate per schedule"
+RUNS = ("batched", "fifo", "srpt", "srpt-group", "mlx_lm_server")
+PROBE_SHORT = 200  # new tokens of the probe's warm turn
+
+
+@dataclass(frozen=True)
+class ConcurrencyOptions:
+    model: str
+    scale: float = 0.25
+    agents: int = 3
+    seed: int = 0
+    runs: tuple = RUNS
+    cold_every: int = 2
+    cold_tokens: int = 0  # 0: the traffic's prefix size
+    stagger_ms: float = 150.0
+    probe_tokens: int = 8192
+    prefill_budget: int = 128
+    prefill_step_size: int = 512
+    work_dir: str | None = None
+
+
+@dataclass
+class Sent:
+    """One request as the client saw it (perf_counter times)."""
+
+    key: str
+    kind: str  # warm | cold
+    t_send: float
+    t_first: float | None = None
+    t_end: float = 0.0
+    chunk_times: list = field(default_factory=list)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    text: str = ""
+
+    @property
+    def ttft_ms(self) -> float:
+        return ((self.t_first or self.t_end) - self.t_send) * 1000
+
+
+# ---------------------------------------------------------------- senders ----
+
+
+class EngineSender:
+    """Our engine, in this process, on a fresh cache directory, driven through Client."""
+
+    def __init__(self, opts: ConcurrencyOptions, schedule: str, group: int, cache_dir: str):
+        from clients.client import Client
+        from engine.config import CacheConfig, EngineConfig, ModelConfig, ServerConfig
+        from engine.server.background import BackgroundEngine
+
+        model = ModelConfig(
+            path=opts.model,
+            prefill_step_size=opts.prefill_step_size,
+            schedule=schedule,
+            prefill_budget=opts.prefill_budget,
+            prefill_group=group,
+        )
+        config = EngineConfig(
+            model=model, cache=CacheConfig(cache_dir=cache_dir), server=ServerConfig(port=0)
+        )
+        self.engine = BackgroundEngine(config, timeout=600)
+        self.client = Client(self.engine.address, timeout=600)
+
+    def send(self, key, kind, messages=None, tools=None, prompt_ids=None, max_tokens=32) -> Sent:
+        from clients.client import Chunk, Final
+
+        sent = Sent(key, kind, time.perf_counter())
+        stream = self.client.stream(
+            messages=messages, tools=list(tools) if tools else None, prompt_ids=prompt_ids,
+            max_tokens=max_tokens, temperature=0.0, namespace="cold" if kind == "cold" else "",
+        )  # fmt: skip
+        for event in stream:
+            if isinstance(event, Chunk) and event.ids:
+                now = time.perf_counter()
+                sent.t_first = sent.t_first or now
+                sent.chunk_times.append(now)
+                sent.text += event.text
+            elif isinstance(event, Final):
+                sent.prompt_tokens = event.usage.prompt_tokens
+                sent.cached_tokens = event.usage.cached_tokens
+        sent.t_end = time.perf_counter()
+        return sent
+
+    def close(self) -> None:
+        self.client.close()
+        self.engine.stop()
+
+
+class PeerSender:
+    """mlx_lm.server in a subprocess (clients.bench.peer)."""
+
+    def __init__(self, opts: ConcurrencyOptions):
+        from clients.bench.peer import MlxLmServer
+
+        self.server = MlxLmServer(opts.model)
+
+    def send(self, key, kind, messages=None, tools=None, prompt_ids=None, max_tokens=32) -> Sent:
+        reply = self.server.stream(messages, tools, max_tokens)
+        return Sent(
+            key, kind, reply.t_send, reply.t_first, reply.t_end, reply.chunk_times,
+            reply.prompt_tokens, reply.cached_tokens, reply.text,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        self.server.close()
+
+
+# ---------------------------------------------------------------- traffic ----
+
+
+def cold_messages(opts: ConcurrencyOptions, traffic: Traffic, step: int) -> list:
+    size = opts.cold_tokens or int(len(traffic.systems["main"]) / 4)
+    system = make_system_prompt(size, seed=10_000 + step + 1000 * opts.seed)
+    return [
+        {"role": "system", "content": system},
+        {"role": "user", "content": f"Summarize the rules above (batch {step})."},
+    ]
+
+
+def drive(sender, traffic: Traffic, opts: ConcurrencyOptions, solo: bool) -> list[Sent]:
+    """The traffic step by step; concurrent within a step unless `solo`."""
+    sessions = Sessions(traffic)
+    out: list[Sent] = []
+    with ThreadPoolExecutor(traffic.agents + 1) as pool:
+        for n, step in enumerate(traffic.steps()):
+            batch = [(spec, sessions.messages(spec)) for spec in step]
+            jobs = []
+            if opts.cold_every and n % opts.cold_every == opts.cold_every - 1:
+                cold = cold_messages(opts, traffic, n)
+                jobs.append(dict(key=f"cold{n}", kind="cold", messages=cold, max_tokens=8))
+            jobs += [
+                dict(
+                    key=f"r{spec.rid}",
+                    kind="warm",
+                    messages=messages,
+                    tools=traffic.tools,
+                    max_tokens=spec.max_tokens,
+                )
+                for spec, messages in batch
+            ]
+            if solo:
+                results = [sender.send(**job) for job in jobs]
+            else:
+                futures = []
+                for i, job in enumerate(jobs):
+                    if i == 1 and jobs[0]["kind"] == "cold":
+                        time.sleep(opts.stagger_ms / 1000)  # the warm turns come during it
+                    futures.append(pool.submit(sender.send, **job))
+                results = [f.result() for f in futures]
+            out += results
+            by_key = {s.key: s for s in results}
+            for spec, messages in batch:
+                sessions.record(spec, messages, by_key[f"r{spec.rid}"].text, True)
+    return out
+
+
+# ------------------------------------------------------------------ probe ----
+
+
+def probe(sender, opts: ConcurrencyOptions) -> dict:
+    """Short warm turn and decode gaps during an 8k cold prefill, against the idle engine."""
+    rng = random.Random(opts.seed)
+
+    def ids(n):
+        return [rng.randrange(20, 4000) for _ in range(n)]
+
+    idle = sender.send("idle", "warm", prompt_ids=ids(40), max_tokens=64)
+    idle_step = sorted(_gaps(idle.chunk_times))[len(idle.chunk_times) // 2 - 1]
+    turns = {}
+    for name in ("solo", "busy"):  # two conversations of the same shape
+        base = ids(600)
+        sender.send(f"{name}-base", "warm", prompt_ids=base, max_tokens=1)
+        turns[name] = base + ids(PROBE_SHORT)
+    solo = sender.send("solo-turn", "warm", prompt_ids=turns["solo"], max_tokens=1)
+    with ThreadPoolExecutor(3) as pool:
+        decoding = pool.submit(sender.send, "stream", "warm", prompt_ids=ids(40), max_tokens=2000)
+        time.sleep(0.5)
+        cold = pool.submit(
+            sender.send, "8k", "cold", prompt_ids=ids(opts.probe_tokens), max_tokens=1
+        )
+        time.sleep(0.3)
+        busy = sender.send("busy-turn", "warm", prompt_ids=turns["busy"], max_tokens=1)
+        cold, decoding = cold.result(), decoding.result()
+    window = [
+        b - a
+        for a, b in zip(decoding.chunk_times, decoding.chunk_times[1:])
+        if a >= cold.t_send and b <= (cold.t_first or cold.t_end)
+    ]
+    p99 = _percentile(window, 99) if window else 0.0
+    return {
+        "idle_step_ms": idle_step * 1000,
+        "itl_during_8k_prefill_ms_p50": _percentile(window, 50) * 1000 if window else 0.0,
+        "itl_during_8k_prefill_ms_p99": p99 * 1000,
+        "itl_p99_over_idle_step": p99 / idle_step if idle_step else 0.0,
+        "gaps_in_window": len(window),
+        "short_turn_uncached": PROBE_SHORT,
+        "short_turn_ttft_ms": busy.ttft_ms,
+        "short_turn_solo_ttft_ms": solo.ttft_ms,
+        "short_turn_over_solo": busy.ttft_ms / solo.ttft_ms if solo.ttft_ms else 0.0,
+        "cold_8k_ttft_ms": cold.ttft_ms,
+    }
+
+
+def _gaps(times: list) -> list:
+    return [b - a for a, b in zip(times, times[1:])] or [0.0]
+
+
+def _percentile(values: list, q: float) -> float:
+    import numpy as np
+
+    return float(np.percentile(values, q)) if values else 0.0
+
+
+# -------------------------------------------------------------------- run ----
+
+
+def run_bench(opts: ConcurrencyOptions) -> dict:
+    """Solo pass, every run, the probes; the report (JSON-ready). Ray must be initialized."""
+    import shutil
+
+    from clients.bench.concurrency_report import summarize
+
+    unknown = [r for r in opts.runs if r not in RUNS]
+    if unknown:
+        raise ValueError(f"unknown runs {unknown} (use some of {', '.join(RUNS)})")
+    traffic = build_traffic(opts.seed, opts.scale, opts.agents)
+    work = tempfile.mkdtemp(prefix="lineage-bench-concurrency-", dir=opts.work_dir)
+    results: dict = {}
+    try:
+        sender = EngineSender(opts, "srpt", 1, os.path.join(work, "solo"))
+        try:
+            solo = drive(sender, traffic, opts, solo=True)
+        finally:
+            sender.close()
+        for name in opts.runs:
+            if name == "mlx_lm_server":
+                sender = PeerSender(opts)
+            else:
+                schedule, _, grouped = name.partition("-")
+                group = opts.agents + 1 if grouped else 1
+                sender = EngineSender(opts, schedule, group, os.path.join(work, name))
+            try:
+                sent = drive(sender, traffic, opts, solo=False)
+                probed = probe(sender, opts) if name != "mlx_lm_server" else None
+            finally:
+                sender.close()
+            results[name] = summarize(sent, solo, probed)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {
+        "traffic": traffic.summary(),
+        "model": opts.model,
+        "options": {
+            k: getattr(opts, k)
+            for k in ("scale", "agents", "cold_every", "stagger_ms", "probe_tokens")
+        }
+        | {"prefill_budget": opts.prefill_budget, "prefill_step_size": opts.prefill_step_size},
+        "runs": results,
+    }
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--agents", type=int, default=3, help="concurrent sub-agents (lanes)")
+    parser.add_argument(
+        "--scale", type=float, default=0.25, help="traffic size (1.0: ~10k-token system prompt)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", metavar="PATH", help="model directory (default: tiny model)")
+    parser.add_argument(
+        "--runs", default=",".join(RUNS), help=f"comma-separated subset of {','.join(RUNS)}"
+    )
+    parser.add_argument("--cold-every", type=int, default=2, help="a cold prompt every N steps")
+    parser.add_argument("--stagger-ms", type=float, default=150.0)
+    parser.add_argument("--probe-tokens", type=int, default=8192)
+    parser.add_argument("--prefill-budget", type=int, default=128)
+    parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    parser.add_argument("--plot", metavar="FILE.png", help="write the figure (matplotlib)")
+
+
+def run(args) -> int:
+    """`lineage bench concurrency`: print the table; write --json and --plot when asked."""
+    from clients.bench.concurrency_report import format_table, plot
+
+    model = args.model
+    if not model:
+        from engine.runtime.tiny_models import ensure_default_model
+
+        model = str(ensure_default_model())
+    opts = ConcurrencyOptions(
+        model=model,
+        scale=args.scale,
+        agents=args.agents,
+        seed=args.seed,
+        runs=tuple(r.strip() for r in args.runs.split(",") if r.strip()),
+        cold_every=args.cold_every,
+        stagger_ms=args.stagger_ms,
+        probe_tokens=args.probe_tokens,
+        prefill_budget=args.prefill_budget,
+    )
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        ray.init(
+            address="local",  # a Ray of its own, never another user's cluster
+            num_cpus=os.cpu_count() or 2,
+            include_dashboard=False,
+            configure_logging=False,
+            log_to_driver=False,
+        )
+    try:
+        report = run_bench(opts)
+    finally:
+        if started:
+            ray.shutdown()
+    print(format_table(report))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    if args.plot:
+        plot(report, args.plot)
+    return 0

@@ -1,0 +1,185 @@
+"""The concurrency benchmark's figures: per-run summaries, the table, the plot.
+
+Reads the client-side records of clients.bench.concurrency (`Sent`); knows
+nothing about engines or schedules. matplotlib is imported inside `plot`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SHORT_TURN = 256  # uncached tokens of a "short warm turn"
+
+
+def _pct(values, q) -> float:
+    return float(np.percentile(values, q)) if len(values) else 0.0
+
+
+def _waiting(s) -> tuple[float, float]:
+    """The interval a request waited for its first token."""
+    return s.t_send, s.t_first or s.t_end
+
+
+def _union(intervals) -> float:
+    total, end = 0.0, -np.inf
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def summarize(sent: list, solo: list, probe: dict | None) -> dict:
+    """TTFT percentiles, TTFT over solo, ITL beside prefills, prefill rate, the probe."""
+    solo_ttft = {s.key: s.ttft_ms for s in solo}
+    ttft = [s.ttft_ms for s in sent]
+    ratios = [s.ttft_ms / solo_ttft[s.key] for s in sent if solo_ttft.get(s.key)]
+    colds = [s for s in sent if s.kind == "cold"]
+    short = [
+        s.ttft_ms / solo_ttft[s.key]
+        for s in sent
+        if s.kind == "warm"
+        and s.prompt_tokens - s.cached_tokens <= SHORT_TURN
+        and solo_ttft.get(s.key)
+        and any(c.t_send <= s.t_send < _waiting(c)[1] for c in colds)
+    ]
+    itl = []
+    for s in sent:
+        others = [_waiting(q) for q in sent if q is not s]
+        for a, b in zip(s.chunk_times, s.chunk_times[1:]):
+            if any(qa < b and qb > a for qa, qb in others):
+                itl.append((b - a) * 1000)
+    uncached = sum(max(0, s.prompt_tokens - s.cached_tokens) for s in sent)
+    busy = _union([_waiting(s) for s in sent])
+    t0 = min(s.t_send for s in sent)
+    return {
+        "requests": len(sent),
+        "ttft_ms_p50": _pct(ttft, 50),
+        "ttft_ms_p90": _pct(ttft, 90),
+        "ttft_ms_p99": _pct(ttft, 99),
+        "ttft_over_solo_p50": _pct(ratios, 50),
+        "ttft_over_solo_p90": _pct(ratios, 90),
+        "short_turns_during_cold": len(short),
+        "short_turn_over_solo_p50": _pct(short, 50),
+        "short_turn_over_solo_max": max(short, default=0.0),
+        "itl_ms_p50_beside_prefill": _pct(itl, 50),
+        "itl_ms_p99_beside_prefill": _pct(itl, 99),
+        "prompt_tokens": sum(s.prompt_tokens for s in sent),
+        "cached_tokens": sum(s.cached_tokens for s in sent),
+        "prefill_tokens": uncached,
+        "prefill_tok_per_s": uncached / busy if busy else 0.0,
+        "probe": probe,
+        "per_request": [
+            {
+                "key": s.key,
+                "kind": s.kind,
+                "t_send": round(s.t_send - t0, 4),
+                "ttft_ms": round(s.ttft_ms, 2),
+                "solo_ttft_ms": round(solo_ttft.get(s.key, 0.0), 2),
+                "prompt_tokens": s.prompt_tokens,
+                "cached_tokens": s.cached_tokens,
+                "chunk_times": [round(t - t0, 4) for t in s.chunk_times],
+            }
+            for s in sent
+        ],
+    }
+
+
+def ratios(report: dict, base: str = "batched") -> dict:
+    """Each run's headline figures over `base`'s, from one run of the benchmark."""
+    runs = report["runs"]
+    if base not in runs:
+        return {}
+    b = runs[base]
+    out = {}
+    for name, r in runs.items():
+        out[name] = {
+            k: (r[k] / b[k] if b[k] else 0.0)
+            for k in ("ttft_ms_p50", "ttft_ms_p90", "prefill_tok_per_s")
+        }
+    return out
+
+
+def format_table(report: dict) -> str:
+    t = report["traffic"]
+    count = next(iter(report["runs"].values()))["requests"] if report["runs"] else 0
+    lines = [
+        f"{t['agents']} agents, {count} requests (cold prompts included), "
+        f"prefix ~{t['prefix_tokens_estimate']} tokens",
+        "",
+        "| run | TTFT p50 | p90 | p99 ms | TTFT/solo p50 | p90 | short turn during cold /solo "
+        "(max) | ITL p50 | p99 ms beside prefill | prefill tok/s | cached share |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in report["runs"].items():
+        share = r["cached_tokens"] / r["prompt_tokens"] if r["prompt_tokens"] else 0.0
+        lines.append(
+            f"| {name} | {r['ttft_ms_p50']:.0f} | {r['ttft_ms_p90']:.0f} | {r['ttft_ms_p99']:.0f} "
+            f"| {r['ttft_over_solo_p50']:.2f} | {r['ttft_over_solo_p90']:.2f} "
+            f"| {r['short_turn_over_solo_p50']:.2f} ({r['short_turn_over_solo_max']:.2f}, "
+            f"n={r['short_turns_during_cold']}) | {r['itl_ms_p50_beside_prefill']:.0f} "
+            f"| {r['itl_ms_p99_beside_prefill']:.0f} | {r['prefill_tok_per_s']:.0f} | {share:.2f} |"
+        )
+    over = ratios(report)
+    if over:
+        lines += ["", "over batched: " + "; ".join(
+            f"{n} p50 {v['ttft_ms_p50']:.2f}x p90 {v['ttft_ms_p90']:.2f}x "
+            f"prefill {v['prefill_tok_per_s']:.2f}x"
+            for n, v in over.items() if n != "batched"
+        )]  # fmt: skip
+    probes = {n: r["probe"] for n, r in report["runs"].items() if r.get("probe")}
+    if probes:
+        lines += [
+            "",
+            "| probe (8k cold prefill) | idle step ms | ITL p99 ms | / idle step | short turn "
+            "ms | solo ms | / solo |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for name, p in probes.items():
+            lines.append(
+                f"| {name} | {p['idle_step_ms']:.1f} | {p['itl_during_8k_prefill_ms_p99']:.1f} "
+                f"| {p['itl_p99_over_idle_step']:.2f} | {p['short_turn_ttft_ms']:.0f} "
+                f"| {p['short_turn_solo_ttft_ms']:.0f} | {p['short_turn_over_solo']:.2f} |"
+            )
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: str) -> None:
+    """TTFT distributions per run; inter-token gaps over time with prefills in flight."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = report["runs"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    names = list(runs)
+    left.boxplot([[r["ttft_ms"] for r in runs[n]["per_request"]] for n in names], whis=(5, 95))
+    left.set_xticks(range(1, len(names) + 1), names, rotation=15)
+    left.set_yscale("log")
+    left.set_ylabel("time to first token (ms)")
+    left.set_title("TTFT per request")
+    twin = right.twinx()
+    twin.set_ylabel("requests waiting for a first token (lines)")
+    for name, color in (("batched", "tab:red"), ("srpt", "tab:blue")):
+        if name not in runs:
+            continue
+        reqs = runs[name]["per_request"]
+        xs, ys = [], []
+        for r in reqs:
+            times = r["chunk_times"]
+            xs += times[1:]
+            ys += [(b - a) * 1000 for a, b in zip(times, times[1:])]
+        right.scatter(xs, ys, s=4, color=color, label=f"{name}: inter-token gap")
+        grid = np.linspace(0, max(xs, default=1.0), 600)
+        waiting = [
+            sum(r["t_send"] <= g < r["t_send"] + r["ttft_ms"] / 1000 for r in reqs) for g in grid
+        ]
+        twin.plot(grid, waiting, color=color, alpha=0.4, lw=1)
+    right.set_yscale("log")
+    right.set_xlabel("seconds into the run")
+    right.set_ylabel("inter-token gap (ms)")
+    right.set_title("decode latency over time, with prefills in flight")
+    right.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -1,0 +1,146 @@
+"""A real `mlx_lm.server` beside ours: started as a subprocess, driven through its OpenAI API.
+
+`MlxLmServer(model_dir)` starts `python -m mlx_lm.server --model DIR --port P`
+on a free localhost port and waits until it answers; `stream(...)` sends one
+streaming chat completion (messages, tools, greedy) and returns what the
+client saw: time to first token, the reply text, and the server's usage
+(prompt tokens, cached tokens). The benchmarks feed it the same traffic as
+ours, concurrently, from one thread per lane. Standard library only.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+START_TIMEOUT_S = 120
+
+
+@dataclass
+class PeerReply:
+    """One streamed completion as the client saw it (times from `time.perf_counter`)."""
+
+    t_send: float
+    t_first: float | None = None
+    t_end: float = 0.0
+    chunk_times: list = field(default_factory=list)
+    text: str = ""
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completed: bool = False
+
+    @property
+    def ttft_ms(self) -> float:
+        return ((self.t_first or self.t_end) - self.t_send) * 1000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlxLmServer:
+    """mlx_lm.server on the model directory, in a subprocess of its own (a context manager)."""
+
+    def __init__(self, model_dir: str, extra_args: tuple = (), log_path: str | None = None):
+        self.port = free_port()
+        self.log = open(log_path or "/dev/null", "wb")
+        argv = [sys.executable, "-m", "mlx_lm.server", "--model", model_dir]
+        argv += ["--host", "127.0.0.1", "--port", str(self.port), *extra_args]
+        self.process = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"mlx_lm.server exited with {self.process.returncode}")
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+                conn.request("GET", "/v1/models")
+                if conn.getresponse().status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.25)
+        raise TimeoutError(f"mlx_lm.server did not answer within {START_TIMEOUT_S} s")
+
+    def stream(self, messages: list, tools=None, max_tokens: int = 32) -> PeerReply:
+        """One greedy streaming chat completion; blocks until it ends."""
+        body = {
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if tools:
+            body["tools"] = list(tools)
+        reply = PeerReply(t_send=time.perf_counter())
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        try:
+            conn.request(
+                "POST",
+                "/v1/chat/completions",
+                json.dumps(body),
+                {"Content-Type": "application/json"},
+            )
+            response = conn.getresponse()
+            if response.status != 200:
+                raise RuntimeError(f"mlx_lm.server answered {response.status}")
+            for raw in response:
+                line = raw.decode().strip()
+                if not line.startswith("data: "):
+                    continue
+                data = line[len("data: ") :]
+                if data == "[DONE]":
+                    break
+                self._event(reply, json.loads(data))
+        finally:
+            conn.close()
+        reply.t_end = time.perf_counter()
+        reply.completed = True
+        return reply
+
+    @staticmethod
+    def _event(reply: PeerReply, event: dict) -> None:
+        now = time.perf_counter()
+        usage = event.get("usage")
+        if usage:
+            reply.prompt_tokens = int(usage.get("prompt_tokens", 0))
+            details = usage.get("prompt_tokens_details") or {}
+            reply.cached_tokens = int(details.get("cached_tokens", 0))
+        for choice in event.get("choices", ()):
+            delta = choice.get("delta") or {}
+            text = (delta.get("content") or "") + (delta.get("reasoning") or "")
+            if text or delta.get("tool_calls"):
+                if reply.t_first is None:
+                    reply.t_first = now
+                reply.chunk_times.append(now)
+                reply.text += text
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+
+    def __enter__(self) -> "MlxLmServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -13,11 +13,11 @@ conversations. The traffic runs
   (clients.bench.peer), fed through its OpenAI API from one thread per lane.
 Drops and retries of the traffic are sent as plain requests.
 
-After the traffic, a probe on each schedule's engine: a stream decodes while
-an 8k-token cold prompt prefills, and a short warm turn (200 new tokens)
-arrives during that prefill; its time to first token is divided by the same
-turn's on the idle engine, and the stream's inter-token gaps by the idle
-decode step.
+After the traffic, a probe on each schedule's engine: a short warm turn (200
+new tokens) arrives while an 8k-token cold prompt prefills, its time to first
+token divided by the same turn's on the idle engine; then a stream decodes
+while another 8k-token cold prompt prefills, its inter-token gaps divided by
+the idle decode step.
 
 Times are the client's (send to first chunk), for ours and the peer alike.
 Cheap to import: MLX, Ray and matplotlib load inside functions.
@@ -211,15 +211,16 @@ def probe(sender, opts: ConcurrencyOptions) -> dict:
         sender.send(f"{name}-base", "warm", prompt_ids=base, max_tokens=1)
         turns[name] = base + ids(PROBE_SHORT)
     solo = sender.send("solo-turn", "warm", prompt_ids=turns["solo"], max_tokens=1)
-    with ThreadPoolExecutor(3) as pool:
-        decoding = pool.submit(sender.send, "stream", "warm", prompt_ids=ids(40), max_tokens=2000)
-        time.sleep(0.5)
-        cold = pool.submit(
-            sender.send, "8k", "cold", prompt_ids=ids(opts.probe_tokens), max_tokens=1
-        )
+    with ThreadPoolExecutor(2) as pool:  # a short warm turn during an 8k cold prefill
+        first = pool.submit(sender.send, "8k-a", "cold", None, None, ids(opts.probe_tokens), 1)
         time.sleep(0.3)
         busy = sender.send("busy-turn", "warm", prompt_ids=turns["busy"], max_tokens=1)
-        cold, decoding = cold.result(), decoding.result()
+        first.result()
+    with ThreadPoolExecutor(2) as pool:  # a decoding stream during an 8k cold prefill
+        decoding = pool.submit(sender.send, "stream", "warm", prompt_ids=ids(40), max_tokens=1500)
+        time.sleep(0.5)
+        cold = sender.send("8k-b", "cold", prompt_ids=ids(opts.probe_tokens), max_tokens=1)
+        decoding = decoding.result()
     window = [
         b - a
         for a, b in zip(decoding.chunk_times, decoding.chunk_times[1:])
@@ -238,6 +239,46 @@ def probe(sender, opts: ConcurrencyOptions) -> dict:
         "short_turn_over_solo": busy.ttft_ms / solo.ttft_ms if solo.ttft_ms else 0.0,
         "cold_8k_ttft_ms": cold.ttft_ms,
     }
+
+
+def grouping_probe(model_dir: str, chunk: int = 128, group: int = 3) -> dict:
+    """Prefill cost per token on this backend: `group` equal chunks in one batch, or one by one.
+
+    The measured ground for `--prefill-group`: at an empty context and after
+    4k tokens of context, `group` sequences' chunks of `chunk` tokens as one
+    unpadded batch, against the same chunks one sequence at a time.
+    """
+    import mlx.core as mx
+    import mlx_lm
+    from mlx_lm.generate import _merge_caches
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model, _ = mlx_lm.load(model_dir)
+    rng = random.Random(0)
+
+    def run(batch: int, context: int) -> float:
+        caches = [make_prompt_cache(model) for _ in range(batch)]
+        cache = _merge_caches(caches) if batch > 1 else caches[0]
+        ids = [[rng.randrange(20, 4000) for _ in range(context + 4 * chunk)] for _ in range(batch)]
+        tokens = mx.array(ids)
+        if context:
+            for i in range(0, context, 512):
+                model(tokens[:, i : min(context, i + 512)], cache=cache)
+                mx.eval([c.state for c in cache])
+        tic = time.perf_counter()
+        for i in range(context, context + 4 * chunk, chunk):
+            model(tokens[:, i : i + chunk], cache=cache)
+            mx.eval([c.state for c in cache])
+        return (time.perf_counter() - tic) * 1000 / (batch * 4 * chunk)
+
+    run(1, 0)  # warm up
+    out = {"chunk": chunk, "group": group}
+    for context in (0, 4096):
+        one = sum(run(1, context) for _ in range(group)) / group
+        grouped = run(group, context)
+        out[f"ms_per_token_one_at_{context}"] = one
+        out[f"ms_per_token_grouped_at_{context}"] = grouped
+    return out
 
 
 def _gaps(times: list) -> list:
@@ -289,6 +330,7 @@ def run_bench(opts: ConcurrencyOptions) -> dict:
     return {
         "traffic": traffic.summary(),
         "model": opts.model,
+        "grouping_probe": grouping_probe(opts.model),
         "options": {
             k: getattr(opts, k)
             for k in ("scale", "agents", "cold_every", "stagger_ms", "probe_tokens")

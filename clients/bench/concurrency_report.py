@@ -141,6 +141,15 @@ def format_table(report: dict) -> str:
                 f"| {p['itl_p99_over_idle_step']:.2f} | {p['short_turn_ttft_ms']:.0f} "
                 f"| {p['short_turn_solo_ttft_ms']:.0f} | {p['short_turn_over_solo']:.2f} |"
             )
+    g = report.get("grouping_probe")
+    if g:
+        lines += [
+            "",
+            f"prefill ms/token, chunks of {g['chunk']}: one sequence at a time "
+            f"{g['ms_per_token_one_at_0']:.3f} (at 4k context "
+            f"{g['ms_per_token_one_at_4096']:.3f}), {g['group']} grouped "
+            f"{g['ms_per_token_grouped_at_0']:.3f} ({g['ms_per_token_grouped_at_4096']:.3f})",
+        ]
     return "\n".join(lines)
 
 

@@ -31,7 +31,7 @@ from clients.client import (
     Progress,
     Result,
 )
-from engine.config import CACHE_MODES, SCHEDULES, EngineConfig, parse_bytes
+from engine.config import CACHE_MODES, GATED_DELTA_MODES, SCHEDULES, EngineConfig, parse_bytes
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 # Serve flags, as named by EngineConfig.from_sources.
@@ -52,6 +52,11 @@ SERVE_FLAGS = (
     "schedule",
     "prefill_budget",
     "prefill_group",
+    "sparse_kernels",
+    "sparse_decode_max",
+    "sparse_gather_max",
+    "sparse_block",
+    "gated_delta",
 )
 # Subcommands that other modules provide: name -> module.
 PLUGINS = {"bench": "clients.bench", "cache": "clients.cache", "bridge": "clients.bridge"}
@@ -198,6 +203,38 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="prefill up to N not-yet-started prompts of similar length in one chunk "
         "(default 1; env LINEAGE_PREFILL_GROUP)",
+    )
+    p.add_argument(
+        "--sparse-kernels",
+        choices=("on", "off"),
+        help="DSA short-chunk attention paths (default on; off: mlx-lm's stock path) "
+        "(env LINEAGE_SPARSE_KERNELS)",
+    )
+    p.add_argument(
+        "--sparse-decode-max",
+        type=int,
+        metavar="N",
+        help="DSA chunks of 2..N tokens take the decode shape (default 128; "
+        "env LINEAGE_SPARSE_DECODE_MAX)",
+    )
+    p.add_argument(
+        "--sparse-gather-max",
+        type=int,
+        metavar="N",
+        help="DSA chunks up to N tokens take block-gather (default 512; "
+        "env LINEAGE_SPARSE_GATHER_MAX)",
+    )
+    p.add_argument(
+        "--sparse-block",
+        type=int,
+        metavar="N",
+        help="block-gather block size in tokens (default 64; env LINEAGE_SPARSE_BLOCK)",
+    )
+    p.add_argument(
+        "--gated-delta",
+        choices=GATED_DELTA_MODES,
+        help="gated delta recurrence off Metal: mx.fast primitive or mlx-lm's op loop "
+        "(default auto: the primitive on CUDA only; env LINEAGE_GATED_DELTA)",
     )
 
 

@@ -18,6 +18,7 @@ CACHE_MODES = ("lineage", "exact", "off")
 # Prefill order of the model actor (engine/runtime/scheduler.py); batched is mlx-lm's
 # padded prefill batch, kept as the baseline.
 SCHEDULES = ("srpt", "fifo", "batched")
+GATED_DELTA_MODES = ("auto", "fast", "ops")
 
 
 def default_cache_dir() -> Path:
@@ -117,10 +118,35 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class KernelConfig:
+    """Kernels installed into the model at load (engine/kernels/)."""
+
+    sparse: bool = True  # DSA short-chunk paths; False: mlx-lm's stock attention
+    sparse_decode_max: int = 128  # chunks of 2..this many tokens: the decode shape
+    sparse_gather_max: int = 512  # up to this many: block-gather; longer: stock
+    sparse_block: int = 64  # block-gather granularity, in tokens
+    gated_delta: str = "auto"  # auto | fast | ops (mx.fast.gated_delta_update off Metal)
+
+    def __post_init__(self):
+        if not 1 <= self.sparse_decode_max <= self.sparse_gather_max:
+            raise ValueError(
+                f"sparse thresholds: need 1 <= decode max ({self.sparse_decode_max}) "
+                f"<= gather max ({self.sparse_gather_max})"
+            )
+        if self.sparse_block < 1:
+            raise ValueError(f"sparse block {self.sparse_block} must be positive")
+        if self.gated_delta not in GATED_DELTA_MODES:
+            raise ValueError(
+                f"gated delta {self.gated_delta!r} is not one of {', '.join(GATED_DELTA_MODES)}"
+            )
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    kernels: KernelConfig = field(default_factory=KernelConfig)
 
     @staticmethod
     def from_sources(
@@ -133,7 +159,9 @@ class EngineConfig:
         Raises ValueError naming a value that does not parse.
         """
         pick = _Picker(flags or {}, dict(os.environ if env is None else env))
-        return EngineConfig(model=_model(pick), cache=_cache(pick), server=_server(pick))
+        return EngineConfig(
+            model=_model(pick), cache=_cache(pick), server=_server(pick), kernels=_kernels(pick)
+        )
 
     def with_cache(self, **changes) -> "EngineConfig":
         return replace(self, cache=replace(self.cache, **changes))
@@ -143,6 +171,9 @@ class EngineConfig:
 
     def with_server(self, **changes) -> "EngineConfig":
         return replace(self, server=replace(self.server, **changes))
+
+    def with_kernels(self, **changes) -> "EngineConfig":
+        return replace(self, kernels=replace(self.kernels, **changes))
 
 
 class _Picker:
@@ -234,4 +265,26 @@ def _server(pick: _Picker) -> ServerConfig:
         http_port=pick.optional("http_port", "LINEAGE_HTTP_PORT", int),
         ray_namespace=str(pick("ray_namespace", "LINEAGE_RAY_NAMESPACE", "lineage")),
         metrics_port=pick.optional("metrics_port", "LINEAGE_METRICS_PORT", int),
+    )
+
+
+def _switch(text: str | bool, name: str) -> bool:
+    """'1'/'on'/'true'/'yes' or '0'/'off'/'false'/'no' -> bool. Raises ValueError naming it."""
+    if isinstance(text, bool):
+        return text
+    value = str(text).strip().lower()
+    if value in ("1", "on", "true", "yes"):
+        return True
+    if value in ("0", "off", "false", "no"):
+        return False
+    raise ValueError(f"{name}: {text!r} is not on/off (1/0)")
+
+
+def _kernels(pick: _Picker) -> KernelConfig:
+    return KernelConfig(
+        sparse=_switch(pick("sparse_kernels", "LINEAGE_SPARSE_KERNELS", True), "sparse kernels"),
+        sparse_decode_max=int(pick("sparse_decode_max", "LINEAGE_SPARSE_DECODE_MAX", 128)),
+        sparse_gather_max=int(pick("sparse_gather_max", "LINEAGE_SPARSE_GATHER_MAX", 512)),
+        sparse_block=int(pick("sparse_block", "LINEAGE_SPARSE_BLOCK", 64)),
+        gated_delta=str(pick("gated_delta", "LINEAGE_GATED_DELTA", "auto")),
     )

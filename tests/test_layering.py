@@ -24,11 +24,14 @@ FORBIDDEN = {
         "grpc",
         "engine.storage",
         "engine.runtime",
+        "engine.kernels",
         "engine.server",
         "engine.actors",
         "engine.proto",
         "clients",
     ),
+    # Kernels sit under the runtime: MLX and mlx-lm only, plain values in.
+    "engine.kernels": ("ray", "grpc", "engine.", "clients"),
     "engine.config": ("mlx", "mlx_lm", "ray", "grpc", "engine.", "clients"),
     "engine.storage": ("ray", "grpc", "engine.server", "engine.actors", "engine.proto", "clients"),
     # The prefill policy is plain Python like the cache policy (a test imports it blocked).
@@ -117,6 +120,8 @@ def test_no_module_in_the_engine_root_but_init_and_config():
     [
         ("engine/cache/x.py", "import mlx.core as mx\n", "engine.cache imports mlx.core"),
         ("engine/cache/x.py", "from engine.storage import directory\n", "engine.storage"),
+        ("engine/cache/x.py", "from engine.kernels import install\n", "engine.kernels"),
+        ("engine/kernels/x.py", "from engine.config import KernelConfig\n", "engine.config"),
         ("engine/runtime/x.py", "def f():\n    from engine.server import serve\n", "server"),
         ("engine/server/x.py", "from clients.client import Client\n", "clients.client"),
         ("engine/x.py", "import clients.cli\n", "clients.cli"),

@@ -23,6 +23,7 @@ class ModelInfo:
     fingerprint: str
     has_state_layers: bool
     eos_token_ids: tuple[int, ...]
+    kernels: tuple[str, ...] = ()  # engine/kernels/ paths installed into the model
 
 
 def resolve_model_path(config: EngineConfig) -> Path:
@@ -39,8 +40,21 @@ def resolve_model_path(config: EngineConfig) -> Path:
     return ensure_default_model(config.cache.resolved_cache_dir)
 
 
+def install_kernels(model, config: EngineConfig) -> tuple[str, ...]:
+    """Install the configured engine/kernels/ paths into `model`; the names of those active."""
+    from engine import kernels
+
+    k = config.kernels
+    sparse = (
+        kernels.SparsePlan(k.sparse_decode_max, k.sparse_gather_max, k.sparse_block)
+        if k.sparse
+        else None
+    )
+    return kernels.install(model, sparse, k.gated_delta)
+
+
 def load_model(config: EngineConfig):
-    """(model, tokenizer, ModelInfo) for the configured model."""
+    """(model, tokenizer, ModelInfo) for the configured model, its kernels installed."""
     import mlx_lm
 
     from engine.runtime import layer_caches
@@ -48,6 +62,7 @@ def load_model(config: EngineConfig):
 
     path = resolve_model_path(config)
     model, tokenizer, raw = mlx_lm.load(str(path), return_config=True)
+    active = install_kernels(model, config)
     kinds = [layer_caches.layer_kind(c) for c in model.make_cache()]
     dtype = kv_dtype(model)
     max_context = config.model.max_context or int(
@@ -63,6 +78,7 @@ def load_model(config: EngineConfig):
         fingerprint=model_fingerprint(path, dtype),
         has_state_layers=any(k != "append" for k in kinds),
         eos_token_ids=tuple(sorted(int(t) for t in tokenizer.eos_token_ids)),
+        kernels=active,
     )
     return model, tokenizer, info
 

@@ -194,7 +194,8 @@ async def _serve(config: EngineConfig, dashboard: str, sidecars: Sequence[Sideca
     engine = await start_engine(config)
     print(
         f"lineage: serving {engine.info.model_type} ({engine.info.path}) "
-        f"on {config.server.host}:{engine.port}, cache mode {config.cache.mode}",
+        f"on {config.server.host}:{engine.port}, cache mode {config.cache.mode}, "
+        f"kernels {', '.join(engine.info.kernels) or 'none'}",
         flush=True,
     )
     if dashboard:

@@ -1,0 +1,39 @@
+"""Kernels the engine installs into an mlx-lm model at load.
+
+Each kernel replaces one computation of an mlx-lm model with a faster
+equivalent, installed on the loaded model (never by copying mlx-lm's model
+files) and switchable off, so the stock path stays one setting away:
+
+- ``sparse_attention``: DSA attention (deepseek_v32, glm_moe_dsa) for chunks
+  of 2 to ``gather_max`` tokens: the decode shape and block-gather.
+- ``gated_delta``: the gated delta recurrence off Metal, dispatched to
+  ``mx.fast.gated_delta_update`` where it is faster.
+
+This package knows MLX and mlx-lm's model modules; it knows nothing of the
+engine's configuration (the runtime passes plain values), caches policy,
+actors or serving.
+"""
+
+from __future__ import annotations
+
+from engine.kernels import gated_delta, sparse_attention
+from engine.kernels.sparse_attention import SparsePlan
+
+
+def install(model, sparse: SparsePlan | None, gated_delta_mode: str = "auto") -> tuple[str, ...]:
+    """Install the kernels that apply to `model`; returns the names of those now active.
+
+    `sparse` None leaves DSA attention on mlx-lm's path.
+    """
+    active = []
+    if sparse is not None and sparse_attention.install(model, sparse):
+        active += [sparse_attention.DECODE_SHAPE, sparse_attention.BLOCK_GATHER]
+    if gated_delta.install(model, gated_delta_mode):
+        active.append(gated_delta.FAST)
+    return tuple(active)
+
+
+def uninstall(model) -> None:
+    """Put mlx-lm's own paths back on `model`."""
+    sparse_attention.uninstall(model)
+    gated_delta.uninstall(model)

@@ -1,0 +1,74 @@
+"""mx.fast.gated_delta_update equals mlx-lm's per-token op loop (engine/kernels/gated_delta.py).
+
+Kept whichever way the dispatch goes on this machine (``auto`` keeps the op
+loop on CPU, where the primitive measured no faster): scalar and per-key
+gates, grouped heads, padding masks, and a whole tiny qwen3_next forward.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models import gated_delta as mlx_gd
+from mlx_lm.models import qwen3_next
+from mlx_lm.models.cache import ArraysCache
+
+from engine.kernels import gated_delta as gd
+from engine.runtime.tiny_models import build_model
+
+TOL = 1e-5
+
+
+def _rel(a, b) -> float:
+    return (mx.linalg.norm((a - b).flatten()) / mx.linalg.norm(b.flatten())).item()
+
+
+@pytest.mark.parametrize("vector_gate", [False, True], ids=["scalar-gate", "per-key-gate"])
+@pytest.mark.parametrize("masked", [False, True], ids=["unmasked", "left-padded"])
+@pytest.mark.parametrize("steps", [1, 37])
+def test_fast_primitive_equals_the_op_loop(vector_gate, masked, steps):
+    mx.random.seed(steps)
+    B, Hk, Hv, Dk, Dv = 2, 2, 4, 32, 16
+    q = mx.random.normal((B, steps, Hk, Dk)) * 0.2
+    k = mx.random.normal((B, steps, Hk, Dk)) * 0.2
+    v = mx.random.normal((B, steps, Hv, Dv))
+    a = mx.random.normal((B, steps, Hv, Dk) if vector_gate else (B, steps, Hv))
+    b = mx.random.normal((B, steps, Hv))
+    A_log = mx.random.normal((Hv, Dk) if vector_gate else (Hv,)) * 0.1
+    dt_bias = mx.random.normal((Hv, Dk) if vector_gate else (Hv,)) * 0.1
+    state = mx.random.normal((B, Hv, Dv, Dk)) * 0.1
+    mask = None
+    if masked:  # row 1 starts with `pad` padding steps
+        pad = steps // 2
+        mask = mx.array([[True] * steps, [False] * pad + [True] * (steps - pad)])
+    y0, s0 = mlx_gd.gated_delta_update(q, k, v, a, b, A_log, dt_bias, state, mask)
+    y1, s1 = gd.fast_gated_delta_update(q, k, v, a, b, A_log, dt_bias, state, mask)
+    assert _rel(s1, s0) <= TOL
+    if mask is not None:  # outputs at padding steps are nobody's: the primitive writes zeros
+        keep = mask[:, :, None, None]
+        y0, y1 = mx.where(keep, y0, 0), mx.where(keep, y1, 0)
+    assert _rel(y1, y0) <= TOL
+
+
+def test_installed_dispatch_gives_the_stock_forward():
+    model = build_model("qwen3_next")
+    tokens = mx.array([[5, 17, 300, 42, 99, 1000, 7, 8, 9, 10, 11, 12]])
+    stock = model(tokens, cache=model.make_cache())
+    assert gd.install(model, "fast")
+    try:
+        assert qwen3_next.gated_delta_update is gd.fast_gated_delta_update
+        cache = model.make_cache()
+        ours = model(tokens, cache=cache)
+        assert _rel(ours, stock) <= TOL
+        assert any(isinstance(c, ArraysCache) for c in cache)
+    finally:
+        gd.uninstall(model)
+    assert qwen3_next.gated_delta_update is mlx_gd.gated_delta_update
+
+
+def test_auto_keeps_the_op_loop_on_cpu_and_bad_modes_are_refused():
+    assert mx.default_device() == mx.cpu
+    assert not gd.resolve("auto") and not gd.resolve("ops") and gd.resolve("fast")
+    with pytest.raises(ValueError, match="gated delta mode"):
+        gd.resolve("turbo")
+    assert not gd.install(build_model("llama"), "fast")  # no gated delta in it

@@ -1,0 +1,48 @@
+"""The kernels' settings: one frozen tree, CLI flags over environment over defaults."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from clients.cli import config_from_args, serve_arguments
+from engine.config import EngineConfig, KernelConfig
+
+
+def _config(argv: list[str], env: dict) -> EngineConfig:
+    p = argparse.ArgumentParser()
+    serve_arguments(p)
+    return config_from_args(p.parse_args(argv), {"LINEAGE_CACHE_DIR": "/tmp", **env})
+
+
+def test_defaults():
+    k = _config([], {}).kernels
+    assert k == KernelConfig(True, 128, 512, 64, "auto")
+
+
+def test_environment_then_flags():
+    env = {
+        "LINEAGE_SPARSE_KERNELS": "0",
+        "LINEAGE_SPARSE_DECODE_MAX": "64",
+        "LINEAGE_SPARSE_GATHER_MAX": "256",
+        "LINEAGE_SPARSE_BLOCK": "32",
+        "LINEAGE_GATED_DELTA": "fast",
+    }
+    assert _config([], env).kernels == KernelConfig(False, 64, 256, 32, "fast")
+    flags = ["--sparse-kernels", "on", "--sparse-decode-max", "16", "--gated-delta", "ops"]
+    assert _config(flags, env).kernels == KernelConfig(True, 16, 256, 32, "ops")
+
+
+@pytest.mark.parametrize(
+    "env, needle",
+    [
+        ({"LINEAGE_SPARSE_KERNELS": "maybe"}, "sparse kernels"),
+        ({"LINEAGE_SPARSE_DECODE_MAX": "600"}, "sparse thresholds"),
+        ({"LINEAGE_SPARSE_BLOCK": "0"}, "sparse block"),
+        ({"LINEAGE_GATED_DELTA": "turbo"}, "gated delta"),
+    ],
+)
+def test_bad_values_name_the_setting(env, needle):
+    with pytest.raises(ValueError, match=needle):
+        EngineConfig.from_sources({}, {"LINEAGE_CACHE_DIR": "/tmp", **env})

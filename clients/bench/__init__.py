@@ -23,6 +23,7 @@ BENCHES = {
     "checkpoint": "clients.bench.checkpoint",
     "agents": "clients.bench.agents",
     "restart": "clients.bench.restart",
+    "kernels": "clients.bench.kernels",
     "concurrency": "clients.bench.concurrency",
 }
 

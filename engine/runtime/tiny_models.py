@@ -25,6 +25,7 @@ import mlx.nn as nn
 
 ARCHS = ("qwen3_next", "kimi_linear", "mamba2", "llama", "glm_moe_dsa", "gemma3_text")
 SIZES = ("tiny", "bench")
+BENCH_ARCHS = ("qwen3_next", "glm_moe_dsa")  # the archs with a "bench" size
 DEFAULT_ARCH = "qwen3_next"
 DEFAULT_SEED = 0
 
@@ -140,22 +141,25 @@ def _llama(size: str) -> dict:
 
 
 def _glm_moe_dsa(size: str) -> dict:
+    # "bench": attention dims in a real DSA layer's proportions (latent 256,
+    # 8 heads over 4 indexer heads), small enough for a CPU at 4-8k tokens.
+    bench = size == "bench"
     return {
-        "hidden_size": 64,
+        "hidden_size": 256 if bench else 64,
         "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-        "intermediate_size": 128,
+        "num_attention_heads": 8 if bench else 4,
+        "num_key_value_heads": 8 if bench else 4,
+        "intermediate_size": 512 if bench else 128,
         # DSA: each query attends to the index_topk keys its indexer scores
         # highest, once the context is longer than index_topk.
-        "index_head_dim": 16,
-        "index_n_heads": 2,
-        "index_topk": 8,
-        "q_lora_rank": 32,
-        "kv_lora_rank": 32,
-        "qk_nope_head_dim": 16,
-        "qk_rope_head_dim": 8,
-        "v_head_dim": 16,
+        "index_head_dim": 64 if bench else 16,
+        "index_n_heads": 4 if bench else 2,
+        "index_topk": 256 if bench else 8,
+        "q_lora_rank": 128 if bench else 32,
+        "kv_lora_rank": 256 if bench else 32,
+        "qk_nope_head_dim": 64 if bench else 16,
+        "qk_rope_head_dim": 32 if bench else 8,
+        "v_head_dim": 64 if bench else 16,
         # Dense MLP in every layer: the first first_k_dense_replace layers are
         # dense, which is all of them. The expert fields only have to be valid
         # (transformers' GlmMoeDsaConfig, read while loading the tokenizer,
@@ -214,12 +218,12 @@ _CONFIGS = {
 def config_for(arch: str, size: str = "tiny", vocab_size: int = VOCAB_SIZE) -> dict:
     """The HF-style config.json dict (with "model_type") of a tiny model.
 
-    "bench" exists for qwen3_next only. Raises ValueError for an unknown arch
-    or size.
+    "bench" exists for qwen3_next and glm_moe_dsa only. Raises ValueError for
+    an unknown arch or size.
     """
     if arch not in _CONFIGS:
         raise ValueError(f"unknown arch {arch!r}; known: {', '.join(ARCHS)}")
-    if size not in SIZES or (size == "bench" and arch != "qwen3_next"):
+    if size not in SIZES or (size == "bench" and arch not in BENCH_ARCHS):
         raise ValueError(f"no size {size!r} for arch {arch!r}")
     return {
         "model_type": arch,

@@ -40,7 +40,7 @@ def ray_session(metrics_port):
 
     # The dashboard (on a free port) serves the state API: ray.util.state.list_actors,
     # actor logs. Metrics are reported every second, exported at metrics_port.
-    ray.init(
+    ctx = ray.init(
         num_cpus=2,
         include_dashboard=True,
         dashboard_host="127.0.0.1",
@@ -51,6 +51,7 @@ def ray_session(metrics_port):
         _metrics_export_port=metrics_port,
         _system_config={"metrics_report_interval_ms": 1000},
     )
+    ray.dashboard_address = f"http://{ctx.dashboard_url}"  # for ray.util.state calls
     yield ray
     ray.shutdown()
 

@@ -44,6 +44,8 @@ SERVE_FLAGS = (
     "host",
     "port",
     "address",
+    "replicas",
+    "route_threshold",
     "http_port",
     "prefill_step_size",
     "max_batch",
@@ -173,6 +175,18 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disk-budget", type=_byte_size, metavar="SIZE", help="e.g. 1T")
     p.add_argument("--address", metavar="RAY_ADDR", help="join a Ray cluster (e.g. auto)")
     p.add_argument("--http-port", type=int, help="OpenAI bridge port (off by default)")
+    p.add_argument(
+        "--replicas",
+        metavar="N|auto",
+        help="model replicas (default 1; auto: one per `mlx` resource of the Ray cluster)",
+    )
+    p.add_argument(
+        "--route-threshold",
+        type=int,
+        metavar="TOKENS",
+        help="queued prefill tokens by which the replica holding a restore point may exceed "
+        "the least loaded one before a request goes to the latter (default 4096)",
+    )
     p.add_argument("--prefill-step-size", type=int)
     p.add_argument("--max-batch", type=int)
     p.add_argument(
@@ -355,6 +369,8 @@ def format_stats(stats: dict) -> str:
     """A CacheStats dict as a two-column table; byte counters human-readable."""
     lines = []
     for key, value in stats.items():
+        if key == "replicas":
+            continue
         if isinstance(value, dict):
             value = ", ".join(f"{k}={v}" for k, v in sorted(value.items())) or "-"
         elif key.endswith("_bytes"):
@@ -363,6 +379,15 @@ def format_stats(stats: dict) -> str:
     if stats.get("prompt_tokens"):
         fraction = stats["cached_tokens"] / stats["prompt_tokens"]
         lines.append(f"{'cached_fraction':<16} {fraction:.1%}")
+    for r in stats.get("replicas", ()):
+        restores = ", ".join(f"{k}={v}" for k, v in sorted(r["restores"].items())) or "-"
+        lines.append(
+            f"replica {r['replica']:<8} {'alive' if r['alive'] else 'DOWN'}, "
+            f"entries={r['entries']} ({_human_bytes(r['ram_bytes'])}), "
+            f"queued={r['queued_prefill_tokens']} tokens, in_flight={r['in_flight']}, "
+            f"served={r['requests']}, restores: {restores}, "
+            f"handovers={r['handovers']} ({_human_bytes(r['handover_bytes'])})"
+        )
     return "\n".join(lines)
 
 

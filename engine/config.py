@@ -111,10 +111,16 @@ class ServerConfig:
     http_port: int | None = None  # OpenAI bridge, off by default
     ray_namespace: str = "lineage"  # the Ray namespace the actors are named in
     metrics_port: int | None = None  # Prometheus text at http://127.0.0.1:P/metrics; None: off
+    replicas: int | str = 1  # model replicas; "auto": one per `mlx` resource of the cluster
+    route_threshold: int = 4096  # queued prefill tokens a holder may exceed the least loaded by
 
     def __post_init__(self):
         if not self.ray_namespace:
             raise ValueError("the Ray namespace must not be empty")
+        if self.replicas != "auto" and not (isinstance(self.replicas, int) and self.replicas >= 1):
+            raise ValueError(f"replicas must be a number >= 1 or 'auto', got {self.replicas!r}")
+        if self.route_threshold < 0:
+            raise ValueError(f"route threshold must be >= 0, got {self.route_threshold}")
 
 
 @dataclass(frozen=True)
@@ -265,6 +271,8 @@ def _server(pick: _Picker) -> ServerConfig:
         http_port=pick.optional("http_port", "LINEAGE_HTTP_PORT", int),
         ray_namespace=str(pick("ray_namespace", "LINEAGE_RAY_NAMESPACE", "lineage")),
         metrics_port=pick.optional("metrics_port", "LINEAGE_METRICS_PORT", int),
+        replicas=_replicas(pick("replicas", "LINEAGE_REPLICAS", 1)),
+        route_threshold=int(pick("route_threshold", "LINEAGE_ROUTE_THRESHOLD", 4096)),
     )
 
 
@@ -288,3 +296,13 @@ def _kernels(pick: _Picker) -> KernelConfig:
         sparse_block=int(pick("sparse_block", "LINEAGE_SPARSE_BLOCK", 64)),
         gated_delta=str(pick("gated_delta", "LINEAGE_GATED_DELTA", "auto")),
     )
+
+
+def _replicas(value) -> int | str:
+    """'auto' or a replica count; ValueError naming anything else."""
+    if str(value).strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"replicas must be a number or 'auto', got {value!r}") from None

@@ -1,9 +1,13 @@
-"""The cache-manager actor: a thin Ray shell over engine.cache.CacheManager.
+"""The cache-manager actor: a thin Ray shell over engine.cache's CacheManager and Replicas.
 
 One actor serializes every cache decision, so the policy needs no locks. It
 holds no tensors: token arrays, lengths, kinds, sizes and ids. At start it
 opens the cache directory (engine.storage.directory: lock, header scan) and
-hands the disk index it built to the policy.
+hands the disk index it built to the policy. With several model replicas
+(engine.cache.replicas.ReplicatedCache) it places each plan on a replica and
+answers a replica's call with that replica's Orders; the Orders for other
+replicas (frees of entries they hold too) it sends them itself, without
+waiting.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from engine.cache.messages import (
     Release,
     RestorePlan,
 )
+from engine.cache.replicas import DEFAULT_THRESHOLD, ReplicatedCache
 from engine.config import CacheConfig
 from engine.storage.directory import open_cache_directory
 
@@ -31,10 +36,17 @@ log = logging.getLogger(__name__)
 
 @ray.remote(num_cpus=0)
 class CacheManagerActor:
-    def __init__(self, config: CacheConfig, fingerprint: str, has_state_layers: bool):
+    def __init__(
+        self,
+        config: CacheConfig,
+        fingerprint: str,
+        has_state_layers: bool,
+        replicas: int = 1,
+        threshold: int = DEFAULT_THRESHOLD,
+    ):
         log_to_stderr()
         self.directory = open_cache_directory(config, fingerprint)
-        self.manager = CacheManager(
+        manager = CacheManager(
             config,
             fingerprint=fingerprint,
             has_state_layers=has_state_layers,
@@ -45,18 +57,50 @@ class CacheManagerActor:
             config.mode,
             f"cache directory {config.resolved_cache_dir}" if self.directory else "no disk tier",
         )
+        self.cache = ReplicatedCache(manager, replicas, threshold)
+        self.models: list = []  # the replicas' handles, for Orders they did not ask for
+
+    @property
+    def manager(self) -> CacheManager:
+        return self.cache.manager
+
+    def attach(self, models) -> None:
+        self.models = list(models)
+
+    def _deliver(self, per_replica: dict[int, Orders], caller: int | None) -> Orders:
+        """The caller's Orders; the others' are sent to their replicas now."""
+        own = per_replica.pop(caller, Orders()) if caller is not None else Orders()
+        for replica, orders in per_replica.items():
+            if orders and replica < len(self.models):
+                self.models[replica].apply_orders.remote(orders)
+        return own
 
     def plan(self, req: PlanRequest) -> RestorePlan:
-        return self.manager.plan(req)
+        return self.cache.plan(req)
 
-    def commit(self, commit: Commit) -> Orders:
-        return self.manager.commit(commit)
+    def prefilled(self, request_id: str) -> None:
+        """The request's prefill ended (or it ended): its tokens leave its replica's queue."""
+        self.cache.prefilled(request_id)
 
-    def commit_anchor(self, anchor: AnchorCommit) -> Orders:
-        return self.manager.commit_anchor(anchor)
+    def commit(self, commit: Commit, replica: int = 0) -> Orders:
+        return self._deliver(self.cache.commit(commit), replica)
 
-    def release(self, release: Release) -> Orders:
-        return self.manager.release(release)
+    def commit_anchor(self, anchor: AnchorCommit, replica: int = 0) -> Orders:
+        return self._deliver(self.cache.commit_anchor(anchor), replica)
+
+    def release(self, release: Release, replica: int | None = 0) -> Orders:
+        return self._deliver(self.cache.release(release), replica)
+
+    def lost(self, replica: int) -> None:
+        """A replica died: forget what it held (its files stay indexed)."""
+        log.warning("replica %d lost: its RAM entries leave the index", replica)
+        self._deliver(self.cache.lost(replica), None)
+
+    def revived(self, replica: int) -> None:
+        self.cache.revived(replica)
+
+    def alive(self) -> list[int]:
+        return self.cache.replicas.alive()
 
     def stats(self) -> CacheStats:
-        return self.manager.stats()
+        return self.cache.stats()

@@ -31,6 +31,8 @@ class PlanRequest:
     tokens: np.ndarray  # int32 prompt token ids
     anchor_len: int = 0  # tokens shared with the (system + tools) render; 0: none
     namespace: str = ""
+    # Replicas this request must not run on (a retry after its replica died).
+    exclude: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,12 @@ class RestorePlan:
     # the model actor admits this request once it holds that entry, and prefills
     # cold if the capture never happens. The shared prefix is paid once.
     wait: bool = False
+    # The model replica that runs the request (engine.cache.replicas routes it).
+    replica: int = 0
+    # The replica holding the restore source when `replica` does not: the
+    # running replica fetches the entry's arrays from it before admission
+    # (a handover through Ray's object store), and prefills cold if it cannot.
+    fetch_from: int | None = None
 
 
 @dataclass(frozen=True)
@@ -209,3 +217,20 @@ class CacheStats:
     damaged_files: int = 0
     cached_tokens: int = 0
     prompt_tokens: int = 0
+    replicas: tuple[ReplicaStats, ...] = ()  # one per model replica
+
+
+@dataclass(frozen=True)
+class ReplicaStats:
+    """One model replica as the cache manager sees it (engine.cache.replicas)."""
+
+    replica: int
+    alive: bool
+    entries: int  # indexed entries (anchors included) this replica holds in RAM
+    ram_bytes: int
+    queued_prefill_tokens: int  # prefill planned here and not started yet
+    in_flight: int  # requests running here
+    requests: int  # requests routed here
+    restores: dict[str, int] = field(default_factory=dict)  # by restore kind
+    handovers: int = 0  # restore sources fetched from a peer
+    handover_bytes: int = 0

@@ -163,7 +163,7 @@ class CacheStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class CacheStatsReply(_message.Message):
-    __slots__ = ("mode", "entries", "anchors", "checkpoints", "ram_bytes", "anchor_bytes", "disk_bytes", "disk_entries", "hits", "evictions", "disk_evictions", "damaged_files", "cached_tokens", "prompt_tokens")
+    __slots__ = ("mode", "entries", "anchors", "checkpoints", "ram_bytes", "anchor_bytes", "disk_bytes", "disk_entries", "hits", "evictions", "disk_evictions", "damaged_files", "cached_tokens", "prompt_tokens", "replicas")
     class CheckpointsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +192,7 @@ class CacheStatsReply(_message.Message):
     DAMAGED_FILES_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     mode: str
     entries: int
     anchors: int
@@ -206,7 +207,39 @@ class CacheStatsReply(_message.Message):
     damaged_files: int
     cached_tokens: int
     prompt_tokens: int
-    def __init__(self, mode: _Optional[str] = ..., entries: _Optional[int] = ..., anchors: _Optional[int] = ..., checkpoints: _Optional[_Mapping[str, int]] = ..., ram_bytes: _Optional[int] = ..., anchor_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., disk_entries: _Optional[int] = ..., hits: _Optional[_Mapping[str, int]] = ..., evictions: _Optional[int] = ..., disk_evictions: _Optional[int] = ..., damaged_files: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStats]
+    def __init__(self, mode: _Optional[str] = ..., entries: _Optional[int] = ..., anchors: _Optional[int] = ..., checkpoints: _Optional[_Mapping[str, int]] = ..., ram_bytes: _Optional[int] = ..., anchor_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., disk_entries: _Optional[int] = ..., hits: _Optional[_Mapping[str, int]] = ..., evictions: _Optional[int] = ..., disk_evictions: _Optional[int] = ..., damaged_files: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStats, _Mapping]]] = ...) -> None: ...
+
+class ReplicaStats(_message.Message):
+    __slots__ = ("replica", "alive", "entries", "ram_bytes", "queued_prefill_tokens", "in_flight", "requests", "restores", "handovers", "handover_bytes")
+    class RestoresEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    RAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    RESTORES_FIELD_NUMBER: _ClassVar[int]
+    HANDOVERS_FIELD_NUMBER: _ClassVar[int]
+    HANDOVER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    replica: int
+    alive: bool
+    entries: int
+    ram_bytes: int
+    queued_prefill_tokens: int
+    in_flight: int
+    requests: int
+    restores: _containers.ScalarMap[str, int]
+    handovers: int
+    handover_bytes: int
+    def __init__(self, replica: _Optional[int] = ..., alive: _Optional[bool] = ..., entries: _Optional[int] = ..., ram_bytes: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., in_flight: _Optional[int] = ..., requests: _Optional[int] = ..., restores: _Optional[_Mapping[str, int]] = ..., handovers: _Optional[int] = ..., handover_bytes: _Optional[int] = ...) -> None: ...
 
 class ModelInfoRequest(_message.Message):
     __slots__ = ()

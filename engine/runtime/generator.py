@@ -212,6 +212,12 @@ class Generator:
                     break
         return out
 
+    def will_capture(self, entry_id: int) -> bool:
+        """Whether a request here (in the batch or pending) is yet to capture entry `entry_id`."""
+        planned = [a.captures for a in self.active.values()]
+        planned += [r.plan.captures for r, _ in self.pending]
+        return any(c.entry_id == entry_id for caps in planned for c in caps)
+
     def fail_all(self, message: str) -> None:
         """After an error inside the batch: end every request and start a fresh batch."""
         for uid, act in list(self.active.items()):

@@ -1,9 +1,11 @@
 """The front end's domain side: prompt, plan, run, stream. No gRPC types here.
 
 It tokenizes and renders the chat template (engine.server.prompt), asks the cache
-manager for a RestorePlan, runs the request on the model actor through a Ray
-streaming generator and yields the actor's events. The gRPC servicer
-(engine.server.service) only translates.
+manager for a RestorePlan, runs the request on the model replica the plan
+names through a Ray streaming generator and yields the actor's events. When
+that replica dies before the request streamed a token, it tells the manager
+and runs the request again on another replica; after a token, the stream ends
+UNAVAILABLE. The gRPC servicer (engine.server.service) only translates.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import uuid
 
 import numpy as np
 
-from engine.cache.messages import PlanRequest
-from engine.runtime.events import Finished
+from engine.cache.messages import PlanRequest, Release
+from engine.runtime.events import Finished, Tokens
 from engine.runtime.requests import GenerationRequest, SamplingParams
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
 from engine.server.prompt import PromptBuilder, PromptInput
@@ -27,9 +29,9 @@ log = logging.getLogger("lineage.request")
 
 class Frontend:
     def __init__(
-        self, model, manager, builder: PromptBuilder, info, cache_mode: str, max_queue: int = 256
+        self, models, manager, builder: PromptBuilder, info, cache_mode: str, max_queue: int = 256
     ):
-        self.model = model  # ModelActor handle
+        self.models = list(models)  # ModelActor handles, by replica number
         self.manager = manager  # CacheManagerActor handle
         self.builder = builder
         self.info = info  # ModelInfo
@@ -66,8 +68,8 @@ class Frontend:
         if self.cancelling:
             await asyncio.wait(set(self.cancelling), timeout=timeout)
 
-    def _cancel(self, request_id: str) -> None:
-        task = asyncio.ensure_future(self._await_ref(self.model.cancel.remote(request_id)))
+    def _cancel(self, model, request_id: str) -> None:
+        task = asyncio.ensure_future(self._await_ref(model.cancel.remote(request_id)))
         self.cancelling.add(task)
         task.add_done_callback(self.cancelling.discard)
 
@@ -107,21 +109,57 @@ class Frontend:
             )
         tokens = np.asarray(prompt.tokens, dtype=np.int32)
         await self._await_superseded(namespace, tokens)
-        req = await self._plan(request_id, namespace, prompt, tokens, sampling, received)
-        finished = False
         self.in_flight[request_id] = (namespace, tokens)
+        exclude: tuple[int, ...] = ()
         try:
-            async for ref in self.model.generate.options(num_returns="streaming").remote(req):
+            while True:
+                req = await self._plan(
+                    request_id, namespace, prompt, tokens, sampling, received, exclude
+                )
+                replica = req.plan.replica
+                streamed = []  # becomes [True] once a token went to the client
+                try:
+                    async for batch in self._run(self.models[replica], req, streamed):
+                        yield batch
+                    return
+                except ActorGone as e:
+                    await self._replica_gone(replica, request_id)
+                    if streamed or len(exclude) + 1 >= len(self.models):
+                        raise Unavailable(f"model replica {replica} died: {e}") from None
+                    log.warning("replica %d died before %s streamed: retrying", replica, request_id)
+                    exclude = (*exclude, replica)
+        finally:
+            self.in_flight.pop(request_id, None)
+
+    async def _run(self, model, req: GenerationRequest, streamed: list):
+        """The events of `req` on one replica; tells the manager when its prefill ended."""
+        finished = prefilled = False
+        try:
+            async for ref in model.generate.options(num_returns="streaming").remote(req):
                 batch = await ref
                 for event in batch:
                     if isinstance(event, Finished):
                         finished = True
                         log_request(event, req.plan.captures)
+                    if not prefilled and isinstance(event, (Tokens, Finished)):
+                        prefilled = True
+                        self.manager.prefilled.remote(req.request_id)
+                if any(isinstance(e, Tokens) for e in batch):
+                    streamed[:] = [True]
                 yield batch
         finally:
+            if not prefilled:
+                self.manager.prefilled.remote(req.request_id)
             if not finished:
-                self._cancel(request_id)
-            self.in_flight.pop(request_id, None)
+                self._cancel(model, req.request_id)
+
+    async def _replica_gone(self, replica: int, request_id: str) -> None:
+        """Tell the manager: the replica's RAM is gone, and this request ended there."""
+        try:
+            await self.manager.lost.remote(replica)
+            await self.manager.release.remote(Release(request_id=request_id), None)
+        except ActorGone:
+            log.exception("the cache manager is gone too")
 
     def _prepare(self, inp: PromptInput, sampling: SamplingParams):
         """(prompt, sampling) checked and built; max_tokens clipped to the context left."""
@@ -135,18 +173,22 @@ class Frontend:
         return prompt, sampling
 
     async def _plan(
-        self, request_id: str, namespace: str, prompt, tokens, sampling, received: float
+        self, request_id: str, namespace: str, prompt, tokens, sampling, received: float, exclude=()
     ) -> GenerationRequest:
-        """Ask the cache manager for the restore plan; the request the model actor runs."""
+        """Ask the cache manager for the restore plan; the request its replica runs."""
         t0 = time.perf_counter()
-        plan = await self.manager.plan.remote(
-            PlanRequest(
-                request_id=request_id,
-                tokens=tokens,
-                anchor_len=prompt.anchor_len,
-                namespace=namespace,
+        try:
+            plan = await self.manager.plan.remote(
+                PlanRequest(
+                    request_id=request_id,
+                    tokens=tokens,
+                    anchor_len=prompt.anchor_len,
+                    namespace=namespace,
+                    exclude=tuple(exclude),
+                )
             )
-        )
+        except LookupError as e:  # no replica alive
+            raise Unavailable(str(e)) from None
         return GenerationRequest(
             request_id=request_id,
             namespace=namespace,

@@ -21,6 +21,7 @@ import ray
 from engine.config import EngineConfig
 
 log = logging.getLogger("lineage")
+MAX_RESTARTS = 3  # Ray restarts a dead model replica this many times
 
 
 class Stoppable(Protocol):
@@ -37,12 +38,17 @@ class RunningEngine:
     port: int
     health: object
     frontend: object
-    model: object
+    models: list  # ModelActor handles, by replica number
     manager: object
     info: object
     namespace: str = "lineage"  # the Ray namespace the actors are named in
     names: tuple = ()  # their names
     watch: object = None  # the health watchdog task
+
+    @property
+    def model(self):
+        """The first replica."""
+        return self.models[0]
 
     @property
     def address(self) -> str:
@@ -54,12 +60,13 @@ class RunningEngine:
         if self.watch is not None:
             self.watch.cancel()
         await stop_server(self.server, self.health, self.frontend, grace)
-        try:  # queued disk-tier writes land before the actor goes
-            await self.model.flush_disk.remote(60)
-        except Exception:
-            log.exception("flushing the disk tier failed")
-        for actor in (self.model, self.manager):
-            ray.kill(actor)
+        for model in self.models:
+            try:  # queued disk-tier writes land before the actor goes
+                await model.flush_disk.remote(60)
+            except Exception:
+                log.exception("flushing the disk tier failed")
+        for actor in (*self.models, self.manager):
+            ray.kill(actor, no_restart=True)
         await _names_released(self.namespace, self.names)
 
 
@@ -88,24 +95,38 @@ async def start_engine(config: EngineConfig, port: int | None = None) -> Running
     from engine.server.service import create_server
 
     namespace = config.server.ray_namespace
-    names = (model_actor_name(0), CACHE_MANAGER)
+    count = replica_count(config)
+    names = (*(model_actor_name(r) for r in range(count)), CACHE_MANAGER)
     _check_names_free(namespace, names)
-    options = {"resources": {"mlx": 1}} if config.server.address else {}
-    model = ModelActor.options(name=names[0], namespace=namespace, **options).remote(config)
-    info = await model.info.remote()
-    manager = CacheManagerActor.options(name=names[1], namespace=namespace).remote(
-        config.cache, info.fingerprint, info.has_state_layers
+    # On a cluster with `mlx` resources, each replica takes one (one per machine or GPU).
+    mlx = ray.cluster_resources().get("mlx", 0) >= count or config.server.address
+    options = {"resources": {"mlx": 1}} if mlx else {}
+    models = [
+        ModelActor.options(
+            name=names[r], namespace=namespace, max_restarts=MAX_RESTARTS, **options
+        ).remote(config, r)
+        for r in range(count)
+    ]
+    infos = await asyncio.gather(*(m.info.remote() for m in models))
+    info = infos[0]
+    manager = CacheManagerActor.options(name=names[-1], namespace=namespace).remote(
+        config.cache,
+        info.fingerprint,
+        info.has_state_layers,
+        count,
+        config.server.route_threshold,
     )
-    await model.attach.remote(manager)
+    await manager.attach.remote(models)
+    await asyncio.gather(*(m.attach.remote(manager, models) for m in models))
     from pathlib import Path
 
     tokenizer = load_tokenizer(Path(info.path))
     builder = PromptBuilder(tokenizer, info.vocab_size, info.max_context, config.cache.anchor_slack)
-    frontend = Frontend(model, manager, builder, info, config.cache.mode, config.model.max_queue)
+    frontend = Frontend(models, manager, builder, info, config.cache.mode, config.model.max_queue)
     server, bound, health = await create_server(
         frontend, config.server.host, config.server.port if port is None else port
     )
-    engine = RunningEngine(server, bound, health, frontend, model, manager, info, namespace, names)
+    engine = RunningEngine(server, bound, health, frontend, models, manager, info, namespace, names)
     engine.watch = asyncio.ensure_future(watch_actors(engine))
     return engine
 
@@ -123,8 +144,18 @@ def _check_names_free(namespace: str, names: Sequence[str]) -> None:
         )
 
 
+def replica_count(config: EngineConfig) -> int:
+    """`--replicas`: the number given, or one per `mlx` resource of the cluster (at least 1)."""
+    if config.server.replicas != "auto":
+        return int(config.server.replicas)
+    return max(1, int(ray.cluster_resources().get("mlx", 0)))
+
+
 async def watch_actors(engine: RunningEngine, every: float = 2.0, patience: float = 10.0):
-    """Health follows the actors: NOT_SERVING while the model or the cache manager is gone."""
+    """Health follows the actors: SERVING while the cache manager and at least one replica
+    answer. A replica that stops answering is reported lost to the manager (its RAM entries
+    leave the index); one that answers again (Ray restarted it, empty) is attached to the
+    manager and its peers again and routed to once more."""
     from grpc_health.v1 import health_pb2
 
     from engine.server.service import SERVICE
@@ -133,12 +164,20 @@ async def watch_actors(engine: RunningEngine, every: float = 2.0, patience: floa
     while True:
         await asyncio.sleep(every)
         try:
-            await asyncio.wait_for(engine.model.info.remote(), patience)
-            await asyncio.wait_for(engine.manager.stats.remote(), patience)
-            up = True
-        except Exception as e:  # a dead or stuck actor
+            alive = set(await asyncio.wait_for(engine.manager.alive.remote(), patience))
+            up = any(
+                await asyncio.gather(
+                    *(
+                        _check_replica(engine, r, r in alive, patience)
+                        for r in range(len(engine.models))
+                    )
+                )
+            )
+            if not up:
+                log.error("no model replica answers: health goes NOT_SERVING")
+        except Exception as e:  # a dead or stuck manager
             if serving:
-                log.error("an actor is not answering (%s): health goes NOT_SERVING", e)
+                log.error("the cache manager is not answering (%s): health goes NOT_SERVING", e)
             up = False
         if up != serving and not engine.frontend.closing.is_set():
             status = (
@@ -149,6 +188,24 @@ async def watch_actors(engine: RunningEngine, every: float = 2.0, patience: floa
             for name in ("", SERVICE):
                 await engine.health.set(name, status)
             serving = up
+
+
+async def _check_replica(engine: RunningEngine, r: int, routed: bool, patience: float) -> bool:
+    """Whether replica `r` answers; tells the manager when that changed."""
+    model = engine.models[r]
+    try:
+        attached = await asyncio.wait_for(model.attached.remote(), patience)
+    except Exception as e:  # dead, restarting or stuck
+        if routed:
+            log.error("model replica %d is not answering (%s)", r, e)
+            await engine.manager.lost.remote(r)
+        return False
+    if not attached:  # restarted by Ray: empty, and without its links
+        log.warning("model replica %d restarted: attaching it again", r)
+        await model.attach.remote(engine.manager, engine.models)
+    if not routed:
+        await engine.manager.revived.remote(r)
+    return True
 
 
 def run(config: EngineConfig, sidecars: Sequence[Sidecar] = ()) -> int:

@@ -233,6 +233,36 @@ def test_serve_env_applies_where_no_flag_is_given():
     assert (c.server.port, c.model.max_batch, c.cache.mode) == (7000, 4, "exact")
 
 
+@pytest.mark.parametrize(
+    "argv,env,expected",
+    [
+        ([], {}, (1, 4096)),
+        (["--replicas", "auto"], {"LINEAGE_ROUTE_THRESHOLD": "100"}, ("auto", 100)),
+        ([], {"LINEAGE_REPLICAS": "3"}, (3, 4096)),
+        (["--replicas", "2", "--route-threshold", "0"], {"LINEAGE_REPLICAS": "5"}, (2, 0)),
+    ],
+)
+def test_replicas_and_route_threshold_from_flags_or_env(argv, env, expected):
+    c = cli.config_from_args(cli.build_parser().parse_args(["serve", *argv]), env)
+    assert (c.server.replicas, c.server.route_threshold) == expected
+
+
+@pytest.mark.parametrize("value", ["0", "many", "-2"])
+def test_bad_replicas_are_value_errors(value):
+    with pytest.raises(ValueError, match="replicas"):
+        cli.config_from_args(cli.build_parser().parse_args(["serve"]), {"LINEAGE_REPLICAS": value})
+
+
+def test_stats_show_one_line_per_replica():
+    replica = dict(
+        replica=1, alive=False, entries=2, ram_bytes=2048, queued_prefill_tokens=300,
+        in_flight=1, requests=7, restores={"anchor": 2}, handovers=1, handover_bytes=1024,
+    )  # fmt: skip
+    text = cli.format_stats({"mode": "lineage", "replicas": [replica]})
+    assert "replica 1" in text and "DOWN" in text and "anchor=2" in text
+    assert "queued=300 tokens" in text and "handovers=1 (1.0 KiB)" in text
+
+
 def test_serve_runs_engine_serve_with_the_config(monkeypatch):
     import types
 

@@ -1,0 +1,298 @@
+"""Several model replicas behind one cache manager: placement, load, routing, orders per replica.
+
+The index (engine.cache.index) is one for the whole engine: an entry id means
+the same tensors wherever they are. This module knows where they are (which
+replica holds each entry in RAM, which replica wrote each file) and how busy
+each replica is, measured in queued prefill tokens, not requests. It routes a
+plan to the replica holding its restore point unless that replica is busier
+than the least loaded one by more than `threshold` tokens; the least loaded
+one then fetches the restore point from a holder (`RestorePlan.fetch_from`).
+The manager decides and the replicas obey: a replica never asks another what
+it holds.
+
+`ReplicatedCache` wraps a CacheManager with this bookkeeping; its answers to
+a commit, an anchor commit or a release are Orders per replica (the caller's
+own, plus those for the other holders of what the orders touch). It knows
+nothing of Ray: the actor shell delivers the other replicas' Orders.
+
+Plain Python (no MLX, no Ray), like the rest of engine.cache.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+from engine.cache.manager import CacheManager
+from engine.cache.messages import (
+    AnchorCommit,
+    CacheStats,
+    Commit,
+    Orders,
+    PlanRequest,
+    Release,
+    ReplicaStats,
+    RestorePlan,
+)
+from engine.cache.orders import OrderBook
+
+DEFAULT_THRESHOLD = 4096  # queued prefill tokens
+
+
+@dataclass
+class _Flight:
+    replica: int
+    queued: int  # prefill tokens still counted in the replica's load
+    plan: RestorePlan
+
+
+@dataclass
+class _Replica:
+    alive: bool = True
+    load: int = 0  # queued prefill tokens
+    requests: int = 0
+    restores: Counter = field(default_factory=Counter)
+    handovers: int = 0
+    handover_bytes: int = 0
+
+
+class Replicas:
+    """Who holds which entry, who wrote which file, and each replica's queued prefill tokens."""
+
+    def __init__(self, count: int, threshold: int = DEFAULT_THRESHOLD) -> None:
+        if count < 1:
+            raise ValueError(f"replicas must be >= 1, got {count}")
+        if threshold < 0:
+            raise ValueError(f"route threshold must be >= 0, got {threshold}")
+        self.threshold = threshold
+        self.replicas = [_Replica() for _ in range(count)]
+        self.holders: dict[int, set[int]] = {}  # entry id -> replicas holding it in RAM
+        self.writers: dict[int, int] = {}  # entry id -> replica whose writer owns its file
+        self.flights: dict[str, _Flight] = {}
+
+    @property
+    def count(self) -> int:
+        return len(self.replicas)
+
+    def alive(self) -> list[int]:
+        return [r for r, rep in enumerate(self.replicas) if rep.alive]
+
+    def load(self, replica: int) -> int:
+        return self.replicas[replica].load
+
+    def held_by(self, entry_id: int | None) -> list[int]:
+        """Live replicas holding `entry_id` in RAM, least loaded first."""
+        live = [r for r in self.holders.get(entry_id, ()) if self.replicas[r].alive]
+        return sorted(live, key=lambda r: (self.replicas[r].load, r))
+
+    # -- routing -------------------------------------------------------------
+
+    def route(
+        self, request_id: str, plan: RestorePlan, prompt_len: int, exclude=(), nbytes: int = 0
+    ) -> RestorePlan:
+        """Place a planned request; the plan with `replica` (and `fetch_from`) set.
+
+        Affinity when balanced: the least loaded holder of the restore source,
+        unless it is busier than the least loaded replica by more than the
+        threshold; then the least loaded replica, which fetches the source from
+        the holder. A source read from disk has no holder: any replica on this
+        machine reads the shared directory. Raises LookupError when no replica
+        is left to run it.
+        """
+        candidates = [r for r in self.alive() if r not in exclude]
+        if not candidates:
+            raise LookupError("no model replica is alive")
+        least = min(candidates, key=lambda r: (self.replicas[r].load, r))
+        holders = [] if plan.entry_id is None else self.held_by(plan.entry_id)
+        near = [r for r in holders if r in candidates]
+        chosen, fetch = least, None
+        if near and self.replicas[near[0]].load - self.replicas[least].load <= self.threshold:
+            chosen = near[0]
+        elif holders and not plan.load_from_disk:
+            fetch = holders[0]  # a dead or excluded holder answers no fetch: holders are live
+        rep = self.replicas[chosen]
+        queued = max(0, prompt_len - plan.length)
+        rep.load += queued
+        rep.requests += 1
+        rep.restores[str(plan.kind)] += 1
+        if fetch is not None:
+            rep.handovers += 1
+            rep.handover_bytes += nbytes
+        if plan.entry_id is not None and (fetch is not None or plan.load_from_disk):
+            self.holders.setdefault(plan.entry_id, set()).add(chosen)
+        for entry_id in _allocated(plan):
+            self.holders.setdefault(entry_id, set()).add(chosen)
+        plan = replace(plan, replica=chosen, fetch_from=fetch)
+        self.flights[request_id] = _Flight(chosen, queued, plan)
+        return plan
+
+    def prefilled(self, request_id: str) -> None:
+        """The request's prefill is done: its tokens leave its replica's queue.
+
+        A request with nothing to commit (cache off) is done with here.
+        """
+        flight = self.flights.get(request_id)
+        if flight is not None:
+            self.replicas[flight.replica].load -= flight.queued
+            flight.queued = 0
+            if flight.plan.new_entry_id is None:
+                del self.flights[request_id]
+
+    def finish(self, request_id: str, restored: bool) -> int | None:
+        """The request committed or was released; its replica (None: unknown request).
+
+        A request that restored nothing did not hold its source: a fetch that
+        failed or a restore point that was gone.
+        """
+        flight = self.flights.pop(request_id, None)
+        if flight is None:
+            return None
+        self.replicas[flight.replica].load -= flight.queued
+        source = flight.plan.entry_id
+        if not restored and source is not None and flight.plan.fetch_from is not None:
+            self.holders.get(source, set()).discard(flight.replica)
+        return flight.replica
+
+    # -- orders ----------------------------------------------------------------
+
+    def split(self, orders: Orders, caller: int | None) -> dict[int, Orders]:
+        """The Orders each replica must apply: frees and drops to every holder, a file's
+        write to one holder (its writer from then on), its delete to that writer."""
+        books: dict[int, dict[str, list]] = {}
+
+        def book(r: int) -> dict[str, list]:
+            return books.setdefault(r, {k: [] for k in _FIELDS})
+
+        fallback = caller if caller is not None else (self.alive() or [0])[0]
+        for move in orders.moves:
+            for r in self.holders.get(move.dst) or {fallback}:
+                book(r)["moves"].append(move)
+        for entry_id, length in orders.drop_checkpoints:
+            for r in self.holders.get(entry_id, ()):
+                book(r)["drop_checkpoints"].append((entry_id, length))
+        for record in orders.records:
+            held = self.holders.get(record.entry_id, set())
+            live = [r for r in sorted(held) if self.replicas[r].alive]
+            writer = caller if caller in held else (live or sorted(held) or [None])[0]
+            if writer is None:
+                continue  # nobody holds it: nothing to write
+            self.writers[record.entry_id] = writer
+            book(writer)["write"].append(record.entry_id)
+            book(writer)["records"].append(record)
+        for entry_id in orders.free:
+            for r in self.holders.pop(entry_id, ()):
+                book(r)["free"].append(entry_id)
+        for entry_id in orders.delete_files:
+            writer = self.writers.pop(entry_id, None)
+            if writer is None or not self.replicas[writer].alive:
+                writer = fallback
+            book(writer)["delete_files"].append(entry_id)
+        return {r: Orders(**{k: tuple(v) for k, v in b.items()}) for r, b in books.items()}
+
+    # -- faults ----------------------------------------------------------------
+
+    def lost(self, replica: int) -> list[int]:
+        """A replica died: what it held is gone. Returns the entry ids no replica holds now."""
+        rep = self.replicas[replica]
+        rep.alive, rep.load = False, 0
+        orphans = []
+        for entry_id, held in list(self.holders.items()):
+            if replica in held:
+                held.discard(replica)
+                if not held:
+                    del self.holders[entry_id]
+                    orphans.append(entry_id)
+        for flight in self.flights.values():
+            if flight.replica == replica:
+                flight.queued = 0
+        return orphans
+
+    def revived(self, replica: int) -> None:
+        """A replica is back (restarted empty)."""
+        self.replicas[replica].alive = True
+
+    def stats(self, nbytes) -> tuple[ReplicaStats, ...]:
+        """Figures per replica; `nbytes(entry_id)` gives an indexed entry's bytes (None: not)."""
+        out = []
+        for r, rep in enumerate(self.replicas):
+            held = [n for e, h in self.holders.items() if r in h for n in [nbytes(e)] if n]
+            out.append(
+                ReplicaStats(
+                    replica=r,
+                    alive=rep.alive,
+                    entries=len(held),
+                    ram_bytes=sum(held),
+                    queued_prefill_tokens=rep.load,
+                    in_flight=sum(f.replica == r for f in self.flights.values()),
+                    requests=rep.requests,
+                    restores=dict(sorted(rep.restores.items())),
+                    handovers=rep.handovers,
+                    handover_bytes=rep.handover_bytes,
+                )
+            )
+        return tuple(out)
+
+
+_FIELDS = ("moves", "drop_checkpoints", "free", "write", "delete_files", "records")
+
+
+def _allocated(plan: RestorePlan) -> list[int]:
+    ids = [plan.new_entry_id] + [c.entry_id for c in plan.captures]
+    return [i for i in ids if i is not None]
+
+
+class ReplicatedCache:
+    """A CacheManager plus Replicas: plans come back routed, orders come back per replica."""
+
+    def __init__(self, manager: CacheManager, replicas: int, threshold: int = DEFAULT_THRESHOLD):
+        self.manager = manager
+        self.replicas = Replicas(replicas, threshold)
+
+    def plan(self, req: PlanRequest) -> RestorePlan:
+        """The manager's plan, placed on a replica. LookupError when none is alive."""
+        if not set(self.replicas.alive()) - set(req.exclude):
+            raise LookupError("no model replica is alive")
+        plan = self.manager.plan(req)
+        source = self.manager.index.get(plan.entry_id)
+        nbytes = source.nbytes if source is not None else 0
+        return self.replicas.route(req.request_id, plan, len(req.tokens), req.exclude, nbytes)
+
+    def prefilled(self, request_id: str) -> None:
+        self.replicas.prefilled(request_id)
+
+    def commit(self, c: Commit) -> dict[int, Orders]:
+        orders = self.manager.commit(c)
+        caller = self.replicas.finish(c.request_id, c.restored_from is not None)
+        return self.replicas.split(orders, caller)
+
+    def commit_anchor(self, a: AnchorCommit) -> dict[int, Orders]:
+        orders = self.manager.commit_anchor(a)
+        flight = self.replicas.flights.get(a.request_id)
+        return self.replicas.split(orders, flight.replica if flight else None)
+
+    def release(self, r: Release) -> dict[int, Orders]:
+        orders = self.manager.release(r)
+        caller = self.replicas.finish(r.request_id, restored=False)
+        return self.replicas.split(orders, caller)
+
+    def lost(self, replica: int) -> dict[int, Orders]:
+        """A replica died: the entries only it held leave the RAM index (their files stay).
+
+        Returns the Orders for the others (frees of entries whose free waited).
+        """
+        book = OrderBook()
+        for entry_id in self.replicas.lost(replica):
+            if entry_id in self.manager.index:
+                self.manager.index.free(entry_id, book)
+        self.manager.index.flush(book)
+        return self.replicas.split(book.build(), None)
+
+    def revived(self, replica: int) -> None:
+        self.replicas.revived(replica)
+
+    def stats(self) -> CacheStats:
+        def nbytes(entry_id: int) -> int | None:
+            entry = self.manager.index.get(entry_id)
+            return entry.nbytes if entry is not None else None
+
+        return replace(self.manager.stats(), replicas=self.replicas.stats(nbytes))

@@ -1,0 +1,68 @@
+"""A RAM-tier entry as plain numpy arrays for another replica, and back.
+
+A handover moves a stored entry (its append-only rows and every state
+snapshot) from the replica that holds it to one that does not, through Ray's
+object store. `to_portable` runs on the holder's loop thread and copies
+nothing: numpy views over the evaluated MLX buffers (bfloat16 as uint16
+bits), laid out with the same structure tree as an entry file
+(engine.storage.codec). Ray copies the views into its object store once; on
+the same node the receiver reads them without a copy, and `from_portable`
+copies them into MLX once. It decides nothing: which entry moves where is the
+cache manager's (engine.cache.replicas).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from engine.runtime.ram_tier import StoredEntry
+from engine.storage.codec import _decode, _dtype_name, _Encoder
+
+
+@dataclass(frozen=True)
+class PortableEntry:
+    """A stored entry as numpy arrays plus the structure that rebuilds it."""
+
+    length: int
+    layers: object  # the structure tree of the append-only layers (arrays by index)
+    states: tuple  # ((length, structure tree), ...)
+    arrays: tuple  # numpy arrays (bfloat16 as uint16)
+    dtypes: tuple  # each array's MLX dtype name
+    exported_at: float = 0.0  # time.time() when the holder had it ready (handover timing)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in self.arrays)
+
+
+def to_portable(entry: StoredEntry) -> PortableEntry:
+    """The entry's arrays as numpy views (rows beyond its length left out); no copy."""
+    enc = _Encoder()
+    layers = enc.tree(list(entry.layers), rows=entry.length)
+    states = tuple((n, enc.tree(s)) for n, s in sorted(entry.states.items()))
+    bits = [a.view(mx.uint16) if a.dtype == mx.bfloat16 else a for a, _ in enc.arrays]
+    mx.eval(bits)
+    views = []
+    for (_, rows), b in zip(enc.arrays, bits):
+        view = np.asarray(b)  # zero-copy over the evaluated buffer
+        if rows is not None and view.ndim >= 2:
+            view = view[..., :rows, :]
+        views.append(view)
+    dtypes = tuple(_dtype_name(a) for a, _ in enc.arrays)
+    return PortableEntry(entry.length, layers, states, tuple(views), dtypes, time.time())
+
+
+def from_portable(p: PortableEntry) -> StoredEntry:
+    """The entry in MLX arrays again (one copy of each array)."""
+    arrays = []
+    for view, dtype in zip(p.arrays, p.dtypes):
+        a = mx.array(view)
+        arrays.append(a.view(mx.bfloat16) if dtype == "bfloat16" else a)
+    mx.eval(arrays)
+    layers = _decode(p.layers, arrays)
+    states = {int(n): _decode(tree, arrays) for n, tree in p.states}
+    return StoredEntry(layers, p.length, states)

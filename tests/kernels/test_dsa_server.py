@@ -8,6 +8,8 @@ ModelInfo the server loaded says which kernels are active.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import grpc
 
 from engine.kernels import sparse_attention as sa
@@ -30,10 +32,22 @@ def test_warm_turn_greedy_tokens_equal_the_stock_path(ray_session, tmp_path):
             reply, _, _ = collect(stub, request(prompt_ids=first, max_tokens=6))
             warm = first + reply + [(i * 31) % 3000 + 10 for i in range(40)]
             ids, _, final = collect(stub, request(prompt_ids=warm, max_tokens=8))
+            # Two warm turns of different lengths at once: batched, left-padded.
+            both = [
+                warm[:-40] + [(i * 7 + j) % 3000 + 10 for i in range(n)]
+                for j, n in ((1, 9), (2, 70))
+            ]
+            with ThreadPoolExecutor(2) as pool:
+                together = list(
+                    pool.map(lambda p: collect(stub, request(prompt_ids=p, max_tokens=6)), both)
+                )
     finally:
         e.stop()
     assert final.usage.cached_tokens >= len(first)  # a warm turn: only the new tokens prefill
     assert ids == reference_greedy(model_dir, warm, 8)
+    for prompt, (got, _, fin) in zip(both, together):
+        assert fin.usage.cached_tokens >= len(first)
+        assert got == reference_greedy(model_dir, prompt, 6)
 
 
 def test_the_switch_off_loads_no_kernel(tmp_path):

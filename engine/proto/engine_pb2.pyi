@@ -246,7 +246,7 @@ class ModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfoReply(_message.Message):
-    __slots__ = ("model", "model_type", "vocab_size", "max_context", "fingerprint", "cache_mode", "has_state_layers")
+    __slots__ = ("model", "model_type", "vocab_size", "max_context", "fingerprint", "cache_mode", "has_state_layers", "kernels")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_TYPE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -254,6 +254,7 @@ class ModelInfoReply(_message.Message):
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     CACHE_MODE_FIELD_NUMBER: _ClassVar[int]
     HAS_STATE_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    KERNELS_FIELD_NUMBER: _ClassVar[int]
     model: str
     model_type: str
     vocab_size: int
@@ -261,4 +262,5 @@ class ModelInfoReply(_message.Message):
     fingerprint: str
     cache_mode: str
     has_state_layers: bool
-    def __init__(self, model: _Optional[str] = ..., model_type: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., fingerprint: _Optional[str] = ..., cache_mode: _Optional[str] = ..., has_state_layers: _Optional[bool] = ...) -> None: ...
+    kernels: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., model_type: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., fingerprint: _Optional[str] = ..., cache_mode: _Optional[str] = ..., has_state_layers: _Optional[bool] = ..., kernels: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -144,6 +144,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             fingerprint=i.fingerprint,
             cache_mode=self.frontend.cache_mode,
             has_state_layers=i.has_state_layers,
+            kernels=list(i.kernels),
         )
 
 

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from engine.kernels import sparse_attention as sa
-from engine.proto import engine_pb2_grpc
+from engine.proto import engine_pb2, engine_pb2_grpc
 from engine.runtime.tiny_models import write_model_dir
 from engine.server.background import BackgroundEngine
 from tests.engines import make_config
@@ -29,6 +29,8 @@ def test_warm_turn_greedy_tokens_equal_the_stock_path(ray_session, tmp_path):
         assert sa.DECODE_SHAPE in e.engine.info.kernels
         with grpc.insecure_channel(e.address) as ch:
             stub = engine_pb2_grpc.EngineStub(ch)
+            info = stub.ModelInfo(engine_pb2.ModelInfoRequest())
+            assert list(info.kernels) == [sa.DECODE_SHAPE, sa.BLOCK_GATHER]
             reply, _, _ = collect(stub, request(prompt_ids=first, max_tokens=6))
             warm = first + reply + [(i * 31) % 3000 + 10 for i in range(40)]
             ids, _, final = collect(stub, request(prompt_ids=warm, max_tokens=8))

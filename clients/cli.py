@@ -248,7 +248,7 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
         "--gated-delta",
         choices=GATED_DELTA_MODES,
         help="gated delta recurrence off Metal: mx.fast primitive or mlx-lm's op loop "
-        "(default auto: the primitive on CUDA only; env LINEAGE_GATED_DELTA)",
+        "(default auto: the primitive off Metal; env LINEAGE_GATED_DELTA)",
     )
 
 

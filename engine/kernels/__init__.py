@@ -7,7 +7,7 @@ files) and switchable off, so the stock path stays one setting away:
 - ``sparse_attention``: DSA attention (deepseek_v32, glm_moe_dsa) for chunks
   of 2 to ``gather_max`` tokens: the decode shape and block-gather.
 - ``gated_delta``: the gated delta recurrence off Metal, dispatched to
-  ``mx.fast.gated_delta_update`` where it is faster.
+  ``mx.fast.gated_delta_update`` off Metal.
 
 This package knows MLX and mlx-lm's model modules; it knows nothing of the
 engine's configuration (the runtime passes plain values), caches policy,

@@ -217,7 +217,7 @@ def probe(sender, opts: ConcurrencyOptions) -> dict:
         busy = sender.send("busy-turn", "warm", prompt_ids=turns["busy"], max_tokens=1)
         first.result()
     with ThreadPoolExecutor(2) as pool:  # a decoding stream during an 8k cold prefill
-        decoding = pool.submit(sender.send, "stream", "warm", prompt_ids=ids(40), max_tokens=1500)
+        decoding = pool.submit(sender.send, "stream", "warm", prompt_ids=ids(40), max_tokens=1000)
         time.sleep(0.5)
         cold = sender.send("8k-b", "cold", prompt_ids=ids(opts.probe_tokens), max_tokens=1)
         decoding = decoding.result()

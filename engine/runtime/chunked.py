@@ -48,6 +48,10 @@ class Cohort:
         self.processing = [self.processing[i] for i in indices]
 
 
+def _ewma(old: float, new: float) -> float:
+    return new if old <= 0 else (1 - EWMA) * old + EWMA * new
+
+
 def _remaining(segments: list) -> int:
     """Prompt tokens left to prefill: all but the last segment (the last token alone)."""
     return sum(len(s) for s in segments[:-1])
@@ -64,7 +68,9 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         self.steps = 0
         self.arrived: dict[int, int] = {}  # uid -> step it arrived in
         self.unblocks: dict[int, int] = {}  # uid -> its prompt tokens up to an awaited anchor
-        self.costs = Costs()
+        self._decode_step_ms = 0.0  # a whole step that only decoded
+        self._decode_part_ms = 0.0  # the decode part of any step
+        self._token_ms = 0.0  # prefill time per token, fixed cost per forward included
         self.chunks: list[Chunk] = []  # the chunks run, newest last (bounded)
 
     def insert_segments(self, segments, *args, **kwargs):
@@ -77,24 +83,29 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
 
     def _next(self):
         self.steps += 1
+        tic = time.perf_counter()
         prompt_responses, generation_responses = [], []
         if len(self._generation_batch) > 0:
-            tic = time.perf_counter()
             generation_responses = self._generation_batch.next()
             elapsed = time.perf_counter() - tic
             self._counters.decode_time += elapsed
             self._counters.generation_tokens += len(generation_responses)
             self._counters.generation_steps += 1
-            self._measure(decode_ms=elapsed * 1000)
+            self._decode_part_ms = _ewma(self._decode_part_ms, elapsed * 1000)
             if self._counters.generation_steps % 512 == 0:
                 mx.clear_cache()
         self._start_decoding(prompt_responses)
-        chunk = self.scheduler.plan(
-            self._candidates(), self.steps, len(self._generation_batch), self.costs
-        )
+        decoding = len(self._generation_batch)
+        chunk = self.scheduler.plan(self._candidates(), self.steps, decoding, self._costs())
         if chunk is not None:
             prompt_responses += self._prefill(chunk)
+        elif generation_responses:  # a step of decode alone: what a stream's step costs idle
+            self._decode_step_ms = _ewma(self._decode_step_ms, (time.perf_counter() - tic) * 1000)
         return prompt_responses, generation_responses
+
+    def _costs(self) -> Costs:
+        """The measured costs: a decode-only step (else the decode part of a step), a token."""
+        return Costs(self._decode_step_ms or self._decode_part_ms, self._token_ms)
 
     def _room(self) -> int:
         started = len(self._generation_batch) + sum(len(c.batch) for c in self.cohorts.values())
@@ -175,19 +186,9 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         tokens = sum(len(p) for p in prompts)
         self._counters.prompt_tokens += tokens
         self._counters.prompt_time += elapsed
-        self._measure(token_ms=elapsed * 1000 / tokens)
+        self._token_ms = _ewma(self._token_ms, elapsed * 1000 / tokens)
         self.chunks = self.chunks[-255:] + [Chunk(tuple(cohort.batch.uids), len(prompts[0]))]
         return responses
-
-    def _measure(self, decode_ms: float | None = None, token_ms: float | None = None) -> None:
-        c = self.costs
-
-        def ewma(old: float, new: float | None) -> float:
-            if new is None:
-                return old
-            return new if old <= 0 else (1 - EWMA) * old + EWMA * new
-
-        self.costs = Costs(ewma(c.decode_ms, decode_ms), ewma(c.token_ms, token_ms))
 
     # ---- the engine's view of a sequence in prefill -------------------------------
 

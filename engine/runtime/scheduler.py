@@ -16,9 +16,11 @@ prefill chunk that runs beside it, within a token budget:
   and whose remaining prefills are within `GROUP_RATIO` of each other; once
   started they stay one prompt batch (a cohort) and run together.
 - Budget: at most `budget` prompt tokens per step; while sequences decode,
-  also at most what keeps the step's prefill under `itl_factor` decode steps
-  (from the measured costs), so a decoding stream's inter-token latency stays
-  within (1 + itl_factor) idle steps.
+  also at most what keeps the step's prefill under `itl_factor` decode-only
+  steps (from the measured costs; a token's cost includes its share of the
+  fixed cost of a forward, so the share converges on the time it is given),
+  so a decoding stream's inter-token latency stays within (1 + itl_factor)
+  idle steps.
 
 It knows sequences only as uids with token counts and step numbers; nothing
 here touches MLX, a cache or a clock. `batched` (mlx-lm's own padded prefill
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 
 AGING = 16  # tokens taken off a waiting sequence's key per step
 GROUP_RATIO = 1.5  # grouped sequences' remaining prefills differ at most by this factor
-MIN_CHUNK = 16  # a step's prefill share never drops below this while decoding
+MIN_CHUNK = 4  # a step's prefill share never drops below this while decoding
 ITL_FACTOR = 2.0  # prefill time per step, in decode steps, while sequences decode
 
 
@@ -57,7 +59,7 @@ class Chunk:
 
 @dataclass(frozen=True)
 class Costs:
-    """Measured recently by the batch generator: one decode step, one prefill token."""
+    """Measured recently by the batch generator: a decode-only step, one prefill token."""
 
     decode_ms: float = 0.0
     token_ms: float = 0.0

@@ -54,7 +54,9 @@ class CacheLink(Protocol):
     def release(self, release: Release, on_orders: OnOrders) -> None: ...
 
 
-PROGRESS_MIN_TOKENS = 256  # stream prefill progress only for prompts at least this long
+PROGRESS_MIN_TOKENS = 256  # stream prefill progress only for prompts at least this long,
+# and at most once per this many tokens: a chunk beside decode can be 4 tokens, and an
+# event per chunk costs a decoding stream's step more than the chunk does
 
 
 @dataclass
@@ -73,6 +75,7 @@ class _Active:
     restored_kv_bytes: int
     copied_restore: int = 0
     copied_commit: int = 0
+    progress_sent: int = 0  # prompt tokens done at the last Progress event
     taken: dict = field(default_factory=dict)  # length -> (CapturePoint, StateSnapshot)
     prompt_end_state: object = None
     t_prefill_end: float | None = None
@@ -297,7 +300,9 @@ class Generator:
         if act is None:
             return
         done = act.restore_length + int(r.progress[0])
-        if act.prompt_len >= PROGRESS_MIN_TOKENS and not r.end_of_prompt:
+        due = done - act.progress_sent >= PROGRESS_MIN_TOKENS
+        if act.prompt_len >= PROGRESS_MIN_TOKENS and not r.end_of_prompt and due:
+            act.progress_sent = done
             act.emit(Progress(done=done, total=act.prompt_len))
         if r.end_of_prompt:
             act.t_prefill_end = time.time()

@@ -30,28 +30,39 @@ def status_line(result: Result) -> str:
 
 
 class ProgressBar:
-    """A one-line prefill bar on a terminal stream; silent when it is not a terminal."""
+    """A prefill bar (rich) on a terminal stream; silent when it is not a terminal."""
 
-    def __init__(self, out: TextIO, width: int = 30):
-        self.out = out
-        self.width = width
-        self.enabled = out.isatty()
-        self.shown = False
+    def __init__(self, out: TextIO):
+        from rich.console import Console
+
+        self.console = Console(file=out, stderr=out is sys.stderr)
+        self.enabled = self.console.is_terminal
+        self.progress = None  # a rich Progress while the bar is shown
+        self.task = None
 
     def update(self, event: Progress) -> None:
         if not self.enabled or event.total < _PROGRESS_MIN_TOKENS:
             return
-        filled = self.width * event.done // max(event.total, 1)
-        bar = "#" * filled + "." * (self.width - filled)
-        self.out.write(f"\r[{bar}] prefill {event.done}/{event.total} tokens")
-        self.out.flush()
-        self.shown = True
+        if self.progress is None:
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
+            from rich.progress import Progress as RichProgress
+
+            self.progress = RichProgress(
+                TextColumn("prefill"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("tokens"),
+                console=self.console,
+                transient=True,  # the bar goes when the first token comes
+            )
+            self.progress.start()
+            self.task = self.progress.add_task("prefill", total=event.total)
+        self.progress.update(self.task, completed=event.done, total=event.total)
 
     def clear(self) -> None:
-        if self.shown:
-            self.out.write("\r\x1b[K")
-            self.out.flush()
-            self.shown = False
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
 
 
 def stream_reply(client: Client, out: TextIO, err: TextIO, **request) -> Result:

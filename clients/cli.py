@@ -31,7 +31,14 @@ from clients.client import (
     Progress,
     Result,
 )
-from engine.config import CACHE_MODES, GATED_DELTA_MODES, SCHEDULES, EngineConfig, parse_bytes
+from engine.config import (
+    CACHE_MODES,
+    GATED_DELTA_MODES,
+    METRICS_NAMESPACE_TAGS,
+    SCHEDULES,
+    EngineConfig,
+    parse_bytes,
+)
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 # Serve flags, as named by EngineConfig.from_sources.
@@ -61,7 +68,12 @@ SERVE_FLAGS = (
     "gated_delta",
 )
 # Subcommands that other modules provide: name -> module.
-PLUGINS = {"bench": "clients.bench", "cache": "clients.cache", "bridge": "clients.bridge"}
+PLUGINS = {
+    "bench": "clients.bench",
+    "cache": "clients.cache",
+    "bridge": "clients.bridge",
+    "top": "clients.top",
+}
 
 
 class UsageError(Exception):
@@ -197,6 +209,11 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         metavar="P",
         help="serve Prometheus metrics at http://127.0.0.1:P/metrics (off by default)",
+    )
+    p.add_argument(
+        "--metrics-namespace",
+        choices=METRICS_NAMESPACE_TAGS,
+        help="the cache namespace in metrics and `lineage top`: hash (default), plain or off",
     )
     p.add_argument(
         "--schedule",
@@ -353,7 +370,11 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 def _stats_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print the counters as JSON")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the counters and the live figures of `lineage top` as JSON",
+    )
     _add_server(p)
 
 
@@ -393,8 +414,12 @@ def format_stats(stats: dict) -> str:
 
 def _stats(args: argparse.Namespace) -> int:
     with Client(args.server) as client:
-        stats = client.cache_stats()
-    print(json.dumps(stats, indent=2) if args.json else format_stats(stats))
+        if not args.json:
+            print(format_stats(client.cache_stats()))
+            return EXIT_OK
+        live = client.inspect()
+    # The CacheStats counters at the top, then the live figures `lineage top` shows.
+    print(json.dumps({**live.pop("cache"), **live}, indent=2))
     return EXIT_OK
 
 

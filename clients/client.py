@@ -231,6 +231,11 @@ class Client:
         """The ModelInfo RPC as a dict of its fields."""
         return message_to_dict(self._unary(self._engine.ModelInfo, engine_pb2.ModelInfoRequest()))
 
+    def inspect(self, recent: int = 20) -> dict:
+        """The Inspect RPC (live figures, the latest `recent` requests) as a dict."""
+        request = engine_pb2.InspectRequest(recent=recent)
+        return message_to_dict(self._unary(self._engine.Inspect, request))
+
     def wait_ready(self, timeout: float = 30.0, service: str = "") -> None:
         """Poll grpc.health.v1 until `service` ("" or "lineage.v1.Engine") is SERVING.
 

@@ -94,6 +94,7 @@ class Final:
     restore: Restore
     timing: Timing
     request_id: str
+    replica: str = ""  # the model replica that served it (with request_id: the trace)
 
 
 Event = Union[Progress, Chunk, Final]
@@ -110,6 +111,7 @@ class Result:
     restore: Restore = field(default_factory=Restore)
     timing: Timing = field(default_factory=Timing)
     request_id: str = ""
+    replica: str = ""
 
     def to_json_dict(self) -> dict:
         """The stable JSON shape printed by `lineage generate --json`."""
@@ -124,6 +126,8 @@ class Result:
             },
             "restore": {"kind": self.restore.kind, "length": self.restore.length},
             "timing": {name: getattr(self.timing, name) for name in _JSON_TIMING},
+            "request_id": self.request_id,
+            "replica": self.replica,
         }
 
 
@@ -144,6 +148,7 @@ def event_from_proto(event: engine_pb2.GenerateEvent) -> Event:
                 **{t.name: getattr(f.timing, t.name) for t in dataclasses.fields(Timing)}
             ),
             request_id=f.request_id,
+            replica=f.replica,
         )
     raise ValueError(f"generate event with no payload: {event!r}")
 
@@ -175,6 +180,7 @@ class _Collector:
             f.restore,
             f.timing,
             f.request_id,
+            f.replica,
         )
 
 

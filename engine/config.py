@@ -15,6 +15,9 @@ from typing import Mapping
 
 GB = 1 << 30
 CACHE_MODES = ("lineage", "exact", "off")
+# How a request's cache namespace shows in metrics and `lineage top`: a short hash
+# (default: namespaces can name tenants), as it is (opt-in), or not at all.
+METRICS_NAMESPACE_TAGS = ("hash", "plain", "off")
 # Prefill order of the model actor (engine/runtime/scheduler.py); batched is mlx-lm's
 # padded prefill batch, kept as the baseline.
 SCHEDULES = ("srpt", "fifo", "batched")
@@ -113,8 +116,14 @@ class ServerConfig:
     metrics_port: int | None = None  # Prometheus text at http://127.0.0.1:P/metrics; None: off
     replicas: int | str = 1  # model replicas; "auto": one per `mlx` resource of the cluster
     route_threshold: int = 4096  # queued prefill tokens a holder may exceed the least loaded by
+    metrics_namespace: str = "hash"  # the namespace tag on metrics and `lineage top`
 
     def __post_init__(self):
+        if self.metrics_namespace not in METRICS_NAMESPACE_TAGS:
+            raise ValueError(
+                f"metrics namespace tag {self.metrics_namespace!r} is not one of "
+                f"{', '.join(METRICS_NAMESPACE_TAGS)}"
+            )
         if not self.ray_namespace:
             raise ValueError("the Ray namespace must not be empty")
         if self.replicas != "auto" and not (isinstance(self.replicas, int) and self.replicas >= 1):
@@ -273,6 +282,7 @@ def _server(pick: _Picker) -> ServerConfig:
         metrics_port=pick.optional("metrics_port", "LINEAGE_METRICS_PORT", int),
         replicas=_replicas(pick("replicas", "LINEAGE_REPLICAS", 1)),
         route_threshold=int(pick("route_threshold", "LINEAGE_ROUTE_THRESHOLD", 4096)),
+        metrics_namespace=str(pick("metrics_namespace", "LINEAGE_METRICS_NAMESPACE", "hash")),
     )
 
 

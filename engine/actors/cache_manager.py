@@ -20,6 +20,7 @@ from engine.actors.names import log_to_stderr
 from engine.cache.manager import CacheManager
 from engine.cache.messages import (
     AnchorCommit,
+    AnchorUse,
     CacheStats,
     Commit,
     Orders,
@@ -104,3 +105,6 @@ class CacheManagerActor:
 
     def stats(self) -> CacheStats:
         return self.cache.stats()
+
+    def anchors(self) -> list[AnchorUse]:
+        return self.manager.anchors()

@@ -18,6 +18,7 @@ Ray future and are handed to the loop thread, never waited for there.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -104,7 +105,7 @@ class ModelActor:
         log_to_stderr()
         self.loop = ModelLoop(build)
         self.link.loop = self.loop
-        log.info("model actor started (cache mode %s)", config.cache.mode)
+        log.info("model actor started: replica %s, cache mode %s", replica, config.cache.mode)
 
     def info(self) -> ModelInfo:
         return self.info_value
@@ -197,10 +198,17 @@ class ModelActor:
                 while not events.empty():
                     batch.append(events.get_nowait())
                 finished = any(isinstance(e, Finished) for e in batch)
+                if finished:
+                    batch = [self._stamp(e) for e in batch]
                 yield batch
         finally:
             if not finished:  # the consumer went away: free the slot
                 self.loop.call(lambda g: g.cancel(req.request_id))
+
+    def _stamp(self, event):
+        if isinstance(event, Finished):
+            return dataclasses.replace(event, replica=str(self.replica))
+        return event
 
     async def cancel(self, request_id: str) -> None:
         """Returns once the cancelled request's cache is committed (or released)."""

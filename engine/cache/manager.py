@@ -40,6 +40,7 @@ from engine.cache.kinds import CaptureKind, RestoreKind, Role
 from engine.cache.lineage import LineagePolicy
 from engine.cache.messages import (
     AnchorCommit,
+    AnchorUse,
     CacheStats,
     Commit,
     Orders,
@@ -309,6 +310,23 @@ class CacheManager:
             cached_tokens=self._cached_tokens,
             prompt_tokens=self._prompt_tokens,
         )
+
+    def anchors(self) -> list[AnchorUse]:
+        """Each anchor in RAM with the number of conversation entries that extend it."""
+        entries = self.index.entries()
+        out = []
+        for a in (e for e in entries if e.role == Role.ANCHOR):
+            n = a.length
+            sessions = sum(
+                1
+                for e in entries
+                if e.role == Role.CONVERSATION
+                and e.namespace == a.namespace
+                and e.length >= n
+                and np.array_equal(e.tokens[:n], a.tokens)
+            )
+            out.append(AnchorUse(a.id, a.namespace, n, a.nbytes, sessions))
+        return out
 
     def check_invariants(self) -> None:
         """Assert the index's, the policy's and the in-flight requests' invariants."""

@@ -234,3 +234,14 @@ class ReplicaStats:
     restores: dict[str, int] = field(default_factory=dict)  # by restore kind
     handovers: int = 0  # restore sources fetched from a peer
     handover_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class AnchorUse:
+    """One anchor as an operator sees it: its size and the conversations built on it."""
+
+    entry_id: int
+    namespace: str
+    length: int
+    nbytes: int
+    sessions: int  # conversation entries of its namespace whose tokens extend it

@@ -135,18 +135,20 @@ class Timing(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., plan_ms: _Optional[float] = ..., restore_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., commit_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., decode_tps: _Optional[float] = ..., bytes_copied_restore: _Optional[int] = ..., bytes_copied_commit: _Optional[int] = ..., restored_kv_bytes: _Optional[int] = ...) -> None: ...
 
 class Final(_message.Message):
-    __slots__ = ("finish_reason", "usage", "restore", "timing", "request_id")
+    __slots__ = ("finish_reason", "usage", "restore", "timing", "request_id", "replica")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     RESTORE_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     finish_reason: str
     usage: Usage
     restore: Restore
     timing: Timing
     request_id: str
-    def __init__(self, finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., restore: _Optional[_Union[Restore, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    replica: str
+    def __init__(self, finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., restore: _Optional[_Union[Restore, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., request_id: _Optional[str] = ..., replica: _Optional[str] = ...) -> None: ...
 
 class GenerateEvent(_message.Message):
     __slots__ = ("progress", "chunk", "final")
@@ -240,6 +242,116 @@ class ReplicaStats(_message.Message):
     handovers: int
     handover_bytes: int
     def __init__(self, replica: _Optional[int] = ..., alive: _Optional[bool] = ..., entries: _Optional[int] = ..., ram_bytes: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., in_flight: _Optional[int] = ..., requests: _Optional[int] = ..., restores: _Optional[_Mapping[str, int]] = ..., handovers: _Optional[int] = ..., handover_bytes: _Optional[int] = ...) -> None: ...
+
+class InspectRequest(_message.Message):
+    __slots__ = ("recent",)
+    RECENT_FIELD_NUMBER: _ClassVar[int]
+    recent: int
+    def __init__(self, recent: _Optional[int] = ...) -> None: ...
+
+class ReplicaFigures(_message.Message):
+    __slots__ = ("name", "queue_requests", "queue_prefill_tokens", "running", "tokens_per_s", "ttft_p50_ms", "ram_bytes", "mlx_active_bytes", "mlx_peak_bytes", "disk_written_bytes", "disk_read_bytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    TTFT_P50_MS_FIELD_NUMBER: _ClassVar[int]
+    RAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MLX_ACTIVE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MLX_PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_WRITTEN_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_READ_BYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    queue_requests: int
+    queue_prefill_tokens: int
+    running: int
+    tokens_per_s: float
+    ttft_p50_ms: float
+    ram_bytes: int
+    mlx_active_bytes: int
+    mlx_peak_bytes: int
+    disk_written_bytes: int
+    disk_read_bytes: int
+    def __init__(self, name: _Optional[str] = ..., queue_requests: _Optional[int] = ..., queue_prefill_tokens: _Optional[int] = ..., running: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., ttft_p50_ms: _Optional[float] = ..., ram_bytes: _Optional[int] = ..., mlx_active_bytes: _Optional[int] = ..., mlx_peak_bytes: _Optional[int] = ..., disk_written_bytes: _Optional[int] = ..., disk_read_bytes: _Optional[int] = ...) -> None: ...
+
+class TierFigures(_message.Message):
+    __slots__ = ("tier", "nbytes", "budget")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    tier: str
+    nbytes: int
+    budget: int
+    def __init__(self, tier: _Optional[str] = ..., nbytes: _Optional[int] = ..., budget: _Optional[int] = ...) -> None: ...
+
+class KindFigures(_message.Message):
+    __slots__ = ("kind", "requests", "cached_tokens", "prompt_tokens")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    requests: int
+    cached_tokens: int
+    prompt_tokens: int
+    def __init__(self, kind: _Optional[str] = ..., requests: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class AnchorFigures(_message.Message):
+    __slots__ = ("entry_id", "namespace", "length", "nbytes", "sessions")
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    entry_id: int
+    namespace: str
+    length: int
+    nbytes: int
+    sessions: int
+    def __init__(self, entry_id: _Optional[int] = ..., namespace: _Optional[str] = ..., length: _Optional[int] = ..., nbytes: _Optional[int] = ..., sessions: _Optional[int] = ...) -> None: ...
+
+class RequestRecord(_message.Message):
+    __slots__ = ("request_id", "replica", "namespace", "finish_reason", "restore_kind", "prompt_tokens", "cached_tokens", "completion_tokens", "timing", "finished_at")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_KIND_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    replica: str
+    namespace: str
+    finish_reason: str
+    restore_kind: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    timing: Timing
+    finished_at: float
+    def __init__(self, request_id: _Optional[str] = ..., replica: _Optional[str] = ..., namespace: _Optional[str] = ..., finish_reason: _Optional[str] = ..., restore_kind: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., finished_at: _Optional[float] = ...) -> None: ...
+
+class InspectReply(_message.Message):
+    __slots__ = ("cache", "replicas", "tiers", "window_s", "window", "anchors", "recent")
+    CACHE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    ANCHORS_FIELD_NUMBER: _ClassVar[int]
+    RECENT_FIELD_NUMBER: _ClassVar[int]
+    cache: CacheStatsReply
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaFigures]
+    tiers: _containers.RepeatedCompositeFieldContainer[TierFigures]
+    window_s: float
+    window: _containers.RepeatedCompositeFieldContainer[KindFigures]
+    anchors: _containers.RepeatedCompositeFieldContainer[AnchorFigures]
+    recent: _containers.RepeatedCompositeFieldContainer[RequestRecord]
+    def __init__(self, cache: _Optional[_Union[CacheStatsReply, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaFigures, _Mapping]]] = ..., tiers: _Optional[_Iterable[_Union[TierFigures, _Mapping]]] = ..., window_s: _Optional[float] = ..., window: _Optional[_Iterable[_Union[KindFigures, _Mapping]]] = ..., anchors: _Optional[_Iterable[_Union[AnchorFigures, _Mapping]]] = ..., recent: _Optional[_Iterable[_Union[RequestRecord, _Mapping]]] = ...) -> None: ...
 
 class ModelInfoRequest(_message.Message):
     __slots__ = ()

@@ -49,6 +49,11 @@ class EngineStub:
                 request_serializer=engine_dot_proto_dot_engine__pb2.ModelInfoRequest.SerializeToString,
                 response_deserializer=engine_dot_proto_dot_engine__pb2.ModelInfoReply.FromString,
                 _registered_method=True)
+        self.Inspect = channel.unary_unary(
+                '/lineage.v1.Engine/Inspect',
+                request_serializer=engine_dot_proto_dot_engine__pb2.InspectRequest.SerializeToString,
+                response_deserializer=engine_dot_proto_dot_engine__pb2.InspectReply.FromString,
+                _registered_method=True)
 
 
 class EngineServicer:
@@ -75,6 +80,14 @@ class EngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Inspect(self, request, context):
+        """Live figures for `lineage top` and `lineage stats --json`: the cache, each replica,
+        bytes per tier against budget, hit rates over a recent window, the latest requests.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +105,11 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.ModelInfo,
                     request_deserializer=engine_dot_proto_dot_engine__pb2.ModelInfoRequest.FromString,
                     response_serializer=engine_dot_proto_dot_engine__pb2.ModelInfoReply.SerializeToString,
+            ),
+            'Inspect': grpc.unary_unary_rpc_method_handler(
+                    servicer.Inspect,
+                    request_deserializer=engine_dot_proto_dot_engine__pb2.InspectRequest.FromString,
+                    response_serializer=engine_dot_proto_dot_engine__pb2.InspectReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,6 +193,33 @@ class Engine:
             '/lineage.v1.Engine/ModelInfo',
             engine_dot_proto_dot_engine__pb2.ModelInfoRequest.SerializeToString,
             engine_dot_proto_dot_engine__pb2.ModelInfoReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Inspect(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lineage.v1.Engine/Inspect',
+            engine_dot_proto_dot_engine__pb2.InspectRequest.SerializeToString,
+            engine_dot_proto_dot_engine__pb2.InspectReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -59,3 +59,4 @@ class Finished:
     restore_length: int
     timing: Timing = field(default_factory=Timing)
     error: str = ""
+    replica: str = ""  # the model replica that ran it (set by its actor)

@@ -17,10 +17,15 @@ class TierStats:
     pending: int  # requests submitted, not admitted yet
     pool_clears: int  # MLX buffer-pool clears per prefill (opt-in)
     disk: dict | None = None  # the disk store's writer and load figures; None: no disk tier
+    pending_prefill_tokens: int = 0  # the pending requests' uncached prompt tokens
+    mlx_active_bytes: int = 0  # MLX's allocated memory now
+    mlx_peak_bytes: int = 0  # and at its highest since the process started
 
 
 def tier_stats(g) -> TierStats:
     """The figures of generator `g` (call on its loop thread)."""
+    import mlx.core as mx
+
     disk = g.tier.disk_tier
     return TierStats(
         entries=len(g.tier.entries),
@@ -29,4 +34,7 @@ def tier_stats(g) -> TierStats:
         pending=len(g.pending),
         pool_clears=g.bg.pool.count,
         disk=disk.stats() if disk is not None else None,
+        pending_prefill_tokens=sum(len(r.tokens) - r.plan.length for r, _ in g.pending),
+        mlx_active_bytes=mx.get_active_memory(),
+        mlx_peak_bytes=mx.get_peak_memory(),
     )

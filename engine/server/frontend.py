@@ -15,12 +15,14 @@ import dataclasses
 import logging
 import time
 import uuid
+from typing import Mapping
 
 import numpy as np
 
 from engine.cache.messages import PlanRequest, Release
 from engine.runtime.events import Finished, Tokens
 from engine.runtime.requests import GenerationRequest, SamplingParams
+from engine.server.activity import Activity, Inspection, inspection, namespace_tag
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
 from engine.server.prompt import PromptBuilder, PromptInput
 
@@ -29,7 +31,16 @@ log = logging.getLogger("lineage.request")
 
 class Frontend:
     def __init__(
-        self, models, manager, builder: PromptBuilder, info, cache_mode: str, max_queue: int = 256
+        self,
+        models,
+        manager,
+        builder: PromptBuilder,
+        info,
+        cache_mode: str,
+        max_queue: int = 256,
+        budgets: Mapping[str, int] | None = None,
+        namespaces: str = "hash",
+        metrics=None,
     ):
         self.models = list(models)  # ModelActor handles, by replica number
         self.manager = manager  # CacheManagerActor handle
@@ -40,6 +51,10 @@ class Frontend:
         self.max_queue = max_queue
         self.cancelling: set = set()  # cancels whose commit a retry should see
         self.in_flight: dict[str, tuple[str, np.ndarray]] = {}  # request_id -> (namespace, prompt)
+        self.budgets = dict(budgets or {})  # tier -> bytes, for Inspect
+        self.namespaces = namespaces  # how namespaces show (activity.namespace_tag)
+        self.activity = Activity()
+        self.metrics = metrics  # EngineMetrics, or None
 
     async def _await_superseded(
         self, namespace: str, tokens: np.ndarray, patience: float = 0.5
@@ -140,7 +155,7 @@ class Frontend:
                 for event in batch:
                     if isinstance(event, Finished):
                         finished = True
-                        log_request(event, req.plan.captures)
+                        self._finished(event, req)
                     if not prefilled and isinstance(event, (Tokens, Finished)):
                         prefilled = True
                         self.manager.prefilled.remote(req.request_id)
@@ -199,8 +214,37 @@ class Frontend:
             plan_ms=(time.perf_counter() - t0) * 1000,
         )
 
+    def _finished(self, f: Finished, req: GenerationRequest) -> None:
+        """Log the request, keep its record, count it."""
+        log_request(f, req.plan.captures)
+        tag = namespace_tag(req.namespace, self.namespaces)
+        self.activity.record(f, tag)
+        if self.metrics is not None:
+            self.metrics.request(f, tag, req.plan.captures, req.plan.length)
+
+    def error(self, code: str) -> None:
+        """A call ended with gRPC status `code` (counted for the metrics)."""
+        if self.metrics is not None:
+            self.metrics.error(code)
+
     async def stats(self):
         return await self.manager.stats.remote()
+
+    async def inspect(self, recent: int = 20) -> Inspection:
+        """Live figures: the cache, each replica, the recent window, the latest requests."""
+        cache, anchors, *tiers = await asyncio.gather(
+            self.manager.stats.remote(),
+            self.manager.anchors.remote(),
+            *(m.tier_stats.remote() for m in self.models),
+            return_exceptions=True,
+        )
+        for value in (cache, anchors):
+            if isinstance(value, BaseException):
+                raise value
+        live = {str(i): t for i, t in enumerate(tiers) if not isinstance(t, BaseException)}
+        return inspection(
+            cache, anchors, live, self.budgets, self.activity, self.namespaces, recent
+        )
 
 
 def _clip_max_tokens(s: SamplingParams, room: int) -> SamplingParams:
@@ -216,8 +260,10 @@ def log_request(f: Finished, captures) -> None:
         for k, v in dataclasses.asdict(f.timing).items()
     )
     log.info(
-        "request id=%s finish=%s prompt=%d cached=%d completion=%d restore=%s@%d captures=%s %s",
+        "request id=%s replica=%s finish=%s prompt=%d cached=%d completion=%d "
+        "restore=%s@%d captures=%s %s",
         f.request_id,
+        f.replica or "-",
         f.finish_reason,
         f.prompt_tokens,
         f.cached_tokens,

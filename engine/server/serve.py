@@ -44,6 +44,7 @@ class RunningEngine:
     namespace: str = "lineage"  # the Ray namespace the actors are named in
     names: tuple = ()  # their names
     watch: object = None  # the health watchdog task
+    sampler: object = None  # the metrics sampling task
 
     @property
     def model(self):
@@ -57,8 +58,9 @@ class RunningEngine:
     async def stop(self, grace: float = 2.0) -> None:
         from engine.server.service import stop_server
 
-        if self.watch is not None:
-            self.watch.cancel()
+        for task in (self.watch, self.sampler):
+            if task is not None:
+                task.cancel()
         await stop_server(self.server, self.health, self.frontend, grace)
         for model in self.models:
             try:  # queued disk-tier writes land before the actor goes
@@ -91,6 +93,7 @@ async def start_engine(config: EngineConfig, port: int | None = None) -> Running
     from engine.actors.model import ModelActor
     from engine.actors.names import CACHE_MANAGER, model_actor_name
     from engine.server.frontend import Frontend
+    from engine.server.metrics import EngineMetrics
     from engine.server.prompt import PromptBuilder
     from engine.server.service import create_server
 
@@ -122,13 +125,42 @@ async def start_engine(config: EngineConfig, port: int | None = None) -> Running
 
     tokenizer = load_tokenizer(Path(info.path))
     builder = PromptBuilder(tokenizer, info.vocab_size, info.max_context, config.cache.anchor_slack)
-    frontend = Frontend(models, manager, builder, info, config.cache.mode, config.model.max_queue)
+    budgets = {
+        "ram": config.cache.ram_budget,
+        "anchors": config.cache.anchor_max_bytes,
+        "disk": config.cache.disk_budget if config.cache.mode != "off" else 0,
+    }
+    frontend = Frontend(
+        models,
+        manager,
+        builder,
+        info,
+        config.cache.mode,
+        config.model.max_queue,
+        budgets=budgets,
+        namespaces=config.server.metrics_namespace,
+        metrics=EngineMetrics(namespace, Path(info.path).name or info.model_type),
+    )
     server, bound, health = await create_server(
         frontend, config.server.host, config.server.port if port is None else port
     )
     engine = RunningEngine(server, bound, health, frontend, models, manager, info, namespace, names)
     engine.watch = asyncio.ensure_future(watch_actors(engine))
+    engine.sampler = asyncio.ensure_future(sample_metrics(engine))
     return engine
+
+
+async def sample_metrics(engine: "RunningEngine", every: float = 1.0) -> None:
+    """Gauges and cumulative counters from the live figures, about once a second."""
+    frontend = engine.frontend
+    while True:
+        await asyncio.sleep(every)
+        try:
+            frontend.metrics.sample(await frontend.inspect(recent=0))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # an actor that is gone: the watchdog reports it
+            log.debug("sampling metrics failed: %s", e)
 
 
 def _check_names_free(namespace: str, names: Sequence[str]) -> None:

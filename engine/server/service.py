@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 from engine.proto import engine_pb2, engine_pb2_grpc
 from engine.runtime.events import Finished, FinishReason, Progress, Tokens
 from engine.runtime.requests import SamplingParams
+from engine.server.activity import Inspection, RequestRecord
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
 from engine.server.frontend import Frontend
 from engine.server.prompt import PromptInput, parse_tools
@@ -97,7 +98,27 @@ def to_event(event) -> engine_pb2.GenerateEvent:
             ),
             restore=engine_pb2.Restore(kind=event.restore_kind.value, length=event.restore_length),
             timing=engine_pb2.Timing(**dataclasses.asdict(event.timing)),
+            replica=event.replica,
         )
+    )
+
+
+def to_inspect_reply(i: Inspection) -> engine_pb2.InspectReply:
+    """Inspection -> InspectReply: the messages carry the dataclasses' field names."""
+
+    def record(r: RequestRecord) -> engine_pb2.RequestRecord:
+        fields = dataclasses.asdict(r)
+        fields["timing"] = engine_pb2.Timing(**fields["timing"])
+        return engine_pb2.RequestRecord(**fields)
+
+    return engine_pb2.InspectReply(
+        cache=engine_pb2.CacheStatsReply(**dataclasses.asdict(i.cache)),
+        replicas=[engine_pb2.ReplicaFigures(**dataclasses.asdict(r)) for r in i.replicas],
+        tiers=[engine_pb2.TierFigures(**dataclasses.asdict(t)) for t in i.tiers],
+        window_s=i.window_s,
+        window=[engine_pb2.KindFigures(**dataclasses.asdict(k)) for k in i.window],
+        anchors=[engine_pb2.AnchorFigures(**dataclasses.asdict(a)) for a in i.anchors],
+        recent=[record(r) for r in i.recent],
     )
 
 
@@ -118,21 +139,31 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 for event in chunks:
                     yield to_event(event)
                     if isinstance(event, Finished) and event.finish_reason == FinishReason.ERROR:
-                        await context.abort(
-                            grpc.StatusCode.INTERNAL, event.error or "generation failed"
+                        await self._abort(
+                            context, grpc.StatusCode.INTERNAL, event.error or "generation failed"
                         )
         except InvalidRequest as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except Unavailable as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+            await self._abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
         except Overloaded as e:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+            await self._abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except ActorGone as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the model actor is unavailable: {e}")
+            await self._abort(
+                context, grpc.StatusCode.UNAVAILABLE, f"the model actor is unavailable: {e}"
+            )
+
+    async def _abort(self, context, code: grpc.StatusCode, message: str) -> None:
+        """End the call with `code` (counted in the metrics)."""
+        self.frontend.error(code.name)
+        await context.abort(code, message)
 
     async def CacheStats(self, request, context):
         s = await self.frontend.stats()
         return engine_pb2.CacheStatsReply(**dataclasses.asdict(s))
+
+    async def Inspect(self, request, context):
+        return to_inspect_reply(await self.frontend.inspect(request.recent or 20))
 
     async def ModelInfo(self, request, context):
         i = self.frontend.info

@@ -92,6 +92,7 @@ class DiskStore:
             "queued": queued,
             "queued_bytes": queued_bytes,
             "loads": self.loads,
+            "load_bytes": self.load_bytes,
             "load_failures": self.load_failures,
             "load_mb_per_s": self.load_bytes / self.load_seconds / 1e6
             if self.load_seconds

@@ -314,6 +314,7 @@ def test_result_to_json_dict_shape():
         lc.Restore("anchor", 8),
         lc.Timing(1, 2, 3, 4, 5, 6, 7, 8, 9, 10),
         "rid",
+        "0",
     )
     d = r.to_json_dict()
     assert d == {
@@ -331,6 +332,8 @@ def test_result_to_json_dict_shape():
             "ttft_ms": 6,
             "decode_tps": 7,
         },
+        "request_id": "rid",
+        "replica": "0",
     }
     json.dumps(d)
 

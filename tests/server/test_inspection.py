@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from engine.actors.names import CACHE_MANAGER, model_actor_name
+from engine.server.activity import namespace_tag
 
 
 def _address() -> str:
@@ -60,3 +61,109 @@ def test_actor_log_lines_reach_the_dashboard(engine):
         return "model actor started" in text
 
     assert _until(started)
+
+
+def _scrape(port: int, engine_tag: str) -> dict:
+    """{(sample name, frozenset of labels but engine): value} of one engine's lineage series."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if "lineage_" in s.name and s.labels.get("engine") == engine_tag:
+                keep = {k: v for k, v in s.labels.items() if k in ("kind", "tier", "reason")}
+                key = (s.name, frozenset(keep.items()))
+                out[key] = out.get(key, 0.0) + s.value  # summed over replicas, namespaces
+    return out
+
+
+def _figures(samples: dict, name: str, **labels) -> float:
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= set(ls))
+
+
+def test_metrics_match_cache_stats(engine, metrics_port):
+    """After a few requests, Ray's Prometheus export shows lineage_ metrics equal to CacheStats."""
+    from clients.client import Client
+
+    messages = [{"role": "system", "content": "You inspect engines."}]
+    with Client(engine.address) as client:
+        for turn in ("first question", "first question", "second question"):
+            client.generate(messages=messages + [{"role": "user", "content": turn}], max_tokens=4)
+        stats = client.cache_stats()
+    tag = engine.config.server.ray_namespace
+
+    def expected() -> dict:
+        out = {("ray_lineage_restores_total", (("kind", k),)): v for k, v in stats["hits"].items()}
+        out[("ray_lineage_entries", ())] = stats["entries"]
+        out[("ray_lineage_anchors", ())] = stats["anchors"]
+        out[("ray_lineage_tier_bytes", (("tier", "ram"),))] = stats["ram_bytes"]
+        out[("ray_lineage_tier_bytes", (("tier", "anchors"),))] = stats["anchor_bytes"]
+        return out
+
+    def seen() -> dict:
+        samples = _scrape(metrics_port, tag)
+        return {key: _figures(samples, key[0], **dict(key[1])) for key in expected()}
+
+    assert _until(lambda: seen() == expected(), deadline=30)
+    samples = _scrape(metrics_port, tag)
+    assert _figures(samples, "ray_lineage_requests_total", reason="length") >= 3
+    assert _figures(samples, "ray_lineage_ttft_ms_count") >= 3
+    assert _figures(samples, "ray_lineage_tokens_total", kind="cached") > 0
+    assert _figures(samples, "ray_lineage_tier_budget_bytes", tier="ram") == (
+        engine.config.cache.ram_budget
+    )
+    assert _figures(samples, "ray_lineage_mlx_peak_bytes") > 0
+
+
+def test_final_event_carries_the_trace_and_inspect_lists_it(engine):
+    """The final event names the request and the replica that served it; Inspect shows both."""
+    from clients.client import Client
+
+    with Client(engine.address) as client:
+        result = client.generate(prompt="trace me", max_tokens=3, request_id="trace-1")
+        live = client.inspect(recent=5)
+    assert (result.request_id, result.replica) == ("trace-1", "0")
+    (record,) = [r for r in live["recent"] if r["request_id"] == "trace-1"]
+    assert record["replica"] == "0" and record["completion_tokens"] == 3
+    assert record["prompt_tokens"] == result.usage.prompt_tokens
+    assert [r["name"] for r in live["replicas"]] == ["0"]
+    assert {t["tier"] for t in live["tiers"]} == {"ram", "anchors", "disk"}
+    assert sum(k["requests"] for k in live["window"]) >= 1
+
+
+def test_lineage_top_once_renders_against_a_real_server(engine):
+    """`lineage top --once`, headless: a rich Console in record mode holds the frame."""
+    import argparse
+
+    from rich.console import Console
+
+    from clients import top
+    from clients.client import Client
+
+    system = "You are a careful agent. " * 20
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "go"}]
+    with Client(engine.address) as client:
+        reply = client.generate(messages=messages, max_tokens=3, namespace="tenant-a").text
+        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "on"}]
+        client.generate(messages=messages, max_tokens=3, namespace="tenant-a")
+    console = Console(record=True, width=160, force_terminal=False)
+    args = argparse.Namespace(server=engine.address, once=True, requests=10, interval=1.0)
+    assert top.run(args, console) == 0
+    frame = console.export_text()
+    for heading in ("replicas", "bytes per tier", "anchors", "restores over the last 60 s"):
+        assert heading in frame
+    assert "latest requests" in frame and "tenant-a" not in frame  # namespaces are hashed
+    assert top.human_bytes(engine.config.cache.ram_budget) in frame  # the RAM budget bar
+    tag = namespace_tag("tenant-a", "hash")
+    anchor_rows = [line for line in frame.splitlines() if tag in line and "KiB" in line]
+    assert anchor_rows  # the tenant's anchor, with its bytes and sessions
+    warm = [line for line in frame.splitlines() if tag in line and " none " not in line]
+    assert len(warm) >= 2  # the anchor row and the warm turn's request row

@@ -1,0 +1,186 @@
+"""`lineage top`: a live view of a running engine, refreshed every second (rich).
+
+One Inspect call per frame: per replica its queue, running sequences, tokens
+per second and median time to first token; the cache's entries, anchors with
+the sessions built on them, bytes per tier against budget bars, hit rates by
+restore kind over the last minute; the latest requests with their restore
+kind and timings. `--once` prints one frame and exits (scripts, tests). Knows
+the server only through the client library; rich loads only when it runs, so
+the plug-in stays cheap to import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from clients.client import Client
+
+HELP = "live view of a running engine: replicas, cache tiers, hit rates, requests"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--once", action="store_true", help="print one frame and exit")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between frames")
+    p.add_argument("--requests", type=int, default=10, help="latest requests shown")
+    p.add_argument(
+        "--server", metavar="HOST:PORT", help="engine address (default: $LINEAGE_SERVER)"
+    )
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _replicas(snap: dict):
+    from rich.table import Table
+
+    t = Table(title="replicas", expand=True)
+    for name in ("replica", "queue", "queued tok", "running", "tok/s", "TTFT p50", "RAM tier"):
+        t.add_column(name, justify="left" if name == "replica" else "right")
+    t.add_column("MLX active / peak", justify="right")
+    for r in snap["replicas"]:
+        t.add_row(
+            r["name"],
+            str(r["queue_requests"]),
+            str(r["queue_prefill_tokens"]),
+            str(r["running"]),
+            f"{r['tokens_per_s']:.1f}",
+            f"{r['ttft_p50_ms']:.0f} ms",
+            human_bytes(r["ram_bytes"]),
+            f"{human_bytes(r['mlx_active_bytes'])} / {human_bytes(r['mlx_peak_bytes'])}",
+        )
+    return t
+
+
+def _tiers(snap: dict):
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+
+    t = Table(title="bytes per tier", expand=True, show_header=False)
+    t.add_column("tier")
+    t.add_column("bar", ratio=1)
+    t.add_column("held / budget", justify="right")
+    for tier in snap["tiers"]:
+        budget = max(tier["budget"], 1)
+        bar = ProgressBar(total=budget, completed=min(tier["nbytes"], budget))
+        share = tier["nbytes"] / budget
+        held = f"{human_bytes(tier['nbytes'])} / {human_bytes(tier['budget'])} ({share:.0%})"
+        t.add_row(tier["tier"], bar, held)
+    return t
+
+
+def _cache(snap: dict):
+    from rich.table import Table
+
+    c = snap["cache"]
+    t = Table(title=f"cache ({c['mode']})", expand=True)
+    for name in ("entries", "anchors", "checkpoints", "on disk", "evictions RAM/disk"):
+        t.add_column(name, justify="right")
+    checkpoints = ", ".join(f"{k} {v}" for k, v in sorted(c["checkpoints"].items())) or "-"
+    t.add_row(
+        str(c["entries"]),
+        str(c["anchors"]),
+        checkpoints,
+        str(c["disk_entries"]),
+        f"{c['evictions']} / {c['disk_evictions']}",
+    )
+    return t
+
+
+def _anchors(snap: dict):
+    from rich.table import Table
+
+    t = Table(title="anchors", expand=True)
+    for name in ("id", "namespace", "tokens", "bytes", "sessions"):
+        t.add_column(name, justify="right")
+    for a in snap["anchors"]:
+        t.add_row(
+            str(a["entry_id"]),
+            a["namespace"] or "-",
+            str(a["length"]),
+            human_bytes(a["nbytes"]),
+            str(a["sessions"]),
+        )
+    return t
+
+
+def _hits(snap: dict):
+    from rich.table import Table
+
+    t = Table(title=f"restores over the last {snap['window_s']:.0f} s", expand=True)
+    for name in ("restore kind", "requests", "cached / prompt tokens", "hit rate"):
+        t.add_column(name, justify="left" if name == "restore kind" else "right")
+    total = sum(k["requests"] for k in snap["window"]) or 1
+    for k in snap["window"]:
+        cached = k["cached_tokens"] / k["prompt_tokens"] if k["prompt_tokens"] else 0.0
+        t.add_row(
+            k["kind"],
+            f"{k['requests']} ({k['requests'] / total:.0%})",
+            f"{k['cached_tokens']} / {k['prompt_tokens']}",
+            f"{cached:.1%}",
+        )
+    return t
+
+
+def _requests(snap: dict):
+    from rich.table import Table
+
+    t = Table(title="latest requests", expand=True)
+    cols = ("request", "replica", "ns", "finish", "restore", "prompt", "cached", "out")
+    for name in cols + ("queue", "TTFT", "prefill", "tok/s"):
+        t.add_column(name, justify="left" if name in cols[:5] else "right")
+    for r in snap["recent"]:
+        tm = r["timing"]
+        t.add_row(
+            r["request_id"][:12],
+            r["replica"] or "-",
+            r["namespace"] or "-",
+            r["finish_reason"],
+            r["restore_kind"],
+            str(r["prompt_tokens"]),
+            str(r["cached_tokens"]),
+            str(r["completion_tokens"]),
+            f"{tm['queue_ms']:.0f} ms",
+            f"{tm['ttft_ms']:.0f} ms",
+            f"{tm['prefill_ms']:.0f} ms",
+            f"{tm['decode_tps']:.1f}",
+        )
+    return t
+
+
+def render(snap: dict, server: str):
+    """One frame of `lineage top` (a rich Panel) from an Inspect reply as a dict."""
+    from rich.console import Group
+    from rich.panel import Panel
+
+    body = Group(
+        _replicas(snap),
+        _cache(snap),
+        _tiers(snap),
+        _anchors(snap),
+        _hits(snap),
+        _requests(snap),
+    )
+    return Panel(body, title=f"lineage top  {server}  {time.strftime('%H:%M:%S')}")
+
+
+def run(args: argparse.Namespace, console=None) -> int:
+    """Frames until Ctrl-C (`--once`: one). `console`: a rich Console (default stdout)."""
+    from rich.console import Console
+
+    console = console or Console()
+    with Client(args.server) as client:
+        if args.once:
+            console.print(render(client.inspect(args.requests), args.server))
+            return 0
+        from rich.live import Live
+
+        with Live(console=console, screen=False, auto_refresh=False) as live:
+            while True:
+                live.update(render(client.inspect(args.requests), args.server), refresh=True)
+                time.sleep(args.interval)

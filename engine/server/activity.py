@@ -1,0 +1,191 @@
+"""What the front end saw of recent requests, and the live figures built from it.
+
+`Activity` keeps the latest finished requests (a bounded deque of
+`RequestRecord`) and answers figures over a recent window: requests and
+cached tokens by restore kind, and per replica its tokens per second and
+median time to first token. `Inspection` is the frozen value the Inspect RPC
+and `lineage top` show; `inspection(...)` assembles it from the cache
+manager's CacheStats and anchors and each replica's TierStats. No Ray, no
+gRPC: the front end fetches, the servicer translates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Mapping
+
+from engine.cache.messages import AnchorUse, CacheStats
+from engine.runtime.events import Finished, Timing
+from engine.runtime.tier_stats import TierStats
+
+WINDOW_S = 60.0  # "the last minute" of `lineage top`
+KEEP = 512  # records kept
+
+
+def namespace_tag(namespace: str, how: str) -> str:
+    """A request's cache namespace as metrics and `lineage top` show it.
+
+    `hash` (the default: namespaces can name tenants) gives 8 hex digits of its
+    SHA-256, `plain` the namespace itself, `off` nothing. The empty namespace stays empty.
+    """
+    if how == "off" or not namespace:
+        return ""
+    if how == "plain":
+        return namespace
+    return hashlib.sha256(namespace.encode()).hexdigest()[:8]
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    request_id: str
+    replica: str
+    namespace: str  # as namespace_tag shows it
+    finish_reason: str
+    restore_kind: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    timing: Timing
+    finished_at: float  # unix seconds
+
+    @classmethod
+    def of(cls, f: Finished, namespace: str, at: float) -> "RequestRecord":
+        return cls(
+            f.request_id,
+            f.replica,
+            namespace,
+            str(f.finish_reason),
+            str(f.restore_kind),
+            f.prompt_tokens,
+            f.cached_tokens,
+            f.completion_tokens,
+            f.timing,
+            at,
+        )
+
+
+@dataclass(frozen=True)
+class KindFigures:
+    kind: str  # restore kind
+    requests: int
+    cached_tokens: int
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class ReplicaFigures:
+    name: str
+    queue_requests: int
+    queue_prefill_tokens: int
+    running: int
+    tokens_per_s: float
+    ttft_p50_ms: float
+    ram_bytes: int
+    mlx_active_bytes: int
+    mlx_peak_bytes: int
+    disk_written_bytes: int
+    disk_read_bytes: int
+
+
+@dataclass(frozen=True)
+class TierFigures:
+    tier: str  # ram | anchors | disk
+    nbytes: int
+    budget: int
+
+
+@dataclass(frozen=True)
+class Inspection:
+    cache: CacheStats
+    replicas: tuple[ReplicaFigures, ...]
+    tiers: tuple[TierFigures, ...]
+    window_s: float
+    window: tuple[KindFigures, ...]
+    anchors: tuple[AnchorUse, ...]
+    recent: tuple[RequestRecord, ...]  # newest first
+
+
+class Activity:
+    """The latest finished requests; figures over the last `window_s` seconds."""
+
+    def __init__(self, keep: int = KEEP, window_s: float = WINDOW_S):
+        self.records: deque[RequestRecord] = deque(maxlen=keep)
+        self.window_s = window_s
+
+    def record(self, f: Finished, namespace: str, at: float | None = None) -> RequestRecord:
+        r = RequestRecord.of(f, namespace, time.time() if at is None else at)
+        self.records.append(r)
+        return r
+
+    def latest(self, n: int) -> tuple[RequestRecord, ...]:
+        return tuple(reversed(self.records))[:n]
+
+    def _recent(self, now: float) -> list[RequestRecord]:
+        return [r for r in self.records if now - r.finished_at <= self.window_s]
+
+    def by_kind(self, now: float | None = None) -> tuple[KindFigures, ...]:
+        """Requests, cached and prompt tokens by restore kind over the window."""
+        sums: dict[str, list[int]] = {}
+        for r in self._recent(time.time() if now is None else now):
+            s = sums.setdefault(r.restore_kind, [0, 0, 0])
+            s[0] += 1
+            s[1] += r.cached_tokens
+            s[2] += r.prompt_tokens
+        return tuple(KindFigures(k, *v) for k, v in sorted(sums.items()))
+
+    def rates(self, replica: str, now: float | None = None) -> tuple[float, float]:
+        """(completion tokens per second, median TTFT ms) of `replica` over the window."""
+        recent = [r for r in self._recent(time.time() if now is None else now)]
+        mine = [r for r in recent if r.replica == replica]
+        ttfts = [r.timing.ttft_ms for r in mine if r.completion_tokens]
+        tokens = sum(r.completion_tokens for r in mine)
+        return tokens / self.window_s, statistics.median(ttfts) if ttfts else 0.0
+
+
+def replica_figures(name: str, t: TierStats, activity: Activity) -> ReplicaFigures:
+    """One replica's row: its TierStats plus its rates from the front end's records."""
+    tps, ttft = activity.rates(name)
+    disk = t.disk or {}
+    return ReplicaFigures(
+        name=name,
+        queue_requests=t.pending,
+        queue_prefill_tokens=t.pending_prefill_tokens,
+        running=t.active,
+        tokens_per_s=tps,
+        ttft_p50_ms=ttft,
+        ram_bytes=t.ram_bytes,
+        mlx_active_bytes=t.mlx_active_bytes,
+        mlx_peak_bytes=t.mlx_peak_bytes,
+        disk_written_bytes=int(disk.get("writer", {}).get("bytes", 0)),
+        disk_read_bytes=int(disk.get("load_bytes", 0)),
+    )
+
+
+def inspection(
+    cache: CacheStats,
+    anchors: list[AnchorUse],
+    tiers: Mapping[str, TierStats],
+    budgets: Mapping[str, int],
+    activity: Activity,
+    namespaces: str,
+    recent: int = 20,
+) -> Inspection:
+    """The Inspect RPC's figures. `budgets`: tier name -> bytes (ram, anchors, disk)."""
+    held = {"ram": cache.ram_bytes, "anchors": cache.anchor_bytes, "disk": cache.disk_bytes}
+    return Inspection(
+        cache=cache,
+        replicas=tuple(replica_figures(n, t, activity) for n, t in sorted(tiers.items())),
+        tiers=tuple(TierFigures(k, v, int(budgets.get(k, 0))) for k, v in held.items()),
+        window_s=activity.window_s,
+        window=activity.by_kind(),
+        anchors=tuple(
+            dataclasses.replace(a, namespace=namespace_tag(a.namespace, namespaces))
+            for a in anchors
+        ),
+        recent=activity.latest(recent),
+    )

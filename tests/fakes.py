@@ -5,7 +5,13 @@ at which it holds a state snapshot, keyed by entry id, and applies Orders. It
 asserts it is never told to restore, move or drop something it does not hold.
 The driver runs requests through a CacheManager and the fake actor and, after
 every call, checks the manager's invariants and that the actor holds exactly
-what the index says (plus the entries whose free waits for a pin). The disk
+what the index says (plus the entries whose free waits for a pin).
+
+Orders may travel late, as they do between actors: with `hold` set, the
+Orders of commits and releases queue up until `deliver()`, while plans made
+meanwhile reach the actor at once. The actor then restores a plan only once
+it applied every Orders numbered up to `plan.after_orders` (the model actor's
+rule); a commit of a plan not restored yet first waits for them. The disk
 tier's variants (FakeDiskActor, DiskDriver) also write, delete and read real
 entry files (real headers and checksums, a dummy body) in a directory of
 their own.
@@ -22,6 +28,7 @@ from engine.cache.messages import (
     AnchorCommit,
     CapturedPoint,
     Commit,
+    LostRestore,
     Orders,
     PlanRequest,
     Release,
@@ -153,7 +160,12 @@ class FakeModelActor:
         self.stored[entry_id] = Stored(stored.copy(), set(states))
 
     def apply(self, orders: Orders) -> None:
-        """Obey orders in field order: moves, checkpoint drops, frees."""
+        """Obey orders in field order: moves, checkpoint drops, frees.
+
+        A move copies, as the real RAM tier does (it shares the immutable
+        arrays): the source keeps its state until it is freed, so a request
+        pinning it still restores there.
+        """
         for move in orders.moves:
             src, dst = self.stored.get(move.src), self.stored.get(move.dst)
             assert src is not None and dst is not None, f"move {move}: entry not held"
@@ -161,7 +173,6 @@ class FakeModelActor:
             assert move.length <= len(dst.tokens) and move.length not in dst.states
             n = move.length
             assert np.array_equal(src.tokens[:n], dst.tokens[:n]), "move across lineages"
-            src.states.remove(move.length)
             dst.states.add(move.length)
         for entry_id, length in orders.drop_checkpoints:
             held = self.stored.get(entry_id)
@@ -187,6 +198,9 @@ class Driver:
         self._restored: set[str] = set()
         self._early: dict[str, set[int]] = {}  # anchors committed mid-prefill, by request
         self._serial = 0
+        self.hold = False  # queue Orders instead of applying them (see the module doc)
+        self.in_transit: list[Orders] = []
+        self.applied: set[int] = set()  # numbers of the Orders the actor applied
 
     def plan(
         self, prompt, anchor_len: int = 0, namespace: str = "", request_id: str | None = None
@@ -200,17 +214,57 @@ class Driver:
         self.check()
         return plan
 
+    def lose(self, request_id: str, load_failed: bool = False) -> RestorePlan:
+        """The actor finds the plan's restore point gone at admission: it asks for a new plan."""
+        plan, prompt, namespace = self._requests[request_id]
+        replanned = self.manager.replan(
+            LostRestore(request_id, plan.entry_id, plan.length, load_failed)
+        )
+        self._obey(replanned.orders)
+        self._requests[request_id] = (replanned.plan, prompt, namespace)
+        self.check()
+        return replanned.plan
+
     def planned(self, request_id: str) -> RestorePlan:
         """The plan of a request not yet committed or released."""
         return self._requests[request_id][0]
 
-    def restore(self, request_id: str) -> None:
-        """The model actor takes the restore point (it may do so long after the plan)."""
+    def _obey(self, orders: Orders) -> None:
+        """The actor applies the Orders now, or (`hold`, or others still in transit: they
+        arrive in order) once they are delivered."""
+        if self.hold or self.in_transit:
+            self.in_transit.append(orders)
+            return
+        self.actor.apply(orders)
+        self.applied.add(orders.seq)
+
+    def deliver(self, count: int | None = None) -> None:
+        """The first `count` Orders in transit (all when None) reach the actor, in order."""
+        count = len(self.in_transit) if count is None else count
+        for orders in self.in_transit[:count]:
+            self.actor.apply(orders)
+            self.applied.add(orders.seq)
+        del self.in_transit[:count]
+        self.check()
+
+    def ready(self, plan: RestorePlan) -> bool:
+        """Whether the actor applied every Orders handed out before `plan`."""
+        return all(n in self.applied for n in range(1, plan.after_orders + 1))
+
+    def restore(self, request_id: str) -> bool:
+        """The model actor takes the restore point (it may do so long after the plan).
+
+        False while it must wait: for Orders still in transit, or for the anchor
+        it waits on.
+        """
         plan, prompt, _ = self._requests[request_id]
+        if not self.ready(plan):
+            return False  # Orders decided before the plan are still on their way
         if plan.wait and plan.entry_id not in self.actor.stored:
-            return  # the actor holds the request until the anchor it waits on is stored
+            return False  # the actor holds the request until the anchor it waits on is stored
         self.actor.restore(plan, prompt)
         self._restored.add(request_id)
+        return True
 
     def capture_anchor(self, request_id: str) -> Orders | None:
         """The request's prefill reaches its anchor: stored and committed at once (AnchorCommit)."""
@@ -233,7 +287,7 @@ class Driver:
             )
         )
         early.add(point.entry_id)
-        self.actor.apply(orders)
+        self._obey(orders)
         self.check()
         return orders
 
@@ -251,6 +305,8 @@ class Driver:
         `upto`: cancelled in prefill after that many tokens (see FakeModelActor.prefill).
         """
         plan = self._requests[request_id][0]
+        if request_id not in self._restored and not self.ready(plan):
+            self.deliver()  # the actor waits for them before it restores
         if plan.wait and plan.entry_id not in self.actor.stored:
             cold = True  # the anchor it waited on was never captured
         if request_id not in self._restored and not cold:
@@ -267,13 +323,15 @@ class Driver:
         else:
             commit = replace(commit, namespace=namespace)
             orders = self.manager.commit(commit)
-        self.actor.apply(orders)
+        self._obey(orders)
         self.check()
         return orders
 
     def release(self, request_id: str, taken: int = 0) -> Orders:
         """Cancel a request after its prefill took `taken` capture points; release its stores."""
         if taken and request_id not in self._restored:
+            if not self.ready(self._requests[request_id][0]):
+                self.deliver()
             self.restore(request_id)
         plan, prompt, _ = self._requests.pop(request_id)
         self._restored.discard(request_id)
@@ -284,7 +342,7 @@ class Driver:
                 self.actor.store_capture(point.entry_id, prompt, point.length)
                 stored.append(point.entry_id)
         orders = self.manager.release(Release(request_id, tuple(stored)))
-        self.actor.apply(orders)
+        self._obey(orders)
         self.check()
         return orders
 
@@ -301,8 +359,11 @@ class Driver:
         return {n: c.kind for n, c in sorted(self.entry(entry_id).checkpoints.items())}
 
     def check(self) -> None:
-        """The manager's invariants, and the actor holding exactly the index plus deferred frees."""
+        """The manager's invariants, and the actor holding exactly the index plus deferred frees
+        (once every Orders in transit is delivered)."""
         self.manager.check_invariants()
+        if self.in_transit:
+            return
         index = self.manager.index
         for entry in index.entries():
             held = self.actor.stored.get(entry.id)
@@ -357,9 +418,11 @@ class FakeDiskActor(FakeModelActor):
     loads: int = 0
 
     def load(self, plan: RestorePlan) -> bool:
-        """Read a plan's restore source from its file; False when it is missing or damaged."""
+        """Read a plan's restore source from its file, unless the entry held serves the plan
+        (as RamTier.prepare); False when the file is missing or damaged."""
 
-        if plan.entry_id in self.stored:
+        held = self.stored.get(plan.entry_id)
+        if held is not None and (plan.length in held.states or not self.state_layers):
             return True
         try:
             header = file_format.read_header(file_format.entry_path(self.directory, plan.entry_id))
@@ -383,6 +446,8 @@ class FakeDiskActor(FakeModelActor):
             lengths = {n for n, _ in record.checkpoints} | {len(record.tokens)}
             assert held.states == lengths, (record.entry_id, held.states, lengths)
             write_fake_file(self.directory, record, self.fingerprint)
+            for superseded in record.supersedes:  # after the successor's file is durable
+                delete_files(self.directory, superseded)
         super().apply(Orders(free=orders.free))
         for entry_id in orders.delete_files:
             delete_files(self.directory, entry_id)
@@ -430,16 +495,23 @@ class DiskDriver(Driver):
         self._requests = {}
         self._restored = set()
         self._serial = 0
+        self.hold = False
+        self.in_transit = []
+        self.applied = set()
 
-    def restore(self, request_id: str) -> None:
+    def restore(self, request_id: str) -> bool:
         plan = self._requests[request_id][0]
+        if not self.ready(plan):
+            return False
         if plan.load_from_disk:
             assert self.actor.load(plan), f"file of entry {plan.entry_id} did not load"
-        super().restore(request_id)
+        return super().restore(request_id)
 
     def commit(self, request_id: str, reply=(), taken=None, cold: bool = False, upto=None):
         """As Driver.commit; a restore whose file fails falls back to cold (as the actor)."""
         plan = self._requests[request_id][0]
+        if request_id not in self._restored and not self.ready(plan):
+            self.deliver()
         if plan.load_from_disk and request_id not in self._restored and not cold:
             cold = not self.actor.load(plan)
         return super().commit(request_id, reply, taken, cold, upto)
@@ -452,6 +524,8 @@ class DiskDriver(Driver):
         """The manager's invariants; the actor holds the index, deferred and pending frees; the
         files of this fingerprint are the disk index's entries."""
         self.manager.check_invariants()
+        if self.in_transit:
+            return
         index = self.manager.index
         loading = set(self.manager.unread)  # the actor may not have read these files yet
         for entry in index.entries():

@@ -23,9 +23,11 @@ from engine.cache.messages import (
     AnchorUse,
     CacheStats,
     Commit,
+    LostRestore,
     Orders,
     PlanRequest,
     Release,
+    Replanned,
     RestorePlan,
 )
 from engine.cache.replicas import DEFAULT_THRESHOLD, ReplicatedCache
@@ -102,6 +104,9 @@ class CacheManagerActor:
 
     def alive(self) -> list[int]:
         return self.cache.replicas.alive()
+
+    def replan(self, lost: LostRestore) -> Replanned:
+        return self.manager.replan(lost)
 
     def stats(self) -> CacheStats:
         return self.cache.stats()

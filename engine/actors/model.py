@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import ray
 
-from engine.cache.messages import AnchorCommit, Commit, Orders, Release
+from engine.cache.messages import AnchorCommit, Commit, LostRestore, Orders, Release, Replanned
 from engine.config import EngineConfig
 from engine.runtime.events import Finished
 from engine.runtime.loader import ModelInfo, load_model
@@ -56,16 +56,20 @@ class RayCacheLink:
         ref = self.manager.release.remote(release, self.replica)
         self._ask(ref, on_orders, release.request_id)
 
-    def _ask(self, ref, on_orders, request_id: str) -> None:
+    def replan(self, lost: LostRestore, on_replanned) -> None:
+        failed = Replanned(None, Orders())
+        self._ask(self.manager.replan.remote(lost), on_replanned, lost.request_id, failed)
+
+    def _ask(self, ref, on_orders, request_id: str, failed=None) -> None:
         """Hand the Orders to the loop thread when they come; a failed call is logged and
-        answered with empty Orders, so a waiting request still ends."""
+        answered with empty Orders (`failed`), so a waiting request still ends."""
 
         def done(f) -> None:
             try:
                 orders = f.result()
             except Exception:
                 log.exception("cache manager call for %s failed", request_id)
-                orders = Orders()
+                orders = Orders() if failed is None else failed
             self.loop.call(lambda g: on_orders(orders))
 
         ref.future().add_done_callback(done)

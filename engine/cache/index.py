@@ -9,9 +9,10 @@ request's commit or release, because the model actor may not have restored it
 yet. An entry that leaves the index while pinned (absorbed, evicted) is no
 longer found by lookups, but its free is deferred: it is ordered in the
 Orders of the commit or release that removes the last pin. A pinned
-checkpoint is never dropped or moved: thinning only touches the entry being
-committed, which nobody can have planned from yet, and absorption is skipped
-when a point it would move is pinned (lineage.LineagePolicy._absorbable).
+checkpoint is never dropped: thinning only touches the entry being
+committed, which nobody can have planned from yet. Absorption may move a
+pinned point: a move copies the state to the new entry (the model actor's
+arrays are shared), and the source keeps it until its deferred free.
 """
 
 from __future__ import annotations

@@ -72,8 +72,9 @@ class LineagePolicy:
     ) -> RestorePlan:
         """The restore point and capture points for `prompt`; allocates the new entry's id first.
 
-        A restore point read from the disk tier enters the RAM index now (the
-        model actor loads its file at admission); the caller evicts for it.
+        Changes no index: a restore point on the disk tier comes back with
+        load_from_disk, and enters the RAM index only when the caller keeps
+        that plan (`adopt`), so a plan replaced before then leaves nothing behind.
         """
         found, from_disk = self._restore(namespace, prompt[:-1])  # one uncached token
         restore = found.restore
@@ -100,7 +101,7 @@ class LineagePolicy:
         """The longest restore point in RAM, or on disk when a file offers a longer one.
 
         (lookup, whether it comes from a file). The disk index reads only files
-        longer than RAM's best; a file's entry is added to the RAM index.
+        longer than RAM's best.
         """
         found = self.index.lookup(namespace, query, self.has_state_layers)
         if self.disk_index is None:
@@ -112,7 +113,11 @@ class LineagePolicy:
         sibling = max(found.sibling_lcp, on_disk.sibling_lcp)
         if on_disk.restore.entry_id is None:
             return Lookup(found.restore, sibling), False
-        entry = self.disk_index.entry(on_disk.restore.entry_id)
+        return Lookup(on_disk.restore, sibling), True
+
+    def adopt(self, entry_id: int) -> None:
+        """Index the disk tier's entry `entry_id` in RAM (a kept plan loads its file)."""
+        entry = self.disk_index.entry(entry_id)
         self.index.add(
             Entry(
                 entry.id,
@@ -125,7 +130,6 @@ class LineagePolicy:
                 dict(entry.checkpoints),
             )
         )
-        return Lookup(on_disk.restore, sibling), True
 
     def _capture_points(self, namespace: str, prompt: np.ndarray, anchor_len: int, found: Lookup):
         """Yield (length, kind) candidates, all strictly between the restore length and len(prompt).
@@ -182,16 +186,25 @@ class LineagePolicy:
                 orders.move(source.id, checkpoint.length, entry.id)
                 entry.checkpoints[checkpoint.length] = checkpoint
         if source is not None:
-            self.index.free(source.id, orders)  # its unmoved checkpoints and reply tail go with it
-            on_disk = self.disk_index is not None and source.id in self.disk_index
-            if on_disk and not self.index.pinned(source.id):
-                # the writer deletes it after the new entry's file
-                self.disk_index.remove(source.id)
-                orders.delete_file(source.id)
+            # Its unmoved checkpoints and reply tail go with it; a request that
+            # pins one still reads it (the free waits for the pin, and a move
+            # copies the state, leaving the source whole until then).
+            self.index.free(source.id, orders)
         self.index.add(entry)
         for new in [self.index.get(p.entry_id) for p in c.captures] + [entry]:
             if new is not None:  # an anchor indexed now (not a duplicate), the new entry
                 self._persist(new, orders)
+        disk = self.disk_index
+        if (
+            source is not None
+            and disk is not None
+            and source.id in disk
+            and orders.writes(entry.id)
+        ):
+            # The writer deletes the source's file once the new entry's is durable;
+            # without that write (over the disk budget) the source's file stays.
+            self.disk_index.remove(source.id)
+            orders.supersede(entry.id, source.id)
 
     def add_anchor(self, a, tokens: np.ndarray, orders: OrderBook) -> None:
         """Index an anchor captured mid-prefill (an AnchorCommit); a duplicate's id is freed."""
@@ -211,19 +224,12 @@ class LineagePolicy:
     def _persist(self, entry: Entry, orders: OrderBook) -> None:
         persist(self.disk_index, entry, orders)
 
-    def forget(self, entry_id: int, orders: OrderBook) -> None:
-        """A file the model actor could not load (missing or damaged): out of both indexes."""
-        if self.index.get(entry_id) is not None:
-            self.index.free(entry_id, orders)
-        if self.disk_index is not None and entry_id in self.disk_index:
-            self.disk_index.remove(entry_id)
-            self.disk_index.damaged += 1
-
     def _absorbable(self, c: Commit) -> Entry | None:
         """The entry this request absorbs: a conversation source restored at or past its prompt end.
 
-        Not when another in-flight request pins a restore point that would move
-        (it may not have read it yet): the source then stays a sibling entry.
+        Also when another in-flight request pins one of its restore points: a
+        move copies the state (the model actor's tier shares the arrays), and
+        the source's free waits for the pin.
         """
         source = self.index.get(c.restored_from)
         if (
@@ -231,9 +237,6 @@ class LineagePolicy:
             or source.role != Role.CONVERSATION
             or c.restored_length < source.prompt_len
         ):
-            return None
-        moving = carry_over(source, c.restored_length)
-        if any(self.index.pinned(source.id, p.length) for p in moving):
             return None
         return source
 

@@ -16,13 +16,24 @@ start above every id found in the cache directory.
 The disk tier: the manager is handed a DiskIndex that the storage layer built
 from the cache directory's headers (engine.storage.directory.open_directory,
 which also holds the directory's lock). A plan that restores from a file adds its entry
-to the RAM index; the RAM evictions that make room for it are ordered with
-the next Orders the manager hands out (the model actor frees them then).
-Until a commit shows the model actor read that file, every plan restoring
-from the entry says load_from_disk (the actor reads the file if it does not
-hold the entry yet: requests are not always admitted in plan order); a commit
-that fell back cold instead means the file would not load, and the entry
-leaves both indexes.
+to the RAM index once the plan is final (a plan made to wait on an anchor
+restores from that anchor instead, and indexes nothing); the RAM evictions
+that make room for it are ordered with the next Orders the manager hands out
+(the model actor frees them then), and a free of that same entry still
+waiting there is taken back. Until a commit shows the model actor read that
+file, every plan restoring from the entry says load_from_disk (the actor
+reads the file if it does not hold the entry yet: requests are not always
+admitted in plan order).
+
+Ordering: every Orders handed out carries a sequence number, and every plan
+the number of the last one before it (`RestorePlan.after_orders`); the model
+actor restores a plan only after applying those Orders, so a free decided
+before a plan never lands after the restore that re-reads the entry.
+
+A restore the model actor cannot do (the entry or its state is gone, its
+file will not load) comes back as a LostRestore: the entry leaves the RAM
+index (and the disk index when its file failed), `restores_lost` counts it,
+and the request is planned again (from the file, when it is sound).
 """
 
 from __future__ import annotations
@@ -43,9 +54,11 @@ from engine.cache.messages import (
     AnchorUse,
     CacheStats,
     Commit,
+    LostRestore,
     Orders,
     PlanRequest,
     Release,
+    Replanned,
     RestorePlan,
 )
 from engine.cache.orders import OrderBook
@@ -60,7 +73,8 @@ class _InFlight:
     """A planned request awaiting its commit or release."""
 
     namespace: str
-    prompt_len: int
+    prompt: np.ndarray
+    anchor_len: int
     plan: RestorePlan
     anchor: np.ndarray | None = None  # tokens of the anchor this request captures
     committed: set = field(default_factory=set)  # anchor ids indexed early (commit_anchor)
@@ -70,6 +84,10 @@ class _InFlight:
         """The entry ids its plan allocated: the new entry, then the separate-entry captures."""
         captures = tuple(c.entry_id for c in self.plan.captures if c.entry_id is not None)
         return (self.plan.new_entry_id, *captures)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt)
 
 
 class CacheManager:
@@ -97,6 +115,8 @@ class CacheManager:
         self._disk_evictions = 0
         self._cached_tokens = 0
         self._prompt_tokens = 0
+        self._restores_lost = 0
+        self._seq = 0  # the number of the last Orders handed out
         self._pending = OrderBook()  # evictions made at a plan, ordered with the next Orders
         self._unread: set[int] = set()  # entries indexed from a file no commit has restored yet
         policy = _POLICIES.get(config.mode)
@@ -134,10 +154,13 @@ class CacheManager:
                     self._waiting_plan(plan, capturing, req.anchor_len, len(prompt)),
                     None,
                 )
-        if plan.load_from_disk:
+        if plan.load_from_disk:  # the plan is final: only now does the file's entry enter RAM
+            self._policy.adopt(plan.entry_id)
+            self._pending.unfree(plan.entry_id)  # evicted at an earlier plan, not handed out
             self._unread.add(plan.entry_id)
         elif plan.entry_id in self._unread:
             plan = replace(plan, load_from_disk=True)
+        plan = replace(plan, after_orders=self._seq)
         source = self.index.get(plan.entry_id)
         if source is not None:
             self.index.touch(source)
@@ -146,7 +169,9 @@ class CacheManager:
             self.disk_index.touch(plan.entry_id)
         if plan.load_from_disk:  # the file's entry is in the RAM index: make room
             self._evictions += len(self._policy.evict(self._pending))
-        self._in_flight[req.request_id] = _InFlight(req.namespace, len(prompt), plan, anchor)
+        self._in_flight[req.request_id] = _InFlight(
+            req.namespace, prompt.copy(), req.anchor_len, plan, anchor
+        )
         self._hits[plan.kind] += 1
         self._cached_tokens += plan.length
         self._prompt_tokens += len(prompt)
@@ -205,7 +230,7 @@ class CacheManager:
         self._pin_waiters(a.entry_id)
         self._evict(orders)
         self.index.flush(orders)
-        return orders.build()
+        return self._hand_out(orders)
 
     def _pin_waiters(self, anchor_id: int | None) -> None:
         """Requests waiting on an anchor that is now indexed keep it readable (pins)."""
@@ -232,10 +257,11 @@ class CacheManager:
         flight = self._in_flight.pop(c.request_id)
         self.index.unpin(c.request_id)
         orders = self._take_pending()
-        if flight.plan.load_from_disk:
+        if flight.plan.entry_id is not None and c.restored_from is None:
+            # The actor prefilled cold without asking for a new plan (a second loss).
+            self._lost(flight.plan, orders)
+        elif flight.plan.load_from_disk:
             self._unread.discard(flight.plan.entry_id)
-            if c.restored_from is None:  # its file failed to load
-                self._policy.forget(flight.plan.entry_id, orders)
         self._policy.commit(c, tokens, orders)
         for point in c.captures:
             self._pin_waiters(point.entry_id)
@@ -246,7 +272,63 @@ class CacheManager:
         self._evict(orders)
         self.index.flush(orders)
         self._forget_unread()
-        return orders.build()
+        return self._hand_out(orders)
+
+    def replan(self, lost: LostRestore) -> Replanned:
+        """A restore the model actor could not do: forget the source in RAM, plan again.
+
+        The old plan's ids are freed and its pin dropped; the new plan has
+        fresh ids and may restore from the source's file (load_from_disk),
+        unless that file is what failed. Raises ValueError unless `lost`
+        names the restore point of a request in flight.
+        """
+        if self._policy is None:
+            return Replanned(None, Orders())
+        flight = self._in_flight.get(lost.request_id)
+        if flight is None:
+            return Replanned(None, self._hand_out(self._take_pending()))
+        plan = flight.plan
+        if (lost.entry_id, lost.length) != (plan.entry_id, plan.length) or flight.committed:
+            raise ValueError(
+                f"lost restore {lost} does not match the plan of {lost.request_id!r} "
+                f"({plan.entry_id}@{plan.length})"
+            )
+        del self._in_flight[lost.request_id]
+        self.index.unpin(lost.request_id)
+        self._hits[plan.kind] -= 1  # the request is counted once, by its new plan
+        self._cached_tokens -= plan.length
+        self._prompt_tokens -= flight.prompt_len
+        self._lost(plan, self._pending, file_failed=lost.load_failed)
+        for entry_id in flight.allocated:
+            self._pending.free(entry_id)
+        self.index.flush(self._pending)
+        self._forget_unread()
+        request = PlanRequest(lost.request_id, flight.prompt, flight.anchor_len, flight.namespace)
+        new = self.plan(request)  # may take back the source's free: its file is read again
+        orders = self._hand_out(self._take_pending())
+        new = replace(new, after_orders=orders.seq)
+        self._in_flight[lost.request_id] = replace(self._in_flight[lost.request_id], plan=new)
+        return Replanned(new, orders)
+
+    def _lost(self, plan: RestorePlan, orders: OrderBook, file_failed: bool | None = None) -> None:
+        """Count a restore that could not be done; its source leaves the RAM index (and the
+        disk index when its file failed)."""
+        self._restores_lost += 1
+        entry_id = plan.entry_id
+        if file_failed is None:
+            file_failed = plan.load_from_disk
+        if plan.load_from_disk:
+            self._unread.discard(entry_id)
+        if self.index.get(entry_id) is not None:
+            self.index.free(entry_id, orders)
+        if file_failed and self.disk_index is not None and entry_id in self.disk_index:
+            self.disk_index.remove(entry_id)
+            self.disk_index.damaged += 1
+
+    def _hand_out(self, orders: OrderBook) -> Orders:
+        """The Orders built and numbered (RestorePlan.after_orders refers to the number)."""
+        self._seq += 1
+        return orders.build(self._seq)
 
     def _forget_unread(self) -> None:
         """Stop tracking unread entries that left the index and have no free pending."""
@@ -285,7 +367,7 @@ class CacheManager:
             orders.free(entry_id)
         self.index.flush(orders)
         self._forget_unread()
-        return orders.build()
+        return self._hand_out(orders)
 
     def stats(self) -> CacheStats:
         """Counters for the CacheStats RPC (all zero when the cache is off)."""
@@ -309,6 +391,7 @@ class CacheManager:
             damaged_files=self.disk_index.damaged if self.disk_index else 0,
             cached_tokens=self._cached_tokens,
             prompt_tokens=self._prompt_tokens,
+            restores_lost=self._restores_lost,
         )
 
     def anchors(self) -> list[AnchorUse]:

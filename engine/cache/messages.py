@@ -79,6 +79,12 @@ class RestorePlan:
     # running replica fetches the entry's arrays from it before admission
     # (a handover through Ray's object store), and prefills cold if it cannot.
     fetch_from: int | None = None
+    # The `seq` of the last Orders the manager handed out before this plan. The
+    # plan reaches the model actor by another path than those Orders (the front
+    # end, not the manager's reply), so the actor restores only once it applied
+    # every Orders up to this one: a free, move or write decided before the plan
+    # is never applied after the restore it would change.
+    after_orders: int = 0
 
 
 @dataclass(frozen=True)
@@ -131,6 +137,30 @@ class AnchorCommit:
 
 
 @dataclass(frozen=True)
+class LostRestore:
+    """The model actor found a plan's restore point gone at admission (it holds no such
+    entry or no state at that length, or the entry's file would not load).
+
+    The manager forgets the entry in RAM (its file, if any and sound, stays on
+    the disk tier) and answers a fresh plan for the same request.
+    """
+
+    request_id: str
+    entry_id: int
+    length: int
+    load_failed: bool = False  # the plan said load_from_disk and the file would not load
+
+
+@dataclass(frozen=True)
+class Replanned:
+    """The manager's answer to a LostRestore: the request's new plan, and Orders (the
+    ids the old plan allocated are freed)."""
+
+    plan: RestorePlan | None  # None: the request is not in flight any more
+    orders: "Orders"
+
+
+@dataclass(frozen=True)
 class Release:
     """A planned request ended without a commit (cancelled, failed, cache off)."""
 
@@ -175,6 +205,9 @@ class EntryRecord:
     checkpoints: tuple[tuple[int, CheckpointKind], ...]  # (length, kind), ascending
     kv_bytes_per_token: int
     state_bytes: int
+    # Files this entry's file replaces (an absorbed source's): deleted once this
+    # file is durable, and kept when the write fails or is dropped by a delete.
+    supersedes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -192,6 +225,10 @@ class Orders:
     # spilled at its RAM eviction is written although it leaves RAM; the files
     # in `delete_files` go after the writes ordered before them.
     records: tuple[EntryRecord, ...] = ()
+    # The manager numbers every Orders it hands out (1, 2, ...; 0: not numbered,
+    # e.g. the cache is off); RestorePlan.after_orders refers to it. An envelope,
+    # not content: two Orders that order the same things compare equal.
+    seq: int = field(default=0, compare=False)
 
     def __bool__(self) -> bool:
         return bool(
@@ -218,6 +255,10 @@ class CacheStats:
     cached_tokens: int = 0
     prompt_tokens: int = 0
     replicas: tuple[ReplicaStats, ...] = ()  # one per model replica
+    # Planned restores the model actor could not do (the entry or its state was
+    # gone, or its file would not load): each one is replanned, visible here and
+    # in the request's log line, never a silent cold prefill.
+    restores_lost: int = 0
 
 
 @dataclass(frozen=True)

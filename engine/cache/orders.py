@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from engine.cache.messages import CheckpointMove, EntryRecord, Orders
 
 
@@ -31,6 +33,13 @@ class OrderBook:
         if entry_id not in self._free:
             self._free.append(entry_id)
 
+    def unfree(self, entry_id: int) -> bool:
+        """Take back a free not handed out yet (the entry is indexed again)."""
+        if entry_id in self._free:
+            self._free.remove(entry_id)
+            return True
+        return False
+
     def write(self, entry: EntryRecord) -> None:
         """Write an entry's file (the latest of a write and a delete of one id wins)."""
         if entry.entry_id in self._deletes:
@@ -38,12 +47,23 @@ class OrderBook:
         self._writes[entry.entry_id] = entry
 
     def delete_file(self, entry_id: int) -> None:
-        self._writes.pop(entry_id, None)
+        dropped = self._writes.pop(entry_id, None)
         if entry_id not in self._deletes:
             self._deletes.append(entry_id)
+        for superseded in dropped.supersedes if dropped else ():
+            self.delete_file(superseded)  # the successor's write will not happen
 
-    def build(self) -> Orders:
+    def supersede(self, entry_id: int, old: int) -> None:
+        """Delete `old`'s file once the file of `entry_id` (ordered here) is durable."""
+        record = self._writes[entry_id]
+        self._writes[entry_id] = replace(record, supersedes=(*record.supersedes, old))
+
+    def writes(self, entry_id: int) -> bool:
+        return entry_id in self._writes
+
+    def build(self, seq: int = 0) -> Orders:
         return Orders(
+            seq=seq,
             moves=tuple(self._moves),
             drop_checkpoints=tuple(self._drops),
             free=tuple(self._free),

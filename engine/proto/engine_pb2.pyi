@@ -165,7 +165,7 @@ class CacheStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class CacheStatsReply(_message.Message):
-    __slots__ = ("mode", "entries", "anchors", "checkpoints", "ram_bytes", "anchor_bytes", "disk_bytes", "disk_entries", "hits", "evictions", "disk_evictions", "damaged_files", "cached_tokens", "prompt_tokens", "replicas")
+    __slots__ = ("mode", "entries", "anchors", "checkpoints", "ram_bytes", "anchor_bytes", "disk_bytes", "disk_entries", "hits", "evictions", "disk_evictions", "damaged_files", "cached_tokens", "prompt_tokens", "replicas", "restores_lost")
     class CheckpointsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -195,6 +195,7 @@ class CacheStatsReply(_message.Message):
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    RESTORES_LOST_FIELD_NUMBER: _ClassVar[int]
     mode: str
     entries: int
     anchors: int
@@ -210,7 +211,8 @@ class CacheStatsReply(_message.Message):
     cached_tokens: int
     prompt_tokens: int
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStats]
-    def __init__(self, mode: _Optional[str] = ..., entries: _Optional[int] = ..., anchors: _Optional[int] = ..., checkpoints: _Optional[_Mapping[str, int]] = ..., ram_bytes: _Optional[int] = ..., anchor_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., disk_entries: _Optional[int] = ..., hits: _Optional[_Mapping[str, int]] = ..., evictions: _Optional[int] = ..., disk_evictions: _Optional[int] = ..., damaged_files: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStats, _Mapping]]] = ...) -> None: ...
+    restores_lost: int
+    def __init__(self, mode: _Optional[str] = ..., entries: _Optional[int] = ..., anchors: _Optional[int] = ..., checkpoints: _Optional[_Mapping[str, int]] = ..., ram_bytes: _Optional[int] = ..., anchor_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., disk_entries: _Optional[int] = ..., hits: _Optional[_Mapping[str, int]] = ..., evictions: _Optional[int] = ..., disk_evictions: _Optional[int] = ..., damaged_files: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStats, _Mapping]]] = ..., restores_lost: _Optional[int] = ...) -> None: ...
 
 class ReplicaStats(_message.Message):
     __slots__ = ("replica", "alive", "entries", "ram_bytes", "queued_prefill_tokens", "in_flight", "requests", "restores", "handovers", "handover_bytes")

@@ -60,3 +60,6 @@ class Finished:
     timing: Timing = field(default_factory=Timing)
     error: str = ""
     replica: str = ""  # the model replica that ran it (set by its actor)
+    # "entry@length" of the planned restore point the model actor found gone
+    # (it asked for a new plan; "" when the plan's restore was done as planned)
+    restore_lost: str = ""

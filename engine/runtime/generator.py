@@ -11,20 +11,36 @@ prefill stops exactly there (BatchGenerator's segments) and the state layers
 of that sequence are snapshotted before the next chunk runs. The state at the
 prompt end is taken when the sequence enters the generation batch (its last
 prompt token has just been fed).
+
+Ordering with the manager: its Orders come back numbered (`Orders.seq`), and
+a plan names the last Orders handed out before it (`after_orders`). A request
+whose plan is ahead of the Orders applied here waits in `pending` while a
+cache call is still unanswered: the free, move or write it depends on is on
+its way. A restore point that turns out gone at admission is reported
+(`CacheLink.replan`, a LostRestore); the request waits for its new plan,
+and its final event names the lost point (`Finished.restore_lost`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol
 
 import numpy as np
 from mlx_lm.generate import BatchGenerator, StopSequences
 
 from engine.cache.kinds import CaptureKind, RestoreKind
-from engine.cache.messages import AnchorCommit, CapturedPoint, Commit, Orders, Release
+from engine.cache.messages import (
+    AnchorCommit,
+    CapturedPoint,
+    Commit,
+    LostRestore,
+    Orders,
+    Release,
+    Replanned,
+)
 from engine.config import EngineConfig
 from engine.runtime import layer_caches
 from engine.runtime.batch import LineageBatchGenerator, bound_pool
@@ -53,6 +69,8 @@ class CacheLink(Protocol):
 
     def release(self, release: Release, on_orders: OnOrders) -> None: ...
 
+    def replan(self, lost: LostRestore, on_replanned: Callable[[Replanned], None]) -> None: ...
+
 
 PROGRESS_MIN_TOKENS = 256  # stream prefill progress only for prompts at least this long,
 # and at most once per this many tokens: a chunk beside decode can be 4 tokens, and an
@@ -78,6 +96,7 @@ class _Active:
     progress_sent: int = 0  # prompt tokens done at the last Progress event
     taken: dict = field(default_factory=dict)  # length -> (CapturePoint, StateSnapshot)
     prompt_end_state: object = None
+    restore_lost: str = ""  # "entry@length" of a planned restore found gone
     t_prefill_end: float | None = None
     t_first: float | None = None
     t_last: float | None = None
@@ -113,6 +132,11 @@ class Generator:
         self.active: dict[int, _Active] = {}  # uid -> request
         self.by_request: dict[str, int] = {}  # request_id -> uid
         self.pending: list[tuple[GenerationRequest, Emit]] = []
+        self.replanning: dict[str, tuple[GenerationRequest, Emit]] = {}
+        self.lost: dict[str, str] = {}  # request id -> the restore point found gone
+        self.orders_applied = 0  # every Orders numbered up to this one is applied
+        self._orders_seen: set[int] = set()  # applied, above orders_applied
+        self._unanswered = 0  # cache calls sent whose Orders have not come back
         self.timer = LayerTimer(
             model, config.cache.layer_timer_flag, config.cache.layer_timer_requests
         )
@@ -142,6 +166,11 @@ class Generator:
         released): a retry planned after it sees that entry.
         """
         done = on_done or (lambda: None)
+        if request_id in self.replanning:  # its new plan is on its way: release that one
+            req, emit = self.replanning.pop(request_id)
+            self._release(req)
+            emit(self._finished_cold(req, FinishReason.CANCELLED))
+            return done()
         for i, (req, emit) in enumerate(self.pending):
             if req.request_id == request_id:
                 del self.pending[i]
@@ -175,7 +204,7 @@ class Generator:
         waiting = []
         while self.pending:
             req, emit = self.pending.pop(0)
-            if self._must_wait(req):
+            if self._orders_behind(req.plan) or self._must_wait(req):
                 waiting.append((req, emit))
                 continue
             try:
@@ -194,6 +223,10 @@ class Generator:
             self._on_prompt(r)
         for r in gen_responses:
             self._on_token(r)
+
+    def _orders_behind(self, plan) -> bool:
+        """Orders handed out before this plan are still on their way here."""
+        return plan.after_orders > self.orders_applied and self._unanswered > 0
 
     def _must_wait(self, req: GenerationRequest) -> bool:
         """A plan waiting on an anchor that a request still in prefill will capture."""
@@ -233,10 +266,13 @@ class Generator:
 
     def _admit(self, req: GenerationRequest, emit: Emit) -> None:
         """Restore the plan's point and insert the prompt's remaining segments into the batch."""
-        self.timer.on_admit(req.request_id)
         t0 = time.perf_counter()
         tokens = list(req.tokens)
-        kind, n, cache, restored_kv, copied = self._restore(req)
+        restored = self._restore(req, emit)
+        if restored is None:  # its restore point is gone: admitted again with a new plan
+            return
+        self.timer.on_admit(req.request_id)
+        kind, n, cache, restored_kv, copied = restored
         captures = sorted(
             (c for c in req.plan.captures if n < c.length < len(tokens)), key=lambda c: c.length
         )
@@ -266,25 +302,36 @@ class Generator:
             copied_restore=copied,
             detok=self.tokenizer.detokenizer,
             stop=StopMatcher(req.sampling.stop),
+            restore_lost=self.lost.pop(req.request_id, ""),
         )
         self.by_request[req.request_id] = uid
 
-    def _restore(self, req: GenerationRequest):
+    def _restore(self, req: GenerationRequest, emit: Emit):
         """(kind, length, layer caches or None, restored KV bytes, bytes copied) of the plan.
 
-        A restore point the RAM tier no longer holds (nor can load) falls back to
-        a cold prefill, logged.
+        A restore point the RAM tier no longer holds (nor can load) goes back to
+        the manager for a new plan (None: the request waits for it); found gone
+        again, it falls back to a cold prefill. Both are logged and counted.
         """
         plan = req.plan
         kind, n = plan.kind, plan.length
-        self.tier.prepare(plan)  # e.g. bring a disk-tier entry into RAM
+        loaded = self.tier.prepare(plan)  # e.g. bring a disk-tier entry into RAM
         if n and not self.tier.can_restore(plan.entry_id, n):
+            first = req.request_id not in self.lost
+            self.lost[req.request_id] = f"{plan.entry_id}@{n}"
             log.warning(
-                "request %s: restore point %s@%d is gone; prefilling cold",
+                "request %s: restore point %s@%d is gone; %s",
                 req.request_id,
                 plan.entry_id,
                 n,
+                "asking for a new plan" if first else "prefilling cold",
             )
+            if first:
+                self.replanning[req.request_id] = (req, emit)
+                lost = LostRestore(req.request_id, plan.entry_id, n, load_failed=not loaded)
+                self._unanswered += 1
+                self.cache.replan(lost, self._on_replanned)
+                return None
             kind, n = RestoreKind.NONE, 0
         if not n:
             return kind, 0, None, 0, 0
@@ -323,6 +370,7 @@ class Generator:
         """
         layers, state = layer_caches.store_entry(extracted)
         self.tier.put(point.entry_id, StoredEntry(layers, point.length, {point.length: state}))
+        self._unanswered += 1
         self.cache.commit_anchor(
             AnchorCommit(
                 request_id=act.req.request_id,
@@ -381,6 +429,7 @@ class Generator:
             commit_ms = (time.perf_counter() - t0) * 1000
             act.emit(self._finished(act, reason, commit_ms=commit_ms))
 
+        self._unanswered += 1
         self.cache.commit(commit, on_orders)
 
     def _store(self, act: _Active, cache: list, all_tokens: list) -> Commit:
@@ -425,12 +474,36 @@ class Generator:
             state_bytes=end_state.nbytes,
         )
 
+    def _on_replanned(self, replanned: Replanned) -> None:
+        """A lost restore's new plan: the request goes back to the head of `pending`."""
+        self.apply_orders(replanned.orders)
+        if replanned.plan is None:  # the manager no longer plans it (a failed call)
+            return
+        waiting = self.replanning.pop(replanned.plan.request_id, None)
+        if waiting is None:  # cancelled meanwhile: the new plan's ids go back
+            self.cache.release(Release(request_id=replanned.plan.request_id), self.apply_orders)
+            self._unanswered += 1
+            return
+        req, emit = waiting
+        self.pending.insert(0, (replace(req, plan=replanned.plan), emit))
+
     def apply_orders(self, orders: Orders) -> None:
+        """Obey the manager's Orders (the answer to every cache call, in whatever order)."""
+        self._unanswered = max(0, self._unanswered - 1)
+        if orders.seq:
+            self._orders_seen.add(orders.seq)
+            while self.orders_applied + 1 in self._orders_seen:
+                self.orders_applied += 1
+                self._orders_seen.discard(self.orders_applied)
+        if not self._unanswered and self._orders_seen:  # the rest went to another replica
+            self.orders_applied = max(self.orders_applied, *self._orders_seen)
+            self._orders_seen.clear()
         if orders:
             self.tier.apply(orders)
 
     def _release(self, req: GenerationRequest) -> None:
         if req.plan.new_entry_id is not None:
+            self._unanswered += 1
             self.cache.release(Release(request_id=req.request_id), self.apply_orders)
 
     def _drop(self, uid: int) -> None:
@@ -462,6 +535,7 @@ class Generator:
             bytes_copied_commit=act.copied_commit,
             restored_kv_bytes=act.restored_kv_bytes,
         )
+        self.lost.pop(act.req.request_id, None)
         return Finished(
             request_id=act.req.request_id,
             finish_reason=reason,
@@ -472,11 +546,13 @@ class Generator:
             restore_length=act.restore_length,
             timing=timing,
             error=error,
+            restore_lost=act.restore_lost,
         )
 
     def _finished_cold(
         self, req: GenerationRequest, reason: FinishReason, error: str = ""
     ) -> Finished:
+        self.lost.pop(req.request_id, None)
         return Finished(
             request_id=req.request_id,
             finish_reason=reason,

@@ -46,6 +46,9 @@ class LocalLink:
     def release(self, release, on_orders) -> None:
         on_orders(self.manager.release(release))
 
+    def replan(self, lost, on_replanned) -> None:
+        on_replanned(self.manager.replan(lost))
+
 
 class LocalEngine:
     """The cache manager and one Generator on the calling thread."""

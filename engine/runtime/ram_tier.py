@@ -57,17 +57,22 @@ class RamTier:
         assert entry_id not in self.entries, f"entry {entry_id} stored twice"
         self.entries[entry_id] = entry
 
-    def prepare(self, plan: RestorePlan) -> None:
-        """Make the plan's restore source readable: load its disk file when the plan says so.
+    def prepare(self, plan: RestorePlan) -> bool:
+        """Make the plan's restore source readable: load its disk file when the plan says so
+        and the entry held (if any) cannot serve the restore. False when that file failed.
 
         Synchronous (read, checksum, copy into MLX arrays) on the loop thread; a
-        file that fails is logged and left out, and the request prefills cold.
+        file that fails is logged and left out.
         """
-        if not plan.load_from_disk or self.disk_tier is None or plan.entry_id in self.entries:
-            return
+        if not plan.load_from_disk or self.disk_tier is None:
+            return True
+        if self.can_restore(plan.entry_id, plan.length):
+            return True
         entry = self.disk_tier.load(plan.entry_id)
-        if entry is not None:
-            self.entries[plan.entry_id] = entry
+        if entry is None:
+            return False
+        self.entries[plan.entry_id] = entry
+        return True
 
     def can_restore(self, entry_id: int | None, length: int) -> bool:
         entry = self.entries.get(entry_id) if entry_id is not None else None

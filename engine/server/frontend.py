@@ -261,7 +261,7 @@ def log_request(f: Finished, captures) -> None:
     )
     log.info(
         "request id=%s replica=%s finish=%s prompt=%d cached=%d completion=%d "
-        "restore=%s@%d captures=%s %s",
+        "restore=%s@%d lost=%s captures=%s %s",
         f.request_id,
         f.replica or "-",
         f.finish_reason,
@@ -270,6 +270,7 @@ def log_request(f: Finished, captures) -> None:
         f.completion_tokens,
         f.restore_kind,
         f.restore_length,
+        f.restore_lost or "-",
         ",".join(f"{c.kind}@{c.length}" for c in captures) or "-",
         timing,
     )

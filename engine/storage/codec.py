@@ -131,6 +131,7 @@ def to_write_job(entry: StoredEntry, record: EntryRecord, fingerprint: str) -> W
         dtypes,
         held,
         sum(int(v.nbytes) for v in views),
+        tuple(record.supersedes),
     )
 
 

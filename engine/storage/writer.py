@@ -40,6 +40,7 @@ class WriteJob:
     dtypes: list  # dtype name per array ("bfloat16" for uint16 bits)
     entry: Any = None  # the captured StoredEntry: a load while the job is queued reads it
     nbytes: int = 0
+    supersedes: tuple = ()  # entry ids whose files go once this one is durable
 
 
 @dataclass
@@ -142,7 +143,9 @@ class DiskWriter:
 
     A write not yet started when its entry's file is deleted is dropped (the
     entry was superseded or evicted); a delete of a file being written runs
-    after that write. Generation never waits on it.
+    after that write. A write that supersedes other files (an absorbed
+    source's) deletes them once it is durable, never when it fails.
+    Generation never waits on it.
     """
 
     def __init__(self, directory: Path) -> None:
@@ -166,8 +169,11 @@ class DiskWriter:
 
     def delete(self, entry_id: int) -> None:
         with self._cond:
-            if self._pending.pop(entry_id, None) is not None:
+            dropped = self._pending.pop(entry_id, None)
+            if dropped is not None:
                 self.stats.dropped += 1
+                # Never written: the files it was to replace go now (nothing indexes them).
+                self._queue.extend(("delete", old) for old in dropped.supersedes)
             else:
                 self._queue.append(("delete", entry_id))
             self._cond.notify_all()
@@ -217,6 +223,9 @@ class DiskWriter:
                     self.stats.seconds += time.perf_counter() - t0
                     self.stats.files += 1
                     self.stats.bytes += nbytes
+                    for old in job.supersedes:  # only now that the successor is durable
+                        delete_files(self.directory, old)
+                        self.stats.deleted += 1
             except Exception:  # the writer must outlive one bad file (disk full, ...)
                 self.stats.failed += 1
                 log.exception("disk tier: %s of entry %d failed", op, entry_id)

@@ -201,22 +201,27 @@ def test_absorption_while_another_request_reads_the_source():
     assert d.commit(verbatim.request_id, seq(9, 5)) == Orders(free=(1,))
 
 
-def test_absorption_is_skipped_when_a_moving_point_is_pinned():
+def test_absorption_with_a_pinned_source_moves_its_points_and_frees_it_after_the_pin():
     d = Driver()
     d.turn(seq(1000, 600), seq(5000, 20))
     first = d.plan(tokens(seq(1000, 600), seq(5000, 20), seq(7000, 10)))
     second = d.plan(tokens(seq(1000, 600), seq(5000, 20), seq(7100, 10)))
-    assert d.commit(first.request_id, seq(8, 5)) == Orders()  # entry 1 stays a sibling
-    moved = tuple(CheckpointMove(1, n, 3) for n in (584, 600, 620))
-    assert d.commit(second.request_id, seq(9, 5)) == Orders(moves=moved, free=(1,))
+    moved = tuple(CheckpointMove(1, n, 2) for n in (584, 600, 620))
+    # The second request still pins entry 1 at 620: a move copies, the free waits.
+    assert d.commit(first.request_id, seq(8, 5)) == Orders(moves=moved)
+    assert d.checkpoints(2) == {584: "guard", 600: "final", 620: "final", 630: "reply"}
+    assert 1 not in d.manager.index and d.manager.index.deferred == (1,)
+    assert d.commit(second.request_id, seq(9, 5)) == Orders(free=(1,))
+    assert d.manager.stats().entries == 2  # the two siblings, entry 1 absorbed into the first
 
 
-def test_a_cold_fallback_commit_absorbs_nothing():
+def test_a_cold_fallback_commit_forgets_its_source_and_counts_it():
     d = Driver()
     d.turn(seq(1000, 600), seq(5000, 20))
     plan = d.plan(tokens(seq(1000, 600), seq(5000, 20), seq(7000, 10)))
-    assert d.commit(plan.request_id, seq(8, 5), cold=True) == Orders()
-    assert d.manager.stats().entries == 2
+    assert d.commit(plan.request_id, seq(8, 5), cold=True) == Orders(free=(1,))
+    stats = d.manager.stats()
+    assert (stats.entries, stats.restores_lost) == (1, 1)
 
 
 def test_release_frees_every_id_the_plan_gave_and_what_the_actor_stored():

@@ -5,10 +5,17 @@ overlapping requests run through fakes.Driver, which checks the manager's
 invariants and the fake actor's holdings after every call; the fake actor
 asserts it is never told to restore, move or drop what it does not hold.
 Each plan is also checked against a brute-force oracle of the longest
-restore point. Bounded to run in a few seconds.
+restore point. Orders travel late at random (the driver's `hold`: a commit's
+Orders and a later plan race, as they do between the actors), and a restore
+point can go missing at admission (`lose`: the actor asks for a new plan).
+
+Bounded to run in a few seconds. LINEAGE_DEEP_TESTS=1 runs the deep mode:
+random seeds and thousands of steps per machine (minutes).
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 from hypothesis import HealthCheck, settings
@@ -35,14 +42,20 @@ CONFIG = dict(
     exact_max_entries=5,
 )
 # Derandomized: CI runs the same sequences every time (a red run is a real bug,
-# never a lucky draw); explore with more examples and random seeds by hand.
+# never a lucky draw). The deep mode explores with random seeds and long runs.
+DEEP = os.environ.get("LINEAGE_DEEP_TESTS", "") not in ("", "0")
 SETTINGS = settings(
-    max_examples=30,
-    stateful_step_count=25,
+    max_examples=300 if DEEP else 30,
+    stateful_step_count=60 if DEEP else 25,
     deadline=None,
-    derandomize=True,
+    derandomize=not DEEP,
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+
+def scaled(examples: int) -> settings:
+    """SETTINGS with `examples` examples in CI (the deep mode keeps its own, 10x as many)."""
+    return settings(SETTINGS, max_examples=examples * 10 if DEEP else examples)
 
 
 def oracle(entries, namespace: str, query: np.ndarray, state_layers: bool) -> int:
@@ -141,7 +154,9 @@ class CacheMachine(RuleBasedStateMachine):
         if plan.length + 1 < len(prompt) - 1 and data.draw(st.booleans()):  # cancelled in prefill
             reply, upto = [], data.draw(st.integers(plan.length + 1, len(prompt) - 1))
             prompt = prompt[:upto]
+        self.driver.hold = data.draw(st.booleans())  # its Orders reach the actor late
         self.driver.commit(request_id, reply, taken, upto=upto)
+        self.driver.hold = False
         self.texts.append(tokens(prompt, reply))
 
     @precondition(lambda self: self.prompts)
@@ -149,6 +164,40 @@ class CacheMachine(RuleBasedStateMachine):
     def capture_anchor(self, data):
         """A prefill reaches its anchor before the request ends (AnchorCommit)."""
         self.driver.capture_anchor(self._pick(data))
+
+    @precondition(lambda self: self.driver.in_transit)
+    @rule(data=st.data())
+    def deliver(self, data):
+        """Some Orders in transit reach the actor (plans made meanwhile already did)."""
+        self.driver.deliver(data.draw(st.integers(1, len(self.driver.in_transit))))
+
+    @precondition(lambda self: self.prompts)
+    @rule(data=st.data())
+    def lose(self, data):
+        """The actor does not hold a plan's restore point at admission (a fault injected:
+        the entry is gone), reports it, and the request is planned again."""
+        request_id = self._pick(data)
+        plan = self.driver.planned(request_id)
+        index = self.driver.manager.index
+        others = [r for r, pin in index.pins.items() if r != request_id and pin[0] == plan.entry_id]
+        if (
+            plan.entry_id not in index
+            or others
+            or request_id in self.driver._restored
+            or self.driver._early.get(request_id)
+            or not self.driver.ready(plan)
+        ):
+            return
+        self.driver.actor.stored.pop(plan.entry_id, None)
+        lost_before = self.driver.manager.stats().restores_lost
+        new = self.driver.lose(request_id)
+        assert self.driver.manager.stats().restores_lost == lost_before + 1
+        # Forgotten in RAM; read back from its file when the disk tier holds one.
+        assert plan.entry_id not in index or (new.entry_id, new.load_from_disk) == (
+            plan.entry_id,
+            True,
+        )
+        assert new.request_id == request_id and new.new_entry_id != plan.new_entry_id
 
     @precondition(lambda self: self.prompts)
     @rule(data=st.data())
@@ -170,10 +219,10 @@ class OffMachine(CacheMachine):
     mode = "off"
 
 
-CacheMachine.TestCase.settings = settings(SETTINGS, max_examples=50)
-ExactMachine.TestCase.settings = SETTINGS
-PureAttentionMachine.TestCase.settings = SETTINGS
-OffMachine.TestCase.settings = settings(SETTINGS, max_examples=5)
+CacheMachine.TestCase.settings = scaled(50)
+ExactMachine.TestCase.settings = scaled(30)
+PureAttentionMachine.TestCase.settings = scaled(30)
+OffMachine.TestCase.settings = scaled(5)
 TestLineage = CacheMachine.TestCase
 TestExact = ExactMachine.TestCase
 TestPureAttention = PureAttentionMachine.TestCase

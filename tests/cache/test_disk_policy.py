@@ -52,9 +52,22 @@ def test_an_absorbed_entry_file_goes_after_its_successor_is_written(tmp_path):
     first_turn(d)
     plan, orders = d.turn(tokens(P1, R1, U2), seq(7000, 10), anchor_len=ANCHOR)
     assert (plan.entry_id, plan.length, plan.kind, plan.load_from_disk) == (1, 620, "entry", False)
-    assert orders.write == (plan.new_entry_id,) and orders.delete_files == (1,)
+    assert orders.write == (plan.new_entry_id,) and orders.delete_files == ()
+    assert orders.records[0].supersedes == (1,), "deleted once the successor is durable"
     assert 1 in orders.free
     assert d.actor.files() == {2, plan.new_entry_id}
+
+
+def test_an_absorbed_entry_file_stays_when_its_successor_gets_no_file(tmp_path):
+    """Over the disk budget the successor is not written: the source's file is all there is."""
+    d = DiskDriver(tmp_path, disk_budget=_entry_file_bytes(620, 2) + 10)
+    d.turn(P1, R1)
+    plan, orders = d.turn(tokens(P1, R1, U2), seq(7000, 10))
+    assert (plan.entry_id, orders.write, orders.delete_files) == (1, (), ())
+    assert d.actor.files() == {1} and 1 in d.manager.disk_index
+    d.close()
+    d = DiskDriver(tmp_path)
+    assert d.plan(tokens(P1, R1, U2)).load_from_disk, "the source's file still restores"
 
 
 def test_restart_restores_conversations_and_anchors_from_their_files(tmp_path):
@@ -67,7 +80,7 @@ def test_restart_restores_conversations_and_anchors_from_their_files(tmp_path):
     assert (plan.entry_id, plan.length, plan.kind, plan.load_from_disk) == (1, 620, "entry", True)
     assert plan.new_entry_id == 3, "ids start above every id on disk"
     orders = d.commit(plan.request_id, seq(7000, 10))
-    assert orders.delete_files == (1,) and orders.write == (3,)
+    assert orders.write == (3,) and orders.records[0].supersedes == (1,)
     # A new session: the anchor is on disk only, and longer than anything in RAM.
     plan = d.plan(tokens(seq(1000, ANCHOR), seq(9000, 50)), anchor_len=ANCHOR)
     restore = (plan.entry_id, plan.length, plan.kind, plan.load_from_disk)

@@ -14,16 +14,15 @@ import shutil
 import tempfile
 
 import numpy as np
-from hypothesis import settings
-from hypothesis.stateful import precondition, rule
+from hypothesis.stateful import precondition, rule, run_state_machine_as_test
 
 from engine.cache.disk_index import DISK_MIN_TOKENS, HEADER_BYTES
 from engine.config import CacheConfig
-from tests.cache.test_cache_properties import CONFIG, SETTINGS, CacheMachine, oracle
+from tests.cache.test_cache_properties import CONFIG, CacheMachine, oracle, scaled
 from tests.fakes import KVPT, STATE, DiskDriver
 
 DISK_BUDGET = 6 * (150 * KVPT + 3 * STATE + 4 * 150 + HEADER_BYTES)
-STATS = {"examples": 0, "restarts": 0, "loads": 0}  # what the runs exercised
+STATS = {"examples": 0, "restarts": 0, "loads": 0, "lost": 0}  # what the runs exercised
 
 
 def both_tiers(manager, namespace: str, query: np.ndarray) -> int:
@@ -47,12 +46,13 @@ class DiskMachine(CacheMachine):
         self.directory = tempfile.mkdtemp(prefix="lineage-disk-")
         self.config = CacheConfig(disk_budget=DISK_BUDGET, **CONFIG)
         self.driver = DiskDriver(self.directory, self.config)
-        self.restarts = self.loads = 0
+        self.restarts = self.loads = self.lost = 0
 
     def teardown(self) -> None:
         STATS["examples"] += 1
         STATS["restarts"] += self.restarts
         STATS["loads"] += self.loads + self.driver.actor.loads
+        STATS["lost"] += self.lost + self.driver.manager.stats().restores_lost
         self.driver.close()
         shutil.rmtree(self.directory, ignore_errors=True)
 
@@ -66,19 +66,20 @@ class DiskMachine(CacheMachine):
         """The server stops (requests in flight die with it) and starts again on the same files."""
         disk_entries = self.driver.manager.stats().disk_entries
         self.prompts.clear()
+        self.driver.deliver()  # the actor applies what it got before it stops
+        self.driver.hold = False
         self.restarts += 1
         self.loads += self.driver.actor.loads
+        self.lost += self.driver.manager.stats().restores_lost
         self.driver.close()
         self.driver = DiskDriver(self.directory, self.config)
         assert self.driver.manager.stats().disk_entries == disk_entries
         self.driver.check()
 
 
-DiskMachine.TestCase.settings = settings(SETTINGS, max_examples=40)
-TestDiskLineage = DiskMachine.TestCase
-
-
-def test_the_runs_restarted_and_read_files():
-    """Runs after TestDiskLineage (file order): the machine did exercise the disk tier."""
-    if STATS["examples"] >= 10:
-        assert STATS["restarts"] > 0 and STATS["loads"] > 0, STATS
+def test_disk_sequences_keep_the_invariants_and_exercise_restarts_and_loads():
+    """The machine's runs, then what they exercised: restarts, file loads, lost restores."""
+    STATS.update(examples=0, restarts=0, loads=0, lost=0)
+    run_state_machine_as_test(DiskMachine, settings=scaled(40))
+    assert STATS["examples"] >= 10, STATS
+    assert STATS["restarts"] > 0 and STATS["loads"] > 0 and STATS["lost"] > 0, STATS

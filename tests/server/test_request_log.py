@@ -18,8 +18,16 @@ def test_the_log_line_names_every_timing_field(caplog):
         log_request(final, (CapturePoint(90, "guard"),))
     (line,) = [r.getMessage() for r in caplog.records if r.name == "lineage.request"]
     assert line.startswith("request id=r1 replica=- finish=stop prompt=100 cached=64 completion=5 ")
-    assert "restore=reply@64 captures=guard@90 " in line
+    assert "restore=reply@64 lost=- captures=guard@90 " in line
     for field in dataclasses.fields(Timing):
         assert f" {field.name}=" in line, field.name
     assert "queue_ms=1.2 " in line or "queue_ms=1.3 " in line
     assert "bytes_copied_commit=7 " in line and line.endswith("restored_kv_bytes=4096")
+
+
+def test_the_log_line_names_a_lost_restore_point(caplog):
+    final = Finished("r2", FinishReason.STOP, 100, 0, 5, RestoreKind.NONE, 0, restore_lost="7@64")
+    with caplog.at_level(logging.INFO, logger="lineage.request"):
+        log_request(final, ())
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "lineage.request"]
+    assert " restore=none@0 lost=7@64 " in line

@@ -304,3 +304,26 @@ def test_kill_9_while_writing_loses_no_complete_file(tmp_path):
         assert plan.new_entry_id > max(complete)
     finally:
         opened.close()
+
+
+def test_a_superseded_file_goes_only_once_its_successor_is_durable(tmp_path, monkeypatch):
+    """An absorbed source's file outlives a failed write of its successor."""
+    from dataclasses import replace
+
+    store = DiskStore(tmp_path, "fp")
+    entry = _entry("hybrid-float32")
+    store.write(entry, _record(1, 30))
+    store.write(entry, _record(4, 30))
+    assert store.flush(10)
+    real = writer.write_file
+
+    def failing_write(directory, job):
+        if job.entry_id == 2:
+            raise OSError("disk full")
+        return real(directory, job)
+
+    monkeypatch.setattr(writer, "write_file", failing_write)
+    store.write(entry, replace(_record(2, 30), supersedes=(1,)))  # fails: 1 stays
+    store.write(entry, replace(_record(3, 30), supersedes=(4,)))  # durable: 4 goes
+    assert store.flush(10)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1.entry", "3.entry"]

@@ -1,0 +1,92 @@
+"""The model actor's side of restore ordering: it waits for the Orders a plan follows, and a
+restore point found gone goes back to the manager for a new plan (real MLX, no Ray)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.cache.messages import PlanRequest
+from engine.config import CacheConfig, EngineConfig, ModelConfig
+from engine.runtime.events import Finished
+from engine.runtime.local import LocalEngine, LocalLink
+from engine.runtime.requests import GenerationRequest, SamplingParams
+
+
+class SlowLink(LocalLink):
+    """A LocalLink whose commit Orders wait until `deliver()` (another path, another pace)."""
+
+    def __init__(self, manager):
+        super().__init__(manager)
+        self.held = []
+        self.slow = True
+
+    def commit(self, commit, on_orders) -> None:
+        orders = self.manager.commit(commit)
+        if not self.slow:
+            return on_orders(orders)
+        self.held.append(lambda: on_orders(orders))
+
+    def deliver(self) -> None:
+        """Hand over what was held; from now on Orders come at once."""
+        held, self.held, self.slow = self.held, [], False
+        for fn in held:
+            fn()
+
+
+def make_engine(cache_dir) -> LocalEngine:
+    return LocalEngine(
+        EngineConfig(
+            model=ModelConfig(prefill_step_size=128),
+            cache=CacheConfig(cache_dir=str(cache_dir), ram_budget=1 << 30),
+        )
+    )
+
+
+def submit(engine: LocalEngine, rid: str, tokens: list) -> list:
+    plan = engine.manager.plan(PlanRequest(rid, np.asarray(tokens, np.int32)))
+    events: list = []
+    req = GenerationRequest(rid, "", tuple(tokens), plan, SamplingParams(max_tokens=3), 0.0, 0.0)
+    engine.generator.submit(req, events.append)
+    return events
+
+
+def run(engine: LocalEngine, events: list) -> Finished:
+    while not any(isinstance(e, Finished) for e in events):
+        engine.generator.step()
+    return next(e for e in events if isinstance(e, Finished))
+
+
+def test_a_request_waits_for_the_orders_its_plan_follows(model_cache_dir):
+    engine = make_engine(model_cache_dir)
+    link = engine.generator.cache = SlowLink(engine.manager)
+    prompt = [(i * 31) % 3000 + 20 for i in range(300)]
+    first = submit(engine, "r1", prompt)
+    while not link.held:  # finished; its commit's Orders are on their way
+        engine.generator.step()
+    second = submit(engine, "r2", prompt + [7, 8, 9])
+    plan = engine.generator.pending[0][0].plan
+    assert plan.after_orders == 1 and engine.generator.orders_applied == 0
+    for _ in range(3):
+        engine.generator.step()
+    assert engine.generator.pending and not engine.generator.active, "restored too early"
+    link.deliver()
+    assert run(engine, first).restore_kind == "none"
+    final = run(engine, second)
+    assert final.restore_kind == "reply" and not final.restore_lost
+    assert engine.generator.orders_applied == 2  # both commits
+
+
+def test_a_restore_point_found_gone_is_replanned_logged_and_counted(model_cache_dir):
+    engine = make_engine(model_cache_dir)
+    prompt = [(i * 37) % 3000 + 20 for i in range(300)]
+    first = engine.run(prompt, max_tokens=3)
+    entry = first.plan.new_entry_id
+    del engine.tier.entries[entry]  # the model actor does not hold it after all
+    second = engine.run(prompt + first.ids + [5, 6, 7], max_tokens=3)
+    assert second.plan.entry_id == entry, "planned from the entry the actor lost"
+    assert second.final.restore_lost == f"{entry}@{len(prompt) + 3}"
+    assert second.final.restore_kind == "none", "no file to read it back from: cold"
+    assert engine.manager.stats().restores_lost == 1
+    assert entry not in engine.manager.index and not engine.generator.replanning
+    third = engine.run(prompt + first.ids + [5, 6, 7] + second.ids + [1, 2], max_tokens=3)
+    assert third.final.restore_kind == "entry" and not third.final.restore_lost

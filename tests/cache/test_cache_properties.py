@@ -185,9 +185,10 @@ class CacheMachine(RuleBasedStateMachine):
             or others
             or request_id in self.driver._restored
             or self.driver._early.get(request_id)
-            or not self.driver.ready(plan)
         ):
             return
+        if not self.driver.ready(plan):
+            self.driver.deliver()  # the actor admits it only after them
         self.driver.actor.stored.pop(plan.entry_id, None)
         lost_before = self.driver.manager.stats().restores_lost
         new = self.driver.lose(request_id)

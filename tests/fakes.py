@@ -83,6 +83,7 @@ def tokens(*parts) -> np.ndarray:
 class Stored:
     tokens: np.ndarray
     states: set[int]  # lengths with a state snapshot, the full length included
+    logits: set[int] = field(default_factory=set)  # lengths with the last position's logits
 
 
 @dataclass
@@ -91,15 +92,20 @@ class FakeModelActor:
 
     state_layers: bool = True
     stored: dict[int, Stored] = field(default_factory=dict)
+    # Bytes of the prompt end's log-probabilities each commit reports. 0 keeps the
+    # budget tables in whole conversations; test_cache_budgets sets it to count them.
+    logits_bytes: int = 0
 
     def restore(self, plan: RestorePlan, prompt: np.ndarray) -> None:
         """Take the plan's restore point: rows [:length] and (with state layers) its state."""
-        assert plan.length < len(prompt), "the model needs one uncached token"
         if plan.entry_id is None:
             assert plan.length == 0 and plan.kind == "none"
             return
         held = self.stored.get(plan.entry_id)
         assert held is not None, f"restore from entry {plan.entry_id}, which is not held"
+        assert plan.length < len(prompt) or (
+            plan.length == len(prompt) and plan.length in held.logits
+        ), "the model needs one uncached token, or the prompt end's logits"
         assert plan.length <= len(held.tokens)
         n = plan.length
         assert np.array_equal(held.tokens[:n], prompt[:n]), "restored rows differ"
@@ -138,6 +144,9 @@ class FakeModelActor:
         stored = np.concatenate([prompt, reply]) if plan.store_reply else prompt
         states = checkpoints | {len(stored)} | ({len(prompt)} if plan.store_reply else set())
         self._store(plan.new_entry_id, stored, states)
+        logits_at = len(prompt) if upto is None else None  # kept when prefill reached the end
+        if logits_at is not None:
+            self.stored[plan.new_entry_id].logits.add(logits_at)
         return Commit(
             request_id=plan.request_id,
             namespace="",  # the driver fills it in
@@ -149,6 +158,8 @@ class FakeModelActor:
             captures=tuple(CapturedPoint(p.length, p.kind, p.entry_id) for p in points),
             kv_bytes_per_token=KVPT,
             state_bytes=STATE if self.state_layers else 0,
+            logits_at=logits_at,
+            logits_bytes=self.logits_bytes,
         )
 
     def store_capture(self, entry_id: int, prompt: np.ndarray, length: int) -> None:
@@ -179,6 +190,7 @@ class FakeModelActor:
             assert held is not None and length in held.states, f"drop {entry_id}@{length}: not held"
             assert length != len(held.tokens), "a drop never takes an entry's own state"
             held.states.remove(length)
+            held.logits.discard(length)
         for entry_id in orders.free:
             self.stored.pop(entry_id, None)  # ids a request never stored are freed blindly
 
@@ -370,6 +382,8 @@ class Driver:
             assert held is not None, f"indexed entry {entry.id} is not held by the actor"
             assert np.array_equal(held.tokens, entry.tokens)
             assert held.states == set(entry.checkpoints) | {entry.length}, (entry.id, held.states)
+            if entry.logits_at is not None:
+                assert entry.logits_at in held.logits, (entry.id, entry.logits_at)
         expected = {e.id for e in index.entries()} | set(index.deferred)
         assert set(self.actor.stored) == expected, (sorted(self.actor.stored), sorted(expected))
 

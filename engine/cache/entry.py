@@ -44,13 +44,20 @@ class Entry:
     state_bytes: int
     checkpoints: dict[int, Checkpoint] = field(default_factory=dict)  # by length, all < len(tokens)
     last_used: int = 0  # the index's clock at the latest touch
+    # The prompt end's log-probabilities are held (RAM only; never in a file):
+    # a prompt equal to tokens[:logits_at] restores there whole.
+    logits_at: int | None = None
+    logits_bytes: int = 0
 
     @classmethod
     def committed(cls, c: Commit, entry_id: int, role: Role, tokens: np.ndarray) -> "Entry":
         """The entry a commit stores under `entry_id`: its own, or a separate capture's."""
         prompt_len = c.prompt_len if role == Role.CONVERSATION else len(tokens)
         sizes = c.kv_bytes_per_token, c.state_bytes
-        return cls(entry_id, c.namespace, role, tokens, prompt_len, *sizes)
+        entry = cls(entry_id, c.namespace, role, tokens, prompt_len, *sizes)
+        if role == Role.CONVERSATION and c.logits_at == prompt_len:
+            entry.logits_at, entry.logits_bytes = prompt_len, c.logits_bytes
+        return entry
 
     @property
     def length(self) -> int:
@@ -60,7 +67,14 @@ class Entry:
     def nbytes(self) -> int:
         """RAM bytes: the entry's rows and state, plus one state per checkpoint."""
         rows = self.length * self.kv_bytes_per_token
-        return rows + self.state_bytes * (1 + len(self.checkpoints))
+        logits = self.logits_bytes if self.logits_at is not None else 0
+        return rows + self.state_bytes * (1 + len(self.checkpoints)) + logits
+
+    def prompt_end_kind(self) -> str:
+        """The restore kind of a restore at `logits_at` (the prompt end)."""
+        if self.logits_at == self.length:
+            return _WHOLE_KIND[self.role]
+        return self.checkpoints[self.logits_at].kind
 
     def restore_point(self, lcp: int, has_state_layers: bool) -> tuple[int, str] | None:
         """The longest (length, kind) restorable from this entry within `lcp` shared tokens.
@@ -87,5 +101,8 @@ class Entry:
         assert self.kv_bytes_per_token >= 0 and self.state_bytes >= 0
         for n, checkpoint in self.checkpoints.items():
             assert checkpoint.length == n and 0 < n < self.length, (self.id, n)
+        if self.logits_at is not None:  # the prompt end, with a state there
+            assert self.logits_at == self.prompt_len, (self.id, self.logits_at)
+            assert self.logits_at == self.length or self.logits_at in self.checkpoints
         if self.role != Role.CONVERSATION:
             assert not self.checkpoints, (self.id, self.role)

@@ -102,6 +102,17 @@ class Index:
                 return entry
         return None
 
+    def prompt_end(self, namespace: str, prompt: np.ndarray) -> Entry | None:
+        """The most recently used entry whose prompt end, with its log-probabilities, is
+        exactly `prompt` (a verbatim resend restores there whole)."""
+        n = len(prompt)
+        found = [
+            e
+            for e in self._by_namespace.get(namespace, {}).values()
+            if e.logits_at == n and np.array_equal(e.tokens[:n], prompt)
+        ]
+        return max(found, key=lambda e: e.last_used, default=None)
+
     def lookup(self, namespace: str, query: np.ndarray, has_state_layers: bool) -> Lookup:
         """The longest restore point within `query` in this namespace.
 

@@ -76,6 +76,17 @@ class LineagePolicy:
         load_from_disk, and enters the RAM index only when the caller keeps
         that plan (`adopt`), so a plan replaced before then leaves nothing behind.
         """
+        resent = self.index.prompt_end(namespace, prompt)
+        if resent is not None:  # a verbatim resend: restored whole, nothing to prefill
+            return RestorePlan(
+                request_id,
+                resent.id,
+                len(prompt),
+                resent.prompt_end_kind(),
+                (),
+                new_entry_id=self._new_id(),
+                store_reply=True,
+            )
         found, from_disk = self._restore(namespace, prompt[:-1])  # one uncached token
         restore = found.restore
         points: dict[int, str] = {}
@@ -174,11 +185,15 @@ class LineagePolicy:
             own.append(Checkpoint(c.prompt_len, CheckpointKind.REPLY))
         source = self._absorbable(c)
         carried = carry_over(source, c.restored_length) if source else []
+        mine = {p.length for p in own} | {entry.length}
+        carried = [p for p in carried if p.length not in mine]  # a resend: its own state there
         live_guard = next((p.length for p in own if p.kind == CheckpointKind.GUARD), None)
         dropped = set(thin(own + carried, self.config.max_checkpoints, live_guard))
         for checkpoint in own:
             if checkpoint in dropped:
                 orders.drop(entry.id, checkpoint.length)
+                if checkpoint.length == entry.logits_at:  # dropped with its state
+                    entry.logits_at = None
             else:
                 entry.checkpoints[checkpoint.length] = checkpoint
         for checkpoint in carried:

@@ -56,7 +56,10 @@ class RestorePlan:
 
     request_id: str
     entry_id: int | None  # stored entry to restore from; None: cold
-    length: int  # restored tokens (0 when cold); the rows/state to take
+    # restored tokens (0 when cold); the rows/state to take. The whole prompt
+    # only at a prompt end that kept its log-probabilities (a verbatim resend):
+    # the actor samples the first token from them, with no forward.
+    length: int
     kind: RestoreKind
     captures: tuple[CapturePoint, ...] = ()  # ascending, all > length, all < len(prompt)
     new_entry_id: int | None = (
@@ -117,6 +120,11 @@ class Commit:
     captures: tuple[CapturedPoint, ...]
     kv_bytes_per_token: int  # bytes of one token's rows across all append-only layers
     state_bytes: int  # bytes of one state snapshot (all state layers)
+    # The actor kept what the sampler needs at the prompt end (the last position's
+    # log-probabilities): a resend of exactly this prompt restores at its end and
+    # prefills nothing. None: not kept (cut short, exact mode).
+    logits_at: int | None = None
+    logits_bytes: int = 0
 
 
 @dataclass(frozen=True)

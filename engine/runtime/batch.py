@@ -227,6 +227,12 @@ class LineageBatchGenerator(BatchGenerator):
         batch = self._generation_batch
         return snapshot_state(batch.prompt_cache, batch.uids.index(uid))
 
+    def generation_logprobs(self, uid: int):
+        """The log-probabilities a sequence that just entered the generation batch samples its
+        first token from (its prompt end's; mlx-lm keeps them for the next step)."""
+        batch = self._generation_batch
+        return batch._next_logprobs[batch.uids.index(uid)]
+
     def prefill_state(self, uid: int):
         """The state snapshot of a sequence in prefill, at its current length."""
         batch = self._prompt_batch

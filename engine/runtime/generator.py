@@ -77,6 +77,13 @@ PROGRESS_MIN_TOKENS = 256  # stream prefill progress only for prompts at least t
 # event per chunk costs a decoding stream's step more than the chunk does
 
 
+def _greedy(logprobs):
+    """The batch's own default sampler (mlx-lm's: argmax), for a resend's first token."""
+    import mlx.core as mx
+
+    return mx.argmax(logprobs, axis=-1)
+
+
 @dataclass
 class _Active:
     """One request in the batch."""
@@ -96,6 +103,8 @@ class _Active:
     progress_sent: int = 0  # prompt tokens done at the last Progress event
     taken: dict = field(default_factory=dict)  # length -> (CapturePoint, StateSnapshot)
     prompt_end_state: object = None
+    prompt_end_logits: object = None  # what the first token was sampled from
+    resent: bool = False  # restored at the prompt end: its first token came from stored logits
     restore_lost: str = ""  # "entry@length" of a planned restore found gone
     t_prefill_end: float | None = None
     t_first: float | None = None
@@ -280,18 +289,16 @@ class Generator:
         cuts = [n] + [c.length for c in captures] + [len(tokens)]
         segments = [tokens[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
         stop_ids = self.eos_ids | frozenset(req.sampling.stop_token_ids)
-        uid = self.bg.insert_segments(
-            [segments],
-            max_tokens=[req.sampling.max_tokens],
-            caches=[cache] if cache is not None else None,
-            all_tokens=[tokens[:n]],
-            samplers=[make_sampler(req.sampling, self.vocab_size)],
-            stop_sequences=[StopSequences([[t] for t in sorted(stop_ids)])],
-        )[0]
-        self.active[uid] = _Active(
+        sampler = make_sampler(req.sampling, self.vocab_size)
+        max_tokens, first, logits = req.sampling.max_tokens, None, None
+        if n == len(tokens):  # a verbatim resend: the first token from the kept logits
+            logits = self.tier.logits(req.plan.entry_id, n)
+            first = int((sampler or _greedy)(logits[None])[0].item())
+            segments, max_tokens = [[first]], max_tokens - 1
+        act = _Active(
             req=req,
             emit=emit,
-            uid=uid,
+            uid=-1,
             restore_kind=kind,
             restore_length=n,
             captures=captures,
@@ -304,7 +311,44 @@ class Generator:
             stop=StopMatcher(req.sampling.stop),
             restore_lost=self.lost.pop(req.request_id, ""),
         )
-        self.by_request[req.request_id] = uid
+        if first is not None:
+            act.resent, act.prompt_end_logits = True, logits
+            act.prompt_end_state = self.tier.entries[req.plan.entry_id].states.get(n)
+            if self._first_token(act, first, max_tokens):
+                return  # done at its first token: nothing new to store
+        act.uid = self.bg.insert_segments(
+            [segments],
+            max_tokens=[max_tokens],
+            caches=[cache] if cache is not None else None,
+            all_tokens=[tokens[:n]],
+            samplers=[sampler],
+            stop_sequences=[StopSequences([[t] for t in sorted(stop_ids)])],
+        )[0]
+        self.active[act.uid] = act
+        self.by_request[req.request_id] = act.uid
+
+    def _first_token(self, act: _Active, token: int, left: int) -> bool:
+        """Emit a resend's first token, sampled at admission; True when it ends the request
+        (a stop token or string, or max_tokens 1): then it is released, storing nothing."""
+        act.t_first = act.t_last = time.time()
+        stopped = token in act.stop_ids
+        if not stopped:
+            act.ids.append(token)
+            act.detok.add_token(token)
+            text, stopped = act.stop.feed(act.detok.last_segment)
+            act.emit(Tokens(ids=(token,), text=text))
+        if not (stopped or left <= 0):
+            return False
+        if not stopped:
+            act.detok.finalize()
+            tail = act.stop.feed(act.detok.last_segment)[0] + act.stop.flush()
+            if tail:
+                act.emit(Tokens(ids=(), text=tail))
+        self.timer.on_finish(act.req.request_id)
+        self._release(act.req)
+        reason = FinishReason.STOP if stopped else FinishReason.LENGTH
+        act.emit(self._finished(act, reason))
+        return True
 
     def _restore(self, req: GenerationRequest, emit: Emit):
         """(kind, length, layer caches or None, restored KV bytes, bytes copied) of the plan.
@@ -316,7 +360,11 @@ class Generator:
         plan = req.plan
         kind, n = plan.kind, plan.length
         loaded = self.tier.prepare(plan)  # e.g. bring a disk-tier entry into RAM
-        if n and not self.tier.can_restore(plan.entry_id, n):
+        whole = n == len(req.tokens)  # a resend restores the prompt end and its logits
+        gone = not self.tier.can_restore(plan.entry_id, n) or (
+            whole and self.tier.logits(plan.entry_id, n) is None
+        )
+        if n and gone:
             first = req.request_id not in self.lost
             self.lost[req.request_id] = f"{plan.entry_id}@{n}"
             log.warning(
@@ -353,7 +401,9 @@ class Generator:
             act.emit(Progress(done=done, total=act.prompt_len))
         if r.end_of_prompt:
             act.t_prefill_end = time.time()
-            act.prompt_end_state = self.bg.generation_state(r.uid)
+            if not act.resent:  # a resend's batch "prompt" is its first token: state kept
+                act.prompt_end_state = self.bg.generation_state(r.uid)
+                act.prompt_end_logits = self.bg.generation_logprobs(r.uid)
         elif r.end_of_segment and act.captures and act.captures[0].length == done:
             point = act.captures.pop(0)
             if point.kind == CaptureKind.ANCHOR:
@@ -460,7 +510,10 @@ class Generator:
                     point.entry_id, StoredEntry(layers, point.length, {point.length: state})
                 )
             captured.append(CapturedPoint(point.length, point.kind, point.entry_id))
-        self.tier.put(plan.new_entry_id, StoredEntry(layers, length, states))
+        logits = {}
+        if act.prompt_end_logits is not None and L in states:
+            logits = {L: act.prompt_end_logits}
+        self.tier.put(plan.new_entry_id, StoredEntry(layers, length, states, logits))
         return Commit(
             request_id=act.req.request_id,
             namespace=act.req.namespace,
@@ -472,6 +525,8 @@ class Generator:
             captures=tuple(captured),
             kv_bytes_per_token=layer_caches.kv_bytes_per_token(layers),
             state_bytes=end_state.nbytes,
+            logits_at=L if logits else None,
+            logits_bytes=sum(a.nbytes for a in logits.values()),
         )
 
     def _on_replanned(self, replanned: Replanned) -> None:

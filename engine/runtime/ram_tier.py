@@ -28,11 +28,15 @@ class StoredEntry:
     layers: list  # append-only layers (layer_caches' stored forms), full length
     length: int  # tokens this entry covers (rows of `layers` it may serve)
     states: dict[int, layer_caches.StateSnapshot] = field(default_factory=dict)
+    # The prompt end's log-probabilities (what the sampler reads), by length:
+    # a resend of that prompt samples its first token here. RAM only.
+    logits: dict[int, object] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
         kv = layer_caches.kv_bytes_per_token(self.layers) * self.length
-        return kv + sum(s.nbytes for s in self.states.values())
+        logits = sum(a.nbytes for a in self.logits.values())
+        return kv + sum(s.nbytes for s in self.states.values()) + logits
 
 
 class DiskTier(Protocol):
@@ -74,6 +78,11 @@ class RamTier:
         self.entries[plan.entry_id] = entry
         return True
 
+    def logits(self, entry_id: int | None, length: int):
+        """The log-probabilities kept at `length` of an entry (its prompt end), or None."""
+        entry = self.entries.get(entry_id) if entry_id is not None else None
+        return entry.logits.get(length) if entry is not None else None
+
     def can_restore(self, entry_id: int | None, length: int) -> bool:
         entry = self.entries.get(entry_id) if entry_id is not None else None
         if entry is None or length > entry.length:
@@ -104,6 +113,7 @@ class RamTier:
             entry = self.entries.get(entry_id)
             if entry is not None and length != entry.length:
                 entry.states.pop(length, None)
+                entry.logits.pop(length, None)
         if self.disk_tier is not None:
             for record in orders.records:
                 entry = self.entries.get(record.entry_id)

@@ -51,21 +51,33 @@ def test_guard_only_for_a_long_uncached_suffix(prompt_len, captures, checkpoints
     assert d.checkpoints(1) == checkpoints
 
 
-def test_verbatim_resend_lands_on_the_guard_and_absorbs_nothing():
+def test_verbatim_resend_restores_the_whole_prompt_at_its_end_and_prefills_nothing():
+    """A retry of a dropped call: the prompt end kept its logits, so nothing is prefilled;
+    the new reply replaces the old one (the client never saw it)."""
     d = Driver()
     d.turn(P1, R1)
     plan, orders = d.turn(P1, seq(6000, 20))
-    assert (plan.entry_id, plan.length, plan.kind, caps(plan)) == (1, 584, "guard", [])
+    assert (plan.entry_id, plan.length, plan.kind, caps(plan)) == (1, 600, "reply", [])
+    assert orders == Orders(moves=moves((1, 584, 2)), free=(1,))
+    assert d.checkpoints(2) == {584: "guard", 600: "reply"}
+    assert d.entry(2).logits_at == 600
+
+
+def test_a_resend_without_the_prompt_ends_logits_keeps_one_uncached_token():
+    d = Driver()
+    d.turn(P1, R1)
+    d.entry(1).logits_at = None  # e.g. read back from its file: logits live in RAM only
+    plan, orders = d.turn(P1, seq(6000, 20))
+    assert (plan.entry_id, plan.length, plan.kind) == (1, 584, "guard")
     assert orders == Orders()  # restored before the prompt end: entry 1 stays a sibling
-    assert d.checkpoints(1) == {584: "guard", 600: "reply"} and d.checkpoints(2) == {600: "reply"}
 
 
 def test_a_short_turn_after_a_resend_restores_at_the_turn_boundary():
     d = Driver()
     d.turn(P1, R1)
     d.turn(tokens(P1, R1, seq(7000, 10)), seq(8000, 20))  # entry 2, absorbs 1
-    plan, _ = d.turn(tokens(P1, R1, seq(7000, 10)), seq(9000, 5))  # resend, suffix < 256
-    assert (plan.entry_id, plan.length, plan.kind) == (2, 620, "final")
+    plan, _ = d.turn(tokens(P1, R1, seq(7000, 10)), seq(9000, 5))  # resend
+    assert (plan.entry_id, plan.length, plan.kind) == (2, 630, "reply")
 
 
 # -- final (absorption) and reply ------------------------------------------------

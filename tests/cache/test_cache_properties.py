@@ -94,6 +94,7 @@ class CacheMachine(RuleBasedStateMachine):
         super().__init__()
         self.driver = Driver(CacheConfig(mode=self.mode, **CONFIG), state_layers=self.state_layers)
         self.texts: list[np.ndarray] = []  # committed prompts + replies
+        self.sent: list[np.ndarray] = []  # committed prompts
         self.prompts: dict[str, np.ndarray] = {}
 
     @rule(data=st.data())
@@ -110,8 +111,15 @@ class CacheMachine(RuleBasedStateMachine):
         self._plan(data, base)
         self._plan(data, base[: data.draw(st.integers(1, len(base)))])
 
-    def _plan(self, data, head: np.ndarray) -> None:
-        prompt = tokens(head, data.draw(st.lists(st.integers(0, 20), min_size=1, max_size=60)))
+    @precondition(lambda self: self.sent)
+    @rule(data=st.data())
+    def resend(self, data):
+        """A retry: a committed prompt sent again verbatim."""
+        self._plan(data, data.draw(st.sampled_from(self.sent[-4:])), tail=False)
+
+    def _plan(self, data, head: np.ndarray, tail: bool = True) -> None:
+        suffix = data.draw(st.lists(st.integers(0, 20), min_size=1, max_size=60)) if tail else []
+        prompt = tokens(head, suffix)
         anchors = [
             len(s) - 2
             for s in SYSTEMS
@@ -120,6 +128,8 @@ class CacheMachine(RuleBasedStateMachine):
         anchor_len = data.draw(st.sampled_from([0, *anchors]))
         namespace = data.draw(st.sampled_from(["", "", "", "tenant"]))
         expected = self.expected(namespace, prompt[:-1])
+        if self.prompt_end(namespace, prompt):
+            expected = len(prompt)  # a verbatim resend restores whole
         plan = self.driver.plan(prompt, anchor_len, namespace)
         lengths = [c.length for c in plan.captures]
         assert lengths == sorted(set(lengths))
@@ -129,6 +139,14 @@ class CacheMachine(RuleBasedStateMachine):
         elif self.mode != "off":
             assert plan.length == expected, (plan, expected)
         self.prompts[plan.request_id] = prompt
+
+    def prompt_end(self, namespace: str, prompt: np.ndarray) -> bool:
+        """Whether a RAM entry's prompt end, with its logits, is exactly `prompt`."""
+        n = len(prompt)
+        return any(
+            e.namespace == namespace and e.logits_at == n and np.array_equal(e.tokens[:n], prompt)
+            for e in self.driver.manager.index.entries()
+        )
 
     def expected(self, namespace: str, query: np.ndarray) -> int:
         """The oracle's longest restore point for `query` (what is stored in RAM)."""
@@ -158,6 +176,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.driver.commit(request_id, reply, taken, upto=upto)
         self.driver.hold = False
         self.texts.append(tokens(prompt, reply))
+        self.sent.append(prompt)
 
     @precondition(lambda self: self.prompts)
     @rule(data=st.data())

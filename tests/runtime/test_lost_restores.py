@@ -90,3 +90,20 @@ def test_a_restore_point_found_gone_is_replanned_logged_and_counted(model_cache_
     assert entry not in engine.manager.index and not engine.generator.replanning
     third = engine.run(prompt + first.ids + [5, 6, 7] + second.ids + [1, 2], max_tokens=3)
     assert third.final.restore_kind == "entry" and not third.final.restore_lost
+
+
+def test_a_verbatim_resend_prefills_nothing_and_decodes_the_same(model_cache_dir):
+    """The prompt end kept its log-probabilities: the first token is sampled from them."""
+    engine = make_engine(model_cache_dir)
+    prompt = [(i * 41) % 3000 + 20 for i in range(700)]
+    first = engine.run(prompt, max_tokens=6)
+    prefilled = engine.generator.bg._counters.prompt_tokens
+    resend = engine.run(prompt, max_tokens=6)
+    assert (resend.plan.entry_id, resend.plan.length) == (first.plan.new_entry_id, len(prompt))
+    assert resend.final.cached_tokens == len(prompt) and resend.final.restore_kind == "reply"
+    assert engine.generator.bg._counters.prompt_tokens == prefilled, "a prompt token was run"
+    assert resend.ids == first.ids, "the kept logits are the prompt end's"
+    again = engine.run(prompt, max_tokens=1)  # done at its first token: nothing stored
+    assert again.ids == first.ids[:1] and again.final.cached_tokens == len(prompt)
+    following = engine.run(prompt + resend.ids + [9, 8, 7], max_tokens=3)
+    assert following.final.cached_tokens == len(prompt) + len(resend.ids)

@@ -105,8 +105,9 @@ class CacheManagerActor:
     def alive(self) -> list[int]:
         return self.cache.replicas.alive()
 
-    def replan(self, lost: LostRestore) -> Replanned:
-        return self.manager.replan(lost)
+    def replan(self, lost: LostRestore, replica: int = 0) -> Replanned:
+        replanned, per_replica = self.cache.replan(lost, replica)
+        return Replanned(replanned.plan, self._deliver(per_replica, replica))
 
     def stats(self) -> CacheStats:
         return self.cache.stats()

@@ -58,7 +58,8 @@ class RayCacheLink:
 
     def replan(self, lost: LostRestore, on_replanned) -> None:
         failed = Replanned(None, Orders())
-        self._ask(self.manager.replan.remote(lost), on_replanned, lost.request_id, failed)
+        ref = self.manager.replan.remote(lost, self.replica)
+        self._ask(ref, on_replanned, lost.request_id, failed)
 
     def _ask(self, ref, on_orders, request_id: str, failed=None) -> None:
         """Hand the Orders to the loop thread when they come; a failed call is logged and
@@ -129,7 +130,7 @@ class ModelActor:
 
     def apply_orders(self, orders: Orders) -> None:
         """Orders the manager decided at another replica's call (frees of entries held here)."""
-        self.loop.call(lambda g: g.apply_orders(orders))
+        self.loop.call(lambda g: g.obey(orders))
 
     async def export_entry(self, entry_id: int, wait: float = 0.0):
         """Entry `entry_id` as a PortableEntry (None: not held here).

@@ -310,6 +310,10 @@ class CacheManager:
         self._in_flight[lost.request_id] = replace(self._in_flight[lost.request_id], plan=new)
         return Replanned(new, orders)
 
+    def prompt_len(self, request_id: str) -> int:
+        """The prompt length of a request in flight."""
+        return self._in_flight[request_id].prompt_len
+
     def _lost(self, plan: RestorePlan, orders: OrderBook, file_failed: bool | None = None) -> None:
         """Count a restore that could not be done; its source leaves the RAM index (and the
         disk index when its file failed)."""

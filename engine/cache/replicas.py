@@ -28,9 +28,11 @@ from engine.cache.messages import (
     AnchorCommit,
     CacheStats,
     Commit,
+    LostRestore,
     Orders,
     PlanRequest,
     Release,
+    Replanned,
     ReplicaStats,
     RestorePlan,
 )
@@ -164,6 +166,8 @@ class Replicas:
             return books.setdefault(r, {k: [] for k in _FIELDS})
 
         fallback = caller if caller is not None else (self.alive() or [0])[0]
+        if caller is not None:
+            book(caller)  # the caller gets its Orders' number even when they are empty
         for move in orders.moves:
             for r in self.holders.get(move.dst) or {fallback}:
                 book(r)["moves"].append(move)
@@ -187,7 +191,10 @@ class Replicas:
             if writer is None or not self.replicas[writer].alive:
                 writer = fallback
             book(writer)["delete_files"].append(entry_id)
-        return {r: Orders(**{k: tuple(v) for k, v in b.items()}) for r, b in books.items()}
+        return {
+            r: Orders(**{k: tuple(v) for k, v in b.items()}, seq=orders.seq)
+            for r, b in books.items()
+        }
 
     # -- faults ----------------------------------------------------------------
 
@@ -274,6 +281,25 @@ class ReplicatedCache:
         orders = self.manager.release(r)
         caller = self.replicas.finish(r.request_id, restored=False)
         return self.replicas.split(orders, caller)
+
+    def replan(self, lost: LostRestore, replica: int) -> tuple[Replanned, dict[int, Orders]]:
+        """A replica found a plan's restore point gone: the manager plans the request again,
+        and it stays on that replica (fetching the new source from a holder if need be)."""
+        self.replicas.holders.get(lost.entry_id, set()).discard(replica)
+        flight = self.replicas.flights.pop(lost.request_id, None)
+        if flight is not None:
+            self.replicas.replicas[flight.replica].load -= flight.queued
+        replanned = self.manager.replan(lost)
+        per_replica = self.replicas.split(replanned.orders, replica)
+        if replanned.plan is None:
+            return replanned, per_replica
+        plan = replanned.plan
+        source = self.manager.index.get(plan.entry_id)
+        others = [r for r in range(self.replicas.count) if r != replica]
+        prompt = self.manager.prompt_len(lost.request_id)
+        nbytes = source.nbytes if source is not None else 0
+        plan = self.replicas.route(lost.request_id, plan, prompt, others, nbytes)
+        return replace(replanned, plan=plan), per_replica
 
     def lost(self, replica: int) -> dict[int, Orders]:
         """A replica died: the entries only it held leave the RAM index (their files stay).

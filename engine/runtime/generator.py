@@ -543,8 +543,13 @@ class Generator:
         self.pending.insert(0, (replace(req, plan=replanned.plan), emit))
 
     def apply_orders(self, orders: Orders) -> None:
-        """Obey the manager's Orders (the answer to every cache call, in whatever order)."""
+        """The manager's answer to one of this generator's cache calls (in whatever order)."""
         self._unanswered = max(0, self._unanswered - 1)
+        self.obey(orders)
+
+    def obey(self, orders: Orders) -> None:
+        """Apply the manager's Orders: an answer, or Orders it sent unasked (for an entry
+        this replica holds too)."""
         if orders.seq:
             self._orders_seen.add(orders.seq)
             while self.orders_applied + 1 in self._orders_seen:

@@ -204,3 +204,22 @@ def test_split_sends_frees_to_holders_a_write_to_one_and_its_delete_to_that_writ
 def test_bad_settings_are_value_errors(count, threshold):
     with pytest.raises(ValueError):
         Replicas(count, threshold)
+
+
+def test_a_lost_restore_is_replanned_on_the_replica_that_lost_it():
+    """The replica reports the gone source; the request stays there, with numbered Orders."""
+    from engine.cache.messages import LostRestore
+
+    d = ReplicaDriver()
+    first = d.turn(convo(range(5000, 5100)), reply=range(7000, 7010), anchor_len=300)
+    home, entry = first.replica, first.new_entry_id
+    second = d.plan(convo(range(5000, 5100), range(7000, 7010), range(5200, 5300)), anchor_len=300)
+    assert (second.replica, second.entry_id) == (home, entry)
+    del d.actors[home].stored[entry]  # the replica does not hold it after all
+    replanned, per_replica = d.cache.replan(LostRestore(second.request_id, entry, second.length), home)
+    assert replanned.plan.replica == home and replanned.plan.entry_id != entry
+    assert per_replica[home].seq == replanned.plan.after_orders > second.after_orders
+    d.requests[second.request_id] = (replanned.plan, d.requests[second.request_id][1])
+    d.deliver(per_replica)
+    d.commit(second.request_id)
+    assert d.cache.stats().restores_lost == 1

@@ -48,6 +48,7 @@ SERVE_FLAGS = (
     "cache_mode",
     "ram_budget",
     "disk_budget",
+    "guard_min_suffix",
     "host",
     "port",
     "address",
@@ -185,6 +186,14 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-mode", choices=CACHE_MODES)
     p.add_argument("--ram-budget", type=_byte_size, metavar="SIZE", help="e.g. 48G")
     p.add_argument("--disk-budget", type=_byte_size, metavar="SIZE", help="e.g. 1T")
+    p.add_argument(
+        "--guard-min-suffix",
+        type=int,
+        metavar="TOKENS",
+        help="capture a guard (prompt minus 16) when the uncached suffix is this long "
+        "(default: derived from the per-forward and per-token costs measured at load; "
+        "env LINEAGE_GUARD_MIN_SUFFIX)",
+    )
     p.add_argument("--address", metavar="RAY_ADDR", help="join a Ray cluster (e.g. auto)")
     p.add_argument("--http-port", type=int, help="OpenAI bridge port (off by default)")
     p.add_argument(

@@ -84,7 +84,10 @@ class CacheConfig:
     anchor_max_bytes: int = 16 * GB
     max_checkpoints: int = 4  # per lineage; anchors are separate entries
     guard_offset: int = 16  # guard checkpoint at prompt length minus this
-    guard_min_suffix: int = 256  # guard only when the uncached suffix is this long
+    # Guard only when the uncached suffix is this long. None: derived at load from
+    # the measured per-forward and per-token costs (engine.runtime.loader); 256
+    # where nothing was measured (the pure policy).
+    guard_min_suffix: int | None = None
     divergence_min_gain: int = 256
     anchor_slack: int = 2  # BPE merges at the anchor boundary
     exact_max_entries: int = 8  # exact mode: plain LRU by entry count and bytes
@@ -236,6 +239,7 @@ def _cache(pick: _Picker) -> CacheConfig:
         in ("1", "true", "yes"),
         layer_timer_flag=pick("layer_timer_flag", "LINEAGE_LAYER_TIMER_FLAG", None),
         pool_limit=pick.optional("pool_limit", "LINEAGE_POOL_LIMIT", parse_bytes),
+        guard_min_suffix=pick.optional("guard_min_suffix", "LINEAGE_GUARD_MIN_SUFFIX", int),
     )
 
 

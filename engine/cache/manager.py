@@ -66,6 +66,7 @@ from engine.cache.tokens import as_tokens
 from engine.config import CacheConfig
 
 _POLICIES = {"lineage": LineagePolicy, "exact": ExactPolicy}
+DEFAULT_GUARD_MIN_SUFFIX = 256  # where no measured threshold is given (CacheConfig)
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,8 @@ class CacheManager:
     ) -> None:
         """`disk_index`: the disk tier's files (engine.storage.directory builds it from
         the cache directory); None keeps the disk tier off."""
+        if config.guard_min_suffix is None:  # not measured: the reference's fixed threshold
+            config = replace(config, guard_min_suffix=DEFAULT_GUARD_MIN_SUFFIX)
         _check_config(config)
         self.config = config
         self.fingerprint = fingerprint  # the disk tier keys files by it

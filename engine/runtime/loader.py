@@ -8,6 +8,7 @@ fingerprint).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,11 @@ class ModelInfo:
     has_state_layers: bool
     eos_token_ids: tuple[int, ...]
     kernels: tuple[str, ...] = ()  # engine/kernels/ paths installed into the model
+    # Measured at load (`forward_costs`): what one forward costs beyond its tokens,
+    # and what one more prompt token costs; the guard threshold follows from them.
+    forward_ms: float = 0.0
+    token_ms: float = 0.0
+    guard_min_suffix: int = 256
 
 
 def resolve_model_path(config: EngineConfig) -> Path:
@@ -68,6 +74,7 @@ def load_model(config: EngineConfig):
     max_context = config.model.max_context or int(
         raw.get("max_position_embeddings") or raw.get("max_seq_len") or 32768
     )
+    forward_ms, token_ms = forward_costs(model)
     info = ModelInfo(
         path=str(path),
         model_type=str(raw.get("model_type", "")),
@@ -79,6 +86,9 @@ def load_model(config: EngineConfig):
         has_state_layers=any(k != "append" for k in kinds),
         eos_token_ids=tuple(sorted(int(t) for t in tokenizer.eos_token_ids)),
         kernels=active,
+        forward_ms=forward_ms,
+        token_ms=token_ms,
+        guard_min_suffix=guard_threshold(forward_ms, token_ms, config.cache.guard_offset),
     )
     return model, tokenizer, info
 
@@ -111,3 +121,36 @@ def kv_dtype(model) -> str:
     if not found:
         raise ValueError("the model's cache holds no arrays after a forward")
     return str(found[0].dtype)
+
+
+def forward_costs(model, chunk: int = 128, repeats: int = 3) -> tuple[float, float]:
+    """(per-forward overhead, per-token cost) in ms: the best of `repeats` forwards of 1
+    and of `chunk` tokens on a fresh cache, after a warm-up. The overhead is what one
+    more chunk boundary costs (a capture point splits prefill there)."""
+    import time
+
+    import mlx.core as mx
+
+    def best(n: int) -> float:
+        out = float("inf")
+        for _ in range(repeats):
+            cache = model.make_cache()
+            tokens = mx.zeros((1, n), dtype=mx.int32)
+            t0 = time.perf_counter()
+            mx.eval(model(tokens, cache=cache))
+            out = min(out, time.perf_counter() - t0)
+        return out
+
+    best(chunk)  # warm-up: kernels compiled, buffers in the pool
+    one, many = best(1), best(chunk)
+    per_token = max((many - one) / (chunk - 1), 1e-7)
+    return max(one - per_token, 0.0) * 1000, per_token * 1000
+
+
+def guard_threshold(forward_ms: float, token_ms: float, offset: int, most: int = 4096) -> int:
+    """The shortest uncached suffix worth a guard: re-prefilling what lies between the guard
+    and the restore point a resend would otherwise take (suffix - offset tokens) costs
+    more than the extra forward the guard's chunk boundary adds. At most `most`."""
+    if token_ms <= 0:
+        return most
+    return min(most, offset + math.ceil(forward_ms / token_ms))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -72,8 +72,11 @@ class LocalEngine:
 
         self.config = config
         self.model, self.tokenizer, self.info = loaded or load_model(config)
+        cache = config.cache
+        if cache.guard_min_suffix is None:  # the threshold measured at load
+            cache = replace(cache, guard_min_suffix=self.info.guard_min_suffix)
         self.manager = CacheManager(
-            config.cache, self.info.fingerprint, self.info.has_state_layers, disk_index
+            cache, self.info.fingerprint, self.info.has_state_layers, disk_index
         )
         self.tier = RamTier(self.info.has_state_layers, disk_tier)
         self.generator = Generator(

@@ -10,6 +10,7 @@ down if it started it).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import sys
@@ -112,8 +113,9 @@ async def start_engine(config: EngineConfig, port: int | None = None) -> Running
     ]
     infos = await asyncio.gather(*(m.info.remote() for m in models))
     info = infos[0]
+    cache = measured_guard(config.cache, info)
     manager = CacheManagerActor.options(name=names[-1], namespace=namespace).remote(
-        config.cache,
+        cache,
         info.fingerprint,
         info.has_state_layers,
         count,
@@ -161,6 +163,20 @@ async def sample_metrics(engine: "RunningEngine", every: float = 1.0) -> None:
             raise
         except Exception as e:  # an actor that is gone: the watchdog reports it
             log.debug("sampling metrics failed: %s", e)
+
+
+def measured_guard(cache, info):
+    """The cache config with its guard threshold from the model's measured costs, unless
+    one was given (--guard-min-suffix)."""
+    if cache.guard_min_suffix is not None:
+        return cache
+    log.info(
+        "guard threshold %d tokens: a forward costs %.2f ms beyond its tokens, a token %.4f ms",
+        info.guard_min_suffix,
+        info.forward_ms,
+        info.token_ms,
+    )
+    return dataclasses.replace(cache, guard_min_suffix=info.guard_min_suffix)
 
 
 def _check_names_free(namespace: str, names: Sequence[str]) -> None:

@@ -216,7 +216,8 @@ def test_a_lost_restore_is_replanned_on_the_replica_that_lost_it():
     second = d.plan(convo(range(5000, 5100), range(7000, 7010), range(5200, 5300)), anchor_len=300)
     assert (second.replica, second.entry_id) == (home, entry)
     del d.actors[home].stored[entry]  # the replica does not hold it after all
-    replanned, per_replica = d.cache.replan(LostRestore(second.request_id, entry, second.length), home)
+    lost = LostRestore(second.request_id, entry, second.length)
+    replanned, per_replica = d.cache.replan(lost, home)
     assert replanned.plan.replica == home and replanned.plan.entry_id != entry
     assert per_replica[home].seq == replanned.plan.after_orders > second.after_orders
     d.requests[second.request_id] = (replanned.plan, d.requests[second.request_id][1])

@@ -107,3 +107,15 @@ def test_a_verbatim_resend_prefills_nothing_and_decodes_the_same(model_cache_dir
     assert again.ids == first.ids[:1] and again.final.cached_tokens == len(prompt)
     following = engine.run(prompt + resend.ids + [9, 8, 7], max_tokens=3)
     assert following.final.cached_tokens == len(prompt) + len(resend.ids)
+
+
+def test_the_guard_threshold_follows_the_measured_costs(model_cache_dir):
+    from engine.runtime.loader import forward_costs, guard_threshold
+
+    engine = make_engine(model_cache_dir)
+    forward_ms, token_ms = forward_costs(engine.model, chunk=32, repeats=1)
+    assert forward_ms >= 0 and token_ms > 0
+    assert guard_threshold(40.0, 0.5, 16) == 16 + 80  # an expensive forward: long suffixes
+    assert guard_threshold(0.5, 0.5, 16) == 17  # a cheap chunk boundary: nearly always
+    assert guard_threshold(1.0, 0.0, 16) == 4096
+    assert engine.manager.config.guard_min_suffix == engine.info.guard_min_suffix

@@ -11,7 +11,7 @@ import pytest
 from engine.cache.entry import Checkpoint
 from engine.cache.messages import CheckpointMove, Orders
 from engine.cache.thinning import thin
-from tests.fakes import Driver, entry_bytes, tokens
+from tests.fakes import KVPT, STATE, Driver, entry_bytes, tokens
 
 
 def seq(start: int, n: int) -> range:
@@ -198,13 +198,29 @@ def test_a_waiter_prefills_cold_when_the_anchor_is_never_captured():
     assert d.manager.stats().anchors == 0 and d.entry(b.new_entry_id) is not None
 
 
-def test_a_second_capture_of_a_stored_anchor_is_freed():
-    """Two anchors with the same tokens (an anchor evicted, then captured twice) keep one."""
+def test_a_stored_anchor_is_not_captured_again():
     d = Driver()
     a = d.plan(tokens(seq(1000, 500), seq(7000, 100)), anchor_len=500)
     assert d.commit(a.request_id, R1) == Orders()
     b = d.plan(tokens(seq(1000, 500), seq(8000, 100)), anchor_len=500)
     assert (b.kind, b.wait) == ("anchor", False) and caps(b) == []
+
+
+def test_a_second_anchor_with_the_same_tokens_is_freed_and_the_first_kept():
+    """The index keeps one anchor per (namespace, tokens): a duplicate's id is freed."""
+    from engine.cache.entry import Entry
+    from engine.cache.index import Index
+    from engine.cache.orders import OrderBook
+
+    index, orders = Index(), OrderBook()
+    first = Entry(1, "", "anchor", tokens(seq(1000, 500)), 500, KVPT, STATE)
+    index.add(first)
+    index.add(Entry(2, "", "conversation", tokens(seq(1000, 600)), 600, KVPT, STATE))
+    index.add_unique(Entry(3, "", "anchor", tokens(seq(1000, 500)), 500, KVPT, STATE), orders)
+    assert orders.build() == Orders(free=(3,)) and 3 not in index
+    assert index.get(1) is first and first.last_used == 3, "the stored one is touched"
+    index.add_unique(Entry(4, "", "anchor", tokens(seq(1000, 499)), 499, KVPT, STATE), orders)
+    assert 4 in index, "other tokens: another anchor"
 
 
 # -- divergence --------------------------------------------------------------------

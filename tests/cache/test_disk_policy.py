@@ -225,8 +225,11 @@ def test_a_file_that_fails_to_load_is_a_cold_miss_then_forgotten(tmp_path):
     assert (plan.entry_id, plan.load_from_disk) == (1, True)
     d.commit(plan.request_id)  # the actor falls back to a cold prefill
     assert d.manager.stats().damaged_files == 1 and 1 not in d.manager.disk_index
+    assert d.manager.stats().restores_lost == 1
     plan = d.plan(tokens(P1, R1, U2))
-    assert plan.entry_id != 1  # (the anchor's file serves it now)
+    # not a cold miss, nor the forgotten file: the entry the cold prefill stored, whole
+    restore = (plan.entry_id, plan.length, plan.kind, plan.load_from_disk)
+    assert restore == (3, 660, "entry", False)
 
 
 def _model_dir(root):

@@ -23,37 +23,46 @@ import copy
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, PromptProcessingBatch, _right_pad_prompts
+from mlx.utils import tree_flatten
 from mlx_lm.models.cache import BatchKVCache, CacheList, KVCache
 
 from engine.runtime.layer_caches import snapshot_state
 
 
-def merge_with_room(caches: list, room: int) -> list:
+def merge_with_room(caches: list, room: int, copied: list | None = None) -> list:
     """mlx-lm's batch merge, with KV buffers sized for `room` more tokens.
 
     The merge copies each restored sequence's KV rows into the batch layout
     (the one copy a warm turn pays); sizing the buffer for what prefill will
     append lets BatchKVCache write in place instead of concatenating.
+    `copied[i]` grows by the bytes copied of sequence i (KV rows and state).
     """
     if not caches:
         return []
-    return [_merge_layer([c[i] for c in caches], room) for i in range(len(caches[0]))]
+    copied = copied if copied is not None else [0] * len(caches)
+    return [_merge_layer([c[i] for c in caches], room, copied) for i in range(len(caches[0]))]
 
 
-def _merge_layer(layers: list, room: int):
+def _state_bytes(cache) -> int:
+    return sum(a.nbytes for _, a in tree_flatten(cache.state) if isinstance(a, mx.array))
+
+
+def _merge_layer(layers: list, room: int, copied: list):
     if all(type(c) is KVCache for c in layers):
-        return _merge_kv(layers, room)
+        return _merge_kv(layers, room, copied)
     if all(type(c) is CacheList for c in layers):
         parts = zip(*(c.caches for c in layers))
         merged = CacheList()
-        merged.caches = tuple(_merge_layer(list(p), room) for p in parts)
+        merged.caches = tuple(_merge_layer(list(p), room, copied) for p in parts)
         return merged
     if not hasattr(layers[0], "merge"):
         raise ValueError(f"{type(layers[0]).__name__} does not support batching with history")
+    for i, c in enumerate(layers):  # mlx-lm's merge concatenates: every state is copied
+        copied[i] += _state_bytes(c)
     return layers[0].merge(layers)
 
 
-def _merge_kv(layers: list, room: int) -> BatchKVCache:
+def _merge_kv(layers: list, room: int, copied: list) -> BatchKVCache:
     lengths = [c.size() for c in layers]
     longest = max(lengths)
     if longest == 0:
@@ -67,8 +76,10 @@ def _merge_kv(layers: list, room: int) -> BatchKVCache:
     padding = [longest - n for n in lengths]
     for i, (p, c) in enumerate(zip(padding, layers)):
         if c.keys is not None and c.offset:
-            keys[i : i + 1, :, p : p + c.offset] = c.keys[..., : c.offset, :]
-            values[i : i + 1, :, p : p + c.offset] = c.values[..., : c.offset, :]
+            rows_k, rows_v = c.keys[..., : c.offset, :], c.values[..., : c.offset, :]
+            keys[i : i + 1, :, p : p + c.offset] = rows_k
+            values[i : i + 1, :, p : p + c.offset] = rows_v
+            copied[i] += rows_k.nbytes + rows_v.nbytes
     merged = BatchKVCache(padding)
     merged.keys, merged.values = keys, values
     merged.offset = merged.offset + longest
@@ -120,7 +131,9 @@ class LineagePromptBatch(PromptProcessingBatch):
 
     def __init__(self, *args, caches=None, room: int = 0, **kwargs):
         super().__init__(*args, caches=[], **kwargs)
-        self.prompt_cache = merge_with_room(caches or [], room)
+        counts = [0] * len(caches or [])
+        self.prompt_cache = merge_with_room(caches or [], room, counts)
+        self.copied = dict(zip(self.uids, counts))  # uid -> bytes its merge copied
 
     def _copy(self):
         new = super()._copy()
@@ -177,17 +190,31 @@ class LineagePromptBatch(PromptProcessingBatch):
             self.pool.clear()
 
 
-def extract_alone(batch, idx: int) -> list:
+def extract_alone(batch, idx: int, copies: dict | None = None) -> list:
     """A finished sequence's caches; when it is alone in the batch, its KV rows are views.
 
     mlx-lm's extraction copies the rows out of the batch layout (so the rest of
     the batch can be dropped). A sequence alone in an unpadded batch owns the
     whole buffer, which the batch drops right after: a view of its rows is the
     same entry without the copy (it keeps at most a step of spare rows alive).
+    `copies[uid]` grows by the KV bytes a copying extraction made.
     """
     if len(batch.uids) != 1:
-        return [c.extract(idx) for c in batch.prompt_cache]
+        out = [c.extract(idx) for c in batch.prompt_cache]
+        if copies is not None:
+            uid = batch.uids[idx]
+            copies[uid] = copies.get(uid, 0) + sum(_kv_bytes(c) for c in out)
+        return out
     return [_extract_layer(c, idx) for c in batch.prompt_cache]
+
+
+def _kv_bytes(c) -> int:
+    """Bytes of an extracted layer's KV arrays (mlx-lm copies them: mx.contiguous)."""
+    if type(c) is CacheList:
+        return sum(_kv_bytes(p) for p in c.caches)
+    if type(c) is KVCache and c.keys is not None:
+        return c.keys.nbytes + c.values.nbytes
+    return 0
 
 
 def _extract_layer(c, idx: int):
@@ -210,7 +237,11 @@ class LineageBatchGenerator(BatchGenerator):
         super().__init__(model, **kwargs)
         # The one generation batch lives as long as the generator (others extend it).
         gen = self._generation_batch
-        gen.extract_cache = lambda idx: extract_alone(gen, idx)
+        # Bytes copied per sequence uid, by the merge into a prompt batch (restore) and
+        # by a copying extraction (commit); the generator takes them per request.
+        self.restore_copies: dict[int, int] = {}
+        self.commit_copies: dict[int, int] = {}
+        gen.extract_cache = lambda idx: extract_alone(gen, idx, self.commit_copies)
         self.pool = PoolClearCounter()
         batch = LineagePromptBatch.empty(
             self.model, self.sampler, prefill_step_size=self.prefill_step_size
@@ -241,7 +272,9 @@ class LineageBatchGenerator(BatchGenerator):
     def prefill_extract(self, uid: int) -> list:
         """The layer caches of a sequence in prefill, extracted alone (one copy of its rows)."""
         batch = self._prompt_batch
-        return batch.extract_cache(batch.uids.index(uid))
+        out = batch.extract_cache(batch.uids.index(uid))
+        self.commit_copies[uid] = self.commit_copies.get(uid, 0) + sum(_kv_bytes(c) for c in out)
+        return out
 
     @property
     def generating(self) -> int:
@@ -285,4 +318,5 @@ class LineageBatchGenerator(BatchGenerator):
             **fields,
         )
         batch.clear_pool, batch.pool = self._prompt_batch.clear_pool, self.pool
+        self.restore_copies.update(batch.copied)
         return batch, processing

@@ -401,6 +401,7 @@ class Generator:
             act.emit(Progress(done=done, total=act.prompt_len))
         if r.end_of_prompt:
             act.t_prefill_end = time.time()
+            act.copied_restore += self.bg.restore_copies.pop(r.uid, 0)  # the batch merge
             if not act.resent:  # a resend's batch "prompt" is its first token: state kept
                 act.prompt_end_state = self.bg.generation_state(r.uid)
                 act.prompt_end_logits = self.bg.generation_logprobs(r.uid)
@@ -488,7 +489,18 @@ class Generator:
         L = act.prompt_len
         counter = layer_caches.CopyCounter()
         layers, end_state = layer_caches.store_entry(cache, counter)
-        act.copied_commit = counter.copied_kv
+        # What the snapshot code copied (the end state), the states captured in
+        # prefill and at the prompt end (each a copy), and the batch's copying
+        # extractions (several sequences finishing at once, an anchor mid-prefill).
+        captured = [s for _, s in act.taken.values()]
+        if act.prompt_end_state is not None and not act.resent:  # a resend's is shared
+            captured.append(act.prompt_end_state)
+        act.copied_commit = (
+            counter.copied_kv
+            + counter.copied_state
+            + sum(s.nbytes for s in captured)
+            + self.bg.commit_copies.pop(act.uid, 0)
+        )
         tokens = np.asarray(all_tokens, dtype=np.int32)
         if act.prompt_end_state is None:  # cancelled in prefill: the prefix done so far
             L = length = int(tokens.shape[0])
@@ -567,6 +579,7 @@ class Generator:
             self.cache.release(Release(request_id=req.request_id), self.apply_orders)
 
     def _drop(self, uid: int) -> None:
+        self.bg.restore_copies.pop(uid, None)
         act = self.active.pop(uid, None)
         if act is not None:
             self.by_request.pop(act.req.request_id, None)
@@ -596,6 +609,7 @@ class Generator:
             restored_kv_bytes=act.restored_kv_bytes,
         )
         self.lost.pop(act.req.request_id, None)
+        self.bg.commit_copies.pop(act.uid, None)
         return Finished(
             request_id=act.req.request_id,
             finish_reason=reason,

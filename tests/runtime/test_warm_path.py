@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig
@@ -38,15 +39,49 @@ def conversation(local, first: int = 600, turns: int = 3):
     return results
 
 
-def test_warm_turns_copy_no_kv_at_restore_or_commit(local):
+def _state_bytes(local) -> int:
+    (size,) = {s.nbytes for e in local.tier.entries.values() for s in e.states.values()}
+    return size
+
+
+def test_warm_turns_copy_the_restored_rows_once_and_no_kv_at_commit(local):
+    """The counters count every copy: the batch merge (the restored KV rows and the
+    state, once), and at commit the state snapshots only (prompt end and end)."""
     results = conversation(local)
+    state = _state_bytes(local)
     for r in results[1:]:
         t = r.final.timing
         assert r.final.restore_kind == "entry"
-        assert t.bytes_copied_restore == 0, "a restore cloned the stored KV"
-        assert t.bytes_copied_commit == 0, "a commit cloned the extracted KV"
         assert t.restored_kv_bytes > 0
+        assert t.bytes_copied_restore == t.restored_kv_bytes + state, "the merge, counted"
+        assert t.bytes_copied_commit == 2 * state, "a commit copied KV"
     assert local.generator.bg.pool.count == 0, "the pool was cleared without the flag"
+
+
+def test_sequences_finishing_together_count_their_copied_rows(local):
+    """Two sequences in one batch: the first to finish leaves by mlx-lm's copying
+    extraction (its KV rows), the last one alone with views."""
+    from engine.cache.messages import PlanRequest
+    from engine.runtime.events import Finished
+    from engine.runtime.layer_caches import kv_bytes_per_token
+    from engine.runtime.requests import GenerationRequest, SamplingParams
+
+    finals = {}
+    for k, max_tokens in ((0, 30), (1, 60)):
+        tokens = [(i * 13 + k) % 3000 + 20 for i in range(200 + 40 * k)]
+        rid = f"together-{k}"
+        plan = local.manager.plan(PlanRequest(rid, np.asarray(tokens, np.int32), 0, rid))
+        req = GenerationRequest(rid, rid, tuple(tokens), plan, SamplingParams(max_tokens), 0, 0)
+        events = finals.setdefault(rid, [])
+        local.generator.submit(req, events.append)
+    while local.generator.busy:
+        local.generator.step()
+    state = _state_bytes(local)
+    first, last = (next(e for e in finals[r] if isinstance(e, Finished)) for r in finals)
+    entry = local.tier.entries[local.manager.index.entries()[-2].id]
+    rows = kv_bytes_per_token(entry.layers) * (first.prompt_tokens + 30)
+    assert first.timing.bytes_copied_commit == rows + 3 * state  # + the guard's state
+    assert last.timing.bytes_copied_commit == 3 * state, "alone: views of its rows"
 
 
 def test_restore_shares_the_stored_buffers(local):

@@ -22,8 +22,8 @@ from __future__ import annotations
 import copy
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator, PromptProcessingBatch, _right_pad_prompts
 from mlx.utils import tree_flatten
+from mlx_lm.generate import BatchGenerator, PromptProcessingBatch, _right_pad_prompts
 from mlx_lm.models.cache import BatchKVCache, CacheList, KVCache
 
 from engine.runtime.layer_caches import snapshot_state

@@ -88,6 +88,11 @@ class CacheConfig:
     # the measured per-forward and per-token costs (engine.runtime.loader); 256
     # where nothing was measured (the pure policy).
     guard_min_suffix: int | None = None
+    # State-only checkpoints inside a long (system + tools) block: every this many
+    # tokens, at most message_max of them, so a variant of a long system prompt
+    # restores at the last one before its change.
+    message_interval: int = 2048
+    message_max: int = 4
     divergence_min_gain: int = 256
     anchor_slack: int = 2  # BPE merges at the anchor boundary
     exact_max_entries: int = 8  # exact mode: plain LRU by entry count and bytes

@@ -34,6 +34,7 @@ class RestoreKind(TextEnum):
     ANCHOR = "anchor"
     DIVERGENCE = "divergence"
     REPLY = "reply"
+    MESSAGE = "message"
     NONE = "none"
 
 
@@ -43,7 +44,9 @@ class CheckpointKind(TextEnum):
     GUARD: prompt minus 16, for a verbatim resend; FINAL: a turn boundary
     carried over when an entry is absorbed; ANCHOR: an anchor entry's own
     state; DIVERGENCE: where a prompt left its closest sibling; REPLY: the
-    prompt end kept when an entry extends over its reply.
+    prompt end kept when an entry extends over its reply; MESSAGE: a point
+    inside a long system block (every `message_interval` tokens), where a
+    variant of that block restores.
     """
 
     GUARD = "guard"
@@ -51,6 +54,7 @@ class CheckpointKind(TextEnum):
     ANCHOR = "anchor"
     DIVERGENCE = "divergence"
     REPLY = "reply"
+    MESSAGE = "message"
 
 
 class CaptureKind(TextEnum):
@@ -63,6 +67,7 @@ class CaptureKind(TextEnum):
     ANCHOR = "anchor"
     DIVERGENCE = "divergence"
     SNAPSHOT = "snapshot"
+    MESSAGE = "message"
 
 
 class Role(TextEnum):

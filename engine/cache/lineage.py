@@ -157,12 +157,26 @@ class LineagePolicy:
                 yield anchor_len, CaptureKind.ANCHOR
         if not self.has_state_layers:
             return
+        yield from self._message_points(anchor_len, restored, size)
         gain = found.sibling_lcp - restored
         if gain > 0 and gain >= self.config.divergence_min_gain:
             yield found.sibling_lcp, CaptureKind.DIVERGENCE
         guard = size - self.config.guard_offset
         if size - restored >= self.config.guard_min_suffix and restored < guard < size:
             yield guard, CaptureKind.GUARD
+
+    def _message_points(self, anchor_len: int, restored: int, size: int):
+        """Long-message points: every `message_interval` tokens inside the (system + tools)
+        block this prefill runs through, at most `message_max`."""
+        step, most = self.config.message_interval, self.config.message_max
+        if step <= 0:
+            return
+        for k in range(1, most + 1):
+            n = k * step
+            if n >= anchor_len or n >= size:
+                return
+            if n > restored:
+                yield n, CaptureKind.MESSAGE
 
     # -- commit --------------------------------------------------------------
 

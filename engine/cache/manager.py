@@ -510,6 +510,7 @@ def _check_config(config: CacheConfig) -> None:
         "max_checkpoints",
         "guard_min_suffix",
         "divergence_min_gain",
+        "message_max",
         "exact_max_entries",
     ):
         if getattr(config, name) < 0:

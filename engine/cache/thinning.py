@@ -8,9 +8,10 @@ docs/architecture.md, "The cache contract"):
    carried over by absorption served older prompts;
 2. turn boundaries carried over by absorption ("final"), oldest (shortest)
    first: they serve only edits and regenerates of older turns;
-3. divergence points, shortest first: they serve other sessions that branch
-   from this lineage (system prompts that differ near their end, a timestamp),
-   so they outlive this lineage's older turn boundaries;
+3. divergence points and long-message points (inside a long system block),
+   shortest first: they serve other sessions that branch from this lineage
+   (system prompts that differ, a timestamp), so they outlive this lineage's
+   older turn boundaries;
 4. the newest guard;
 5. the current prompt end ("reply"), the newest turn boundary: the landing
    point of a next turn whose template re-renders the reply.
@@ -30,6 +31,7 @@ _RANK = {
     CheckpointKind.GUARD: 0,
     CheckpointKind.FINAL: 1,
     CheckpointKind.DIVERGENCE: 2,
+    CheckpointKind.MESSAGE: 2,
     CheckpointKind.REPLY: 4,
 }
 _NEWEST_GUARD_RANK = 3

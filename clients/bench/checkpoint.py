@@ -17,15 +17,17 @@ from clients.cli import serve_arguments
 HELP = "checkpoint bytes vs entry bytes at 1k and 8k tokens"
 
 
-def measure(engine, length: int, seed: int) -> dict:
-    """Bytes of the entry and of its checkpoints after a conversation of `length` tokens."""
+def measure(engine, length: int, seed: int, system: int = 0) -> dict:
+    """Bytes of the entry and of its checkpoints after a conversation of `length` tokens
+    (the first `system` of them a system block: long-message points inside it)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     vocab = engine.info.vocab_size
     tokens = [int(t) for t in rng.integers(10, vocab - 10, size=length)]
-    r = engine.run(tokens, max_tokens=4, namespace=f"ckpt-{length}")
+    r = engine.run(tokens, max_tokens=4, anchor_len=system, namespace=f"ckpt-{length}-{system}")
     entry = engine.tier.entries[r.plan.new_entry_id]
+    kinds = {c.length: str(c.kind) for c in r.plan.captures}
     checkpoints = {n: s.nbytes for n, s in entry.states.items() if n != entry.length}
     from engine.runtime import layer_caches
 
@@ -36,6 +38,9 @@ def measure(engine, length: int, seed: int) -> dict:
         "state_bytes": entry.states[entry.length].nbytes,
         "checkpoint_bytes": sorted(set(checkpoints.values())),
         "checkpoints": {str(n): b for n, b in sorted(checkpoints.items())},
+        "message_points": sorted(
+            n for n, k in kinds.items() if k == "message" and n in checkpoints
+        ),
     }
 
 
@@ -44,9 +49,11 @@ def run_bench(config, lengths=(1024, 8192), seed: int = 0) -> dict:
 
     engine = LocalEngine(config)
     rows = [measure(engine, n, seed) for n in lengths]
+    long_system = measure(engine, 6000, seed + 1, system=5000)  # a 5k-token system block
     return {
         "model": engine.info.path,
         "rows": rows,
+        "long_system": long_system,
         "checkpoint_bytes_equal": len({tuple(r["checkpoint_bytes"]) for r in rows}) == 1,
     }
 
@@ -66,6 +73,13 @@ def report(out: dict) -> str:
     lines.append(
         "checkpoint bytes equal at every length: "
         + ("yes" if out["checkpoint_bytes_equal"] else "NO")
+    )
+    long = out["long_system"]
+    points = long["message_points"]
+    each = long["checkpoints"].get(str(points[0]), 0) if points else 0
+    lines.append(
+        f"long-message points in a 5000-token system block: {len(points)} at {points}, "
+        f"{each:,} bytes each (the state only; {each / long['entry_bytes']:.4f} of the entry)"
     )
     return "\n".join(lines)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from engine.actors.names import CACHE_MANAGER, model_actor_name
 from engine.server.activity import namespace_tag
 
@@ -63,6 +65,9 @@ def test_actor_log_lines_reach_the_dashboard(engine):
     assert _until(started)
 
 
+_LABELS = ("kind", "tier", "reason", "code")  # the labels the checks below look at
+
+
 def _scrape(port: int, engine_tag: str) -> dict:
     """{(sample name, frozenset of labels but engine): value} of one engine's lineage series."""
     import urllib.request
@@ -78,7 +83,7 @@ def _scrape(port: int, engine_tag: str) -> dict:
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if "lineage_" in s.name and s.labels.get("engine") == engine_tag:
-                keep = {k: v for k, v in s.labels.items() if k in ("kind", "tier", "reason")}
+                keep = {k: v for k, v in s.labels.items() if k in _LABELS}
                 key = (s.name, frozenset(keep.items()))
                 out[key] = out.get(key, 0.0) + s.value  # summed over replicas, namespaces
     return out
@@ -91,12 +96,14 @@ def _figures(samples: dict, name: str, **labels) -> float:
 
 def test_metrics_match_cache_stats(engine, metrics_port):
     """After a few requests, Ray's Prometheus export shows lineage_ metrics equal to CacheStats."""
-    from clients.client import Client
+    from clients.client import Client, LineageError
 
     messages = [{"role": "system", "content": "You inspect engines."}]
     with Client(engine.address) as client:
         for turn in ("first question", "first question", "second question"):
             client.generate(messages=messages + [{"role": "user", "content": turn}], max_tokens=4)
+        with pytest.raises(LineageError):  # counted as INVALID_ARGUMENT
+            client.generate(prompt="x", max_tokens=2, stop_token_ids=[10**8])
         stats = client.cache_stats()
     tag = engine.config.server.ray_namespace
 
@@ -121,6 +128,7 @@ def test_metrics_match_cache_stats(engine, metrics_port):
         engine.config.cache.ram_budget
     )
     assert _figures(samples, "ray_lineage_mlx_peak_bytes") > 0
+    assert _figures(samples, "ray_lineage_errors_total", code="INVALID_ARGUMENT") >= 1
 
 
 def test_final_event_carries_the_trace_and_inspect_lists_it(engine):

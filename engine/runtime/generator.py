@@ -146,6 +146,7 @@ class Generator:
         self.orders_applied = 0  # every Orders numbered up to this one is applied
         self._orders_seen: set[int] = set()  # applied, above orders_applied
         self._unanswered = 0  # cache calls sent whose Orders have not come back
+        self.wake: Callable[[], None] = lambda: None  # the loop sets it: a read has ended
         self.timer = LayerTimer(
             model, config.cache.layer_timer_flag, config.cache.layer_timer_requests
         )
@@ -204,7 +205,11 @@ class Generator:
 
     @property
     def busy(self) -> bool:
-        return bool(self.pending or self.active)
+        """Work to step: a request in the batch, or one pending that is not only waiting
+        for its file (the reader's `wake` rouses the loop then)."""
+        if self.active:
+            return True
+        return any(not self._loading(req) for req, _ in self.pending)
 
     # ---- the loop ---------------------------------------------------------
 
@@ -213,7 +218,7 @@ class Generator:
         waiting = []
         while self.pending:
             req, emit = self.pending.pop(0)
-            if self._orders_behind(req.plan) or self._must_wait(req):
+            if self._orders_behind(req.plan) or self._must_wait(req) or self._loading(req):
                 waiting.append((req, emit))
                 continue
             try:
@@ -232,6 +237,11 @@ class Generator:
             self._on_prompt(r)
         for r in gen_responses:
             self._on_token(r)
+
+    def _loading(self, req: GenerationRequest) -> bool:
+        """Its restore source is being read on the reader thread (others keep decoding)."""
+        future = self.tier.start_load(req.plan, self.wake)
+        return future is not None and not future.done()
 
     def _orders_behind(self, plan) -> bool:
         """Orders handed out before this plan are still on their way here."""

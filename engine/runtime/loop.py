@@ -87,6 +87,7 @@ class ModelLoop:
             return
         self._ready.set()
         gen = self.generator
+        gen.wake = lambda: self.inbox.put(lambda g: None)  # a disk read ended: step again
         idle_since: float | None = None
         while not self._stopped:
             self._drain(block=not gen.busy)

@@ -14,6 +14,7 @@ storage layer's DiskStore fills it), so this module never imports storage.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -48,6 +49,10 @@ class DiskTier(Protocol):
 
     def load(self, entry_id: int) -> StoredEntry | None: ...
 
+    def read(self, entry_id: int) -> object: ...  # thread-safe: runs on the reader thread
+
+    def finish(self, read: object) -> StoredEntry | None: ...  # on the loop thread
+
 
 class RamTier:
     """Entry id -> StoredEntry, plus the orders that change it (and the disk tier's files)."""
@@ -56,6 +61,26 @@ class RamTier:
         self.has_state_layers = has_state_layers
         self.entries: dict[int, StoredEntry] = {}
         self.disk_tier = disk_tier
+        self._reader: ThreadPoolExecutor | None = None  # the disk-reader thread, on first use
+        self._loads: dict[int, Future] = {}  # entry id -> its read under way or done
+
+    def start_load(self, plan: RestorePlan, done=None) -> Future | None:
+        """Begin reading the plan's file on the reader thread, if the plan needs it and the
+        entry held cannot serve it; the read's Future (`done` runs when it ends), else None.
+        The loop thread keeps stepping meanwhile; `prepare` takes the result."""
+        if not plan.load_from_disk or self.disk_tier is None:
+            return None
+        if self.can_restore(plan.entry_id, plan.length):
+            return None
+        future = self._loads.get(plan.entry_id)
+        if future is None:
+            if self._reader is None:
+                self._reader = ThreadPoolExecutor(1, thread_name_prefix="disk-reader")
+            future = self._reader.submit(self.disk_tier.read, plan.entry_id)
+            self._loads[plan.entry_id] = future
+            if done is not None:
+                future.add_done_callback(lambda f: done())
+        return future
 
     def put(self, entry_id: int, entry: StoredEntry) -> None:
         assert entry_id not in self.entries, f"entry {entry_id} stored twice"
@@ -72,7 +97,11 @@ class RamTier:
             return True
         if self.can_restore(plan.entry_id, plan.length):
             return True
-        entry = self.disk_tier.load(plan.entry_id)
+        future = self._loads.pop(plan.entry_id, None)
+        if future is not None:  # read on the reader thread: only the finish is left
+            entry = self.disk_tier.finish(future.result())
+        else:
+            entry = self.disk_tier.load(plan.entry_id)
         if entry is None:
             return False
         self.entries[plan.entry_id] = entry

@@ -164,6 +164,12 @@ def _decode(node: Any, arrays: list) -> Any:
 
 def read_entry(path: Path, fingerprint: str, entry_id: int) -> tuple[StoredEntry, int]:
     """(entry, file bytes) of one file, every check passed; DamagedFile (or OSError) if not."""
+    return finish_entry(read_arrays(path, fingerprint, entry_id))
+
+
+def read_arrays(path: Path, fingerprint: str, entry_id: int):
+    """The part of a load that may run on a reader thread: the read, the checks and the
+    one copy into MLX arrays (no evaluation). `finish_entry` ends it on the model's thread."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         buf = np.empty(size, np.uint8)
@@ -188,6 +194,16 @@ def read_entry(path: Path, fingerprint: str, entry_id: int) -> tuple[StoredEntry
             view = np.frombuffer(body, raw, count, offset).reshape(shape)
             a = mx.array(view)
             arrays.append(a.view(mx.bfloat16) if dtype == "bfloat16" else a)
+    except (KeyError, TypeError, ValueError, AttributeError, ImportError) as e:
+        raise file_format.DamagedFile(f"undecodable body: {e}") from None
+    return header, arrays, size
+
+
+def finish_entry(read) -> tuple[StoredEntry, int]:
+    """(entry, file bytes) from `read_arrays`: the stored forms rebuilt and evaluated."""
+    header, arrays, size = read
+    meta = header.meta
+    try:
         layers = _decode(meta["layers"], arrays)
         states = {int(n): _decode(tree, arrays) for n, tree in meta["states"]}
     except (KeyError, TypeError, ValueError, AttributeError, ImportError) as e:

@@ -19,7 +19,7 @@ from engine.cache.messages import EntryRecord
 from engine.config import EngineConfig
 from engine.runtime.ram_tier import StoredEntry
 from engine.storage import file_format
-from engine.storage.codec import read_entry, to_write_job
+from engine.storage.codec import finish_entry, read_arrays, to_write_job
 from engine.storage.writer import DiskWriter
 
 log = logging.getLogger(__name__)
@@ -46,14 +46,32 @@ class DiskStore:
 
     def load(self, entry_id: int) -> StoredEntry | None:
         """The entry from its queued write or its file; None (logged) when missing or damaged."""
+        return self.finish(self.read(entry_id))
+
+    def read(self, entry_id: int):
+        """The part of a load a reader thread runs (read, checks, the copy into MLX);
+        `finish` ends it on the model loop's thread."""
         job = self.writer.held(entry_id)
+        if job is not None:
+            return entry_id, job, None, 0.0
+        path = file_format.entry_path(self.directory, entry_id)
+        t0 = time.perf_counter()
+        try:
+            return entry_id, None, read_arrays(path, self.fingerprint, entry_id), t0
+        except (file_format.DamagedFile, OSError) as e:
+            return entry_id, None, e, t0
+
+    def finish(self, read) -> StoredEntry | None:
+        """The entry of a `read`; None (logged, a damaged file renamed) when it failed."""
+        entry_id, job, result, t0 = read
         if job is not None:
             held = job.entry
             return StoredEntry(held.layers, held.length, dict(held.states))
         path = file_format.entry_path(self.directory, entry_id)
-        t0 = time.perf_counter()
         try:
-            entry, nbytes = read_entry(path, self.fingerprint, entry_id)
+            if isinstance(result, BaseException):
+                raise result
+            entry, nbytes = finish_entry(result)
         except FileNotFoundError:
             log.warning("disk tier: file of entry %d is missing; prefilling cold", entry_id)
         except (file_format.DamagedFile, OSError) as e:

@@ -7,7 +7,7 @@ import numpy as np
 
 from engine.cache.messages import PlanRequest
 from engine.config import CacheConfig, EngineConfig, ModelConfig
-from engine.runtime.events import Finished
+from engine.runtime.events import Finished, Tokens
 from engine.runtime.local import LocalEngine, LocalLink
 from engine.runtime.requests import GenerationRequest, SamplingParams
 
@@ -119,3 +119,79 @@ def test_the_guard_threshold_follows_the_measured_costs(model_cache_dir):
     assert guard_threshold(0.5, 0.5, 16) == 17  # a cheap chunk boundary: nearly always
     assert guard_threshold(1.0, 0.0, 16) == 4096
     assert engine.manager.config.guard_min_suffix == engine.info.guard_min_suffix
+
+
+class SlowDisk:
+    """A disk tier whose reads take `seconds` on the reader thread (entries kept in memory)."""
+
+    def __init__(self, seconds: float):
+        import threading
+
+        self.entries, self.seconds, self.readers = {}, seconds, set()
+        self._lock = threading.Lock()
+
+    def read(self, entry_id):
+        import threading
+        import time
+
+        with self._lock:
+            self.readers.add(threading.current_thread().name)
+        time.sleep(self.seconds)
+        return self.entries.get(entry_id)
+
+    def finish(self, read):
+        return read
+
+    def load(self, entry_id):
+        return self.finish(self.read(entry_id))
+
+    def write(self, entry, record):
+        pass
+
+    def delete(self, entry_id):
+        pass
+
+
+def test_a_disk_load_runs_on_the_reader_thread_while_others_decode(model_cache_dir):
+    from dataclasses import replace
+
+    engine = make_engine(model_cache_dir)
+    prompt = [(i * 43) % 3000 + 20 for i in range(300)]
+    first = engine.run(prompt, max_tokens=3)
+    entry = first.plan.new_entry_id
+    disk = engine.tier.disk_tier = SlowDisk(0.5)
+    disk.entries[entry] = engine.tier.entries.pop(entry)  # on disk only now
+    decoding = submit(engine, "busy", [(i * 7) % 3000 + 20 for i in range(50)])
+    decoding_req = engine.generator.pending[-1][0]
+    engine.generator.pending[-1] = (
+        replace(decoding_req, sampling=SamplingParams(40)),
+        decoding.append,
+    )
+    while not any(isinstance(e, Tokens) for e in decoding):
+        engine.generator.step()
+    plan = engine.manager.plan(
+        PlanRequest("loading", np.asarray(prompt + first.ids + [4, 5], np.int32))
+    )
+    assert plan.entry_id == entry
+    loading: list = []
+    req = GenerationRequest(
+        "loading",
+        "",
+        tuple(prompt + first.ids + [4, 5]),
+        replace(plan, load_from_disk=True),
+        SamplingParams(max_tokens=2),
+        0.0,
+        0.0,
+    )
+    engine.generator.submit(req, loading.append)
+    engine.generator.step()
+    future = engine.tier._loads[entry]
+    tokens_before = sum(isinstance(e, Tokens) for e in decoding)
+    while not future.done():
+        engine.generator.step()
+    during = sum(isinstance(e, Tokens) for e in decoding) - tokens_before
+    assert during > 0, "decoding stopped while the file was read"
+    assert disk.readers and all(n.startswith("disk-reader") for n in disk.readers)
+    final = run(engine, loading)
+    assert final.restore_kind != "none" and final.cached_tokens >= len(prompt)
+    run(engine, decoding)

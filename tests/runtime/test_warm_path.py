@@ -67,7 +67,7 @@ def test_sequences_finishing_together_count_their_copied_rows(local):
     from engine.runtime.requests import GenerationRequest, SamplingParams
 
     finals = {}
-    for k, max_tokens in ((0, 30), (1, 60)):
+    for k, max_tokens in ((0, 120), (1, 200)):  # the second joins before the first ends
         tokens = [(i * 13 + k) % 3000 + 20 for i in range(200 + 40 * k)]
         rid = f"together-{k}"
         plan = local.manager.plan(PlanRequest(rid, np.asarray(tokens, np.int32), 0, rid))
@@ -79,7 +79,7 @@ def test_sequences_finishing_together_count_their_copied_rows(local):
     state = _state_bytes(local)
     first, last = (next(e for e in finals[r] if isinstance(e, Finished)) for r in finals)
     entry = local.tier.entries[local.manager.index.entries()[-2].id]
-    rows = kv_bytes_per_token(entry.layers) * (first.prompt_tokens + 30)
+    rows = kv_bytes_per_token(entry.layers) * (first.prompt_tokens + 120)
     assert first.timing.bytes_copied_commit == rows + 3 * state  # + the guard's state
     assert last.timing.bytes_copied_commit == 3 * state, "alone: views of its rows"
 

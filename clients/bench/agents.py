@@ -546,6 +546,7 @@ def run(args) -> int:
         if not ray.is_initialized():
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
             ray.init(
+                address="local",  # a Ray of its own, never another user's cluster
                 num_cpus=os.cpu_count() or 2,
                 include_dashboard=False,
                 configure_logging=False,

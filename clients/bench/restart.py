@@ -15,7 +15,11 @@ of its own (a temporary one unless `--cache-dir`):
    bytes / wall time, fsyncs included);
 4. decode tokens/s of one request while the writer writes a long burst,
    against the same request with the writer idle (interleaved rounds, the
-   ratio of their medians, one run).
+   ratio of their medians, one run);
+5. after another restart, decode inter-token latency of one request while a
+   second request's restore reads the largest entry's file (on the reader
+   thread), against the same request's inter-token latency before the load:
+   p50 and p99 (target: p99 during the load <= 2x idle).
 """
 
 from __future__ import annotations
@@ -115,6 +119,9 @@ def run_bench(
     cold_same = second.run(turn, max_tokens=4, cold=True)
     writer = _writer_figures(config, second, after, draw(64), copies, rounds, decode_tokens)
     second.close()
+    third = _Engine(config, *loaded)  # restarted again: the entry is on disk only
+    during_load = _decode_during_load(third, draw(64), turn, decode_tokens)
+    third.close()
 
     out = {
         "model": info.path,
@@ -129,10 +136,68 @@ def run_bench(
         "ram_ttft_ms": in_ram.ttft_ms,
         "first_cold_ttft_ms": cold.ttft_ms,
         **writer,
+        **during_load,
     }
     out["cold_to_restart"] = out["cold_ttft_ms"] / out["restart_ttft_ms"]
     out["decode_ratio"] = out["decode_tps_writing"] / out["decode_tps_idle"]
     return out
+
+
+def _decode_during_load(engine, short: list, turn: list, decode_tokens: int) -> dict:
+    """Inter-token latency (ms) of a decoding request before and while another request's
+    restore reads the largest entry's file on the reader thread."""
+    import numpy as np
+
+    from engine.cache.messages import PlanRequest
+    from engine.runtime.events import Finished, Tokens
+    from engine.runtime.requests import GenerationRequest, SamplingParams
+
+    gen = engine.generator
+    stamps: list = []
+    done: list = []
+
+    def submit(rid: str, tokens: list, max_tokens: int, on_event):
+        plan = engine.manager.plan(PlanRequest(rid, np.asarray(tokens, np.int32)))
+        req = GenerationRequest(
+            rid, "", tuple(tokens), plan, SamplingParams(max_tokens), time.time(), 0.0
+        )
+        gen.submit(req, on_event)
+        return plan
+
+    def decoding(event) -> None:
+        if isinstance(event, Tokens):
+            stamps.append(time.perf_counter())
+        done.append(isinstance(event, Finished))
+
+    submit("itl-decode", short, decode_tokens, decoding)
+    while len(stamps) < decode_tokens // 2:
+        gen.step()
+    idle_until = len(stamps)
+    loading: list = []
+    plan = submit("itl-load", turn, 2, loading.append)
+    if not plan.load_from_disk:
+        raise RuntimeError("the load request did not restore from disk")
+    window = [time.perf_counter(), None]
+    while not any(done):
+        gen.step()
+        if window[1] is None and any(isinstance(e, Tokens) for e in loading):
+            window[1] = time.perf_counter()
+    while gen.busy or gen.pending:
+        gen.step()
+    gaps = [(b - a) * 1000 for a, b in zip(stamps, stamps[1:])]
+    idle = gaps[: idle_until - 1][2:]  # after the first few (warm-up)
+    start, end = window[0], window[1] or stamps[-1]
+    during = [g for (a, b), g in zip(zip(stamps, stamps[1:]), gaps) if b >= start and a <= end]
+    p = lambda xs, q: float(np.percentile(xs, q)) if xs else 0.0  # noqa: E731
+    return {
+        "itl_idle_p50_ms": p(idle, 50),
+        "itl_idle_p99_ms": p(idle, 99),
+        "itl_load_p50_ms": p(during, 50),
+        "itl_load_p99_ms": p(during, 99),
+        "itl_load_tokens": len(during),
+        "load_window_ms": (end - start) * 1000,
+        "itl_p99_ratio": p(during, 99) / p(idle, 99) if idle and during else 0.0,
+    }
 
 
 def _writer_figures(config, engine, after, short, copies, rounds, decode_tokens) -> dict:
@@ -207,6 +272,13 @@ def report(out: dict) -> str:
             f"decode                 {out['decode_tps_writing']:.0f} tok/s while writing, "
             f"{out['decode_tps_idle']:.0f} idle: ratio {out['decode_ratio']:.2f} "
             f"(medians of {out['decode_rounds']} interleaved rounds){busy}"
+        ),
+        (
+            f"decode during a load   inter-token p50/p99 {out['itl_load_p50_ms']:.1f}/"
+            f"{out['itl_load_p99_ms']:.1f} ms over {out['itl_load_tokens']} tokens while the "
+            f"largest entry loaded ({out['load_window_ms']:.0f} ms), idle "
+            f"{out['itl_idle_p50_ms']:.1f}/{out['itl_idle_p99_ms']:.1f} ms: p99 ratio "
+            f"{out['itl_p99_ratio']:.2f} (target <= 2)"
         ),
     ]
     return "\n".join(lines)

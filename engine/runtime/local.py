@@ -115,7 +115,9 @@ class LocalEngine:
             events.append,
         )
         first = None
-        while self.generator.busy:
+        while self.generator.busy or self.generator.pending:
+            if not self.generator.busy:  # only waiting for a file on the reader thread
+                time.sleep(0.0005)
             self.generator.step()
             if first is None and any(isinstance(e, Tokens) for e in events):
                 first = time.perf_counter()

@@ -85,9 +85,10 @@ class CacheConfig:
     max_checkpoints: int = 4  # per lineage; anchors are separate entries
     guard_offset: int = 16  # guard checkpoint at prompt length minus this
     # Guard only when the uncached suffix is this long. None: derived at load from
-    # the measured per-forward and per-token costs (engine.runtime.loader); 256
-    # where nothing was measured (the pure policy).
-    guard_min_suffix: int | None = None
+    # the measured per-forward and per-token costs (engine.runtime.loader), what
+    # `from_sources` gives unless --guard-min-suffix is set; a CacheConfig built
+    # directly (tests, the pure policy) keeps the reference's fixed 256.
+    guard_min_suffix: int | None = 256
     # State-only checkpoints inside a long (system + tools) block: every this many
     # tokens, at most message_max of them, so a variant of a long system prompt
     # restores at the last one before its change.

@@ -112,7 +112,9 @@ def test_a_verbatim_resend_prefills_nothing_and_decodes_the_same(model_cache_dir
 def test_the_guard_threshold_follows_the_measured_costs(model_cache_dir):
     from engine.runtime.loader import forward_costs, guard_threshold
 
-    engine = make_engine(model_cache_dir)
+    engine = LocalEngine(  # None: the threshold measured at load (what `serve` does)
+        EngineConfig(cache=CacheConfig(cache_dir=str(model_cache_dir), guard_min_suffix=None))
+    )
     forward_ms, token_ms = forward_costs(engine.model, chunk=32, repeats=1)
     assert forward_ms >= 0 and token_ms > 0
     assert guard_threshold(40.0, 0.5, 16) == 16 + 80  # an expensive forward: long suffixes

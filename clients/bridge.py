@@ -7,30 +7,43 @@ set. It knows the OpenAI wire format and the model's `<tool_call>` text; it
 knows nothing of models, caches or Ray, and never loads MLX. gRPC
 INVALID_ARGUMENT (and a request the bridge itself finds malformed) -> 400,
 UNAVAILABLE -> 503, anything else (a bug included) -> 500, always as
-`{"error": {"message", "type", "param", "code"}}`. A client that disconnects
+`{"error": {"message", "type", "param", "code"}}`; a body over 16 MiB -> 413
+(clients.bridge_guard). A client that disconnects
 cancels its gRPC call, which frees its batch slot. The cache namespace is the
-`X-Cache-Namespace` header, else the request's `user`.
+`X-Cache-Namespace` header, else the request's `user` (under the caller's
+tenant namespace when the engine has tokens: the caller's bearer token goes on
+to the engine). UNAUTHENTICATED -> 401, PERMISSION_DENIED -> 403.
 
 `start_bridge(...)` serves in the running loop (`lineage serve --http-port`);
-`run_bridge(...)` is the blocking job of `lineage bridge`, whose CLI plug-in
-(HELP, add_arguments, run) this module is. FastAPI, uvicorn and pydantic load
+`run_bridge(...)` is the blocking job of `lineage bridge` (both in
+clients.bridge_server, re-exported here), whose CLI plug-in (HELP,
+add_arguments, run) this module is. FastAPI, uvicorn and pydantic load
 only when a bridge is built, so the import stays cheap; and no `from __future__
 import annotations`, since FastAPI reads the annotations of the endpoints
 defined inside create_app.
 """
 
 import asyncio
-import contextlib
 import json
 import logging
-import signal
-import socket
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import PurePath
 from types import SimpleNamespace
 
+from clients.bridge_guard import (
+    MAX_BODY_BYTES,
+    BearerAuth,
+    BodyLimit,
+    BridgeSecurity,
+    bearer_token,
+)
+from clients.bridge_server import (  # noqa: F401  (re-exported: the bridge's public API)
+    BridgeHandle,
+    bridge_security,
+    run_bridge,
+    start_bridge,
+)
 from clients.client import DEFAULT_SERVER, AsyncClient, Chunk, Final, LineageError, Progress
 from clients.tool_calls import (  # noqa: F401  (re-exported)
     TOOL_CALL_START,
@@ -41,7 +54,12 @@ from clients.wire import InvalidInput
 
 HELP = "serve an OpenAI-compatible HTTP API in front of a running engine"
 log = logging.getLogger(__name__)
-_HTTP_STATUS = {"INVALID_ARGUMENT": 400, "UNAVAILABLE": 503}
+_HTTP_STATUS = {
+    "INVALID_ARGUMENT": 400,
+    "UNAUTHENTICATED": 401,
+    "PERMISSION_DENIED": 403,
+    "UNAVAILABLE": 503,
+}
 DISCONNECT_POLL_S = 0.25  # how often a request not yet streaming checks for a gone client
 
 
@@ -68,7 +86,7 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
 def _lineage_error(error: LineageError) -> tuple[int, dict]:
     """(HTTP status, OpenAI error body) of a failed gRPC call."""
     status = _HTTP_STATUS.get(error.code, 500)
-    kind = "invalid_request_error" if status == 400 else "server_error"
+    kind = "invalid_request_error" if status < 500 else "server_error"
     return status, error_body(error.message, kind, code=error.code.lower())
 
 
@@ -211,13 +229,12 @@ class Backend:
     def __init__(self, grpc_address: str):
         self.address = grpc_address
         self.client = AsyncClient(grpc_address)
-        self._health_channel = None
         self._info: dict | None = None
 
-    async def model_info(self) -> dict:
+    async def model_info(self, auth_token: str | None = None) -> dict:
         """ModelInfo as {"id", "max_context", "fingerprint", "reply"}, fetched once."""
         if self._info is None:
-            reply = await self.client.model_info()
+            reply = await self.client.model_info(auth_token)
             self._info = {
                 "id": PurePath(reply["model"]).name or reply["model"],
                 "max_context": reply["max_context"],
@@ -229,11 +246,9 @@ class Backend:
     async def health(self) -> str:
         """The grpc.health.v1 status name of the whole server, or the failed call's code."""
         import grpc
-        from grpc_health.v1 import health_pb2, health_pb2_grpc
+        from grpc_health.v1 import health_pb2
 
-        if self._health_channel is None:
-            self._health_channel = grpc.aio.insecure_channel(self.address)
-        stub = health_pb2_grpc.HealthStub(self._health_channel)
+        stub = self.client._stubs()[1]  # the same channel (TLS included) as the calls
         try:
             reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5.0)
         except grpc.RpcError as error:
@@ -242,9 +257,6 @@ class Backend:
 
     async def close(self) -> None:
         await self.client.close()
-        if self._health_channel is not None:
-            await self._health_channel.close()
-            self._health_channel = None
 
 
 async def _unless_disconnected(request, awaitable):
@@ -261,7 +273,7 @@ async def _unless_disconnected(request, awaitable):
         task.cancel()
 
 
-def _sampling(body, info: dict, namespace: str, rid: str) -> dict:
+def _sampling(body, info: dict, namespace: str, rid: str, token: str | None = None) -> dict:
     """The OpenAI sampling fields -> keyword arguments of AsyncClient.stream."""
     if body.n not in (None, 1):
         raise InvalidInput(f"n must be 1 (one choice per request), got {body.n}")
@@ -278,6 +290,7 @@ def _sampling(body, info: dict, namespace: str, rid: str) -> dict:
         "stop": stop,
         "namespace": namespace,
         "request_id": rid,
+        "auth_token": token,
     }
 
 
@@ -393,8 +406,14 @@ def _add_error_handlers(app) -> None:
         return JSONResponse(error_body(str(error.detail), kind), error.status_code)
 
 
-def create_app(grpc_address: str):
-    """The FastAPI app, a client of the engine at `grpc_address`; app.state.backend."""
+def create_app(grpc_address: str, security: BridgeSecurity | None = None):
+    """The FastAPI app, a client of the engine at `grpc_address`; app.state.backend.
+
+    A caller's bearer token goes on to the engine with its calls, so the engine
+    decides the namespace; with `security.tokens` the bridge also refuses
+    unknown tokens itself (401) before it answers anything.
+    """
+    security = security or BridgeSecurity()
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
 
@@ -403,14 +422,18 @@ def create_app(grpc_address: str):
     app = FastAPI(title="lineage OpenAI-compatible bridge", docs_url=None, redoc_url=None)
     app.state.backend = backend
     _add_error_handlers(app)
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    if security.tokens:
+        app.add_middleware(BearerAuth, tokens=security.tokens)  # outermost: runs first
 
     def namespace(request: Request, body) -> str:
         return request.headers.get("x-cache-namespace") or body.user or ""
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: s.Chat, request: Request):
-        info, rid = await backend.model_info(), uuid.uuid4().hex
-        kwargs = _sampling(body, info, namespace(request, body), rid)
+        token = bearer_token(request.headers)
+        info, rid = await backend.model_info(token), uuid.uuid4().hex
+        kwargs = _sampling(body, info, namespace(request, body), rid, token)
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
         for m in messages:  # OpenAI's newer name for the system role
             m["role"] = "system" if m["role"] == "developer" else m["role"]
@@ -420,8 +443,9 @@ def create_app(grpc_address: str):
 
     @app.post("/v1/completions")
     async def completions(body: s.Completion, request: Request):
-        info, rid = await backend.model_info(), uuid.uuid4().hex
-        kwargs = _sampling(body, info, namespace(request, body), rid)
+        token = bearer_token(request.headers)
+        info, rid = await backend.model_info(token), uuid.uuid4().hex
+        kwargs = _sampling(body, info, namespace(request, body), rid, token)
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
             stream = backend.client.stream(prompt_ids=prompt, **kwargs)
@@ -434,8 +458,8 @@ def create_app(grpc_address: str):
         return await _respond(request, body, stream, TextShape(rid, info))
 
     @app.get("/v1/models")
-    async def models():
-        info = await backend.model_info()
+    async def models(request: Request):
+        info = await backend.model_info(bearer_token(request.headers))
         return {
             "object": "list",
             "data": [
@@ -458,81 +482,6 @@ def create_app(grpc_address: str):
     return app
 
 
-# --------------------------------------------------------------- running ----
-
-
-@dataclass
-class BridgeHandle:
-    """A bridge serving in the running event loop."""
-
-    server: object  # uvicorn.Server
-    task: asyncio.Task
-    backend: Backend
-    host: str
-    port: int
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-    async def stop(self, grace: float = 2.0) -> None:
-        """Stop accepting, give open requests `grace` seconds, close the gRPC channels."""
-        self.server.config.timeout_graceful_shutdown = grace
-        self.server.should_exit = True
-        try:
-            await self.task
-        finally:
-            await self.backend.close()
-
-
-async def start_bridge(grpc_address: str, host: str, port: int) -> BridgeHandle:
-    """Serve the bridge on host:port (0: any free port) inside the running loop.
-
-    The socket is bound here, so a taken port raises OSError to the caller.
-    Signals stay with the caller's loop (`lineage serve` owns SIGINT/SIGTERM).
-    """
-    import uvicorn
-
-    app = create_app(grpc_address)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
-    server = uvicorn.Server(config)
-    server.capture_signals = contextlib.nullcontext  # uvicorn would take over SIGINT/SIGTERM
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if task.done():
-            sock.close()
-            task.result()
-            raise RuntimeError("the HTTP bridge stopped while starting")
-        await asyncio.sleep(0.01)
-    return BridgeHandle(server, task, app.state.backend, host, sock.getsockname()[1])
-
-
-async def _serve_until_signal(grpc_address: str, host: str, port: int) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    handle = await start_bridge(grpc_address, host, port)
-    print(
-        f"lineage: OpenAI-compatible bridge on {handle.url}/v1 for engine {grpc_address}",
-        flush=True,
-    )
-    await stop.wait()
-    print("lineage: stopping the bridge", flush=True)
-    await handle.stop()
-    return 0
-
-
-def run_bridge(
-    grpc_address: str = DEFAULT_SERVER, host: str = "127.0.0.1", port: int = 8000
-) -> int:
-    """The blocking job of `lineage bridge`: serve until SIGINT/SIGTERM. Returns the exit code."""
-    return asyncio.run(_serve_until_signal(grpc_address, host, port))
-
-
 def add_arguments(parser) -> None:
     """`lineage bridge` flags (the CLI fills --server from $LINEAGE_SERVER)."""
     parser.add_argument(
@@ -542,8 +491,23 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--host", default="127.0.0.1", help="HTTP address (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="HTTP port (default: 8000)")
+    from clients.cli import add_security_arguments
+
+    add_security_arguments(parser)
 
 
 def run(args) -> int:
     """`lineage bridge`: the CLI plug-in entry point."""
-    return run_bridge(args.server or DEFAULT_SERVER, args.host, args.port)
+    import os
+
+    from clients.cli import SECURITY_FLAGS, UsageError
+    from engine.config import EngineConfig, ServerConfig
+
+    flags = {name: getattr(args, name, None) for name in SECURITY_FLAGS}
+    try:
+        server = EngineConfig.from_sources(flags, os.environ).server
+        gate = ServerConfig(host=args.host, tokens=server.tokens, insecure=server.insecure)
+        gate.check_exposure()
+    except (ValueError, OSError) as error:
+        raise UsageError(str(error))
+    return run_bridge(args.server or DEFAULT_SERVER, args.host, args.port, bridge_security(server))

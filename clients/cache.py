@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         from clients.cli import format_stats
         from clients.client import Client
 
-        with Client(args.via_server) as client:
+        with Client(args.via_server, **getattr(args, "connect", {})) as client:
             stats = client.cache_stats()
         print(json.dumps(stats, indent=2) if args.json else format_stats(stats))
         return 0
@@ -92,7 +92,7 @@ def _own_fingerprint(args, files) -> tuple[str | None, str]:
     if args.via_server:
         from clients.client import Client
 
-        with Client(args.via_server) as client:
+        with Client(args.via_server, **getattr(args, "connect", {})) as client:
             return client.model_info()["fingerprint"], f"server {args.via_server}"
     sound = [f for f in files if f.header is not None]
     if not sound:

@@ -146,7 +146,13 @@ def run_chat(
         out.flush()
 
 
-def main_chat(server: str, system: str | None, tools: list[dict] | None, sampling: dict) -> int:
+def main_chat(
+    server: str,
+    system: str | None,
+    tools: list[dict] | None,
+    sampling: dict,
+    connect: dict | None = None,
+) -> int:
     """Chat on the process's stdin/stdout/stderr against `server`."""
-    with Client(server) as client:
+    with Client(server, **(connect or {})) as client:
         return run_chat(client, Chat(system, tools), sampling, sys.stdin, sys.stdout, sys.stderr)

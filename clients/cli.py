@@ -68,6 +68,17 @@ SERVE_FLAGS = (
     "sparse_block",
     "gated_delta",
 )
+# Serve flags that secure the engine (and `lineage bridge`), as EngineConfig names them.
+SECURITY_FLAGS = (
+    "auth_token",
+    "auth_token_file",
+    "tls_cert",
+    "tls_key",
+    "tls_client_ca",
+    "insecure",
+    "reflection",
+    "exact_cache_figures",
+)
 # Subcommands that other modules provide: name -> module.
 PLUGINS = {
     "bench": "clients.bench",
@@ -146,6 +157,45 @@ def _add_server(p: argparse.ArgumentParser) -> None:
         "--server",
         metavar="HOST:PORT",
         help=f"engine address (default: $LINEAGE_SERVER or {DEFAULT_SERVER})",
+    )
+    add_connect_arguments(p)
+
+
+def add_connect_arguments(p: argparse.ArgumentParser) -> None:
+    """How a client command reaches the engine: its token and TLS files."""
+    p.add_argument(
+        "--auth-token", metavar="TOKEN", help="bearer token (default: $LINEAGE_AUTH_TOKEN)"
+    )
+    p.add_argument(
+        "--tls-ca", metavar="PEM", help="CA to verify the server by (default: $LINEAGE_TLS_CA)"
+    )
+    p.add_argument(
+        "--tls-client-cert",
+        metavar="PEM",
+        help="client certificate for mTLS ($LINEAGE_TLS_CLIENT_CERT)",
+    )
+    p.add_argument(
+        "--tls-client-key", metavar="PEM", help="its private key ($LINEAGE_TLS_CLIENT_KEY)"
+    )
+
+
+def connect_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> dict:
+    """Keyword arguments of Client/AsyncClient: flags first, then the environment."""
+    from clients.channel import Security
+
+    try:
+        s = Security.from_env(
+            getattr(args, "auth_token", None),
+            None,
+            getattr(args, "tls_ca", None),
+            getattr(args, "tls_client_cert", None),
+            getattr(args, "tls_client_key", None),
+            env,
+        )
+    except ValueError as error:
+        raise UsageError(str(error))
+    return dict(
+        auth_token=s.auth_token, tls=s.tls, tls_ca=s.tls_ca, tls_cert=s.tls_cert, tls_key=s.tls_key
     )
 
 
@@ -276,34 +326,80 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
         help="gated delta recurrence off Metal: mx.fast primitive or mlx-lm's op loop "
         "(default auto: the primitive off Metal; env LINEAGE_GATED_DELTA)",
     )
+    add_security_arguments(p)
+    p.add_argument(
+        "--reflection",
+        action="store_true",
+        default=None,
+        help="serve gRPC reflection on any host ($LINEAGE_REFLECTION; default: loopback only)",
+    )
+    p.add_argument(
+        "--exact-cache-figures",
+        action="store_true",
+        default=None,
+        help="send clients exact cached-token figures, not rounded to 64 "
+        "($LINEAGE_EXACT_CACHE_FIGURES)",
+    )
+
+
+def add_security_arguments(p: argparse.ArgumentParser) -> None:
+    """Tokens and TLS of a server (`lineage serve`, `lineage bridge`); each has an env var."""
+    p.add_argument(
+        "--auth-token", metavar="TOKEN", help="the operator's token ($LINEAGE_AUTH_TOKEN)"
+    )
+    p.add_argument(
+        "--auth-token-file",
+        metavar="FILE",
+        help="tokens, one `TOKEN [NAMESPACE] [admin]` a line ($LINEAGE_AUTH_TOKEN_FILE)",
+    )
+    p.add_argument(
+        "--tls-cert", metavar="PEM", help="serve TLS with this certificate ($LINEAGE_TLS_CERT)"
+    )
+    p.add_argument("--tls-key", metavar="PEM", help="its private key ($LINEAGE_TLS_KEY)")
+    p.add_argument(
+        "--tls-client-ca",
+        metavar="PEM",
+        help="require client certificates signed by this CA: mTLS ($LINEAGE_TLS_CLIENT_CA)",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        default=None,
+        help="allow a non-loopback bind without a token ($LINEAGE_INSECURE)",
+    )
 
 
 def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> EngineConfig:
     """The EngineConfig of `lineage serve` flags (only those given) plus `env`."""
-    flags = {name: getattr(args, name) for name in SERVE_FLAGS}
+    flags = {name: getattr(args, name, None) for name in SERVE_FLAGS + SECURITY_FLAGS}
     return EngineConfig.from_sources({k: v for k, v in flags.items() if v is not None}, env)
 
 
 def _serve(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args, args.env)
-    except ValueError as error:
+        config.server.check_exposure()
+    except (ValueError, OSError) as error:
         raise UsageError(str(error))
     from engine.server import serve  # MLX and Ray load here, and only here
 
     sidecars = []
     if config.server.http_port:
-        sidecars.append(_bridge_sidecar(config.server.host, config.server.http_port))
+        sidecars.append(_bridge_sidecar(config))
     return int(serve.run(config, sidecars) or 0)
 
 
-def _bridge_sidecar(host: str, port: int):
+def _bridge_sidecar(config: EngineConfig):
     """Start the OpenAI bridge in front of the engine once it serves (`--http-port`)."""
-    from clients.bridge import start_bridge  # fails here, before Ray starts, if not installed
+    # fails here, before Ray starts, if not installed
+    from clients.bridge import bridge_security, start_bridge
+
+    host, port = config.server.host, config.server.http_port
+    security = bridge_security(config.server)
 
     async def start(grpc_address: str):
-        handle = await start_bridge(grpc_address, host, port)
-        print(f"lineage: OpenAI-compatible bridge on http://{host}:{port}/v1", flush=True)
+        handle = await start_bridge(grpc_address, host, port, security)
+        print(f"lineage: OpenAI-compatible bridge on {handle.url}/v1", flush=True)
         return handle
 
     return start
@@ -348,7 +444,7 @@ def _generate(args: argparse.Namespace) -> int:
         stop_token_ids=args.stop_token_id,
         **sampling_from_args(args),
     )
-    with Client(args.server) as client:
+    with Client(args.server, **args.connect) as client:
         try:
             stream = client.stream(**request)
         except ValueError as error:
@@ -374,7 +470,11 @@ def _chat(args: argparse.Namespace) -> int:
     from clients.chat import main_chat
 
     return main_chat(
-        args.server, args.system, _read_json_list(args.tools, "tools"), sampling_from_args(args)
+        args.server,
+        args.system,
+        _read_json_list(args.tools, "tools"),
+        sampling_from_args(args),
+        args.connect,
     )
 
 
@@ -422,7 +522,7 @@ def format_stats(stats: dict) -> str:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    with Client(args.server) as client:
+    with Client(args.server, **args.connect) as client:
         if not args.json:
             print(format_stats(client.cache_stats()))
             return EXIT_OK
@@ -466,6 +566,7 @@ def _fanout(args: argparse.Namespace) -> int:
             args.max_tokens,
             args.seed,
             args.namespace,
+            args.connect,
         )
     )
     print(fanout.format_table(rows))
@@ -515,6 +616,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
     if hasattr(args, "server") and not args.server:
         args.server = env.get("LINEAGE_SERVER") or DEFAULT_SERVER
     try:
+        args.connect = connect_from_args(args, env)
         return args.run(args)
     except UsageError as error:
         print(f"lineage {args.command}: error: {error}", file=sys.stderr)

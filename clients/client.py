@@ -10,7 +10,10 @@ only, so a client process never loads MLX.
         ...  # Progress | Chunk | Final
 
 Every gRPC failure surfaces as `LineageError(code, message)`; bad arguments
-raise `ValueError` before anything is sent.
+raise `ValueError` before anything is sent. A client sends `auth_token` (else
+$LINEAGE_AUTH_TOKEN) as a bearer token, and speaks TLS when given a CA or a
+client certificate (else $LINEAGE_TLS_CA, $LINEAGE_TLS_CLIENT_CERT/_KEY), or
+`tls=True` for the system's roots (clients.channel).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any, Iterator, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from clients.channel import Security, channel
 from clients.wire import (  # noqa: F401  (re-exported: the client's public types)
     DEFAULT_MAX_TOKENS,
     Chunk,
@@ -185,10 +189,17 @@ class Client:
         *,
         timeout: float | None = 30.0,
         options: Sequence[tuple[str, Any]] = (),
+        auth_token: str | None = None,
+        tls: bool | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ):
         self.server = server
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(server, options=list(options))
+        self.security = Security.from_env(auth_token, tls, tls_ca, tls_cert, tls_key)
+        self._metadata = self.security.metadata
+        self._channel = channel(server, self.security, options, aio=False)
         self._engine = engine_pb2_grpc.EngineStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
@@ -199,11 +210,16 @@ class Client:
         prompt=None,
         prompt_ids=None,
         max_tokens: int = DEFAULT_MAX_TOKENS,
+        auth_token: str | None = None,
         **kwargs,
     ) -> Stream:
-        """Start a Generate call; see build_request for the arguments."""
+        """Start a Generate call; see build_request for the arguments.
+
+        `auth_token` replaces the client's token for this call.
+        """
         request = build_request(messages, tools, prompt, prompt_ids, max_tokens, **kwargs)
-        return Stream(self._engine.Generate(request))
+        metadata = Security(auth_token).metadata if auth_token else self._metadata
+        return Stream(self._engine.Generate(request, metadata=metadata))
 
     def generate(
         self,
@@ -219,7 +235,7 @@ class Client:
 
     def _unary(self, method, request):
         try:
-            return method(request, timeout=self.timeout)
+            return method(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as error:
             raise LineageError.from_rpc(error) from None
 
@@ -244,7 +260,10 @@ class Client:
         poll = _HealthPoll(self.server, timeout, service)
         while True:
             try:
-                if poll.serving(self._health.Check(poll.request, timeout=poll.check_timeout())):
+                reply = self._health.Check(
+                    poll.request, timeout=poll.check_timeout(), metadata=self._metadata
+                )
+                if poll.serving(reply):
                     return
             except grpc.RpcError as error:
                 poll.failed(error)
@@ -328,15 +347,22 @@ class AsyncClient:
         *,
         timeout: float | None = 30.0,
         options: Sequence[tuple[str, Any]] = (),
+        auth_token: str | None = None,
+        tls: bool | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ):
         self.server = server
         self.timeout = timeout
+        self.security = Security.from_env(auth_token, tls, tls_ca, tls_cert, tls_key)
+        self._metadata = self.security.metadata
         self._options = list(options)
         self._channel = None
 
     def _stubs(self):
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self.server, options=self._options)
+            self._channel = channel(self.server, self.security, self._options, aio=True)
             self._engine = engine_pb2_grpc.EngineStub(self._channel)
             self._health = health_pb2_grpc.HealthStub(self._channel)
         return self._engine, self._health
@@ -348,11 +374,16 @@ class AsyncClient:
         prompt=None,
         prompt_ids=None,
         max_tokens: int = DEFAULT_MAX_TOKENS,
+        auth_token: str | None = None,
         **kwargs,
     ) -> AsyncStream:
-        """Start a Generate call (call it inside the event loop); see build_request."""
+        """Start a Generate call (call it inside the event loop); see build_request.
+
+        `auth_token` replaces the client's token for this call.
+        """
         request = build_request(messages, tools, prompt, prompt_ids, max_tokens, **kwargs)
-        return AsyncStream(self._stubs()[0].Generate(request))
+        metadata = Security(auth_token).metadata if auth_token else self._metadata
+        return AsyncStream(self._stubs()[0].Generate(request, metadata=metadata))
 
     async def generate(
         self,
@@ -366,9 +397,11 @@ class AsyncClient:
         """Run one request to the end and return its Result."""
         return await self.stream(messages, tools, prompt, prompt_ids, max_tokens, **kwargs).result()
 
-    async def _unary(self, name: str, request):
+    async def _unary(self, name: str, request, auth_token: str | None = None):
+        metadata = Security(auth_token).metadata if auth_token else self._metadata
         try:
-            return await getattr(self._stubs()[0], name)(request, timeout=self.timeout)
+            method = getattr(self._stubs()[0], name)
+            return await method(request, timeout=self.timeout, metadata=metadata)
         except grpc.RpcError as error:
             raise LineageError.from_rpc(error) from None
 
@@ -376,9 +409,10 @@ class AsyncClient:
         """The CacheStats RPC as a dict of its fields."""
         return message_to_dict(await self._unary("CacheStats", engine_pb2.CacheStatsRequest()))
 
-    async def model_info(self) -> dict:
+    async def model_info(self, auth_token: str | None = None) -> dict:
         """The ModelInfo RPC as a dict of its fields."""
-        return message_to_dict(await self._unary("ModelInfo", engine_pb2.ModelInfoRequest()))
+        request = engine_pb2.ModelInfoRequest()
+        return message_to_dict(await self._unary("ModelInfo", request, auth_token))
 
     async def wait_ready(self, timeout: float = 30.0, service: str = "") -> None:
         """Poll grpc.health.v1 until `service` is SERVING; LineageError after `timeout` s."""
@@ -386,7 +420,10 @@ class AsyncClient:
         poll = _HealthPoll(self.server, timeout, service)
         while True:
             try:
-                if poll.serving(await health.Check(poll.request, timeout=poll.check_timeout())):
+                reply = await health.Check(
+                    poll.request, timeout=poll.check_timeout(), metadata=self._metadata
+                )
+                if poll.serving(reply):
                     return
             except grpc.RpcError as error:
                 poll.failed(error)

@@ -292,10 +292,11 @@ async def run_fanout(
     max_tokens: int,
     seed: int = 0,
     namespace: str = "",
+    connect: dict | None = None,
 ) -> list[Row]:
     """All agents at once against `server`; rows sorted by (agent, turn)."""
     system, tools = make_shared_prefix(system_tokens, seed)
-    async with AsyncClient(server) as client:
+    async with AsyncClient(server, **(connect or {})) as client:
         per_agent = await asyncio.gather(
             *(
                 run_agent(client, a, system, tools, turns, max_tokens, seed, namespace)

@@ -174,7 +174,7 @@ def run(args: argparse.Namespace, console=None) -> int:
     from rich.console import Console
 
     console = console or Console()
-    with Client(args.server) as client:
+    with Client(args.server, **getattr(args, "connect", {})) as client:
         if args.once:
             console.print(render(client.inspect(args.requests), args.server))
             return 0

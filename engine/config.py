@@ -115,6 +115,18 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
+class Identity:
+    """Who holds a token: its cache namespace, and whether it may act for any namespace."""
+
+    token: str
+    namespace: str = ""
+    admin: bool = False
+
+    def __repr__(self) -> str:  # the token never reaches a log line
+        return f"Identity(namespace={self.namespace!r}, admin={self.admin})"
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 50051
@@ -126,6 +138,16 @@ class ServerConfig:
     replicas: int | str = 1  # model replicas; "auto": one per `mlx` resource of the cluster
     route_threshold: int = 4096  # queued prefill tokens a holder may exceed the least loaded by
     metrics_namespace: str = "hash"  # the namespace tag on metrics and `lineage top`
+    tokens: tuple[Identity, ...] = ()  # empty: no authentication
+    tls_cert: str | None = None  # PEM files; both set: gRPC and the bridge serve TLS
+    tls_key: str | None = None
+    tls_client_ca: str | None = None  # set: clients must present a certificate it signed
+    insecure: bool = False  # allow a non-loopback bind without a token
+    reflection: bool | None = None  # None: on only when bound to loopback
+    # False: cached-token figures sent to clients are rounded down to CACHE_BLOCK.
+    # `lineage serve` (from_sources) rounds unless asked; an engine built in code
+    # (benchmarks, tests) reports exact figures unless it asks to round.
+    exact_cache_figures: bool = True
 
     def __post_init__(self):
         if self.metrics_namespace not in METRICS_NAMESPACE_TAGS:
@@ -139,6 +161,26 @@ class ServerConfig:
             raise ValueError(f"replicas must be a number >= 1 or 'auto', got {self.replicas!r}")
         if self.route_threshold < 0:
             raise ValueError(f"route threshold must be >= 0, got {self.route_threshold}")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("--tls-cert and --tls-key go together")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+
+    @property
+    def loopback(self) -> bool:
+        return is_loopback(self.host)
+
+    @property
+    def reflection_on(self) -> bool:
+        return self.loopback if self.reflection is None else self.reflection
+
+    def check_exposure(self) -> None:
+        """ValueError when the server would listen beyond this machine with no token."""
+        if not self.loopback and not self.tokens and not self.insecure:
+            raise ValueError(
+                f"refusing to serve on {self.host} without authentication: give --auth-token "
+                "(or LINEAGE_AUTH_TOKEN, or --auth-token-file), or --insecure to serve anyway"
+            )
 
 
 @dataclass(frozen=True)
@@ -163,6 +205,40 @@ class KernelConfig:
             raise ValueError(
                 f"gated delta {self.gated_delta!r} is not one of {', '.join(GATED_DELTA_MODES)}"
             )
+
+
+CACHE_BLOCK = 64  # tokens: the grain of cached-token figures sent to clients
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def read_token_file(path: str) -> tuple[Identity, ...]:
+    """Tokens from a file: one `TOKEN [NAMESPACE] [admin]` a line; `#` starts a comment.
+
+    A token without a namespace is an admin (the operator's token). ValueError
+    names the file and line of a malformed entry.
+    """
+    out = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        if len(words) > 3 or (len(words) == 3 and words[2] != "admin"):
+            raise ValueError(f"{path}:{n}: expected `TOKEN [NAMESPACE] [admin]`")
+        namespace = words[1] if len(words) > 1 else ""
+        out.append(Identity(words[0], namespace, admin=len(words) == 1 or len(words) == 3))
+    if len({i.token for i in out}) != len(out):
+        raise ValueError(f"{path}: a token is listed twice")
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -282,12 +358,32 @@ def _int(pick: _Picker, flag: str, var: str, default: int) -> int:
         raise ValueError(f"{name} ({var}) must be an integer, got {value!r}")
 
 
+def _flag(value) -> bool:
+    return str(value).lower() in ("1", "true", "yes", "on")
+
+
 def _server(pick: _Picker) -> ServerConfig:
+    tokens: tuple[Identity, ...] = ()
+    token_file = pick("auth_token_file", "LINEAGE_AUTH_TOKEN_FILE", None)
+    if token_file:
+        tokens = read_token_file(str(token_file))
+    token = pick("auth_token", "LINEAGE_AUTH_TOKEN", None)
+    if token:
+        tokens = (Identity(str(token), "", admin=True),) + tokens
     return ServerConfig(
         host=str(pick("host", "LINEAGE_HOST", "127.0.0.1")),
         port=int(pick("port", "LINEAGE_PORT", 50051)),
         address=pick("address", "LINEAGE_RAY_ADDRESS", None),
         http_port=pick.optional("http_port", "LINEAGE_HTTP_PORT", int),
+        tokens=tokens,
+        tls_cert=pick("tls_cert", "LINEAGE_TLS_CERT", None),
+        tls_key=pick("tls_key", "LINEAGE_TLS_KEY", None),
+        tls_client_ca=pick("tls_client_ca", "LINEAGE_TLS_CLIENT_CA", None),
+        insecure=_flag(pick("insecure", "LINEAGE_INSECURE", False)),
+        reflection=pick.optional("reflection", "LINEAGE_REFLECTION", _flag),
+        exact_cache_figures=_flag(
+            pick("exact_cache_figures", "LINEAGE_EXACT_CACHE_FIGURES", False)
+        ),
         ray_namespace=str(pick("ray_namespace", "LINEAGE_RAY_NAMESPACE", "lineage")),
         metrics_port=pick.optional("metrics_port", "LINEAGE_METRICS_PORT", int),
         replicas=_replicas(pick("replicas", "LINEAGE_REPLICAS", 1)),

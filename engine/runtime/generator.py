@@ -369,7 +369,7 @@ class Generator:
         """
         plan = req.plan
         kind, n = plan.kind, plan.length
-        loaded = self.tier.prepare(plan)  # e.g. bring a disk-tier entry into RAM
+        loaded = self.tier.prepare(plan, req.namespace, req.tokens)  # a disk entry into RAM
         whole = n == len(req.tokens)  # a resend restores the prompt end and its logits
         gone = not self.tier.can_restore(plan.entry_id, n) or (
             whole and self.tier.logits(plan.entry_id, n) is None
@@ -463,8 +463,10 @@ class Generator:
             text, stopped = act.stop.feed(act.detok.last_segment)
             act.emit(Tokens(ids=(token,), text=text))
         if stopped:
-            caches = self.bg.remove([r.uid], return_prompt_caches=True)
-            cache, tokens = caches[r.uid]
+            if r.finish_reason is None:  # still in the batch: take it out with its cache
+                cache, tokens = self.bg.remove([r.uid], return_prompt_caches=True)[r.uid]
+            else:  # the batch ended it on this very token (max_tokens): it is gone from there
+                cache, tokens = r.prompt_cache, r.all_tokens
             self._finish(act, FinishReason.STOP, cache, list(tokens))
         elif r.finish_reason is not None:
             act.detok.finalize()

@@ -18,6 +18,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+
 from engine.cache.messages import EntryRecord, Orders, RestorePlan
 from engine.runtime import layer_caches
 
@@ -47,11 +49,15 @@ class DiskTier(Protocol):
 
     def delete(self, entry_id: int) -> None: ...
 
-    def load(self, entry_id: int) -> StoredEntry | None: ...
+    def load(
+        self, entry_id: int, namespace: str | None = None, tokens=None
+    ) -> StoredEntry | None: ...
 
     def read(self, entry_id: int) -> object: ...  # thread-safe: runs on the reader thread
 
-    def finish(self, read: object) -> StoredEntry | None: ...  # on the loop thread
+    def finish(
+        self, read: object, namespace: str | None = None, tokens=None
+    ) -> StoredEntry | None: ...  # on the loop thread
 
 
 class RamTier:
@@ -86,22 +92,24 @@ class RamTier:
         assert entry_id not in self.entries, f"entry {entry_id} stored twice"
         self.entries[entry_id] = entry
 
-    def prepare(self, plan: RestorePlan) -> bool:
+    def prepare(self, plan: RestorePlan, namespace: str | None = None, tokens=None) -> bool:
         """Make the plan's restore source readable: load its disk file when the plan says so
         and the entry held (if any) cannot serve the restore. False when that file failed.
 
         Synchronous (read, checksum, copy into MLX arrays) on the loop thread; a
-        file that fails is logged and left out.
+        file that fails is logged and left out. The file must hold the request's
+        `namespace` and its first `plan.length` `tokens`, when given.
         """
         if not plan.load_from_disk or self.disk_tier is None:
             return True
         if self.can_restore(plan.entry_id, plan.length):
             return True
+        expected = None if tokens is None else np.asarray(tokens[: plan.length], np.int32)
         future = self._loads.pop(plan.entry_id, None)
         if future is not None:  # read on the reader thread: only the finish is left
-            entry = self.disk_tier.finish(future.result())
+            entry = self.disk_tier.finish(future.result(), namespace, expected)
         else:
-            entry = self.disk_tier.load(plan.entry_id)
+            entry = self.disk_tier.load(plan.entry_id, namespace, expected)
         if entry is None:
             return False
         self.entries[plan.entry_id] = entry

@@ -39,13 +39,14 @@ class BackgroundLoop:
 class BackgroundEngine:
     """`start_engine(config)` on a BackgroundLoop; `address` is where it serves gRPC."""
 
-    def __init__(self, config: EngineConfig, timeout: float = 300):
+    def __init__(self, config: EngineConfig, timeout: float = 300, local_socket: str | None = None):
         from engine.server.serve import start_engine
 
         self.config = config
         self.background = BackgroundLoop("engine-loop")
         try:
-            self.engine = self.background.call(start_engine(config, port=0), timeout)
+            start = start_engine(config, port=0, local_socket=local_socket)
+            self.engine = self.background.call(start, timeout)
         except BaseException:
             self.background.close()
             raise

@@ -11,6 +11,7 @@ UNAVAILABLE. The gRPC servicer (engine.server.service) only translates.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
 import time
@@ -24,6 +25,7 @@ from engine.runtime.events import Finished, Tokens
 from engine.runtime.requests import GenerationRequest, SamplingParams
 from engine.server.activity import Activity, Inspection, inspection, namespace_tag
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
+from engine.server.limits import check_sampling
 from engine.server.prompt import PromptBuilder, PromptInput
 
 log = logging.getLogger("lineage.request")
@@ -55,6 +57,10 @@ class Frontend:
         self.namespaces = namespaces  # how namespaces show (activity.namespace_tag)
         self.activity = Activity()
         self.metrics = metrics  # EngineMetrics, or None
+        self.request_ids: set[str] = set()  # every id from acceptance to the end of its stream
+        # Template rendering and tokenization run here, off the event loop; one
+        # thread, so the builder's memo needs no lock.
+        self.prompt_thread = concurrent.futures.ThreadPoolExecutor(1, "prompt-builder")
 
     async def _await_superseded(
         self, namespace: str, tokens: np.ndarray, patience: float = 0.5
@@ -97,17 +103,6 @@ class Frontend:
         except Exception:  # anything else is a bug in the cancel path: say so
             log.exception("cancelling a request failed")
 
-    @staticmethod
-    def check_sampling(s: SamplingParams) -> None:
-        if s.max_tokens <= 0:
-            raise InvalidRequest(f"max_tokens must be > 0, got {s.max_tokens}")
-        if s.temperature < 0:
-            raise InvalidRequest(f"temperature must be >= 0, got {s.temperature}")
-        if not 0 <= s.top_p <= 1:
-            raise InvalidRequest(f"top_p must be in [0, 1], got {s.top_p}")
-        if s.top_k < 0:
-            raise InvalidRequest(f"top_k must be >= 0, got {s.top_k}")
-
     async def generate(
         self, inp: PromptInput, sampling: SamplingParams, namespace: str = "", request_id: str = ""
     ):
@@ -115,8 +110,20 @@ class Frontend:
         if self.closing.is_set():
             raise Unavailable("the server is shutting down")
         received = time.time()
-        prompt, sampling = self._prepare(inp, sampling)
         request_id = request_id or uuid.uuid4().hex
+        if request_id in self.request_ids:
+            raise InvalidRequest(f"request_id {request_id!r} is already in flight")
+        self.request_ids.add(request_id)
+        events = self._generate(inp, sampling, namespace, request_id, received)
+        try:
+            async for batch in events:
+                yield batch
+        finally:
+            await events.aclose()  # its cleanup (the cancel) runs now, not when collected
+            self.request_ids.discard(request_id)
+
+    async def _generate(self, inp, sampling, namespace: str, request_id: str, received: float):
+        prompt, sampling = await self._prepare(inp, sampling)
         if len(self.in_flight) >= self.max_queue:
             raise Overloaded(
                 f"{len(self.in_flight)} requests are in flight (the limit is {self.max_queue}); "
@@ -176,13 +183,11 @@ class Frontend:
         except ActorGone:
             log.exception("the cache manager is gone too")
 
-    def _prepare(self, inp: PromptInput, sampling: SamplingParams):
+    async def _prepare(self, inp: PromptInput, sampling: SamplingParams):
         """(prompt, sampling) checked and built; max_tokens clipped to the context left."""
-        self.check_sampling(sampling)
-        bad = [t for t in sampling.stop_token_ids if not 0 <= t < self.info.vocab_size]
-        if bad:
-            raise InvalidRequest(f"stop token id {bad[0]} is outside the vocabulary")
-        prompt = self.builder.build(inp)
+        check_sampling(sampling, self.info.vocab_size)
+        loop = asyncio.get_running_loop()
+        prompt = await loop.run_in_executor(self.prompt_thread, self.builder.build, inp)
         if len(prompt.tokens) + sampling.max_tokens > self.info.max_context:
             sampling = _clip_max_tokens(sampling, self.info.max_context - len(prompt.tokens))
         return prompt, sampling

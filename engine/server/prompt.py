@@ -9,13 +9,13 @@ for BPE merges at the boundary (docs/architecture.md, "The cache contract").
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
 from engine.server.errors import InvalidRequest
+from engine.server.limits import DEFAULT_LIMITS, Limits, parse_json, printable
 
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")  # roles of chat messages
 
@@ -38,14 +38,15 @@ class Prompt:
     anchor_len: int
 
 
-def parse_tools(tools_json: str) -> tuple[dict, ...] | None:
+def parse_tools(tools_json: str, limits: Limits = DEFAULT_LIMITS) -> tuple[dict, ...] | None:
     """The tools list from its JSON text; InvalidRequest names what is malformed."""
     if not tools_json.strip():
         return None
-    try:
-        tools = json.loads(tools_json)
-    except json.JSONDecodeError as e:
-        raise InvalidRequest(f"tools_json is not valid JSON: {e}")
+    if len(tools_json) > limits.max_tools_bytes:
+        raise InvalidRequest(
+            f"tools_json has {len(tools_json)} characters; the limit is {limits.max_tools_bytes}"
+        )
+    tools = parse_json("tools_json", tools_json, limits)
     if not isinstance(tools, list):
         raise InvalidRequest("tools_json must be a JSON list of tool definitions")
     for i, tool in enumerate(tools):
@@ -72,6 +73,7 @@ class PromptBuilder:
         max_context: int,
         anchor_slack: int = 2,
         memo_size: int = 256,
+        memo_bytes: int = 32 << 20,
     ):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -79,6 +81,8 @@ class PromptBuilder:
         self.anchor_slack = anchor_slack
         self._memo: OrderedDict[str, np.ndarray] = OrderedDict()
         self._memo_size = memo_size
+        self._memo_bytes = memo_bytes  # text plus token ids, over every memoized render
+        self.memo_nbytes = 0
 
     def build(self, inp: PromptInput) -> Prompt:
         if inp.prompt_ids is not None:
@@ -156,19 +160,30 @@ class PromptBuilder:
             self._memo.move_to_end(text)
             return hit
         ids = np.asarray(self.tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)
+        cost = _memo_cost(text, ids)
+        if cost > self._memo_bytes:
+            return ids  # too big to keep: it would evict every other anchor
         self._memo[text] = ids
-        if len(self._memo) > self._memo_size:
-            self._memo.popitem(last=False)
+        self.memo_nbytes += cost
+        while len(self._memo) > self._memo_size or self.memo_nbytes > self._memo_bytes:
+            old, old_ids = self._memo.popitem(last=False)
+            self.memo_nbytes -= _memo_cost(old, old_ids)
         return ids
 
     @staticmethod
-    def _check_messages(messages) -> None:
+    def _check_messages(messages, limits: Limits = DEFAULT_LIMITS) -> None:
         if not messages:
             raise InvalidRequest("no messages and no prompt: the prompt is empty")
+        if len(messages) > limits.max_messages:
+            raise InvalidRequest(f"{len(messages)} messages; the limit is {limits.max_messages}")
         for i, m in enumerate(messages):
             role = m.get("role")
             if role not in MESSAGE_ROLES:
                 raise InvalidRequest(
-                    f"messages[{i}].role {role!r} is unknown "
+                    f"messages[{i}].role {printable(str(role))} is unknown "
                     f"(use one of {', '.join(MESSAGE_ROLES)})"
                 )
+
+
+def _memo_cost(text: str, ids: np.ndarray) -> int:
+    return len(text) + int(ids.nbytes)

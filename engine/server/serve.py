@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
+import shutil
 import signal
 import sys
+import tempfile
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Protocol, Sequence
 
@@ -86,8 +89,13 @@ async def _names_released(namespace: str, names: Sequence[str], patience: float 
             await asyncio.sleep(0.05)
 
 
-async def start_engine(config: EngineConfig, port: int | None = None) -> RunningEngine:
-    """Create the actors and serve gRPC; Ray must already be initialized."""
+async def start_engine(
+    config: EngineConfig, port: int | None = None, local_socket: str | None = None
+) -> RunningEngine:
+    """Create the actors and serve gRPC; Ray must already be initialized.
+
+    `local_socket` also serves gRPC on that Unix socket (no TLS; tokens apply).
+    """
     from mlx_lm.utils import load_tokenizer
 
     from engine.actors.cache_manager import CacheManagerActor
@@ -144,7 +152,11 @@ async def start_engine(config: EngineConfig, port: int | None = None) -> Running
         metrics=EngineMetrics(namespace, Path(info.path).name or info.model_type),
     )
     server, bound, health = await create_server(
-        frontend, config.server.host, config.server.port if port is None else port
+        frontend,
+        config.server.host,
+        config.server.port if port is None else port,
+        security=config.server,
+        local_socket=local_socket,
     )
     engine = RunningEngine(server, bound, health, frontend, models, manager, info, namespace, names)
     engine.watch = asyncio.ensure_future(watch_actors(engine))
@@ -266,6 +278,7 @@ def run(config: EngineConfig, sidecars: Sequence[Sidecar] = ()) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr
     )
+    config.server.check_exposure()  # before anything starts
     started_ray = not ray.is_initialized()
     if started_ray:
         metrics = {}
@@ -296,7 +309,11 @@ async def _serve(config: EngineConfig, dashboard: str, sidecars: Sequence[Sideca
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    engine = await start_engine(config)
+    # Sidecars reach the engine on a Unix socket in a private directory: no TLS
+    # to verify and no port to guess, whatever the public bind (tokens still apply).
+    private = tempfile.mkdtemp(prefix="lineage-") if sidecars else None
+    local_socket = os.path.join(private, "grpc.sock") if private else None
+    engine = await start_engine(config, local_socket=local_socket)
     print(
         f"lineage: serving {engine.info.model_type} ({engine.info.path}) "
         f"on {config.server.host}:{engine.port}, cache mode {config.cache.mode}, "
@@ -323,10 +340,12 @@ async def _serve(config: EngineConfig, dashboard: str, sidecars: Sequence[Sideca
         )
     started = []
     for sidecar in sidecars:
-        started.append(await sidecar(f"127.0.0.1:{engine.port}"))
+        started.append(await sidecar(f"unix:{local_socket}"))
     await stop.wait()
     print("lineage: stopping", flush=True)
     for handle in reversed(started):
         await handle.stop()
     await engine.stop()
+    if private:
+        shutil.rmtree(private, ignore_errors=True)
     return 0

@@ -2,31 +2,51 @@
 
 Every domain error becomes a status code here, in one place:
 InvalidRequest -> INVALID_ARGUMENT, Unavailable (and a dead actor) -> UNAVAILABLE,
-a full queue -> RESOURCE_EXHAUSTED. Standard health checking and server
-reflection are served beside the Engine service.
+a full queue -> RESOURCE_EXHAUSTED. Standard health checking is served
+beside the Engine service, and server reflection on loopback (or by flag).
+With tokens configured (engine.server.auth) every call but health needs a
+bearer token, and the namespace comes from the token. Unless the operator asks
+for exact figures, cached-token figures go out rounded down to a block
+(CACHE_BLOCK tokens), so a tenant cannot probe another's prompt token by token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
+from pathlib import PurePath
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from engine.config import CACHE_BLOCK, ServerConfig
 from engine.proto import engine_pb2, engine_pb2_grpc
 from engine.runtime.events import Finished, FinishReason, Progress, Tokens
 from engine.runtime.requests import SamplingParams
 from engine.server.activity import Inspection, RequestRecord
+from engine.server.auth import Authenticator, AuthInterceptor, server_credentials
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
 from engine.server.frontend import Frontend
+from engine.server.limits import (
+    DEFAULT_LIMITS,
+    check_identifier,
+    check_request_bytes,
+    parse_json,
+    printable,
+)
 from engine.server.prompt import PromptInput, parse_tools
 
 log = logging.getLogger(__name__)
 SERVICE = engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name
+
+
+def check_request(req: engine_pb2.GenerateRequest, limits=DEFAULT_LIMITS) -> None:
+    """The request's size and identifiers within the limits (engine.server.limits)."""
+    check_request_bytes(req.ByteSize(), limits)
+    check_identifier("request_id", req.request_id, limits)
+    check_identifier("namespace", req.namespace, limits)
 
 
 def to_prompt_input(req: engine_pb2.GenerateRequest) -> PromptInput:
@@ -42,7 +62,10 @@ def to_prompt_input(req: engine_pb2.GenerateRequest) -> PromptInput:
     return PromptInput(
         messages=messages,
         tools=parse_tools(req.tools_json),
-        add_generation_prompt=True,
+        # Unset means true: a chat request asks for the assistant's turn by default.
+        add_generation_prompt=(
+            req.add_generation_prompt if req.HasField("add_generation_prompt") else True
+        ),
         continue_final_message=req.continue_final_message,
     )
 
@@ -52,10 +75,8 @@ def _message(m: engine_pb2.Message) -> dict:
     if m.tool_calls:
         calls = []
         for c in m.tool_calls:
-            try:
-                args = json.loads(c.arguments) if c.arguments else {}
-            except json.JSONDecodeError:
-                raise InvalidRequest(f"tool call {c.name!r}: arguments are not valid JSON")
+            where = f"tool call {printable(c.name)}: arguments"
+            args = parse_json(where, c.arguments) if c.arguments else {}
             calls.append(
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": args}}
             )
@@ -79,7 +100,32 @@ def to_sampling(s: engine_pb2.Sampling) -> SamplingParams:
     )
 
 
-def to_event(event) -> engine_pb2.GenerateEvent:
+def _block(n: int) -> int:
+    return n - n % CACHE_BLOCK
+
+
+def rounded(event):
+    """The event with every figure that shows how much was cached rounded down to a block.
+
+    Byte counts of the restore scale with the rounded length, so they tell no more.
+    """
+    if isinstance(event, Progress) and event.done < event.total:
+        return dataclasses.replace(event, done=_block(event.done))
+    if not isinstance(event, Finished):
+        return event
+    length, cached = _block(event.restore_length), _block(event.cached_tokens)
+    n = event.restore_length
+    timing = dataclasses.replace(
+        event.timing,
+        restored_kv_bytes=event.timing.restored_kv_bytes * length // n if n else 0,
+        bytes_copied_restore=event.timing.bytes_copied_restore * length // n if n else 0,
+    )
+    return dataclasses.replace(event, restore_length=length, cached_tokens=cached, timing=timing)
+
+
+def to_event(event, exact: bool = True) -> engine_pb2.GenerateEvent:
+    if not exact:
+        event = rounded(event)
     if isinstance(event, Progress):
         return engine_pb2.GenerateEvent(
             progress=engine_pb2.PrefillProgress(done=event.done, total=event.total)
@@ -123,21 +169,27 @@ def to_inspect_reply(i: Inspection) -> engine_pb2.InspectReply:
 
 
 class EngineServicer(engine_pb2_grpc.EngineServicer):
-    def __init__(self, frontend: Frontend):
+    def __init__(
+        self, frontend: Frontend, auth: Authenticator | None = None, exact_figures: bool = True
+    ):
         self.frontend = frontend
+        self.auth = auth or Authenticator()
+        self.exact_figures = exact_figures
 
     async def Generate(self, request, context):
         try:
+            check_request(request)
+            identity = self.auth.identity(context.invocation_metadata())
             events = self.frontend.generate(
                 to_prompt_input(request),
                 to_sampling(request.sampling),
-                namespace=request.namespace,
+                namespace=self.auth.namespace(identity, request.namespace),
                 request_id=request.request_id,
             )
             async for batch in _until_closing(events, self.frontend.closing):
                 chunks = _coalesce(batch)
                 for event in chunks:
-                    yield to_event(event)
+                    yield to_event(event, self.exact_figures)
                     if isinstance(event, Finished) and event.finish_reason == FinishReason.ERROR:
                         await self._abort(
                             context, grpc.StatusCode.INTERNAL, event.error or "generation failed"
@@ -158,17 +210,28 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         self.frontend.error(code.name)
         await context.abort(code, message)
 
+    async def _require_admin(self, context, what: str) -> None:
+        """The whole cache's figures are the operator's alone, when tokens are on."""
+        if self.auth.enabled:
+            identity = self.auth.identity(context.invocation_metadata())
+            if identity is None or not identity.admin:
+                await context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED, f"{what} needs an admin token"
+                )
+
     async def CacheStats(self, request, context):
+        await self._require_admin(context, "CacheStats")
         s = await self.frontend.stats()
         return engine_pb2.CacheStatsReply(**dataclasses.asdict(s))
 
     async def Inspect(self, request, context):
+        await self._require_admin(context, "Inspect")
         return to_inspect_reply(await self.frontend.inspect(request.recent or 20))
 
     async def ModelInfo(self, request, context):
         i = self.frontend.info
         return engine_pb2.ModelInfoReply(
-            model=i.path,
+            model=PurePath(i.path).name,  # never the server's directory layout
             model_type=i.model_type,
             vocab_size=i.vocab_size,
             max_context=i.max_context,
@@ -224,23 +287,51 @@ async def _cancel_task(task: asyncio.Task) -> None:
         pass
 
 
-async def create_server(frontend: Frontend, host: str = "127.0.0.1", port: int = 0):
-    """(server, bound port, health servicer); the server is started, health SERVING."""
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    engine_pb2_grpc.add_EngineServicer_to_server(EngineServicer(frontend), server)
+async def create_server(
+    frontend: Frontend,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    security: ServerConfig | None = None,
+    local_socket: str | None = None,
+):
+    """(server, bound port, health servicer); the server is started, health SERVING.
+
+    `security` brings tokens, TLS, reflection and the figures' rounding (its
+    host and port are not used); None serves as on loopback with none of them
+    and exact figures. `local_socket` also serves on that Unix socket, without
+    TLS (tokens still apply): the bridge sidecar's way in.
+    """
+    security = security or ServerConfig(host=host, exact_cache_figures=True)
+    auth = Authenticator(security.tokens)
+    # gRPC itself refuses anything far past the limit; the servicer answers
+    # INVALID_ARGUMENT, naming the limit, for what lies between.
+    receive = DEFAULT_LIMITS.max_request_bytes + (1 << 20)
+    server = grpc.aio.server(
+        options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", receive)],
+        interceptors=[AuthInterceptor(auth)] if auth.enabled else None,
+    )
+    servicer = EngineServicer(frontend, auth, security.exact_cache_figures)
+    engine_pb2_grpc.add_EngineServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (
-            SERVICE,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ),
-        server,
-    )
-    bound = server.add_insecure_port(f"{host}:{port}")
+    if security.reflection_on:
+        reflection.enable_server_reflection(
+            (
+                SERVICE,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            server,
+        )
+    address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+    if security.tls_cert:
+        bound = server.add_secure_port(address, server_credentials(security))
+    else:
+        bound = server.add_insecure_port(address)
     if bound == 0:
         raise OSError(f"cannot bind {host}:{port}")
+    if local_socket and not server.add_insecure_port(f"unix:{local_socket}"):
+        raise OSError(f"cannot bind unix:{local_socket}")
     await server.start()
     for name in ("", SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -254,3 +345,4 @@ async def stop_server(server, health_servicer, frontend: Frontend, grace: float 
     frontend.closing.set()
     await asyncio.sleep(0.2)  # let streams see `closing` and end with UNAVAILABLE
     await server.stop(grace)
+    frontend.prompt_thread.shutdown(wait=False)

@@ -4,13 +4,14 @@
 evaluated arrays, no copy); `read_entry` turns a file back into a StoredEntry
 after every check (header, trailer, body checksum, structure). The structure
 is written as JSON naming the stored forms of engine.runtime.layer_caches;
-a file may name only those forms and mlx-lm classes.
+a file may name only those forms and the cache classes of
+`mlx_lm.models.cache` (CACHE_CLASSES). A load checks that the file holds the
+namespace and tokens its plan expects, not just its id and fingerprint.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 import time
 from pathlib import Path
@@ -135,14 +136,25 @@ def to_write_job(entry: StoredEntry, record: EntryRecord, fingerprint: str) -> W
     )
 
 
+def _cache_classes() -> dict[str, type]:
+    from mlx_lm.models import cache
+
+    return {
+        f"{cls.__module__}:{cls.__qualname__}": cls
+        for cls in vars(cache).values()
+        if isinstance(cls, type) and issubclass(cls, cache._BaseCache)
+    }
+
+
+# The only classes a file may name: mlx-lm's layer caches, by "module:qualname".
+CACHE_CLASSES = _cache_classes()
+
+
 def _class(path: str) -> type:
-    module, _, qualname = path.partition(":")
-    if not module.startswith("mlx_lm."):
-        raise file_format.DamagedFile(f"refusing to build class {path}")
-    obj: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
+    cls = CACHE_CLASSES.get(path)
+    if cls is None:
+        raise file_format.DamagedFile(f"refusing to build class {path!r}: not an mlx-lm cache")
+    return cls
 
 
 def _decode(node: Any, arrays: list) -> Any:
@@ -162,15 +174,26 @@ def _decode(node: Any, arrays: list) -> Any:
     return form(**{k: _decode(v, arrays) for k, v in node["f"].items()})
 
 
-def read_entry(path: Path, fingerprint: str, entry_id: int) -> tuple[StoredEntry, int]:
-    """(entry, file bytes) of one file, every check passed; DamagedFile (or OSError) if not."""
-    return finish_entry(read_arrays(path, fingerprint, entry_id))
+def read_entry(
+    path: Path,
+    fingerprint: str,
+    entry_id: int,
+    namespace: str | None = None,
+    tokens: np.ndarray | None = None,
+) -> tuple[StoredEntry, int]:
+    """(entry, file bytes) of one file, every check passed; DamagedFile (or OSError) if not.
+
+    `namespace` and `tokens` (the prefix the plan restores) are what the file
+    must hold; None skips that check.
+    """
+    return finish_entry(read_arrays(path, fingerprint, entry_id), namespace, tokens)
 
 
 def read_arrays(path: Path, fingerprint: str, entry_id: int):
     """The part of a load that may run on a reader thread: the read, the checks and the
     one copy into MLX arrays (no evaluation). `finish_entry` ends it on the model's thread."""
-    with open(path, "rb") as f:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         buf = np.empty(size, np.uint8)
         if f.readinto(memoryview(buf)) != size:
@@ -199,9 +222,20 @@ def read_arrays(path: Path, fingerprint: str, entry_id: int):
     return header, arrays, size
 
 
-def finish_entry(read) -> tuple[StoredEntry, int]:
-    """(entry, file bytes) from `read_arrays`: the stored forms rebuilt and evaluated."""
+def finish_entry(
+    read, namespace: str | None = None, tokens: np.ndarray | None = None
+) -> tuple[StoredEntry, int]:
+    """(entry, file bytes) from `read_arrays`: the stored forms rebuilt and evaluated.
+
+    DamagedFile when the file does not hold `namespace` or start with `tokens`.
+    """
     header, arrays, size = read
+    if namespace is not None and header.namespace != namespace:
+        raise file_format.DamagedFile("the file's namespace is not the plan's")
+    if tokens is not None and (
+        len(tokens) > header.length or not np.array_equal(header.tokens[: len(tokens)], tokens)
+    ):
+        raise file_format.DamagedFile("the file does not hold the planned tokens")
     meta = header.meta
     try:
         layers = _decode(meta["layers"], arrays)

@@ -2,7 +2,10 @@
 
 It reads headers (engine.storage.file_format) and file metadata; it never
 reads a body and never decides which files go: the cache policy's disk index
-does, from the files `open_directory` hands it.
+does, from the files `open_directory` hands it. The entries directory is
+private: created 0700, refused when another user owns it, its mode tightened
+when looser; the scan reads regular files only (never a link) and tightens a
+loose file to 0600.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +64,37 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def private_directory(path: Path) -> Path:
+    """Create `path` (mode 0700); PermissionError when it is a link or another user's.
+
+    A mode looser than 0700 is tightened, with a warning: entry files hold
+    every tenant's prompts.
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise PermissionError(f"{path} is not a directory (a symbolic link?)")
+    if st.st_uid != os.getuid():
+        raise PermissionError(f"{path} belongs to uid {st.st_uid}, not to uid {os.getuid()}")
+    if st.st_mode & 0o077:
+        log.warning("disk tier: %s had mode %o; tightened to 700", path, st.st_mode & 0o777)
+        os.chmod(path, 0o700)
+    return path
+
+
+def _file_problem(path: Path, st: os.stat_result) -> str | None:
+    """Why a file of the directory is not ours to read, if it is not; tightens a loose mode."""
+    if st.st_uid != os.getuid():
+        return f"owned by uid {st.st_uid}"
+    if st.st_mode & 0o077:
+        try:
+            os.chmod(path, 0o600, follow_symlinks=False)
+        except OSError as e:
+            return f"mode {st.st_mode & 0o777:o} cannot be tightened: {e}"
+    return None
+
+
 def scan_directory(directory: Path, remove_temps: bool = True) -> Scan:
     """Read every entry file's header; remove temporary files whose writer is gone.
 
@@ -84,13 +119,16 @@ def scan_directory(directory: Path, remove_temps: bool = True) -> Scan:
             continue
         max_id = max(max_id, entry_id)
         try:
-            st = path.stat()
+            st = path.lstat()
         except FileNotFoundError:
             continue
-        header, problem = None, None
-        if path.suffix == DAMAGED_SUFFIX:
+        if not stat.S_ISREG(st.st_mode):  # a link, a fifo, a directory: never read
+            log.warning("disk tier: skipping %s: not a regular file", path)
+            continue
+        header, problem = None, _file_problem(path, st)
+        if problem is None and path.suffix == DAMAGED_SUFFIX:
             problem = "quarantined after a failed load"
-        else:
+        elif problem is None:
             try:
                 header = read_header(path)
             except DamagedFile as e:
@@ -119,7 +157,8 @@ LOCK_NAME = "LOCK"
 
 def lock_directory(directory: Path, wait: float = 3.0):
     """The directory's lock file, held (None if another process still holds it after `wait` s)."""
-    handle = open(Path(directory) / LOCK_NAME, "a+")  # noqa: SIM115 (held while the index lives)
+    fd = os.open(Path(directory) / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    handle = os.fdopen(fd, "a+")  # held while the index lives
     deadline = time.monotonic() + wait
     while True:
         try:
@@ -181,7 +220,11 @@ def open_directory(
     never share one set of entry ids.
     """
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        private_directory(directory)
+    except PermissionError as e:
+        log.error("disk tier off: %s", e)
+        return None
     lock = lock_directory(directory)
     if lock is None:
         log.warning("disk tier off: another server holds %s", directory / LOCK_NAME)

@@ -44,9 +44,12 @@ class DiskStore:
     def delete(self, entry_id: int) -> None:
         self.writer.delete(entry_id)
 
-    def load(self, entry_id: int) -> StoredEntry | None:
-        """The entry from its queued write or its file; None (logged) when missing or damaged."""
-        return self.finish(self.read(entry_id))
+    def load(self, entry_id: int, namespace: str | None = None, tokens=None) -> StoredEntry | None:
+        """The entry from its queued write or its file; None (logged) when missing or damaged.
+
+        A file must hold `namespace` and start with `tokens` (the plan's), when given.
+        """
+        return self.finish(self.read(entry_id), namespace, tokens)
 
     def read(self, entry_id: int):
         """The part of a load a reader thread runs (read, checks, the copy into MLX);
@@ -61,8 +64,9 @@ class DiskStore:
         except (file_format.DamagedFile, OSError) as e:
             return entry_id, None, e, t0
 
-    def finish(self, read) -> StoredEntry | None:
-        """The entry of a `read`; None (logged, a damaged file renamed) when it failed."""
+    def finish(self, read, namespace: str | None = None, tokens=None) -> StoredEntry | None:
+        """The entry of a `read`; None (logged, a damaged file renamed) when it failed or
+        does not hold `namespace` and `tokens` (the plan's), when given."""
         entry_id, job, result, t0 = read
         if job is not None:
             held = job.entry
@@ -71,7 +75,7 @@ class DiskStore:
         try:
             if isinstance(result, BaseException):
                 raise result
-            entry, nbytes = finish_entry(result)
+            entry, nbytes = finish_entry(result, namespace, tokens)
         except FileNotFoundError:
             log.warning("disk tier: file of entry %d is missing; prefilling cold", entry_id)
         except (file_format.DamagedFile, OSError) as e:
@@ -123,4 +127,8 @@ def open_disk_store(config: EngineConfig, fingerprint: str) -> DiskStore | None:
     cache = config.cache
     if cache.mode == "off" or cache.disk_budget <= 0:
         return None
-    return DiskStore(file_format.entries_dir(cache.resolved_cache_dir, cache.mode), fingerprint)
+    try:
+        return DiskStore(file_format.entries_dir(cache.resolved_cache_dir, cache.mode), fingerprint)
+    except PermissionError as e:  # another user's directory, or a link: never write there
+        log.error("disk tier off: %s", e)
+        return None

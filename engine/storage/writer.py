@@ -1,7 +1,8 @@
 """The disk tier's writer: a background thread that writes and deletes entry files.
 
-A file is written under a temporary name ``.<id>.<pid>.tmp``, fsynced,
-renamed, and its directory fsynced, so a crash leaves either the whole file
+A file is written under a temporary name ``.<id>.<pid>.tmp`` (created
+O_EXCL|O_NOFOLLOW, mode 0600, in a 0700 directory), fsynced, renamed, and its
+directory fsynced, so a crash leaves either the whole file
 or a temporary one that the next scan removes. What to write comes as a
 WriteJob (numpy views captured by engine.storage.codec); what to write or
 delete, and when, comes from the cache manager's Orders.
@@ -23,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.storage.directory import delete_files
+from engine.storage.directory import delete_files, private_directory
 from engine.storage.file_format import TRAILER_BYTES, encode_header, encode_trailer, entry_path
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,9 @@ def write_file(directory: Path, job: WriteJob) -> int:
     directory = Path(directory)
     tmp = directory / f".{job.entry_id}.{os.getpid()}.tmp"
     header, table, body_bytes = encode_header(job.meta, job.tokens, job.arrays, job.dtypes)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    tmp.unlink(missing_ok=True)  # a leftover of this pid's predecessor (or a planted link)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(tmp, flags, 0o600)
     try:
         _write_all(fd, header)
         crc, written = 0, 0
@@ -149,8 +152,7 @@ class DiskWriter:
     """
 
     def __init__(self, directory: Path) -> None:
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory = private_directory(Path(directory))
         self.stats = WriterStats()
         self._cond = threading.Condition()
         self._queue: deque[tuple[str, int]] = deque()

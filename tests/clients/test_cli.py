@@ -508,7 +508,7 @@ def test_generate_stream_stats_and_health(engine):
         assert stats["prompt_tokens"] >= first.usage.prompt_tokens + second.usage.prompt_tokens
         info = c.model_info()
         assert (info["model"], info["model_type"], info["cache_mode"]) == (
-            str(engine.engine.info.path),
+            Path(engine.engine.info.path).name,  # the name, never the server's directories
             "qwen3_next",
             "lineage",
         )
@@ -790,6 +790,8 @@ def test_cluster_yaml():
         start = commands[-1]
         assert """--resources='{"mlx": 1}'""" in start
         assert "export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1" in start
+        assert "RAY_AUTH_MODE=token" in start  # Ray's token auth on every node
+    assert "~/.ray/auth_token" in config["file_mounts"]
 
 
 def test_cluster_yaml_passes_rays_schema():

@@ -141,10 +141,10 @@ class SlowDisk:
         time.sleep(self.seconds)
         return self.entries.get(entry_id)
 
-    def finish(self, read):
+    def finish(self, read, namespace=None, tokens=None):
         return read
 
-    def load(self, entry_id):
+    def load(self, entry_id, namespace=None, tokens=None):
         return self.finish(self.read(entry_id))
 
     def write(self, entry, record):

@@ -6,8 +6,9 @@ and the answers back into OpenAI shapes, as server-sent events when `stream` is
 set. It knows the OpenAI wire format and the model's `<tool_call>` text; it
 knows nothing of models, caches or Ray, and never loads MLX. gRPC
 INVALID_ARGUMENT (and a request the bridge itself finds malformed) -> 400,
-UNAVAILABLE -> 503, anything else (a bug included) -> 500, always as
-`{"error": {"message", "type", "param", "code"}}`; a body over 16 MiB -> 413
+RESOURCE_EXHAUSTED (a full queue) -> 429, UNAVAILABLE -> 503, anything else
+(a bug included) -> 500, always as `{"error": {"message", "type", "param",
+"code"}}`; a body over 16 MiB -> 413
 (clients.bridge_guard). A client that disconnects
 cancels its gRPC call, which frees its batch slot. The cache namespace is the
 `X-Cache-Namespace` header, else the request's `user` (under the caller's
@@ -58,6 +59,7 @@ _HTTP_STATUS = {
     "INVALID_ARGUMENT": 400,
     "UNAUTHENTICATED": 401,
     "PERMISSION_DENIED": 403,
+    "RESOURCE_EXHAUSTED": 429,
     "UNAVAILABLE": 503,
 }
 DISCONNECT_POLL_S = 0.25  # how often a request not yet streaming checks for a gone client
@@ -87,6 +89,7 @@ def _lineage_error(error: LineageError) -> tuple[int, dict]:
     """(HTTP status, OpenAI error body) of a failed gRPC call."""
     status = _HTTP_STATUS.get(error.code, 500)
     kind = "invalid_request_error" if status < 500 else "server_error"
+    kind = "rate_limit_error" if status == 429 else kind
     return status, error_body(error.message, kind, code=error.code.lower())
 
 

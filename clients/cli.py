@@ -67,6 +67,14 @@ SERVE_FLAGS = (
     "sparse_gather_max",
     "sparse_block",
     "gated_delta",
+    "max_queue",
+    "max_batch_tokens",
+    "memory_limit",
+    "max_restarts",
+    "call_deadline",
+    "stream_deadline",
+    "loop_deadline",
+    "max_concurrent_rpcs",
 )
 # Serve flags that secure the engine (and `lineage bridge`), as EngineConfig names them.
 SECURITY_FLAGS = (
@@ -326,6 +334,27 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
         help="gated delta recurrence off Metal: mx.fast primitive or mlx-lm's op loop "
         "(default auto: the primitive off Metal; env LINEAGE_GATED_DELTA)",
     )
+    p.add_argument("--max-queue", type=int, help="requests in flight (default 256)")
+    p.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        help="prompt + max_tokens of the running sequences together (default: from memory)",
+    )
+    p.add_argument(
+        "--memory-limit",
+        type=_byte_size,
+        metavar="SIZE",
+        help="weights + running KV + RAM tier + pool (default 3/4 of RAM)",
+    )
+    p.add_argument("--max-restarts", type=int, help="per actor (default -1: no limit)")
+    p.add_argument("--call-deadline", type=float, metavar="S", help="actor calls (default 30)")
+    p.add_argument(
+        "--stream-deadline", type=float, metavar="S", help="longest stream silence (default 300)"
+    )
+    p.add_argument(
+        "--loop-deadline", type=float, metavar="S", help="model loop health ping (default 10)"
+    )
+    p.add_argument("--max-concurrent-rpcs", type=int, help="gRPC's limit (default max-queue + 64)")
     add_security_arguments(p)
     p.add_argument(
         "--reflection",

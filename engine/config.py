@@ -62,6 +62,9 @@ class ModelConfig:
     schedule: str = "srpt"  # srpt | fifo | batched
     prefill_budget: int = 128  # prompt tokens prefilled per step (srpt, fifo)
     prefill_group: int = 1  # sequences of similar length prefilled in one chunk (srpt, fifo)
+    # Prompt plus max_tokens of every running sequence together (TGI's
+    # --max-batch-total-tokens); None: sized from memory (see plan_memory).
+    max_batch_tokens: int | None = None
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -80,6 +83,11 @@ class ModelConfig:
 class CacheConfig:
     mode: str = "lineage"  # lineage | exact | off
     ram_budget: int = 48 * GB  # capped at half the machine's memory
+    # True: ram_budget is a default, sized by plan_memory once the weights are known.
+    ram_budget_auto: bool = False
+    # Everything the engine holds: weights + running sequences' KV + RAM tier + MLX
+    # pool; None: three quarters of the machine's memory.
+    memory_limit: int | None = None
     anchor_max_entries: int = 16
     anchor_max_bytes: int = 16 * GB
     max_checkpoints: int = 4  # per lineage; anchors are separate entries
@@ -148,6 +156,11 @@ class ServerConfig:
     # `lineage serve` (from_sources) rounds unless asked; an engine built in code
     # (benchmarks, tests) reports exact figures unless it asks to round.
     exact_cache_figures: bool = True
+    max_restarts: int = -1  # per actor, Ray's max_restarts (-1: without limit)
+    call_deadline: float = 30.0  # seconds: any actor call, and the wait for a restart
+    stream_deadline: float = 300.0  # seconds: the longest silence of a model stream
+    loop_deadline: float = 10.0  # seconds: the model loop answers a health ping within it
+    max_concurrent_rpcs: int | None = None  # gRPC's limit; None: max_queue + 64
 
     def __post_init__(self):
         if self.metrics_namespace not in METRICS_NAMESPACE_TAGS:
@@ -299,9 +312,8 @@ def _cache(pick: _Picker) -> CacheConfig:
     mode = pick("cache_mode", "LINEAGE_CACHE_MODE", None)
     if mode is None:
         mode = "exact" if pick.env.get("APC_LINEAGE") == "0" else "lineage"
-    ram = min(
-        parse_bytes(pick("ram_budget", "LINEAGE_RAM_BUDGET", 48 * GB)), _machine_memory() // 2
-    )
+    given = pick("ram_budget", "LINEAGE_RAM_BUDGET", None)
+    ram = min(parse_bytes(given if given is not None else 48 * GB), _machine_memory() // 2)
     cache_dir = pick("cache_dir", "LINEAGE_CACHE_DIR", None)
     disk = parse_bytes(pick("disk_budget", "LINEAGE_DISK_BUDGET", 1 << 40))
     probe = Path(cache_dir) if cache_dir else default_cache_dir()
@@ -314,6 +326,8 @@ def _cache(pick: _Picker) -> CacheConfig:
     return CacheConfig(
         mode=str(mode),
         ram_budget=ram,
+        ram_budget_auto=given is None,
+        memory_limit=pick.optional("memory_limit", "LINEAGE_MEMORY_LIMIT", parse_bytes),
         anchor_max_bytes=min(CacheConfig.anchor_max_bytes, ram),
         cache_dir=str(cache_dir) if cache_dir else None,
         disk_budget=disk,
@@ -345,6 +359,8 @@ def _model(pick: _Picker) -> ModelConfig:
         schedule=str(pick("schedule", "LINEAGE_SCHEDULE", ModelConfig.schedule)),
         prefill_budget=_int(pick, "prefill_budget", "LINEAGE_PREFILL_BUDGET", 128),
         prefill_group=_int(pick, "prefill_group", "LINEAGE_PREFILL_GROUP", 1),
+        max_queue=_int(pick, "max_queue", "LINEAGE_MAX_QUEUE", 256),
+        max_batch_tokens=pick.optional("max_batch_tokens", "LINEAGE_MAX_BATCH_TOKENS", int),
     )
 
 
@@ -389,6 +405,80 @@ def _server(pick: _Picker) -> ServerConfig:
         replicas=_replicas(pick("replicas", "LINEAGE_REPLICAS", 1)),
         route_threshold=int(pick("route_threshold", "LINEAGE_ROUTE_THRESHOLD", 4096)),
         metrics_namespace=str(pick("metrics_namespace", "LINEAGE_METRICS_NAMESPACE", "hash")),
+        max_restarts=int(pick("max_restarts", "LINEAGE_MAX_RESTARTS", -1)),
+        call_deadline=float(pick("call_deadline", "LINEAGE_CALL_DEADLINE", 30.0)),
+        stream_deadline=float(pick("stream_deadline", "LINEAGE_STREAM_DEADLINE", 300.0)),
+        loop_deadline=float(pick("loop_deadline", "LINEAGE_LOOP_DEADLINE", 10.0)),
+        max_concurrent_rpcs=pick.optional(
+            "max_concurrent_rpcs", "LINEAGE_MAX_CONCURRENT_RPCS", int
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """How the memory limit is shared once the model is loaded (bytes, and tokens)."""
+
+    limit: int
+    weights: int
+    kv_bytes_per_token: int
+    max_batch_tokens: int  # running sequences' prompt + max_tokens, together
+    running_kv: int  # the KV those tokens hold at most
+    ram_budget: int  # the cache's RAM tier
+    pool_limit: int  # MLX's buffer pool
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.running_kv + self.ram_budget + self.pool_limit
+
+
+POOL_MAX = 16 * GB
+
+
+def plan_memory(
+    config: EngineConfig,
+    weights: int,
+    kv_bytes_per_token: int,
+    max_context: int,
+    machine: int | None = None,
+) -> MemoryPlan:
+    """Share the memory limit between weights, running KV, the RAM tier and the pool.
+
+    What the user set is kept. Otherwise, of what the weights leave: a quarter
+    for the running sequences' KV (at most max_batch full contexts), and the
+    rest for the RAM tier (at most 48G) and its pool (a quarter of the RAM
+    tier, at most 16G), so the defaults never over-commit the machine.
+    """
+    cache, model = config.cache, config.model
+    limit = cache.memory_limit or (machine or _machine_memory()) * 3 // 4
+    free = max(0, limit - weights)
+    per_token = max(1, kv_bytes_per_token)
+    tokens = model.max_batch_tokens
+    if tokens is None:
+        tokens = min(model.max_batch * max_context, free // 4 // per_token)
+        tokens = max(tokens, min(max_context, 1024))
+    running = tokens * per_token
+    if cache.ram_budget_auto:
+        rest = max(0, free - running)
+        ram = min(48 * GB, rest * 4 // 5)
+        pool = cache.pool_limit if cache.pool_limit is not None else min(POOL_MAX, rest - ram)
+    else:
+        ram = cache.ram_budget
+        pool = cache.pool_limit if cache.pool_limit is not None else min(POOL_MAX, ram // 4)
+    return MemoryPlan(limit, weights, kv_bytes_per_token, tokens, running, ram, pool)
+
+
+def with_memory(config: EngineConfig, plan: MemoryPlan) -> EngineConfig:
+    """The configuration with the plan's budgets written in (what the actors are given)."""
+    cache = replace(
+        config.cache,
+        ram_budget=plan.ram_budget,
+        ram_budget_auto=False,
+        pool_limit=plan.pool_limit,
+        anchor_max_bytes=min(config.cache.anchor_max_bytes, plan.ram_budget),
+    )
+    return replace(
+        config, cache=cache, model=replace(config.model, max_batch_tokens=plan.max_batch_tokens)
     )
 
 

@@ -8,14 +8,23 @@ hands the disk index it built to the policy. With several model replicas
 answers a replica's call with that replica's Orders; the Orders for other
 replicas (frees of entries they hold too) it sends them itself, without
 waiting.
+
+Supervision: Ray restarts the actor when its process dies (it rescans the
+directory then). `resync(epoch, first_id)` rebuilds the manager from a fresh
+scan of the directory, allocating ids from `first_id` on, so no id a model
+replica still holds or writes is given out twice; `hello` reports the
+incarnation and the epoch of the last resync.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import uuid
 
 import ray
 
+from engine.actors.hello import Hello
 from engine.actors.names import log_to_stderr
 from engine.cache.manager import CacheManager
 from engine.cache.messages import (
@@ -48,20 +57,44 @@ class CacheManagerActor:
         threshold: int = DEFAULT_THRESHOLD,
     ):
         log_to_stderr()
+        self.config = config
+        self.fingerprint = fingerprint
+        self.has_state_layers = has_state_layers
+        self.replicas = replicas
+        self.threshold = threshold
+        self.incarnation = uuid.uuid4().hex
+        self.epoch = -1
         self.directory = open_cache_directory(config, fingerprint)
-        manager = CacheManager(
-            config,
-            fingerprint=fingerprint,
-            has_state_layers=has_state_layers,
-            disk_index=self.directory.index if self.directory else None,
-        )
+        self.cache = self._build(first_id=1)
         log.info(
             "cache manager started: mode %s, %s",
             config.mode,
             f"cache directory {config.resolved_cache_dir}" if self.directory else "no disk tier",
         )
-        self.cache = ReplicatedCache(manager, replicas, threshold)
         self.models: list = []  # the replicas' handles, for Orders they did not ask for
+
+    def _build(self, first_id: int) -> ReplicatedCache:
+        manager = CacheManager(
+            self.config,
+            fingerprint=self.fingerprint,
+            has_state_layers=self.has_state_layers,
+            disk_index=self.directory.index if self.directory else None,
+            first_id=first_id,
+        )
+        return ReplicatedCache(manager, self.replicas, self.threshold)
+
+    def hello(self, loop_deadline: float = 0.0) -> Hello:
+        return Hello(self.incarnation, self.epoch, os.getpid())
+
+    def resync(self, epoch: int, first_id: int, rescan: bool = True) -> None:
+        """Forget every plan and RAM entry; index the directory as it is now."""
+        if self.directory is not None and rescan:
+            c = self.config
+            self.directory.rescan(
+                self.fingerprint, c.disk_budget, (c.anchor_max_entries, c.anchor_max_bytes)
+            )
+        self.cache = self._build(first_id)
+        self.epoch = epoch
 
     @property
     def manager(self) -> CacheManager:
@@ -109,6 +142,7 @@ class CacheManagerActor:
         replanned, per_replica = self.cache.replan(lost, replica)
         return Replanned(replanned.plan, self._deliver(per_replica, replica))
 
+    @ray.method(max_task_retries=3)
     def stats(self) -> CacheStats:
         return self.cache.stats()
 

@@ -13,6 +13,14 @@ leave through per-request asyncio queues that the streaming `generate` method
 drains, several events per Ray yield, never one round trip per token. The
 cache manager is reached through `RayCacheLink`: its Orders come back on a
 Ray future and are handed to the loop thread, never waited for there.
+
+Supervision (engine.server.supervisor drives it): Ray restarts the actor when
+its process dies. Each incarnation has an id that `hello` reports with the
+epoch it was last synchronised to, and whether its loop thread answered a
+ping in time; `resync` ends every request UNAVAILABLE, empties the RAM tier,
+flushes the disk writer and attaches the manager and peers under a new epoch.
+A request planned before the replica's last resync is refused, and so are
+Orders answered in an earlier epoch.
 """
 
 from __future__ import annotations
@@ -20,14 +28,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
+import threading
 import time
+import uuid
 from dataclasses import dataclass
 
 import ray
 
+from engine.actors.hello import Hello
 from engine.cache.messages import AnchorCommit, Commit, LostRestore, Orders, Release, Replanned
 from engine.config import EngineConfig
-from engine.runtime.events import Finished
+from engine.runtime.events import Finished, FinishReason
 from engine.runtime.loader import ModelInfo, load_model
 from engine.runtime.loop import ModelLoop
 from engine.runtime.requests import GenerationRequest
@@ -37,12 +49,19 @@ log = logging.getLogger(__name__)
 
 
 class RayCacheLink:
-    """The Generator's CacheLink to the cache-manager actor (it says which replica calls)."""
+    """The Generator's CacheLink to the cache-manager actor (it says which replica calls).
 
-    def __init__(self, replica: int = 0):
+    Every call has a deadline: past it the waiting request ends as if the
+    manager had answered nothing (the late answer is still applied). Answers of
+    an earlier epoch (a manager that was restarted since) are not applied.
+    """
+
+    def __init__(self, replica: int = 0, deadline: float = 30.0):
         self.replica = replica
         self.loop: ModelLoop | None = None  # the loop whose inbox receives the Orders
-        self.manager = None  # attached after the manager is built (it needs the fingerprint)
+        self.manager = None  # attached at resync (the manager needs the fingerprint first)
+        self.epoch = -1
+        self.deadline = deadline
 
     def commit(self, commit: Commit, on_orders) -> None:
         ref = self.manager.commit.remote(commit, self.replica)
@@ -62,17 +81,33 @@ class RayCacheLink:
         self._ask(ref, on_replanned, lost.request_id, failed)
 
     def _ask(self, ref, on_orders, request_id: str, failed=None) -> None:
-        """Hand the Orders to the loop thread when they come; a failed call is logged and
-        answered with empty Orders (`failed`), so a waiting request still ends."""
+        """Hand the Orders to the loop thread when they come; a failed or late call is logged
+        and answered with empty Orders (`failed`), so a waiting request still ends."""
+        epoch, answered, lock = self.epoch, [False], threading.Lock()
+        empty = Orders() if failed is None else failed
+
+        def answer(orders, why: str = "") -> None:
+            with lock:
+                first, answered[0] = not answered[0], True
+            if why:
+                log.error("cache manager call for %s: %s", request_id, why)
+            current = epoch == self.epoch
+            if first:
+                self.loop.call(lambda g: on_orders(orders if current else empty))
+            elif current and isinstance(orders, Orders) and orders:  # late: frees still hold
+                self.loop.call(lambda g: g.obey(orders))
 
         def done(f) -> None:
+            timer.cancel()
             try:
                 orders = f.result()
-            except Exception:
-                log.exception("cache manager call for %s failed", request_id)
-                orders = Orders() if failed is None else failed
-            self.loop.call(lambda g: on_orders(orders))
+            except Exception as e:
+                return answer(empty, f"failed ({type(e).__name__}: {e})")
+            answer(orders)
 
+        timer = threading.Timer(self.deadline, answer, (empty, "no answer within deadline"))
+        timer.daemon = True
+        timer.start()
         ref.future().add_done_callback(done)
 
 
@@ -97,7 +132,9 @@ class ModelActor:
 
         self.replica = replica
         self.info_value: ModelInfo | None = None
-        self.link = RayCacheLink(replica)  # its loop and manager are set below and at attach()
+        self.incarnation = uuid.uuid4().hex
+        self.epoch = -1  # set by resync; requests planned before it are refused
+        self.link = RayCacheLink(replica, config.server.call_deadline)  # manager: resync()
         self.peers: list = []  # every replica's handle, by replica number (attach)
         self.handovers = HandoverStats()
 
@@ -112,6 +149,7 @@ class ModelActor:
         self.link.loop = self.loop
         log.info("model actor started: replica %s, cache mode %s", replica, config.cache.mode)
 
+    @ray.method(max_task_retries=3)
     def info(self) -> ModelInfo:
         return self.info_value
 
@@ -119,6 +157,47 @@ class ModelActor:
         """The cache manager is built after the model (it needs the fingerprint)."""
         self.link.manager = manager
         self.peers = list(peers)
+
+    async def hello(self, loop_deadline: float = 10.0) -> Hello:
+        """Who this incarnation is, and whether the model loop answers within the deadline."""
+        loop = asyncio.get_running_loop()
+        pong = loop.create_future()
+        self.loop.call(lambda g: loop.call_soon_threadsafe(_settle, pong))
+        try:
+            await asyncio.wait_for(pong, loop_deadline)
+            ok = self.loop.alive
+        except asyncio.TimeoutError:
+            ok = False
+        return Hello(self.incarnation, self.epoch, os.getpid(), ok)
+
+    async def resync(
+        self,
+        epoch: int,
+        manager,
+        peers=(),
+        max_batch_tokens: int | None = None,
+        pool_limit: int | None = None,
+        flush_timeout: float = 30.0,
+    ) -> int:
+        """Start `epoch` with this manager: every request ends UNAVAILABLE, the RAM tier
+        empties, the disk writer flushes. Returns the largest entry id this replica has
+        held or queued (the manager allocates above it)."""
+
+        def reset(g) -> int:
+            g.reset(f"the engine restarted (epoch {epoch})")
+            g.set_limits(max_batch_tokens, pool_limit)
+            self.link.epoch, self.epoch = epoch, epoch
+            self.attach(manager, peers)
+            disk = g.tier.disk_tier
+            return max(g.tier.max_id, disk.max_queued_id() if disk is not None else 0)
+
+        max_id = await asyncio.to_thread(self.loop.ask, reset, flush_timeout)
+        await self.flush_disk(flush_timeout)
+        return max_id
+
+    def release(self, request_id: str) -> None:
+        """End a planned request that never ran (its caller gave up while it was planned)."""
+        self.loop.call(lambda g: g.cache.release(Release(request_id=request_id), g.apply_orders))
 
     def node(self) -> str:
         """The Ray node this replica runs on."""
@@ -176,23 +255,28 @@ class ModelActor:
 
         def store(g) -> None:
             if plan.entry_id not in g.tier.entries:
-                g.tier.entries[plan.entry_id] = from_portable(portable)
+                g.tier.put(plan.entry_id, from_portable(portable))
 
         await asyncio.to_thread(self.loop.ask, store)
         self.handovers.fetched += 1
         self.handovers.bytes += portable.nbytes
         self.handovers.seconds += max(0.0, time.time() - portable.exported_at)
 
-    async def generate(self, req: GenerationRequest):
-        """Stream lists of events (Progress, Tokens, Finished) for one request."""
+    async def generate(self, req: GenerationRequest, epoch: int = 0):
+        """Stream lists of events (Progress, Tokens, Finished) for one request.
+
+        A request planned before this replica's last resync (or before its first,
+        after Ray restarted it) ends at once with reason UNAVAILABLE.
+        """
+        if self.epoch < 0 or epoch < self.epoch:
+            yield [_refused(req, f"planned in epoch {epoch}, the replica is in {self.epoch}")]
+            return
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
 
         def emit(event) -> None:
             loop.call_soon_threadsafe(events.put_nowait, event)
 
-        while not self.attached():  # restarted by Ray: the watchdog attaches it again
-            await asyncio.sleep(0.05)
         finished = False
         if req.plan.fetch_from is not None and req.plan.fetch_from != self.replica:
             await self._fetch(req.plan)
@@ -236,6 +320,27 @@ class ModelActor:
     def handover_stats(self) -> HandoverStats:
         return self.handovers
 
+    @ray.method(max_task_retries=3)
     async def tier_stats(self) -> TierStats:
         """RAM tier, pool and disk writer figures, read on the loop thread."""
         return await asyncio.to_thread(self.loop.ask, tier_stats)
+
+
+def _settle(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _refused(req: GenerationRequest, why: str) -> Finished:
+    from engine.cache.kinds import RestoreKind
+
+    return Finished(
+        request_id=req.request_id,
+        finish_reason=FinishReason.UNAVAILABLE,
+        prompt_tokens=len(req.tokens),
+        cached_tokens=0,
+        completion_tokens=0,
+        restore_kind=RestoreKind.NONE,
+        restore_length=0,
+        error=why,
+    )

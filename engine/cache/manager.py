@@ -100,9 +100,11 @@ class CacheManager:
         fingerprint: str = "",
         has_state_layers: bool = True,
         disk_index: DiskIndex | None = None,
+        first_id: int = 1,
     ) -> None:
         """`disk_index`: the disk tier's files (engine.storage.directory builds it from
-        the cache directory); None keeps the disk tier off."""
+        the cache directory); None keeps the disk tier off. `first_id`: allocate no id
+        below it (a restarted manager starts above every id the model actor held)."""
         if config.guard_min_suffix is None:  # not measured: the reference's fixed threshold
             config = replace(config, guard_min_suffix=DEFAULT_GUARD_MIN_SUFFIX)
         _check_config(config)
@@ -111,7 +113,8 @@ class CacheManager:
         self.has_state_layers = has_state_layers
         self.index = Index()
         self.disk_index = disk_index if config.mode != "off" else None
-        self._ids = itertools.count((self.disk_index.max_id if self.disk_index else 0) + 1)
+        disk_max = disk_index.max_id if disk_index is not None else 0
+        self._ids = itertools.count(max(disk_max + 1, first_id))
         self._in_flight: dict[str, _InFlight] = {}
         self._hits: Counter[str] = Counter()
         self._evictions = 0

@@ -18,6 +18,7 @@ class FinishReason(TextEnum):
     LENGTH = "length"  # max_tokens (or the context) reached
     CANCELLED = "cancelled"  # the client went away, or cancelled
     ERROR = "error"  # admission or the batch failed; Finished.error says why
+    UNAVAILABLE = "unavailable"  # the engine restarted under it (the front end may retry)
 
 
 @dataclass(frozen=True)

@@ -137,6 +137,8 @@ class Generator:
         self.vocab_size = int(model.args.vocab_size) if hasattr(model, "args") else len(tokenizer)
         self.eos_ids = frozenset(int(t) for t in tokenizer.eos_token_ids)
         self.pool_limit = bound_pool(config.cache.ram_budget, config.cache.pool_limit)
+        # Prompt plus max_tokens of the running sequences together; None: no bound.
+        self.max_batch_tokens: int | None = config.model.max_batch_tokens
         self.bg = self._new_batch_generator()
         self.active: dict[int, _Active] = {}  # uid -> request
         self.by_request: dict[str, int] = {}  # request_id -> uid
@@ -211,14 +213,47 @@ class Generator:
             return True
         return any(not self._loading(req) for req, _ in self.pending)
 
+    def set_limits(self, max_batch_tokens: int | None, pool_limit: int | None) -> None:
+        """The memory plan's bounds, known once the model is loaded (engine.config.plan_memory)."""
+        self.max_batch_tokens = max_batch_tokens
+        if pool_limit is not None:
+            self.pool_limit = bound_pool(self.config.cache.ram_budget, pool_limit)
+
+    @property
+    def batch_tokens(self) -> int:
+        """Prompt plus max_tokens of the running sequences: what admission counts."""
+        return sum(_tokens_needed(a.req) for a in self.active.values())
+
+    def reset(self, error: str) -> None:
+        """The cache manager lost its state: end every request UNAVAILABLE, empty the RAM tier.
+
+        Nothing is released or committed (the manager that planned them is
+        gone); the entries' files stay on disk for the next plans to load.
+        """
+        for req, emit in [*self.pending, *self.replanning.values()]:
+            emit(self._finished_cold(req, FinishReason.UNAVAILABLE, error=error))
+        self.pending, self.replanning, self.lost = [], {}, {}
+        for uid, act in list(self.active.items()):
+            self._drop(uid)
+            act.emit(self._finished(act, FinishReason.UNAVAILABLE, error=error))
+        self.bg = self._new_batch_generator()
+        self.tier.clear()
+        # The manager numbers its Orders anew; answers still on their way are dropped.
+        self.orders_applied, self._orders_seen, self._unanswered = 0, set(), 0
+
     # ---- the loop ---------------------------------------------------------
 
     def step(self) -> None:
         """Admit pending requests, then one BatchGenerator step."""
         waiting = []
+        budget_full = False  # once one request waits for room, later ones wait behind it
         while self.pending:
             req, emit = self.pending.pop(0)
             if self._orders_behind(req.plan) or self._must_wait(req) or self._loading(req):
+                waiting.append((req, emit))
+                continue
+            if budget_full or not self._fits(req):
+                budget_full = True
                 waiting.append((req, emit))
                 continue
             try:
@@ -246,6 +281,12 @@ class Generator:
     def _orders_behind(self, plan) -> bool:
         """Orders handed out before this plan are still on their way here."""
         return plan.after_orders > self.orders_applied and self._unanswered > 0
+
+    def _fits(self, req: GenerationRequest) -> bool:
+        """Whether the request's tokens fit beside the running ones (an empty batch takes any)."""
+        if self.max_batch_tokens is None or not self.active:
+            return True
+        return self.batch_tokens + _tokens_needed(req) <= self.max_batch_tokens
 
     def _must_wait(self, req: GenerationRequest) -> bool:
         """A plan waiting on an anchor that a request still in prefill will capture."""
@@ -485,7 +526,13 @@ class Generator:
             act.emit(self._finished(act, reason))
             return
         t0 = time.perf_counter()
-        commit = self._store(act, cache, all_tokens)
+        try:
+            commit = self._store(act, cache, all_tokens)
+        except Exception as e:  # the stream still ends, and the ids go back
+            log.exception("request %s: storing its cache failed", act.req.request_id)
+            self._release(act.req)
+            act.emit(self._finished(act, FinishReason.ERROR, error=f"{type(e).__name__}: {e}"))
+            return
 
         def on_orders(orders: Orders) -> None:
             self.apply_orders(orders)
@@ -649,3 +696,7 @@ class Generator:
             restore_length=0,
             error=error,
         )
+
+
+def _tokens_needed(req: GenerationRequest) -> int:
+    return len(req.tokens) + req.sampling.max_tokens

@@ -30,6 +30,8 @@ class ModelInfo:
     forward_ms: float = 0.0
     token_ms: float = 0.0
     guard_min_suffix: int = 256
+    weights_bytes: int = 0  # the loaded parameters
+    kv_bytes_per_token: int = 0  # KV one token of one sequence holds (state layers: none)
 
 
 def resolve_model_path(config: EngineConfig) -> Path:
@@ -62,6 +64,7 @@ def install_kernels(model, config: EngineConfig) -> tuple[str, ...]:
 def load_model(config: EngineConfig):
     """(model, tokenizer, ModelInfo) for the configured model, its kernels installed."""
     import mlx_lm
+    from mlx.utils import tree_flatten
 
     from engine.runtime import layer_caches
     from engine.runtime.fingerprint import model_fingerprint
@@ -89,6 +92,8 @@ def load_model(config: EngineConfig):
         forward_ms=forward_ms,
         token_ms=token_ms,
         guard_min_suffix=guard_threshold(forward_ms, token_ms, config.cache.guard_offset),
+        weights_bytes=sum(v.nbytes for _, v in tree_flatten(model.parameters())),
+        kv_bytes_per_token=measure_kv_bytes_per_token(model),
     )
     return model, tokenizer, info
 
@@ -154,3 +159,15 @@ def guard_threshold(forward_ms: float, token_ms: float, offset: int, most: int =
     if token_ms <= 0:
         return most
     return min(most, offset + math.ceil(forward_ms / token_ms))
+
+
+def measure_kv_bytes_per_token(model, probe: int = 4) -> int:
+    """The KV bytes one token costs, from a forward of a few tokens into a fresh cache."""
+    import mlx.core as mx
+
+    from engine.runtime import layer_caches
+
+    cache = model.make_cache()
+    model(mx.array([[1] * probe]), cache=cache)
+    layers, _ = layer_caches.store_entry(cache)
+    return layer_caches.kv_bytes_per_token(layers)

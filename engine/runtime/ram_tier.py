@@ -67,6 +67,7 @@ class RamTier:
         self.has_state_layers = has_state_layers
         self.entries: dict[int, StoredEntry] = {}
         self.disk_tier = disk_tier
+        self.max_id = 0  # the largest id ever held (a restarted manager allocates above it)
         self._reader: ThreadPoolExecutor | None = None  # the disk-reader thread, on first use
         self._loads: dict[int, Future] = {}  # entry id -> its read under way or done
 
@@ -91,6 +92,12 @@ class RamTier:
     def put(self, entry_id: int, entry: StoredEntry) -> None:
         assert entry_id not in self.entries, f"entry {entry_id} stored twice"
         self.entries[entry_id] = entry
+        self.max_id = max(self.max_id, entry_id)
+
+    def clear(self) -> None:
+        """Drop every entry (a restarted cache manager indexes none of them)."""
+        self.entries.clear()
+        self._loads.clear()
 
     def prepare(self, plan: RestorePlan, namespace: str | None = None, tokens=None) -> bool:
         """Make the plan's restore source readable: load its disk file when the plan says so
@@ -112,7 +119,8 @@ class RamTier:
             entry = self.disk_tier.load(plan.entry_id, namespace, expected)
         if entry is None:
             return False
-        self.entries[plan.entry_id] = entry
+        self.entries[plan.entry_id] = entry  # replaces a held entry that could not serve
+        self.max_id = max(self.max_id, plan.entry_id)
         return True
 
     def logits(self, entry_id: int | None, length: int):

@@ -2,10 +2,17 @@
 
 It tokenizes and renders the chat template (engine.server.prompt), asks the cache
 manager for a RestorePlan, runs the request on the model replica the plan
-names through a Ray streaming generator and yields the actor's events. When
-that replica dies before the request streamed a token, it tells the manager
-and runs the request again on another replica; after a token, the stream ends
-UNAVAILABLE. The gRPC servicer (engine.server.service) only translates.
+names through a Ray streaming generator and yields the actor's events. The
+gRPC servicer (engine.server.service) only translates.
+
+Admission: a queue slot is taken at the first check (`max_queue`), a request
+that alone needs more tokens than the batch holds (`max_batch_tokens`) is
+refused; both as Overloaded. Every actor call and every silence of a stream
+has a deadline. Requests wait while the supervisor resynchronises the actors.
+A request whose replica died before it streamed a token runs again on
+another replica (or, with none left, once more after the restart); one whose
+replica was reset under it runs once more in the next epoch; after a token,
+the stream ends UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -21,14 +28,28 @@ from typing import Mapping
 import numpy as np
 
 from engine.cache.messages import PlanRequest, Release
-from engine.runtime.events import Finished, Tokens
+from engine.config import EngineConfig
+from engine.runtime.events import Finished, FinishReason, Tokens
 from engine.runtime.requests import GenerationRequest, SamplingParams
 from engine.server.activity import Activity, Inspection, inspection, namespace_tag
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
 from engine.server.limits import check_sampling
 from engine.server.prompt import PromptBuilder, PromptInput
+from engine.server.supervisor import Supervisor
 
 log = logging.getLogger("lineage.request")
+
+
+class _Restarted(Exception):
+    """The replica died (`died`) or was reset under a request; retried if nothing streamed."""
+
+    def __init__(self, message: str, died: bool):
+        super().__init__(message)
+        self.died = died
+
+
+class _NoReplica(Exception):
+    """The manager has no replica to place the request on."""
 
 
 class Frontend:
@@ -38,8 +59,8 @@ class Frontend:
         manager,
         builder: PromptBuilder,
         info,
-        cache_mode: str,
-        max_queue: int = 256,
+        config: EngineConfig,
+        supervisor: Supervisor | None = None,
         budgets: Mapping[str, int] | None = None,
         namespaces: str = "hash",
         metrics=None,
@@ -48,10 +69,16 @@ class Frontend:
         self.manager = manager  # CacheManagerActor handle
         self.builder = builder
         self.info = info  # ModelInfo
-        self.cache_mode = cache_mode
+        self.cache_mode = config.cache.mode
+        self.supervisor = supervisor
         self.closing = asyncio.Event()
-        self.max_queue = max_queue
-        self.cancelling: set = set()  # cancels whose commit a retry should see
+        self.max_queue = config.model.max_queue
+        self.max_batch_tokens = config.model.max_batch_tokens
+        self.deadline = config.server.call_deadline
+        self.stream_deadline = config.server.stream_deadline
+        self.queued = 0  # requests holding a queue slot: taken at the first check
+        self.retries = 0  # requests retried after a restart
+        self.cancelling: dict = {}  # cancel task -> (namespace, prompt): a retry may wait on it
         self.in_flight: dict[str, tuple[str, np.ndarray]] = {}  # request_id -> (namespace, prompt)
         self.budgets = dict(budgets or {})  # tier -> bytes, for Inspect
         self.namespaces = namespaces  # how namespaces show (activity.namespace_tag)
@@ -69,36 +96,29 @@ class Frontend:
 
         Its client has gone, but the server may not have seen the cancellation
         yet (it races the new call): wait briefly for it to land, then for its
-        commit, so the retry restores what the dropped call computed.
+        commit, so the retry restores what the dropped call computed. Only the
+        cancels of prompts this one extends are waited for.
         """
-
-        def superseded() -> bool:
-            for ns, prompt in self.in_flight.values():
-                n = len(prompt)
-                if ns == namespace and n <= len(tokens) and np.array_equal(tokens[:n], prompt):
-                    return True
-            return False
-
         deadline = time.monotonic() + patience
-        while superseded() and time.monotonic() < deadline:
+        while _extends(tokens, namespace, self.in_flight.values()):
+            if time.monotonic() >= deadline:
+                break
             await asyncio.sleep(0.01)
-        await self._settle_cancels()
+        mine = [t for t, p in self.cancelling.items() if _extends(tokens, namespace, [p])]
+        if mine:
+            await asyncio.wait(mine, timeout=2.0)
 
-    async def _settle_cancels(self, timeout: float = 2.0) -> None:
-        """Wait (briefly) for cancelled requests to commit, so a retry can restore them."""
-        if self.cancelling:
-            await asyncio.wait(set(self.cancelling), timeout=timeout)
-
-    def _cancel(self, model, request_id: str) -> None:
-        task = asyncio.ensure_future(self._await_ref(model.cancel.remote(request_id)))
-        self.cancelling.add(task)
-        task.add_done_callback(self.cancelling.discard)
+    def _cancel(self, model, request_id: str, namespace: str, tokens: np.ndarray) -> None:
+        ref = model.cancel.remote(request_id)
+        task = asyncio.ensure_future(self._await_ref(ref, self.deadline))
+        self.cancelling[task] = (namespace, tokens)
+        task.add_done_callback(lambda t: self.cancelling.pop(t, None))
 
     @staticmethod
-    async def _await_ref(ref) -> None:
+    async def _await_ref(ref, deadline: float) -> None:
         try:
-            await ref
-        except ActorGone:  # a dead actor: nothing to wait for
+            await asyncio.wait_for(ref, deadline)
+        except (ActorGone, asyncio.TimeoutError):  # a dead or stuck actor: nothing to wait for
             pass
         except Exception:  # anything else is a bug in the cancel path: say so
             log.exception("cancelling a request failed")
@@ -106,7 +126,14 @@ class Frontend:
     async def generate(
         self, inp: PromptInput, sampling: SamplingParams, namespace: str = "", request_id: str = ""
     ):
-        """Yield lists of events (Progress, Tokens, Finished) for one request."""
+        """Yield lists of events (Progress, Tokens, Finished) for one request.
+
+        Raises Overloaded when the queue is full (the slot is taken at this first
+        check, so a burst cannot slip past it) or when the request alone needs more
+        tokens than the batch holds; Unavailable when the engine cannot serve. A
+        request the model actor lost before it streamed a token is run once more,
+        after the actors are resynchronised.
+        """
         if self.closing.is_set():
             raise Unavailable("the server is shutting down")
         received = time.time()
@@ -123,45 +150,91 @@ class Frontend:
             self.request_ids.discard(request_id)
 
     async def _generate(self, inp, sampling, namespace: str, request_id: str, received: float):
-        prompt, sampling = await self._prepare(inp, sampling)
-        if len(self.in_flight) >= self.max_queue:
+        if self.queued >= self.max_queue:
             raise Overloaded(
-                f"{len(self.in_flight)} requests are in flight (the limit is {self.max_queue}); "
-                "retry later"
+                f"{self.queued} requests are in flight (the limit is {self.max_queue}); retry later"
             )
-        tokens = np.asarray(prompt.tokens, dtype=np.int32)
-        await self._await_superseded(namespace, tokens)
-        self.in_flight[request_id] = (namespace, tokens)
-        exclude: tuple[int, ...] = ()
+        self.queued += 1
         try:
+            prompt, sampling = await self._prepare(inp, sampling)
+            tokens = np.asarray(prompt.tokens, dtype=np.int32)
+            await self._await_superseded(namespace, tokens)
+            epoch = await self._ready(0)
+            exclude: tuple[int, ...] = ()
+            resets = attempts = 0
             while True:
-                req = await self._plan(
-                    request_id, namespace, prompt, tokens, sampling, received, exclude
-                )
-                replica = req.plan.replica
-                streamed = []  # becomes [True] once a token went to the client
+                attempts += 1
+                if attempts > len(self.models) + 2:
+                    raise Unavailable("the engine kept restarting under this request")
+                streamed: list = []  # becomes [True] once a token went to the client
                 try:
-                    async for batch in self._run(self.models[replica], req, streamed):
+                    req = await self._plan(
+                        request_id, namespace, prompt, tokens, sampling, received, exclude
+                    )
+                    async for batch in self._run(req, epoch, streamed):
                         yield batch
                     return
-                except ActorGone as e:
-                    await self._replica_gone(replica, request_id)
-                    if streamed or len(exclude) + 1 >= len(self.models):
-                        raise Unavailable(f"model replica {replica} died: {e}") from None
-                    log.warning("replica %d died before %s streamed: retrying", replica, request_id)
-                    exclude = (*exclude, replica)
+                except _NoReplica as e:
+                    if not exclude:
+                        raise Unavailable(str(e)) from None
+                    exclude = ()  # every replica failed this request: wait for a restart
+                    epoch = await self._ready(epoch)
+                    continue
+                except _Restarted as e:
+                    if streamed:
+                        raise Unavailable(f"the engine restarted under this request: {e}")
+                    self.retries += 1
+                    log.warning("request %s: %s; running it again", request_id, e)
+                    if e.died:
+                        exclude = (*exclude, req.plan.replica)
+                        await self._replica_gone(req.plan.replica, request_id)
+                    else:
+                        resets += 1
+                        if resets > 1:
+                            raise Unavailable(f"the engine restarted under this request: {e}")
+                        await self._replica_gone(None, request_id)
+                        epoch = await self._ready(epoch)
         finally:
-            self.in_flight.pop(request_id, None)
+            self.queued -= 1
 
-    async def _run(self, model, req: GenerationRequest, streamed: list):
-        """The events of `req` on one replica; tells the manager when its prefill ended."""
-        finished = prefilled = False
+    async def _ready(self, after_epoch: int) -> int:
+        """The current epoch (a later one than `after_epoch` after a failure)."""
+        if self.supervisor is None:
+            return 0
         try:
-            async for ref in model.generate.options(num_returns="streaming").remote(req):
-                batch = await ref
+            return await self.supervisor.wait_ready(after_epoch)
+        except (TimeoutError, RuntimeError) as e:
+            raise Unavailable(str(e))
+
+    async def _run(self, req: GenerationRequest, epoch: int, streamed: list):
+        """The events of `req` on its replica; _Restarted when the replica went away or was
+        reset under it. Tells the manager when its prefill ended."""
+        model = self.models[req.plan.replica]
+        finished = prefilled = False
+        self.in_flight[req.request_id] = (req.namespace, np.asarray(req.tokens, dtype=np.int32))
+        try:
+            stream = model.generate.options(num_returns="streaming").remote(req, epoch)
+            while True:
+                try:
+                    ref = await asyncio.wait_for(stream.__anext__(), self.stream_deadline)
+                    batch = await ref
+                except StopAsyncIteration:
+                    if finished:
+                        return
+                    self._poke()  # Ray ends the stream of an actor that died
+                    raise _Restarted("the model stream ended without a final event", True)
+                except asyncio.TimeoutError:
+                    self._poke()
+                    raise Unavailable(f"the model sent nothing for {self.stream_deadline:.0f} s")
+                except ActorGone as e:
+                    self._poke()
+                    raise _Restarted(f"model replica {req.plan.replica} died ({e!r:.200})", True)
                 for event in batch:
                     if isinstance(event, Finished):
                         finished = True
+                        if event.finish_reason == FinishReason.UNAVAILABLE:
+                            self._poke()
+                            raise _Restarted(event.error, False)
                         self._finished(event, req)
                     if not prefilled and isinstance(event, (Tokens, Finished)):
                         prefilled = True
@@ -173,15 +246,22 @@ class Frontend:
             if not prefilled:
                 self.manager.prefilled.remote(req.request_id)
             if not finished:
-                self._cancel(model, req.request_id)
+                self._cancel(model, req.request_id, *self.in_flight[req.request_id])
+            self.in_flight.pop(req.request_id, None)
 
-    async def _replica_gone(self, replica: int, request_id: str) -> None:
-        """Tell the manager: the replica's RAM is gone, and this request ended there."""
+    async def _replica_gone(self, replica: int | None, request_id: str) -> None:
+        """Tell the manager: this request ended (and the replica's RAM is gone, if given)."""
         try:
-            await self.manager.lost.remote(replica)
-            await self.manager.release.remote(Release(request_id=request_id), None)
-        except ActorGone:
+            if replica is not None:
+                await asyncio.wait_for(self.manager.lost.remote(replica), self.deadline)
+            release = self.manager.release.remote(Release(request_id=request_id), None)
+            await asyncio.wait_for(release, self.deadline)
+        except (ActorGone, asyncio.TimeoutError):
             log.exception("the cache manager is gone too")
+
+    def _poke(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.poke()
 
     async def _prepare(self, inp: PromptInput, sampling: SamplingParams):
         """(prompt, sampling) checked and built; max_tokens clipped to the context left."""
@@ -190,25 +270,44 @@ class Frontend:
         prompt = await loop.run_in_executor(self.prompt_thread, self.builder.build, inp)
         if len(prompt.tokens) + sampling.max_tokens > self.info.max_context:
             sampling = _clip_max_tokens(sampling, self.info.max_context - len(prompt.tokens))
+        need = len(prompt.tokens) + sampling.max_tokens
+        if self.max_batch_tokens is not None and need > self.max_batch_tokens:
+            raise Overloaded(
+                f"the prompt and max_tokens need {need} tokens; the batch holds at most "
+                f"{self.max_batch_tokens} (--max-batch-tokens): shorten the prompt or max_tokens"
+            )
         return prompt, sampling
 
     async def _plan(
         self, request_id: str, namespace: str, prompt, tokens, sampling, received: float, exclude=()
     ) -> GenerationRequest:
-        """Ask the cache manager for the restore plan; the request its replica runs."""
+        """Ask the cache manager for the restore plan; the request the model actor runs.
+
+        A plan that comes back after its caller was cancelled or gave up (deadline)
+        is released through the model actor, so its pin and ids are not leaked.
+        """
         t0 = time.perf_counter()
+        request = PlanRequest(
+            request_id=request_id,
+            tokens=tokens,
+            anchor_len=prompt.anchor_len,
+            namespace=namespace,
+            exclude=tuple(exclude),
+        )
+        planning = asyncio.ensure_future(_resolve(self.manager.plan.remote(request)))
         try:
-            plan = await self.manager.plan.remote(
-                PlanRequest(
-                    request_id=request_id,
-                    tokens=tokens,
-                    anchor_len=prompt.anchor_len,
-                    namespace=namespace,
-                    exclude=tuple(exclude),
-                )
-            )
-        except LookupError as e:  # no replica alive
-            raise Unavailable(str(e)) from None
+            plan = await asyncio.wait_for(asyncio.shield(planning), self.deadline)
+        except BaseException as e:
+            planning.add_done_callback(lambda t: self._release_plan(t, request_id))
+            if isinstance(e, asyncio.TimeoutError):
+                self._poke()
+                raise Unavailable(f"the cache manager did not plan within {self.deadline:.0f} s")
+            if isinstance(e, ActorGone):
+                self._poke()
+                raise _Restarted(f"the cache manager is unavailable ({type(e).__name__})", False)
+            if isinstance(e, LookupError):  # no replica alive
+                raise _NoReplica(str(e)) from None
+            raise
         return GenerationRequest(
             request_id=request_id,
             namespace=namespace,
@@ -218,6 +317,13 @@ class Frontend:
             received_at=received,
             plan_ms=(time.perf_counter() - t0) * 1000,
         )
+
+    def _release_plan(self, planning: asyncio.Future, request_id: str) -> None:
+        """A plan nobody runs: its replica releases it (its Orders belong there)."""
+        if planning.cancelled() or planning.exception() is not None:
+            return
+        model = self.models[planning.result().replica]
+        asyncio.ensure_future(self._await_ref(model.release.remote(request_id), self.deadline))
 
     def _finished(self, f: Finished, req: GenerationRequest) -> None:
         """Log the request, keep its record, count it."""
@@ -231,9 +337,6 @@ class Frontend:
         """A call ended with gRPC status `code` (counted for the metrics)."""
         if self.metrics is not None:
             self.metrics.error(code)
-
-    async def stats(self):
-        return await self.manager.stats.remote()
 
     async def inspect(self, recent: int = 20) -> Inspection:
         """Live figures: the cache, each replica, the recent window, the latest requests."""
@@ -250,6 +353,25 @@ class Frontend:
         return inspection(
             cache, anchors, live, self.budgets, self.activity, self.namespaces, recent
         )
+
+    async def stats(self):
+        try:
+            return await asyncio.wait_for(self.manager.stats.remote(), self.deadline)
+        except asyncio.TimeoutError:
+            raise Unavailable(f"the cache manager did not answer within {self.deadline:.0f} s")
+
+
+async def _resolve(ref):
+    return await ref
+
+
+def _extends(tokens: np.ndarray, namespace: str, prompts) -> bool:
+    """Whether `tokens` extends (or equals) one of the (namespace, prompt) pairs."""
+    for ns, prompt in prompts:
+        n = len(prompt)
+        if ns == namespace and n <= len(tokens) and np.array_equal(tokens[:n], prompt):
+            return True
+    return False
 
 
 def _clip_max_tokens(s: SamplingParams, room: int) -> SamplingParams:

@@ -1,7 +1,10 @@
 """`lineage serve`: Ray, the actors, the gRPC server, and a clean stop.
 
 `start_engine(config)` builds a running engine inside an initialized Ray (the
-tests use it with their session-wide Ray); `run(config)` is the main job: it
+tests use it with their session-wide Ray): the model replicas, the memory plan
+once the weights are known (engine.config.plan_memory), the cache manager,
+the supervisor (engine.server.supervisor: restarts, epochs, health) and the
+gRPC server. `run(config)` is the main job: it
 starts or joins Ray, serves until SIGINT/SIGTERM, then stops cleanly (health
 NOT_SERVING, in-flight streams end with UNAVAILABLE, actors killed, Ray shut
 down if it started it).
@@ -25,7 +28,6 @@ import ray
 from engine.config import EngineConfig
 
 log = logging.getLogger("lineage")
-MAX_RESTARTS = 3  # Ray restarts a dead model replica this many times
 
 
 class Stoppable(Protocol):
@@ -47,7 +49,8 @@ class RunningEngine:
     info: object
     namespace: str = "lineage"  # the Ray namespace the actors are named in
     names: tuple = ()  # their names
-    watch: object = None  # the health watchdog task
+    supervisor: object = None  # engine.server.supervisor.Supervisor
+    memory: object = None  # the MemoryPlan the actors were given
     sampler: object = None  # the metrics sampling task
 
     @property
@@ -62,13 +65,14 @@ class RunningEngine:
     async def stop(self, grace: float = 2.0) -> None:
         from engine.server.service import stop_server
 
-        for task in (self.watch, self.sampler):
-            if task is not None:
-                task.cancel()
+        if self.supervisor is not None:
+            self.supervisor.stop()
+        if self.sampler is not None:
+            self.sampler.cancel()
         await stop_server(self.server, self.health, self.frontend, grace)
         for model in self.models:
             try:  # queued disk-tier writes land before the actor goes
-                await model.flush_disk.remote(60)
+                await asyncio.wait_for(model.flush_disk.remote(60), 70)
             except Exception:
                 log.exception("flushing the disk tier failed")
         for actor in (*self.models, self.manager):
@@ -96,15 +100,20 @@ async def start_engine(
 
     `local_socket` also serves gRPC on that Unix socket (no TLS; tokens apply).
     """
+    from pathlib import Path
+
+    from grpc_health.v1 import health_pb2
     from mlx_lm.utils import load_tokenizer
 
     from engine.actors.cache_manager import CacheManagerActor
     from engine.actors.model import ModelActor
     from engine.actors.names import CACHE_MANAGER, model_actor_name
+    from engine.config import plan_memory, with_memory
     from engine.server.frontend import Frontend
     from engine.server.metrics import EngineMetrics
     from engine.server.prompt import PromptBuilder
-    from engine.server.service import create_server
+    from engine.server.service import SERVICE, create_server
+    from engine.server.supervisor import Supervisor
 
     namespace = config.server.ray_namespace
     count = replica_count(config)
@@ -113,26 +122,36 @@ async def start_engine(
     # On a cluster with `mlx` resources, each replica takes one (one per machine or GPU).
     mlx = ray.cluster_resources().get("mlx", 0) >= count or config.server.address
     options = {"resources": {"mlx": 1}} if mlx else {}
+    restarts = {"max_restarts": config.server.max_restarts}
     models = [
-        ModelActor.options(
-            name=names[r], namespace=namespace, max_restarts=MAX_RESTARTS, **options
-        ).remote(config, r)
+        ModelActor.options(name=names[r], namespace=namespace, **restarts, **options).remote(
+            config, r
+        )
         for r in range(count)
     ]
     infos = await asyncio.gather(*(m.info.remote() for m in models))
     info = infos[0]
-    cache = measured_guard(config.cache, info)
-    manager = CacheManagerActor.options(name=names[-1], namespace=namespace).remote(
-        cache,
+    memory = plan_memory(config, info.weights_bytes, info.kv_bytes_per_token, info.max_context)
+    config = with_memory(config, memory)
+    _log_memory(memory)
+    config = dataclasses.replace(config, cache=measured_guard(config.cache, info))
+    manager = CacheManagerActor.options(name=names[-1], namespace=namespace, **restarts).remote(
+        config.cache,
         info.fingerprint,
         info.has_state_layers,
         count,
         config.server.route_threshold,
     )
-    await manager.attach.remote(models)
-    await asyncio.gather(*(m.attach.remote(manager, models) for m in models))
-    from pathlib import Path
+    health_box: list = []
 
+    async def set_health(up: bool) -> None:
+        if health_box and not frontend.closing.is_set():
+            status = health_pb2.HealthCheckResponse
+            for name in ("", SERVICE):
+                await health_box[0].set(name, status.SERVING if up else status.NOT_SERVING)
+
+    supervisor = Supervisor(models, manager, config, set_health)
+    await supervisor.start()
     tokenizer = load_tokenizer(Path(info.path))
     builder = PromptBuilder(tokenizer, info.vocab_size, info.max_context, config.cache.anchor_slack)
     budgets = {
@@ -145,8 +164,8 @@ async def start_engine(
         manager,
         builder,
         info,
-        config.cache.mode,
-        config.model.max_queue,
+        config,
+        supervisor,
         budgets=budgets,
         namespaces=config.server.metrics_namespace,
         metrics=EngineMetrics(namespace, Path(info.path).name or info.model_type),
@@ -157,9 +176,12 @@ async def start_engine(
         config.server.port if port is None else port,
         security=config.server,
         local_socket=local_socket,
+        max_concurrent_rpcs=config.server.max_concurrent_rpcs or config.model.max_queue + 64,
     )
-    engine = RunningEngine(server, bound, health, frontend, models, manager, info, namespace, names)
-    engine.watch = asyncio.ensure_future(watch_actors(engine))
+    health_box.append(health)
+    engine = RunningEngine(
+        server, bound, health, frontend, models, manager, info, namespace, names, supervisor, memory
+    )
     engine.sampler = asyncio.ensure_future(sample_metrics(engine))
     return engine
 
@@ -173,7 +195,7 @@ async def sample_metrics(engine: "RunningEngine", every: float = 1.0) -> None:
             frontend.metrics.sample(await frontend.inspect(recent=0))
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # an actor that is gone: the watchdog reports it
+        except Exception as e:  # an actor that is gone: the supervisor reports it
             log.debug("sampling metrics failed: %s", e)
 
 
@@ -189,6 +211,22 @@ def measured_guard(cache, info):
         info.token_ms,
     )
     return dataclasses.replace(cache, guard_min_suffix=info.guard_min_suffix)
+
+
+def _log_memory(memory) -> None:
+    log.info(
+        "memory: limit %.1f GB = weights %.1f + running KV %.1f (%d tokens) + RAM tier %.1f "
+        "+ pool %.1f",
+        *(x / 1e9 for x in (memory.limit, memory.weights, memory.running_kv)),
+        memory.max_batch_tokens,
+        *(x / 1e9 for x in (memory.ram_budget, memory.pool_limit)),
+    )
+    if memory.total > memory.limit:
+        log.warning(
+            "the configured budgets (%.1f GB) exceed the memory limit (%.1f GB)",
+            memory.total / 1e9,
+            memory.limit / 1e9,
+        )
 
 
 def _check_names_free(namespace: str, names: Sequence[str]) -> None:
@@ -209,63 +247,6 @@ def replica_count(config: EngineConfig) -> int:
     if config.server.replicas != "auto":
         return int(config.server.replicas)
     return max(1, int(ray.cluster_resources().get("mlx", 0)))
-
-
-async def watch_actors(engine: RunningEngine, every: float = 2.0, patience: float = 10.0):
-    """Health follows the actors: SERVING while the cache manager and at least one replica
-    answer. A replica that stops answering is reported lost to the manager (its RAM entries
-    leave the index); one that answers again (Ray restarted it, empty) is attached to the
-    manager and its peers again and routed to once more."""
-    from grpc_health.v1 import health_pb2
-
-    from engine.server.service import SERVICE
-
-    serving = True
-    while True:
-        await asyncio.sleep(every)
-        try:
-            alive = set(await asyncio.wait_for(engine.manager.alive.remote(), patience))
-            up = any(
-                await asyncio.gather(
-                    *(
-                        _check_replica(engine, r, r in alive, patience)
-                        for r in range(len(engine.models))
-                    )
-                )
-            )
-            if not up:
-                log.error("no model replica answers: health goes NOT_SERVING")
-        except Exception as e:  # a dead or stuck manager
-            if serving:
-                log.error("the cache manager is not answering (%s): health goes NOT_SERVING", e)
-            up = False
-        if up != serving and not engine.frontend.closing.is_set():
-            status = (
-                health_pb2.HealthCheckResponse.SERVING
-                if up
-                else (health_pb2.HealthCheckResponse.NOT_SERVING)
-            )
-            for name in ("", SERVICE):
-                await engine.health.set(name, status)
-            serving = up
-
-
-async def _check_replica(engine: RunningEngine, r: int, routed: bool, patience: float) -> bool:
-    """Whether replica `r` answers; tells the manager when that changed."""
-    model = engine.models[r]
-    try:
-        attached = await asyncio.wait_for(model.attached.remote(), patience)
-    except Exception as e:  # dead, restarting or stuck
-        if routed:
-            log.error("model replica %d is not answering (%s)", r, e)
-            await engine.manager.lost.remote(r)
-        return False
-    if not attached:  # restarted by Ray: empty, and without its links
-        log.warning("model replica %d restarted: attaching it again", r)
-        await model.attach.remote(engine.manager, engine.models)
-    if not routed:
-        await engine.manager.revived.remote(r)
-    return True
 
 
 def run(config: EngineConfig, sidecars: Sequence[Sidecar] = ()) -> int:

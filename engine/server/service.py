@@ -293,13 +293,15 @@ async def create_server(
     port: int = 0,
     security: ServerConfig | None = None,
     local_socket: str | None = None,
+    max_concurrent_rpcs: int | None = None,
 ):
     """(server, bound port, health servicer); the server is started, health SERVING.
 
     `security` brings tokens, TLS, reflection and the figures' rounding (its
     host and port are not used); None serves as on loopback with none of them
     and exact figures. `local_socket` also serves on that Unix socket, without
-    TLS (tokens still apply): the bridge sidecar's way in.
+    TLS (tokens still apply): the bridge sidecar's way in. Past
+    `max_concurrent_rpcs` calls at once, gRPC itself answers RESOURCE_EXHAUSTED.
     """
     security = security or ServerConfig(host=host, exact_cache_figures=True)
     auth = Authenticator(security.tokens)
@@ -309,6 +311,7 @@ async def create_server(
     server = grpc.aio.server(
         options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", receive)],
         interceptors=[AuthInterceptor(auth)] if auth.enabled else None,
+        maximum_concurrent_rpcs=max_concurrent_rpcs,
     )
     servicer = EngineServicer(frontend, auth, security.exact_cache_figures)
     engine_pb2_grpc.add_EngineServicer_to_server(servicer, server)

@@ -203,6 +203,11 @@ class OpenDirectory:
     index: DiskIndex
     lock: Any  # the open lock file; closing it releases the directory
 
+    def rescan(self, fingerprint: str, budget: int, caps: tuple[int, int]) -> DiskIndex:
+        """A fresh index of what is on disk now (the lock stays held)."""
+        self.index = index_scan(scan_directory(self.path), fingerprint, budget, caps)
+        return self.index
+
     def close(self) -> None:
         if self.lock is not None:
             self.lock.close()

@@ -104,6 +104,9 @@ class DiskStore:
     def flush(self, timeout: float | None = None) -> bool:
         return self.writer.flush(timeout)
 
+    def max_queued_id(self) -> int:
+        return self.writer.max_queued_id()
+
     def close(self, timeout: float | None = None) -> bool:
         return self.writer.close(timeout)
 

@@ -187,6 +187,14 @@ class DiskWriter:
             current = self._current
         return job or (current if current is not None and current.entry_id == entry_id else None)
 
+    def max_queued_id(self) -> int:
+        """The largest entry id of a queued or running write (0: none)."""
+        with self._cond:
+            ids = list(self._pending)
+            if self._current is not None:
+                ids.append(self._current.entry_id)
+        return max(ids, default=0)
+
     @property
     def backlog(self) -> tuple[int, int]:
         """(queued operations, bytes of queued writes)."""

@@ -374,6 +374,22 @@ def test_completions_models_and_health(bridge, client):
     assert missing.status_code == 404 and "error" in missing.json()
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_full_queue_is_429(engine, client, stream):
+    frontend = engine.engine.frontend
+    frontend.max_queue = 0
+    try:
+        with pytest.raises(openai.RateLimitError) as err:
+            reply = client.chat.completions.create(
+                model="lineage", messages=USER, max_tokens=2, stream=stream
+            )
+            list(reply) if stream else None
+        assert err.value.status_code == 429 and err.value.body["code"] == "resource_exhausted"
+    finally:
+        frontend.max_queue = 256
+    assert client.chat.completions.create(model="lineage", messages=USER, max_tokens=2)
+
+
 def test_engine_unavailable_is_503():
     b = BridgeThread("127.0.0.1:1")  # nothing listens there
     try:

@@ -1,0 +1,252 @@
+"""Supervision: the actors' restarts, the epoch handshake, and health that follows them.
+
+Ray restarts an actor whose process dies (every actor is created with
+`max_restarts`). The Supervisor notices through `hello`, which each actor
+answers with its incarnation id and the epoch it was last synchronised to; a
+model replica also says whether its loop thread answered a ping within
+`loop_deadline`. A new incarnation starts a new epoch:
+
+- of the cache manager: every replica resyncs (its requests end UNAVAILABLE,
+  its RAM tier empties, its disk writer flushes, the manager is attached) and
+  answers the largest entry id it held or queued; then the manager rebuilds
+  its index from a fresh scan of the cache directory and allocates ids above
+  that one;
+- of one replica: the manager forgets what it held (`lost`), the replica
+  resyncs empty, and the manager routes to it again (`revived`).
+
+So no stale RAM entry and no reused id survives a restart, and the next
+request restores from the disk tier (or a peer). A model loop that misses its
+ping twice is wedged: the replica leaves the routing and is killed for Ray to
+restart. Health is SERVING while the manager and one replica answer; `ready`
+is clear while an epoch is being set up, and new requests wait for it.
+
+It knows the actors' handles and Ray's errors; it holds no request state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Awaitable, Callable
+
+import ray
+from ray.exceptions import ActorDiedError, RayActorError
+
+from engine.config import EngineConfig
+
+log = logging.getLogger("lineage.supervisor")
+WEDGED_PINGS = 2  # missed loop pings in a row before the model actor is restarted
+
+
+class Supervisor:
+    """Watches the replicas and the manager; runs the epoch handshake; drives health."""
+
+    def __init__(
+        self,
+        models: list,
+        manager,
+        config: EngineConfig,
+        set_health: Callable[[bool], Awaitable[None]],
+        every: float = 1.0,
+    ):
+        self.models = list(models)
+        self.manager = manager
+        self.deadline = config.server.call_deadline
+        self.loop_deadline = config.server.loop_deadline
+        self.limits = (config.model.max_batch_tokens, config.cache.pool_limit)
+        self.set_health = set_health
+        self.every = every
+        self.epoch = 0
+        self.ready = asyncio.Event()  # set while an epoch is up and a replica answers
+        self.gone: str | None = None  # why the engine will not come back (killed for good)
+        self.restarts = 0  # epochs begun after the first
+        self.wedged_restarts = 0
+        self._manager_known: str | None = None  # the manager incarnation of this epoch
+        self._manager_epoch = 0  # the epoch of the last whole resync (the manager's)
+        self._known: list[str | None] = [None] * len(self.models)  # replica incarnations
+        self._up = [False] * len(self.models)  # replicas the manager routes to
+        self._missed = [0] * len(self.models)  # loop pings missed in a row
+        self._healthy = True
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        """The first epoch (the actors are up), then the watch loop."""
+        await self._sync(rescan=False)
+        self._task = asyncio.ensure_future(self._watch())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def poke(self) -> None:
+        """Check the actors now (a call just failed)."""
+        self._wake.set()
+
+    async def wait_ready(self, after_epoch: int = 0) -> int:
+        """The epoch once one later than `after_epoch` is up.
+
+        Raises TimeoutError after the call deadline, RuntimeError when the engine is gone.
+        """
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.deadline
+        while True:
+            if self.gone:
+                raise RuntimeError(self.gone)
+            if self.ready.is_set() and self.epoch > after_epoch:
+                return self.epoch
+            left = end - loop.time()
+            if left <= 0:
+                raise TimeoutError("the engine is restarting; retry later")
+            self.poke()
+            try:
+                await asyncio.wait_for(self.ready.wait(), min(left, self.every))
+            except asyncio.TimeoutError:
+                pass
+            if self.ready.is_set() and self.epoch <= after_epoch:
+                await asyncio.sleep(min(left, 0.05))
+
+    # ---- the loop ----------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.every)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                await self._check()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the watch must outlive a bad round
+                log.exception("supervision round failed")
+                self.ready.clear()
+                await self._health(False, "supervision round failed")
+
+    async def _check(self) -> None:
+        try:
+            c = await asyncio.wait_for(self.manager.hello.remote(), self.deadline)
+        except ActorDiedError as e:  # killed for good (ray.kill, restarts used up)
+            self.gone = f"the cache manager is gone for good: {_first_line(e)}"
+            self.ready.clear()
+            return await self._health(False, self.gone)
+        except (RayActorError, asyncio.TimeoutError) as e:  # restarting, or stuck
+            self.ready.clear()
+            return await self._health(False, f"the cache manager is not answering ({e!r:.200})")
+        if (c.incarnation, c.epoch) != (self._manager_known, self._manager_epoch):
+            self.ready.clear()
+            await self._health(False, "the cache manager restarted")
+            await self._sync(rescan=True)
+        hellos = await asyncio.gather(*(self._hello(m) for m in self.models))
+        dead = 0
+        for r, h in enumerate(hellos):
+            if isinstance(h, ActorDiedError):
+                dead += 1
+                await self._down(r, f"replica {r} is gone for good")
+            elif isinstance(h, BaseException):
+                await self._down(r, f"replica {r} is not answering ({_first_line(h)})")
+            elif not h.loop_ok:
+                self._missed[r] += 1
+                await self._down(r, f"replica {r}'s loop missed its {self.loop_deadline} s ping")
+                if self._missed[r] >= WEDGED_PINGS:
+                    log.error("replica %d's model loop is wedged: restarting it", r)
+                    self._missed[r] = 0
+                    self.wedged_restarts += 1
+                    ray.kill(self.models[r], no_restart=False)
+            else:
+                self._missed[r] = 0
+                if h.incarnation != self._known[r] or h.epoch < 0:
+                    await self._revive(r)
+                elif not self._up[r]:
+                    await self.manager.revived.remote(r)
+                    self._up[r] = True
+        if dead == len(self.models):
+            self.gone = "every model replica is gone for good"
+        if any(self._up):
+            self.ready.set()
+            await self._health(True, "")
+        else:
+            self.ready.clear()
+            await self._health(False, "no model replica answers")
+
+    async def _hello(self, model):
+        try:
+            return await asyncio.wait_for(
+                model.hello.remote(self.loop_deadline), self.loop_deadline + self.deadline
+            )
+        except (RayActorError, asyncio.TimeoutError) as e:
+            return e
+
+    async def _down(self, r: int, why: str) -> None:
+        """Replica `r` does not serve: the manager stops routing to it and forgets its RAM."""
+        if self._up[r]:
+            log.error("%s: its RAM entries leave the index", why)
+            self._up[r] = False
+            await asyncio.wait_for(self.manager.lost.remote(r), self.deadline)
+
+    async def _revive(self, r: int) -> None:
+        """Replica `r` restarted (empty): a new epoch for it, then the manager routes to it."""
+        self._up[r] = True  # _down tells the manager, once
+        await self._down(r, f"replica {r} restarted")
+        epoch = self.epoch + 1
+        model = self.models[r]
+        await asyncio.wait_for(
+            model.resync.remote(
+                epoch, self.manager, self.models, *self.limits, flush_timeout=self.deadline
+            ),
+            3 * self.deadline,
+        )
+        await asyncio.wait_for(self.manager.revived.remote(r), self.deadline)
+        h = await asyncio.wait_for(model.hello.remote(self.loop_deadline), 2 * self.deadline)
+        self.epoch, self._known[r], self._up[r] = epoch, h.incarnation, True
+        self.restarts += 1
+        log.warning("epoch %d: replica %d is resynchronised", epoch, r)
+
+    async def _sync(self, rescan: bool) -> None:
+        """Begin a new epoch for everything: the replicas first (their old requests refused),
+        then the manager rebuilt from disk above every id a replica held."""
+        self.ready.clear()
+        epoch = self.epoch + 1
+        d = self.deadline
+        c = await asyncio.wait_for(self.manager.hello.remote(), d)
+
+        async def one(r: int):
+            m = self.models[r]
+            try:
+                h = await asyncio.wait_for(m.hello.remote(self.loop_deadline), 2 * d)
+                limits = (epoch, self.manager, self.models, *self.limits)
+                max_id = await asyncio.wait_for(m.resync.remote(*limits, flush_timeout=d), 3 * d)
+                return h.incarnation, max_id
+            except (RayActorError, asyncio.TimeoutError) as e:
+                log.error("replica %d did not resynchronise: %s", r, _first_line(e))
+                return None, 0
+
+        synced = await asyncio.gather(*(one(r) for r in range(len(self.models))))
+        max_id = max(m for _, m in synced)
+        await asyncio.wait_for(self.manager.resync.remote(epoch, max_id + 1, rescan), d)
+        await asyncio.wait_for(self.manager.attach.remote(self.models), d)
+        for r, (incarnation, _) in enumerate(synced):
+            self._known[r], self._up[r] = incarnation, incarnation is not None
+            if incarnation is None:
+                await asyncio.wait_for(self.manager.lost.remote(r), d)
+        if self._manager_known is not None:
+            self.restarts += 1
+            log.warning("epoch %d: the actors are resynchronised", epoch)
+        self.epoch, self._manager_known, self._manager_epoch = epoch, c.incarnation, epoch
+        if any(self._up):
+            self.ready.set()
+
+    async def _health(self, up: bool, why: str) -> None:
+        if up != self._healthy:
+            if not up:
+                log.error("health goes NOT_SERVING: %s", why)
+            else:
+                log.warning("health goes SERVING again (epoch %d)", self.epoch)
+            self._healthy = up
+            await self.set_health(up)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"

@@ -1,0 +1,160 @@
+"""Supervision end to end (issue 15): real processes killed with SIGKILL, a real wedged loop.
+
+One engine serves the module: the model actor's process is killed mid-stream,
+then the cache manager's, then the model loop is wedged. After each, a
+request is served within 30 s, warm from the disk tier, and the supervisor
+has begun a new epoch.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from clients.client import Client, LineageError
+from clients.fanout import make_shared_prefix, user_message
+
+SYSTEM, TOOLS = make_shared_prefix(600, seed=5)
+RECOVERY_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def engine(ray_session, tmp_path_factory, model_cache_dir):
+    from engine.server.background import BackgroundEngine
+    from tests.engines import make_config
+
+    config = make_config(tmp_path_factory.mktemp("supervised")).with_server(
+        loop_deadline=2.0, call_deadline=20.0
+    )
+    # The embedded model is built once per session, in model_cache_dir.
+    config = config.with_model(path=_model_dir(model_cache_dir))
+    e = BackgroundEngine(config)
+    yield e
+    e.stop()
+
+
+def _model_dir(model_cache_dir) -> str:
+    from engine.runtime.tiny_models import ensure_default_model
+
+    return str(ensure_default_model(model_cache_dir))
+
+
+@pytest.fixture(scope="module")
+def client(engine):
+    with Client(engine.address, timeout=60) as c:
+        yield c
+
+
+def convo(*users):
+    return [{"role": "system", "content": SYSTEM}] + [{"role": "user", "content": u} for u in users]
+
+
+def chat(client, messages, ns, max_tokens=6):
+    return client.generate(messages=messages, tools=TOOLS, max_tokens=max_tokens, namespace=ns)
+
+
+def warm_turn_one(engine, client, ns):
+    """Turn one served and its files on disk; the messages of turn two."""
+    import ray
+
+    msgs = convo(user_message(7, 0))
+    r1 = chat(client, msgs, ns)
+    assert ray.get(engine.engine.model.flush_disk.remote(60), timeout=70)
+    return msgs + [
+        {"role": "assistant", "content": r1.text},
+        {"role": "user", "content": user_message(7, 1)},
+    ], r1
+
+
+def pid_of(actor) -> int:
+    import ray
+
+    return ray.get(actor.hello.remote(), timeout=30).pid
+
+
+def served_warm_after(client, msgs, ns, r1, since: float):
+    """Turn two is served within RECOVERY_S of `since`, restoring turn one from disk."""
+    while True:
+        try:
+            r2 = chat(client, msgs, ns)
+            break
+        except LineageError as e:  # UNAVAILABLE while the actor restarts
+            assert e.code == "UNAVAILABLE", e
+            assert time.monotonic() - since < RECOVERY_S, "not served within 30 s"
+            time.sleep(0.2)
+    took = time.monotonic() - since
+    assert took < RECOVERY_S, took
+    assert r2.usage.cached_tokens >= r1.usage.prompt_tokens, r2.usage
+    return r2
+
+
+def kill_mid_stream(engine, client, actor):
+    """A stream is live; SIGKILL the actor's process; the stream ends UNAVAILABLE."""
+    pid = pid_of(actor)
+    stream = client.stream(prompt_ids=list(range(50, 90)), max_tokens=30000)
+    next(stream)
+    epoch = engine.engine.supervisor.epoch
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    with pytest.raises(LineageError) as err:
+        stream.result()
+    assert err.value.code == "UNAVAILABLE", err.value
+    return killed, epoch
+
+
+def test_kill_9_of_the_model_actor_mid_stream_then_served_warm(engine, client):
+    ns = "kill-model"
+    msgs, r1 = warm_turn_one(engine, client, ns)
+    killed, epoch = kill_mid_stream(engine, client, engine.engine.model)
+    r2 = served_warm_after(client, msgs, ns, r1, killed)
+    assert r2.restore.kind != "none"
+    assert engine.engine.supervisor.epoch > epoch
+
+
+def test_kill_9_of_the_cache_manager_mid_stream_then_served_warm(engine, client):
+    ns = "kill-manager"
+    msgs, r1 = warm_turn_one(engine, client, ns)
+    killed, epoch = kill_mid_stream(engine, client, engine.engine.manager)
+    served_warm_after(client, msgs, ns, r1, killed)
+    assert engine.engine.supervisor.epoch > epoch
+    stats = client.cache_stats()  # the rebuilt index came from the disk tier
+    assert stats["disk_entries"] >= 1
+
+
+def test_a_wedged_loop_goes_not_serving_and_the_actor_restarts(engine, client):
+    """The loop thread sleeps; health turns NOT_SERVING, the actor is restarted, and a
+    request sent into the wedged loop (it streamed nothing) is run again and served."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+    import ray
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    channel = grpc.insecure_channel(engine.address)
+    health = health_pb2_grpc.HealthStub(channel)
+    sup = engine.engine.supervisor
+    restarts, retries = sup.wedged_restarts, engine.engine.frontend.retries
+    ray.get(engine.engine.model.__ray_call__.remote(_wedge), timeout=30)
+    wedged = time.monotonic()
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(client.generate, prompt_ids=[9, 8, 7, 6, 5], max_tokens=4)
+        seen_not_serving = False
+        while time.monotonic() - wedged < RECOVERY_S:
+            status = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10).status
+            seen_not_serving |= status == health_pb2.HealthCheckResponse.NOT_SERVING
+            if seen_not_serving and status == health_pb2.HealthCheckResponse.SERVING:
+                break
+            time.sleep(0.2)
+        assert seen_not_serving
+        result = pending.result(timeout=RECOVERY_S)
+    channel.close()
+    assert result.usage.completion_tokens >= 1
+    assert sup.wedged_restarts == restarts + 1
+    assert engine.engine.frontend.retries == retries + 1
+
+
+def _wedge(actor) -> None:
+    actor.loop.call(lambda g: time.sleep(3600))

@@ -161,13 +161,23 @@ def guard_threshold(forward_ms: float, token_ms: float, offset: int, most: int =
     return min(most, offset + math.ceil(forward_ms / token_ms))
 
 
-def measure_kv_bytes_per_token(model, probe: int = 4) -> int:
-    """The KV bytes one token costs, from a forward of a few tokens into a fresh cache."""
+def measure_kv_bytes_per_token(model) -> int:
+    """The KV bytes one token costs: the append-only layers' rows after a one-token forward
+    on a fresh cache (state layers cost nothing per token)."""
     import mlx.core as mx
+    from mlx.utils import tree_flatten
 
     from engine.runtime import layer_caches
 
     cache = model.make_cache()
-    model(mx.array([[1] * probe]), cache=cache)
-    layers, _ = layer_caches.store_entry(cache)
-    return layer_caches.kv_bytes_per_token(layers)
+    mx.eval(model(mx.array([[0]]), cache=cache))
+    layers, per_token = list(cache), 0
+    while layers:
+        c = layers.pop(0)
+        kind = layer_caches.layer_kind(c)
+        if kind == layer_caches.LIST:
+            layers[:0] = list(c.caches)
+        elif kind == layer_caches.APPEND:
+            rows = [a for _, a in tree_flatten(c.state) if isinstance(a, mx.array) and a.ndim >= 3]
+            per_token += sum(a.nbytes // max(1, a.shape[-2]) for a in rows)
+    return per_token

@@ -168,10 +168,13 @@ class Frontend:
                     raise Unavailable("the engine kept restarting under this request")
                 streamed: list = []  # becomes [True] once a token went to the client
                 try:
+                    # The manager's epoch when it plans: a replica resynchronised since refuses.
+                    planned = self.supervisor.manager_epoch if self.supervisor is not None else 0
+                    req = None
                     req = await self._plan(
                         request_id, namespace, prompt, tokens, sampling, received, exclude
                     )
-                    async for batch in self._run(req, epoch, streamed):
+                    async for batch in self._run(req, planned, streamed):
                         yield batch
                     return
                 except _NoReplica as e:
@@ -181,18 +184,19 @@ class Frontend:
                     epoch = await self._ready(epoch)
                     continue
                 except _Restarted as e:
+                    # The manager forgets the request (and the dead replica's RAM) first.
+                    if req is not None:
+                        await self._replica_gone(req.plan.replica if e.died else None, request_id)
                     if streamed:
                         raise Unavailable(f"the engine restarted under this request: {e}")
                     self.retries += 1
                     log.warning("request %s: %s; running it again", request_id, e)
                     if e.died:
                         exclude = (*exclude, req.plan.replica)
-                        await self._replica_gone(req.plan.replica, request_id)
                     else:
                         resets += 1
                         if resets > 1:
                             raise Unavailable(f"the engine restarted under this request: {e}")
-                        await self._replica_gone(None, request_id)
                         epoch = await self._ready(epoch)
         finally:
             self.queued -= 1

@@ -62,7 +62,7 @@ class Supervisor:
         self.restarts = 0  # epochs begun after the first
         self.wedged_restarts = 0
         self._manager_known: str | None = None  # the manager incarnation of this epoch
-        self._manager_epoch = 0  # the epoch of the last whole resync (the manager's)
+        self.manager_epoch = 0  # the epoch of the last whole resync: requests carry it
         self._known: list[str | None] = [None] * len(self.models)  # replica incarnations
         self._up = [False] * len(self.models)  # replicas the manager routes to
         self._missed = [0] * len(self.models)  # loop pings missed in a row
@@ -134,7 +134,7 @@ class Supervisor:
         except (RayActorError, asyncio.TimeoutError) as e:  # restarting, or stuck
             self.ready.clear()
             return await self._health(False, f"the cache manager is not answering ({e!r:.200})")
-        if (c.incarnation, c.epoch) != (self._manager_known, self._manager_epoch):
+        if (c.incarnation, c.epoch) != (self._manager_known, self.manager_epoch):
             self.ready.clear()
             await self._health(False, "the cache manager restarted")
             await self._sync(rescan=True)
@@ -186,14 +186,19 @@ class Supervisor:
             await asyncio.wait_for(self.manager.lost.remote(r), self.deadline)
 
     async def _revive(self, r: int) -> None:
-        """Replica `r` restarted (empty): a new epoch for it, then the manager routes to it."""
+        """Replica `r` restarted (empty): it joins the manager's epoch (the manager is the
+        same, so requests it planned stay valid), then the manager routes to it again."""
         self._up[r] = True  # _down tells the manager, once
         await self._down(r, f"replica {r} restarted")
         epoch = self.epoch + 1
         model = self.models[r]
         await asyncio.wait_for(
             model.resync.remote(
-                epoch, self.manager, self.models, *self.limits, flush_timeout=self.deadline
+                self.manager_epoch,
+                self.manager,
+                self.models,
+                *self.limits,
+                flush_timeout=self.deadline,
             ),
             3 * self.deadline,
         )
@@ -233,7 +238,7 @@ class Supervisor:
         if self._manager_known is not None:
             self.restarts += 1
             log.warning("epoch %d: the actors are resynchronised", epoch)
-        self.epoch, self._manager_known, self._manager_epoch = epoch, c.incarnation, epoch
+        self.epoch, self._manager_known, self.manager_epoch = epoch, c.incarnation, epoch
         if any(self._up):
             self.ready.set()
 

@@ -204,10 +204,10 @@ def test_replica_killed_mid_stream(engine, client):
         health = health_pb2_grpc.HealthStub(ch)
         status = health.Check(health_pb2.HealthCheckRequest(service="")).status
         assert status == health_pb2.HealthCheckResponse.SERVING
-    before = requests_by_replica(client)
     r2 = chat(client, msgs, ns)
-    assert routed(client, before) == 1 - home
-    assert r2.usage.cached_tokens >= r1.usage.prompt_tokens  # warm: from the entry's file
+    # The supervisor may have `home` back already (resynchronised, empty): either replica
+    # serves the next turn, warm from the entry's file.
+    assert r2.usage.cached_tokens >= r1.usage.prompt_tokens
     _wait_back(client, model, home)
 
 

@@ -127,11 +127,12 @@ def test_the_anchor_memo_has_a_byte_cap():
 
 
 def test_prompts_are_built_off_the_event_loop():
+    from engine.config import EngineConfig
     from engine.server.frontend import Frontend
 
     tok = CountingTokenizer()
     info = SimpleNamespace(vocab_size=50, max_context=10_000)
-    frontend = Frontend([], None, PromptBuilder(tok, 50, 10_000), info, "lineage")
+    frontend = Frontend([], None, PromptBuilder(tok, 50, 10_000), info, EngineConfig())
     prompt, _ = asyncio.run(
         frontend._prepare(PromptInput(prompt_text="hello"), SamplingParams(max_tokens=2))
     )

@@ -90,28 +90,32 @@ class Frontend:
         self.prompt_thread = concurrent.futures.ThreadPoolExecutor(1, "prompt-builder")
 
     async def _await_superseded(
-        self, namespace: str, tokens: np.ndarray, patience: float = 0.5
+        self, namespace: str, tokens: np.ndarray, request_id: str = "", patience: float = 0.5
     ) -> None:
         """A prompt that extends an in-flight prompt is a retry of a dropped call.
 
         Its client has gone, but the server may not have seen the cancellation
         yet (it races the new call): wait briefly for it to land, then for its
         commit, so the retry restores what the dropped call computed. Only the
-        cancels of prompts this one extends are waited for.
+        cancels of prompts this one extends (or of its own request id) are waited for.
         """
         deadline = time.monotonic() + patience
         while _extends(tokens, namespace, self.in_flight.values()):
             if time.monotonic() >= deadline:
                 break
             await asyncio.sleep(0.01)
-        mine = [t for t, p in self.cancelling.items() if _extends(tokens, namespace, [p])]
+        mine = [
+            t
+            for t, (ns, prompt, rid) in self.cancelling.items()
+            if rid == request_id or _extends(tokens, namespace, [(ns, prompt)])
+        ]
         if mine:
             await asyncio.wait(mine, timeout=2.0)
 
     def _cancel(self, model, request_id: str, namespace: str, tokens: np.ndarray) -> None:
         ref = model.cancel.remote(request_id)
         task = asyncio.ensure_future(self._await_ref(ref, self.deadline))
-        self.cancelling[task] = (namespace, tokens)
+        self.cancelling[task] = (namespace, tokens, request_id)
         task.add_done_callback(lambda t: self.cancelling.pop(t, None))
 
     @staticmethod
@@ -158,7 +162,7 @@ class Frontend:
         try:
             prompt, sampling = await self._prepare(inp, sampling)
             tokens = np.asarray(prompt.tokens, dtype=np.int32)
-            await self._await_superseded(namespace, tokens)
+            await self._await_superseded(namespace, tokens, request_id)
             epoch = await self._ready(0)
             exclude: tuple[int, ...] = ()
             resets = attempts = 0

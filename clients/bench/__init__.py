@@ -25,6 +25,7 @@ BENCHES = {
     "restart": "clients.bench.restart",
     "kernels": "clients.bench.kernels",
     "concurrency": "clients.bench.concurrency",
+    "load": "clients.bench.load",
 }
 
 

@@ -1,0 +1,263 @@
+"""`lineage bench load`: many sessions on a small RAM budget, then a burst past the queue.
+
+It starts Ray of its own and a real engine (actors, gRPC on a free port) on
+the embedded model (or `--model`), with a small RAM budget and a small queue,
+in a cache directory of its own (a temporary one unless `--cache-dir`):
+
+1. `--sessions` concurrent sessions run multi-turn conversations (a shared
+   system prompt and tools, `--turns` turns each, then a new conversation)
+   for `--duration` seconds. Figures: requests and errors (every failed call
+   counts), time to first token (seen by the client) p50/p99, decode tokens/s
+   (per request, from the Final event, and all completion tokens over the wall
+   time), and the RAM held against the budget: the most the RAM tier held
+   (sampled from the model actor) and the model actor process's peak RSS
+   against the memory limit.
+2. A burst of `--burst` requests at once, more than the queue holds. Every
+   one must be answered, served or RESOURCE_EXHAUSTED, within `--deadline`
+   seconds: the figures count served, refused, other errors and hung.
+
+Exit status 1 when phase 1 saw an error, the RAM tier went past its budget,
+or a burst request was lost or hung.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+HELP = "load: concurrent sessions on a small RAM budget, then a burst past the queue"
+MB = 1 << 20
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--model", help="an mlx-lm model directory (default: the embedded one)")
+    parser.add_argument("--cache-dir", help="cache directory (default: a temporary one)")
+    parser.add_argument("--sessions", type=int, default=16, help="concurrent sessions")
+    parser.add_argument("--turns", type=int, default=4, help="turns per conversation")
+    parser.add_argument("--duration", type=float, default=120.0, help="phase 1 seconds")
+    parser.add_argument("--max-tokens", type=int, default=32, help="tokens per reply")
+    parser.add_argument("--system-tokens", type=int, default=1500, help="shared prefix length")
+    parser.add_argument("--ram-budget", default="24M", help="the RAM tier's budget (small)")
+    parser.add_argument("--max-queue", type=int, default=64, help="requests in flight")
+    parser.add_argument("--burst", type=int, default=300, help="requests sent at once")
+    parser.add_argument("--deadline", type=float, default=300.0, help="per request seconds")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="write the figures to this file")
+
+
+def run(args) -> int:
+    import ray
+
+    from engine.config import EngineConfig, parse_bytes
+    from engine.server.background import BackgroundEngine
+
+    cache_dir = Path(args.cache_dir or tempfile.mkdtemp(prefix="lineage-load-"))
+    flags = {"model": args.model, "cache_dir": str(cache_dir), "ram_budget": args.ram_budget}
+    config = EngineConfig.from_sources(flags, {}).with_model(max_queue=args.max_queue)
+    config = config.with_server(port=0, ray_namespace=f"lineage-load-{os.getpid()}")
+    ray.init(address="local", include_dashboard=False, configure_logging=False)
+    engine = None
+    try:
+        engine = BackgroundEngine(config)
+        figures = {
+            "ram_budget": parse_bytes(args.ram_budget),
+            "memory_limit": engine.engine.memory.limit,
+            "max_batch_tokens": engine.engine.memory.max_batch_tokens,
+            "max_queue": args.max_queue,
+        }
+        figures.update(engine.call(_phases(engine, args), timeout=args.duration + 4 * 3600))
+    finally:
+        if engine is not None:
+            engine.stop()
+        ray.shutdown()
+        if not args.cache_dir:
+            shutil.rmtree(cache_dir, ignore_errors=True)
+    _print(figures, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2))
+    ok = (
+        figures["errors"] == 0
+        and figures["ram_tier_max"] <= figures["ram_budget"]
+        and figures["burst_lost"] == 0
+    )
+    return 0 if ok else 1
+
+
+async def _phases(engine, args) -> dict:
+    from clients.client import AsyncClient
+
+    async with AsyncClient(engine.address, timeout=60) as client:
+        await client.wait_ready(60)
+        sampler = asyncio.ensure_future(_sample(engine))
+        try:
+            one = await _sessions(client, args)
+        finally:
+            sampler.cancel()
+        ram_max, rss_max = await _settled(sampler)
+        two = await _burst(client, args)
+    return {**one, "ram_tier_max": ram_max, "model_rss_max": rss_max, **two}
+
+
+async def _sessions(client, args) -> dict:
+    """Phase 1: the sessions until the duration is up; per-request figures."""
+    from clients.fanout import make_shared_prefix, user_message
+
+    system, tools = make_shared_prefix(args.system_tokens, seed=args.seed)
+    ttfts, tps, errors, tokens = [], [], [], 0
+    end = time.monotonic() + args.duration
+    t0 = time.monotonic()
+
+    async def session(k: int) -> None:
+        nonlocal tokens
+        rng, convo = random.Random(args.seed * 1000 + k), 0
+        while time.monotonic() < end:
+            msgs = [{"role": "system", "content": system}]
+            for turn in range(args.turns):
+                if time.monotonic() >= end:
+                    return
+                msgs.append({"role": "user", "content": user_message(k * 100 + convo, turn)})
+                sent = time.monotonic()
+                first, reply = None, None
+                try:
+                    stream = client.stream(
+                        messages=msgs,
+                        tools=tools,
+                        max_tokens=args.max_tokens,
+                        namespace=f"s{k}",
+                        seed=rng.randrange(1 << 30),
+                    )
+                    async with asyncio.timeout(args.deadline):
+                        async for event in stream:
+                            if first is None and getattr(event, "ids", None):
+                                first = time.monotonic()
+                        reply = await stream.result()
+                except Exception as e:  # every failed call is an error of the run
+                    errors.append(f"{type(e).__name__}: {e}")
+                    break
+                if first is not None:
+                    ttfts.append((first - sent) * 1000)
+                if reply.timing.decode_tps:
+                    tps.append(reply.timing.decode_tps)
+                tokens += reply.usage.completion_tokens
+                msgs.append({"role": "assistant", "content": reply.text})
+            convo += 1
+
+    await asyncio.gather(*(session(k) for k in range(args.sessions)))
+    wall = time.monotonic() - t0
+    q = statistics.quantiles(ttfts, n=100) if len(ttfts) >= 2 else [0.0] * 99
+    return {
+        "requests": len(ttfts) + len(errors),
+        "errors": len(errors),
+        "error_samples": errors[:3],
+        "ttft_p50_ms": statistics.median(ttfts) if ttfts else 0.0,
+        "ttft_p99_ms": q[98],
+        "decode_tps_per_request": statistics.median(tps) if tps else 0.0,
+        "completion_tokens_per_s": tokens / wall if wall else 0.0,
+        "wall_s": wall,
+    }
+
+
+async def _sample(engine, every: float = 0.25):
+    """Track the RAM tier's bytes and the model actor's RSS until cancelled."""
+    import ray
+
+    model = engine.engine.model
+    state = {"ram": 0, "rss": 0}
+    try:
+        while True:
+            try:
+                stats = await asyncio.wait_for(model.tier_stats.remote(), 30)
+                hello = await asyncio.wait_for(model.hello.remote(5.0), 30)
+                state["ram"] = max(state["ram"], stats.ram_bytes)
+                state["rss"] = max(state["rss"], _rss(hello.pid))
+            except (asyncio.TimeoutError, ray.exceptions.RayActorError):
+                pass
+            await asyncio.sleep(every)
+    except asyncio.CancelledError:
+        return state["ram"], state["rss"]
+
+
+async def _settled(sampler: asyncio.Future):
+    try:
+        return await sampler
+    except asyncio.CancelledError:
+        return 0, 0
+
+
+def _rss(pid: int) -> int:
+    """The resident set of a process of this machine, in bytes (0 when unreadable)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+async def _burst(client, args) -> dict:
+    """Phase 2: `--burst` requests at once; each is served, refused, failed or hung."""
+    from clients.wire import LineageError
+
+    outcome: dict[str, int] = {"served": 0, "refused": 0, "failed": 0, "hung": 0}
+
+    async def one(k: int) -> None:
+        try:
+            async with asyncio.timeout(args.deadline):
+                await client.generate(
+                    prompt_ids=[5 + k % 97, 17, 300 + k % 13, 42],
+                    max_tokens=args.max_tokens,
+                    namespace="burst",
+                )
+            outcome["served"] += 1
+        except TimeoutError:
+            outcome["hung"] += 1
+        except LineageError as e:
+            outcome["refused" if e.code == "RESOURCE_EXHAUSTED" else "failed"] += 1
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(one(k) for k in range(args.burst)))
+    answered = outcome["served"] + outcome["refused"]
+    return {
+        "burst": args.burst,
+        "burst_served": outcome["served"],
+        "burst_refused": outcome["refused"],
+        "burst_failed": outcome["failed"],
+        "burst_hung": outcome["hung"],
+        "burst_lost": args.burst - answered,
+        "burst_wall_s": time.monotonic() - t0,
+    }
+
+
+def _print(f: dict, args) -> None:
+    print(
+        f"phase 1: {args.sessions} sessions x {args.turns} turns for {f['wall_s']:.0f} s, "
+        f"RAM budget {f['ram_budget'] / MB:.0f} MB, queue {f['max_queue']}, "
+        f"batch tokens {f['max_batch_tokens']}"
+    )
+    print(f"  requests             {f['requests']}")
+    print(f"  errors               {f['errors']}  {'; '.join(f['error_samples'])}")
+    print(f"  TTFT p50 / p99       {f['ttft_p50_ms']:.0f} / {f['ttft_p99_ms']:.0f} ms")
+    print(f"  decode tok/s         {f['decode_tps_per_request']:.1f} per request (median)")
+    print(f"  completion tok/s     {f['completion_tokens_per_s']:.1f} (all sessions)")
+    ratio = f["ram_tier_max"] / f["ram_budget"] if f["ram_budget"] else 0.0
+    print(
+        f"  RAM tier max         {f['ram_tier_max'] / MB:.1f} MB of {f['ram_budget'] / MB:.0f} MB "
+        f"({ratio:.2f}x the budget)"
+    )
+    print(
+        f"  model actor RSS max  {f['model_rss_max'] / MB:.0f} MB "
+        f"(memory limit {f['memory_limit'] / MB:.0f} MB)"
+    )
+    print(
+        f"phase 2: burst of {f['burst']}: served {f['burst_served']}, "
+        f"RESOURCE_EXHAUSTED {f['burst_refused']}, other errors {f['burst_failed']}, "
+        f"hung {f['burst_hung']}, lost {f['burst_lost']} ({f['burst_wall_s']:.1f} s)"
+    )

@@ -55,6 +55,7 @@ class BenchOptions:
     policies: tuple = POLICIES
     prefill_step_size: int = 512
     work_dir: str | None = None  # fresh cache directories go here (default: a temp dir)
+    replicas: int = 1  # > 1: lineage on one replica against lineage on this many
 
 
 @dataclass
@@ -88,6 +89,7 @@ class PolicyRun:
     stats: list = field(default_factory=list)  # cache figures after each step
     evictions: int = 0
     wall_s: float = 0.0
+    replicas: dict = field(default_factory=dict)  # several replicas: clients.bench.replicas
 
 
 # ------------------------------------------------------------------ oracle ----
@@ -178,9 +180,15 @@ def _send(client, spec, messages, tools, seed):
 
 
 def run_engine(
-    mode: str, traffic: Traffic, opts: BenchOptions, ids: PromptIds, cache_dir: str
+    mode: str,
+    traffic: Traffic,
+    opts: BenchOptions,
+    ids: PromptIds,
+    cache_dir: str,
+    replicas: int = 1,
 ) -> PolicyRun:
-    """The traffic against a fresh engine in cache mode `mode` (Ray must be initialized)."""
+    """The traffic against a fresh engine in cache mode `mode` on `replicas` model replicas
+    (Ray must be initialized)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from clients.client import Client
@@ -190,7 +198,9 @@ def run_engine(
     config = EngineConfig(
         model=ModelConfig(path=opts.model, prefill_step_size=opts.prefill_step_size),
         cache=CacheConfig(mode=mode, ram_budget=opts.ram_budget, cache_dir=cache_dir),
-        server=ServerConfig(port=0),
+        server=ServerConfig(
+            port=0, replicas=replicas, ray_namespace=f"lineage-bench-{mode}-{replicas}"
+        ),
     )
     files = _FilesSeen(cache_dir)
     with (
@@ -227,7 +237,13 @@ def run_engine(
                 "disk_bytes_written": s.get("disk_bytes_written", files.written()),
             }
 
-        return _drive(mode, traffic, ids, serve, sample)
+        run = _drive(mode, traffic, ids, serve, sample)
+        if replicas > 1:
+            from clients.bench.replicas import replica_figures
+
+            run.name = f"{mode}_x{replicas}"
+            run.replicas = replica_figures(engine, client, run.observed)
+        return run
 
 
 class _FilesSeen:
@@ -441,7 +457,9 @@ def run_bench(opts: BenchOptions) -> dict:
     when an engine policy is asked for."""
     import shutil
 
-    unknown = [p for p in opts.policies if p not in POLICIES]
+    from clients.bench.replicas import parse
+
+    unknown = [p for p in opts.policies if p not in POLICIES and not parse(p)]
     if unknown:
         raise ValueError(f"unknown policies {unknown} (use some of {', '.join(POLICIES)})")
     traffic = build_traffic(opts.seed, opts.scale, opts.agents)
@@ -455,7 +473,9 @@ def run_bench(opts: BenchOptions) -> dict:
             elif name == "mlx_lm_server":
                 runs[name] = run_mlx_lm_server(traffic, opts, ids)
             else:
-                runs[name] = run_engine(name, traffic, opts, ids, os.path.join(work, name))
+                mode, count = parse(name) or (name, 1)
+                path = os.path.join(work, name)
+                runs[name] = run_engine(mode, traffic, opts, ids, path, count)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     from clients.bench.report import summarize
@@ -507,6 +527,14 @@ def add_arguments(parser) -> None:
         default=",".join(POLICIES),
         help=f"comma-separated subset of {','.join(POLICIES)}",
     )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N > 1: lineage on one replica against lineage on N (policies lineage,lineage_xN "
+        "unless --policies says otherwise): cached tokens, ttft, throughput, handovers",
+    )
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="write the figure (matplotlib)")
 
@@ -526,6 +554,9 @@ def options_from_args(args) -> BenchOptions:
         else EngineConfig.from_sources({}, {}).cache.ram_budget
     )
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    replicas = getattr(args, "replicas", 1) or 1
+    if replicas > 1 and args.policies == ",".join(POLICIES):  # --policies not given
+        policies = ("lineage", f"lineage_x{replicas}")
     return BenchOptions(
         model=model,
         scale=args.scale,
@@ -533,6 +564,7 @@ def options_from_args(args) -> BenchOptions:
         seed=args.seed,
         ram_budget=budget,
         policies=policies,
+        replicas=replicas,
     )
 
 

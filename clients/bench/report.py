@@ -22,6 +22,7 @@ def summarize(run: PolicyRun) -> dict:
     cached = sum(o.cached for o, _ in done)
     best = sum(n for _, n in done)
     ttft = [o.ttft_ms for o, _ in done] or [0.0]
+    completion = sum(len(o.completion) for o, _ in done)
     last = run.stats[-1] if run.stats else {}
     written = last.get("disk_bytes_written", 0)
     return {
@@ -41,6 +42,9 @@ def summarize(run: PolicyRun) -> dict:
         "disk_bytes_per_turn": written / len(done) if done else 0.0,
         "restore_kinds": dict(sorted(Counter(o.restore for o, _ in done).items())),
         "wall_s": round(run.wall_s, 2),
+        "completion_tokens": completion,
+        "tokens_per_s": (prompt + completion) / run.wall_s if run.wall_s else 0.0,
+        **({"replicas": run.replicas} if run.replicas else {}),
         "per_request": [
             {
                 "rid": o.rid,
@@ -71,7 +75,7 @@ def format_table(report: dict) -> str:
             f"estimated tokens; oracle {report['oracle']['cached_tokens']} cached tokens"
         ),
         (
-            f"{'policy':<8} {'cached':>8} {'oracle%':>8} {'ttft p50':>9} {'ttft p90':>9} "
+            f"{'policy':<13} {'cached':>8} {'oracle%':>8} {'ttft p50':>9} {'ttft p90':>9} "
             f"{'prefill':>8} {'ram MB':>8} {'disk MB':>8} {'evict':>6} {'disk B/turn':>11}  "
             f"restore kinds"
         ),
@@ -79,7 +83,7 @@ def format_table(report: dict) -> str:
     for name, p in report["policies"].items():
         kinds = " ".join(f"{k}={v}" for k, v in p["restore_kinds"].items())
         lines.append(
-            f"{name:<8} {p['cached_tokens']:>8} {p['oracle_fraction']:>8.1%} "
+            f"{name:<13} {p['cached_tokens']:>8} {p['oracle_fraction']:>8.1%} "
             f"{p['ttft_ms_p50']:>9.1f} {p['ttft_ms_p90']:>9.1f} {p['prefill_tokens']:>8} "
             f"{p['ram_bytes'] / 1e6:>8.1f} {p['disk_bytes'] / 1e6:>8.1f} {p['evictions']:>6} "
             f"{p['disk_bytes_per_turn']:>11.0f}  {kinds}"
@@ -100,7 +104,10 @@ def format_table(report: dict) -> str:
                 f"{r['cached_tokens']:>6} oracle {r['oracle']:>6} "
                 f"restore {r['restore']}@{r['restore_length']}"
             )
-    return "\n".join(lines)
+    from clients.bench.replicas import compare
+
+    replicas = compare(report)
+    return "\n".join(lines + ([replicas] if replicas else []))
 
 
 def plot(report: dict, path: str) -> None:

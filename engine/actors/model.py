@@ -32,7 +32,7 @@ import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ray
 
@@ -120,6 +120,13 @@ class HandoverStats:
     bytes: int = 0
     seconds: float = 0.0
     exported: int = 0
+    records: list = field(default_factory=list)  # (tokens, bytes, seconds), the last 256
+
+    def add(self, tokens: int, nbytes: int, seconds: float) -> None:
+        self.fetched += 1
+        self.bytes += nbytes
+        self.seconds += seconds
+        self.records = [*self.records[-255:], (tokens, nbytes, seconds)]
 
 
 @ray.remote(num_cpus=0)
@@ -258,9 +265,8 @@ class ModelActor:
                 g.tier.put(plan.entry_id, from_portable(portable))
 
         await asyncio.to_thread(self.loop.ask, store)
-        self.handovers.fetched += 1
-        self.handovers.bytes += portable.nbytes
-        self.handovers.seconds += max(0.0, time.time() - portable.exported_at)
+        seconds = max(0.0, time.time() - portable.exported_at)
+        self.handovers.add(portable.length, portable.nbytes, seconds)
 
     async def generate(self, req: GenerationRequest, epoch: int = 0):
         """Stream lists of events (Progress, Tokens, Finished) for one request.

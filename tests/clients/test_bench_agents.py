@@ -235,3 +235,27 @@ def test_small_run_against_every_policy(ray_session, model_cache_dir, tmp_path, 
     assert report["oracle"]["cached_tokens"] >= cached["lineage"] > 0
     if (tmp_path / "agents.png").exists():
         assert (tmp_path / "agents.png").stat().st_size > 10_000
+
+
+def test_replica_comparison_reads_both_runs():
+    from clients.bench.replicas import compare, parse
+
+    assert parse("lineage_x2") == ("lineage", 2) and parse("lineage") is None
+    one = {"cached_tokens": 1000, "ttft_ms_p50": 10.0, "ttft_ms_p90": 30.0, "tokens_per_s": 500}
+    two = dict(one, cached_tokens=980, ttft_ms_p50=8.0, tokens_per_s=700)
+    two["replicas"] = {
+        "requests": [5, 4],
+        "handovers": 3,
+        "handover_bytes": 3_000_000,
+        "handovers_fetched": 3,
+        "handovers_failed": 0,
+        "handover_ms": 4.0,
+        "probe_tokens": 900,
+        "probe_bytes": 1_000_000,
+        "cold_prefill_ms": 80.0,
+        "handover_vs_cold": 0.05,
+    }
+    text = compare({"policies": {"lineage": one, "lineage_x2": two}})
+    assert "lineage on 2 replicas" in text and "(0.980x; target >= 0.97x)" in text
+    assert "(0.050x; target <= 0.1x)" in text and "[5, 4]" in text
+    assert compare({"policies": {"lineage": one}}) == ""

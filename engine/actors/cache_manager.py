@@ -100,8 +100,13 @@ class CacheManagerActor:
     def manager(self) -> CacheManager:
         return self.cache.manager
 
-    def attach(self, models) -> None:
+    def attach(self, models, machines=None) -> None:
+        """The replicas' handles and machines (IP addresses; None keeps those known, at
+        first all on this one)."""
         self.models = list(models)
+        home = ray.util.get_node_ip_address()
+        if machines is not None or not self.cache.replicas.home:
+            self.cache.place(machines or [home] * len(self.models), home)
 
     def _deliver(self, per_replica: dict[int, Orders], caller: int | None) -> Orders:
         """The caller's Orders; the others' are sent to their replicas now."""

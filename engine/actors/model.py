@@ -210,6 +210,10 @@ class ModelActor:
         """The Ray node this replica runs on."""
         return ray.get_runtime_context().get_node_id()
 
+    def machine(self) -> str:
+        """The machine (IP address) this replica runs on: replicas of one share its disk."""
+        return ray.util.get_node_ip_address()
+
     def attached(self) -> bool:
         """False after Ray restarted this actor: it needs attach() again."""
         return self.link.manager is not None
@@ -218,11 +222,13 @@ class ModelActor:
         """Orders the manager decided at another replica's call (frees of entries held here)."""
         self.loop.call(lambda g: g.obey(orders))
 
-    async def export_entry(self, entry_id: int, wait: float = 0.0):
+    async def export_entry(self, entry_id: int, wait: float = 0.0, from_disk: bool = False):
         """Entry `entry_id` as a PortableEntry (None: not held here).
 
         With `wait` > 0, an entry a request here is still to capture (an anchor
-        in prefill) is waited for, up to `wait` seconds.
+        in prefill) is waited for, up to `wait` seconds. With `from_disk`, an
+        entry not in RAM is read from this machine's cache directory (a file
+        handed over to a replica on another machine; it stays out of RAM here).
         """
         from engine.storage.handover import to_portable
 
@@ -230,6 +236,8 @@ class ModelActor:
 
         def look(g):
             entry = g.tier.entries.get(entry_id)
+            if entry is None and from_disk and g.tier.disk_tier is not None:
+                entry = g.tier.disk_tier.load(entry_id)
             if entry is not None:
                 return to_portable(entry)
             return "pending" if g.will_capture(entry_id) else None
@@ -250,7 +258,8 @@ class ModelActor:
 
         try:
             peer = self.peers[plan.fetch_from]
-            portable = await peer.export_entry.remote(plan.entry_id, 300.0 if plan.wait else 0.0)
+            wait = 300.0 if plan.wait else 0.0
+            portable = await peer.export_entry.remote(plan.entry_id, wait, plan.load_from_disk)
         except Exception as e:  # a dead peer: the request prefills cold
             log.warning(
                 "handover of entry %s from replica %s failed: %s", plan.entry_id, plan.fetch_from, e

@@ -70,6 +70,11 @@ class Replicas:
         self.replicas = [_Replica() for _ in range(count)]
         self.holders: dict[int, set[int]] = {}  # entry id -> replicas holding it in RAM
         self.writers: dict[int, int] = {}  # entry id -> replica whose writer owns its file
+        # The machine of each replica, and of the files found at start (the manager's):
+        # replicas of one machine share its cache directory; another machine's file is
+        # fetched from a replica there, like a RAM entry.
+        self.machines: list[str] = [""] * count
+        self.home = ""
         self.flights: dict[str, _Flight] = {}
 
     @property
@@ -81,6 +86,13 @@ class Replicas:
 
     def load(self, replica: int) -> int:
         return self.replicas[replica].load
+
+    def readers(self, entry_id: int) -> list[int]:
+        """Live replicas on the machine of the entry's file, least loaded first."""
+        writer = self.writers.get(entry_id)
+        machine = self.machines[writer] if writer is not None else self.home
+        live = [r for r in self.alive() if self.machines[r] == machine]
+        return sorted(live, key=lambda r: (self.replicas[r].load, r))
 
     def held_by(self, entry_id: int | None) -> list[int]:
         """Live replicas holding `entry_id` in RAM, least loaded first."""
@@ -105,12 +117,15 @@ class Replicas:
         if not candidates:
             raise LookupError("no model replica is alive")
         least = min(candidates, key=lambda r: (self.replicas[r].load, r))
-        holders = [] if plan.entry_id is None else self.held_by(plan.entry_id)
+        if plan.load_from_disk:  # replicas on the file's machine read it themselves
+            holders = self.readers(plan.entry_id)
+        else:
+            holders = [] if plan.entry_id is None else self.held_by(plan.entry_id)
         near = [r for r in holders if r in candidates]
         chosen, fetch = least, None
         if near and self.replicas[near[0]].load - self.replicas[least].load <= self.threshold:
             chosen = near[0]
-        elif holders and not plan.load_from_disk:
+        elif holders:
             fetch = holders[0]  # a dead or excluded holder answers no fetch: holders are live
         rep = self.replicas[chosen]
         queued = max(0, prompt_len - plan.length)
@@ -188,8 +203,9 @@ class Replicas:
                 book(r)["free"].append(entry_id)
         for entry_id in orders.delete_files:
             writer = self.writers.pop(entry_id, None)
-            if writer is None or not self.replicas[writer].alive:
-                writer = fallback
+            if writer is None or not self.replicas[writer].alive:  # any replica of its machine
+                machine = self.machines[writer] if writer is not None else self.home
+                writer = next((r for r in self.alive() if self.machines[r] == machine), fallback)
             book(writer)["delete_files"].append(entry_id)
         return {
             r: Orders(**{k: tuple(v) for k, v in b.items()}, seq=orders.seq)
@@ -315,6 +331,11 @@ class ReplicatedCache:
 
     def revived(self, replica: int) -> None:
         self.replicas.revived(replica)
+
+    def place(self, machines, home: str) -> None:
+        """The machine of each replica and of the manager (the files found at start)."""
+        assert len(machines) == self.replicas.count
+        self.replicas.machines, self.replicas.home = list(machines), home
 
     def stats(self) -> CacheStats:
         def nbytes(entry_id: int) -> int | None:

@@ -152,6 +152,9 @@ async def start_engine(
 
     supervisor = Supervisor(models, manager, config, set_health)
     await supervisor.start()
+    # Replicas of one machine share its cache directory; the manager routes files by machine.
+    machines = await asyncio.gather(*(m.machine.remote() for m in models))
+    await manager.attach.remote(models, machines)
     tokenizer = load_tokenizer(Path(info.path))
     builder = PromptBuilder(tokenizer, info.vocab_size, info.max_context, config.cache.anchor_slack)
     budgets = {

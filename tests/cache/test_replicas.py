@@ -195,9 +195,27 @@ def test_split_sends_frees_to_holders_a_write_to_one_and_its_delete_to_that_writ
     assert per[1].moves == (CheckpointMove(7, 2, 8),)
     assert reps.writers == {7: 2} and 7 not in reps.holders
     assert reps.split(Orders(delete_files=(7,)), caller=0)[2].delete_files == (7,)
+    reps.machines = ["a", "b", "b"]
     reps.lost(2)
-    reps.writers[9] = 2
-    assert reps.split(Orders(delete_files=(9,)), caller=1)[1].delete_files == (9,)
+    reps.writers[9] = 2  # its writer died: a replica of the same machine deletes the file
+    assert reps.split(Orders(delete_files=(9,)), caller=0)[1].delete_files == (9,)
+
+
+def test_a_file_on_another_machine_is_fetched_from_a_replica_there():
+    reps = Replicas(3, threshold=100)
+    reps.machines, reps.home = ["a", "b", "b"], "a"
+    reps.writers[7] = 2  # written on machine b
+
+    def disk_plan(rid: str, entry_id: int = 7) -> RestorePlan:
+        return RestorePlan(rid, entry_id, 400, "entry", new_entry_id=None, load_from_disk=True)
+
+    local = reps.route("r1", disk_plan("r1"), 500)
+    assert (local.replica, local.fetch_from) == (1, None)  # b's least loaded reads it
+    reps.replicas[1].load = reps.replicas[2].load = 1000
+    shed = reps.route("r2", disk_plan("r2"), 500)
+    assert (shed.replica, shed.fetch_from) == (0, 1)  # a fetches it from a replica on b
+    found_at_start = reps.route("r3", disk_plan("r3", entry_id=9), 500)
+    assert (found_at_start.replica, found_at_start.fetch_from) == (0, None)  # home: a
 
 
 @pytest.mark.parametrize("count,threshold", [(0, 10), (2, -1)])

@@ -204,6 +204,15 @@ def test_replica_killed_mid_stream(engine, client):
         health = health_pb2_grpc.HealthStub(ch)
         status = health.Check(health_pb2.HealthCheckRequest(service="")).status
         assert status == health_pb2.HealthCheckResponse.SERVING
+    # the other replica hands a file of this machine over without keeping it in RAM
+    from engine.storage.file_format import SUFFIX, entries_dir
+
+    files = sorted(entries_dir(engine.config.cache.cache_dir).glob(f"*{SUFFIX}"))
+    entry_id = int(files[-1].stem)
+    other = engine.engine.models[1 - home]
+    portable = ray.get(other.export_entry.remote(entry_id, 0.0, True), timeout=60)
+    assert portable is not None and portable.length > 0 and portable.nbytes > 0
+    assert ray.get(other.export_entry.remote(entry_id), timeout=60) is None  # not in its RAM
     r2 = chat(client, msgs, ns)
     # The supervisor may have `home` back already (resynchronised, empty): either replica
     # serves the next turn, warm from the entry's file.

@@ -56,6 +56,7 @@ class BenchOptions:
     prefill_step_size: int = 512
     work_dir: str | None = None  # fresh cache directories go here (default: a temp dir)
     replicas: int = 1  # > 1: lineage on one replica against lineage on this many
+    route_threshold: int = 4096  # the engine's --route-threshold (queued prefill tokens)
 
 
 @dataclass
@@ -199,7 +200,10 @@ def run_engine(
         model=ModelConfig(path=opts.model, prefill_step_size=opts.prefill_step_size),
         cache=CacheConfig(mode=mode, ram_budget=opts.ram_budget, cache_dir=cache_dir),
         server=ServerConfig(
-            port=0, replicas=replicas, ray_namespace=f"lineage-bench-{mode}-{replicas}"
+            port=0,
+            replicas=replicas,
+            route_threshold=opts.route_threshold,
+            ray_namespace=f"lineage-bench-{mode}-{replicas}",
         ),
     )
     files = _FilesSeen(cache_dir)
@@ -535,6 +539,14 @@ def add_arguments(parser) -> None:
         help="N > 1: lineage on one replica against lineage on N (policies lineage,lineage_xN "
         "unless --policies says otherwise): cached tokens, ttft, throughput, handovers",
     )
+    parser.add_argument(
+        "--route-threshold",
+        type=int,
+        default=4096,
+        metavar="TOKENS",
+        help="the engines' --route-threshold (0: every request to the least loaded replica, "
+        "which fetches its restore point from the holder)",
+    )
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="write the figure (matplotlib)")
 
@@ -565,6 +577,7 @@ def options_from_args(args) -> BenchOptions:
         ram_budget=budget,
         policies=policies,
         replicas=replicas,
+        route_threshold=getattr(args, "route_threshold", 4096),
     )
 
 

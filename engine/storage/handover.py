@@ -33,6 +33,7 @@ class PortableEntry:
     arrays: tuple  # numpy arrays (bfloat16 as uint16)
     dtypes: tuple  # each array's MLX dtype name
     exported_at: float = 0.0  # time.time() when the holder had it ready (handover timing)
+    logits: tuple = ()  # ((length, structure tree), ...): the prompt end's log-probabilities
 
     @property
     def nbytes(self) -> int:
@@ -44,6 +45,7 @@ def to_portable(entry: StoredEntry) -> PortableEntry:
     enc = _Encoder()
     layers = enc.tree(list(entry.layers), rows=entry.length)
     states = tuple((n, enc.tree(s)) for n, s in sorted(entry.states.items()))
+    logits = tuple((n, enc.tree(a)) for n, a in sorted(entry.logits.items()))
     bits = [a.view(mx.uint16) if a.dtype == mx.bfloat16 else a for a, _ in enc.arrays]
     mx.eval(bits)
     views = []
@@ -53,7 +55,7 @@ def to_portable(entry: StoredEntry) -> PortableEntry:
             view = view[..., :rows, :]
         views.append(view)
     dtypes = tuple(_dtype_name(a) for a, _ in enc.arrays)
-    return PortableEntry(entry.length, layers, states, tuple(views), dtypes, time.time())
+    return PortableEntry(entry.length, layers, states, tuple(views), dtypes, time.time(), logits)
 
 
 def from_portable(p: PortableEntry) -> StoredEntry:
@@ -65,4 +67,5 @@ def from_portable(p: PortableEntry) -> StoredEntry:
     mx.eval(arrays)
     layers = _decode(p.layers, arrays)
     states = {int(n): _decode(tree, arrays) for n, tree in p.states}
-    return StoredEntry(layers, p.length, states)
+    logits = {int(n): _decode(tree, arrays) for n, tree in p.logits}
+    return StoredEntry(layers, p.length, states, logits)

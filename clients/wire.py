@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence, Union
 
@@ -304,8 +305,22 @@ def build_request(
     elif prompt is not None:
         request.prompt_text = str(prompt)
     else:
-        request.prompt_ids.CopyFrom(engine_pb2.TokenIds(ids=[int(t) for t in prompt_ids]))
+        request.prompt_ids.CopyFrom(engine_pb2.TokenIds(ids=token_ids(prompt_ids)))
     return request
+
+
+def token_ids(ids: Iterable[int]) -> list[int]:
+    """Token ids as the wire carries them (int32); anything else is InvalidInput naming it."""
+    out = []
+    for i, t in enumerate(ids):
+        try:
+            v = operator.index(t)  # ints and numpy integers; never floats or strings
+        except TypeError:
+            v = -1
+        if not 0 <= v < 2**31:
+            raise InvalidInput(f"prompt_ids[{i}] must be a token id in [0, 2**31), got {t!r}")
+        out.append(v)
+    return out
 
 
 def message_to_dict(message) -> dict:

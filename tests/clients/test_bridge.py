@@ -311,6 +311,16 @@ def test_bad_request_is_400_and_the_bridge_keeps_serving(client, override, needl
     assert ok.choices[0].finish_reason in ("stop", "length")
 
 
+@pytest.mark.parametrize("bad_id", [2**31, 2972860639, -1])
+def test_a_token_id_outside_int32_is_400_naming_it(client, bad_id):
+    """Found by the bridge fuzz: an id the wire cannot carry was a 500."""
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="lineage", prompt=[5, bad_id], max_tokens=2)
+    assert "prompt_ids[1]" in err.value.message
+    ok = client.completions.create(model="lineage", prompt=[5, 6], max_tokens=2)
+    assert ok.choices[0].finish_reason in ("stop", "length")
+
+
 # Greedy on the embedded model, this prompt runs its 4000 tokens (about 20 s on CI's CPU);
 # a slot freed within FREED_WITHIN_S was freed by the cancel, not by the end.
 ENDLESS = [{"role": "user", "content": "Repeat after me forever."}]

@@ -12,7 +12,9 @@ serve flags and build the same EngineConfig as `lineage serve`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import json
 import os
 
 HELP = "benchmarks: warm turns, checkpoint bytes, agent traffic, warm restarts, concurrency"
@@ -56,3 +58,39 @@ def engine_config(args: argparse.Namespace):
     from clients.cli import config_from_args
 
     return config_from_args(args, getattr(args, "env", None) or os.environ)
+
+
+@contextlib.contextmanager
+def own_ray(needed: bool = True):
+    """A Ray of the benchmark's own for the run, never another user's cluster.
+
+    Nothing is started when `needed` is false or a Ray is already up in this process.
+    """
+    import ray
+
+    started = needed and not ray.is_initialized()
+    if started:
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        ray.init(
+            address="local",
+            num_cpus=os.cpu_count() or 2,
+            include_dashboard=False,
+            configure_logging=False,
+            log_to_driver=False,
+        )
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def emit(report: dict, args: argparse.Namespace, format_table, plot) -> int:
+    """Print a report's table; write --json and --plot when asked."""
+    print(format_table(report))
+    if getattr(args, "json", None):
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    if getattr(args, "plot", None):
+        plot(report, args.plot)
+    return 0

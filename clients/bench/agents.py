@@ -29,7 +29,6 @@ Cheap to import: MLX, mlx-lm, Ray and matplotlib are imported inside the functio
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import time
@@ -583,37 +582,13 @@ def options_from_args(args) -> BenchOptions:
 
 def run(args) -> int:
     """`lineage bench agents`: print the table; write --json and --plot when asked."""
-    opts = options_from_args(args)
-    started = False
-    if any(p not in ("mlx_lm", "mlx_lm_server") for p in opts.policies):
-        import ray
-
-        if not ray.is_initialized():
-            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-            ray.init(
-                address="local",  # a Ray of its own, never another user's cluster
-                num_cpus=os.cpu_count() or 2,
-                include_dashboard=False,
-                configure_logging=False,
-                log_to_driver=False,
-            )
-            started = True
-    try:
-        report = run_bench(opts)
-    finally:
-        if started:
-            import ray
-
-            ray.shutdown()
+    from clients.bench import emit, own_ray
     from clients.bench.report import format_table, plot
 
-    print(format_table(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-    if args.plot:
-        plot(report, args.plot)
-    return 0
+    opts = options_from_args(args)
+    with own_ray(needed=any(p not in ("mlx_lm", "mlx_lm_server") for p in opts.policies)):
+        report = run_bench(opts)
+    return emit(report, args, format_table, plot)
 
 
 def main(argv=None) -> int:

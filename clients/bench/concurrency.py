@@ -25,7 +25,6 @@ Cheap to import: MLX, Ray and matplotlib load inside functions.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import tempfile
@@ -378,27 +377,8 @@ def run(args) -> int:
         probe_tokens=args.probe_tokens,
         prefill_budget=args.prefill_budget,
     )
-    import ray
+    from clients.bench import emit, own_ray
 
-    started = not ray.is_initialized()
-    if started:
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        ray.init(
-            address="local",  # a Ray of its own, never another user's cluster
-            num_cpus=os.cpu_count() or 2,
-            include_dashboard=False,
-            configure_logging=False,
-            log_to_driver=False,
-        )
-    try:
+    with own_ray():
         report = run_bench(opts)
-    finally:
-        if started:
-            ray.shutdown()
-    print(format_table(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-    if args.plot:
-        plot(report, args.plot)
-    return 0
+    return emit(report, args, format_table, plot)

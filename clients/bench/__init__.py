@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.util
 import json
 import os
 
@@ -49,6 +50,9 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "missing", None):
         extra = "pip install 'lineage-engine[bench]'"
         print(f"lineage bench {args.bench}: needs {args.missing} ({extra})")
+        return 1
+    if getattr(args, "plot", None) and importlib.util.find_spec("matplotlib") is None:
+        print(f"lineage bench {args.bench}: --plot needs matplotlib (pip install -e '.[bench]')")
         return 1
     return int(args.bench_run(args) or 0)
 

@@ -817,3 +817,24 @@ def test_disk_budget_counts_the_caches_own_files_as_available(tmp_path, monkeypa
     monkeypatch.setattr("shutil.disk_usage", lambda path: usage(10**9, 0, 10000))
     c = EngineConfig.from_sources({"cache_dir": str(tmp_path)}, {})
     assert c.cache.disk_budget == (10000 + 10000) // 2
+
+
+def test_plot_without_matplotlib_is_one_line_naming_the_extra(monkeypatch, capsys):
+    import argparse
+    import importlib.util
+
+    import clients.bench as bench
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "matplotlib" else real(name, *a),
+    )
+    ran = []
+    args = argparse.Namespace(bench="agents", plot="x.png", bench_run=lambda a: ran.append(a))
+    assert bench.run(args) == 1
+    assert ran == []
+    assert "--plot needs matplotlib" in capsys.readouterr().out
+    args.plot = None
+    assert bench.run(args) == 0 and len(ran) == 1

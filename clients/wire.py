@@ -283,13 +283,15 @@ def build_request(
     sampling = engine_pb2.Sampling(
         temperature=float(temperature),
         top_p=float(top_p),
-        top_k=int(top_k),
-        max_tokens=int(max_tokens),
+        top_k=wire_int(top_k, "top_k", 32),
+        max_tokens=wire_int(max_tokens, "max_tokens", 32),
         stop=list(stop or []),
-        stop_token_ids=[int(t) for t in stop_token_ids or []],
+        stop_token_ids=[
+            wire_int(t, f"stop_token_ids[{i}]", 32) for i, t in enumerate(stop_token_ids or [])
+        ],
     )
     if seed is not None:
-        sampling.seed = int(seed)
+        sampling.seed = wire_int(seed, "seed", 64)
     request = engine_pb2.GenerateRequest(
         request_id=request_id, namespace=namespace, sampling=sampling
     )
@@ -307,6 +309,17 @@ def build_request(
     else:
         request.prompt_ids.CopyFrom(engine_pb2.TokenIds(ids=token_ids(prompt_ids)))
     return request
+
+
+def wire_int(value: Any, name: str, bits: int) -> int:
+    """An integer the wire's signed `bits`-bit field can carry; else InvalidInput naming it."""
+    try:
+        v = operator.index(value)  # ints and numpy integers; never floats or strings
+    except TypeError:
+        raise InvalidInput(f"{name} must be an integer, got {value!r}") from None
+    if not -(2 ** (bits - 1)) <= v < 2 ** (bits - 1):
+        raise InvalidInput(f"{name} must fit in int{bits}, got {value!r}")
+    return v
 
 
 def token_ids(ids: Iterable[int]) -> list[int]:

@@ -321,6 +321,27 @@ def test_a_token_id_outside_int32_is_400_naming_it(client, bad_id):
     assert ok.choices[0].finish_reason in ("stop", "length")
 
 
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"top_k": -107844676818076}, "top_k"),
+        ({"top_k": 2**31}, "top_k"),
+        ({"seed": 2**63}, "seed"),
+        ({"max_tokens": 2**31}, "max_tokens"),
+    ],
+)
+def test_a_sampling_value_outside_its_wire_field_is_400_naming_it(client, extra, named):
+    """Found by the deep bridge fuzz: an int the proto's field cannot carry was a 500."""
+    args = {"model": "lineage", "prompt": [5, 6], "max_tokens": 2}
+    body = {k: v for k, v in extra.items() if k not in args}
+    args.update({k: v for k, v in extra.items() if k in args})
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(**args, extra_body=body or None)
+    assert named in err.value.message
+    ok = client.completions.create(model="lineage", prompt=[5, 6], max_tokens=2)
+    assert ok.choices[0].finish_reason in ("stop", "length")
+
+
 # Greedy on the embedded model, this prompt runs its 4000 tokens (about 20 s on CI's CPU);
 # a slot freed within FREED_WITHIN_S was freed by the cancel, not by the end.
 ENDLESS = [{"role": "user", "content": "Repeat after me forever."}]

@@ -5,7 +5,10 @@ Three measurements in one run:
   weights, no model load) at a long context with ``index_topk`` scaled so the
   context is 8x it: ms per forward of a chunk of L tokens on that cache, for L
   in 1..1024, stock against ours, the path ours took, the union of selected
-  blocks for block-gather lengths, and the relative L2 between the two;
+  blocks for block-gather lengths, and the relative L2 between the two.
+  ``--selections clustered`` gives the indexer the selections of a trained
+  model (`Clustering`: sinks, a recent window, topic spans), where
+  block-gather pays; random weights' selections cover the whole context;
 - **whole warm turns** on the tiny DSA model (glm_moe_dsa, "bench" size) at a
   long context, with the kernels off (before) and on (after): time to first
   token, the decode step, and the per-layer timer's breakdown of the warm
@@ -18,6 +21,7 @@ Cheap to import: MLX, mlx-lm and matplotlib are imported inside the functions.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import statistics
@@ -67,11 +71,13 @@ def _layer(context: int, heads: int, seed: int):
     return attn
 
 
-def _filled_cache(attn, context: int, seed: int):
+def _filled_cache(attn, context: int, seed: int, hot=None):
     """The layer's cache after `context` tokens of random hidden states.
 
     Written with the layer's own projections, norms and rope, chunk by chunk,
     without attending (the attention output of the prefix is not needed).
+    `hot` (a `Clustering`) adds its shared component to the hidden states of
+    its hot positions.
     """
     import mlx.core as mx
     from mlx_lm.models.cache import CacheList, KVCache
@@ -81,6 +87,8 @@ def _filled_cache(attn, context: int, seed: int):
     for start in range(0, context, 2048):
         x = mx.random.normal((1, min(2048, context - start), attn.hidden_size))
         B, L, _ = x.shape
+        if hot is not None:
+            x = x + hot.offset(start, L)
         ckv, k_pe = mx.split(attn.kv_a_proj_with_mqa(x), [attn.kv_lora_rank], axis=-1)
         k_pe = attn.rope(k_pe.reshape(B, L, 1, -1).transpose(0, 2, 1, 3), cache[0].offset)
         latent = mx.expand_dims(attn.kv_a_layernorm(ckv), axis=1)
@@ -90,6 +98,69 @@ def _filled_cache(attn, context: int, seed: int):
         cache[1].update_and_fetch(k, mx.zeros_like(k))
         mx.eval([c.state for c in cache.caches])
     return cache
+
+
+class Clustering:
+    """Indexer selections that cluster, as a trained DSA model's do.
+
+    With random weights every query's top-k is spread over the whole context,
+    so the union of a chunk's selected blocks is all of it and block-gather
+    never pays. A trained indexer keeps to attention sinks, a recent window
+    and a few topic spans, and neighbouring queries agree. This builds that
+    from the layer's own modules: a shared direction `e` in the hidden states
+    of the *hot* tokens (the first block, the last `topk // 2` positions, and
+    random 64-token blocks up to 1.25x topk in all) and of every chunk token;
+    the indexer's parameters are shifted so that tokens carrying `e` get
+    positive head weights, queries and keys share a direction `u` outside the
+    rope dims, and so score each other highly. Nothing else in the layer
+    changes; the forward runs unmodified code on these weights and inputs.
+    """
+
+    STRENGTH = 8.0  # the shared component's norm (a random hidden state's is ~sqrt(hidden))
+
+    def __init__(self, attn, context: int, seed: int):
+        import mlx.core as mx
+        import numpy as np
+
+        ix = attn.indexer
+        mx.random.seed(seed)
+        e = mx.random.normal((attn.hidden_size,))
+        self.e = e / mx.linalg.norm(e)
+        v = mx.random.normal((ix.head_dim - ix.rope_head_dim,))
+        v = (v - v.mean()) / mx.linalg.norm(v - v.mean())  # zero mean: survives k_norm
+        u = mx.concatenate([mx.zeros((ix.rope_head_dim,)), v])  # outside the rope dims
+        g = attn.q_a_proj(self.e[None])[0]
+        g = g / mx.linalg.norm(g)  # the direction e takes after q_a_proj
+        ix.weights_proj.weight = ix.weights_proj.weight + self.e[None, :]
+        wq = ix.wq_b.weight.reshape(ix.n_heads, ix.head_dim, -1)
+        ix.wq_b.weight = (wq + 2.0 * u[None, :, None] * g[None, None, :]).reshape(
+            ix.n_heads * ix.head_dim, -1
+        )
+        ix.wk.weight = ix.wk.weight + (20.0 / self.STRENGTH) * u[:, None] * self.e[None, :]
+        mx.eval(attn.parameters())
+
+        topk, block = ix.index_topk, 64
+        rng = np.random.default_rng(seed)
+        hot = np.zeros(context, dtype=bool)
+        hot[:block] = True  # attention sinks
+        hot[context - topk // 2 :] = True  # the recent window
+        n_blocks = context // block
+        inner = np.arange(1, n_blocks - topk // 2 // block)
+        spans = (int(1.25 * topk) - int(hot.sum())) // block
+        for b in rng.choice(inner, size=max(0, min(spans, inner.size)), replace=False):
+            hot[b * block : (b + 1) * block] = True
+        self.hot = hot
+
+    def offset(self, start: int, length: int):
+        """The shared component for positions start..start+length of the context."""
+        import mlx.core as mx
+
+        hot = mx.array(self.hot[start : start + length].astype("float32"))
+        return self.STRENGTH * hot[None, :, None] * self.e
+
+    def chunk(self, x):
+        """A chunk's hidden states: every new token carries the shared component."""
+        return x + self.STRENGTH * self.e
 
 
 def _view(cache):
@@ -104,7 +175,20 @@ def _view(cache):
     return out
 
 
-def layer_bench(context: int, heads: int, repeats: int, chunks=CHUNKS, seed: int = 0) -> dict:
+def layer_bench(
+    context: int,
+    heads: int,
+    repeats: int,
+    chunks=CHUNKS,
+    seed: int = 0,
+    clustered: bool = False,
+    force: str | None = None,
+) -> dict:
+    """ms per forward, stock against ours, per chunk length (module doc).
+
+    `clustered` builds the layer and cache with `Clustering`; `force`
+    ("decode" or "gather") also times that path alone, routing aside.
+    """
     import mlx.core as mx
     import mlx.nn as nn
     from mlx_lm.models.base import create_attention_mask
@@ -112,12 +196,15 @@ def layer_bench(context: int, heads: int, repeats: int, chunks=CHUNKS, seed: int
     from engine.kernels import sparse_attention as sa
 
     attn = _layer(context, heads, seed)
-    cache = _filled_cache(attn, context, seed + 1)
+    hot = Clustering(attn, context, seed + 2) if clustered else None
+    cache = _filled_cache(attn, context, seed + 1, hot)
     sa.install(nn.Sequential(attn), sa.SparsePlan())
     rows = []
     for L in chunks:
         mx.random.seed(seed + L)
         x = mx.random.normal((1, L, attn.hidden_size))
+        if hot is not None:
+            x = hot.chunk(x)
         mx.eval(x)
 
         def forward(call, x=x):
@@ -129,26 +216,33 @@ def layer_bench(context: int, heads: int, repeats: int, chunks=CHUNKS, seed: int
         stock_out, before = forward(attn._stock_call), dict(sa.ROUTED)
         ours_out = forward(attn)
         path = next(k for k, v in sa.ROUTED.items() if v != before.get(k, 0))
-        rel = (
-            mx.linalg.norm((ours_out - stock_out).flatten()) / mx.linalg.norm(stock_out.flatten())
-        ).item()
+        rel = _rel(ours_out, stock_out)
         union = _union_fraction(attn, x, cache, L)
         stock_ms = _timed(lambda: forward(attn._stock_call), repeats)
         ours_ms = _timed(lambda: forward(attn), repeats)
-        rows.append(
-            {
-                "chunk": L,
-                "stock_ms": stock_ms,
-                "ours_ms": ours_ms,
-                "speedup": stock_ms / ours_ms,
-                "path": path,
-                "rel_l2": rel,
-                "block_union": union,
-            }
-        )
+        row = {
+            "chunk": L,
+            "stock_ms": stock_ms,
+            "ours_ms": ours_ms,
+            "speedup": stock_ms / ours_ms,
+            "path": path,
+            "rel_l2": rel,
+            "block_union": union,
+        }
+        plan = sa.SparsePlan()
+        if force and force != path and plan.decode_max < L <= plan.gather_max:
+            with _forced(sa, force):
+                forced_out = forward(attn)
+                row["forced"] = {
+                    "path": force,
+                    "ms": _timed(lambda: forward(attn), repeats),
+                    "rel_l2": _rel(forced_out, stock_out),
+                }
+        rows.append(row)
         print(
             f"  L={L:5d}  stock {stock_ms:9.1f} ms  ours {ours_ms:9.1f} ms  "
-            f"x{stock_ms / ours_ms:6.2f}  {path:6s}  rel L2 {rel:.1e}",
+            f"x{stock_ms / ours_ms:6.2f}  {path:6s}  rel L2 {rel:.1e}"
+            + (f"  {force} alone {row['forced']['ms']:9.1f} ms" if "forced" in row else ""),
             flush=True,
         )
     return {
@@ -158,8 +252,26 @@ def layer_bench(context: int, heads: int, repeats: int, chunks=CHUNKS, seed: int
         "index_heads": attn.indexer.n_heads,
         "kv_lora_rank": attn.kv_lora_rank,
         "repeats": repeats,
+        "selections": "clustered" if clustered else "random",
         "rows": rows,
     }
+
+
+def _rel(a, b) -> float:
+    import mlx.core as mx
+
+    return (mx.linalg.norm((a - b).flatten()) / mx.linalg.norm(b.flatten())).item()
+
+
+@contextlib.contextmanager
+def _forced(sa, path: str):
+    """Within: chunks in the block-gather range take `path` ("decode" or "gather")."""
+    pays = sa.gather_pays
+    sa.gather_pays = lambda *a: path == "gather"
+    try:
+        yield
+    finally:
+        sa.gather_pays = pays
 
 
 def _union_fraction(attn, x, cache, L: int) -> float | None:
@@ -329,7 +441,7 @@ def report(out: dict) -> str:
         f"one DSA layer: context {lay['context']}, index_topk {lay['index_topk']} "
         f"(context/topk {lay['context'] / lay['index_topk']:.0f}), {lay['heads']} heads, "
         f"{lay['index_heads']} indexer heads, latent {lay['kv_lora_rank']}; "
-        f"median of {lay['repeats']}",
+        f"{lay['selections']} selections; median of {lay['repeats']}",
         "      L    stock ms     ours ms   speedup  path    rel L2   block union",
     ]
     for r in lay["rows"]:
@@ -338,6 +450,12 @@ def report(out: dict) -> str:
             f"  {r['chunk']:5d}  {r['stock_ms']:10.1f}  {r['ours_ms']:10.1f}  "
             f"{r['speedup']:7.2f}x  {r['path']:6s}  {r['rel_l2']:.1e}  {union:>6s}"
         )
+        forced = r.get("forced")
+        if forced:
+            lines.append(
+                f"         {forced['path']} alone: {forced['ms']:10.1f} ms  "
+                f"{r['stock_ms'] / forced['ms']:7.2f}x  rel L2 {forced['rel_l2']:.1e}"
+            )
     warm = out.get("warm")
     if warm:
         b, a = warm["before"], warm["after"]
@@ -405,6 +523,19 @@ def add_arguments(p) -> None:
     p.add_argument("--heads", type=int, default=8, help="attention heads of the layer")
     p.add_argument("--repeats", type=int, default=2, help="timed forwards per point (median)")
     p.add_argument("--chunks", type=int, nargs="+", default=list(CHUNKS), metavar="L")
+    p.add_argument(
+        "--selections",
+        choices=("random", "clustered"),
+        default="random",
+        help="indexer selections of the layer: random weights', or clustered as a trained "
+        "model's (sinks, a recent window, topic spans)",
+    )
+    p.add_argument(
+        "--force",
+        choices=("decode", "gather"),
+        help="also time this path alone for chunks in the block-gather range",
+    )
+    p.add_argument("--skip-gated-delta", action="store_true", help="no gated-delta figures")
     p.add_argument("--warm-context", type=int, default=4096, help="warm-turn conversation")
     p.add_argument("--new-tokens", type=int, default=40, help="new tokens per warm turn")
     p.add_argument("--decode-tokens", type=int, default=16, help="decode steps timed per turn")
@@ -416,14 +547,24 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     print("one sparse-attention layer:", flush=True)
-    out = {"layer": layer_bench(args.context, args.heads, args.repeats, tuple(args.chunks))}
+    out = {
+        "layer": layer_bench(
+            args.context,
+            args.heads,
+            args.repeats,
+            tuple(args.chunks),
+            clustered=args.selections == "clustered",
+            force=args.force,
+        )
+    }
     if not args.skip_warm:
         print("warm turns:", flush=True)
         out["warm"] = warm_turn_bench(
             args.warm_context, args.new_tokens, args.decode_tokens, args.turns
         )
-    print("gated delta:", flush=True)
-    out["gated_delta"] = gated_delta_bench(args.repeats)
+    if not args.skip_gated_delta:
+        print("gated delta:", flush=True)
+        out["gated_delta"] = gated_delta_bench(args.repeats)
     print(report(out))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))

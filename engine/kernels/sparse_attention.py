@@ -39,11 +39,16 @@ from dataclasses import dataclass
 import mlx.core as mx
 from mlx_lm.models.deepseek_v32 import DeepseekV32Attention
 
+from engine.kernels import indexer
+from engine.kernels.cpu_streams import on, streams
+
 DECODE_SHAPE = "dsa-decode-shape"
 BLOCK_GATHER = "dsa-block-gather"
 # The decode shape gathers each query's own rows; it goes in pieces of queries
-# whose gathered rows stay under this many bytes.
-GATHER_BYTES = 1 << 27
+# whose gathered rows stay under this many bytes, so a piece's rows are still
+# in the CPU's cache when its two matmuls read them (8 MB: 2 queries of
+# DeepSeek-V3.2's top-2048; measured fastest among 1 to 128 queries here).
+GATHER_BYTES = 1 << 23
 # Forwards routed to each path since import ("stock", "decode", "gather"): the
 # tests and the benchmark read it to know which path ran.
 ROUTED: Counter = Counter()
@@ -101,7 +106,7 @@ def _sparse_call(self, x: mx.array, mask=None, cache=None) -> mx.array:
     q_pe = self.rope(q_pe, offset)
     k_pe = self.rope(k_pe, offset)
     kv_latent, k_pe = cache[0].update_and_fetch(kv_latent, k_pe)
-    topk = self.indexer(x, qr, mask, cache=cache[1])
+    topk = indexer.topk(self.indexer, x, qr, mask, cache[1])
     assert topk is not None, (context, kv_latent.shape)
     topk = mx.stop_gradient(topk)
     cache[0].keys = mx.depends(cache[0].keys, (cache[1].keys, cache[1].values))
@@ -137,54 +142,56 @@ def decode_shape(attn, q_nope, q_pe, kv_latent, k_pe, topk, mask) -> mx.array:
 
     q_nope (B, H, L, Dn), q_pe (B, H, L, P) roped; kv_latent (B, 1, N, R) and
     k_pe (B, 1, N, P) the whole cache; topk (B, 1, L, K) the indexer's choice;
-    mask None or broadcastable to (B, 1, L, N). The B*L queries become a batch
-    of one-token attentions (one KV head of K rows each), as mlx-lm's L == 1.
-    The gathered rows take L*K*(R+P) elements, so long chunks go in pieces of
-    at most GATHER_BYTES of gathered rows each.
+    mask None or broadcastable to (B, 1, L, N). Per query, its K rows are
+    gathered once and serve both products, all heads at once: scores
+    (K, H) = rows @ q^T and output (H, R) = softmax(scores)^T @ rows, the
+    layouts MLX's CPU matmul runs fastest. The queries go in pieces whose
+    gathered rows stay under GATHER_BYTES, spread over the CPU streams.
     """
     B, H, L, _ = q_nope.shape
+    N, R = kv_latent.shape[2], kv_latent.shape[-1]
     K = topk.shape[-1]
-    row_bytes = B * K * (kv_latent.shape[-1] + k_pe.shape[-1]) * kv_latent.itemsize
-    piece = max(1, GATHER_BYTES // row_bytes)
-    q_abs = attn.embed_q(q_nope)  # (B, H, L, R)
-    q_rope = q_pe * attn.scale
+    piece = max(1, GATHER_BYTES // (K * (R + k_pe.shape[-1]) * kv_latent.itemsize))
+    # (B, L, D, H): each query's heads side by side, the scale folded in.
+    q_abs = mx.contiguous((attn.embed_q(q_nope) * attn.scale).transpose(0, 2, 3, 1))
+    q_rope = mx.contiguous((q_pe * attn.scale).transpose(0, 2, 3, 1))
+    keep = None
     if mask is not None:
-        mask = mx.broadcast_to(mask, (B, 1, L, kv_latent.shape[2]))
-    outs = []
-    for s in range(0, L, piece):
-        e = min(L, s + piece)
-        outs.append(
-            _decode_piece(
-                attn.scale,
-                q_abs[:, :, s:e],
-                q_rope[:, :, s:e],
-                kv_latent,
-                k_pe,
-                topk[:, :, s:e],
-                None if mask is None else mask[:, :, s:e],
-            )
-        )
-    out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
+        mask = mx.broadcast_to(mask, (B, 1, L, N))
+        keep = mx.take_along_axis(mask, topk, axis=-1)[:, 0, :, :, None]  # (B, L, K, 1)
+    workers, outs = streams(), []
+    for b in range(B):
+        latent, rope_keys = kv_latent[b, 0], k_pe[b, 0]  # (N, R), (N, P): views
+        for s in range(0, L, piece):
+            e = min(L, s + piece)
+            with on(workers[len(outs) % len(workers)]):
+                outs.append(
+                    _decode_piece(
+                        latent,
+                        rope_keys,
+                        topk[b, 0, s:e],
+                        q_abs[b, s:e],
+                        q_rope[b, s:e],
+                        None if keep is None else keep[b, s:e],
+                    )
+                )
+    out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)
+    out = out.reshape(B, L, H, R).transpose(0, 2, 1, 3)
     return attn.unembed_out(out)
 
 
-def _decode_piece(scale, q_abs, q_rope, kv_latent, k_pe, topk, mask) -> mx.array:
-    """`decode_shape` for some of the queries, before the unembed -> (B, H, l, R)."""
-    B, H, L, _ = q_abs.shape
-    K = topk.shape[-1]
-    index = topk.reshape(B, L * K)
-    latent = _rows(kv_latent, index).reshape(B * L, 1, K, -1)
-    rope_keys = _rows(k_pe, index).reshape(B * L, 1, K, -1)
-    q_abs = q_abs.transpose(0, 2, 1, 3).reshape(B * L, H, 1, -1)
-    q_rope = q_rope.transpose(0, 2, 1, 3).reshape(B * L, H, 1, -1)
-    pe_scores = q_rope @ rope_keys.swapaxes(-1, -2)  # (B*L, H, 1, K)
-    if mask is not None:
-        keep = mx.take_along_axis(mask, topk, axis=-1)  # (B, 1, L, K)
-        pe_scores = _masked(pe_scores, keep.transpose(0, 2, 1, 3).reshape(B * L, 1, 1, K))
-    out = mx.fast.scaled_dot_product_attention(
-        q_abs, latent, latent, scale=scale, mask=pe_scores
-    )  # (B*L, H, 1, R)
-    return out.reshape(B, L, H, -1).transpose(0, 2, 1, 3)
+def _decode_piece(latent, rope_keys, topk, q_abs, q_rope, keep) -> mx.array:
+    """`decode_shape` for Q queries of one row, before the unembed -> (Q, H, R).
+
+    latent (N, R), rope_keys (N, P); topk (Q, K); q_abs (Q, R, H), q_rope
+    (Q, P, H) scaled; keep None or (Q, K, 1).
+    """
+    Q, K = topk.shape
+    index = topk.reshape(-1)
+    rows = mx.take(latent, index, axis=0).reshape(Q, K, -1)  # (Q, K, R)
+    scores = rows @ q_abs + mx.take(rope_keys, index, axis=0).reshape(Q, K, -1) @ q_rope
+    probs = mx.softmax(_masked(scores, keep).swapaxes(1, 2), axis=-1)  # (Q, H, K)
+    return probs @ rows
 
 
 def selected_blocks(topk: mx.array, context: int, block: int) -> mx.array:

@@ -165,3 +165,10 @@ def test_no_dsa_layers_installs_nothing():
 def test_bad_thresholds_are_refused(decode_max, gather_max, block):
     with pytest.raises(ValueError, match="sparse"):
         sa.SparsePlan(decode_max, gather_max, block)
+
+
+def test_decode_shape_in_one_query_pieces_equals_stock(attn, monkeypatch):
+    """Pieces of one query each, spread over the CPU streams, give the same output."""
+    monkeypatch.setattr(sa, "GATHER_BYTES", 1)
+    rel, routed = _compare(attn, [40, 7, 23], 16, topk=32)
+    assert rel <= TOL and routed == {"decode": 1}, (rel, routed)

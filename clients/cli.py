@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib
 import json
 import os
@@ -37,6 +38,7 @@ from engine.config import (
     METRICS_NAMESPACE_TAGS,
     SCHEDULES,
     EngineConfig,
+    Limits,
     parse_bytes,
 )
 
@@ -48,6 +50,7 @@ SERVE_FLAGS = (
     "cache_mode",
     "ram_budget",
     "disk_budget",
+    "disk_queue_limit",
     "guard_min_suffix",
     "host",
     "port",
@@ -76,6 +79,8 @@ SERVE_FLAGS = (
     "loop_deadline",
     "max_concurrent_rpcs",
 )
+# Limits on client input (engine.config.Limits), each a serve flag.
+LIMIT_FLAGS = tuple(f.name for f in dataclasses.fields(Limits))
 # Serve flags that secure the engine (and `lineage bridge`), as EngineConfig names them.
 SECURITY_FLAGS = (
     "auth_token",
@@ -245,6 +250,13 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ram-budget", type=_byte_size, metavar="SIZE", help="e.g. 48G")
     p.add_argument("--disk-budget", type=_byte_size, metavar="SIZE", help="e.g. 1T")
     p.add_argument(
+        "--disk-queue-limit",
+        type=_byte_size,
+        metavar="SIZE",
+        help="bytes of file writes queued; past it a write is refused (default a quarter "
+        "of the RAM budget, at least 256M; env LINEAGE_DISK_QUEUE_LIMIT)",
+    )
+    p.add_argument(
         "--guard-min-suffix",
         type=int,
         metavar="TOKENS",
@@ -356,6 +368,7 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--max-concurrent-rpcs", type=int, help="gRPC's limit (default max-queue + 64)")
     add_security_arguments(p)
+    add_limit_arguments(p)
     p.add_argument(
         "--reflection",
         action="store_true",
@@ -369,6 +382,21 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
         help="send clients exact cached-token figures, not rounded to 64 "
         "($LINEAGE_EXACT_CACHE_FIGURES)",
     )
+
+
+def add_limit_arguments(p: argparse.ArgumentParser, only: tuple[str, ...] = LIMIT_FLAGS) -> None:
+    """The limits on client input (engine.config.Limits): `--max-...`, `LINEAGE_MAX_...`."""
+    group = p.add_argument_group("limits on client input")
+    for f in dataclasses.fields(Limits):
+        if f.name not in only:
+            continue
+        size = f.name.endswith("_bytes")
+        group.add_argument(
+            "--" + f.name.replace("_", "-"),
+            type=_byte_size if size else int,
+            metavar="SIZE" if size else "N",
+            help=f"default {f.default} (${'LINEAGE_' + f.name.upper()})",
+        )
 
 
 def add_security_arguments(p: argparse.ArgumentParser) -> None:
@@ -400,7 +428,7 @@ def add_security_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> EngineConfig:
     """The EngineConfig of `lineage serve` flags (only those given) plus `env`."""
-    flags = {name: getattr(args, name, None) for name in SERVE_FLAGS + SECURITY_FLAGS}
+    flags = {name: getattr(args, name, None) for name in SERVE_FLAGS + SECURITY_FLAGS + LIMIT_FLAGS}
     return EngineConfig.from_sources({k: v for k, v in flags.items() if v is not None}, env)
 
 
@@ -424,7 +452,7 @@ def _bridge_sidecar(config: EngineConfig):
     from clients.bridge import bridge_security, start_bridge
 
     host, port = config.server.host, config.server.http_port
-    security = bridge_security(config.server)
+    security = bridge_security(config.server, config.limits)
 
     async def start(grpc_address: str):
         handle = await start_bridge(grpc_address, host, port, security)

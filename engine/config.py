@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Mapping
 
@@ -107,6 +107,9 @@ class CacheConfig:
     exact_max_entries: int = 8  # exact mode: plain LRU by entry count and bytes
     cache_dir: str | None = None  # None: the platform's user cache directory
     disk_budget: int = 1 << 40  # capped at half of (free disk + the cache's own files)
+    # Bytes of writes the disk writer may hold queued (past it a write is refused and
+    # its file never indexed); None: a quarter of the RAM budget, at least 256M.
+    disk_queue_bytes: int | None = None
     spill_on_evict: bool = True
     clear_pool_per_prefill: bool = False  # opt-in mx.clear_cache() per chunk
     pool_limit: int | None = None  # MLX buffer-pool cap; None: sized from the RAM budget
@@ -116,6 +119,15 @@ class CacheConfig:
     def __post_init__(self):
         if self.mode not in CACHE_MODES:
             raise ValueError(f"cache mode {self.mode!r} is not one of {', '.join(CACHE_MODES)}")
+        if self.disk_queue_bytes is not None and self.disk_queue_bytes <= 0:
+            raise ValueError(f"--disk-queue-limit must be positive, got {self.disk_queue_bytes}")
+
+    @property
+    def disk_queue_cap(self) -> int:
+        """The disk writer's cap on queued bytes."""
+        if self.disk_queue_bytes is not None:
+            return self.disk_queue_bytes
+        return max(self.ram_budget // 4, 256 << 20)
 
     @property
     def resolved_cache_dir(self) -> Path:
@@ -221,6 +233,46 @@ class KernelConfig:
 
 
 CACHE_BLOCK = 64  # tokens: the grain of cached-token figures sent to clients
+MAX_REQUEST_BYTES = (1 << 31) - 1 - (1 << 20)  # gRPC's message cap, less the band above it
+MAX_JSON_DEPTH = 512  # the JSON parser and the chat template recurse this deep
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what a client sends (engine.server.limits checks them, the bridge the
+    body). Each is a flag `--max-...` with a variable `LINEAGE_MAX_...`; sizes take 4M,
+    256K. Why these defaults: engine/server/limits.py."""
+
+    max_stop_strings: int = 16
+    max_stop_length: int = 256  # characters per stop string
+    max_stop_token_ids: int = 64
+    max_request_bytes: int = 4 << 20  # a whole serialized gRPC request
+    max_tools_bytes: int = 256 << 10  # tools_json text
+    max_json_depth: int = 32  # tools_json and tool-call arguments
+    max_id_length: int = 128  # request_id and namespace
+    max_messages: int = 4096
+    max_body_bytes: int = 16 << 20  # an HTTP body at the OpenAI bridge
+    max_memo_bytes: int = 32 << 20  # the anchor memo: rendered (system + tools) texts, ids
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{_flag_name(f.name)} must be a positive integer, got {value!r}")
+        if self.max_request_bytes > MAX_REQUEST_BYTES:
+            raise ValueError(
+                f"--max-request-bytes must be at most {MAX_REQUEST_BYTES} (gRPC's 2 GiB message "
+                f"cap), got {self.max_request_bytes}"
+            )
+        if self.max_json_depth > MAX_JSON_DEPTH:
+            raise ValueError(
+                f"--max-json-depth must be at most {MAX_JSON_DEPTH} (the JSON parser and the "
+                f"chat template recurse that deep), got {self.max_json_depth}"
+            )
+
+
+def _flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def is_loopback(host: str) -> bool:
@@ -260,6 +312,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     kernels: KernelConfig = field(default_factory=KernelConfig)
+    limits: Limits = field(default_factory=Limits)
 
     @staticmethod
     def from_sources(
@@ -273,7 +326,11 @@ class EngineConfig:
         """
         pick = _Picker(flags or {}, dict(os.environ if env is None else env))
         return EngineConfig(
-            model=_model(pick), cache=_cache(pick), server=_server(pick), kernels=_kernels(pick)
+            model=_model(pick),
+            cache=_cache(pick),
+            server=_server(pick),
+            kernels=_kernels(pick),
+            limits=_limits(pick),
         )
 
     def with_cache(self, **changes) -> "EngineConfig":
@@ -331,6 +388,7 @@ def _cache(pick: _Picker) -> CacheConfig:
         anchor_max_bytes=min(CacheConfig.anchor_max_bytes, ram),
         cache_dir=str(cache_dir) if cache_dir else None,
         disk_budget=disk,
+        disk_queue_bytes=pick.optional("disk_queue_limit", "LINEAGE_DISK_QUEUE_LIMIT", parse_bytes),
         clear_pool_per_prefill=str(pick("clear_pool", "LINEAGE_CLEAR_POOL", "0")).lower()
         in ("1", "true", "yes"),
         layer_timer_flag=pick("layer_timer_flag", "LINEAGE_LAYER_TIMER_FLAG", None),
@@ -364,14 +422,22 @@ def _model(pick: _Picker) -> ModelConfig:
     )
 
 
-def _int(pick: _Picker, flag: str, var: str, default: int) -> int:
+def _int(pick: _Picker, flag: str, var: str, default: int, parse=int) -> int:
     """An integer setting; ValueError naming the flag and its variable when it does not parse."""
     value = pick(flag, var, default)
     try:
-        return int(value)
+        return parse(value)
     except (TypeError, ValueError):
-        name = "--" + flag.replace("_", "-")
-        raise ValueError(f"{name} ({var}) must be an integer, got {value!r}")
+        raise ValueError(f"{_flag_name(flag)} ({var}) must be an integer, got {value!r}")
+
+
+def _limits(pick: _Picker) -> Limits:
+    """Every limit from its flag or LINEAGE_<NAME>; sizes (`..._bytes`) take 4M, 256K."""
+    values = {}
+    for f in fields(Limits):
+        parse = parse_bytes if f.name.endswith("_bytes") else int
+        values[f.name] = _int(pick, f.name, "LINEAGE_" + f.name.upper(), f.default, parse)
+    return Limits(**values)
 
 
 def _flag(value) -> bool:

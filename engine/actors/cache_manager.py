@@ -13,7 +13,10 @@ Supervision: Ray restarts the actor when its process dies (it rescans the
 directory then). `resync(epoch, first_id)` rebuilds the manager from a fresh
 scan of the directory, allocating ids from `first_id` on, so no id a model
 replica still holds or writes is given out twice; `hello` reports the
-incarnation and the epoch of the last resync.
+incarnation and the epoch of the last resync. A model replica that Ray restarted
+took its writer's queue with it: at `revived`, the files it was to write and
+did not leave the disk index (as do the writes a live replica reports lost,
+`files_lost`), so the index stays true to the directory.
 """
 
 from __future__ import annotations
@@ -137,8 +140,31 @@ class CacheManagerActor:
         log.warning("replica %d lost: its RAM entries leave the index", replica)
         self._deliver(self.cache.lost(replica), None)
 
-    def revived(self, replica: int) -> None:
+    def revived(self, replica: int, restarted: bool = False) -> None:
+        """Route to `replica` again. `restarted`: its old process is gone, and with it the
+        writes its writer had queued; the files it never wrote leave the disk index."""
+        if restarted and self.directory is not None:
+            missing = self.directory.missing(self.cache.files_of(replica))
+            forgotten = self.cache.files_lost(missing)
+            if forgotten:
+                log.warning(
+                    "replica %d restarted: %d files it never wrote leave the disk index: %s",
+                    replica,
+                    len(forgotten),
+                    forgotten,
+                )
         self.cache.revived(replica)
+
+    def files_lost(self, entry_ids: list[int], replica: int = 0) -> None:
+        """A replica's writer lost these writes (its queue or the disk was full)."""
+        forgotten = self.cache.files_lost(entry_ids)
+        if forgotten:
+            log.warning(
+                "replica %d: %d file writes lost (queue or disk full); the disk index forgot %s",
+                replica,
+                len(forgotten),
+                forgotten,
+            )
 
     def alive(self) -> list[int]:
         return self.cache.replicas.alive()

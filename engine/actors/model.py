@@ -148,6 +148,8 @@ class ModelActor:
         def build() -> Generator:  # on the loop thread
             model, tokenizer, self.info_value = load_model(config)
             disk = open_disk_store(config, self.info_value.fingerprint)
+            if disk is not None:
+                disk.on_lost = lambda: self._report_lost(disk)
             tier = RamTier(self.info_value.has_state_layers, disk)
             return Generator(model, tokenizer, config, tier, self.link)
 
@@ -155,6 +157,14 @@ class ModelActor:
         self.loop = ModelLoop(build)
         self.link.loop = self.loop
         log.info("model actor started: replica %s, cache mode %s", replica, config.cache.mode)
+
+    def _report_lost(self, disk) -> None:
+        """Writes the disk writer lost (on its thread): the manager's disk index forgets them.
+        Without a manager (not attached yet, restarting) its next scan finds no such file."""
+        lost = disk.take_lost()
+        manager = self.link.manager
+        if lost and manager is not None:
+            manager.files_lost.remote(lost, self.replica)
 
     @ray.method(max_task_retries=3)
     def info(self) -> ModelInfo:

@@ -34,6 +34,12 @@ A restore the model actor cannot do (the entry or its state is gone, its
 file will not load) comes back as a LostRestore: the entry leaves the RAM
 index (and the disk index when its file failed), `restores_lost` counts it,
 and the request is planned again (from the file, when it is sound).
+
+A file write the model actor could not do (its writer's queue was full, the
+disk was) comes back through `files_lost`: the disk index forgets the file,
+so it offers no restore point and counts against no budget
+(`disk_writes_lost`). The entry stays in RAM, and is ordered written again
+when it is evicted (spill_on_evict).
 """
 
 from __future__ import annotations
@@ -122,6 +128,7 @@ class CacheManager:
         self._cached_tokens = 0
         self._prompt_tokens = 0
         self._restores_lost = 0
+        self._writes_lost = 0
         self._seq = 0  # the number of the last Orders handed out
         self._pending = OrderBook()  # evictions made at a plan, ordered with the next Orders
         self._unread: set[int] = set()  # entries indexed from a file no commit has restored yet
@@ -316,6 +323,17 @@ class CacheManager:
         self._in_flight[lost.request_id] = replace(self._in_flight[lost.request_id], plan=new)
         return Replanned(new, orders)
 
+    def files_lost(self, entry_ids) -> list[int]:
+        """Writes the model actor reports lost: their files leave the disk index. The ids
+        it indexed (others were evicted or superseded meanwhile, or never indexed)."""
+        out = []
+        for entry_id in entry_ids:
+            if self.disk_index is not None and entry_id in self.disk_index:
+                self.disk_index.remove(entry_id)
+                out.append(entry_id)
+        self._writes_lost += len(out)
+        return out
+
     def prompt_len(self, request_id: str) -> int:
         """The prompt length of a request in flight."""
         return self._in_flight[request_id].prompt_len
@@ -402,6 +420,7 @@ class CacheManager:
             cached_tokens=self._cached_tokens,
             prompt_tokens=self._prompt_tokens,
             restores_lost=self._restores_lost,
+            disk_writes_lost=self._writes_lost,
         )
 
     def anchors(self) -> list[AnchorUse]:

@@ -267,6 +267,9 @@ class CacheStats:
     # gone, or its file would not load): each one is replanned, visible here and
     # in the request's log line, never a silent cold prefill.
     restores_lost: int = 0
+    # File writes that never reached the disk (the writer's queue was full, or the
+    # disk): the disk index forgot them.
+    disk_writes_lost: int = 0
 
 
 @dataclass(frozen=True)

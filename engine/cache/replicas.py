@@ -329,6 +329,18 @@ class ReplicatedCache:
         self.manager.index.flush(book)
         return self.replicas.split(book.build(), None)
 
+    def files_of(self, replica: int) -> list[int]:
+        """The indexed files whose write was ordered to `replica`'s writer."""
+        disk = self.manager.disk_index
+        writers = self.replicas.writers
+        return [i for i, w in writers.items() if w == replica and disk is not None and i in disk]
+
+    def files_lost(self, entry_ids) -> list[int]:
+        """Writes a replica reports lost: the disk index forgets them, and their writer."""
+        for entry_id in entry_ids:
+            self.replicas.writers.pop(entry_id, None)
+        return self.manager.files_lost(entry_ids)
+
     def revived(self, replica: int) -> None:
         self.replicas.revived(replica)
 

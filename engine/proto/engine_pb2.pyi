@@ -165,7 +165,7 @@ class CacheStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class CacheStatsReply(_message.Message):
-    __slots__ = ("mode", "entries", "anchors", "checkpoints", "ram_bytes", "anchor_bytes", "disk_bytes", "disk_entries", "hits", "evictions", "disk_evictions", "damaged_files", "cached_tokens", "prompt_tokens", "replicas", "restores_lost")
+    __slots__ = ("mode", "entries", "anchors", "checkpoints", "ram_bytes", "anchor_bytes", "disk_bytes", "disk_entries", "hits", "evictions", "disk_evictions", "damaged_files", "cached_tokens", "prompt_tokens", "replicas", "restores_lost", "disk_writes_lost")
     class CheckpointsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -196,6 +196,7 @@ class CacheStatsReply(_message.Message):
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     RESTORES_LOST_FIELD_NUMBER: _ClassVar[int]
+    DISK_WRITES_LOST_FIELD_NUMBER: _ClassVar[int]
     mode: str
     entries: int
     anchors: int
@@ -212,7 +213,8 @@ class CacheStatsReply(_message.Message):
     prompt_tokens: int
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStats]
     restores_lost: int
-    def __init__(self, mode: _Optional[str] = ..., entries: _Optional[int] = ..., anchors: _Optional[int] = ..., checkpoints: _Optional[_Mapping[str, int]] = ..., ram_bytes: _Optional[int] = ..., anchor_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., disk_entries: _Optional[int] = ..., hits: _Optional[_Mapping[str, int]] = ..., evictions: _Optional[int] = ..., disk_evictions: _Optional[int] = ..., damaged_files: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStats, _Mapping]]] = ..., restores_lost: _Optional[int] = ...) -> None: ...
+    disk_writes_lost: int
+    def __init__(self, mode: _Optional[str] = ..., entries: _Optional[int] = ..., anchors: _Optional[int] = ..., checkpoints: _Optional[_Mapping[str, int]] = ..., ram_bytes: _Optional[int] = ..., anchor_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., disk_entries: _Optional[int] = ..., hits: _Optional[_Mapping[str, int]] = ..., evictions: _Optional[int] = ..., disk_evictions: _Optional[int] = ..., damaged_files: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStats, _Mapping]]] = ..., restores_lost: _Optional[int] = ..., disk_writes_lost: _Optional[int] = ...) -> None: ...
 
 class ReplicaStats(_message.Message):
     __slots__ = ("replica", "alive", "entries", "ram_bytes", "queued_prefill_tokens", "in_flight", "requests", "restores", "handovers", "handover_bytes")

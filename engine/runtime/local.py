@@ -84,6 +84,13 @@ class LocalEngine:
         )
         self._ids = itertools.count()
 
+    def report_lost(self) -> list[int]:
+        """Tell the manager which file writes were lost so far (what ModelActor does on
+        the writer's report); the ids its disk index forgot."""
+        if self.tier.disk_tier is None:
+            return []
+        return self.manager.files_lost(self.tier.disk_tier.take_lost())
+
     def run(
         self,
         tokens,
@@ -96,6 +103,7 @@ class LocalEngine:
         rid = f"bench-{next(self._ids)}"
         if cold:  # a namespace of its own: nothing stored matches
             namespace = f"cold-{rid}"
+        self.report_lost()
         received = time.time()
         t0 = time.perf_counter()
         req = PlanRequest(rid, np.asarray(tokens, dtype=np.int32), anchor_len, namespace)

@@ -49,6 +49,8 @@ class DiskTier(Protocol):
 
     def delete(self, entry_id: int) -> None: ...
 
+    def take_lost(self) -> list[int]: ...  # writes that never reached the disk
+
     def load(
         self, entry_id: int, namespace: str | None = None, tokens=None
     ) -> StoredEntry | None: ...

@@ -12,7 +12,8 @@ model replica also says whether its loop thread answered a ping within
   its index from a fresh scan of the cache directory and allocates ids above
   that one;
 - of one replica: the manager forgets what it held (`lost`), the replica
-  resyncs empty, and the manager routes to it again (`revived`).
+  resyncs empty, and the manager routes to it again (`revived`), forgetting
+  the files the dead process's writer never wrote.
 
 So no stale RAM entry and no reused id survives a restart, and the next
 request restores from the disk tier (or a peer). A model loop that misses its
@@ -202,7 +203,7 @@ class Supervisor:
             ),
             3 * self.deadline,
         )
-        await asyncio.wait_for(self.manager.revived.remote(r), self.deadline)
+        await asyncio.wait_for(self.manager.revived.remote(r, restarted=True), self.deadline)
         h = await asyncio.wait_for(model.hello.remote(self.loop_deadline), 2 * self.deadline)
         self.epoch, self._known[r], self._up[r] = epoch, h.incarnation, True
         self.restarts += 1

@@ -28,6 +28,7 @@ from engine.storage.file_format import (
     DamagedFile,
     Header,
     entries_dir,
+    entry_path,
     file_id,
     read_header,
 )
@@ -207,6 +208,10 @@ class OpenDirectory:
         """A fresh index of what is on disk now (the lock stays held)."""
         self.index = index_scan(scan_directory(self.path), fingerprint, budget, caps)
         return self.index
+
+    def missing(self, entry_ids) -> list[int]:
+        """The ids among `entry_ids` with no entry file in the directory."""
+        return [i for i in entry_ids if not entry_path(self.path, i).exists()]
 
     def close(self) -> None:
         if self.lock is not None:

@@ -5,7 +5,9 @@ on the loop thread; the arrays are immutable) and queues it; the writer
 thread copies and writes it. A plan that restores from a file
 (`RestorePlan.load_from_disk`) is read into RAM at admission: one read of the
 file, a checksum over it and one copy into MLX arrays, paid once per file.
-It obeys the cache manager's Orders; it decides nothing.
+It obeys the cache manager's Orders; it decides nothing. Writes that never
+reach the disk (the writer's queue was full, the disk was) are `take_lost()`:
+whoever holds the store tells the cache manager, whose disk index forgets them.
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ log = logging.getLogger(__name__)
 class DiskStore:
     """Files of one model fingerprint: writes through the writer thread, loads on the caller's."""
 
-    def __init__(self, directory: str | Path, fingerprint: str) -> None:
+    def __init__(
+        self, directory: str | Path, fingerprint: str, max_queued_bytes: int | None = None
+    ) -> None:
         self.directory = Path(directory)
         self.fingerprint = fingerprint
-        self.writer = DiskWriter(self.directory)
+        self.writer = DiskWriter(self.directory, max_queued_bytes)
         self.loads = 0
         self.load_failures = 0
         self.load_bytes = 0
@@ -43,6 +47,19 @@ class DiskStore:
 
     def delete(self, entry_id: int) -> None:
         self.writer.delete(entry_id)
+
+    def take_lost(self) -> list[int]:
+        """Ids of writes lost since the last call (their files do not exist)."""
+        return self.writer.take_lost()
+
+    @property
+    def on_lost(self):
+        return self.writer.on_lost
+
+    @on_lost.setter
+    def on_lost(self, callback) -> None:
+        """Runs (on the writer's thread, or the caller's) when a write is lost."""
+        self.writer.on_lost = callback
 
     def load(self, entry_id: int, namespace: str | None = None, tokens=None) -> StoredEntry | None:
         """The entry from its queued write or its file; None (logged) when missing or damaged.
@@ -130,8 +147,9 @@ def open_disk_store(config: EngineConfig, fingerprint: str) -> DiskStore | None:
     cache = config.cache
     if cache.mode == "off" or cache.disk_budget <= 0:
         return None
+    directory = file_format.entries_dir(cache.resolved_cache_dir, cache.mode)
     try:
-        return DiskStore(file_format.entries_dir(cache.resolved_cache_dir, cache.mode), fingerprint)
+        return DiskStore(directory, fingerprint, cache.disk_queue_cap)
     except PermissionError as e:  # another user's directory, or a link: never write there
         log.error("disk tier off: %s", e)
         return None

@@ -11,6 +11,7 @@ delete, and when, comes from the cache manager's Orders.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
 import sys
@@ -20,7 +21,7 @@ import zlib
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -52,6 +53,8 @@ class WriterStats:
     dropped: int = 0  # superseded before the write started
     failed: int = 0
     deleted: int = 0
+    refused: int = 0  # not queued: the queue held its byte cap
+    no_space: int = 0  # given up on a full disk (ENOSPC), or while writing paused after one
 
     def as_dict(self) -> dict:
         out = dataclasses.asdict(self)
@@ -141,44 +144,104 @@ def _lower_priority() -> None:
         pass
 
 
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+BACKOFF_S = (1.0, 60.0)  # the first and the longest pause of writing after a full disk
+
+
 class DiskWriter:
     """A background thread that writes and deletes files in the order they were asked for.
 
     A write not yet started when its entry's file is deleted is dropped (the
     entry was superseded or evicted); a delete of a file being written runs
     after that write. A write that supersedes other files (an absorbed
-    source's) deletes them once it is durable, never when it fails.
-    Generation never waits on it.
+    source's) deletes them once it is durable. Generation never waits on it.
+
+    Backpressure: queued writes hold at most `max_queued_bytes` (numpy views
+    that keep their arrays alive, a spilled entry's beyond the RAM budget); a
+    write past the cap is refused, unless the queue is empty. A full disk
+    (ENOSPC, EDQUOT) pauses writing, the pause doubling from `backoff[0]` up to
+    `backoff[1]` while the disk stays full; writes that come due meanwhile are
+    given up, and deletes still run (they free space). A write that does not
+    reach the disk (refused, given up, failed) is *lost*: the files it
+    superseded go too (the index forgot them when it ordered the write), and
+    its id is reported by `take_lost()` (`on_lost` runs when there is one), so
+    the disk index forgets a file that does not exist.
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        max_queued_bytes: int | None = None,
+        backoff: tuple[float, float] = BACKOFF_S,
+        on_lost: Callable[[], None] | None = None,
+    ) -> None:
         self.directory = private_directory(Path(directory))
+        self.max_queued_bytes = max_queued_bytes
+        self.backoff = backoff
+        self.on_lost = on_lost
         self.stats = WriterStats()
         self._cond = threading.Condition()
         self._queue: deque[tuple[str, int]] = deque()
         self._pending: dict[int, WriteJob] = {}
+        self._queued_bytes = 0  # of the writes in _pending
+        self._lost: list[int] = []  # ids whose write did not reach the disk, not taken yet
+        self._pause = backoff[0]  # the next pause after a full disk
+        self._paused_until = 0.0  # monotonic time: writes before it are given up
         self._current: WriteJob | None = None  # the write under way
         self._busy = False  # an operation is under way
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="disk-writer", daemon=True)
         self._thread.start()
 
-    def write(self, job: WriteJob) -> None:
+    def write(self, job: WriteJob) -> bool:
+        """Queue the write; False (the write lost) when the queue holds its byte cap."""
         with self._cond:
-            self._pending[job.entry_id] = job
-            self._queue.append(("write", job.entry_id))
-            self._cond.notify_all()
+            cap = self.max_queued_bytes
+            if cap is not None and self._pending and self._queued_bytes + job.nbytes > cap:
+                self.stats.refused += 1
+                queued = self._queued_bytes
+                self._lose(job)
+                # Unindexed since the write was ordered: they go, as for a dropped write.
+                self._queue.extend(("delete", old) for old in job.supersedes)
+                self._cond.notify_all()
+                refused = True
+            else:
+                old = self._pending.pop(job.entry_id, None)
+                if old is not None:
+                    self._queued_bytes -= old.nbytes
+                self._pending[job.entry_id] = job
+                self._queued_bytes += job.nbytes
+                self._queue.append(("write", job.entry_id))
+                self._cond.notify_all()
+                refused = False
+        if refused:
+            log.warning(
+                "disk tier: write of entry %d (%d bytes) refused: %d bytes queued, cap %d",
+                job.entry_id,
+                job.nbytes,
+                queued,
+                cap,
+            )
+            self._report()
+        return not refused
 
     def delete(self, entry_id: int) -> None:
         with self._cond:
             dropped = self._pending.pop(entry_id, None)
             if dropped is not None:
+                self._queued_bytes -= dropped.nbytes
                 self.stats.dropped += 1
                 # Never written: the files it was to replace go now (nothing indexes them).
                 self._queue.extend(("delete", old) for old in dropped.supersedes)
             else:
                 self._queue.append(("delete", entry_id))
             self._cond.notify_all()
+
+    def take_lost(self) -> list[int]:
+        """Ids whose write was lost since the last call: their files do not exist."""
+        with self._cond:
+            lost, self._lost = self._lost, []
+        return lost
 
     def held(self, entry_id: int) -> WriteJob | None:
         """The queued or running write of this entry, if any."""
@@ -199,10 +262,15 @@ class DiskWriter:
     def backlog(self) -> tuple[int, int]:
         """(queued operations, bytes of queued writes)."""
         with self._cond:
-            return len(self._queue) + self._busy, sum(j.nbytes for j in self._pending.values())
+            return len(self._queue) + self._busy, self._queued_bytes
+
+    @property
+    def paused(self) -> bool:
+        """Writing pauses after a full disk."""
+        return time.monotonic() < self._paused_until
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until everything asked so far is on disk; False on timeout."""
+        """Wait until everything asked so far is on disk (or lost); False on timeout."""
         with self._cond:
             return self._cond.wait_for(lambda: not self._queue and not self._busy, timeout)
 
@@ -222,24 +290,73 @@ class DiskWriter:
                     return
                 op, entry_id = self._queue.popleft()
                 job = self._pending.pop(entry_id, None) if op == "write" else None
+                if job is not None:
+                    self._queued_bytes -= job.nbytes
                 self._current, self._busy = job, True
+            lost = False
             try:
                 if op == "delete":
                     delete_files(self.directory, entry_id)
                     self.stats.deleted += 1
+                elif job is not None and self.paused:  # the disk was full a moment ago
+                    self.stats.no_space += 1
+                    lost = True
                 elif job is not None:
-                    t0 = time.perf_counter()
-                    nbytes = write_file(self.directory, job)
-                    self.stats.seconds += time.perf_counter() - t0
-                    self.stats.files += 1
-                    self.stats.bytes += nbytes
-                    for old in job.supersedes:  # only now that the successor is durable
-                        delete_files(self.directory, old)
-                        self.stats.deleted += 1
-            except Exception:  # the writer must outlive one bad file (disk full, ...)
+                    self._write(job)
+            except OSError as e:
+                lost = op == "write"
+                if lost and e.errno in NO_SPACE:
+                    self.stats.no_space += 1
+                    self._paused_until = time.monotonic() + self._pause
+                    log.error(
+                        "disk tier: the disk is full (writing entry %d); writes pause %.1f s",
+                        entry_id,
+                        self._pause,
+                    )
+                    self._pause = min(2 * self._pause, self.backoff[1])
+                else:
+                    self.stats.failed += 1
+                    log.exception("disk tier: %s of entry %d failed", op, entry_id)
+            except Exception:  # the writer must outlive one bad file
+                lost = op == "write"
                 self.stats.failed += 1
                 log.exception("disk tier: %s of entry %d failed", op, entry_id)
-            finally:
-                with self._cond:
-                    self._current, self._busy = None, False
-                    self._cond.notify_all()
+            if lost:
+                for old in job.supersedes:  # unindexed since the write was ordered
+                    self._delete_quietly(old)
+            with self._cond:
+                if lost:
+                    self._lose(job)
+                self._current, self._busy = None, False
+                self._cond.notify_all()
+            if lost:
+                self._report()
+
+    def _write(self, job: WriteJob) -> None:
+        t0 = time.perf_counter()
+        nbytes = write_file(self.directory, job)
+        self.stats.seconds += time.perf_counter() - t0
+        self.stats.files += 1
+        self.stats.bytes += nbytes
+        self._pause = self.backoff[0]  # the disk takes writes again
+        for old in job.supersedes:  # only now that the successor is durable
+            self._delete_quietly(old)
+
+    def _delete_quietly(self, entry_id: int) -> None:
+        try:
+            delete_files(self.directory, entry_id)
+            self.stats.deleted += 1
+        except OSError:
+            self.stats.failed += 1
+            log.exception("disk tier: delete of entry %d failed", entry_id)
+
+    def _lose(self, job: WriteJob) -> None:
+        """Record a write that will not reach the disk (call holding the lock)."""
+        self._lost.append(job.entry_id)
+
+    def _report(self) -> None:
+        if self.on_lost is not None:
+            try:
+                self.on_lost()
+            except Exception:
+                log.exception("disk tier: reporting lost writes failed")

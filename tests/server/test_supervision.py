@@ -106,12 +106,24 @@ def kill_mid_stream(engine, client, actor):
 
 
 def test_kill_9_of_the_model_actor_mid_stream_then_served_warm(engine, client):
+    """Also: a file the dead process's writer had queued, never written, leaves the disk
+    index when the replica is revived, so the index equals the directory."""
+    import ray
+
     ns = "kill-model"
     msgs, r1 = warm_turn_one(engine, client, ns)
+    ray.get(engine.engine.model.__ray_call__.remote(_block_writes), timeout=30)
+    chat(client, convo(user_message(8, 0)), "kill-model-unwritten")  # its file stays queued
+    before = client.cache_stats()
     killed, epoch = kill_mid_stream(engine, client, engine.engine.model)
     r2 = served_warm_after(client, msgs, ns, r1, killed)
     assert r2.restore.kind != "none"
     assert engine.engine.supervisor.epoch > epoch
+    indexed, on_disk = ray.get(engine.engine.manager.__ray_call__.remote(_index_and_files))
+    assert indexed == on_disk, (indexed, on_disk)
+    after = client.cache_stats()
+    assert after["disk_writes_lost"] > before["disk_writes_lost"]
+    assert after["restores_lost"] == before["restores_lost"], "restored from a missing file"
 
 
 def test_kill_9_of_the_cache_manager_mid_stream_then_served_warm(engine, client):
@@ -154,6 +166,22 @@ def test_a_wedged_loop_goes_not_serving_and_the_actor_restarts(engine, client):
     assert result.usage.completion_tokens >= 1
     assert sup.wedged_restarts == restarts + 1
     assert engine.engine.frontend.retries == retries + 1
+
+
+def _block_writes(actor) -> None:
+    """From now on the disk writer of this process never finishes a write."""
+    import threading
+
+    from engine.storage import writer
+
+    never = threading.Event()
+    writer.write_file = lambda directory, job: never.wait()
+
+
+def _index_and_files(actor) -> tuple[list, list]:
+    """The manager's disk index and the entry files in its directory."""
+    files = sorted(int(p.stem) for p in actor.directory.path.glob("*.entry"))
+    return sorted(actor.manager.disk_index.files), files
 
 
 def _wedge(actor) -> None:

@@ -306,8 +306,9 @@ def test_kill_9_while_writing_loses_no_complete_file(tmp_path):
         opened.close()
 
 
-def test_a_superseded_file_goes_only_once_its_successor_is_durable(tmp_path, monkeypatch):
-    """An absorbed source's file outlives a failed write of its successor."""
+def test_a_superseded_file_goes_once_its_successor_is_durable_or_lost(tmp_path, monkeypatch):
+    """An absorbed source's file stays while its successor is written. Durable, it goes; lost,
+    it goes too (the index forgot it when it ordered the write), and the loss is reported."""
     from dataclasses import replace
 
     store = DiskStore(tmp_path, "fp")
@@ -316,14 +317,18 @@ def test_a_superseded_file_goes_only_once_its_successor_is_durable(tmp_path, mon
     store.write(entry, _record(4, 30))
     assert store.flush(10)
     real = writer.write_file
+    seen = []
 
     def failing_write(directory, job):
+        seen.append(sorted(p.name for p in directory.iterdir()))
         if job.entry_id == 2:
             raise OSError("disk full")
         return real(directory, job)
 
     monkeypatch.setattr(writer, "write_file", failing_write)
-    store.write(entry, replace(_record(2, 30), supersedes=(1,)))  # fails: 1 stays
+    store.write(entry, replace(_record(2, 30), supersedes=(1,)))  # fails: 1 goes too
     store.write(entry, replace(_record(3, 30), supersedes=(4,)))  # durable: 4 goes
     assert store.flush(10)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["1.entry", "3.entry"]
+    assert seen == [["1.entry", "4.entry"], ["4.entry"]], "a file went before its successor"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["3.entry"]
+    assert store.take_lost() == [2]

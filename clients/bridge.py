@@ -33,7 +33,6 @@ from pathlib import PurePath
 from types import SimpleNamespace
 
 from clients.bridge_guard import (
-    MAX_BODY_BYTES,
     BearerAuth,
     BodyLimit,
     BridgeSecurity,
@@ -425,7 +424,7 @@ def create_app(grpc_address: str, security: BridgeSecurity | None = None):
     app = FastAPI(title="lineage OpenAI-compatible bridge", docs_url=None, redoc_url=None)
     app.state.backend = backend
     _add_error_handlers(app)
-    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    app.add_middleware(BodyLimit, limit=security.max_body_bytes)
     if security.tokens:
         app.add_middleware(BearerAuth, tokens=security.tokens)  # outermost: runs first
 
@@ -497,6 +496,9 @@ def add_arguments(parser) -> None:
     from clients.cli import add_security_arguments
 
     add_security_arguments(parser)
+    from clients.cli import add_limit_arguments
+
+    add_limit_arguments(parser, only=("max_body_bytes",))
 
 
 def run(args) -> int:
@@ -506,11 +508,13 @@ def run(args) -> int:
     from clients.cli import SECURITY_FLAGS, UsageError
     from engine.config import EngineConfig, ServerConfig
 
-    flags = {name: getattr(args, name, None) for name in SECURITY_FLAGS}
+    flags = {name: getattr(args, name, None) for name in (*SECURITY_FLAGS, "max_body_bytes")}
     try:
-        server = EngineConfig.from_sources(flags, os.environ).server
+        config = EngineConfig.from_sources(flags, os.environ)
+        server = config.server
         gate = ServerConfig(host=args.host, tokens=server.tokens, insecure=server.insecure)
         gate.check_exposure()
     except (ValueError, OSError) as error:
         raise UsageError(str(error))
-    return run_bridge(args.server or DEFAULT_SERVER, args.host, args.port, bridge_security(server))
+    security = bridge_security(server, config.limits)
+    return run_bridge(args.server or DEFAULT_SERVER, args.host, args.port, security)

@@ -18,6 +18,7 @@ class BridgeSecurity:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None  # set: clients must present a certificate it signed
+    max_body_bytes: int = 16 << 20  # larger bodies get 413 (--max-body-bytes)
 
     def uvicorn_options(self) -> dict:
         if not self.tls_cert:
@@ -38,7 +39,7 @@ def bearer_token(headers) -> str | None:
     return value[7:].strip() or None
 
 
-MAX_BODY_BYTES = 16 << 20  # a 128k-token prompt as JSON token ids is ~1 MB
+MAX_BODY_BYTES = 16 << 20  # the default: a 128k-token prompt as JSON token ids is ~1 MB
 OPEN_PATHS = ("/health",)  # answered without a token (a load balancer's probe)
 
 

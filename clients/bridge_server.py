@@ -77,13 +77,15 @@ async def start_bridge(
     return BridgeHandle(server, task, app.state.backend, host, port, bool(security.tls_cert))
 
 
-def bridge_security(server) -> BridgeSecurity:
-    """The bridge's gate from the engine's ServerConfig (tokens and TLS files)."""
+def bridge_security(server, limits=None) -> BridgeSecurity:
+    """The bridge's gate from the engine's ServerConfig (tokens and TLS files) and Limits
+    (its body cap)."""
     return BridgeSecurity(
         {i.token: i.namespace for i in server.tokens},
         server.tls_cert,
         server.tls_key,
         server.tls_client_ca,
+        **({"max_body_bytes": limits.max_body_bytes} if limits is not None else {}),
     )
 
 

@@ -74,6 +74,7 @@ class Frontend:
         self.closing = asyncio.Event()
         self.max_queue = config.model.max_queue
         self.max_batch_tokens = config.model.max_batch_tokens
+        self.limits = config.limits  # on what clients send (engine.server.limits)
         self.deadline = config.server.call_deadline
         self.stream_deadline = config.server.stream_deadline
         self.queued = 0  # requests holding a queue slot: taken at the first check
@@ -273,7 +274,7 @@ class Frontend:
 
     async def _prepare(self, inp: PromptInput, sampling: SamplingParams):
         """(prompt, sampling) checked and built; max_tokens clipped to the context left."""
-        check_sampling(sampling, self.info.vocab_size)
+        check_sampling(sampling, self.info.vocab_size, self.limits)
         loop = asyncio.get_running_loop()
         prompt = await loop.run_in_executor(self.prompt_thread, self.builder.build, inp)
         if len(prompt.tokens) + sampling.max_tokens > self.info.max_context:

@@ -1,6 +1,7 @@
 """Limits on every field a client sends, checked before any work is done.
 
-One table (`Limits`) and the checks that apply it. A value out of bounds
+The checks that apply one table of limits (`engine.config.Limits`, operator
+settings: a flag and a variable each, refused at startup when nonsensical). A value out of bounds
 raises InvalidRequest naming the field and the limit, so the servicer answers
 INVALID_ARGUMENT and the engine keeps serving everyone else. It knows the
 request's fields as plain Python values; it knows no gRPC, tokenizer or model.
@@ -18,8 +19,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
 
+from engine.config import Limits
 from engine.server.errors import InvalidRequest
 
 # request_id and namespace: letters, digits and . _ : @ + / = - (no spaces,
@@ -28,19 +29,8 @@ _IDENT = re.compile(r"[A-Za-z0-9._:@+/=-]*")
 SEED_LIMIT = 1 << 63  # seeds are int64 on the wire; MLX keys take non-negative ones
 
 
-@dataclass(frozen=True)
-class Limits:
-    max_stop_strings: int = 16
-    max_stop_length: int = 256  # characters per stop string
-    max_stop_token_ids: int = 64
-    max_request_bytes: int = 4 << 20  # the whole serialized request
-    max_tools_bytes: int = 256 << 10  # tools_json text
-    max_json_depth: int = 32  # tools_json and tool-call arguments
-    max_id_length: int = 128  # request_id and namespace
-    max_messages: int = 4096
-
-
 DEFAULT_LIMITS = Limits()
+__all__ = ["DEFAULT_LIMITS", "Limits"]
 
 
 def printable(text: str, most: int = 64) -> str:

@@ -73,15 +73,16 @@ class PromptBuilder:
         max_context: int,
         anchor_slack: int = 2,
         memo_size: int = 256,
-        memo_bytes: int = 32 << 20,
+        limits: Limits = DEFAULT_LIMITS,
     ):
         self.tokenizer = tokenizer
+        self.limits = limits
         self.vocab_size = vocab_size
         self.max_context = max_context
         self.anchor_slack = anchor_slack
         self._memo: OrderedDict[str, np.ndarray] = OrderedDict()
         self._memo_size = memo_size
-        self._memo_bytes = memo_bytes  # text plus token ids, over every memoized render
+        self._memo_bytes = limits.max_memo_bytes  # text plus ids, over every memoized render
         self.memo_nbytes = 0
 
     def build(self, inp: PromptInput) -> Prompt:
@@ -97,7 +98,7 @@ class PromptBuilder:
             tokens = tuple(self.tokenizer.encode(inp.prompt_text, add_special_tokens=False))
             anchor = 0
         else:
-            self._check_messages(inp.messages)
+            self._check_messages(inp.messages, self.limits)
             text = self.render(
                 list(inp.messages), inp.tools, inp.add_generation_prompt, inp.continue_final_message
             )

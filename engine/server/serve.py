@@ -156,7 +156,13 @@ async def start_engine(
     machines = await asyncio.gather(*(m.machine.remote() for m in models))
     await manager.attach.remote(models, machines)
     tokenizer = load_tokenizer(Path(info.path))
-    builder = PromptBuilder(tokenizer, info.vocab_size, info.max_context, config.cache.anchor_slack)
+    builder = PromptBuilder(
+        tokenizer,
+        info.vocab_size,
+        info.max_context,
+        config.cache.anchor_slack,
+        limits=config.limits,
+    )
     budgets = {
         "ram": config.cache.ram_budget,
         "anchors": config.cache.anchor_max_bytes,

@@ -49,7 +49,7 @@ def check_request(req: engine_pb2.GenerateRequest, limits=DEFAULT_LIMITS) -> Non
     check_identifier("namespace", req.namespace, limits)
 
 
-def to_prompt_input(req: engine_pb2.GenerateRequest) -> PromptInput:
+def to_prompt_input(req: engine_pb2.GenerateRequest, limits=DEFAULT_LIMITS) -> PromptInput:
     """The request's prompt, in domain terms. Raises InvalidRequest."""
     sources = [bool(req.messages), req.HasField("prompt_ids"), bool(req.prompt_text)]
     if sum(sources) > 1:
@@ -61,7 +61,7 @@ def to_prompt_input(req: engine_pb2.GenerateRequest) -> PromptInput:
     messages = tuple(_message(m) for m in req.messages)
     return PromptInput(
         messages=messages,
-        tools=parse_tools(req.tools_json),
+        tools=parse_tools(req.tools_json, limits),
         # Unset means true: a chat request asks for the assistant's turn by default.
         add_generation_prompt=(
             req.add_generation_prompt if req.HasField("add_generation_prompt") else True
@@ -178,10 +178,11 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
     async def Generate(self, request, context):
         try:
-            check_request(request)
+            limits = self.frontend.limits
+            check_request(request, limits)
             identity = self.auth.identity(context.invocation_metadata())
             events = self.frontend.generate(
-                to_prompt_input(request),
+                to_prompt_input(request, limits),
                 to_sampling(request.sampling),
                 namespace=self.auth.namespace(identity, request.namespace),
                 request_id=request.request_id,
@@ -307,7 +308,7 @@ async def create_server(
     auth = Authenticator(security.tokens)
     # gRPC itself refuses anything far past the limit; the servicer answers
     # INVALID_ARGUMENT, naming the limit, for what lies between.
-    receive = DEFAULT_LIMITS.max_request_bytes + (1 << 20)
+    receive = frontend.limits.max_request_bytes + (1 << 20)
     server = grpc.aio.server(
         options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", receive)],
         interceptors=[AuthInterceptor(auth)] if auth.enabled else None,

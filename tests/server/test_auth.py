@@ -16,7 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.client import Client, LineageError
-from engine.config import EngineConfig, Identity, ServerConfig, read_token_file
+from engine.config import EngineConfig, Identity, Limits, ServerConfig, read_token_file
 from engine.server.auth import Authenticator
 from engine.server.background import BackgroundLoop
 from engine.server.service import create_server
@@ -43,7 +43,7 @@ def serving(**security):
         has_state_layers=False,
         kernels=(),
     )
-    frontend = SimpleNamespace(info=info, cache_mode="lineage")
+    frontend = SimpleNamespace(info=info, cache_mode="lineage", limits=Limits())
     cfg = ServerConfig(**security)
     server, port, _ = loop.call(create_server(frontend, "127.0.0.1", 0, security=cfg))
     try:

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
+from engine.config import Limits
 from engine.proto import engine_pb2 as pb
 from engine.runtime.requests import SamplingParams
 from engine.server.errors import InvalidRequest
@@ -117,7 +118,7 @@ class CountingTokenizer:
 
 
 def test_the_anchor_memo_has_a_byte_cap():
-    builder = PromptBuilder(CountingTokenizer(), 50, 10**6, memo_bytes=10_000)
+    builder = PromptBuilder(CountingTokenizer(), 50, 10**6, limits=Limits(max_memo_bytes=10_000))
     for i in range(50):
         builder._tokens(f"{i:04d}" + "s" * 1000)  # ~9 KB each with its ids
         assert builder.memo_nbytes <= 10_000

@@ -145,25 +145,17 @@ class CacheManagerActor:
         writes its writer had queued; the files it never wrote leave the disk index."""
         if restarted and self.directory is not None:
             missing = self.directory.missing(self.cache.files_of(replica))
-            forgotten = self.cache.files_lost(missing)
-            if forgotten:
-                log.warning(
-                    "replica %d restarted: %d files it never wrote leave the disk index: %s",
-                    replica,
-                    len(forgotten),
-                    forgotten,
-                )
+            self.files_lost(missing, replica, "restarted before writing them")
         self.cache.revived(replica)
 
-    def files_lost(self, entry_ids: list[int], replica: int = 0) -> None:
-        """A replica's writer lost these writes (its queue or the disk was full)."""
+    def files_lost(self, entry_ids: list[int], replica: int = 0, why: str = "") -> None:
+        """Writes of a replica that never reached the disk (its queue or the disk was full,
+        or it died): their files leave the disk index."""
         forgotten = self.cache.files_lost(entry_ids)
         if forgotten:
+            why = why or "its writer's queue or the disk was full"
             log.warning(
-                "replica %d: %d file writes lost (queue or disk full); the disk index forgot %s",
-                replica,
-                len(forgotten),
-                forgotten,
+                "replica %d lost %d file writes (%s): %s", replica, len(forgotten), why, forgotten
             )
 
     def alive(self) -> list[int]:

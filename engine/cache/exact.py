@@ -82,7 +82,8 @@ class ExactPolicy:
         """Evict least recently used snapshots beyond the count cap or the RAM budget."""
         cfg = self.config
         ordered = sorted(self.index.entries(), key=lru_priority)
-        out = victims(ordered, max_entries=cfg.exact_max_entries, max_bytes=cfg.ram_budget)
+        room = max(0, cfg.ram_budget - self.index.deferred_bytes)  # pinned frees hold RAM
+        out = victims(ordered, max_entries=cfg.exact_max_entries, max_bytes=room)
         for entry in out:
             self.index.free(entry.id, orders)
         return out

@@ -55,7 +55,7 @@ class Index:
         self._by_namespace: dict[str, dict[int, Entry]] = {}
         self._clock = 0
         self._pins: dict[str, tuple[int, int]] = {}  # request id -> (entry id, length)
-        self._deferred_free: dict[int, None] = {}  # ordered set of entry ids
+        self._deferred_free: dict[int, int] = {}  # entry id -> its bytes, in order
 
     # -- storage -----------------------------------------------------------
 
@@ -152,7 +152,7 @@ class Index:
         if not self._by_namespace[entry.namespace]:
             del self._by_namespace[entry.namespace]
         if self.pinned(entry_id):
-            self._deferred_free[entry_id] = None
+            self._deferred_free[entry_id] = entry.nbytes
         else:
             orders.free(entry_id)
         return entry
@@ -173,6 +173,12 @@ class Index:
     def deferred(self) -> tuple[int, ...]:
         """Ids out of the index whose free waits for a pin to go."""
         return tuple(self._deferred_free)
+
+    @property
+    def deferred_bytes(self) -> int:
+        """What the deferred frees a pin still holds keep in RAM (the RAM budget counts it;
+        one whose pin went is freed at the next flush)."""
+        return sum(n for i, n in self._deferred_free.items() if self.pinned(i))
 
     # -- invariants ----------------------------------------------------------
 

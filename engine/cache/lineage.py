@@ -281,9 +281,15 @@ class LineagePolicy:
         out = anchor_victims(anchors, cfg.anchor_max_entries, cfg.anchor_max_bytes)
         for entry in out:
             self.index.free(entry.id, orders)
-        over = victims(sorted(self.index.entries(), key=ram_priority), max_bytes=cfg.ram_budget)
-        for entry in over:
-            self.index.free(entry.id, orders)
+        over: list[Entry] = []
+        while True:  # a victim a request pins still holds RAM: the rest fits what it leaves
+            room = max(0, cfg.ram_budget - self.index.deferred_bytes)
+            more = victims(sorted(self.index.entries(), key=ram_priority), max_bytes=room)
+            if not more:
+                break
+            for entry in more:
+                self.index.free(entry.id, orders)
+            over += more
         if cfg.spill_on_evict:
             for entry in out + over:
                 self._persist(entry, orders)

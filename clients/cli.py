@@ -304,8 +304,8 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
         "--prefill-budget",
         type=int,
         metavar="TOKENS",
-        help="prompt tokens prefilled per step under srpt/fifo (default 128; "
-        "env LINEAGE_PREFILL_BUDGET)",
+        help="most prompt tokens per step under srpt/fifo; a prefill this short runs whole "
+        "(default 256; env LINEAGE_PREFILL_BUDGET)",
     )
     p.add_argument(
         "--prefill-group",

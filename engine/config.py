@@ -60,7 +60,7 @@ class ModelConfig:
     max_queue: int = 256  # requests in flight (batch + waiting); more get RESOURCE_EXHAUSTED
     max_context: int | None = None  # None: from the model's config
     schedule: str = "srpt"  # srpt | fifo | batched
-    prefill_budget: int = 128  # prompt tokens prefilled per step (srpt, fifo)
+    prefill_budget: int = 256  # most prompt tokens per step; a prefill this short runs whole
     prefill_group: int = 1  # sequences of similar length prefilled in one chunk (srpt, fifo)
     # Prompt plus max_tokens of every running sequence together (TGI's
     # --max-batch-total-tokens); None: sized from memory (see plan_memory).
@@ -415,7 +415,7 @@ def _model(pick: _Picker) -> ModelConfig:
         prefill_step_size=_int(pick, "prefill_step_size", "LINEAGE_PREFILL_STEP", 512),
         max_batch=_int(pick, "max_batch", "LINEAGE_MAX_BATCH", 8),
         schedule=str(pick("schedule", "LINEAGE_SCHEDULE", ModelConfig.schedule)),
-        prefill_budget=_int(pick, "prefill_budget", "LINEAGE_PREFILL_BUDGET", 128),
+        prefill_budget=_int(pick, "prefill_budget", "LINEAGE_PREFILL_BUDGET", 256),
         prefill_group=_int(pick, "prefill_group", "LINEAGE_PREFILL_GROUP", 1),
         max_queue=_int(pick, "max_queue", "LINEAGE_MAX_QUEUE", 256),
         max_batch_tokens=pick.optional("max_batch_tokens", "LINEAGE_MAX_BATCH_TOKENS", int),

@@ -345,6 +345,11 @@ class ModelActor:
     def handover_stats(self) -> HandoverStats:
         return self.handovers
 
+    async def step_profile(self, since: float = 0.0, until: float = float("inf")) -> dict:
+        """The model loop's step times by phase (engine.runtime.step_profile) for steps that
+        ended in [since, until], in `time.perf_counter` seconds (one clock per machine)."""
+        return await asyncio.to_thread(self.loop.ask, lambda g: g.profile.summary(since, until))
+
     @ray.method(max_task_retries=3)
     async def tier_stats(self) -> TierStats:
         """RAM tier, pool and disk writer figures, read on the loop thread."""

@@ -29,6 +29,7 @@ from mlx_lm.generate import PromptProcessingBatch
 
 from engine.runtime.batch import LineageBatchGenerator
 from engine.runtime.scheduler import Candidate, Chunk, Costs, PrefillScheduler
+from engine.runtime.step_profile import StepProfile
 
 EWMA = 0.3  # weight of the newest measurement in the cost estimates
 
@@ -39,6 +40,7 @@ class Cohort:
     def __init__(self, batch, processing: list):
         self.batch = batch
         self.processing = processing
+        self.token_ms = 0.0  # its chunks' ms per token, at its latest context
 
     def index(self, uid: int) -> int:
         return self.batch.uids.index(uid)
@@ -60,17 +62,22 @@ def _remaining(segments: list) -> int:
 class ChunkedBatchGenerator(LineageBatchGenerator):
     """LineageBatchGenerator whose prefill runs chunk by chunk as the scheduler says."""
 
-    def __init__(self, model, *, scheduler: PrefillScheduler, **kwargs):
+    def __init__(
+        self, model, *, scheduler: PrefillScheduler, profile: StepProfile | None = None, **kwargs
+    ):
         super().__init__(model, **kwargs)
         self.scheduler = scheduler
+        self.profile = profile or StepProfile()
         self.cohorts: dict[int, Cohort] = {}
         self._cohort_ids = itertools.count()
         self.steps = 0
         self.arrived: dict[int, int] = {}  # uid -> step it arrived in
         self.unblocks: dict[int, int] = {}  # uid -> its prompt tokens up to an awaited anchor
-        self._decode_step_ms = 0.0  # a whole step that only decoded
+        self._decode_step_ms = 0.0  # a whole step that only decoded (the profile's wall time)
         self._decode_part_ms = 0.0  # the decode part of any step
+        self._beside_ms = 0.0  # a step with a chunk beside decode, less the chunk's forward
         self._token_ms = 0.0  # prefill time per token, fixed cost per forward included
+        self._learned: object = None  # the last profile record learned from
         self.chunks: list[Chunk] = []  # the chunks run, newest last (bounded)
 
     def insert_segments(self, segments, *args, **kwargs):
@@ -83,10 +90,12 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
 
     def _next(self):
         self.steps += 1
+        self._learn()
         tic = time.perf_counter()
         prompt_responses, generation_responses = [], []
         if len(self._generation_batch) > 0:
-            generation_responses = self._generation_batch.next()
+            with self.profile.phase("decode"):
+                generation_responses = self._generation_batch.next()
             elapsed = time.perf_counter() - tic
             self._counters.decode_time += elapsed
             self._counters.generation_tokens += len(generation_responses)
@@ -99,13 +108,30 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         chunk = self.scheduler.plan(self._candidates(), self.steps, decoding, self._costs())
         if chunk is not None:
             prompt_responses += self._prefill(chunk)
-        elif generation_responses:  # a step of decode alone: what a stream's step costs idle
-            self._decode_step_ms = _ewma(self._decode_step_ms, (time.perf_counter() - tic) * 1000)
         return prompt_responses, generation_responses
 
+    def _learn(self) -> None:
+        """The last whole step's wall time (the profile's: emits and commits included): a
+        decode-only step is a stream's idle gap; a step with a chunk beside decode tells
+        what such a step spends besides the chunk's forward."""
+        steps = self.profile.steps
+        last = steps[-1] if steps else None
+        if last is None or last is self._learned:
+            return
+        self._learned = last
+        if not last.decoding:
+            return
+        if last.prefill_tokens:
+            beside = last.total_ms - last.phases["prefill"]
+            self._beside_ms = _ewma(self._beside_ms, beside)
+        else:
+            self._decode_step_ms = _ewma(self._decode_step_ms, last.total_ms)
+
     def _costs(self) -> Costs:
-        """The measured costs: a decode-only step (else the decode part of a step), a token."""
-        return Costs(self._decode_step_ms or self._decode_part_ms, self._token_ms)
+        """The measured costs: a decode-only step (else the decode part of a step), a token,
+        a step's work besides its chunk (else the decode-only step)."""
+        decode = self._decode_step_ms or self._decode_part_ms
+        return Costs(decode, self._token_ms, self._beside_ms or decode)
 
     def _room(self) -> int:
         started = len(self._generation_batch) + sum(len(c.batch) for c in self.cohorts.values())
@@ -130,6 +156,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
             arrived=self.arrived.get(uid, 0),
             cohort=cohort,
             unblocks=None if anchor is None else max(0, anchor - done),
+            token_ms=0.0 if cohort is None else self.cohorts[cohort].token_ms,
         )
 
     def _start_cohort(self, uids) -> int:
@@ -181,12 +208,15 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
             responses.append(PromptProcessingBatch.Response(uid, (row[1], row[2]), end, False))
         assert len({len(p) for p in prompts}) == 1, "a chunk is never padded"
         tic = time.perf_counter()
-        cohort.batch.prompt(prompts)
+        with self.profile.phase("prefill"):
+            cohort.batch.prompt(prompts)
         elapsed = time.perf_counter() - tic
         tokens = sum(len(p) for p in prompts)
+        self.profile.prefill_tokens += tokens
         self._counters.prompt_tokens += tokens
         self._counters.prompt_time += elapsed
         self._token_ms = _ewma(self._token_ms, elapsed * 1000 / tokens)
+        cohort.token_ms = _ewma(cohort.token_ms, elapsed * 1000 / tokens)
         self.chunks = self.chunks[-255:] + [Chunk(tuple(cohort.batch.uids), len(prompts[0]))]
         return responses
 

@@ -51,6 +51,7 @@ from engine.runtime.ram_tier import RamTier, StoredEntry
 from engine.runtime.requests import GenerationRequest
 from engine.runtime.sampling import StopMatcher, make_sampler
 from engine.runtime.scheduler import PrefillScheduler
+from engine.runtime.step_profile import StepProfile
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,7 @@ class Generator:
         self.pool_limit = bound_pool(config.cache.ram_budget, config.cache.pool_limit)
         # Prompt plus max_tokens of the running sequences together; None: no bound.
         self.max_batch_tokens: int | None = config.model.max_batch_tokens
+        self.profile = StepProfile()  # where each step's wall time goes
         self.bg = self._new_batch_generator()
         self.active: dict[int, _Active] = {}  # uid -> request
         self.by_request: dict[str, int] = {}  # request_id -> uid
@@ -164,12 +166,14 @@ class Generator:
         if m.schedule == "batched":  # mlx-lm's padded prefill batch: the baseline
             return LineageBatchGenerator(self.model, **common)
         scheduler = PrefillScheduler(m.schedule, m.prefill_budget, m.prefill_group)
-        return ChunkedBatchGenerator(self.model, scheduler=scheduler, **common)
+        return ChunkedBatchGenerator(
+            self.model, scheduler=scheduler, profile=self.profile, **common
+        )
 
     # ---- requests in ----------------------------------------------------
 
     def submit(self, req: GenerationRequest, emit: Emit) -> None:
-        self.pending.append((req, emit))
+        self.pending.append((req, self.profile.timed("emit", emit)))
 
     def cancel(self, request_id: str, on_done: Callable[[], None] | None = None) -> None:
         """Stop a request now: its slot is freed before the next decode step.
@@ -244,7 +248,14 @@ class Generator:
     # ---- the loop ---------------------------------------------------------
 
     def step(self) -> None:
-        """Admit pending requests, then one BatchGenerator step."""
+        """Admit pending requests, then one BatchGenerator step (timed by `profile`)."""
+        self.profile.begin()
+        try:
+            self._step()
+        finally:
+            self.profile.end(self.bg.generating)
+
+    def _step(self) -> None:
         waiting = []
         budget_full = False  # once one request waits for room, later ones wait behind it
         while self.pending:
@@ -257,7 +268,8 @@ class Generator:
                 waiting.append((req, emit))
                 continue
             try:
-                self._admit(req, emit)
+                with self.profile.phase("admit"):
+                    self._admit(req, emit)
             except Exception as e:  # one bad request must not fail the batch
                 log.exception("request %s: admission failed", req.request_id)
                 self._release(req)
@@ -445,6 +457,10 @@ class Generator:
         act = self.active.get(r.uid)
         if act is None:
             return
+        with self.profile.phase("capture"):
+            self._prompt_event(act, r)
+
+    def _prompt_event(self, act: _Active, r) -> None:
         done = act.restore_length + int(r.progress[0])
         due = done - act.progress_sent >= PROGRESS_MIN_TOKENS
         if act.prompt_len >= PROGRESS_MIN_TOKENS and not r.end_of_prompt and due:
@@ -519,6 +535,10 @@ class Generator:
     # ---- finishing: store, commit, final event ------------------------------
 
     def _finish(self, act: _Active, reason: FinishReason, cache: list, all_tokens: list) -> None:
+        with self.profile.phase("commit"):
+            self._commit(act, reason, cache, all_tokens)
+
+    def _commit(self, act: _Active, reason: FinishReason, cache: list, all_tokens: list) -> None:
         self._drop(act.uid)
         plan = act.req.plan
         if plan.new_entry_id is None:

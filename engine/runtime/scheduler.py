@@ -15,12 +15,19 @@ prefill chunk that runs beside it, within a token budget:
   chunk is one sequence, or (when `group` > 1) several that have not started
   and whose remaining prefills are within `GROUP_RATIO` of each other; once
   started they stay one prompt batch (a cohort) and run together.
-- Budget: at most `budget` prompt tokens per step; while sequences decode,
-  also at most what keeps the step's prefill under `itl_factor` decode-only
-  steps (from the measured costs; a token's cost includes its share of the
-  fixed cost of a forward, so the share converges on the time it is given),
-  so a decoding stream's inter-token latency stays within (1 + itl_factor)
-  idle steps.
+- Budget, in time: a chunk is sized from measured costs (its own cohort's
+  milliseconds per prefill token at its current context, a forward's fixed
+  cost included, so the size converges on the time it is given). While
+  sequences decode, a long prefill's chunk gets what keeps the whole step
+  within `step_factor` idle decode steps (the step's other work, measured,
+  taken off), so a decoding stream's inter-token gap stays near that; with
+  nothing decoding it gets `slice_ms`, so a newcomer waits at most about
+  that long for the chunk in flight. Never more than `budget` tokens, never
+  fewer than MIN_CHUNK (the long prompt always moves).
+- A short prefill (its whole remaining prompt within `budget` tokens) runs
+  whole in one chunk, also beside decode: its first token comes one step
+  later instead of many, at the price of one longer gap for the decoding
+  streams.
 
 It knows sequences only as uids with token counts and step numbers; nothing
 here touches MLX, a cache or a clock. `batched` (mlx-lm's own padded prefill
@@ -33,8 +40,10 @@ from dataclasses import dataclass
 
 AGING = 16  # tokens taken off a waiting sequence's key per step
 GROUP_RATIO = 1.5  # grouped sequences' remaining prefills differ at most by this factor
-MIN_CHUNK = 4  # a step's prefill share never drops below this while decoding
-ITL_FACTOR = 2.0  # prefill time per step, in decode steps, while sequences decode
+MIN_CHUNK = 1  # a long prefill moves at least this many tokens per step
+STEP_FACTOR = 2.5  # a step with a chunk beside decode aims at this many idle decode steps
+SLICE_MS = 50.0  # a long prefill's chunk with nothing decoding aims at this long
+FIRST_CHUNK = 16  # a long prefill's chunk beside decode before any cost is measured
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,7 @@ class Candidate:
     arrived: int  # the step it arrived in
     cohort: int | None = None  # the prompt batch it prefills in; None: not started
     unblocks: int | None = None  # tokens until it captures an anchor others wait on
+    token_ms: float = 0.0  # its cohort's measured ms per prefill token; 0: not yet
 
 
 @dataclass(frozen=True)
@@ -59,10 +69,11 @@ class Chunk:
 
 @dataclass(frozen=True)
 class Costs:
-    """Measured recently by the batch generator: a decode-only step, one prefill token."""
+    """Measured recently by the batch generator (ms; 0: not measured yet)."""
 
-    decode_ms: float = 0.0
-    token_ms: float = 0.0
+    decode_ms: float = 0.0  # a step that only decoded: a stream's idle inter-token gap
+    token_ms: float = 0.0  # a prefill token, of any cohort (for one not measured yet)
+    beside_ms: float = 0.0  # what a step with a chunk spends besides the chunk's forward
 
 
 class PrefillScheduler:
@@ -74,14 +85,15 @@ class PrefillScheduler:
         budget: int,
         group: int = 1,
         aging: int = AGING,
-        itl_factor: float = ITL_FACTOR,
+        step_factor: float = STEP_FACTOR,
+        slice_ms: float = SLICE_MS,
     ):
         if schedule not in ("srpt", "fifo"):
             raise ValueError(f"schedule {schedule!r} is not srpt or fifo")
         if budget < 1 or group < 1:
             raise ValueError(f"budget {budget} and group {group} must be positive")
         self.schedule, self.budget, self.group = schedule, budget, group
-        self.aging, self.itl_factor = aging, itl_factor
+        self.aging, self.step_factor, self.slice_ms = aging, step_factor, slice_ms
 
     def priority(self, c: Candidate, step: int) -> tuple:
         """Sort key: the smallest runs first."""
@@ -90,12 +102,20 @@ class PrefillScheduler:
         work = c.remaining if c.unblocks is None else min(c.remaining, c.unblocks)
         return (work - self.aging * (step - c.arrived), c.arrived, c.uid)
 
-    def allowance(self, decoding: int, costs: Costs) -> int:
-        """Prompt tokens this step may prefill."""
-        if not decoding or costs.token_ms <= 0:
+    def allowance(self, head: Candidate, decoding: int, costs: Costs) -> int:
+        """Prompt tokens `head` may prefill this step (module doc: budget, in time)."""
+        if head.remaining <= self.budget:  # short: whole, decoding or not
             return self.budget
-        fits = int(self.itl_factor * costs.decode_ms / costs.token_ms)
-        return max(1, min(self.budget, max(MIN_CHUNK, fits)))
+        token_ms = head.token_ms or costs.token_ms
+        if decoding:
+            if token_ms <= 0 or costs.decode_ms <= 0:
+                return min(self.budget, FIRST_CHUNK)
+            room = self.step_factor * costs.decode_ms - costs.beside_ms
+        else:
+            if token_ms <= 0:
+                return self.budget
+            room = self.slice_ms
+        return max(MIN_CHUNK, min(self.budget, int(room / token_ms)))
 
     def plan(
         self, candidates: list[Candidate], step: int, decoding: int = 0, costs: Costs = Costs()
@@ -107,7 +127,7 @@ class PrefillScheduler:
         if not ready:
             return None
         head = ready[0]
-        allowance = self.allowance(decoding, costs)
+        allowance = self.allowance(head, decoding, costs)
         if head.cohort is not None:  # a started cohort runs whole: one prompt batch
             members = [c for c in candidates if c.cohort == head.cohort]
         else:

@@ -61,6 +61,12 @@ class BackgroundEngine:
 
         return ray.get(self.engine.model.tier_stats.remote(), timeout=60)
 
+    def step_profile(self, since: float = 0.0, until: float = float("inf")) -> dict:
+        """The model loop's step times by phase between two `time.perf_counter` readings."""
+        import ray
+
+        return ray.get(self.engine.model.step_profile.remote(since, until), timeout=60)
+
     def stop(self, grace: float = 1.0) -> None:
         try:
             self.call(self.engine.stop(grace=grace))

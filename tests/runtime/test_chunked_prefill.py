@@ -76,8 +76,25 @@ def test_streams_decode_every_step_while_a_long_prompt_prefills_in_chunks(loaded
         assert decoded, "a decoding stream skipped a step"
     uid = eng.generator.by_request["b"]
     assert sum(uid in c.uids for c in bg.chunks) >= 20, "the long prompt was not chunked"
-    assert any(isinstance(e, Progress) for e in b), "no prefill progress"
     assert max(c.tokens * len(c.uids) for c in eng.generator.bg.chunks) <= 32
+    run_all(eng)
+    assert any(isinstance(e, Progress) for e in b), "no prefill progress"
+
+
+def test_a_short_prefill_runs_whole_beside_decode(loaded):
+    eng = engine(loaded, budget=256)
+    a = submit(eng, "a", tokens(40, 1), max_tokens=300)
+    while len(ids(a)) < 8:  # the decode-only step is measured
+        eng.generator.step()
+    b = submit(eng, "b", tokens(240, 5), namespace="b")
+    steps = 0
+    while not ids(b):
+        eng.generator.step()
+        steps += 1
+    uid = eng.generator.by_request["b"]
+    chunks = [c.tokens for c in eng.generator.bg.chunks if uid in c.uids]
+    # one chunk per segment (a capture point may split it), then its first token
+    assert steps <= 3 and len(chunks) <= 2 and sum(chunks) == 239, (steps, chunks)
     run_all(eng)
 
 

@@ -14,13 +14,23 @@ from pathlib import Path
 
 import pytest
 
-from engine.runtime.scheduler import AGING, MIN_CHUNK, Candidate, Chunk, Costs, PrefillScheduler
+from engine.runtime.scheduler import (
+    AGING,
+    FIRST_CHUNK,
+    MIN_CHUNK,
+    Candidate,
+    Chunk,
+    Costs,
+    PrefillScheduler,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def cand(uid, remaining, arrived=0, boundary=None, cohort=None, unblocks=None) -> Candidate:
-    return Candidate(uid, remaining, boundary or remaining, arrived, cohort, unblocks)
+def cand(
+    uid, remaining, arrived=0, boundary=None, cohort=None, unblocks=None, token_ms=0.0
+) -> Candidate:
+    return Candidate(uid, remaining, boundary or remaining, arrived, cohort, unblocks, token_ms)
 
 
 @pytest.mark.parametrize(
@@ -48,19 +58,29 @@ def test_aging_lets_a_long_prompt_beat_newcomers_in_bounded_steps():
 
 
 @pytest.mark.parametrize(
-    "decoding, costs, expected",
+    "remaining, own_ms, decoding, costs, expected",
     [
-        (0, Costs(5.0, 0.4), 128),  # nothing decodes: the whole budget
-        (2, Costs(5.0, 0.4), 25),  # 2 decode steps of prefill time: 10 ms / 0.4 ms
-        (2, Costs(5.0, 0.01), 128),  # cheap tokens: still at most the budget
-        (2, Costs(1.0, 1.0), MIN_CHUNK),  # never below MIN_CHUNK while decoding
-        (2, Costs(0.0, 0.0), 128),  # nothing measured yet
+        # nothing decodes: a long prefill's chunk aims at slice_ms (50 ms / 0.5 ms)
+        (10_000, 0.0, 0, Costs(5.0, 0.5), 100),
+        (10_000, 0.0, 0, Costs(5.0, 0.0), 256),  # nothing measured: the whole budget
+        (10_000, 0.0, 0, Costs(5.0, 0.01), 256),  # cheap tokens: at most the budget
+        # decoding: the step aims at 2 idle steps, less what the step spends besides
+        (10_000, 0.0, 2, Costs(5.0, 0.25, 5.0), 20),  # (2 * 5 - 5) / 0.25
+        (10_000, 0.0, 2, Costs(5.0, 0.25, 2.0), 32),  # (2 * 5 - 2) / 0.25
+        (10_000, 0.5, 2, Costs(5.0, 0.25, 5.0), 10),  # its own cohort's cost wins
+        (10_000, 0.0, 2, Costs(5.0, 0.001, 5.0), 256),  # cheap tokens: at most the budget
+        (10_000, 0.0, 2, Costs(1.0, 1.0, 3.0), MIN_CHUNK),  # the long prompt always moves
+        (10_000, 0.0, 2, Costs(0.0, 0.0), FIRST_CHUNK),  # nothing measured yet
+        # short: its whole remaining prefill in one chunk, decoding or not
+        (200, 0.0, 2, Costs(5.0, 1.0, 5.0), 200),
+        (256, 2.0, 0, Costs(5.0, 1.0), 256),
+        (257, 0.0, 2, Costs(5.0, 1.0, 5.0), 5),
     ],
 )
-def test_budget_and_decode_share(decoding, costs, expected):
-    s = PrefillScheduler("srpt", budget=128)
-    assert s.allowance(decoding, costs) == expected
-    chunk = s.plan([cand(1, 10_000)], step=0, decoding=decoding, costs=costs)
+def test_budget_in_time_and_short_prefills_whole(remaining, own_ms, decoding, costs, expected):
+    s = PrefillScheduler("srpt", budget=256, step_factor=2.0, slice_ms=50.0)
+    head = cand(1, remaining, token_ms=own_ms)
+    chunk = s.plan([head], step=0, decoding=decoding, costs=costs)
     assert chunk == Chunk((1,), expected)
 
 

@@ -1,0 +1,148 @@
+"""Where a step of the model loop spends its wall time: a bounded record of recent steps.
+
+Each `Generator.step` is one record: its total wall time, split into phases
+with exclusive time (a phase entered inside another pauses the outer one):
+
+- `admit`: admission of pending requests (restores, batch insertion);
+- `decode`: the generation batch's step (mlx-lm's: builds the next forward and
+  evaluates the tokens of the one queued last step);
+- `prefill`: the prefill forward of the step's chunk;
+- `capture`: state snapshots and anchor extractions at capture points and at
+  the prompt end;
+- `commit`: storing a finished sequence's entry and telling the manager;
+- `emit`: handing events to the stream (the Ray actor's queue, or a test's list);
+- `other`: the rest (scheduling, moving sequences into the generation batch,
+  the loop's own Python);
+- `gc`: Python garbage collection inside the step (also counted in whichever
+  phase it interrupted).
+
+MLX evaluates lazily and mlx-lm queues the next decode forward asynchronously,
+so a phase's time is where the loop waited, not always which computation ran:
+a prefill forward first waits for the decode forward queued before it.
+
+It knows a clock and the gc module; nothing about MLX, batches or requests.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+PHASES = ("admit", "decode", "prefill", "capture", "commit", "emit", "other", "gc")
+KEEP = 8192  # steps kept
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One step: when it ended (perf_counter s), its wall ms, ms per phase, what it ran."""
+
+    end: float
+    total_ms: float
+    phases: dict
+    decoding: int  # sequences in the generation batch after the step
+    prefill_tokens: int  # prompt tokens its chunk prefilled
+
+
+class StepProfile:
+    """Per-step wall time by phase, for the latest KEEP steps (module doc)."""
+
+    def __init__(self, keep: int = KEEP):
+        self.steps: deque[StepRecord] = deque(maxlen=keep)
+        self._stack: list[list] = []  # [name, resumed at]
+        self._ms: dict | None = None
+        self._t0 = 0.0
+        self._gc_t0: float | None = None
+        self.prefill_tokens = 0
+        gc.callbacks.append(self._on_gc)
+
+    def close(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if self._ms is None:
+            return
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+        elif self._gc_t0 is not None:
+            self._ms["gc"] += (time.perf_counter() - self._gc_t0) * 1000
+            self._gc_t0 = None
+
+    def begin(self) -> None:
+        self._ms = dict.fromkeys(PHASES, 0.0)
+        self._stack = []
+        self.prefill_tokens = 0
+        self._t0 = time.perf_counter()
+
+    def end(self, decoding: int) -> StepRecord | None:
+        if self._ms is None:
+            return None
+        now = time.perf_counter()
+        total = (now - self._t0) * 1000
+        ms = self._ms
+        ms["other"] = max(0.0, total - sum(v for k, v in ms.items() if k not in ("other", "gc")))
+        record = StepRecord(now, total, ms, decoding, self.prefill_tokens)
+        self.steps.append(record)
+        self._ms = None
+        return record
+
+    @contextmanager
+    def phase(self, name: str):
+        """Time the block as `name` (exclusive of phases nested in it); no-op outside a step."""
+        if self._ms is None:
+            yield
+            return
+        now = time.perf_counter()
+        if self._stack:
+            outer = self._stack[-1]
+            self._ms[outer[0]] += (now - outer[1]) * 1000
+        self._stack.append([name, now])
+        try:
+            yield
+        finally:
+            now = time.perf_counter()
+            inner = self._stack.pop()
+            if self._ms is not None:
+                self._ms[inner[0]] += (now - inner[1]) * 1000
+            if self._stack:
+                self._stack[-1][1] = now
+
+    def timed(self, name: str, fn):
+        """`fn` wrapped so each call is timed as phase `name`."""
+
+        def call(*args, **kwargs):
+            with self.phase(name):
+                return fn(*args, **kwargs)
+
+        return call
+
+    def summary(self, since: float = 0.0, until: float = float("inf")) -> dict:
+        """Steps that decoded and ended in [since, until]: percentiles of the wall time, the
+        mean phase split of all of them and of the slowest 1% (what makes the p99 gaps)."""
+        rows = [s for s in self.steps if since <= s.end <= until and s.decoding]
+        if not rows:
+            return {"steps": 0}
+        totals = sorted(s.total_ms for s in rows)
+
+        def pct(q: float) -> float:
+            return totals[min(len(totals) - 1, int(q / 100 * len(totals)))]
+
+        def split(group) -> dict:
+            return {k: round(sum(s.phases[k] for s in group) / len(group), 3) for k in PHASES}
+
+        worst = sorted(rows, key=lambda s: s.total_ms)[-max(1, len(rows) // 100) :]
+        return {
+            "steps": len(rows),
+            "total_ms_p50": round(pct(50), 3),
+            "total_ms_p99": round(pct(99), 3),
+            "total_ms_max": round(totals[-1], 3),
+            "prefill_tokens_mean": round(sum(s.prefill_tokens for s in rows) / len(rows), 2),
+            "mean_ms": split(rows),
+            "slowest_1pct_ms": split(worst),
+            "slowest_1pct_prefill_tokens": round(
+                sum(s.prefill_tokens for s in worst) / len(worst), 2
+            ),
+        }

@@ -10,9 +10,8 @@ In one run, the same seeded traffic (clients.bench.traffic) goes to
   prefilled, greedy decode, insert_cache of prompt + completion;
 - a real `mlx_lm.server` subprocess on the same model directory
   (clients.bench.peer), fed the same messages and tools through its OpenAI
-  HTTP API, one thread per lane; its time to first token is the client's,
-  comparable with ours (a dropped stream is sent with max_tokens = its drop
-  point and counted as dropped);
+  HTTP API, one thread per lane (a dropped stream hangs up after its drop
+  point, as ours is cancelled there);
 - the oracle: for each request, the longest prefix its prompt shares with the
   prompt of any request of an earlier step, or with prompt + completion of
   any earlier completed one (capped at the prompt length minus 1).
@@ -154,10 +153,12 @@ class PromptIds:
 
 
 def _send(client, spec, messages, tools, seed):
-    """One request through the client; cancels after `drop_after` chunks. (ids, text, final)."""
+    """One request through the client; cancels after `drop_after` chunks.
+    (ids, text, final, client's time to first token in ms)."""
     from clients.client import Chunk, Final
 
     ids, texts, chunks, final = [], [], 0, None
+    t_send, t_first = time.perf_counter(), None
     stream = client.stream(
         messages=messages,
         tools=list(tools),
@@ -168,6 +169,8 @@ def _send(client, spec, messages, tools, seed):
     )
     for event in stream:
         if isinstance(event, Chunk):
+            if event.ids and t_first is None:
+                t_first = time.perf_counter()
             ids += event.ids
             texts.append(event.text)
             chunks += 1
@@ -176,7 +179,8 @@ def _send(client, spec, messages, tools, seed):
                 break
         elif isinstance(event, Final):
             final = event
-    return ids, "".join(texts), final
+    ttft_ms = ((t_first or time.perf_counter()) - t_send) * 1000
+    return ids, "".join(texts), final, ttft_ms
 
 
 def run_engine(
@@ -218,7 +222,7 @@ def run_engine(
                 for spec, messages, _ in batch
             ]
             for (spec, _, prompt), future in zip(batch, futures):
-                got, text, final = future.result()
+                got, text, final, ttft_ms = future.result()
                 done = final is not None and final.finish_reason != "cancelled"
                 ob = Observed(spec.rid, spec.step, spec.lane, spec.kind, prompt, got, done)
                 if final is not None and final.usage.prompt_tokens != len(prompt):
@@ -227,7 +231,7 @@ def run_engine(
                         f"tokens on the server, {len(prompt)} rendered here"
                     )
                 if done:
-                    ob.cached, ob.ttft_ms = final.usage.cached_tokens, final.timing.ttft_ms
+                    ob.cached, ob.ttft_ms = final.usage.cached_tokens, ttft_ms  # the client's
                     ob.restore, ob.restore_length = final.restore.kind, final.restore.length
                 yield ob, text
 
@@ -310,13 +314,13 @@ def run_mlx_lm_server(traffic: Traffic, opts: BenchOptions, ids: PromptIds) -> P
     ):
 
         def send(spec, messages):
-            return server.stream(messages, traffic.tools, spec.drop_after or spec.max_tokens)
+            return server.stream(messages, traffic.tools, spec.max_tokens, spec.drop_after)
 
         def serve(batch):
             futures = [pool.submit(send, spec, messages) for spec, messages, _ in batch]
             for (spec, _, prompt), future in zip(batch, futures):
                 reply = future.result()
-                done = not spec.drop_after
+                done = reply.completed
                 completion = ids.tokenizer.encode(reply.text, add_special_tokens=False)
                 ob = Observed(spec.rid, spec.step, spec.lane, spec.kind, prompt, completion, done)
                 if done:

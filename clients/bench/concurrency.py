@@ -11,13 +11,18 @@ conversations. The traffic runs
 - once per schedule (`--schedules`), each on a fresh engine;
 - once against a real `mlx_lm.server` subprocess on the same model directory
   (clients.bench.peer), fed through its OpenAI API from one thread per lane.
-Drops and retries of the traffic are sent as plain requests.
+A dropped call of the traffic is cancelled mid-stream after its drop point
+(ours: the gRPC call is cancelled; the peer: the HTTP connection is closed),
+and its retry resends the same messages in the next step.
 
 After the traffic, a probe on each schedule's engine: a short warm turn (200
 new tokens) arrives while an 8k-token cold prompt prefills, its time to first
-token divided by the same turn's on the idle engine; then a stream decodes
-while another 8k-token cold prompt prefills, its inter-token gaps divided by
-the idle decode step.
+token divided by the same turn's on the idle engine; then streams decode back
+to back while another 8k-token cold prompt prefills, their inter-token gaps
+over the whole prefill divided by the idle decode step, beside the model
+loop's own steps in that window split by phase (engine.runtime.step_profile:
+what the slowest gaps are made of) and that prompt's time to first token
+against the same prompt alone.
 
 Times are the client's (send to first chunk), for ours and the peer alike.
 Cheap to import: MLX, Ray and matplotlib load inside functions.
@@ -28,6 +33,7 @@ from __future__ import annotations
 import os
 import random
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -51,7 +57,7 @@ class ConcurrencyOptions:
     cold_tokens: int = 0  # 0: the traffic's prefix size
     stagger_ms: float = 150.0
     probe_tokens: int = 8192
-    prefill_budget: int = 128
+    prefill_budget: int = 256  # the engine's default
     prefill_step_size: int = 512
     work_dir: str | None = None
 
@@ -69,6 +75,7 @@ class Sent:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     text: str = ""
+    completed: bool = True  # false: dropped by the client mid-stream
 
     @property
     def ttft_ms(self) -> float:
@@ -99,7 +106,9 @@ class EngineSender:
         self.engine = BackgroundEngine(config, timeout=600)
         self.client = Client(self.engine.address, timeout=600)
 
-    def send(self, key, kind, messages=None, tools=None, prompt_ids=None, max_tokens=32) -> Sent:
+    def send(
+        self, key, kind, messages=None, tools=None, prompt_ids=None, max_tokens=32, drop_after=0
+    ) -> Sent:
         from clients.client import Chunk, Final
 
         sent = Sent(key, kind, time.perf_counter())
@@ -113,11 +122,19 @@ class EngineSender:
                 sent.t_first = sent.t_first or now
                 sent.chunk_times.append(now)
                 sent.text += event.text
+                if drop_after and len(sent.chunk_times) >= drop_after:
+                    stream.cancel()  # the client drops the call mid-stream
+                    sent.completed = False
+                    break
             elif isinstance(event, Final):
                 sent.prompt_tokens = event.usage.prompt_tokens
                 sent.cached_tokens = event.usage.cached_tokens
         sent.t_end = time.perf_counter()
         return sent
+
+    def step_profile(self, since: float, until: float) -> dict:
+        """The model loop's steps by phase between two perf_counter readings (same machine)."""
+        return self.engine.step_profile(since, until)
 
     def close(self) -> None:
         self.client.close()
@@ -132,11 +149,13 @@ class PeerSender:
 
         self.server = MlxLmServer(opts.model)
 
-    def send(self, key, kind, messages=None, tools=None, prompt_ids=None, max_tokens=32) -> Sent:
-        reply = self.server.stream(messages, tools, max_tokens)
+    def send(
+        self, key, kind, messages=None, tools=None, prompt_ids=None, max_tokens=32, drop_after=0
+    ) -> Sent:
+        reply = self.server.stream(messages, tools, max_tokens, drop_after)
         return Sent(
             key, kind, reply.t_send, reply.t_first, reply.t_end, reply.chunk_times,
-            reply.prompt_tokens, reply.cached_tokens, reply.text,
+            reply.prompt_tokens, reply.cached_tokens, reply.text, reply.completed,
         )  # fmt: skip
 
     def close(self) -> None:
@@ -173,6 +192,7 @@ def drive(sender, traffic: Traffic, opts: ConcurrencyOptions, solo: bool) -> lis
                     messages=messages,
                     tools=traffic.tools,
                     max_tokens=spec.max_tokens,
+                    drop_after=spec.drop_after,
                 )
                 for spec, messages in batch
             ]
@@ -188,7 +208,8 @@ def drive(sender, traffic: Traffic, opts: ConcurrencyOptions, solo: bool) -> lis
             out += results
             by_key = {s.key: s for s in results}
             for spec, messages in batch:
-                sessions.record(spec, messages, by_key[f"r{spec.rid}"].text, True)
+                got = by_key[f"r{spec.rid}"]
+                sessions.record(spec, messages, got.text, got.completed)
     return out
 
 
@@ -215,18 +236,32 @@ def probe(sender, opts: ConcurrencyOptions) -> dict:
         time.sleep(0.3)
         busy = sender.send("busy-turn", "warm", prompt_ids=turns["busy"], max_tokens=1)
         first.result()
-    with ThreadPoolExecutor(2) as pool:  # a decoding stream during an 8k cold prefill
-        decoding = pool.submit(sender.send, "stream", "warm", prompt_ids=ids(40), max_tokens=1000)
+    solo_cold = sender.send("8k-solo", "cold", prompt_ids=ids(opts.probe_tokens), max_tokens=1)
+    stop = threading.Event()
+    streams: list = []
+    prompts = [ids(40) for _ in range(64)]
+
+    def keep_decoding() -> None:  # streams back to back, through the whole cold prefill
+        for prompt in prompts:
+            if stop.is_set():
+                return
+            streams.append(sender.send("stream", "warm", prompt_ids=prompt, max_tokens=300))
+
+    with ThreadPoolExecutor(1) as pool:  # decoding streams during an 8k cold prefill
+        decoding = pool.submit(keep_decoding)
         time.sleep(0.5)
         cold = sender.send("8k-b", "cold", prompt_ids=ids(opts.probe_tokens), max_tokens=1)
-        decoding = decoding.result()
+        stop.set()
+        decoding.result()
+    t_cold_first = cold.t_first or cold.t_end
     window = [
         b - a
-        for a, b in zip(decoding.chunk_times, decoding.chunk_times[1:])
-        if a >= cold.t_send and b <= (cold.t_first or cold.t_end)
+        for stream in streams
+        for a, b in zip(stream.chunk_times, stream.chunk_times[1:])
+        if a >= cold.t_send and b <= t_cold_first
     ]
     p99 = _percentile(window, 99) if window else 0.0
-    return {
+    out = {
         "idle_step_ms": idle_step * 1000,
         "itl_during_8k_prefill_ms_p50": _percentile(window, 50) * 1000 if window else 0.0,
         "itl_during_8k_prefill_ms_p99": p99 * 1000,
@@ -237,7 +272,11 @@ def probe(sender, opts: ConcurrencyOptions) -> dict:
         "short_turn_solo_ttft_ms": solo.ttft_ms,
         "short_turn_over_solo": busy.ttft_ms / solo.ttft_ms if solo.ttft_ms else 0.0,
         "cold_8k_ttft_ms": cold.ttft_ms,
+        "cold_8k_solo_ttft_ms": solo_cold.ttft_ms,
     }
+    if hasattr(sender, "step_profile"):  # the model loop's own steps in the same window
+        out["loop_steps_during_8k_prefill"] = sender.step_profile(cold.t_send, t_cold_first)
+    return out
 
 
 def grouping_probe(model_dir: str, chunk: int = 128, group: int = 3) -> dict:
@@ -352,7 +391,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--cold-every", type=int, default=2, help="a cold prompt every N steps")
     parser.add_argument("--stagger-ms", type=float, default=150.0)
     parser.add_argument("--probe-tokens", type=int, default=8192)
-    parser.add_argument("--prefill-budget", type=int, default=128)
+    parser.add_argument("--prefill-budget", type=int, default=256)
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="write the figure (matplotlib)")
 

@@ -39,6 +39,7 @@ def summarize(sent: list, solo: list, probe: dict | None) -> dict:
         s.ttft_ms / solo_ttft[s.key]
         for s in sent
         if s.kind == "warm"
+        and s.completed  # a dropped call has no usage to tell its size
         and s.prompt_tokens - s.cached_tokens <= SHORT_TURN
         and solo_ttft.get(s.key)
         and any(c.t_send <= s.t_send < _waiting(c)[1] for c in colds)
@@ -54,6 +55,7 @@ def summarize(sent: list, solo: list, probe: dict | None) -> dict:
     t0 = min(s.t_send for s in sent)
     return {
         "requests": len(sent),
+        "dropped": sum(1 for s in sent if not s.completed),
         "ttft_ms_p50": _pct(ttft, 50),
         "ttft_ms_p90": _pct(ttft, 90),
         "ttft_ms_p99": _pct(ttft, 99),
@@ -131,16 +133,29 @@ def format_table(report: dict) -> str:
     if probes:
         lines += [
             "",
-            "| probe (8k cold prefill) | idle step ms | ITL p99 ms | / idle step | short turn "
-            "ms | solo ms | / solo |",
-            "|---|---|---|---|---|---|---|",
+            "| probe (8k cold prefill) | idle step ms | ITL p50 | p99 ms | p99 / idle step "
+            "| short turn ms | solo ms | / solo | 8k TTFT beside decode / alone s |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for name, p in probes.items():
             lines.append(
-                f"| {name} | {p['idle_step_ms']:.1f} | {p['itl_during_8k_prefill_ms_p99']:.1f} "
-                f"| {p['itl_p99_over_idle_step']:.2f} | {p['short_turn_ttft_ms']:.0f} "
-                f"| {p['short_turn_solo_ttft_ms']:.0f} | {p['short_turn_over_solo']:.2f} |"
+                f"| {name} | {p['idle_step_ms']:.1f} | {p['itl_during_8k_prefill_ms_p50']:.1f} "
+                f"| {p['itl_during_8k_prefill_ms_p99']:.1f} | {p['itl_p99_over_idle_step']:.2f} "
+                f"| {p['short_turn_ttft_ms']:.0f} | {p['short_turn_solo_ttft_ms']:.0f} "
+                f"| {p['short_turn_over_solo']:.2f} | {p['cold_8k_ttft_ms'] / 1000:.1f} / "
+                f"{p.get('cold_8k_solo_ttft_ms', 0.0) / 1000:.1f} |"
             )
+        loops = {n: p["loop_steps_during_8k_prefill"] for n, p in probes.items()
+                 if p.get("loop_steps_during_8k_prefill", {}).get("steps")}  # fmt: skip
+        if loops:
+            lines += ["", "model loop steps during the 8k prefill (ms; slowest 1%: mean split)"]
+            for name, q in loops.items():
+                worst = ", ".join(f"{k} {v:.2f}" for k, v in q["slowest_1pct_ms"].items() if v)
+                lines.append(
+                    f"- {name}: {q['steps']} steps, p50 {q['total_ms_p50']:.2f}, p99 "
+                    f"{q['total_ms_p99']:.2f}, {q['prefill_tokens_mean']:.1f} prompt tokens per "
+                    f"step; slowest 1% ({q['slowest_1pct_prefill_tokens']:.1f} tokens): {worst}"
+                )
     g = report.get("grouping_probe")
     if g:
         lines += [

@@ -75,8 +75,11 @@ class MlxLmServer:
             time.sleep(0.25)
         raise TimeoutError(f"mlx_lm.server did not answer within {START_TIMEOUT_S} s")
 
-    def stream(self, messages: list, tools=None, max_tokens: int = 32) -> PeerReply:
-        """One greedy streaming chat completion; blocks until it ends."""
+    def stream(
+        self, messages: list, tools=None, max_tokens: int = 32, drop_after: int = 0
+    ) -> PeerReply:
+        """One greedy streaming chat completion; blocks until it ends. With `drop_after`, the
+        client hangs up after that many chunks, as a dropped call does (`completed` false)."""
         body = {
             "messages": messages,
             "max_tokens": max_tokens,
@@ -106,10 +109,12 @@ class MlxLmServer:
                 if data == "[DONE]":
                     break
                 self._event(reply, json.loads(data))
+                if drop_after and len(reply.chunk_times) >= drop_after:
+                    break
         finally:
             conn.close()
         reply.t_end = time.perf_counter()
-        reply.completed = True
+        reply.completed = not (drop_after and len(reply.chunk_times) >= drop_after)
         return reply
 
     @staticmethod

@@ -1,4 +1,4 @@
-"""The concurrency benchmark's arithmetic (pure): ratios to solo, gaps beside prefills, rates."""
+"""The concurrency benchmark: its arithmetic (pure), its dropped calls sent as the real thing."""
 
 from __future__ import annotations
 
@@ -24,3 +24,44 @@ def test_summary_figures_from_client_records():
     assert s["prefill_tok_per_s"] == pytest.approx(1100 / 2.0)
     report = {"traffic": {"agents": 1, "prefix_tokens_estimate": 9}, "runs": {"batched": s}}
     assert "| batched |" in format_table(report)
+
+
+def _dropped_then_retried(sent: list, traffic) -> None:
+    """Each dropped call was cut after its drop point; its retry came next, whole."""
+    by_key = {s.key: s for s in sent}
+    specs = [r for r in traffic.requests if r.drop_after]
+    assert specs, "the traffic has no dropped call"
+    for spec in specs:
+        got = by_key[f"r{spec.rid}"]
+        assert not got.completed and len(got.chunk_times) == spec.drop_after, spec
+        retry = next(r for r in traffic.requests if r.session == spec.session and r.rid > spec.rid)
+        assert retry.kind == "retry" and by_key[f"r{retry.rid}"].completed
+
+
+def test_drops_are_cancelled_mid_stream_and_retried(ray_session, model_cache_dir, tmp_path):
+    """bench concurrency sends the traffic's dropped calls as the real thing: cancelled."""
+    from clients.bench.concurrency import ConcurrencyOptions, EngineSender, drive
+    from clients.bench.traffic import build_traffic
+    from engine.runtime.tiny_models import ensure_default_model
+
+    opts = ConcurrencyOptions(model=str(ensure_default_model(model_cache_dir)), cold_every=0)
+    traffic = build_traffic(0, 0.05, 2)
+    sender = EngineSender(opts, "srpt", 1, str(tmp_path / "cache"))
+    try:
+        sent = drive(sender, traffic, opts, solo=False)
+    finally:
+        sender.close()
+    _dropped_then_retried(sent, traffic)
+
+
+def test_the_peer_hangs_up_a_dropped_call(model_cache_dir):
+    """mlx_lm.server gets the same: the client closes the connection at the drop point."""
+    from clients.bench.peer import MlxLmServer
+    from engine.runtime.tiny_models import ensure_default_model
+
+    messages = [{"role": "user", "content": "Count to one hundred, slowly."}]
+    with MlxLmServer(str(ensure_default_model(model_cache_dir))) as server:
+        dropped = server.stream(messages, max_tokens=64, drop_after=2)
+        whole = server.stream(messages, max_tokens=8)
+    assert not dropped.completed and len(dropped.chunk_times) == 2
+    assert whole.completed

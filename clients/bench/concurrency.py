@@ -57,6 +57,7 @@ class ConcurrencyOptions:
     cold_tokens: int = 0  # 0: the traffic's prefix size
     stagger_ms: float = 150.0
     probe_tokens: int = 8192
+    probes: tuple | None = None  # runs probed after their traffic; None: every engine run
     prefill_budget: int = 256  # the engine's default
     prefill_step_size: int = 512
     work_dir: str | None = None
@@ -273,6 +274,15 @@ def probe(sender, opts: ConcurrencyOptions) -> dict:
         "short_turn_over_solo": busy.ttft_ms / solo.ttft_ms if solo.ttft_ms else 0.0,
         "cold_8k_ttft_ms": cold.ttft_ms,
         "cold_8k_solo_ttft_ms": solo_cold.ttft_ms,
+        "streams": [  # seconds from the cold prompt's send; tokens streamed
+            (
+                round(q.t_send - cold.t_send, 3),
+                round((q.t_first or q.t_end) - cold.t_send, 3),
+                round(q.t_end - cold.t_send, 3),
+                len(q.chunk_times),
+            )
+            for q in streams
+        ],
     }
     if hasattr(sender, "step_profile"):  # the model loop's own steps in the same window
         out["loop_steps_during_8k_prefill"] = sender.step_profile(cold.t_send, t_cold_first)
@@ -359,7 +369,9 @@ def run_bench(opts: ConcurrencyOptions) -> dict:
                 sender = EngineSender(opts, schedule, group, os.path.join(work, name))
             try:
                 sent = drive(sender, traffic, opts, solo=False)
-                probed = probe(sender, opts) if name != "mlx_lm_server" else None
+                probed = None
+                if name != "mlx_lm_server" and (opts.probes is None or name in opts.probes):
+                    probed = probe(sender, opts)
             finally:
                 sender.close()
             results[name] = summarize(sent, solo, probed)
@@ -391,6 +403,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--cold-every", type=int, default=2, help="a cold prompt every N steps")
     parser.add_argument("--stagger-ms", type=float, default=150.0)
     parser.add_argument("--probe-tokens", type=int, default=8192)
+    parser.add_argument(
+        "--probes", metavar="RUNS", help="comma-separated runs to probe (default: every engine run)"
+    )
     parser.add_argument("--prefill-budget", type=int, default=256)
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="write the figure (matplotlib)")
@@ -414,6 +429,7 @@ def run(args) -> int:
         cold_every=args.cold_every,
         stagger_ms=args.stagger_ms,
         probe_tokens=args.probe_tokens,
+        probes=tuple(r.strip() for r in args.probes.split(",")) if args.probes else None,
         prefill_budget=args.prefill_budget,
     )
     from clients.bench import emit, own_ray

@@ -59,6 +59,9 @@ def summarize(sent: list, solo: list, probe: dict | None) -> dict:
         "ttft_ms_p50": _pct(ttft, 50),
         "ttft_ms_p90": _pct(ttft, 90),
         "ttft_ms_p99": _pct(ttft, 99),
+        "ttft_ms_p99_warm": _pct([s.ttft_ms for s in sent if s.kind == "warm"], 99),
+        "ttft_ms_p50_cold": _pct([s.ttft_ms for s in colds], 50),
+        "ttft_ms_p99_cold": _pct([s.ttft_ms for s in colds], 99),
         "ttft_over_solo_p50": _pct(ratios, 50),
         "ttft_over_solo_p90": _pct(ratios, 90),
         "short_turns_during_cold": len(short),
@@ -122,6 +125,11 @@ def format_table(report: dict) -> str:
             f"n={r['short_turns_during_cold']}) | {r['itl_ms_p50_beside_prefill']:.0f} "
             f"| {r['itl_ms_p99_beside_prefill']:.0f} | {r['prefill_tok_per_s']:.0f} | {share:.2f} |"
         )
+    lines += ["", "TTFT ms, warm turns p99 / cold prompts p50, p99: " + "; ".join(
+        f"{n} {r['ttft_ms_p99_warm']:.0f} / {r['ttft_ms_p50_cold']:.0f}, "
+        f"{r['ttft_ms_p99_cold']:.0f}"
+        for n, r in report["runs"].items()
+    )]  # fmt: skip
     over = ratios(report)
     if over:
         lines += ["", "over batched: " + "; ".join(

@@ -106,7 +106,7 @@ def test_a_cancelled_prefill_commits_up_to_its_chunk_boundary(loaded):
         eng.generator.step()
     uid = eng.generator.by_request["c"]
     done = sum(c.tokens for c in eng.generator.bg.chunks if uid in c.uids)
-    assert 0 < done < len(prompt) and done % 64 == 0
+    assert 0 < done < len(prompt)  # chunk sizes follow the measured time
     eng.generator.cancel("c")
     assert final(events).finish_reason == FinishReason.CANCELLED
     retry = submit(eng, "c2", prompt, namespace="c")

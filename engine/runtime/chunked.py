@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import deque
 
 import mlx.core as mx
 from mlx_lm.generate import PromptProcessingBatch
@@ -32,6 +33,7 @@ from engine.runtime.scheduler import Candidate, Chunk, Costs, PrefillScheduler
 from engine.runtime.step_profile import StepProfile
 
 EWMA = 0.3  # weight of the newest measurement in the cost estimates
+STEADY_STEPS = 32  # recent steps whose median is a step's steady cost
 
 
 class Cohort:
@@ -54,6 +56,10 @@ def _ewma(old: float, new: float) -> float:
     return new if old <= 0 else (1 - EWMA) * old + EWMA * new
 
 
+def _median(values) -> float:
+    return sorted(values)[len(values) // 2] if values else 0.0
+
+
 def _remaining(segments: list) -> int:
     """Prompt tokens left to prefill: all but the last segment (the last token alone)."""
     return sum(len(s) for s in segments[:-1])
@@ -72,10 +78,14 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         self._cohort_ids = itertools.count()
         self.steps = 0
         self.arrived: dict[int, int] = {}  # uid -> step it arrived in
+        self.last_chunk: dict[int, int] = {}  # uid -> step of its latest chunk
         self.unblocks: dict[int, int] = {}  # uid -> its prompt tokens up to an awaited anchor
-        self._decode_step_ms = 0.0  # a whole step that only decoded (the profile's wall time)
+        # Recent steady steps (the profile's wall time less one-off admissions, captures and
+        # commits): decode-only ones (a stream's idle gap), and those with a chunk beside
+        # decode, less the chunk's forward. Medians: a spike must not size the chunks.
+        self._idle_steps: deque = deque(maxlen=STEADY_STEPS)
+        self._beside_steps: deque = deque(maxlen=STEADY_STEPS)
         self._decode_part_ms = 0.0  # the decode part of any step
-        self._beside_ms = 0.0  # a step with a chunk beside decode, less the chunk's forward
         self._token_ms = 0.0  # prefill time per token, fixed cost per forward included
         self._learned: object = None  # the last profile record learned from
         self.chunks: list[Chunk] = []  # the chunks run, newest last (bounded)
@@ -121,17 +131,18 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         self._learned = last
         if not last.decoding:
             return
+        ms = last.phases
+        steady = last.total_ms - ms["admit"] - ms["capture"] - ms["commit"]
         if last.prefill_tokens:
-            beside = last.total_ms - last.phases["prefill"]
-            self._beside_ms = _ewma(self._beside_ms, beside)
+            self._beside_steps.append(steady - ms["prefill"])
         else:
-            self._decode_step_ms = _ewma(self._decode_step_ms, last.total_ms)
+            self._idle_steps.append(steady)
 
     def _costs(self) -> Costs:
         """The measured costs: a decode-only step (else the decode part of a step), a token,
         a step's work besides its chunk (else the decode-only step)."""
-        decode = self._decode_step_ms or self._decode_part_ms
-        return Costs(decode, self._token_ms, self._beside_ms or decode)
+        decode = _median(self._idle_steps) or self._decode_part_ms
+        return Costs(decode, self._token_ms, _median(self._beside_steps) or decode)
 
     def _room(self) -> int:
         started = len(self._generation_batch) + sum(len(c.batch) for c in self.cohorts.values())
@@ -157,6 +168,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
             cohort=cohort,
             unblocks=None if anchor is None else max(0, anchor - done),
             token_ms=0.0 if cohort is None else self.cohorts[cohort].token_ms,
+            waiting_since=self.last_chunk.get(uid),
         )
 
     def _start_cohort(self, uids) -> int:
@@ -183,8 +195,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
             cohort.processing = [cohort.processing[i] for i in rest]
             gen = cohort.batch.split(split).generate([row[0][0] for row in rows])
             for uid, row in zip(gen.uids, rows):
-                self.arrived.pop(uid, None)
-                self.unblocks.pop(uid, None)
+                self._forget(uid)
                 responses.append(PromptProcessingBatch.Response(uid, (row[2],) * 2, True, True))
             self._generation_batch.extend(gen)
             if not cohort.processing:
@@ -218,7 +229,13 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         self._token_ms = _ewma(self._token_ms, elapsed * 1000 / tokens)
         cohort.token_ms = _ewma(cohort.token_ms, elapsed * 1000 / tokens)
         self.chunks = self.chunks[-255:] + [Chunk(tuple(cohort.batch.uids), len(prompts[0]))]
+        for uid in cohort.batch.uids:
+            self.last_chunk[uid] = self.steps
         return responses
+
+    def _forget(self, uid: int) -> None:
+        for table in (self.arrived, self.unblocks, self.last_chunk):
+            table.pop(uid, None)
 
     # ---- the engine's view of a sequence in prefill -------------------------------
 
@@ -253,8 +270,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         caches = self.extract_cache(uids) if return_prompt_caches else {}
         rest = []
         for uid in uids:
-            self.arrived.pop(uid, None)
-            self.unblocks.pop(uid, None)
+            self._forget(uid)
             cid = self._cohort_id(uid)
             if cid is None:
                 rest.append(uid)

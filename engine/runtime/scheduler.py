@@ -5,9 +5,12 @@ generator does that unconditionally, first); this module then picks the one
 prefill chunk that runs beside it, within a token budget:
 
 - Order: `srpt` runs the sequence with the shortest remaining prefill first,
-  aged so a long prompt is never starved (each step waited takes `aging`
-  tokens off its key, so after `remaining / aging` steps it beats any
-  newcomer). `fifo` runs them in arrival order.
+  aged so a long prompt is never starved: each step it waits since its last
+  chunk takes `aging` tokens off its key, so after `remaining / aging` steps
+  without a chunk it beats any newcomer. The credit is spent by the chunk it
+  wins (aging from arrival would make an old prompt win every step until
+  its end, and a short turn arriving late would wait for all of it). `fifo`
+  runs them in arrival order.
 - A sequence whose next capture point is an anchor that other requests wait
   on is keyed by the tokens up to that point: the waiters restore the anchor
   in the step after it is captured, instead of prefilling it again.
@@ -57,6 +60,7 @@ class Candidate:
     cohort: int | None = None  # the prompt batch it prefills in; None: not started
     unblocks: int | None = None  # tokens until it captures an anchor others wait on
     token_ms: float = 0.0  # its cohort's measured ms per prefill token; 0: not yet
+    waiting_since: int | None = None  # the step of its last chunk; None: `arrived`
 
 
 @dataclass(frozen=True)
@@ -100,7 +104,8 @@ class PrefillScheduler:
         if self.schedule == "fifo":
             return (c.arrived, c.uid)
         work = c.remaining if c.unblocks is None else min(c.remaining, c.unblocks)
-        return (work - self.aging * (step - c.arrived), c.arrived, c.uid)
+        since = c.arrived if c.waiting_since is None else c.waiting_since
+        return (work - self.aging * (step - since), c.arrived, c.uid)
 
     def allowance(self, head: Candidate, decoding: int, costs: Costs) -> int:
         """Prompt tokens `head` may prefill this step (module doc: budget, in time)."""

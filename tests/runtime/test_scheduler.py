@@ -57,6 +57,16 @@ def test_aging_lets_a_long_prompt_beat_newcomers_in_bounded_steps():
     assert s.plan([long, cand(3, 50, arrived=steps)], step=steps).uids == (1,)
 
 
+def test_aging_counts_from_the_last_chunk_so_a_late_short_turn_is_not_stuck():
+    s = PrefillScheduler("srpt", budget=64)
+    # An old long prompt that ran a chunk last step has spent its credit: the newcomer goes.
+    ran = Candidate(1, 4000, 64, arrived=0, cohort=0, waiting_since=999)
+    assert s.plan([ran, cand(2, 50, arrived=1000)], step=1000).uids == (2,)
+    # Kept out of chunks for remaining / AGING steps, it wins again: never starved.
+    wait = 4000 // AGING + 1
+    assert s.plan([ran, cand(3, 50, arrived=999 + wait)], step=999 + wait).uids == (1,)
+
+
 @pytest.mark.parametrize(
     "remaining, own_ms, decoding, costs, expected",
     [

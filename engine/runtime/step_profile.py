@@ -44,6 +44,7 @@ class StepRecord:
     phases: dict
     decoding: int  # sequences in the generation batch after the step
     prefill_tokens: int  # prompt tokens its chunk prefilled
+    decoded: bool = True  # its decode phase ran: a stream waited this step for its next token
 
 
 class StepProfile:
@@ -56,6 +57,8 @@ class StepProfile:
         self._t0 = 0.0
         self._gc_t0: float | None = None
         self.prefill_tokens = 0
+        self._decoded = False
+        self._splits = False  # a decode phase was ever timed (not under `batched`)
         gc.callbacks.append(self._on_gc)
 
     def close(self) -> None:
@@ -73,6 +76,7 @@ class StepProfile:
 
     def begin(self) -> None:
         self._ms = dict.fromkeys(PHASES, 0.0)
+        self._decoded = False
         self._stack = []
         self.prefill_tokens = 0
         self._t0 = time.perf_counter()
@@ -84,7 +88,8 @@ class StepProfile:
         total = (now - self._t0) * 1000
         ms = self._ms
         ms["other"] = max(0.0, total - sum(v for k, v in ms.items() if k not in ("other", "gc")))
-        record = StepRecord(now, total, ms, decoding, self.prefill_tokens)
+        decoded = self._decoded if self._splits else decoding > 0  # batched: no decode phase
+        record = StepRecord(now, total, ms, decoding, self.prefill_tokens, decoded)
         self.steps.append(record)
         self._ms = None
         return record
@@ -100,6 +105,8 @@ class StepProfile:
             outer = self._stack[-1]
             self._ms[outer[0]] += (now - outer[1]) * 1000
         self._stack.append([name, now])
+        if name == "decode":
+            self._decoded = self._splits = True
         try:
             yield
         finally:
@@ -120,9 +127,10 @@ class StepProfile:
         return call
 
     def summary(self, since: float = 0.0, until: float = float("inf")) -> dict:
-        """Steps that decoded and ended in [since, until]: percentiles of the wall time, the
-        mean phase split of all of them and of the slowest 1% (what makes the p99 gaps)."""
-        rows = [s for s in self.steps if since <= s.end <= until and s.decoding]
+        """Steps that decoded and ended in [since, until] (each a decoding stream's inter-token
+        gap): percentiles of the wall time, the mean phase split of all of them and of the
+        slowest 1% (what makes the p99 gaps)."""
+        rows = [s for s in self.steps if since <= s.end <= until and s.decoded and s.decoding]
         if not rows:
             return {"steps": 0}
         totals = sorted(s.total_ms for s in rows)

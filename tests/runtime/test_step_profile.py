@@ -69,6 +69,10 @@ def test_summary_splits_the_slowest_steps(clock):
         with p.phase("prefill"):
             clock.wait(9 if i in (50, 60) else 1)
         p.end(decoding=1 if i else 0)  # the first step decoded nothing: left out
+    p.begin()  # a stream's first step: it decodes from the next one, no gap yet
+    with p.phase("prefill"):
+        clock.wait(30)
+    p.end(decoding=1)
     p.close()
     s = p.summary()
     assert (s["steps"], s["total_ms_p50"], s["total_ms_max"]) == (200, 3, 11)

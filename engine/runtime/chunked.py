@@ -151,14 +151,14 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
     def _candidates(self) -> list[Candidate]:
         out = []
         for cid, cohort in self.cohorts.items():
-            for uid, (segments, done, _) in zip(cohort.batch.uids, cohort.processing):
-                out.append(self._candidate(uid, segments, done, cid))
+            for uid, (segments, done, total) in zip(cohort.batch.uids, cohort.processing):
+                out.append(self._candidate(uid, segments, done, cid, total - 1))
         if self._room() > 0:
             for seq in self._unprocessed_sequences:
                 out.append(self._candidate(seq[0], seq[1], 0, None))
         return out
 
-    def _candidate(self, uid: int, segments: list, done: int, cohort) -> Candidate:
+    def _candidate(self, uid: int, segments: list, done: int, cohort, total=None) -> Candidate:
         anchor = self.unblocks.get(uid)
         return Candidate(
             uid=uid,
@@ -169,6 +169,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
             unblocks=None if anchor is None else max(0, anchor - done),
             token_ms=0.0 if cohort is None else self.cohorts[cohort].token_ms,
             waiting_since=self.last_chunk.get(uid),
+            total=total,
         )
 
     def _start_cohort(self, uids) -> int:

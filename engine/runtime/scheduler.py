@@ -27,10 +27,11 @@ prefill chunk that runs beside it, within a token budget:
   nothing decoding it gets `slice_ms`, so a newcomer waits at most about
   that long for the chunk in flight. Never more than `budget` tokens, never
   fewer than MIN_CHUNK (the long prompt always moves).
-- A short prefill (its whole remaining prompt within `budget` tokens) runs
+- A short prefill (its whole uncached prompt within `budget` tokens) runs
   whole in one chunk, also beside decode: its first token comes one step
   later instead of many, at the price of one longer gap for the decoding
-  streams.
+  streams. The tail of a long prompt is not short: it has waited anyway,
+  and at a long context its last `budget` tokens would stall them longest.
 
 It knows sequences only as uids with token counts and step numbers; nothing
 here touches MLX, a cache or a clock. `batched` (mlx-lm's own padded prefill
@@ -61,6 +62,7 @@ class Candidate:
     unblocks: int | None = None  # tokens until it captures an anchor others wait on
     token_ms: float = 0.0  # its cohort's measured ms per prefill token; 0: not yet
     waiting_since: int | None = None  # the step of its last chunk; None: `arrived`
+    total: int | None = None  # its whole prefill (from its restore point); None: `remaining`
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,8 @@ class PrefillScheduler:
 
     def allowance(self, head: Candidate, decoding: int, costs: Costs) -> int:
         """Prompt tokens `head` may prefill this step (module doc: budget, in time)."""
-        if head.remaining <= self.budget:  # short: whole, decoding or not
+        total = head.remaining if head.total is None else head.total
+        if total <= self.budget:  # short: whole, decoding or not
             return self.budget
         token_ms = head.token_ms or costs.token_ms
         if decoding:

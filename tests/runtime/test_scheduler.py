@@ -151,3 +151,12 @@ def test_the_policy_imports_without_mlx_or_ray():
         [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_the_tail_of_a_long_prompt_is_not_short():
+    s = PrefillScheduler("srpt", budget=256, step_factor=2.0)
+    costs = Costs(5.0, 1.0, 5.0)
+    tail = Candidate(1, 200, 200, 0, cohort=0, token_ms=1.0, total=5000)
+    assert s.plan([tail], step=9, decoding=1, costs=costs) == Chunk((1,), 5)
+    short = Candidate(2, 200, 200, 0, cohort=1, token_ms=1.0, total=240)
+    assert s.plan([short], step=9, decoding=1, costs=costs) == Chunk((2,), 200)

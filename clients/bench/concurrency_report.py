@@ -35,15 +35,20 @@ def summarize(sent: list, solo: list, probe: dict | None) -> dict:
     ttft = [s.ttft_ms for s in sent]
     ratios = [s.ttft_ms / solo_ttft[s.key] for s in sent if solo_ttft.get(s.key)]
     colds = [s for s in sent if s.kind == "cold"]
-    short = [
-        s.ttft_ms / solo_ttft[s.key]
-        for s in sent
-        if s.kind == "warm"
-        and s.completed  # a dropped call has no usage to tell its size
-        and s.prompt_tokens - s.cached_tokens <= SHORT_TURN
-        and solo_ttft.get(s.key)
-        and any(c.t_send <= s.t_send < _waiting(c)[1] for c in colds)
-    ]
+
+    def short_turns(during_cold: bool) -> list:
+        """TTFT/solo of short warm turns sent while a cold prompt prefilled (or not)."""
+        return [
+            s.ttft_ms / solo_ttft[s.key]
+            for s in sent
+            if s.kind == "warm"
+            and s.completed  # a dropped call has no usage to tell its size
+            and s.prompt_tokens - s.cached_tokens <= SHORT_TURN
+            and solo_ttft.get(s.key)
+            and any(c.t_send <= s.t_send < _waiting(c)[1] for c in colds) == during_cold
+        ]
+
+    short, short_alone = short_turns(True), short_turns(False)
     itl = []
     for s in sent:
         others = [_waiting(q) for q in sent if q is not s]
@@ -67,6 +72,9 @@ def summarize(sent: list, solo: list, probe: dict | None) -> dict:
         "short_turns_during_cold": len(short),
         "short_turn_over_solo_p50": _pct(short, 50),
         "short_turn_over_solo_max": max(short, default=0.0),
+        # the same without a cold prompt in flight: what the lanes' own turns cost each other
+        "short_turns_no_cold": len(short_alone),
+        "short_turn_no_cold_over_solo_p50": _pct(short_alone, 50),
         "itl_ms_p50_beside_prefill": _pct(itl, 50),
         "itl_ms_p99_beside_prefill": _pct(itl, 99),
         "prompt_tokens": sum(s.prompt_tokens for s in sent),
@@ -125,6 +133,10 @@ def format_table(report: dict) -> str:
             f"n={r['short_turns_during_cold']}) | {r['itl_ms_p50_beside_prefill']:.0f} "
             f"| {r['itl_ms_p99_beside_prefill']:.0f} | {r['prefill_tok_per_s']:.0f} | {share:.2f} |"
         )
+    lines += ["", "short warm turns with no cold prompt in flight, TTFT/solo p50: " + "; ".join(
+        f"{n} {r['short_turn_no_cold_over_solo_p50']:.2f} (n={r['short_turns_no_cold']})"
+        for n, r in report["runs"].items()
+    )]  # fmt: skip
     lines += ["", "TTFT ms, warm turns p99 / cold prompts p50, p99: " + "; ".join(
         f"{n} {r['ttft_ms_p99_warm']:.0f} / {r['ttft_ms_p50_cold']:.0f}, "
         f"{r['ttft_ms_p99_cold']:.0f}"

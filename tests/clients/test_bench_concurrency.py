@@ -19,6 +19,7 @@ def test_summary_figures_from_client_records():
     assert s["ttft_over_solo_p50"] == pytest.approx((2.0 + 2.0) / 2)
     # r1 is a short warm turn (100 uncached) sent while cold0 prefilled
     assert s["short_turns_during_cold"] == 1 and s["short_turn_over_solo_max"] == pytest.approx(2)
+    assert s["short_turns_no_cold"] == 0
     # gaps 0.6-0.7 and 0.7-2.5 overlap cold0's wait (0-2.0); 2.5-2.6 does not
     assert s["itl_ms_p50_beside_prefill"] == pytest.approx((100 + 1800) / 2)
     assert s["prefill_tok_per_s"] == pytest.approx(1100 / 2.0)

@@ -224,8 +224,6 @@ def probe(sender, opts: ConcurrencyOptions) -> dict:
     def ids(n):
         return [rng.randrange(20, 4000) for _ in range(n)]
 
-    idle = sender.send("idle", "warm", prompt_ids=ids(40), max_tokens=64)
-    idle_step = sorted(_gaps(idle.chunk_times))[len(idle.chunk_times) // 2 - 1]
     turns = {}
     for name in ("solo", "busy"):  # two conversations of the same shape
         base = ids(600)
@@ -238,6 +236,10 @@ def probe(sender, opts: ConcurrencyOptions) -> dict:
         busy = sender.send("busy-turn", "warm", prompt_ids=turns["busy"], max_tokens=1)
         first.result()
     solo_cold = sender.send("8k-solo", "cold", prompt_ids=ids(opts.probe_tokens), max_tokens=1)
+    # The idle step right before the window, as the same streams see it: the median gap.
+    t_idle = time.perf_counter()
+    idle = sender.send("idle", "warm", prompt_ids=ids(40), max_tokens=300)
+    idle_step = _percentile(_gaps(idle.chunk_times), 50)
     stop = threading.Event()
     streams: list = []
     prompts = [ids(40) for _ in range(64)]
@@ -286,6 +288,7 @@ def probe(sender, opts: ConcurrencyOptions) -> dict:
     }
     if hasattr(sender, "step_profile"):  # the model loop's own steps in the same window
         out["loop_steps_during_8k_prefill"] = sender.step_profile(cold.t_send, t_cold_first)
+        out["loop_steps_idle"] = sender.step_profile(t_idle, idle.t_end)
     return out
 
 

@@ -169,6 +169,13 @@ def format_table(report: dict) -> str:
                  if p.get("loop_steps_during_8k_prefill", {}).get("steps")}  # fmt: skip
         if loops:
             lines += ["", "model loop steps during the 8k prefill (ms; slowest 1%: mean split)"]
+            for name, p in probes.items():
+                idle = p.get("loop_steps_idle") or {}
+                if idle.get("steps"):
+                    lines.append(
+                        f"- {name} idle: {idle['steps']} steps, p50 {idle['total_ms_p50']:.2f}, "
+                        f"p99 {idle['total_ms_p99']:.2f}"
+                    )
             for name, q in loops.items():
                 worst = ", ".join(f"{k} {v:.2f}" for k, v in q["slowest_1pct_ms"].items() if v)
                 lines.append(

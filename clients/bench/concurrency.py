@@ -332,6 +332,38 @@ def grouping_probe(model_dir: str, chunk: int = 128, group: int = 3) -> dict:
     return out
 
 
+def floor_probe(model_dir: str, contexts=(0, 2048, 4096, 8192), sizes=(1, 2, 4, 8, 16)) -> dict:
+    """The floor of a chunk beside decode: one forward of n prompt tokens at each context,
+    against a decode step (one token at an empty context), median ms of a few."""
+    import mlx.core as mx
+    import mlx_lm
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model, _ = mlx_lm.load(model_dir)
+    rng = random.Random(1)
+
+    def ids(n):
+        return mx.array([[rng.randrange(20, 4000) for _ in range(n)]])
+
+    def forward_ms(cache, n: int) -> float:
+        times = []
+        for _ in range(5):
+            tic = time.perf_counter()
+            model(ids(n), cache=cache)
+            mx.eval([c.state for c in cache])
+            times.append((time.perf_counter() - tic) * 1000)
+        return sorted(times)[2]
+
+    out = {}
+    for context in contexts:
+        cache = make_prompt_cache(model)
+        for i in range(0, context, 512):
+            model(ids(min(512, context - i)), cache=cache)
+            mx.eval([c.state for c in cache])
+        out[context] = {n: forward_ms(cache, n) for n in sizes}
+    return {"forward_ms": out, "decode_ms": out[contexts[0]][1]}
+
+
 def _gaps(times: list) -> list:
     return [b - a for a, b in zip(times, times[1:])] or [0.0]
 
@@ -384,6 +416,7 @@ def run_bench(opts: ConcurrencyOptions) -> dict:
         "traffic": traffic.summary(),
         "model": opts.model,
         "grouping_probe": grouping_probe(opts.model),
+        "floor_probe": floor_probe(opts.model),
         "options": {
             k: getattr(opts, k)
             for k in ("scale", "agents", "cold_every", "stagger_ms", "probe_tokens")

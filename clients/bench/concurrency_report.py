@@ -183,6 +183,18 @@ def format_table(report: dict) -> str:
                     f"{q['total_ms_p99']:.2f}, {q['prefill_tokens_mean']:.1f} prompt tokens per "
                     f"step; slowest 1% ({q['slowest_1pct_prefill_tokens']:.1f} tokens): {worst}"
                 )
+    f = report.get("floor_probe")
+    if f:
+        sizes = list(next(iter(f["forward_ms"].values())))
+        lines += [
+            "",
+            "floor: one forward of n prompt tokens at a context (ms, in process), against a "
+            f"decode step {f['decode_ms']:.2f} ms",
+            "| context | " + " | ".join(f"n={n}" for n in sizes) + " |",
+            "|---" * (len(sizes) + 1) + "|",
+        ]
+        for context, row in f["forward_ms"].items():
+            lines.append(f"| {context} | " + " | ".join(f"{v:.2f}" for v in row.values()) + " |")
     g = report.get("grouping_probe")
     if g:
         lines += [

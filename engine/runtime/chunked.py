@@ -129,7 +129,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         if last is None or last is self._learned:
             return
         self._learned = last
-        if not last.decoding:
+        if not last.decoded:  # no stream waited through it
             return
         ms = last.phases
         steady = last.total_ms - ms["admit"] - ms["capture"] - ms["commit"]

@@ -182,12 +182,13 @@ def layer_bench(
     chunks=CHUNKS,
     seed: int = 0,
     clustered: bool = False,
-    force: str | None = None,
+    both_paths: bool = False,
 ) -> dict:
     """ms per forward, stock against ours, per chunk length (module doc).
 
-    `clustered` builds the layer and cache with `Clustering`; `force`
-    ("decode" or "gather") also times that path alone, routing aside.
+    `clustered` builds the layer and cache with `Clustering`; `both_paths`
+    also times, for chunks in the block-gather range, the path the router
+    did not take (block-gather or the decode shape) on its own.
     """
     import mlx.core as mx
     import mlx.nn as nn
@@ -230,11 +231,14 @@ def layer_bench(
             "block_union": union,
         }
         plan = sa.SparsePlan()
-        if force and force != path and plan.decode_max < L <= plan.gather_max:
-            with _forced(sa, force):
+        if both_paths and plan.decode_max < L <= plan.gather_max:
+            other = "decode" if path == "gather" else "gather"
+            with _forced(sa, other):
+                taken = sa.ROUTED[other]
                 forced_out = forward(attn)
+                assert sa.ROUTED[other] == taken + 1, (other, dict(sa.ROUTED))
                 row["forced"] = {
-                    "path": force,
+                    "path": other,
                     "ms": _timed(lambda: forward(attn), repeats),
                     "rel_l2": _rel(forced_out, stock_out),
                 }
@@ -242,7 +246,7 @@ def layer_bench(
         print(
             f"  L={L:5d}  stock {stock_ms:9.1f} ms  ours {ours_ms:9.1f} ms  "
             f"x{stock_ms / ours_ms:6.2f}  {path:6s}  rel L2 {rel:.1e}"
-            + (f"  {force} alone {row['forced']['ms']:9.1f} ms" if "forced" in row else ""),
+            + (f"  {other} alone {row['forced']['ms']:9.1f} ms" if "forced" in row else ""),
             flush=True,
         )
     return {
@@ -531,9 +535,9 @@ def add_arguments(p) -> None:
         "model's (sinks, a recent window, topic spans)",
     )
     p.add_argument(
-        "--force",
-        choices=("decode", "gather"),
-        help="also time this path alone for chunks in the block-gather range",
+        "--both-paths",
+        action="store_true",
+        help="for chunks in the block-gather range, also time the path the router did not take",
     )
     p.add_argument("--skip-gated-delta", action="store_true", help="no gated-delta figures")
     p.add_argument("--warm-context", type=int, default=4096, help="warm-turn conversation")
@@ -554,7 +558,7 @@ def run(args) -> int:
             args.repeats,
             tuple(args.chunks),
             clustered=args.selections == "clustered",
-            force=args.force,
+            both_paths=args.both_paths,
         )
     }
     if not args.skip_warm:

@@ -11,18 +11,23 @@ forward by the chunk length ``L``:
 
 - **decode shape** (``1 < L <= decode_max``): every query gathers its own
   indexer top-k latent keys and rope keys and attends in the absorbed form,
-  batched over the chunk's queries (one KV head per query). Causality inside
-  the chunk and left padding come from the same mask the stock path uses,
-  gathered at the top-k positions.
+  all heads at once; the queries go in cache-sized pieces spread over the
+  CPU streams (`cpu_streams`). Causality inside the chunk and left padding
+  come from the same mask the stock path uses, gathered at the top-k
+  positions.
 - **block-gather** (``decode_max < L <= gather_max``): the union of the
   ``block``-token blocks any query of the chunk selects is gathered, only those
   rows are expanded into per-head keys and values, and the sparse mask is
-  restricted to them.
+  restricted to them. When the union is too wide for that to cost less than
+  the decode shape (`gather_pays`), the chunk takes the decode shape.
 - **stock**: ``L == 1``, longer chunks, contexts no longer than
   ``index_topk`` (the indexer selects nothing), quantized KV, no cache.
 
-The new paths are a different association of the MLA absorb, equal to the
-stock path to about 1e-6 relative L2 in float32, not bit-identical.
+Both new paths take the indexer's top-k from `indexer.topk` (mlx-lm's
+indexer, bit for bit, faster on the CPU). The decode shape is a different
+association of the MLA absorb, equal to the stock path to about 1e-6
+relative L2 in float32, not bit-identical; block-gather computes what the
+stock path computes on the rows it keeps.
 
 Installed by swapping each attention module's class for a subclass whose
 ``__call__`` routes the chunk and calls mlx-lm's own ``__call__`` for the stock
@@ -246,12 +251,38 @@ def block_gather(attn, q_nope, q_pe, kv_latent, k_pe, topk, mask, blocks, block:
     at = mx.broadcast_to(positions[:, None, None, :], (B, 1, L, positions.shape[-1]))
     keep = mx.take_along_axis(sparse, at, axis=-1) & inside[:, None, None, :]
 
-    pe_scores = _masked((q_pe * attn.scale) @ rope_keys.swapaxes(-1, -2), keep)
-    keys = attn.embed_q(latent, transpose=False)  # (B, H, M, Dn)
-    values = attn.unembed_out(latent)  # (B, H, M, Dv)
-    return mx.fast.scaled_dot_product_attention(
-        q_nope, keys, values, scale=attn.scale, mask=pe_scores
-    )
+    # Spread over the CPU streams: the expansion by rows, the attention by queries.
+    workers = streams()
+    keys, values = [], []
+    for stream, (s, e) in zip(workers, _split(latent.shape[2], len(workers))):
+        with on(stream):
+            keys.append(attn.embed_q(latent[:, :, s:e], transpose=False))  # (B, H, m, Dn)
+            values.append(attn.unembed_out(latent[:, :, s:e]))  # (B, H, m, Dv)
+    keys, values = _joined(keys, axis=2), _joined(values, axis=2)
+    outs = []
+    for stream, (s, e) in zip(workers, _split(L, len(workers))):
+        with on(stream):
+            pe_scores = (q_pe[:, :, s:e] * attn.scale) @ rope_keys.swapaxes(-1, -2)
+            outs.append(
+                mx.fast.scaled_dot_product_attention(
+                    q_nope[:, :, s:e],
+                    keys,
+                    values,
+                    scale=attn.scale,
+                    mask=_masked(pe_scores, keep[:, :, s:e]),
+                )
+            )
+    return _joined(outs, axis=2)
+
+
+def _split(n: int, parts: int) -> list[tuple[int, int]]:
+    """(start, end) of at most `parts` near-equal pieces of range(n)."""
+    size = -(-n // parts)
+    return [(s, min(n, s + size)) for s in range(0, n, size)]
+
+
+def _joined(arrays: list, axis: int) -> mx.array:
+    return arrays[0] if len(arrays) == 1 else mx.concatenate(arrays, axis=axis)
 
 
 _SPARSE_CLASSES: dict[type, type] = {}

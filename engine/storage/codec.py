@@ -189,36 +189,49 @@ def read_entry(
     return finish_entry(read_arrays(path, fingerprint, entry_id), namespace, tokens)
 
 
+# The dtypes a file's arrays may have, by the names `_dtype_name` writes.
+_DTYPE_NAMES = "bool_ uint8 uint16 uint32 uint64 int8 int16 int32 int64 float16 float32 bfloat16"
+_DTYPES = {name: getattr(mx, name) for name in _DTYPE_NAMES.split() if hasattr(mx, name)}
+
+
 def read_arrays(path: Path, fingerprint: str, entry_id: int):
-    """The part of a load that may run on a reader thread: the read, the checks and the
-    one copy into MLX arrays (no evaluation). `finish_entry` ends it on the model's thread."""
+    """The part of a load a reader thread runs: the header, then the body read straight
+    into MLX buffers allocated here (no copy after the read), checked (the array table,
+    the trailer, the crc32) and evaluated. `finish_entry` ends it on the model's thread.
+
+    Every step that touches the body's bytes (allocation, `readinto`, crc32) runs
+    in C without the GIL: the model loop decodes meanwhile (bench restart).
+    """
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    with os.fdopen(fd, "rb") as f:
+    with os.fdopen(fd, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
-        buf = np.empty(size, np.uint8)
-        if f.readinto(memoryview(buf)) != size:
-            raise file_format.DamagedFile("short read")
-    header = file_format.parse_header(buf.data, size)
-    if header.fingerprint != fingerprint or header.entry_id != entry_id:
-        raise file_format.DamagedFile(
-            f"file of entry {header.entry_id}, fingerprint "
-            f"{header.fingerprint}; expected {entry_id}, {fingerprint}"
-        )
-    meta = header.meta
-    body = file_format.check_body(buf, header)
-    body_bytes = len(body)
-    try:
-        arrays = []
-        for dtype, shape, offset, nbytes in meta["arrays"]:
-            raw = np.dtype(np.uint16 if dtype == "bfloat16" else dtype)
-            count = int(np.prod(shape, dtype=np.int64))
-            if count * raw.itemsize != nbytes or offset + nbytes > body_bytes:
-                raise file_format.DamagedFile("array table out of bounds")
-            view = np.frombuffer(body, raw, count, offset).reshape(shape)
-            a = mx.array(view)
-            arrays.append(a.view(mx.bfloat16) if dtype == "bfloat16" else a)
-    except (KeyError, TypeError, ValueError, AttributeError, ImportError) as e:
-        raise file_format.DamagedFile(f"undecodable body: {e}") from None
+        header = file_format.read_header_from(f, size)
+        if header.fingerprint != fingerprint or header.entry_id != entry_id:
+            raise file_format.DamagedFile(
+                f"file of entry {header.entry_id}, fingerprint "
+                f"{header.fingerprint}; expected {entry_id}, {fingerprint}"
+            )
+        try:
+            buffers = []
+            for dtype, shape, _, nbytes in header.meta["arrays"]:
+                kind = _DTYPES[dtype]
+                raw = mx.uint16 if kind == mx.bfloat16 else kind
+                shape = [int(d) for d in shape]
+                if any(d < 0 for d in shape) or int(np.prod(shape)) * raw.size != nbytes:
+                    raise file_format.DamagedFile("array table out of bounds")
+                buffers.append(mx.zeros(shape, raw))
+        except (KeyError, TypeError, ValueError) as e:
+            raise file_format.DamagedFile(f"undecodable body: {e}") from None
+        if sum(a.nbytes for a in buffers) > size:  # before allocating them
+            raise file_format.DamagedFile("array table out of bounds")
+        mx.eval(buffers)  # fresh buffers (a memset, without the GIL), owned by nobody else
+        # Writable numpy views over them: the file's bytes land in MLX's memory.
+        file_format.read_body(f, header, [np.asarray(a) for a in buffers])
+    arrays = [
+        a.view(mx.bfloat16) if dtype == "bfloat16" else a
+        for a, (dtype, *_) in zip(buffers, header.meta["arrays"])
+    ]
+    mx.eval(arrays)  # the bfloat16 views share their buffers
     return header, arrays, size
 
 

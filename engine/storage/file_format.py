@@ -169,16 +169,21 @@ def parse_header(head: bytes | memoryview, file_bytes: int | None = None) -> Hea
 def read_header(path: Path) -> Header:
     """Read and check one file's header (prefix, meta, tokens) only."""
     with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        prefix = f.read(_PREFIX.size)
-        if len(prefix) == _PREFIX.size and prefix[:8] == MAGIC:
-            _, _, meta_len, n_tokens, _ = _PREFIX.unpack(prefix)
-            if meta_len <= _MAX_META:
-                prefix += f.read(meta_len + 4 * n_tokens)
-        header = parse_header(prefix, size)
+        header = read_header_from(f, os.fstat(f.fileno()).st_size)
     if header.entry_id != file_id(path):
         raise DamagedFile(f"header names entry {header.entry_id}")
     return header
+
+
+def read_header_from(f, size: int) -> Header:
+    """The header of an open file of `size` bytes, read from its start; DamagedFile if bad."""
+    f.seek(0)
+    prefix = f.read(_PREFIX.size)
+    if len(prefix) == _PREFIX.size and prefix[:8] == MAGIC:
+        _, _, meta_len, n_tokens, _ = _PREFIX.unpack(prefix)
+        if meta_len <= _MAX_META:
+            prefix += f.read(meta_len + 4 * n_tokens)
+    return parse_header(prefix, size)
 
 
 def file_id(path: Path) -> int | None:
@@ -216,20 +221,46 @@ def encode_trailer(body_bytes: int, body_crc: int) -> bytes:
     return _TRAILER.pack(END_MAGIC, body_bytes, body_crc)
 
 
-def check_body(buf: np.ndarray, header: Header) -> memoryview:
-    """The body of a whole file read into `buf`, its trailer and checksum verified.
+def read_body(f, header: Header, targets: list) -> None:
+    """Read the body of an open file into `targets` and check it: the array table, the
+    trailer, the body's crc32. DamagedFile when any of them fails.
 
-    DamagedFile when the trailer is missing, declares another size, or the
-    body's crc32 does not match it.
+    `targets` holds one writable C-contiguous buffer per array of the table, of
+    its size (the caller allocates them where the arrays must live: the bytes
+    go from the file straight there). `f` should be unbuffered (`buffering=0`):
+    each array is then one `readinto` and one `zlib.crc32` over its own bytes,
+    both of which run without the GIL, so a reader thread holds it only
+    between arrays and the model loop keeps stepping meanwhile.
     """
     body_bytes = int(header.meta["body_bytes"])
-    end = header.body_offset + body_bytes
-    if len(buf) < end + _TRAILER.size:
-        raise DamagedFile("truncated before the trailer")
-    magic, declared, crc = _TRAILER.unpack_from(buf, end)
+    table = header.meta["arrays"]
+    if len(targets) != len(table):
+        raise DamagedFile("array table does not match the arrays")
+    f.seek(header.body_offset)
+    crc, pos = 0, 0
+    for (_, _, offset, nbytes), target in zip(table, targets):
+        view = memoryview(target).cast("B")
+        if not pos <= offset <= body_bytes - nbytes or view.nbytes != nbytes:
+            raise DamagedFile("array table out of bounds")
+        if offset > pos:  # alignment padding
+            crc = zlib.crc32(_read_exactly(f, bytearray(offset - pos)), crc)
+        crc = zlib.crc32(_read_exactly(f, view), crc)
+        pos = offset + nbytes
+    if body_bytes > pos:
+        crc = zlib.crc32(_read_exactly(f, bytearray(body_bytes - pos)), crc)
+    magic, declared, expected = _TRAILER.unpack(_read_exactly(f, bytearray(_TRAILER.size)))
     if magic != END_MAGIC or declared != body_bytes:
         raise DamagedFile("bad trailer")
-    body = buf[header.body_offset : end]
-    if zlib.crc32(body) != crc:
+    if crc != expected:
         raise DamagedFile("body checksum mismatch")
-    return body
+
+
+def _read_exactly(f, buf):
+    """`buf` filled from `f`'s position; DamagedFile when the file ends first."""
+    view, done = memoryview(buf).cast("B"), 0
+    while done < view.nbytes:
+        n = f.readinto(view[done:])
+        if not n:
+            raise DamagedFile("truncated before the trailer")
+        done += n
+    return buf

@@ -82,6 +82,7 @@ def _warm_turns(engine: LocalEngine, rng, context: int, turns: int, new: int, vo
                 "forward_ms": fwd,
                 "bytes_copied_restore": t.bytes_copied_restore,
                 "bytes_copied_commit": t.bytes_copied_commit,
+                "bytes_copied_batch": t.bytes_copied_batch,
                 "restored_kv_bytes": t.restored_kv_bytes,
                 "peak_memory_delta": peak_delta,
             }
@@ -153,6 +154,7 @@ def run_bench(
         "forward_1k_ms": med("forward_ms", rows_1k),
         "bytes_copied_restore": med("bytes_copied_restore"),
         "bytes_copied_commit": med("bytes_copied_commit"),
+        "bytes_copied_batch": med("bytes_copied_batch"),
         "restored_kv_bytes": med("restored_kv_bytes"),
         "peak_memory_delta": med("peak_memory_delta"),
         "pool_clears": engine.generator.bg.pool.count,
@@ -185,7 +187,8 @@ def report(out: dict) -> str:
             f"(8k/1k = {out['ratio_8k_to_1k']:.2f}, target <= 1.5; the bare forward alone "
             f"scales {out['forward_8k_to_1k']:.2f}x: {out['forward_1k_ms']:.1f} ms at 1k)",
             f"bytes copied/turn     restore {out['bytes_copied_restore']:.0f}, commit "
-            f"{out['bytes_copied_commit']:.0f}; restored KV {out['restored_kv_bytes']:.0f} "
+            f"{out['bytes_copied_commit']:.0f}, batch {out['bytes_copied_batch']:.0f}; "
+            f"restored KV {out['restored_kv_bytes']:.0f} "
             f"(the batch merge copies it once; a sequence finishing alone leaves with views "
             f"of its rows, so the commit copies none)",
             f"peak memory delta     {out['peak_memory_delta']:.0f} bytes per warm turn",

@@ -111,7 +111,7 @@ class Restore(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., length: _Optional[int] = ...) -> None: ...
 
 class Timing(_message.Message):
-    __slots__ = ("queue_ms", "plan_ms", "restore_ms", "prefill_ms", "commit_ms", "ttft_ms", "decode_tps", "bytes_copied_restore", "bytes_copied_commit", "restored_kv_bytes")
+    __slots__ = ("queue_ms", "plan_ms", "restore_ms", "prefill_ms", "commit_ms", "ttft_ms", "decode_tps", "bytes_copied_restore", "bytes_copied_commit", "restored_kv_bytes", "bytes_copied_batch")
     QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
     PLAN_MS_FIELD_NUMBER: _ClassVar[int]
     RESTORE_MS_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +122,7 @@ class Timing(_message.Message):
     BYTES_COPIED_RESTORE_FIELD_NUMBER: _ClassVar[int]
     BYTES_COPIED_COMMIT_FIELD_NUMBER: _ClassVar[int]
     RESTORED_KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_COPIED_BATCH_FIELD_NUMBER: _ClassVar[int]
     queue_ms: float
     plan_ms: float
     restore_ms: float
@@ -132,7 +133,8 @@ class Timing(_message.Message):
     bytes_copied_restore: int
     bytes_copied_commit: int
     restored_kv_bytes: int
-    def __init__(self, queue_ms: _Optional[float] = ..., plan_ms: _Optional[float] = ..., restore_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., commit_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., decode_tps: _Optional[float] = ..., bytes_copied_restore: _Optional[int] = ..., bytes_copied_commit: _Optional[int] = ..., restored_kv_bytes: _Optional[int] = ...) -> None: ...
+    bytes_copied_batch: int
+    def __init__(self, queue_ms: _Optional[float] = ..., plan_ms: _Optional[float] = ..., restore_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., commit_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., decode_tps: _Optional[float] = ..., bytes_copied_restore: _Optional[int] = ..., bytes_copied_commit: _Optional[int] = ..., restored_kv_bytes: _Optional[int] = ..., bytes_copied_batch: _Optional[int] = ...) -> None: ...
 
 class Final(_message.Message):
     __slots__ = ("finish_reason", "usage", "restore", "timing", "request_id", "replica")

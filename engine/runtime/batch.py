@@ -26,6 +26,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.generate import BatchGenerator, PromptProcessingBatch, _right_pad_prompts
 from mlx_lm.models.cache import BatchKVCache, CacheList, KVCache
 
+from engine.runtime.copies import CopyLedger
 from engine.runtime.layer_caches import snapshot_state
 
 
@@ -128,6 +129,8 @@ class LineagePromptBatch(PromptProcessingBatch):
     clear_pool: bool = False
     pool: PoolClearCounter | None = None
     layer_timer = None  # set by the generator: callable(chunk_len) -> context manager
+    ledger: CopyLedger | None = None  # set by the generator: reshuffles and growth, per uid
+    extracted: dict | None = None  # set by the generator: uid -> KV bytes extractions copied
 
     def __init__(self, *args, caches=None, room: int = 0, **kwargs):
         super().__init__(*args, caches=[], **kwargs)
@@ -138,7 +141,40 @@ class LineagePromptBatch(PromptProcessingBatch):
     def _copy(self):
         new = super()._copy()
         new.clear_pool, new.pool, new.layer_timer = self.clear_pool, self.pool, self.layer_timer
+        new.ledger, new.extracted = self.ledger, self.extracted
         return new
+
+    def filter(self, keep):
+        """mlx-lm's filter (a gather of the kept rows), charged to the kept sequences."""
+        if self.ledger is None:
+            return super().filter(keep)
+        uids = list(self.uids)
+        self.ledger.filter(
+            self.prompt_cache,
+            uids,
+            list(keep),
+            lambda: super(LineagePromptBatch, self).filter(keep),
+        )
+
+    def extend(self, batch):
+        """mlx-lm's extend (padded copies, a concatenation), charged to every sequence."""
+        if self.ledger is None:
+            return super().extend(batch)
+        uids, other = list(self.uids), list(batch.uids)
+
+        def run():
+            super(LineagePromptBatch, self).extend(batch)
+            return self.prompt_cache
+
+        self.ledger.extend(self.prompt_cache, uids, batch.prompt_cache, other, run)
+
+    def extract_cache(self, idx: int) -> list:
+        """One sequence's caches, copied out of the batch layout (counted per uid)."""
+        out = super().extract_cache(idx)
+        if self.extracted is not None:
+            uid = self.uids[idx]
+            self.extracted[uid] = self.extracted.get(uid, 0) + sum(_kv_bytes(c) for c in out)
+        return out
 
     def split(self, indices):
         """Move `indices` to a new batch without deep-copying the whole batch's caches."""
@@ -184,6 +220,8 @@ class LineagePromptBatch(PromptProcessingBatch):
                 c.finalize()
             mx.eval([c.state for c in self.prompt_cache])
             self._maybe_clear()
+        if self.ledger is not None:  # a chunk beyond the merged room grew the buffers
+            self.ledger.grown(self.prompt_cache, list(self.uids))
 
     def _maybe_clear(self) -> None:
         if self.clear_pool and self.pool is not None:
@@ -241,14 +279,42 @@ class LineageBatchGenerator(BatchGenerator):
         # by a copying extraction (commit); the generator takes them per request.
         self.restore_copies: dict[int, int] = {}
         self.commit_copies: dict[int, int] = {}
+        # What mlx-lm's batch caches copy when the batches change shape or outgrow their
+        # buffers (engine.runtime.copies), per uid: `ledger.pop(uid)`.
+        self.ledger = CopyLedger()
         gen.extract_cache = lambda idx: extract_alone(gen, idx, self.commit_copies)
+        gen_filter, gen_extend = gen.filter, gen.extend
+
+        def filter_generation(keep):
+            self.ledger.filter(
+                gen.prompt_cache, list(gen.uids), list(keep), lambda: gen_filter(keep)
+            )
+
+        def extend_generation(batch):
+            def run():
+                gen_extend(batch)
+                return gen.prompt_cache
+
+            self.ledger.extend(
+                gen.prompt_cache, list(gen.uids), batch.prompt_cache, list(batch.uids), run
+            )
+
+        gen.filter, gen.extend = filter_generation, extend_generation
         self.pool = PoolClearCounter()
         batch = LineagePromptBatch.empty(
             self.model, self.sampler, prefill_step_size=self.prefill_step_size
         )
         batch.clear_pool = clear_pool_per_prefill
         batch.pool = self.pool
+        batch.ledger, batch.extracted = self.ledger, self.commit_copies
         self._prompt_batch = batch
+
+    def next(self):
+        """One step (mlx-lm's); then the decode's growth of the generation batch is charged."""
+        out = super().next()
+        gen = self._generation_batch
+        self.ledger.grown(gen.prompt_cache, list(gen.uids))
+        return out
 
     # The engine's view of the two batches: what the generator may read of a
     # sequence between steps. mlx-lm's private fields are touched here only.
@@ -270,11 +336,10 @@ class LineageBatchGenerator(BatchGenerator):
         return snapshot_state(batch.prompt_cache, batch.uids.index(uid))
 
     def prefill_extract(self, uid: int) -> list:
-        """The layer caches of a sequence in prefill, extracted alone (one copy of its rows)."""
+        """The layer caches of a sequence in prefill, extracted alone (one copy of its rows,
+        counted in `commit_copies` by the batch)."""
         batch = self._prompt_batch
-        out = batch.extract_cache(batch.uids.index(uid))
-        self.commit_copies[uid] = self.commit_copies.get(uid, 0) + sum(_kv_bytes(c) for c in out)
-        return out
+        return batch.extract_cache(batch.uids.index(uid))
 
     @property
     def generating(self) -> int:
@@ -318,5 +383,7 @@ class LineageBatchGenerator(BatchGenerator):
             **fields,
         )
         batch.clear_pool, batch.pool = self._prompt_batch.clear_pool, self.pool
+        batch.ledger, batch.extracted = self.ledger, self.commit_copies
+        self.ledger.note(batch.prompt_cache)
         self.restore_copies.update(batch.copied)
         return batch, processing

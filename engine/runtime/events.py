@@ -32,9 +32,12 @@ class Timing:
     commit_ms: float = 0.0  # stored to the manager's Orders applied
     ttft_ms: float = 0.0  # received to the first token
     decode_tps: float = 0.0  # tokens per second after the first
-    bytes_copied_restore: int = 0
-    bytes_copied_commit: int = 0
+    bytes_copied_restore: int = 0  # the batch merge of its restored KV rows and state
+    bytes_copied_commit: int = 0  # state snapshots stored, copying extractions
     restored_kv_bytes: int = 0
+    # Its rows copied when the batches changed shape around it (others joined or left,
+    # a prompt batch split) or outgrew their buffers (engine.runtime.copies)
+    bytes_copied_batch: int = 0
 
 
 @dataclass(frozen=True)

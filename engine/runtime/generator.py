@@ -686,6 +686,7 @@ class Generator:
             bytes_copied_restore=act.copied_restore,
             bytes_copied_commit=act.copied_commit,
             restored_kv_bytes=act.restored_kv_bytes,
+            bytes_copied_batch=self.bg.ledger.pop(act.uid),
         )
         self.lost.pop(act.req.request_id, None)
         self.bg.commit_copies.pop(act.uid, None)

@@ -82,6 +82,12 @@ def test_sequences_finishing_together_count_their_copied_rows(local):
     rows = kv_bytes_per_token(entry.layers) * (first.prompt_tokens + 120)
     assert first.timing.bytes_copied_commit == rows + 2 * state
     assert last.timing.bytes_copied_commit == 2 * state, "alone: views of its rows"
+    # The second joining the first's generation batch copied both (mlx-lm's extend), and
+    # the first leaving copied the second's rows (the gather): each charged its own rows.
+    assert first.timing.bytes_copied_batch >= rows
+    assert last.timing.bytes_copied_batch >= 2 * kv_bytes_per_token(entry.layers) * (
+        last.prompt_tokens
+    )
 
 
 def test_restore_shares_the_stored_buffers(local):

@@ -55,6 +55,7 @@ class BenchOptions:
     work_dir: str | None = None  # fresh cache directories go here (default: a temp dir)
     replicas: int = 1  # > 1: lineage on one replica against lineage on this many
     route_threshold: int = 4096  # the engine's --route-threshold (queued prefill tokens)
+    variants: int = 4  # system-prompt-variant sessions at the end of the traffic
 
 
 @dataclass
@@ -469,7 +470,7 @@ def run_bench(opts: BenchOptions) -> dict:
     unknown = [p for p in opts.policies if p not in POLICIES and not parse(p)]
     if unknown:
         raise ValueError(f"unknown policies {unknown} (use some of {', '.join(POLICIES)})")
-    traffic = build_traffic(opts.seed, opts.scale, opts.agents)
+    traffic = build_traffic(opts.seed, opts.scale, opts.agents, opts.variants)
     ids = PromptIds(opts.model)
     runs = {}
     work = tempfile.mkdtemp(prefix="lineage-bench-agents-", dir=opts.work_dir)
@@ -487,7 +488,8 @@ def run_bench(opts: BenchOptions) -> dict:
         shutil.rmtree(work, ignore_errors=True)
     from clients.bench.report import summarize
 
-    policies = {name: summarize(run) for name, run in runs.items()}
+    phases = {r.rid: r.phase for r in traffic.requests if r.phase}
+    policies = {name: summarize(run, phases) for name, run in runs.items()}
     first = next(iter(policies.values()))
     replies = {
         name: {o.rid: o.completion for o in run.observed if o.completed}
@@ -550,6 +552,14 @@ def add_arguments(parser) -> None:
         help="the engines' --route-threshold (0: every request to the least loaded replica, "
         "which fetches its restore point from the holder)",
     )
+    parser.add_argument(
+        "--variants",
+        type=int,
+        default=4,
+        metavar="N",
+        help="system-prompt-variant sessions after the rest (one word changed deep inside "
+        "the system prompt, a different word each), reported as their own phase",
+    )
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="write the figure (matplotlib)")
 
@@ -581,6 +591,7 @@ def options_from_args(args) -> BenchOptions:
         policies=policies,
         replicas=replicas,
         route_threshold=getattr(args, "route_threshold", 4096),
+        variants=getattr(args, "variants", 4),
     )
 
 

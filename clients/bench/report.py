@@ -13,8 +13,9 @@ import numpy as np
 from clients.bench.agents import POLICIES, PolicyRun, oracle_lengths
 
 
-def summarize(run: PolicyRun) -> dict:
-    """The policy's figures over its completed requests, against its own oracle."""
+def summarize(run: PolicyRun, phases: dict | None = None) -> dict:
+    """The policy's figures over its completed requests, against its own oracle; also per
+    phase of the traffic (`phases`: request id -> phase name, for requests in one)."""
     obs = run.observed
     oracle = oracle_lengths([o.step for o in obs], [o.prompt for o in obs], [o.stored for o in obs])
     done = [(o, n) for o, n in zip(obs, oracle) if o.completed]
@@ -45,6 +46,7 @@ def summarize(run: PolicyRun) -> dict:
         "completion_tokens": completion,
         "tokens_per_s": (prompt + completion) / run.wall_s if run.wall_s else 0.0,
         **({"replicas": run.replicas} if run.replicas else {}),
+        "phases": _phases(done, phases or {}),
         "per_request": [
             {
                 "rid": o.rid,
@@ -62,6 +64,27 @@ def summarize(run: PolicyRun) -> dict:
             for o, n in zip(obs, oracle)
         ],
     }
+
+
+def _phases(done: list, phases: dict) -> dict:
+    """Cached tokens against the oracle over each phase's completed requests, and over its
+    sessions' first requests alone (where nothing of the session is stored yet)."""
+    out = {}
+    for name in sorted(set(phases.values())):
+        rows = [(o, n) for o, n in done if phases.get(o.rid) == name]
+        first = [(o, n) for o, n in rows if o.kind == "first"]
+        cached, best = sum(o.cached for o, _ in rows), sum(n for _, n in rows)
+        cached_first, best_first = sum(o.cached for o, _ in first), sum(n for _, n in first)
+        out[name] = {
+            "requests": len(rows),
+            "cached_tokens": cached,
+            "oracle_cached_tokens": best,
+            "oracle_fraction": cached / best if best else 1.0,
+            "first_cached_tokens": cached_first,
+            "first_oracle_cached_tokens": best_first,
+            "first_oracle_fraction": cached_first / best_first if best_first else 1.0,
+        }
+    return out
 
 
 def format_table(report: dict) -> str:
@@ -88,6 +111,14 @@ def format_table(report: dict) -> str:
             f"{p['ram_bytes'] / 1e6:>8.1f} {p['disk_bytes'] / 1e6:>8.1f} {p['evictions']:>6} "
             f"{p['disk_bytes_per_turn']:>11.0f}  {kinds}"
         )
+    for name, p in report["policies"].items():
+        for phase, f in p.get("phases", {}).items():
+            lines.append(
+                f"{name:<13} phase {phase}: {f['cached_tokens']} of the oracle's "
+                f"{f['oracle_cached_tokens']} cached tokens ({f['oracle_fraction']:.1%}) over "
+                f"{f['requests']} requests; their first requests {f['first_cached_tokens']} of "
+                f"{f['first_oracle_cached_tokens']} ({f['first_oracle_fraction']:.1%})"
+            )
     lineage = report["policies"].get("lineage")
     if lineage:
         short = [

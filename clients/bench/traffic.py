@@ -12,7 +12,12 @@ varied size. The traffic also holds:
   that changes every simulated minute (re-rendered on every request);
 - a user who edits the last message, regenerates a reply, and retries after a
   dropped stream (a request with `drop_after` chunks: the client cancels it);
-- a fresh session every few turns.
+- a fresh session every few turns;
+- with `variants` > 0, a last phase ("system_variants"): sessions whose
+  system prompt is the main one with one word changed three quarters of the
+  way into it, a different word per session (a sub-agent told another
+  target, say), so a restore inside the long system block is what they can
+  share with what came before.
 
 The traffic is a list of `RequestSpec`s ordered by step. Requests of one step
 run concurrently, one per lane; a request depends on the previous request
@@ -40,6 +45,9 @@ TOOLS_SHARE = 0.4  # of the prefix
 KINDS = ("main", "variant", "clock")
 STEP_SECONDS = 20  # simulated time per step: the clock's minute changes every 3 steps
 EVENTS = ("edit", "regenerate", "drop_retry")
+VARIANT_PHASE = "system_variants"
+VARIANT_DEPTH = 0.75  # where in the system text the changed word sits
+VARIANT_WORDS = ("staging", "nightly", "canary", "sandbox", "mirror", "archive", "preview")
 
 _FAMILIES = {
     "fs": ("file in the workspace", ["read", "write", "delete", "move", "stat", "glob"]),
@@ -189,6 +197,7 @@ class RequestSpec:
     namespace: str = ""
     max_tokens: int = 32
     drop_after: int = 0  # > 0: the client cancels after this many chunks
+    phase: str = ""  # "" for the main traffic, else the phase it belongs to
 
 
 @dataclass(frozen=True)
@@ -420,6 +429,7 @@ class _Builder:
     max_tokens: int
     step: int
     out: list = field(default_factory=list)
+    phase: str = ""
 
     def add(
         self, session: str, kind: str, system: str, base: str, new=(), calls=(), drop_after: int = 0
@@ -438,6 +448,7 @@ class _Builder:
                 reply_tool_calls=tuple(calls),
                 max_tokens=max_tokens,
                 drop_after=drop_after,
+                phase=self.phase,
             )
         )
         self.step += 1
@@ -488,13 +499,18 @@ def _session(
             b.add(sid, "tool_result", b.system_key(kind), "extend", [result], calls=[call])
 
 
-def build_traffic(seed: int = 0, scale: float = 1.0, agents: int | None = None) -> Traffic:
+def build_traffic(
+    seed: int = 0, scale: float = 1.0, agents: int | None = None, variants: int = 0
+) -> Traffic:
     """The traffic of `agents` lanes at `scale` (1.0: ~10k-token prefix, 3 sessions of 3 turns).
 
     Lane 0 (the lead) starts at step 0 and the other lanes at step 1, so the
     sub-agents start together once the lead's first request is done. Session
     j of lane a is of kind KINDS[(a + j) % 3] and holds the user event
     EVENTS[(2a + j) % 3], so two lanes of two sessions hold every feature.
+    Then `variants` system-prompt-variant sessions (`variant_system`) of three
+    requests each, after every other request: one starts per step (a session
+    per lane at a time).
     """
     if scale <= 0:
         raise ValueError(f"scale must be > 0, got {scale}")
@@ -519,12 +535,50 @@ def build_traffic(seed: int = 0, scale: float = 1.0, agents: int | None = None) 
                 b, rng, j, turns, KINDS[(lane + j) % 3], EVENTS[(2 * lane + j) % 3], event_turn
             )
         specs += b.out
+    start = max((r.step for r in specs), default=-1) + 1
+    free = [start] * agents  # each lane's next step without a request
+    for v in range(variants):  # one new variant session per step, one per lane at a time
+        rng = random.Random(f"variant-{seed}-{v}")
+        lane = v % agents
+        step = max(start + v, free[lane])
+        b = _Builder(scale, lane, tools, max_tokens, step, phase=VARIANT_PHASE)
+        key = f"sysvar@{v}"
+        systems[key] = variant_system(body, v) + _role("implementer")
+        user = {"role": "user", "content": _user_text(rng, lane, 100 + v, 0)}
+        sid = f"v{v}"
+        b.add(sid, "first", key, "new", [user])
+        call = _tool_call(rng, f"v{v}", tools)
+        result = {
+            "role": "tool",
+            "tool_call_id": call["id"],
+            "name": call["function"]["name"],
+            "content": _tool_result(rng, call["function"]["name"], max(20, int(600 * scale))),
+        }
+        b.add(sid, "tool_result", key, "extend", [result], calls=[call])
+        again = {"role": "user", "content": _user_text(rng, lane, 100 + v, 1)}
+        b.add(sid, "user", key, "extend", [again])
+        free[lane] = b.step
+        specs += b.out
     for spec in specs:
         if spec.system.startswith("clock@"):
             systems.setdefault(spec.system, clock(int(spec.system.split("@")[1])))
     specs.sort(key=lambda r: (r.step, r.lane))
     requests = tuple(_with_rid(r, i) for i, r in enumerate(specs))
     return Traffic(seed, scale, agents, systems, tuple(tools), requests)
+
+
+def variant_system(body: str, v: int) -> str:
+    """The system text `body` with one word changed, VARIANT_DEPTH of the way into it: the
+    first word of a rule line from there on becomes VARIANT_WORDS[v] (numbered past them)."""
+    lines = body.split("\n")
+    for k in range(int(len(lines) * VARIANT_DEPTH), len(lines)):
+        words = lines[k].split(" ")
+        if lines[k].startswith("- ") and len(words) > 3:
+            word = VARIANT_WORDS[v % len(VARIANT_WORDS)]
+            words[1] = word if v < len(VARIANT_WORDS) else f"{word}{v // len(VARIANT_WORDS)}"
+            lines[k] = " ".join(words)
+            return "\n".join(lines)
+    raise ValueError("the system text has no rule line to vary")
 
 
 def _with_rid(spec: RequestSpec, rid: int) -> RequestSpec:

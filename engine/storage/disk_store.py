@@ -3,8 +3,10 @@
 An order to write captures the entry as numpy views over its arrays (no copy
 on the loop thread; the arrays are immutable) and queues it; the writer
 thread copies and writes it. A plan that restores from a file
-(`RestorePlan.load_from_disk`) is read into RAM at admission: one read of the
-file, a checksum over it and one copy into MLX arrays, paid once per file.
+(`RestorePlan.load_from_disk`) is read into RAM before admission, on the
+RAM tier's reader thread (`read`: the file read straight into MLX buffers and
+checked, without the GIL) and finished on the loop's (`finish`: the stored
+forms rebuilt), paid once per file.
 It obeys the cache manager's Orders; it decides nothing. Writes that never
 reach the disk (the writer's queue was full, the disk was) are `take_lost()`:
 whoever holds the store tells the cache manager, whose disk index forgets them.
@@ -69,7 +71,7 @@ class DiskStore:
         return self.finish(self.read(entry_id), namespace, tokens)
 
     def read(self, entry_id: int):
-        """The part of a load a reader thread runs (read, checks, the copy into MLX);
+        """The part of a load a reader thread runs (the read into MLX buffers, the checks);
         `finish` ends it on the model loop's thread."""
         job = self.writer.held(entry_id)
         if job is not None:

@@ -76,6 +76,34 @@ def test_traffic_holds_every_feature(scale, agents):
     assert len(a) == len(b) and 1 <= len(diff) <= 2 and diff[-1] < 0.9 * len(a)
 
 
+@pytest.mark.parametrize("agents", [2, 3])
+def test_the_variant_phase_changes_one_word_deep_inside_the_system_prompt(agents):
+    from clients.bench.traffic import VARIANT_PHASE
+
+    plain = build_traffic(seed=0, scale=0.5, agents=agents)
+    t = build_traffic(seed=0, scale=0.5, agents=agents, variants=4)
+    assert not any(r.phase for r in plain.requests)  # bench concurrency's traffic is as it was
+    assert t.requests[: len(plain.requests)] == plain.requests
+    phase = [r for r in t.requests if r.phase]
+    assert {r.phase for r in phase} == {VARIANT_PHASE} and len(phase) == 12
+    assert min(r.step for r in phase) > max(r.step for r in plain.requests)
+    assert len({(r.step, r.lane) for r in t.requests}) == len(t.requests)  # a lane at a time
+    firsts = sorted((r.step, r.system) for r in phase if r.kind == "first")
+    assert len({s for s, _ in firsts}) == 4, "one new variant per step"
+    main = _WORD.findall(t.systems["main"])
+    texts = []
+    for _, key in firsts:
+        words = _WORD.findall(t.systems[key])
+        diff = [i for i, (x, y) in enumerate(zip(main, words)) if x != y]
+        assert len(words) == len(main) and len(diff) == 1, key
+        assert diff[0] > 0.6 * len(main), "deep inside the system prompt"
+        texts.append(words[diff[0]])
+    assert len(set(texts)) == 4, "a different word per variant"
+    for session in {r.session for r in phase}:
+        kinds = [r.kind for r in phase if r.session == session]
+        assert kinds == ["first", "tool_result", "user"]
+
+
 def test_scale_shrinks_the_traffic():
     full, small = build_traffic(scale=1.0), build_traffic(scale=0.05)
     f, s = full.summary(), small.summary()
@@ -165,7 +193,7 @@ def test_summarize_against_its_own_oracle():
         Observed(2, 1, 1, "first", tokens(1, 2, 9), [], False),
     ]
     run.evictions = 2
-    s = summarize(run)
+    s = summarize(run, {1: "later", 2: "later"})
     assert (s["requests"], s["dropped"], s["cached_tokens"], s["oracle_cached_tokens"]) == (
         2,
         1,
@@ -177,6 +205,11 @@ def test_summarize_against_its_own_oracle():
     assert s["restore_kinds"] == {"none": 1, "reply": 1}
     assert (s["ram_bytes"], s["ram_bytes_peak"], s["disk_bytes"]) == (20, 30, 160)
     assert s["disk_bytes_per_turn"] == pytest.approx(250 / 2)
+    # The phase's figures: its completed requests only, and its sessions' first requests.
+    later = s["phases"]["later"]
+    assert (later["requests"], later["cached_tokens"], later["oracle_cached_tokens"]) == (1, 4, 5)
+    assert later["oracle_fraction"] == pytest.approx(0.8)
+    assert later["first_oracle_cached_tokens"] == 0 and later["first_oracle_fraction"] == 1.0
 
 
 # -------------------------------------------------------------- a real run ----
@@ -197,6 +230,8 @@ def test_small_run_against_every_policy(ray_session, model_cache_dir, tmp_path, 
         "0",
         "--ram-budget",
         "2G",
+        "--variants",
+        "2",
         "--model",
         str(ensure_default_model(model_cache_dir)),
         "--json",
@@ -230,6 +265,8 @@ def test_small_run_against_every_policy(ray_session, model_cache_dir, tmp_path, 
         assert p["ttft_ms_p90"] >= p["ttft_ms_p50"] > 0
         assert sum(p["restore_kinds"].values()) == p["requests"]
         assert p["cached_tokens"] <= p["oracle_cached_tokens"], name
+        variants = p["phases"]["system_variants"]
+        assert variants["requests"] == 6 and variants["oracle_cached_tokens"] > 0, name
     cached = {name: p["cached_tokens"] for name, p in report["policies"].items()}
     assert cached["lineage"] >= cached["exact"] >= cached["off"] == 0
     assert report["oracle"]["cached_tokens"] >= cached["lineage"] > 0

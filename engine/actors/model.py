@@ -59,6 +59,9 @@ class RayCacheLink:
     def __init__(self, replica: int = 0, deadline: float = 30.0):
         self.replica = replica
         self.loop: ModelLoop | None = None  # the loop whose inbox receives the Orders
+        # fetch(plan, then): the actor's handover of a plan's source from a peer; `then`
+        # runs when it is over (set at resync, on the actor's event loop)
+        self.fetch = None
         self.manager = None  # attached at resync (the manager needs the fingerprint first)
         self.epoch = -1
         self.deadline = deadline
@@ -78,7 +81,19 @@ class RayCacheLink:
     def replan(self, lost: LostRestore, on_replanned) -> None:
         failed = Replanned(None, Orders())
         ref = self.manager.replan.remote(lost, self.replica)
-        self._ask(ref, on_replanned, lost.request_id, failed)
+        self._ask(ref, self._fetched(on_replanned), lost.request_id, failed)
+
+    def _fetched(self, on_replanned):
+        """`on_replanned`, once a new plan's restore source held by a peer (`fetch_from`) is
+        fetched here (`fetch`, the actor's handover), so the request does not go cold."""
+
+        def answered(replanned: Replanned) -> None:  # on the loop thread
+            plan = replanned.plan
+            if plan is None or plan.fetch_from in (None, self.replica) or self.fetch is None:
+                return on_replanned(replanned)
+            self.fetch(plan, lambda: self.loop.call(lambda g: on_replanned(replanned)))
+
+        return answered
 
     def _ask(self, ref, on_orders, request_id: str, failed=None) -> None:
         """Hand the Orders to the loop thread when they come; a failed or late call is logged
@@ -209,6 +224,12 @@ class ModelActor:
             return max(g.tier.max_id, disk.max_queued_id() if disk is not None else 0)
 
         max_id = await asyncio.to_thread(self.loop.ask, reset, flush_timeout)
+        aio = asyncio.get_running_loop()
+
+        def fetch(plan, then) -> None:  # from the loop thread: a replanned request's source
+            asyncio.run_coroutine_threadsafe(self._fetch_then(plan, then), aio)
+
+        self.link.fetch = fetch
         await self.flush_disk(flush_timeout)
         return max_id
 
@@ -286,6 +307,12 @@ class ModelActor:
         await asyncio.to_thread(self.loop.ask, store)
         seconds = max(0.0, time.time() - portable.exported_at)
         self.handovers.add(portable.length, portable.nbytes, seconds)
+
+    async def _fetch_then(self, plan, then) -> None:
+        try:
+            await self._fetch(plan)
+        finally:
+            then()
 
     async def generate(self, req: GenerationRequest, epoch: int = 0):
         """Stream lists of events (Progress, Tokens, Finished) for one request.

@@ -69,7 +69,8 @@ class RestorePlan:
         True  # entry extends over the reply (lineage); False: ends at the prompt (exact)
     )
     # The restore source is on the disk tier only: the model actor reads its file
-    # into RAM at admission (RamTier.prepare), synchronously, before restoring.
+    # into RAM on its reader thread while the request waits (RamTier.start_load),
+    # and finishes the load at admission (RamTier.prepare), before restoring.
     load_from_disk: bool = False
     # The restore source is an anchor that another in-flight request is about to
     # capture (parallel sub-agents sharing a system prompt, arriving together):

@@ -63,7 +63,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--burst", type=int, default=8, help="entry copies per writer burst")
     parser.add_argument("--rounds", type=int, default=3, help="idle/writing decode rounds")
     parser.add_argument(
-        "--load-mb", type=float, default=64.0, help="size of each entry file loaded while decoding"
+        "--load-mb", type=float, default=192.0, help="size of each entry file loaded while decoding"
     )
     parser.add_argument("--loads", type=int, default=3, help="loads while one request decodes")
     parser.add_argument("--json", help="write the figures to this file")
@@ -102,7 +102,7 @@ def run_bench(
     decode_tokens: int = 256,
     copies: int = 8,
     rounds: int = 3,
-    load_mb: float = 64.0,
+    load_mb: float = 192.0,
     loads: int = 3,
     seed: int = 0,
 ) -> dict:

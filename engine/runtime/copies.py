@@ -83,6 +83,7 @@ class CopyLedger:
 
     def __init__(self) -> None:
         self.by_uid: dict[int, int] = {}
+        self.transient = 0  # of what was charged, bytes of mlx-lm's padded copies (freed at once)
         # leaf cache -> (rows, bytes) of its buffers when last seen; weak: it keeps no buffer
         self._seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -149,6 +150,7 @@ class CopyLedger:
         out = run()
         if both:
             self._charge(uids + other_uids, buffer_bytes(out) + pads)
+            self.transient += pads
         self.forget(other)
         self.note(out)
         return out

@@ -24,7 +24,7 @@ from engine.config import EngineConfig
 from engine.runtime.ram_tier import StoredEntry
 from engine.storage import file_format
 from engine.storage.codec import finish_entry, read_arrays, to_write_job
-from engine.storage.writer import DiskWriter
+from engine.storage.writer import DiskWriter, _lower_priority
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,7 @@ class DiskStore:
         job = self.writer.held(entry_id)
         if job is not None:
             return entry_id, job, None, 0.0
+        _lower_priority()  # niced like the writer (the reader thread's own): decode wins the CPU
         path = file_format.entry_path(self.directory, entry_id)
         t0 = time.perf_counter()
         try:

@@ -146,14 +146,19 @@ def test_sequences_joining_charge_the_new_buffers_and_the_padded_copies(model, e
     gen, other = _decoding(model, entry, 1), _decoding(model, entry, 1)
     gen.next()  # one token ahead: mlx-lm pads the newcomer's side to the same index
     batch, newcomer = gen._generation_batch, other._generation_batch
-    before = _total(gen.ledger)
+    before, transient = _total(gen.ledger), gen.ledger.transient
     m = Measure([batch.prompt_cache, newcomer.prompt_cache, entry])
     batch.extend(newcomer)  # what a step does when a sequence starts decoding beside others
     active, peak = m.done(batch.prompt_cache)
     charged = _total(gen.ledger) - before
-    assert charged > 2 * 2 * 1024 * 1024
-    assert abs(peak - charged) <= TOL, (peak, charged)  # the padded copy is transient
-    assert active < charged - 1024 * 1024
+    padded = gen.ledger.transient - transient
+    assert charged > 2 * 2 * 1024 * 1024 and padded > 0
+    assert abs(active - (charged - padded)) <= TOL, (active, charged, padded)  # the new buffers
+    # The padded copies are freed as the concatenation consumes them: how many live at
+    # once depends on MLX's order of evaluation, so the peak sees one (a layer's keys
+    # or values) to all of them.
+    one = padded // (2 * sum(type(c) is BatchKVCache for c in batch.prompt_cache))
+    assert active + one - TOL <= peak <= active + padded + TOL, (active, peak, padded)
 
 
 def test_a_copying_extraction_counts_its_rows(model, entry):

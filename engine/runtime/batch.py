@@ -15,6 +15,10 @@ Four changes to mlx-lm's batches, everything else is mlx-lm's:
   allocation page-faults fresh memory: on a warm turn it turned each KV copy
   into seconds on a warm turn (measured with `lineage bench warm`). The pool stays,
   bounded by MLX's cache limit, and is released when the engine goes idle.
+
+What copies remain is counted per sequence: the merge (`restore_copies`), the
+copying extractions (`commit_copies`), and every filter, extend and buffer
+growth of mlx-lm's batch caches (`ledger`, engine.runtime.copies).
 """
 
 from __future__ import annotations

@@ -255,11 +255,14 @@ def _decode_during_load(engine, short: list, bigs: list, draw) -> dict:
             stamps.append(time.perf_counter())
 
     submit("itl-decode", short, 1 << 20, decoding)
-    while len(stamps) < 200:
+    while len(stamps) < 20:  # warm-up
         gen.step()
-    idle = _gaps(stamps)[20:]  # after the first few (warm-up)
-    reading, admitting, load_ms, file_mb = [], [], [], []
+    idle, reading, admitting, load_ms, file_mb = [], [], [], [], []
     for i, tokens in enumerate(bigs):
+        n0 = len(stamps)  # idle just before each load: both see the same machine
+        while len(stamps) < n0 + IDLE_TOKENS:
+            gen.step()
+        idle += _gaps(stamps[n0:])
         loading: list = []
         plan = submit(f"itl-load-{i}", tokens + draw(16), 2, loading.append)
         t0, n0 = time.perf_counter(), len(stamps)  # the read starts at the next step
@@ -278,7 +281,7 @@ def _decode_during_load(engine, short: list, bigs: list, draw) -> dict:
         admitting += gaps[n1 - n0 - 1 :]
         path = file_format.entry_path(store.directory, plan.entry_id)
         file_mb.append(path.stat().st_size / 1e6)
-        for _ in range(50):  # decode alone again before the next load
+        for _ in range(20):  # the loaded request done, before the next idle window
             gen.step()
     gen.cancel("itl-decode")
     while gen.busy or gen.pending:
@@ -301,6 +304,9 @@ def _decode_during_load(engine, short: list, bigs: list, draw) -> dict:
         "itl_admit_p50_ms": p(admitting, 50),
         "itl_p99_ratio": p(reading, 99) / p(idle, 99) if idle and reading else 0.0,
     }
+
+
+IDLE_TOKENS = 150  # inter-token gaps measured idle before each load
 
 
 def _gaps(stamps: list) -> list:

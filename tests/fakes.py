@@ -1,7 +1,12 @@
 """Fakes for the cache policy's tests: a model actor shaped like a hybrid model, and a driver.
 
 The fake model actor stores "entries" as token arrays plus the set of lengths
-at which it holds a state snapshot, keyed by entry id, and applies Orders. It
+at which it holds a state snapshot, keyed by entry id, and applies Orders. As
+the real RAM tier, it keeps a new entry aside (staged) until the Orders
+answering its commit arrive, and lands it with them; a plan that loads a file
+first gets the Orders that make room for it (`CacheManager.room`). So the
+bytes it holds stay within the RAM budget at every step, Orders in transit
+included: the driver checks that too. It
 asserts it is never told to restore, move or drop something it does not hold.
 The driver runs requests through a CacheManager and the fake actor and, after
 every call, checks the manager's invariants and that the actor holds exactly
@@ -95,6 +100,26 @@ class FakeModelActor:
     # Bytes of the prompt end's log-probabilities each commit reports. 0 keeps the
     # budget tables in whole conversations; test_cache_budgets sets it to count them.
     logits_bytes: int = 0
+    # New entries waiting for their commit's Orders, by ticket (RamTier.stage).
+    staged: dict[str, list[tuple[int, Stored]]] = field(default_factory=dict)
+    # Store new entries at once, as the RAM tier did before it staged them (a test
+    # shows what that costs).
+    eager: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes held, as the index counts them (Entry.nbytes)."""
+        state = STATE if self.state_layers else 0
+        return sum(
+            len(e.tokens) * KVPT + state * len(e.states) + self.logits_bytes * len(e.logits)
+            for e in self.stored.values()
+        )
+
+    def land(self, ticket: str | None) -> None:
+        """The Orders of a commit arrived: its staged entries are stored (before applying)."""
+        for entry_id, entry in self.staged.pop(ticket, []) if ticket is not None else []:
+            assert entry_id not in self.stored, f"entry id {entry_id} stored twice"
+            self.stored[entry_id] = entry
 
     def restore(self, plan: RestorePlan, prompt: np.ndarray) -> None:
         """Take the plan's restore point: rows [:length] and (with state layers) its state."""
@@ -126,6 +151,7 @@ class FakeModelActor:
         it commits that prefix (no reply) with the captures reached. Returns the
         Commit when the plan stores an entry (None when the cache is off).
         """
+        ticket = plan.request_id
         points = plan.captures if taken is None else plan.captures[:taken]
         if upto is not None:
             assert plan.length < upto < len(prompt) and len(reply) == 0
@@ -137,16 +163,15 @@ class FakeModelActor:
             if point.entry_id is None:
                 checkpoints.add(point.length)
             else:
-                self.store_capture(point.entry_id, prompt, point.length)
+                self.store_capture(point.entry_id, prompt, point.length, ticket)
         if plan.new_entry_id is None:
             return None
         reply = np.asarray(reply, dtype=np.int32)
         stored = np.concatenate([prompt, reply]) if plan.store_reply else prompt
         states = checkpoints | {len(stored)} | ({len(prompt)} if plan.store_reply else set())
-        self._store(plan.new_entry_id, stored, states)
-        logits_at = len(prompt) if upto is None else None  # kept when prefill reached the end
-        if logits_at is not None:
-            self.stored[plan.new_entry_id].logits.add(logits_at)
+        # Kept when prefill reached the end, where a resend can use them (lineage mode).
+        logits_at = len(prompt) if upto is None and plan.store_reply else None
+        self._store(plan.new_entry_id, stored, states, ticket, logits_at)
         return Commit(
             request_id=plan.request_id,
             namespace="",  # the driver fills it in
@@ -162,13 +187,16 @@ class FakeModelActor:
             logits_bytes=self.logits_bytes,
         )
 
-    def store_capture(self, entry_id: int, prompt: np.ndarray, length: int) -> None:
-        """Store a separate-entry capture (anchor, exact snapshot) taken during prefill."""
-        self._store(entry_id, prompt[:length], {length})
+    def store_capture(self, entry_id: int, prompt: np.ndarray, length: int, ticket: str) -> None:
+        """Stage a separate-entry capture (anchor, exact snapshot) taken during prefill."""
+        self._store(entry_id, prompt[:length], {length}, ticket)
 
-    def _store(self, entry_id: int, stored: np.ndarray, states: set[int]) -> None:
+    def _store(self, entry_id, stored: np.ndarray, states: set[int], ticket: str, logits_at=None):
         assert entry_id not in self.stored, f"entry id {entry_id} stored twice"
-        self.stored[entry_id] = Stored(stored.copy(), set(states))
+        entry = Stored(stored.copy(), set(states), {logits_at} - {None})
+        self.staged.setdefault(ticket, []).append((entry_id, entry))
+        if self.eager:
+            self.land(ticket)
 
     def apply(self, orders: Orders) -> None:
         """Obey orders in field order: moves, checkpoint drops, frees.
@@ -212,7 +240,9 @@ class Driver:
         self._serial = 0
         self.hold = False  # queue Orders instead of applying them (see the module doc)
         self.in_transit: list[Orders] = []
+        self._landing: list[str | None] = []  # the staged entries each one lands
         self.applied: set[int] = set()  # numbers of the Orders the actor applied
+        self._rooms: dict[str, int] = {}  # request id -> seq of the Orders making its room
 
     def plan(
         self, prompt, anchor_len: int = 0, namespace: str = "", request_id: str | None = None
@@ -233,6 +263,7 @@ class Driver:
             LostRestore(request_id, plan.entry_id, plan.length, load_failed)
         )
         self._obey(replanned.orders)
+        self._rooms.pop(request_id, None)  # the new plan asks for its own
         self._requests[request_id] = (replanned.plan, prompt, namespace)
         self.check()
         return replanned.plan
@@ -241,23 +272,36 @@ class Driver:
         """The plan of a request not yet committed or released."""
         return self._requests[request_id][0]
 
-    def _obey(self, orders: Orders) -> None:
-        """The actor applies the Orders now, or (`hold`, or others still in transit: they
-        arrive in order) once they are delivered."""
+    def _obey(self, orders: Orders, landing: str | None = None) -> None:
+        """The actor applies the Orders (landing the entries staged under `landing`) now,
+        or (`hold`, or others still in transit: they arrive in order) once delivered."""
         if self.hold or self.in_transit:
             self.in_transit.append(orders)
+            self._landing.append(landing)
             return
+        self.actor.land(landing)
         self.actor.apply(orders)
         self.applied.add(orders.seq)
 
     def deliver(self, count: int | None = None) -> None:
         """The first `count` Orders in transit (all when None) reach the actor, in order."""
         count = len(self.in_transit) if count is None else count
-        for orders in self.in_transit[:count]:
+        for orders, landing in zip(self.in_transit[:count], self._landing[:count]):
+            self.actor.land(landing)
             self.actor.apply(orders)
             self.applied.add(orders.seq)
         del self.in_transit[:count]
+        del self._landing[:count]
         self.check()
+
+    def room(self, request_id: str) -> bool:
+        """A plan about to load a file asks for the Orders that make room for its entry
+        (once); whether they are applied."""
+        if request_id not in self._rooms:
+            orders = self.manager.room(request_id)
+            self._rooms[request_id] = orders.seq
+            self._obey(orders)
+        return self._rooms[request_id] in self.applied
 
     def ready(self, plan: RestorePlan) -> bool:
         """Whether the actor applied every Orders handed out before `plan`."""
@@ -287,7 +331,8 @@ class Driver:
         )
         if point is None:
             return None
-        self.actor.store_capture(point.entry_id, prompt, point.length)
+        ticket = f"{request_id}#{point.entry_id}"
+        self.actor.store_capture(point.entry_id, prompt, point.length, ticket)
         orders = self.manager.commit_anchor(
             AnchorCommit(
                 request_id,
@@ -299,7 +344,7 @@ class Driver:
             )
         )
         early.add(point.entry_id)
-        self._obey(orders)
+        self._obey(orders, ticket)
         self.check()
         return orders
 
@@ -325,6 +370,7 @@ class Driver:
             self.restore(request_id)
         plan, prompt, namespace = self._requests.pop(request_id)
         self._restored.discard(request_id)
+        self._rooms.pop(request_id, None)
         early = self._early.pop(request_id, set())
         plan = replace(plan, captures=tuple(p for p in plan.captures if p.entry_id not in early))
         if cold:
@@ -335,7 +381,7 @@ class Driver:
         else:
             commit = replace(commit, namespace=namespace)
             orders = self.manager.commit(commit)
-        self._obey(orders)
+        self._obey(orders, request_id)
         self.check()
         return orders
 
@@ -347,14 +393,15 @@ class Driver:
             self.restore(request_id)
         plan, prompt, _ = self._requests.pop(request_id)
         self._restored.discard(request_id)
+        self._rooms.pop(request_id, None)
         early = self._early.pop(request_id, set())
         stored = []
         for point in [p for p in plan.captures if p.entry_id not in early][:taken]:
             if point.entry_id is not None:
-                self.actor.store_capture(point.entry_id, prompt, point.length)
+                self.actor.store_capture(point.entry_id, prompt, point.length, request_id)
                 stored.append(point.entry_id)
         orders = self.manager.release(Release(request_id, tuple(stored)))
-        self._obey(orders)
+        self._obey(orders, request_id)
         self.check()
         return orders
 
@@ -371,9 +418,10 @@ class Driver:
         return {n: c.kind for n, c in sorted(self.entry(entry_id).checkpoints.items())}
 
     def check(self) -> None:
-        """The manager's invariants, and the actor holding exactly the index plus deferred frees
-        (once every Orders in transit is delivered)."""
+        """The manager's invariants, the actor within the RAM budget (always), and holding
+        exactly the index plus deferred frees (once every Orders in transit is delivered)."""
         self.manager.check_invariants()
+        self.check_budget()
         if self.in_transit:
             return
         index = self.manager.index
@@ -386,6 +434,11 @@ class Driver:
                 assert entry.logits_at in held.logits, (entry.id, entry.logits_at)
         expected = {e.id for e in index.entries()} | set(index.deferred)
         assert set(self.actor.stored) == expected, (sorted(self.actor.stored), sorted(expected))
+
+    def check_budget(self) -> None:
+        """What the actor holds never exceeds the RAM budget, Orders in transit or not."""
+        budget = self.manager.config.ram_budget
+        assert self.actor.nbytes <= budget, (self.actor.nbytes, budget)
 
 
 def _off_commit(plan: RestorePlan, prompt: np.ndarray, namespace: str) -> Commit:
@@ -435,8 +488,7 @@ class FakeDiskActor(FakeModelActor):
         """Read a plan's restore source from its file, unless the entry held serves the plan
         (as RamTier.prepare); False when the file is missing or damaged."""
 
-        held = self.stored.get(plan.entry_id)
-        if held is not None and (plan.length in held.states or not self.state_layers):
+        if self.serves(plan):
             return True
         try:
             header = file_format.read_header(file_format.entry_path(self.directory, plan.entry_id))
@@ -447,6 +499,11 @@ class FakeDiskActor(FakeModelActor):
         self.stored[plan.entry_id] = Stored(header.tokens.copy(), states)
         self.loads += 1
         return True
+
+    def serves(self, plan: RestorePlan) -> bool:
+        """Whether the entry held serves the plan's restore (no file read needed)."""
+        held = self.stored.get(plan.entry_id)
+        return held is not None and (plan.length in held.states or not self.state_layers)
 
     def apply(self, orders: Orders) -> None:
         """Moves and drops, then writes (the entry as it is now), frees, then deletes."""
@@ -511,13 +568,17 @@ class DiskDriver(Driver):
         self._serial = 0
         self.hold = False
         self.in_transit = []
+        self._landing = []
         self.applied = set()
+        self._rooms = {}
 
     def restore(self, request_id: str) -> bool:
         plan = self._requests[request_id][0]
         if not self.ready(plan):
             return False
-        if plan.load_from_disk:
+        if plan.load_from_disk and not self.actor.serves(plan):
+            if not self.room(request_id):
+                return False  # the Orders making room for the file's entry are on their way
             assert self.actor.load(plan), f"file of entry {plan.entry_id} did not load"
         return super().restore(request_id)
 
@@ -527,6 +588,8 @@ class DiskDriver(Driver):
         if request_id not in self._restored and not self.ready(plan):
             self.deliver()
         if plan.load_from_disk and request_id not in self._restored and not cold:
+            if not self.actor.serves(plan) and not self.room(request_id):
+                self.deliver()  # the actor waits for its room's Orders
             cold = not self.actor.load(plan)
         return super().commit(request_id, reply, taken, cold, upto)
 
@@ -538,6 +601,7 @@ class DiskDriver(Driver):
         """The manager's invariants; the actor holds the index, deferred and pending frees; the
         files of this fingerprint are the disk index's entries."""
         self.manager.check_invariants()
+        self.check_budget()
         if self.in_transit:
             return
         index = self.manager.index

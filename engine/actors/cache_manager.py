@@ -132,6 +132,9 @@ class CacheManagerActor:
     def commit_anchor(self, anchor: AnchorCommit, replica: int = 0) -> Orders:
         return self._deliver(self.cache.commit_anchor(anchor), replica)
 
+    def room(self, request_id: str, replica: int = 0) -> Orders:
+        return self._deliver(self.cache.room(request_id, replica), replica)
+
     def release(self, release: Release, replica: int | None = 0) -> Orders:
         return self._deliver(self.cache.release(release), replica)
 

@@ -78,6 +78,10 @@ class RayCacheLink:
         ref = self.manager.release.remote(release, self.replica)
         self._ask(ref, on_orders, release.request_id)
 
+    def room(self, request_id: str, on_orders) -> None:
+        ref = self.manager.room.remote(request_id, self.replica)
+        self._ask(ref, on_orders, request_id)
+
     def replan(self, lost: LostRestore, on_replanned) -> None:
         failed = Replanned(None, Orders())
         ref = self.manager.replan.remote(lost, self.replica)
@@ -266,7 +270,7 @@ class ModelActor:
         deadline = time.monotonic() + wait
 
         def look(g):
-            entry = g.tier.entries.get(entry_id)
+            entry = g.tier.held(entry_id)  # staged too: its commit's Orders are coming
             if entry is None and from_disk and g.tier.disk_tier is not None:
                 entry = g.tier.disk_tier.load(entry_id)
             if entry is not None:

@@ -20,7 +20,11 @@ to the RAM index once the plan is final (a plan made to wait on an anchor
 restores from that anchor instead, and indexes nothing); the RAM evictions
 that make room for it are ordered with the next Orders the manager hands out
 (the model actor frees them then), and a free of that same entry still
-waiting there is taken back. Until a commit shows the model actor read that
+waiting there is taken back. The model actor asks for those Orders (`room`)
+before the file's entry enters its RAM tier, as a finished request's entry
+enters it only with its commit's Orders: the tier holds no entry before the
+frees that make its room, so it stays within the budget the index keeps
+(entries plus pinned frees). Until a commit shows the model actor read that
 file, every plan restoring from the entry says load_from_disk (the actor
 reads the file if it does not hold the entry yet: requests are not always
 admitted in plan order).
@@ -365,6 +369,14 @@ class CacheManager:
     def _take_pending(self) -> OrderBook:
         orders, self._pending = self._pending, OrderBook()
         return orders
+
+    def room(self, request_id: str) -> Orders:
+        """The Orders that make room for a plan's file load, asked by the model actor before
+        the file's entry enters its RAM tier: the evictions plans decided and did not hand
+        out yet (the plan adopted the file's entry and evicted for it), numbered."""
+        if self._policy is None:
+            return Orders()
+        return self._hand_out(self._take_pending())
 
     @property
     def unread(self) -> frozenset[int]:

@@ -293,6 +293,10 @@ class ReplicatedCache:
         flight = self.replicas.flights.get(a.request_id)
         return self.replicas.split(orders, flight.replica if flight else None)
 
+    def room(self, request_id: str, replica: int) -> dict[int, Orders]:
+        """The Orders that make room for a file `replica` is about to load, per replica."""
+        return self.replicas.split(self.manager.room(request_id), replica)
+
     def release(self, r: Release) -> dict[int, Orders]:
         orders = self.manager.release(r)
         caller = self.replicas.finish(r.request_id, restored=False)

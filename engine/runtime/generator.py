@@ -16,9 +16,15 @@ Ordering with the manager: its Orders come back numbered (`Orders.seq`), and
 a plan names the last Orders handed out before it (`after_orders`). A request
 whose plan is ahead of the Orders applied here waits in `pending` while a
 cache call is still unanswered: the free, move or write it depends on is on
-its way. A restore point that turns out gone at admission is reported
-(`CacheLink.replan`, a LostRestore); the request waits for its new plan,
-and its final event names the lost point (`Finished.restore_lost`).
+its way. A finished request's entry (and an anchor captured mid-prefill)
+waits aside in the RAM tier (`RamTier.stage`) until the Orders answering its
+commit come back, and enters the tier with them; a plan that loads a file
+first asks for the Orders that make room for it (`CacheLink.room`). So the
+tier holds no entry before the frees that make its room.
+
+A restore point that turns out gone at admission is reported
+(`CacheLink.replan`, a LostRestore); the request waits for its new plan, and
+its final event names the lost point (`Finished.restore_lost`).
 """
 
 from __future__ import annotations
@@ -71,6 +77,8 @@ class CacheLink(Protocol):
     def release(self, release: Release, on_orders: OnOrders) -> None: ...
 
     def replan(self, lost: LostRestore, on_replanned: Callable[[Replanned], None]) -> None: ...
+
+    def room(self, request_id: str, on_orders: OnOrders) -> None: ...  # before a file load
 
 
 PROGRESS_MIN_TOKENS = 256  # stream prefill progress only for prompts at least this long,
@@ -150,6 +158,9 @@ class Generator:
         self.orders_applied = 0  # every Orders numbered up to this one is applied
         self._orders_seen: set[int] = set()  # applied, above orders_applied
         self._unanswered = 0  # cache calls sent whose Orders have not come back
+        # Plans that load a file, by (request id, new entry id): the `seq` of the Orders
+        # that made room for it, or None while that answer is on its way (CacheLink.room).
+        self._rooms: dict[tuple[str, int | None], int | None] = {}
         self.wake: Callable[[], None] = lambda: None  # the loop sets it: a read has ended
         self.timer = LayerTimer(
             model, config.cache.layer_timer_flag, config.cache.layer_timer_requests
@@ -190,6 +201,7 @@ class Generator:
         for i, (req, emit) in enumerate(self.pending):
             if req.request_id == request_id:
                 del self.pending[i]
+                self._rooms.pop((request_id, req.plan.new_entry_id), None)
                 self._release(req)
                 emit(self._finished_cold(req, FinishReason.CANCELLED))
                 return done()
@@ -212,10 +224,15 @@ class Generator:
     @property
     def busy(self) -> bool:
         """Work to step: a request in the batch, or one pending that is not only waiting
-        for its file (the reader's `wake` rouses the loop then)."""
+        for its file (the reader's `wake` rouses the loop then) or its room's Orders."""
         if self.active:
             return True
-        return any(not self._loading(req) for req, _ in self.pending)
+        return any(not self._loading(req) and not self._asked(req) for req, _ in self.pending)
+
+    def _asked(self, req: GenerationRequest) -> bool:
+        """Its room's Orders are asked for and on their way (the answer rouses the loop)."""
+        key = (req.request_id, req.plan.new_entry_id)
+        return key in self._rooms and self._rooms[key] is None
 
     def set_limits(self, max_batch_tokens: int | None, pool_limit: int | None) -> None:
         """The memory plan's bounds, known once the model is loaded (engine.config.plan_memory)."""
@@ -225,8 +242,11 @@ class Generator:
 
     @property
     def batch_tokens(self) -> int:
-        """Prompt plus max_tokens of the running sequences: what admission counts."""
-        return sum(_tokens_needed(a.req) for a in self.active.values())
+        """Prompt plus max_tokens of the running sequences, plus the tokens of finished ones
+        whose entries wait for their commit's Orders (still outside the RAM tier): what
+        admission counts."""
+        running = sum(_tokens_needed(a.req) for a in self.active.values())
+        return running + self.tier.staged_tokens
 
     def reset(self, error: str) -> None:
         """The cache manager lost its state: end every request UNAVAILABLE, empty the RAM tier.
@@ -244,6 +264,7 @@ class Generator:
         self.tier.clear()
         # The manager numbers its Orders anew; answers still on their way are dropped.
         self.orders_applied, self._orders_seen, self._unanswered = 0, set(), 0
+        self._rooms = {}
 
     # ---- the loop ---------------------------------------------------------
 
@@ -260,7 +281,11 @@ class Generator:
         budget_full = False  # once one request waits for room, later ones wait behind it
         while self.pending:
             req, emit = self.pending.pop(0)
-            if self._orders_behind(req.plan) or self._must_wait(req) or self._loading(req):
+            loading = self._loading(req)  # the read and the room's Orders overlap
+            if self._orders_behind(req.plan) or self._must_wait(req) or self._no_room(req):
+                waiting.append((req, emit))
+                continue
+            if loading:
                 waiting.append((req, emit))
                 continue
             if budget_full or not self._fits(req):
@@ -290,6 +315,27 @@ class Generator:
         future = self.tier.start_load(req.plan, self.wake)
         return future is not None and not future.done()
 
+    def _no_room(self, req: GenerationRequest) -> bool:
+        """A plan that loads a file waits for the Orders that make room for its entry
+        (the frees of what the manager evicted for it at the plan): asked once, here."""
+        plan = req.plan
+        if not plan.load_from_disk or self.tier.disk_tier is None:
+            return False
+        if self.tier.can_restore(plan.entry_id, plan.length):
+            return False
+        key = (req.request_id, plan.new_entry_id)
+        if key not in self._rooms:
+            self._rooms[key] = None
+            self._unanswered += 1
+            self.cache.room(req.request_id, lambda orders: self._roomed(key, orders))
+        seq = self._rooms.get(key)
+        return seq is None or (seq > self.orders_applied and self._unanswered > 0)
+
+    def _roomed(self, key: tuple, orders: Orders) -> None:
+        self.apply_orders(orders)
+        if key in self._rooms:
+            self._rooms[key] = orders.seq
+
     def _orders_behind(self, plan) -> bool:
         """Orders handed out before this plan are still on their way here."""
         return plan.after_orders > self.orders_applied and self._unanswered > 0
@@ -301,8 +347,11 @@ class Generator:
         return self.batch_tokens + _tokens_needed(req) <= self.max_batch_tokens
 
     def _must_wait(self, req: GenerationRequest) -> bool:
-        """A plan waiting on an anchor that a request still in prefill will capture."""
+        """A plan waiting on an anchor that a request still in prefill will capture, or on
+        an entry staged here until its commit's Orders come back."""
         plan = req.plan
+        if self.tier.staged(plan.entry_id):  # stored here; its commit's Orders are coming
+            return True
         if not plan.wait or self.tier.can_restore(plan.entry_id, plan.length):
             return False
         planned = [a.captures for a in self.active.values()]
@@ -340,6 +389,7 @@ class Generator:
         """Restore the plan's point and insert the prompt's remaining segments into the batch."""
         t0 = time.perf_counter()
         tokens = list(req.tokens)
+        self._rooms.pop((req.request_id, req.plan.new_entry_id), None)
         restored = self._restore(req, emit)
         if restored is None:  # its restore point is gone: admitted again with a new plan
             return
@@ -487,7 +537,9 @@ class Generator:
         once per distinct system prompt.
         """
         layers, state = layer_caches.store_entry(extracted)
-        self.tier.put(point.entry_id, StoredEntry(layers, point.length, {point.length: state}))
+        ticket = f"{act.req.request_id}#{point.entry_id}"
+        anchor = StoredEntry(layers, point.length, {point.length: state})
+        self.tier.stage(ticket, [(point.entry_id, anchor)], point.length)
         self._unanswered += 1
         self.cache.commit_anchor(
             AnchorCommit(
@@ -498,7 +550,7 @@ class Generator:
                 kv_bytes_per_token=layer_caches.kv_bytes_per_token(layers),
                 state_bytes=state.nbytes,
             ),
-            self.apply_orders,
+            lambda orders: self._land(ticket, orders),
         )
 
     # ---- decode events -----------------------------------------------------
@@ -546,8 +598,9 @@ class Generator:
             act.emit(self._finished(act, reason))
             return
         t0 = time.perf_counter()
+        ticket = f"{act.req.request_id}#{plan.new_entry_id}"
         try:
-            commit = self._store(act, cache, all_tokens)
+            commit = self._store(act, cache, all_tokens, ticket)
         except Exception as e:  # the stream still ends, and the ids go back
             log.exception("request %s: storing its cache failed", act.req.request_id)
             self._release(act.req)
@@ -555,15 +608,16 @@ class Generator:
             return
 
         def on_orders(orders: Orders) -> None:
-            self.apply_orders(orders)
+            self._land(ticket, orders)
             commit_ms = (time.perf_counter() - t0) * 1000
             act.emit(self._finished(act, reason, commit_ms=commit_ms))
 
         self._unanswered += 1
         self.cache.commit(commit, on_orders)
 
-    def _store(self, act: _Active, cache: list, all_tokens: list) -> Commit:
-        """Put the finished sequence's entry (and separate capture entries) in the RAM tier."""
+    def _store(self, act: _Active, cache: list, all_tokens: list, ticket: str) -> Commit:
+        """Stage the finished sequence's entry (and separate capture entries) under `ticket`:
+        they enter the RAM tier with the Orders answering the Commit returned."""
         plan = act.req.plan
         L = act.prompt_len
         counter = layer_caches.CopyCounter()
@@ -592,19 +646,22 @@ class Generator:
             length, states = L, {L: act.prompt_end_state}
             tokens = tokens[:L]
         assert tokens.shape[0] >= L, "the cache holds fewer tokens than the prompt"
-        captured = []
+        captured, staged = [], []
         for point, state in act.taken.values():
             if point.entry_id is None:
                 states[point.length] = state
             else:
-                self.tier.put(
-                    point.entry_id, StoredEntry(layers, point.length, {point.length: state})
+                staged.append(
+                    (point.entry_id, StoredEntry(layers, point.length, {point.length: state}))
                 )
             captured.append(CapturedPoint(point.length, point.kind, point.entry_id))
         logits = {}
-        if act.prompt_end_logits is not None and L in states:
+        # Kept where a resend can use them: a lineage entry's prompt end (exact mode's
+        # snapshots are matched one token short, and its index does not count them).
+        if act.prompt_end_logits is not None and L in states and plan.store_reply:
             logits = {L: act.prompt_end_logits}
-        self.tier.put(plan.new_entry_id, StoredEntry(layers, length, states, logits))
+        staged.append((plan.new_entry_id, StoredEntry(layers, length, states, logits)))
+        self.tier.stage(ticket, staged, length)
         return Commit(
             request_id=act.req.request_id,
             namespace=act.req.namespace,
@@ -632,6 +689,11 @@ class Generator:
             return
         req, emit = waiting
         self.pending.insert(0, (replace(req, plan=replanned.plan), emit))
+
+    def _land(self, ticket: str, orders: Orders) -> None:
+        """A commit's answer: its staged entries enter the tier, then its Orders apply."""
+        self.tier.land(ticket)
+        self.apply_orders(orders)
 
     def apply_orders(self, orders: Orders) -> None:
         """The manager's answer to one of this generator's cache calls (in whatever order)."""

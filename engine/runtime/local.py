@@ -49,6 +49,9 @@ class LocalLink:
     def replan(self, lost, on_replanned) -> None:
         on_replanned(self.manager.replan(lost))
 
+    def room(self, request_id, on_orders) -> None:
+        on_orders(self.manager.room(request_id))
+
 
 class LocalEngine:
     """The cache manager and one Generator on the calling thread."""

@@ -7,8 +7,13 @@ needs a state snapshot at exactly n (or, for a model without state layers,
 none) and reads rows [:n] of the append-only layers.
 
 What to keep, move, drop, write or delete comes from the cache manager as
-Orders. The disk tier is reached through the `DiskTier` protocol (the
-storage layer's DiskStore fills it), so this module never imports storage.
+Orders. A new entry (a finished request's, an anchor captured mid-prefill)
+waits aside (`stage`) until the Orders answering its commit come back, and
+enters the tier with them (`land`): those Orders carry the frees that make
+room for it, so the tier never holds more than the manager's budget allows
+(the manager keeps its index plus pinned frees within the budget). The disk
+tier is reached through the `DiskTier` protocol (the storage layer's
+DiskStore fills it), so this module never imports storage.
 """
 
 from __future__ import annotations
@@ -72,6 +77,9 @@ class RamTier:
         self.max_id = 0  # the largest id ever held (a restarted manager allocates above it)
         self._reader: ThreadPoolExecutor | None = None  # the disk-reader thread, on first use
         self._loads: dict[int, Future] = {}  # entry id -> its read under way or done
+        # Entries waiting for the Orders of their commit, by ticket (the request id; an
+        # anchor's own ticket): (entry id, entry) pairs and the tokens they cover.
+        self._staged: dict[str, tuple[list[tuple[int, StoredEntry]], int]] = {}
 
     def start_load(self, plan: RestorePlan, done=None) -> Future | None:
         """Begin reading the plan's file on the reader thread, if the plan needs it and the
@@ -96,10 +104,46 @@ class RamTier:
         self.entries[entry_id] = entry
         self.max_id = max(self.max_id, entry_id)
 
+    def stage(self, ticket: str, entries: list[tuple[int, StoredEntry]], tokens: int) -> None:
+        """Hold new entries aside until the Orders of their commit come back (`land`)."""
+        assert ticket not in self._staged, f"{ticket} staged twice"
+        self._staged[ticket] = (entries, tokens)
+
+    def land(self, ticket: str) -> None:
+        """The commit's Orders are here: its staged entries enter the tier. The caller
+        applies those Orders in the same loop-thread call (their moves and writes need
+        the new entry; their frees make its room), so no step sees the tier between."""
+        entries, _ = self._staged.pop(ticket, ([], 0))
+        for entry_id, entry in entries:
+            self.put(entry_id, entry)
+
+    def held(self, entry_id: int | None) -> StoredEntry | None:
+        """The entry under `entry_id`, in the tier or staged (None: neither)."""
+        if entry_id is None:
+            return None
+        entry = self.entries.get(entry_id)
+        if entry is not None:
+            return entry
+        return next((e for es, _ in self._staged.values() for i, e in es if i == entry_id), None)
+
+    def staged(self, entry_id: int | None) -> bool:
+        """Whether `entry_id` waits aside for its commit's Orders."""
+        return any(i == entry_id for es, _ in self._staged.values() for i, _ in es)
+
+    @property
+    def staged_tokens(self) -> int:
+        """Tokens of the finished sequences whose entries wait aside (the batch counts them)."""
+        return sum(n for _, n in self._staged.values())
+
+    @property
+    def staged_bytes(self) -> int:
+        return sum(e.nbytes for es, _ in self._staged.values() for _, e in es)
+
     def clear(self) -> None:
         """Drop every entry (a restarted cache manager indexes none of them)."""
         self.entries.clear()
         self._loads.clear()
+        self._staged.clear()
 
     def prepare(self, plan: RestorePlan, namespace: str | None = None, tokens=None) -> bool:
         """Make the plan's restore source readable: load its disk file when the plan says so

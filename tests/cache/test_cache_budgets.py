@@ -19,7 +19,7 @@ from engine.cache.messages import (
     Release,
 )
 from engine.config import CacheConfig
-from tests.fakes import KVPT, STATE, Driver, entry_bytes, tokens
+from tests.fakes import KVPT, STATE, DiskDriver, Driver, entry_bytes, tokens
 
 
 def seq(start: int, n: int) -> range:
@@ -270,3 +270,51 @@ def test_bad_input_raises_value_error_naming_it():
         m.release(Release("r2", stored=(1,)))
     with pytest.raises(ValueError, match="guard_offset"):
         CacheManager(CacheConfig(guard_offset=0))
+
+
+# -- the RAM tier while Orders are on their way ----------------------------------------
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_a_new_entry_enters_the_tier_with_the_orders_that_make_its_room(eager):
+    """The actor keeps a finished request's entry aside until its commit's Orders (with
+    the frees that make its room) arrive. Stored at once (`eager`, as the RAM tier did),
+    it would hold more than the budget while those Orders travel."""
+    d = Driver(ram_budget=2 * CONVERSATION)
+    conversation(d, 1)
+    conversation(d, 2)
+    d.actor.eager, d.hold = eager, True
+    plan = d.plan(seq(300_000, 200))
+    if eager:
+        with pytest.raises(AssertionError):  # Driver.check_budget: three held, two fit
+            d.commit(plan.request_id, seq(350_000, 20))
+        return
+    assert d.commit(plan.request_id, seq(350_000, 20)) == Orders(free=(1,))
+    assert set(d.actor.stored) == {1, 2} and d.actor.nbytes == 2 * CONVERSATION  # in transit
+    d.deliver()
+    assert set(d.actor.stored) == {2, 3} and d.actor.nbytes == 2 * CONVERSATION
+
+
+@pytest.mark.parametrize("room", [True, False])
+def test_a_file_load_waits_for_the_orders_that_make_its_room(tmp_path, room):
+    """A plan that restores from a file indexes its entry and evicts for it; the actor
+    loads the file only once it applied those evictions (CacheManager.room)."""
+    d = DiskDriver(tmp_path, ram_budget=2 * CONVERSATION)
+    try:
+        for k in (1, 2, 3):
+            conversation(d, k)  # the third evicts the first from RAM; its file stays
+        assert set(d.actor.stored) == {2, 3} and 1 in d.manager.disk_index
+        plan = d.plan(tokens(seq(100_000, 200), seq(150_000, 20), seq(7, 10)))
+        assert (plan.entry_id, plan.length, plan.load_from_disk) == (1, 220, True)
+        assert d.manager.pending_orders == Orders(free=(2,))  # evicted for it, not handed out
+        if not room:  # the file read into RAM before that free arrives
+            d.actor.load(plan)
+            with pytest.raises(AssertionError):
+                d.check_budget()
+            return
+        assert d.restore(plan.request_id)
+        assert set(d.actor.stored) == {1, 3} and d.actor.nbytes <= 2 * CONVERSATION
+        d.commit(plan.request_id, seq(8, 5))
+        assert d.manager.stats().restores_lost == 0
+    finally:
+        d.close()

@@ -14,9 +14,10 @@ directory then). `resync(epoch, first_id)` rebuilds the manager from a fresh
 scan of the directory, allocating ids from `first_id` on, so no id a model
 replica still holds or writes is given out twice; `hello` reports the
 incarnation and the epoch of the last resync. A model replica that Ray restarted
-took its writer's queue with it: at `revived`, the files it was to write and
-did not leave the disk index (as do the writes a live replica reports lost,
-`files_lost`), so the index stays true to the directory.
+took its writer's queue with it: at `revived` (`reconcile`), the files it was
+to write and did not leave the disk index (as do the writes a live replica
+reports lost, `files_lost`), and the files it was to delete and did not leave
+the directory, so the index stays true to the directory.
 """
 
 from __future__ import annotations
@@ -144,11 +145,10 @@ class CacheManagerActor:
         self._deliver(self.cache.lost(replica), None)
 
     def revived(self, replica: int, restarted: bool = False) -> None:
-        """Route to `replica` again. `restarted`: its old process is gone, and with it the
-        writes its writer had queued; the files it never wrote leave the disk index."""
-        if restarted and self.directory is not None:
-            missing = self.directory.missing(self.cache.files_of(replica))
-            self.files_lost(missing, replica, "restarted before writing them")
+        """Route to `replica` again. `restarted`: its old process is gone, and with it what
+        its writer had queued: the directory and the disk index are reconciled."""
+        if restarted:
+            reconcile(self.directory, self.cache, replica)
         self.cache.revived(replica)
 
     def files_lost(self, entry_ids: list[int], replica: int = 0, why: str = "") -> None:
@@ -174,3 +174,28 @@ class CacheManagerActor:
 
     def anchors(self) -> list[AnchorUse]:
         return self.manager.anchors()
+
+
+def reconcile(directory, cache: ReplicatedCache, replica: int) -> tuple[list[int], list[int]]:
+    """After replica `replica` restarted: the files its writer never wrote leave the disk
+    index, and the files the index no longer holds (deletes that writer never did) leave
+    the directory. Only for a replica of this machine (others write their own
+    directories). Returns (forgotten, deleted)."""
+    replicas = cache.replicas
+    if directory is None or replicas.machines[replica] != replicas.home:
+        return [], []
+    unwritten, orphans = cache.restarted(replica, directory.entry_ids())
+    forgotten = cache.files_lost(unwritten)
+    freed = directory.delete(orphans)
+    if forgotten or orphans:
+        log.warning(
+            "replica %d restarted: %d file writes lost %s, %d files deleted (%.1f MB) that its "
+            "writer was to delete %s",
+            replica,
+            len(forgotten),
+            forgotten,
+            len(orphans),
+            freed / 1e6,
+            orphans,
+        )
+    return forgotten, orphans

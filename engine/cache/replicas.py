@@ -21,6 +21,7 @@ Plain Python (no MLX, no Ray), like the rest of engine.cache.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
 from engine.cache.manager import CacheManager
@@ -338,6 +339,23 @@ class ReplicatedCache:
         disk = self.manager.disk_index
         writers = self.replicas.writers
         return [i for i, w in writers.items() if w == replica and disk is not None and i in disk]
+
+    def restarted(self, replica: int, on_disk: Collection[int]) -> tuple[list[int], list[int]]:
+        """Replica `replica` restarted: its old writer's queue died with it. `on_disk`: the
+        ids of the entry files in its machine's directory now.
+
+        Returns (never written, orphans): the indexed files that writer was to write and
+        that are not on disk (the caller reports them lost), and the files on disk the
+        disk index does not hold. Every file leaves the disk index only when its delete is
+        ordered (an absorbed source's, an evicted one's) or when it is gone, so those
+        are deletes that a dead writer never did: the caller deletes them.
+        """
+        disk = self.manager.disk_index
+        if disk is None:
+            return [], []
+        unwritten = [i for i in self.files_of(replica) if i not in on_disk]
+        orphans = sorted(i for i in on_disk if i not in disk)
+        return unwritten, orphans
 
     def files_lost(self, entry_ids) -> list[int]:
         """Writes a replica reports lost: the disk index forgets them, and their writer."""

@@ -213,6 +213,24 @@ class OpenDirectory:
         """The ids among `entry_ids` with no entry file in the directory."""
         return [i for i in entry_ids if not entry_path(self.path, i).exists()]
 
+    def entry_ids(self) -> set[int]:
+        """The ids of the entry files in the directory now (quarantined copies left out);
+        temporary files of writers that are gone are removed on the way."""
+        scan = scan_directory(self.path)
+        return {f.entry_id for f in scan.files if f.path.suffix == SUFFIX}
+
+    def delete(self, entry_ids) -> int:
+        """Remove these entry files (a quarantined copy stays); the bytes freed."""
+        freed = 0
+        for entry_id in entry_ids:
+            path = entry_path(self.path, entry_id)
+            try:
+                freed += path.stat().st_size
+                path.unlink()
+            except FileNotFoundError:
+                pass
+        return freed
+
     def close(self) -> None:
         if self.lock is not None:
             self.lock.close()

@@ -61,3 +61,24 @@ def test_a_given_ram_budget_sizes_its_pool_and_the_limit_still_counts_the_weight
     plan = plan_memory(config, weights=20 * GB, kv_bytes_per_token=128 << 10, max_context=32768)
     assert plan.ram_budget == 8 * GB and plan.pool_limit == 2 * GB
     assert plan.running_kv <= (40 - 20) * GB // 4
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+@pytest.mark.parametrize("machine_gb", [64, 192, 512])
+@pytest.mark.parametrize("weights_gb", [1, 10])
+def test_each_replica_on_a_machine_counts_its_weights_batch_and_pool(
+    replicas, machine_gb, weights_gb
+):
+    """Replicas of one machine each load the weights, run a batch and keep an MLX pool;
+    the RAM tier is the one index's. Counting the weights once over-commits."""
+    machine = machine_gb * GB
+    plan = plan_memory(
+        _config(), weights_gb * GB, 64 << 10, 32768, machine=machine, replicas=replicas
+    )
+    k = plan.replicas
+    assert k == replicas
+    spent = k * weights_gb * GB + plan.running_kv + plan.ram_budget + k * plan.pool_limit
+    assert spent == plan.total <= plan.limit == machine * 3 // 4, plan
+    assert plan.running_kv == k * plan.max_batch_tokens * (64 << 10)
+    one = plan_memory(_config(), weights_gb * GB, 64 << 10, 32768, machine=machine)
+    assert plan.ram_budget <= one.ram_budget and plan.max_batch_tokens <= one.max_batch_tokens

@@ -20,6 +20,7 @@ import shutil
 import signal
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Protocol, Sequence
 
@@ -131,7 +132,13 @@ async def start_engine(
     ]
     infos = await asyncio.gather(*(m.info.remote() for m in models))
     info = infos[0]
-    memory = plan_memory(config, info.weights_bytes, info.kv_bytes_per_token, info.max_context)
+    # Replicas of one machine share its cache directory (the manager routes files by
+    # machine) and its memory: each loads its own weights.
+    machines = await asyncio.gather(*(m.machine.remote() for m in models))
+    per_machine = max(Counter(machines).values())
+    memory = plan_memory(
+        config, info.weights_bytes, info.kv_bytes_per_token, info.max_context, replicas=per_machine
+    )
     config = with_memory(config, memory)
     _log_memory(memory)
     config = dataclasses.replace(config, cache=measured_guard(config.cache, info))
@@ -152,8 +159,6 @@ async def start_engine(
 
     supervisor = Supervisor(models, manager, config, set_health)
     await supervisor.start()
-    # Replicas of one machine share its cache directory; the manager routes files by machine.
-    machines = await asyncio.gather(*(m.machine.remote() for m in models))
     await manager.attach.remote(models, machines)
     tokenizer = load_tokenizer(Path(info.path))
     builder = PromptBuilder(
@@ -224,11 +229,16 @@ def measured_guard(cache, info):
 
 def _log_memory(memory) -> None:
     log.info(
-        "memory: limit %.1f GB = weights %.1f + running KV %.1f (%d tokens) + RAM tier %.1f "
-        "+ pool %.1f",
-        *(x / 1e9 for x in (memory.limit, memory.weights, memory.running_kv)),
+        "memory: limit %.1f GB = weights %.1f x %d + running KV %.1f (%d tokens per replica) "
+        "+ RAM tier %.1f + pool %.1f x %d",
+        memory.limit / 1e9,
+        memory.weights / 1e9,
+        memory.replicas,
+        memory.running_kv / 1e9,
         memory.max_batch_tokens,
-        *(x / 1e9 for x in (memory.ram_budget, memory.pool_limit)),
+        memory.ram_budget / 1e9,
+        memory.pool_limit / 1e9,
+        memory.replicas,
     )
     if memory.total > memory.limit:
         log.warning(

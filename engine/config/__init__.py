@@ -2,7 +2,9 @@
 
 Frozen dataclasses, built once in ``main()`` from CLI flags and the environment
 (``EngineConfig.from_sources``) and passed down. Nothing below ``main()`` reads
-the environment or an argparse namespace.
+the environment or an argparse namespace. Two branches live in modules of
+their own and are re-exported here: the input limits (`limits`) and the
+memory plan made once the model is loaded (`memory`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,17 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Mapping
 
-GB = 1 << 30
+# Re-exported (`X as X`): the limits' and the memory plan's names, as engine.config's.
+from engine.config.limits import CACHE_BLOCK as CACHE_BLOCK
+from engine.config.limits import MAX_JSON_DEPTH as MAX_JSON_DEPTH
+from engine.config.limits import MAX_REQUEST_BYTES as MAX_REQUEST_BYTES
+from engine.config.limits import Limits, flag_name
+from engine.config.memory import GB, machine_memory
+from engine.config.memory import POOL_MAX as POOL_MAX
+from engine.config.memory import MemoryPlan as MemoryPlan
+from engine.config.memory import plan_memory as plan_memory
+from engine.config.memory import with_memory as with_memory
+
 CACHE_MODES = ("lineage", "exact", "off")
 # How a request's cache namespace shows in metrics and `lineage top`: a short hash
 # (default: namespaces can name tenants), as it is (opt-in), or not at all.
@@ -29,13 +41,6 @@ def default_cache_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("lineage-engine"))
-
-
-def _machine_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 64 * GB
 
 
 def parse_bytes(text: str | int) -> int:
@@ -232,49 +237,6 @@ class KernelConfig:
             )
 
 
-CACHE_BLOCK = 64  # tokens: the grain of cached-token figures sent to clients
-MAX_REQUEST_BYTES = (1 << 31) - 1 - (1 << 20)  # gRPC's message cap, less the band above it
-MAX_JSON_DEPTH = 512  # the JSON parser and the chat template recurse this deep
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Bounds on what a client sends (engine.server.limits checks them, the bridge the
-    body). Each is a flag `--max-...` with a variable `LINEAGE_MAX_...`; sizes take 4M,
-    256K. Why these defaults: engine/server/limits.py."""
-
-    max_stop_strings: int = 16
-    max_stop_length: int = 256  # characters per stop string
-    max_stop_token_ids: int = 64
-    max_request_bytes: int = 4 << 20  # a whole serialized gRPC request
-    max_tools_bytes: int = 256 << 10  # tools_json text
-    max_json_depth: int = 32  # tools_json and tool-call arguments
-    max_id_length: int = 128  # request_id and namespace
-    max_messages: int = 4096
-    max_body_bytes: int = 16 << 20  # an HTTP body at the OpenAI bridge
-    max_memo_bytes: int = 32 << 20  # the anchor memo: rendered (system + tools) texts, ids
-
-    def __post_init__(self):
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{_flag_name(f.name)} must be a positive integer, got {value!r}")
-        if self.max_request_bytes > MAX_REQUEST_BYTES:
-            raise ValueError(
-                f"--max-request-bytes must be at most {MAX_REQUEST_BYTES} (gRPC's 2 GiB message "
-                f"cap), got {self.max_request_bytes}"
-            )
-        if self.max_json_depth > MAX_JSON_DEPTH:
-            raise ValueError(
-                f"--max-json-depth must be at most {MAX_JSON_DEPTH} (the JSON parser and the "
-                f"chat template recurse that deep), got {self.max_json_depth}"
-            )
-
-
-def _flag_name(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def is_loopback(host: str) -> bool:
     import ipaddress
 
@@ -370,7 +332,7 @@ def _cache(pick: _Picker) -> CacheConfig:
     if mode is None:
         mode = "exact" if pick.env.get("APC_LINEAGE") == "0" else "lineage"
     given = pick("ram_budget", "LINEAGE_RAM_BUDGET", None)
-    ram = min(parse_bytes(given if given is not None else 48 * GB), _machine_memory() // 2)
+    ram = min(parse_bytes(given if given is not None else 48 * GB), machine_memory() // 2)
     cache_dir = pick("cache_dir", "LINEAGE_CACHE_DIR", None)
     disk = parse_bytes(pick("disk_budget", "LINEAGE_DISK_BUDGET", 1 << 40))
     probe = Path(cache_dir) if cache_dir else default_cache_dir()
@@ -428,7 +390,7 @@ def _int(pick: _Picker, flag: str, var: str, default: int, parse=int) -> int:
     try:
         return parse(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{_flag_name(flag)} ({var}) must be an integer, got {value!r}")
+        raise ValueError(f"{flag_name(flag)} ({var}) must be an integer, got {value!r}")
 
 
 def _limits(pick: _Picker) -> Limits:
@@ -478,84 +440,6 @@ def _server(pick: _Picker) -> ServerConfig:
         max_concurrent_rpcs=pick.optional(
             "max_concurrent_rpcs", "LINEAGE_MAX_CONCURRENT_RPCS", int
         ),
-    )
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    """How the memory limit is shared once the model is loaded (bytes, and tokens).
-
-    `replicas`: the model replicas on one machine. Each holds its own weights,
-    runs its own batch (of `max_batch_tokens`) and has its own MLX pool; the RAM
-    tier's budget is the one index's, shared by them all."""
-
-    limit: int
-    weights: int  # one replica's
-    kv_bytes_per_token: int
-    max_batch_tokens: int  # running sequences' prompt + max_tokens, together, per replica
-    running_kv: int  # the KV those tokens hold at most, every replica's together
-    ram_budget: int  # the cache's RAM tier
-    pool_limit: int  # MLX's buffer pool, per replica
-    replicas: int = 1
-
-    @property
-    def total(self) -> int:
-        k = self.replicas
-        return self.weights * k + self.running_kv + self.ram_budget + self.pool_limit * k
-
-
-POOL_MAX = 16 * GB
-
-
-def plan_memory(
-    config: EngineConfig,
-    weights: int,
-    kv_bytes_per_token: int,
-    max_context: int,
-    machine: int | None = None,
-    replicas: int = 1,
-) -> MemoryPlan:
-    """Share the memory limit between weights, running KV, the RAM tier and the pool.
-
-    What the user set is kept. Otherwise, of what the weights leave (each of the
-    `replicas` on the machine loads its own): a quarter for the running
-    sequences' KV (at most max_batch full contexts per replica), and the rest
-    for the RAM tier (at most 48G) and the replicas' pools (at most 16G each),
-    so the defaults never over-commit the machine.
-    """
-    cache, model = config.cache, config.model
-    k = max(1, replicas)
-    limit = cache.memory_limit or (machine or _machine_memory()) * 3 // 4
-    free = max(0, limit - weights * k)
-    per_token = max(1, kv_bytes_per_token)
-    tokens = model.max_batch_tokens
-    if tokens is None:
-        tokens = min(model.max_batch * max_context, free // 4 // k // per_token)
-        tokens = max(tokens, min(max_context, 1024))
-    running = tokens * per_token * k
-    if cache.ram_budget_auto:
-        rest = max(0, free - running)
-        ram = min(48 * GB, rest * 4 // 5)
-        pool = min(POOL_MAX, (rest - ram) // k)
-    else:
-        ram = cache.ram_budget
-        pool = min(POOL_MAX, ram // 4 // k)
-    if cache.pool_limit is not None:
-        pool = cache.pool_limit
-    return MemoryPlan(limit, weights, kv_bytes_per_token, tokens, running, ram, pool, k)
-
-
-def with_memory(config: EngineConfig, plan: MemoryPlan) -> EngineConfig:
-    """The configuration with the plan's budgets written in (what the actors are given)."""
-    cache = replace(
-        config.cache,
-        ram_budget=plan.ram_budget,
-        ram_budget_auto=False,
-        pool_limit=plan.pool_limit,
-        anchor_max_bytes=min(config.cache.anchor_max_bytes, plan.ram_budget),
-    )
-    return replace(
-        config, cache=cache, model=replace(config.model, max_batch_tokens=plan.max_batch_tokens)
     )
 
 

@@ -1,0 +1,104 @@
+"""The memory plan: how the memory limit is shared once the model is loaded.
+
+What the weights (each replica's), the running sequences' KV, the RAM tier
+and MLX's pools may take, from the configuration and the figures measured at
+load; `with_memory` writes the plan into the configuration the actors are
+given. Pure arithmetic: it reads no model and starts nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+
+GB = 1 << 30
+
+
+def machine_memory() -> int:
+    """This machine's physical memory (64G when it cannot be read)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 64 * GB
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """How the memory limit is shared once the model is loaded (bytes, and tokens).
+
+    `replicas`: the model replicas on one machine. Each holds its own weights,
+    runs its own batch (of `max_batch_tokens`) and has its own MLX pool; the RAM
+    tier's budget is the one index's, shared by them all."""
+
+    limit: int
+    weights: int  # one replica's
+    kv_bytes_per_token: int
+    max_batch_tokens: int  # running sequences' prompt + max_tokens, together, per replica
+    running_kv: int  # the KV those tokens hold at most, every replica's together
+    ram_budget: int  # the cache's RAM tier
+    pool_limit: int  # MLX's buffer pool, per replica
+    replicas: int = 1
+
+    @property
+    def total(self) -> int:
+        k = self.replicas
+        return self.weights * k + self.running_kv + self.ram_budget + self.pool_limit * k
+
+
+POOL_MAX = 16 * GB
+
+
+def plan_memory(
+    config: EngineConfig,
+    weights: int,
+    kv_bytes_per_token: int,
+    max_context: int,
+    machine: int | None = None,
+    replicas: int = 1,
+) -> MemoryPlan:
+    """Share the memory limit between weights, running KV, the RAM tier and the pool.
+
+    What the user set is kept. Otherwise, of what the weights leave (each of the
+    `replicas` on the machine loads its own): a quarter for the running
+    sequences' KV (at most max_batch full contexts per replica), and the rest
+    for the RAM tier (at most 48G) and the replicas' pools (at most 16G each),
+    so the defaults never over-commit the machine.
+    """
+    cache, model = config.cache, config.model
+    k = max(1, replicas)
+    limit = cache.memory_limit or (machine or machine_memory()) * 3 // 4
+    free = max(0, limit - weights * k)
+    per_token = max(1, kv_bytes_per_token)
+    tokens = model.max_batch_tokens
+    if tokens is None:
+        tokens = min(model.max_batch * max_context, free // 4 // k // per_token)
+        tokens = max(tokens, min(max_context, 1024))
+    running = tokens * per_token * k
+    if cache.ram_budget_auto:
+        rest = max(0, free - running)
+        ram = min(48 * GB, rest * 4 // 5)
+        pool = min(POOL_MAX, (rest - ram) // k)
+    else:
+        ram = cache.ram_budget
+        pool = min(POOL_MAX, ram // 4 // k)
+    if cache.pool_limit is not None:
+        pool = cache.pool_limit
+    return MemoryPlan(limit, weights, kv_bytes_per_token, tokens, running, ram, pool, k)
+
+
+def with_memory(config: EngineConfig, plan: MemoryPlan) -> EngineConfig:
+    """The configuration with the plan's budgets written in (what the actors are given)."""
+    cache = replace(
+        config.cache,
+        ram_budget=plan.ram_budget,
+        ram_budget_auto=False,
+        pool_limit=plan.pool_limit,
+        anchor_max_bytes=min(config.cache.anchor_max_bytes, plan.ram_budget),
+    )
+    return replace(
+        config, cache=cache, model=replace(config.model, max_batch_tokens=plan.max_batch_tokens)
+    )

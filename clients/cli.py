@@ -70,6 +70,8 @@ SERVE_FLAGS = (
     "sparse_gather_max",
     "sparse_block",
     "gated_delta",
+    "dense_kernel",
+    "dense_min_keys",
     "max_queue",
     "max_batch_tokens",
     "memory_limit",
@@ -345,6 +347,18 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
         choices=GATED_DELTA_MODES,
         help="gated delta recurrence off Metal: mx.fast primitive or mlx-lm's op loop "
         "(default auto: the primitive off Metal; env LINEAGE_GATED_DELTA)",
+    )
+    p.add_argument(
+        "--dense-kernel",
+        choices=("on", "off"),
+        help="dense attention on the CPU backend through the host BLAS (default on; off: "
+        "MLX's fused op) (env LINEAGE_DENSE_KERNEL)",
+    )
+    p.add_argument(
+        "--dense-min-keys",
+        type=int,
+        metavar="N",
+        help="the host path from N keys (default 1024; env LINEAGE_DENSE_MIN_KEYS)",
     )
     p.add_argument("--max-queue", type=int, help="requests in flight (default 256)")
     p.add_argument(

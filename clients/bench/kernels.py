@@ -1,6 +1,6 @@
 """`lineage bench kernels`: the engine/kernels/ paths against mlx-lm's stock ones.
 
-Three measurements in one run:
+Four measurements in one run:
 - **one sparse-attention layer** (mlx-lm's ``DeepseekV32Attention``, random
   weights, no model load) at a long context with ``index_topk`` scaled so the
   context is 8x it: ms per forward of a chunk of L tokens on that cache, for L
@@ -14,7 +14,9 @@ Three measurements in one run:
   token, the decode step, and the per-layer timer's breakdown of the warm
   prefill forward;
 - **gated delta**: mlx-lm's per-token op loop against
-  ``mx.fast.gated_delta_update`` (the ground for ``--gated-delta auto``).
+  ``mx.fast.gated_delta_update`` (the ground for ``--gated-delta auto``);
+- **dense attention** (`dense_kernel`): one forward of the tiny qwen3_next per
+  context and chunk length, MLX's attention against the host-BLAS path.
 
 Cheap to import: MLX, mlx-lm and matplotlib are imported inside the functions.
 """
@@ -29,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HELP = "sparse-attention and gated-delta kernels against mlx-lm's stock paths"
+HELP = "sparse-attention, gated-delta and dense-attention kernels against the stock paths"
 CHUNKS = (1, 2, 16, 64, 128, 256, 512, 1024)
 
 
@@ -440,15 +442,19 @@ def gated_delta_bench(repeats: int, steps=(1, 16, 128, 512)) -> list:
 
 
 def report(out: dict) -> str:
-    lay = out["layer"]
-    lines = [
-        f"one DSA layer: context {lay['context']}, index_topk {lay['index_topk']} "
-        f"(context/topk {lay['context'] / lay['index_topk']:.0f}), {lay['heads']} heads, "
-        f"{lay['index_heads']} indexer heads, latent {lay['kv_lora_rank']}; "
-        f"{lay['selections']} selections; median of {lay['repeats']}",
-        "      L    stock ms     ours ms   speedup  path    rel L2   block union",
-    ]
-    for r in lay["rows"]:
+    lay = out.get("layer")
+    lines = (
+        []
+        if lay is None
+        else [
+            f"one DSA layer: context {lay['context']}, index_topk {lay['index_topk']} "
+            f"(context/topk {lay['context'] / lay['index_topk']:.0f}), {lay['heads']} heads, "
+            f"{lay['index_heads']} indexer heads, latent {lay['kv_lora_rank']}; "
+            f"{lay['selections']} selections; median of {lay['repeats']}",
+            "      L    stock ms     ours ms   speedup  path    rel L2   block union",
+        ]
+    )
+    for r in lay["rows"] if lay else ():
         union = f"{r['block_union']:.0%}" if r["block_union"] is not None else "-"
         lines.append(
             f"  {r['chunk']:5d}  {r['stock_ms']:10.1f}  {r['ours_ms']:10.1f}  "
@@ -481,6 +487,10 @@ def report(out: dict) -> str:
                     f"  layer timer, {label}, warm prefill forward: "
                     f"{first['total_ms']:.1f} ms ({layers})"
                 )
+    if out.get("dense"):
+        from clients.bench.dense_kernel import report as dense_report
+
+        lines += dense_report(out["dense"])
     gd = out.get("gated_delta")
     if gd:
         lines.append("gated delta, ms per call (B=1, 16/32 heads, 128x128): op loop vs mx.fast")
@@ -545,14 +555,25 @@ def add_arguments(p) -> None:
     p.add_argument("--decode-tokens", type=int, default=16, help="decode steps timed per turn")
     p.add_argument("--turns", type=int, default=3, help="warm turns per side (last one timed)")
     p.add_argument("--skip-warm", action="store_true", help="the layer measurement only")
+    p.add_argument("--skip-layer", action="store_true", help="no DSA layer figures")
+    p.add_argument("--skip-dense", action="store_true", help="no dense-attention figures")
+    p.add_argument(
+        "--dense-contexts", type=int, nargs="+", default=[0, 2048, 8192], metavar="N",
+        help="contexts of the dense-attention forwards (32768 takes minutes to fill)",
+    )  # fmt: skip
+    p.add_argument(
+        "--dense-chunks", type=int, nargs="+", default=[1, 4, 16, 64], metavar="L",
+        help="chunk lengths of the dense-attention forwards",
+    )  # fmt: skip
     p.add_argument("--json", metavar="FILE", help="write the figures to this file")
     p.add_argument("--plot", metavar="FILE.png", help="draw ms/forward and speedup per L")
 
 
 def run(args) -> int:
-    print("one sparse-attention layer:", flush=True)
-    out = {
-        "layer": layer_bench(
+    out = {}
+    if not args.skip_layer:
+        print("one sparse-attention layer:", flush=True)
+        out["layer"] = layer_bench(
             args.context,
             args.heads,
             args.repeats,
@@ -560,7 +581,6 @@ def run(args) -> int:
             clustered=args.selections == "clustered",
             both_paths=args.both_paths,
         )
-    }
     if not args.skip_warm:
         print("warm turns:", flush=True)
         out["warm"] = warm_turn_bench(
@@ -569,9 +589,14 @@ def run(args) -> int:
     if not args.skip_gated_delta:
         print("gated delta:", flush=True)
         out["gated_delta"] = gated_delta_bench(args.repeats)
+    if not args.skip_dense:
+        from clients.bench.dense_kernel import dense_bench
+
+        print("dense attention:", flush=True)
+        out["dense"] = dense_bench(tuple(args.dense_contexts), tuple(args.dense_chunks))
     print(report(out))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
-    if args.plot:
+    if args.plot and "layer" in out:
         plot(out, args.plot)
     return 0

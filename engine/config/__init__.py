@@ -222,6 +222,8 @@ class KernelConfig:
     sparse_gather_max: int = 512  # up to this many: block-gather; longer: stock
     sparse_block: int = 64  # block-gather granularity, in tokens
     gated_delta: str = "auto"  # auto | fast | ops (mx.fast.gated_delta_update off Metal)
+    dense: bool = True  # dense attention on the CPU through the host BLAS; False: MLX's
+    dense_min_keys: int = 1024  # ... from this many keys (shorter: MLX's)
 
     def __post_init__(self):
         if not 1 <= self.sparse_decode_max <= self.sparse_gather_max:
@@ -235,6 +237,8 @@ class KernelConfig:
             raise ValueError(
                 f"gated delta {self.gated_delta!r} is not one of {', '.join(GATED_DELTA_MODES)}"
             )
+        if self.dense_min_keys < 1:
+            raise ValueError(f"dense min keys {self.dense_min_keys} must be positive")
 
 
 def is_loopback(host: str) -> bool:
@@ -462,6 +466,8 @@ def _kernels(pick: _Picker) -> KernelConfig:
         sparse_gather_max=int(pick("sparse_gather_max", "LINEAGE_SPARSE_GATHER_MAX", 512)),
         sparse_block=int(pick("sparse_block", "LINEAGE_SPARSE_BLOCK", 64)),
         gated_delta=str(pick("gated_delta", "LINEAGE_GATED_DELTA", "auto")),
+        dense=_switch(pick("dense_kernel", "LINEAGE_DENSE_KERNEL", True), "dense kernel"),
+        dense_min_keys=int(pick("dense_min_keys", "LINEAGE_DENSE_MIN_KEYS", 1024)),
     )
 
 

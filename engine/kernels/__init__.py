@@ -8,6 +8,9 @@ files) and switchable off, so the stock path stays one setting away:
   of 2 to ``gather_max`` tokens: the decode shape and block-gather.
 - ``gated_delta``: the gated delta recurrence off Metal, dispatched to
   ``mx.fast.gated_delta_update`` off Metal.
+- ``dense_attention``: dense attention (every model calling mlx-lm's
+  ``scaled_dot_product_attention``) on the CPU backend at long contexts,
+  through the host BLAS instead of MLX's CPU ops.
 
 This package knows MLX and mlx-lm's model modules; it knows nothing of the
 engine's configuration (the runtime passes plain values), caches policy,
@@ -16,20 +19,28 @@ actors or serving.
 
 from __future__ import annotations
 
-from engine.kernels import gated_delta, sparse_attention
+from engine.kernels import dense_attention, gated_delta, sparse_attention
 from engine.kernels.sparse_attention import SparsePlan
 
 
-def install(model, sparse: SparsePlan | None, gated_delta_mode: str = "auto") -> tuple[str, ...]:
+def install(
+    model,
+    sparse: SparsePlan | None,
+    gated_delta_mode: str = "auto",
+    dense_min_keys: int | None = None,
+) -> tuple[str, ...]:
     """Install the kernels that apply to `model`; returns the names of those now active.
 
-    `sparse` None leaves DSA attention on mlx-lm's path.
+    `sparse` None leaves DSA attention on mlx-lm's path; `dense_min_keys` None
+    leaves dense attention on MLX's, else the host path takes it from that many keys.
     """
     active = []
     if sparse is not None and sparse_attention.install(model, sparse):
         active += [sparse_attention.DECODE_SHAPE, sparse_attention.BLOCK_GATHER]
     if gated_delta.install(model, gated_delta_mode):
         active.append(gated_delta.FAST)
+    if dense_min_keys is not None and dense_attention.install(model, dense_min_keys):
+        active.append(dense_attention.NAME)
     return tuple(active)
 
 
@@ -37,3 +48,4 @@ def uninstall(model) -> None:
     """Put mlx-lm's own paths back on `model`."""
     sparse_attention.uninstall(model)
     gated_delta.uninstall(model)
+    dense_attention.uninstall(model)

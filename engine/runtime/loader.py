@@ -58,7 +58,8 @@ def install_kernels(model, config: EngineConfig) -> tuple[str, ...]:
         if k.sparse
         else None
     )
-    return kernels.install(model, sparse, k.gated_delta)
+    dense = k.dense_min_keys if k.dense else None
+    return kernels.install(model, sparse, k.gated_delta, dense)
 
 
 def load_model(config: EngineConfig):

@@ -66,3 +66,16 @@ def test_block_gather_pays_on_clustered_unions_only():
     assert sa.gather_pays(attn, int(0.18 * n), 512, 2048)
     assert not sa.gather_pays(attn, n, 512, 2048)
     assert not sa.gather_pays(attn, n, 256, 2048)
+
+
+def test_dense_figures_report_equal_logits():
+    """The dense part: a chunk row and the left-padded decode-batch row, stock vs host,
+    logits equal within float tolerance; the report names both."""
+    from clients.bench import dense_kernel
+
+    rows = dense_kernel.dense_bench(contexts=(1100,), chunks=(3,), repeats=1)
+    assert [r["chunk"] for r in rows] == [3, 1] and rows[1]["context"] == [1100, 825, 550]
+    assert all(r["max_logit_diff"] <= 1e-4 and r["same_argmax"] for r in rows)
+    text = kernels.report({"dense": rows})
+    assert "ctx   1100  L   3" in text and "batch 1100/825/550" in text
+    json.dumps(rows)

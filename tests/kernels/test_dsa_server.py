@@ -53,17 +53,23 @@ def test_warm_turn_greedy_tokens_equal_the_stock_path(ray_session, tmp_path):
 
 
 def test_the_switch_off_loads_no_kernel(tmp_path):
-    """LINEAGE_SPARSE_KERNELS=0 (kernels.sparse False): mlx-lm's attention class stays."""
+    """LINEAGE_SPARSE_KERNELS=0 and LINEAGE_DENSE_KERNEL=0: mlx-lm's attention stays."""
     from engine.config import EngineConfig
+    from engine.kernels import dense_attention as da
     from engine.runtime.loader import load_model
 
     model_dir = write_model_dir("glm_moe_dsa", tmp_path / "dsa")
-    env = {"LINEAGE_SPARSE_KERNELS": "0", "LINEAGE_CACHE_DIR": str(tmp_path)}
+    env = {
+        "LINEAGE_SPARSE_KERNELS": "0",
+        "LINEAGE_DENSE_KERNEL": "0",
+        "LINEAGE_CACHE_DIR": str(tmp_path),
+    }
     config = EngineConfig.from_sources({"model": str(model_dir)}, env)
     model, _, info = load_model(config)
     assert info.kernels == ()
     assert type(model.model.layers[0].self_attn).__name__ == "DeepseekV32Attention"
     on = EngineConfig.from_sources({"model": str(model_dir)}, {"LINEAGE_CACHE_DIR": str(tmp_path)})
     model, _, info = load_model(on)
-    assert info.kernels == (sa.DECODE_SHAPE, sa.BLOCK_GATHER)
+    assert info.kernels == (sa.DECODE_SHAPE, sa.BLOCK_GATHER, da.NAME)
     assert type(model.model.layers[0].self_attn).__name__ == "SparseDeepseekV32Attention"
+    da.uninstall(model)

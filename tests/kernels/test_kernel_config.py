@@ -18,7 +18,7 @@ def _config(argv: list[str], env: dict) -> EngineConfig:
 
 def test_defaults():
     k = _config([], {}).kernels
-    assert k == KernelConfig(True, 128, 512, 64, "auto")
+    assert k == KernelConfig(True, 128, 512, 64, "auto", True, 1024)
 
 
 def test_environment_then_flags():
@@ -28,10 +28,13 @@ def test_environment_then_flags():
         "LINEAGE_SPARSE_GATHER_MAX": "256",
         "LINEAGE_SPARSE_BLOCK": "32",
         "LINEAGE_GATED_DELTA": "fast",
+        "LINEAGE_DENSE_KERNEL": "off",
+        "LINEAGE_DENSE_MIN_KEYS": "4096",
     }
-    assert _config([], env).kernels == KernelConfig(False, 64, 256, 32, "fast")
+    assert _config([], env).kernels == KernelConfig(False, 64, 256, 32, "fast", False, 4096)
     flags = ["--sparse-kernels", "on", "--sparse-decode-max", "16", "--gated-delta", "ops"]
-    assert _config(flags, env).kernels == KernelConfig(True, 16, 256, 32, "ops")
+    flags += ["--dense-kernel", "on", "--dense-min-keys", "512"]
+    assert _config(flags, env).kernels == KernelConfig(True, 16, 256, 32, "ops", True, 512)
 
 
 @pytest.mark.parametrize(
@@ -41,6 +44,8 @@ def test_environment_then_flags():
         ({"LINEAGE_SPARSE_DECODE_MAX": "600"}, "sparse thresholds"),
         ({"LINEAGE_SPARSE_BLOCK": "0"}, "sparse block"),
         ({"LINEAGE_GATED_DELTA": "turbo"}, "gated delta"),
+        ({"LINEAGE_DENSE_KERNEL": "sometimes"}, "dense kernel"),
+        ({"LINEAGE_DENSE_MIN_KEYS": "0"}, "dense min keys"),
     ],
 )
 def test_bad_values_name_the_setting(env, needle):

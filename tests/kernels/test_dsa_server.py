@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
+from engine.kernels import dense_attention as da
 from engine.kernels import sparse_attention as sa
 from engine.proto import engine_pb2, engine_pb2_grpc
 from engine.runtime.tiny_models import write_model_dir
@@ -30,7 +31,7 @@ def test_warm_turn_greedy_tokens_equal_the_stock_path(ray_session, tmp_path):
         with grpc.insecure_channel(e.address) as ch:
             stub = engine_pb2_grpc.EngineStub(ch)
             info = stub.ModelInfo(engine_pb2.ModelInfoRequest())
-            assert list(info.kernels) == [sa.DECODE_SHAPE, sa.BLOCK_GATHER]
+            assert list(info.kernels) == [sa.DECODE_SHAPE, sa.BLOCK_GATHER, da.NAME]
             reply, _, _ = collect(stub, request(prompt_ids=first, max_tokens=6))
             warm = first + reply + [(i * 31) % 3000 + 10 for i in range(40)]
             ids, _, final = collect(stub, request(prompt_ids=warm, max_tokens=8))
@@ -55,7 +56,6 @@ def test_warm_turn_greedy_tokens_equal_the_stock_path(ray_session, tmp_path):
 def test_the_switch_off_loads_no_kernel(tmp_path):
     """LINEAGE_SPARSE_KERNELS=0 and LINEAGE_DENSE_KERNEL=0: mlx-lm's attention stays."""
     from engine.config import EngineConfig
-    from engine.kernels import dense_attention as da
     from engine.runtime.loader import load_model
 
     model_dir = write_model_dir("glm_moe_dsa", tmp_path / "dsa")

@@ -140,17 +140,19 @@ def scan_directory(directory: Path, remove_temps: bool = True) -> Scan:
     return Scan(tuple(files), tuple(removed), max_id)
 
 
+def _remove(path: Path) -> int:
+    """Unlink `path`; the bytes freed (0 when it was not there)."""
+    try:
+        nbytes = path.stat().st_size
+        path.unlink()
+    except FileNotFoundError:
+        return 0
+    return nbytes
+
+
 def delete_files(directory: Path, entry_id: int) -> int:
     """Remove an entry's file (and a quarantined copy); the bytes freed."""
-    freed = 0
-    for suffix in (SUFFIX, DAMAGED_SUFFIX):
-        path = Path(directory) / f"{entry_id}{suffix}"
-        try:
-            freed += path.stat().st_size
-            path.unlink()
-        except FileNotFoundError:
-            pass
-    return freed
+    return sum(_remove(Path(directory) / f"{entry_id}{s}") for s in (SUFFIX, DAMAGED_SUFFIX))
 
 
 LOCK_NAME = "LOCK"
@@ -221,15 +223,7 @@ class OpenDirectory:
 
     def delete(self, entry_ids) -> int:
         """Remove these entry files (a quarantined copy stays); the bytes freed."""
-        freed = 0
-        for entry_id in entry_ids:
-            path = entry_path(self.path, entry_id)
-            try:
-                freed += path.stat().st_size
-                path.unlink()
-            except FileNotFoundError:
-                pass
-        return freed
+        return sum(_remove(entry_path(self.path, entry_id)) for entry_id in entry_ids)
 
     def close(self) -> None:
         if self.lock is not None:

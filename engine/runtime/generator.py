@@ -694,6 +694,7 @@ class Generator:
         """A commit's answer: its staged entries enter the tier, then its Orders apply."""
         self.tier.land(ticket)
         self.apply_orders(orders)
+        self.tier.note_peak()
 
     def apply_orders(self, orders: Orders) -> None:
         """The manager's answer to one of this generator's cache calls (in whatever order)."""

@@ -80,6 +80,8 @@ class RamTier:
         # Entries waiting for the Orders of their commit, by ticket (the request id; an
         # anchor's own ticket): (entry id, entry) pairs and the tokens they cover.
         self._staged: dict[str, tuple[list[tuple[int, StoredEntry]], int]] = {}
+        self.peak = 0  # the most the tier held after any change (bench load reads it)
+        self._held = 0  # `nbytes`, kept up to date at each change (a sum over entries is slow)
 
     def start_load(self, plan: RestorePlan, done=None) -> Future | None:
         """Begin reading the plan's file on the reader thread, if the plan needs it and the
@@ -100,9 +102,18 @@ class RamTier:
         return future
 
     def put(self, entry_id: int, entry: StoredEntry) -> None:
+        self._put(entry_id, entry)
+        self.note_peak()
+
+    def _put(self, entry_id: int, entry: StoredEntry) -> None:
         assert entry_id not in self.entries, f"entry {entry_id} stored twice"
         self.entries[entry_id] = entry
+        self._held += entry.nbytes
         self.max_id = max(self.max_id, entry_id)
+
+    def note_peak(self) -> None:
+        """Record what the tier holds now against its peak (after each change)."""
+        self.peak = max(self.peak, self._held)
 
     def stage(self, ticket: str, entries: list[tuple[int, StoredEntry]], tokens: int) -> None:
         """Hold new entries aside until the Orders of their commit come back (`land`)."""
@@ -115,7 +126,7 @@ class RamTier:
         the new entry; their frees make its room), so no step sees the tier between."""
         entries, _ = self._staged.pop(ticket, ([], 0))
         for entry_id, entry in entries:
-            self.put(entry_id, entry)
+            self._put(entry_id, entry)  # the peak is noted once the Orders are applied
 
     def held(self, entry_id: int | None) -> StoredEntry | None:
         """The entry under `entry_id`, in the tier or staged (None: neither)."""
@@ -144,6 +155,7 @@ class RamTier:
         self.entries.clear()
         self._loads.clear()
         self._staged.clear()
+        self._held = 0
 
     def prepare(self, plan: RestorePlan, namespace: str | None = None, tokens=None) -> bool:
         """Make the plan's restore source readable: load its disk file when the plan says so
@@ -165,8 +177,11 @@ class RamTier:
             entry = self.disk_tier.load(plan.entry_id, namespace, expected)
         if entry is None:
             return False
+        replaced = self.entries.get(plan.entry_id)
+        self._held += entry.nbytes - (replaced.nbytes if replaced is not None else 0)
         self.entries[plan.entry_id] = entry  # replaces a held entry that could not serve
         self.max_id = max(self.max_id, plan.entry_id)
+        self.note_peak()
         return True
 
     def logits(self, entry_id: int | None, length: int):
@@ -199,12 +214,14 @@ class RamTier:
             if src is None or dst is None or move.length not in src.states:
                 log.warning("move %s: source or destination missing", move)
                 continue
+            replaced = dst.states.get(move.length)
             dst.states[move.length] = src.states[move.length]
+            self._held += _size(dst.states[move.length]) - _size(replaced)
         for entry_id, length in orders.drop_checkpoints:
             entry = self.entries.get(entry_id)
             if entry is not None and length != entry.length:
-                entry.states.pop(length, None)
-                entry.logits.pop(length, None)
+                self._held -= _size(entry.states.pop(length, None))
+                self._held -= _size(entry.logits.pop(length, None))
         if self.disk_tier is not None:
             for record in orders.records:
                 entry = self.entries.get(record.entry_id)
@@ -216,11 +233,17 @@ class RamTier:
                 except ValueError:
                     log.exception("write of entry %d skipped", record.entry_id)
         for entry_id in orders.free:
-            self.entries.pop(entry_id, None)
+            self._held -= _size(self.entries.pop(entry_id, None))
         if self.disk_tier is not None:
             for entry_id in orders.delete_files:
                 self.disk_tier.delete(entry_id)
+        self.note_peak()  # moves count a shared state twice, as the index does
 
     @property
     def nbytes(self) -> int:
         return sum(e.nbytes for e in self.entries.values())
+
+
+def _size(held) -> int:
+    """The bytes of a stored entry, state snapshot or logits array; 0 for None."""
+    return held.nbytes if held is not None else 0

@@ -20,6 +20,8 @@ class TierStats:
     pending_prefill_tokens: int = 0  # the pending requests' uncached prompt tokens
     mlx_active_bytes: int = 0  # MLX's allocated memory now
     mlx_peak_bytes: int = 0  # and at its highest since the process started
+    ram_peak_bytes: int = 0  # the most the RAM tier held after any change since it started
+    staged_bytes: int = 0  # finished requests' entries waiting for their commit's Orders
 
 
 def tier_stats(g) -> TierStats:
@@ -37,4 +39,6 @@ def tier_stats(g) -> TierStats:
         pending_prefill_tokens=sum(len(r.tokens) - r.plan.length for r, _ in g.pending),
         mlx_active_bytes=mx.get_active_memory(),
         mlx_peak_bytes=mx.get_peak_memory(),
+        ram_peak_bytes=g.tier.peak,
+        staged_bytes=g.tier.staged_bytes,
     )

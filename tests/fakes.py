@@ -109,11 +109,13 @@ class FakeModelActor:
     @property
     def nbytes(self) -> int:
         """The bytes held, as the index counts them (Entry.nbytes)."""
+        return sum(self.bytes_of(i) for i in self.stored)
+
+    def bytes_of(self, entry_id: int) -> int:
+        """One entry's bytes, as the index counts them: rows, states, log-probabilities."""
+        e = self.stored[entry_id]
         state = STATE if self.state_layers else 0
-        return sum(
-            len(e.tokens) * KVPT + state * len(e.states) + self.logits_bytes * len(e.logits)
-            for e in self.stored.values()
-        )
+        return len(e.tokens) * KVPT + state * len(e.states) + self.logits_bytes * len(e.logits)
 
     def land(self, ticket: str | None) -> None:
         """The Orders of a commit arrived: its staged entries are stored (before applying)."""
@@ -432,6 +434,7 @@ class Driver:
             assert held.states == set(entry.checkpoints) | {entry.length}, (entry.id, held.states)
             if entry.logits_at is not None:
                 assert entry.logits_at in held.logits, (entry.id, entry.logits_at)
+            assert self.actor.bytes_of(entry.id) == entry.nbytes, (entry.id, "bytes differ")
         expected = {e.id for e in index.entries()} | set(index.deferred)
         assert set(self.actor.stored) == expected, (sorted(self.actor.stored), sorted(expected))
 
@@ -612,6 +615,7 @@ class DiskDriver(Driver):
                 continue
             assert held is not None, f"indexed entry {entry.id} is not held by the actor"
             assert held.states == set(entry.checkpoints) | {entry.length}, (entry.id, held.states)
+            assert self.actor.bytes_of(entry.id) == entry.nbytes, (entry.id, "bytes differ")
         pending = self.manager.pending_orders
         expected = ({e.id for e in index.entries()} | set(index.deferred)) - loading
         assert expected <= set(self.actor.stored) <= expected | loading | set(pending.free)

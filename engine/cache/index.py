@@ -55,7 +55,7 @@ class Index:
         self._by_namespace: dict[str, dict[int, Entry]] = {}
         self._clock = 0
         self._pins: dict[str, tuple[int, int]] = {}  # request id -> (entry id, length)
-        self._deferred_free: dict[int, int] = {}  # entry id -> its bytes, in order
+        self._deferred_free: dict[int, Entry] = {}  # entry id -> the entry, in order
 
     # -- storage -----------------------------------------------------------
 
@@ -152,17 +152,19 @@ class Index:
         if not self._by_namespace[entry.namespace]:
             del self._by_namespace[entry.namespace]
         if self.pinned(entry_id):
-            self._deferred_free[entry_id] = entry.nbytes
+            self._deferred_free[entry_id] = entry
         else:
             orders.free(entry_id)
         return entry
 
-    def flush(self, orders: OrderBook) -> None:
-        """Order the deferred frees whose pins are gone."""
+    def flush(self, orders: OrderBook) -> list[Entry]:
+        """Order the deferred frees whose pins are gone; those entries."""
+        out = []
         for entry_id in list(self._deferred_free):
             if not self.pinned(entry_id):
-                del self._deferred_free[entry_id]
+                out.append(self._deferred_free.pop(entry_id))
                 orders.free(entry_id)
+        return out
 
     @property
     def pins(self) -> dict[str, tuple[int, int]]:
@@ -178,7 +180,7 @@ class Index:
     def deferred_bytes(self) -> int:
         """What the deferred frees a pin still holds keep in RAM (the RAM budget counts it;
         one whose pin went is freed at the next flush)."""
-        return sum(n for i, n in self._deferred_free.items() if self.pinned(i))
+        return sum(e.nbytes for i, e in self._deferred_free.items() if self.pinned(i))
 
     # -- invariants ----------------------------------------------------------
 

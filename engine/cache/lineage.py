@@ -126,8 +126,13 @@ class LineagePolicy:
             return Lookup(found.restore, sibling), False
         return Lookup(on_disk.restore, sibling), True
 
-    def adopt(self, entry_id: int) -> None:
-        """Index the disk tier's entry `entry_id` in RAM (a kept plan loads its file)."""
+    def adopt(self, entry_id: int, held: Entry | None = None) -> None:
+        """Index the disk tier's entry `entry_id` in RAM (a kept plan loads its file), or
+        `held`, the RAM entry whose free was taken back (the actor still holds it, with
+        what its file lacks: the prompt end's log-probabilities)."""
+        if held is not None:
+            self.index.add(held)
+            return
         entry = self.disk_index.entry(entry_id)
         self.index.add(
             Entry(

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from engine.cache.disk_index import DiskIndex, evict_disk
+from engine.cache.entry import Entry
 from engine.cache.exact import ExactPolicy
 from engine.cache.index import Index
 from engine.cache.kinds import CaptureKind, RestoreKind, Role
@@ -135,6 +136,7 @@ class CacheManager:
         self._writes_lost = 0
         self._seq = 0  # the number of the last Orders handed out
         self._pending = OrderBook()  # evictions made at a plan, ordered with the next Orders
+        self._pending_entries: dict[int, Entry] = {}  # the entries `_pending` frees
         self._unread: set[int] = set()  # entries indexed from a file no commit has restored yet
         policy = _POLICIES.get(config.mode)
         self._policy = None
@@ -172,8 +174,11 @@ class CacheManager:
                     None,
                 )
         if plan.load_from_disk:  # the plan is final: only now does the file's entry enter RAM
-            self._policy.adopt(plan.entry_id)
-            self._pending.unfree(plan.entry_id)  # evicted at an earlier plan, not handed out
+            # Evicted at an earlier plan, its free not handed out: the actor still holds it.
+            held = self._pending_entries.pop(plan.entry_id, None)
+            if not self._pending.unfree(plan.entry_id):
+                held = None
+            self._policy.adopt(plan.entry_id, held)
             self._unread.add(plan.entry_id)
         elif plan.entry_id in self._unread:
             plan = replace(plan, load_from_disk=True)
@@ -185,7 +190,9 @@ class CacheManager:
         if self.disk_index is not None and plan.entry_id is not None:
             self.disk_index.touch(plan.entry_id)
         if plan.load_from_disk:  # the file's entry is in the RAM index: make room
-            self._evictions += len(self._policy.evict(self._pending))
+            victims = self._policy.evict(self._pending)
+            self._evictions += len(victims)
+            self._hold(victims)
         self._in_flight[req.request_id] = _InFlight(
             req.namespace, prompt.copy(), req.anchor_len, plan, anchor
         )
@@ -318,7 +325,7 @@ class CacheManager:
         self._lost(plan, self._pending, file_failed=lost.load_failed)
         for entry_id in flight.allocated:
             self._pending.free(entry_id)
-        self.index.flush(self._pending)
+        self._hold(self.index.flush(self._pending))
         self._forget_unread()
         request = PlanRequest(lost.request_id, flight.prompt, flight.anchor_len, flight.namespace)
         new = self.plan(request)  # may take back the source's free: its file is read again
@@ -368,7 +375,14 @@ class CacheManager:
 
     def _take_pending(self) -> OrderBook:
         orders, self._pending = self._pending, OrderBook()
+        self._pending_entries = {}
         return orders
+
+    def _hold(self, entries) -> None:
+        """Remember the entries whose frees wait in `_pending` (deferred ones stay deferred)."""
+        for entry in entries:
+            if entry.id not in self.index.deferred:
+                self._pending_entries[entry.id] = entry
 
     def room(self, request_id: str) -> Orders:
         """The Orders that make room for a plan's file load, asked by the model actor before

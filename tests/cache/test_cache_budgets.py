@@ -318,3 +318,25 @@ def test_a_file_load_waits_for_the_orders_that_make_its_room(tmp_path, room):
         assert d.manager.stats().restores_lost == 0
     finally:
         d.close()
+
+
+def test_an_entry_indexed_again_before_its_free_goes_out_keeps_its_ram_size(tmp_path):
+    """An entry evicted at a plan, its free not handed out yet, and indexed again from its
+    file by the next plan: the actor still holds the RAM version, log-probabilities
+    included, and the index counts that one (not the file's, which has none)."""
+    d = DiskDriver(tmp_path, ram_budget=2 * CONVERSATION + 2 * 4096)
+    d.actor.logits_bytes = 4096
+    try:
+        for k in (1, 2, 3):
+            conversation(d, k)
+        assert set(d.actor.stored) == {2, 3}
+        first = d.plan(tokens(seq(100_000, 200), seq(150_000, 20), seq(7, 10)))  # file 1
+        assert first.load_from_disk and d.manager.pending_orders.free == (2,)
+        second = d.plan(tokens(seq(200_000, 200), seq(250_000, 20), seq(7, 10)))  # 2 again
+        assert (second.entry_id, second.length) == (2, 220)
+        assert 2 not in d.manager.pending_orders.free, "its free is taken back"
+        d.check()  # the index counts what the actor holds under id 2
+        d.commit(second.request_id, seq(8, 5))
+        d.commit(first.request_id, seq(9, 5))
+    finally:
+        d.close()

@@ -89,6 +89,12 @@ def entry_size(model_cache_dir) -> tuple[int, tuple]:
     return probe.tier.nbytes, (probe.model, probe.tokenizer, probe.info)
 
 
+def indexed(engine: LocalEngine) -> int:
+    """The bytes the manager counts: its index plus the frees a pin defers."""
+    index = engine.manager.index
+    return sum(e.nbytes for e in index.entries()) + index.deferred_bytes
+
+
 def finished(events: list) -> bool:
     return any(isinstance(e, Finished) for e in events)
 
@@ -111,6 +117,7 @@ def test_a_finished_entry_enters_the_tier_with_its_commits_orders(model_cache_di
         assert len(engine.tier.entries) == 1, "the new entry came in, the old one went"
     assert s.peak <= engine.tier.peak <= budget, (s.peak, engine.tier.peak, budget)
     assert engine.tier._held == engine.tier.nbytes, "the running total drifted"
+    assert engine.tier.nbytes == indexed(engine), "the tier holds what the index counts"
     assert engine.manager.stats().evictions == 2
     engine.manager.check_invariants()
 
@@ -150,6 +157,7 @@ def test_a_file_load_waits_for_the_orders_that_make_its_room(model_cache_dir, tm
         assert final.cached_tokens == 300 + len(first.ids), "restored from the file"
         assert s.peak <= engine.tier.peak <= budget, (s.peak, engine.tier.peak, budget)
         assert engine.tier._held == engine.tier.nbytes, "the running total drifted"
+        assert engine.tier.nbytes == indexed(engine), "the tier holds what the index counts"
         engine.manager.check_invariants()
     finally:
         store.close(10)

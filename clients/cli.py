@@ -65,6 +65,8 @@ SERVE_FLAGS = (
     "schedule",
     "prefill_budget",
     "prefill_group",
+    "prefill_step_factor",
+    "prefill_slice_ms",
     "sparse_kernels",
     "sparse_decode_max",
     "sparse_gather_max",
@@ -315,6 +317,20 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="prefill up to N not-yet-started prompts of similar length in one chunk "
         "(default 1; env LINEAGE_PREFILL_GROUP)",
+    )
+    p.add_argument(
+        "--prefill-step-factor",
+        type=float,
+        metavar="X",
+        help="srpt/fifo: a step that prefills beside decode aims at X idle decode steps "
+        "(default 2.5; env LINEAGE_PREFILL_STEP_FACTOR)",
+    )
+    p.add_argument(
+        "--prefill-slice-ms",
+        type=float,
+        metavar="MS",
+        help="srpt/fifo: a long prompt's chunk with nothing decoding aims at MS ms "
+        "(default 50; env LINEAGE_PREFILL_SLICE_MS)",
     )
     p.add_argument(
         "--sparse-kernels",

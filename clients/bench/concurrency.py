@@ -60,6 +60,8 @@ class ConcurrencyOptions:
     probes: tuple | None = None  # runs probed after their traffic; None: every engine run
     prefill_budget: int = 256  # the engine's default
     prefill_step_size: int = 512
+    step_factor: float = 2.5  # the engine's --prefill-step-factor default
+    slice_ms: float = 50.0  # the engine's --prefill-slice-ms default
     work_dir: str | None = None
 
 
@@ -100,6 +102,8 @@ class EngineSender:
             schedule=schedule,
             prefill_budget=opts.prefill_budget,
             prefill_group=group,
+            prefill_step_factor=opts.step_factor,
+            prefill_slice_ms=opts.slice_ms,
         )
         config = EngineConfig(
             model=model, cache=CacheConfig(cache_dir=cache_dir), server=ServerConfig(port=0)
@@ -292,6 +296,18 @@ def probe(sender, opts: ConcurrencyOptions) -> dict:
     return out
 
 
+def _engine_model(model_dir: str):
+    """The model as the engine runs it: mlx-lm's, with the default kernels installed."""
+    import mlx_lm
+
+    from engine.config import EngineConfig
+    from engine.runtime.loader import install_kernels
+
+    model, _ = mlx_lm.load(model_dir)
+    install_kernels(model, EngineConfig())
+    return model
+
+
 def grouping_probe(model_dir: str, chunk: int = 128, group: int = 3) -> dict:
     """Prefill cost per token on this backend: `group` equal chunks in one batch, or one by one.
 
@@ -300,11 +316,10 @@ def grouping_probe(model_dir: str, chunk: int = 128, group: int = 3) -> dict:
     unpadded batch, against the same chunks one sequence at a time.
     """
     import mlx.core as mx
-    import mlx_lm
     from mlx_lm.generate import _merge_caches
     from mlx_lm.models.cache import make_prompt_cache
 
-    model, _ = mlx_lm.load(model_dir)
+    model = _engine_model(model_dir)
     rng = random.Random(0)
 
     def run(batch: int, context: int) -> float:
@@ -336,10 +351,9 @@ def floor_probe(model_dir: str, contexts=(0, 2048, 4096, 8192), sizes=(1, 2, 4, 
     """The floor of a chunk beside decode: one forward of n prompt tokens at each context,
     against a decode step (one token at an empty context), median ms of a few."""
     import mlx.core as mx
-    import mlx_lm
     from mlx_lm.models.cache import make_prompt_cache
 
-    model, _ = mlx_lm.load(model_dir)
+    model = _engine_model(model_dir)
     rng = random.Random(1)
 
     def ids(n):
@@ -421,7 +435,8 @@ def run_bench(opts: ConcurrencyOptions) -> dict:
             k: getattr(opts, k)
             for k in ("scale", "agents", "cold_every", "stagger_ms", "probe_tokens")
         }
-        | {"prefill_budget": opts.prefill_budget, "prefill_step_size": opts.prefill_step_size},
+        | {"prefill_budget": opts.prefill_budget, "prefill_step_size": opts.prefill_step_size}
+        | {"step_factor": opts.step_factor, "slice_ms": opts.slice_ms},
         "runs": results,
     }
 
@@ -443,6 +458,12 @@ def add_arguments(parser) -> None:
         "--probes", metavar="RUNS", help="comma-separated runs to probe (default: every engine run)"
     )
     parser.add_argument("--prefill-budget", type=int, default=256)
+    parser.add_argument(
+        "--step-factor", type=float, default=2.5, help="the engines' --prefill-step-factor"
+    )
+    parser.add_argument(
+        "--slice-ms", type=float, default=50.0, help="the engines' --prefill-slice-ms"
+    )
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="write the figure (matplotlib)")
 
@@ -467,6 +488,8 @@ def run(args) -> int:
         probe_tokens=args.probe_tokens,
         probes=tuple(r.strip() for r in args.probes.split(",")) if args.probes else None,
         prefill_budget=args.prefill_budget,
+        step_factor=args.step_factor,
+        slice_ms=args.slice_ms,
     )
     from clients.bench import emit, own_ray
 

@@ -67,6 +67,10 @@ class ModelConfig:
     schedule: str = "srpt"  # srpt | fifo | batched
     prefill_budget: int = 256  # most prompt tokens per step; a prefill this short runs whole
     prefill_group: int = 1  # sequences of similar length prefilled in one chunk (srpt, fifo)
+    # srpt/fifo chunk sizing in time: beside decode a step aims at this many idle
+    # decode steps; with nothing decoding a long prompt's chunk aims at slice_ms.
+    prefill_step_factor: float = 2.5
+    prefill_slice_ms: float = 50.0
     # Prompt plus max_tokens of every running sequence together (TGI's
     # --max-batch-total-tokens); None: sized from memory (see plan_memory).
     max_batch_tokens: int | None = None
@@ -82,6 +86,13 @@ class ModelConfig:
         ):
             if value < 1:
                 raise ValueError(f"{flag} must be a positive number, got {value}")
+        if not self.prefill_step_factor > 1:
+            raise ValueError(
+                f"--prefill-step-factor must be above 1 (a step includes the decode), "
+                f"got {self.prefill_step_factor}"
+            )
+        if not self.prefill_slice_ms > 0:
+            raise ValueError(f"--prefill-slice-ms must be positive, got {self.prefill_slice_ms}")
 
 
 @dataclass(frozen=True)
@@ -383,6 +394,8 @@ def _model(pick: _Picker) -> ModelConfig:
         schedule=str(pick("schedule", "LINEAGE_SCHEDULE", ModelConfig.schedule)),
         prefill_budget=_int(pick, "prefill_budget", "LINEAGE_PREFILL_BUDGET", 256),
         prefill_group=_int(pick, "prefill_group", "LINEAGE_PREFILL_GROUP", 1),
+        prefill_step_factor=_float(pick, "prefill_step_factor", "LINEAGE_PREFILL_STEP_FACTOR", 2.5),
+        prefill_slice_ms=_float(pick, "prefill_slice_ms", "LINEAGE_PREFILL_SLICE_MS", 50.0),
         max_queue=_int(pick, "max_queue", "LINEAGE_MAX_QUEUE", 256),
         max_batch_tokens=pick.optional("max_batch_tokens", "LINEAGE_MAX_BATCH_TOKENS", int),
     )
@@ -395,6 +408,15 @@ def _int(pick: _Picker, flag: str, var: str, default: int, parse=int) -> int:
         return parse(value)
     except (TypeError, ValueError):
         raise ValueError(f"{flag_name(flag)} ({var}) must be an integer, got {value!r}")
+
+
+def _float(pick: _Picker, flag: str, var: str, default: float) -> float:
+    """A number setting; ValueError naming the flag and its variable when it does not parse."""
+    value = pick(flag, var, default)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{flag_name(flag)} ({var}) must be a number, got {value!r}")
 
 
 def _limits(pick: _Picker) -> Limits:

@@ -176,7 +176,13 @@ class Generator:
         )
         if m.schedule == "batched":  # mlx-lm's padded prefill batch: the baseline
             return LineageBatchGenerator(self.model, **common)
-        scheduler = PrefillScheduler(m.schedule, m.prefill_budget, m.prefill_group)
+        scheduler = PrefillScheduler(
+            m.schedule,
+            m.prefill_budget,
+            m.prefill_group,
+            step_factor=m.prefill_step_factor,
+            slice_ms=m.prefill_slice_ms,
+        )
         return ChunkedBatchGenerator(
             self.model, scheduler=scheduler, profile=self.profile, **common
         )

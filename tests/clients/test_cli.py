@@ -164,6 +164,10 @@ def test_usage_errors_exit_2(argv):
         (["serve"], {"LINEAGE_PREFILL_BUDGET": "0"}, "--prefill-budget"),
         (["serve"], {"LINEAGE_PREFILL_BUDGET": "many"}, "--prefill-budget"),
         (["serve", "--prefill-group", "0"], {}, "--prefill-group"),
+        (["serve", "--prefill-step-factor", "1"], {}, "--prefill-step-factor"),
+        (["serve"], {"LINEAGE_PREFILL_STEP_FACTOR": "fast"}, "--prefill-step-factor"),
+        (["serve", "--prefill-slice-ms", "0"], {}, "--prefill-slice-ms"),
+        (["serve"], {"LINEAGE_PREFILL_SLICE_MS": "-5"}, "--prefill-slice-ms"),
     ],
 )
 def test_bad_schedule_settings_are_refused_at_startup_naming_the_flag(argv, env, flag, capsys):
@@ -178,6 +182,10 @@ def test_schedule_settings_from_flags_and_env():
     assert (c.model.schedule, c.model.prefill_budget, c.model.prefill_group) == ("fifo", 64, 1)
     default = cli.config_from_args(cli.build_parser().parse_args(["serve"]), {})
     assert default.model.schedule == "srpt"
+    assert (default.model.prefill_step_factor, default.model.prefill_slice_ms) == (2.5, 50.0)
+    args = cli.build_parser().parse_args(["serve", "--prefill-slice-ms", "25"])
+    c = cli.config_from_args(args, {"LINEAGE_PREFILL_STEP_FACTOR": "2"})
+    assert (c.model.prefill_step_factor, c.model.prefill_slice_ms) == (2.0, 25.0)
 
 
 def test_parse_leaves_unset_serve_flags_none():

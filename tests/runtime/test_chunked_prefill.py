@@ -156,3 +156,11 @@ def test_every_schedule_gives_the_tokens_batched_gives(loaded):
         eng = engine(loaded, schedule=schedule, group=group)
         assert workload(eng) == expected, f"{schedule} (group {group}) differs from batched"
     assert any(len(c.uids) > 1 for c in eng.generator.bg.chunks), "no cohort was grouped"
+
+
+def test_the_chunk_sizing_settings_reach_the_scheduler(loaded):
+    """--prefill-step-factor and --prefill-slice-ms are the scheduler's, not constants."""
+    config, model = loaded
+    m = ModelConfig(prefill_step_factor=1.75, prefill_slice_ms=20.0)
+    scheduler = LocalEngine(EngineConfig(model=m, cache=config.cache), model).generator.bg.scheduler
+    assert (scheduler.step_factor, scheduler.slice_ms) == (1.75, 20.0)

@@ -202,6 +202,15 @@ def read_arrays(path: Path, fingerprint: str, entry_id: int):
     Every step that touches the body's bytes (allocation, `readinto`, crc32) runs
     in C without the GIL: the model loop decodes meanwhile (bench restart).
     """
+    return drain(read_steps(path, fingerprint, entry_id))
+
+
+def read_steps(path: Path, fingerprint: str, entry_id: int):
+    """`read_arrays` in steps (one array's allocation, one chunk of the body read): yields
+    the bytes done so far after each and returns what `read_arrays` returns, so a reader
+    can hand the rest of a load to another thread (`drain` there). Each step creates
+    and evaluates its own arrays, so none is left on the stream of the thread that
+    ran the steps before."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     with os.fdopen(fd, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
@@ -212,27 +221,42 @@ def read_arrays(path: Path, fingerprint: str, entry_id: int):
                 f"{header.fingerprint}; expected {entry_id}, {fingerprint}"
             )
         try:
-            buffers = []
+            table = []
             for dtype, shape, _, nbytes in header.meta["arrays"]:
                 kind = _DTYPES[dtype]
                 raw = mx.uint16 if kind == mx.bfloat16 else kind
                 shape = [int(d) for d in shape]
                 if any(d < 0 for d in shape) or int(np.prod(shape)) * raw.size != nbytes:
                     raise file_format.DamagedFile("array table out of bounds")
-                buffers.append(mx.zeros(shape, raw))
+                table.append((shape, raw, nbytes))
         except (KeyError, TypeError, ValueError) as e:
             raise file_format.DamagedFile(f"undecodable body: {e}") from None
-        if sum(a.nbytes for a in buffers) > size:  # before allocating them
+        if sum(nbytes for *_, nbytes in table) > size:  # before allocating them
             raise file_format.DamagedFile("array table out of bounds")
-        mx.eval(buffers)  # fresh buffers (a memset, without the GIL), owned by nobody else
+        buffers, done = [], 0
+        for shape, raw, nbytes in table:
+            buffers.append(mx.zeros(shape, raw))
+            mx.eval(buffers[-1])  # a fresh buffer (a memset, without the GIL), nobody else's
+            done += nbytes
+            yield done
         # Writable numpy views over them: the file's bytes land in MLX's memory.
-        file_format.read_body(f, header, [np.asarray(a) for a in buffers])
+        for read in file_format.body_steps(f, header, [np.asarray(a) for a in buffers]):
+            yield done + read
     arrays = [
         a.view(mx.bfloat16) if dtype == "bfloat16" else a
         for a, (dtype, *_) in zip(buffers, header.meta["arrays"])
     ]
     mx.eval(arrays)  # the bfloat16 views share their buffers
     return header, arrays, size
+
+
+def drain(steps):
+    """Run a step generator (`read_steps`) to its end; what it returns."""
+    try:
+        while True:
+            next(steps)
+    except StopIteration as stop:
+        return stop.value
 
 
 def finish_entry(

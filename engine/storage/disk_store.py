@@ -5,7 +5,8 @@ on the loop thread; the arrays are immutable) and queues it; the writer
 thread copies and writes it. A plan that restores from a file
 (`RestorePlan.load_from_disk`) is read into RAM before admission, on the
 RAM tier's reader thread (`read`: the file read straight into MLX buffers and
-checked, without the GIL) and finished on the loop's (`finish`: the stored
+checked, without the GIL, at idle priority; a read that idle priority starves
+finishes on a niced thread) and finished on the loop's (`finish`: the stored
 forms rebuilt), paid once per file.
 It obeys the cache manager's Orders; it decides nothing. Writes that never
 reach the disk (the writer's queue was full, the disk was) are `take_lost()`:
@@ -19,27 +20,45 @@ import os
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from engine.cache.messages import EntryRecord
 from engine.config import EngineConfig
 from engine.runtime.ram_tier import StoredEntry
 from engine.storage import file_format
-from engine.storage.codec import finish_entry, read_arrays, to_write_job
-from engine.storage.writer import DiskWriter
+from engine.storage.codec import drain, finish_entry, read_steps, to_write_job
+from engine.storage.writer import DiskWriter, lower_priority
 
 log = logging.getLogger(__name__)
+
+# A read at idle priority that has run this long at less than this rate (the CPU it
+# needs goes to busier threads: decoding, other processes) finishes on the late thread.
+LATE_AFTER_S = 0.25
+LATE_MIN_BYTES_PER_S = 200e6
 
 
 class DiskStore:
     """Files of one model fingerprint: writes through the writer thread, loads on the caller's."""
 
     def __init__(
-        self, directory: str | Path, fingerprint: str, max_queued_bytes: int | None = None
+        self,
+        directory: str | Path,
+        fingerprint: str,
+        max_queued_bytes: int | None = None,
+        late_after: float = LATE_AFTER_S,
+        late_rate: float = LATE_MIN_BYTES_PER_S,
     ) -> None:
         self.directory = Path(directory)
         self.fingerprint = fingerprint
         self.writer = DiskWriter(self.directory, max_queued_bytes)
+        # The late thread finishes reads the idle-priority reader cannot get CPU for. It is
+        # started here, on the constructing thread: a thread inherits its creator's
+        # policy, and one born of the SCHED_IDLE reader could never leave it unprivileged.
+        self.late_after, self.late_rate = late_after, late_rate
+        self._late = ThreadPoolExecutor(1, thread_name_prefix="disk-reader-late")
+        self._late.submit(lower_priority).result()
+        self.late_loads = 0
         self.loads = 0
         self.load_failures = 0
         self.load_bytes = 0
@@ -66,25 +85,51 @@ class DiskStore:
         self.writer.on_lost = callback
 
     def load(self, entry_id: int, namespace: str | None = None, tokens=None) -> StoredEntry | None:
-        """The entry from its queued write or its file; None (logged) when missing or damaged.
+        """The entry from its queued write or its file, read on the caller's thread at its
+        priority; None (logged) when missing or damaged.
 
         A file must hold `namespace` and start with `tokens` (the plan's), when given.
         """
-        return self.finish(self.read(entry_id), namespace, tokens)
+        return self.finish(self._read(entry_id, drain), namespace, tokens)
 
     def read(self, entry_id: int):
         """The part of a load a reader thread runs (the read into MLX buffers, the checks);
-        `finish` ends it on the model loop's thread."""
+        `finish` ends it on the model loop's thread. Only for a thread of its own: it
+        makes the calling thread SCHED_IDLE for good. A read the CPU is not left for
+        (under LATE_MIN_BYTES_PER_S after LATE_AFTER_S) finishes on the late thread,
+        niced like the writer, so a waiting request is served however busy the CPU."""
+        _background()  # before its first MLX call: MLX's worker for this thread inherits it
+        return self._read(entry_id, self._paced)
+
+    def _read(self, entry_id: int, run):
         job = self.writer.held(entry_id)
         if job is not None:
             return entry_id, job, None, 0.0
-        _background()  # before its first MLX call: MLX's worker for this thread inherits it
         path = file_format.entry_path(self.directory, entry_id)
         t0 = time.perf_counter()
         try:
-            return entry_id, None, read_arrays(path, self.fingerprint, entry_id), t0
+            return entry_id, None, run(read_steps(path, self.fingerprint, entry_id)), t0
         except (file_format.DamagedFile, OSError) as e:
             return entry_id, None, e, t0
+
+    def _paced(self, steps):
+        """Run `steps` here while they keep their rate; the rest on the late thread."""
+        t0 = time.perf_counter()
+        try:
+            while True:
+                done = next(steps)
+                elapsed = time.perf_counter() - t0
+                if elapsed > self.late_after and done < self.late_rate * elapsed:
+                    self.late_loads += 1
+                    log.info(
+                        "disk tier: a load at idle priority read %.1f MB in %.2f s; "
+                        "finishing it on the late thread",
+                        done / 1e6,
+                        elapsed,
+                    )
+                    return self._late.submit(drain, steps).result()
+        except StopIteration as stop:
+            return stop.value
 
     def finish(self, read, namespace: str | None = None, tokens=None) -> StoredEntry | None:
         """The entry of a `read`; None (logged, a damaged file renamed) when it failed or
@@ -130,6 +175,7 @@ class DiskStore:
         return self.writer.max_queued_id()
 
     def close(self, timeout: float | None = None) -> bool:
+        self._late.shutdown(wait=False)
         return self.writer.close(timeout)
 
     def stats(self) -> dict:
@@ -141,6 +187,7 @@ class DiskStore:
             "loads": self.loads,
             "load_bytes": self.load_bytes,
             "load_failures": self.load_failures,
+            "late_loads": self.late_loads,
             "load_mb_per_s": self.load_bytes / self.load_seconds / 1e6
             if self.load_seconds
             else 0.0,
@@ -153,8 +200,9 @@ def _background() -> None:
     Linux's SCHED_IDLE runs it in what decoding leaves (decode's own threads
     preempt it at once; nice alone still left decode's inter-token p99 at 2x
     idle on two cores, bench restart), and the thread MLX starts for this
-    thread's stream inherits it. Elsewhere this does nothing (per-thread
-    priorities are Linux's).
+    thread's stream inherits it. Where nothing is left (every core busy) it
+    gets next to nothing, hence the late thread (`DiskStore._paced`). Elsewhere
+    this does nothing (per-thread priorities are Linux's).
     """
     if not sys.platform.startswith("linux"):
         return

@@ -228,10 +228,21 @@ def read_body(f, header: Header, targets: list) -> None:
     `targets` holds one writable C-contiguous buffer per array of the table, of
     its size (the caller allocates them where the arrays must live: the bytes
     go from the file straight there). `f` should be unbuffered (`buffering=0`):
-    each array is then one `readinto` and one `zlib.crc32` over its own bytes,
+    each chunk is then one `readinto` and one `zlib.crc32` over its own bytes,
     both of which run without the GIL, so a reader thread holds it only
-    between arrays and the model loop keeps stepping meanwhile.
+    between chunks and the model loop keeps stepping meanwhile.
     """
+    for _ in body_steps(f, header, targets):
+        pass
+
+
+READ_CHUNK = 8 << 20  # bytes per readinto + crc32 step of a body read
+
+
+def body_steps(f, header: Header, targets: list):
+    """`read_body` one chunk (at most READ_CHUNK bytes) per step: yields the body bytes
+    read so far after each, so whoever drives it can pause it or finish it on another
+    thread (never two at once: the file position and the crc are the generator's)."""
     body_bytes = int(header.meta["body_bytes"])
     table = header.meta["arrays"]
     if len(targets) != len(table):
@@ -244,7 +255,9 @@ def read_body(f, header: Header, targets: list) -> None:
             raise DamagedFile("array table out of bounds")
         if offset > pos:  # alignment padding
             crc = zlib.crc32(_read_exactly(f, bytearray(offset - pos)), crc)
-        crc = zlib.crc32(_read_exactly(f, view), crc)
+        for start in range(0, nbytes, READ_CHUNK):
+            crc = zlib.crc32(_read_exactly(f, view[start : start + READ_CHUNK]), crc)
+            yield offset + min(nbytes, start + READ_CHUNK)
         pos = offset + nbytes
     if body_bytes > pos:
         crc = zlib.crc32(_read_exactly(f, bytearray(body_bytes - pos)), crc)

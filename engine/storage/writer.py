@@ -133,7 +133,7 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _lower_priority() -> None:
+def lower_priority() -> None:
     """Nice the calling thread (Linux only: there nice is per thread), so decode wins a
     contended CPU."""
     if not sys.platform.startswith("linux"):
@@ -282,7 +282,7 @@ class DiskWriter:
         return done
 
     def _run(self) -> None:
-        _lower_priority()
+        lower_priority()
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._queue or self._closed)

@@ -19,7 +19,7 @@ DiskStore fills it), so this module never imports storage.
 from __future__ import annotations
 
 import logging
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -60,7 +60,7 @@ class DiskTier(Protocol):
         self, entry_id: int, namespace: str | None = None, tokens=None
     ) -> StoredEntry | None: ...
 
-    def read(self, entry_id: int) -> object: ...  # thread-safe: runs on the reader thread
+    def start_read(self, entry_id: int) -> Future: ...  # off the loop: a Future of a read
 
     def finish(
         self, read: object, namespace: str | None = None, tokens=None
@@ -75,7 +75,6 @@ class RamTier:
         self.entries: dict[int, StoredEntry] = {}
         self.disk_tier = disk_tier
         self.max_id = 0  # the largest id ever held (a restarted manager allocates above it)
-        self._reader: ThreadPoolExecutor | None = None  # the disk-reader thread, on first use
         self._loads: dict[int, Future] = {}  # entry id -> its read under way or done
         # Entries waiting for the Orders of their commit, by ticket (the request id; an
         # anchor's own ticket): (entry id, entry) pairs and the tokens they cover.
@@ -84,8 +83,9 @@ class RamTier:
         self._held = 0  # `nbytes`, kept up to date at each change (a sum over entries is slow)
 
     def start_load(self, plan: RestorePlan, done=None) -> Future | None:
-        """Begin reading the plan's file on the reader thread, if the plan needs it and the
-        entry held cannot serve it; the read's Future (`done` runs when it ends), else None.
+        """Begin reading the plan's file off the loop (`DiskTier.start_read`), if the plan
+        needs it and the entry held cannot serve it; the read's Future (`done` runs when
+        it ends), else None.
         The loop thread keeps stepping meanwhile; `prepare` takes the result."""
         if not plan.load_from_disk or self.disk_tier is None:
             return None
@@ -93,9 +93,7 @@ class RamTier:
             return None
         future = self._loads.get(plan.entry_id)
         if future is None:
-            if self._reader is None:
-                self._reader = ThreadPoolExecutor(1, thread_name_prefix="disk-reader")
-            future = self._reader.submit(self.disk_tier.read, plan.entry_id)
+            future = self.disk_tier.start_read(plan.entry_id)
             self._loads[plan.entry_id] = future
             if done is not None:
                 future.add_done_callback(lambda f: done())

@@ -6,7 +6,7 @@ thread copies and writes it. A plan that restores from a file
 (`RestorePlan.load_from_disk`) is read into RAM before admission, on the
 RAM tier's reader thread (`read`: the file read straight into MLX buffers and
 checked, without the GIL, at idle priority; a read that idle priority starves
-finishes on a niced thread) and finished on the loop's (`finish`: the stored
+is done again on a niced thread) and finished on the loop's (`finish`: the stored
 forms rebuilt), paid once per file.
 It obeys the cache manager's Orders; it decides nothing. Writes that never
 reach the disk (the writer's queue was full, the disk was) are `take_lost()`:
@@ -20,7 +20,7 @@ import os
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from engine.cache.messages import EntryRecord
@@ -32,10 +32,39 @@ from engine.storage.writer import DiskWriter, lower_priority
 
 log = logging.getLogger(__name__)
 
-# A read at idle priority that has run this long at less than this rate (the CPU it
-# needs goes to busier threads: decoding, other processes) finishes on the late thread.
+# A read at idle priority found below this rate (the CPU it needs goes to busier
+# threads: decoding, other processes), checked every LATE_AFTER_S, is read on the late
+# thread instead.
 LATE_AFTER_S = 0.25
 LATE_MIN_BYTES_PER_S = 200e6
+
+
+class _TakenOver(Exception):
+    """The late thread took the read over: the reader stops."""
+
+
+class _Progress:
+    """One read, shared by the reader (`run`) and the late thread's watch; `result` ends
+    with the read of whichever of them does it."""
+
+    def __init__(self, result: Future) -> None:
+        self.result = result
+        self.lock = threading.Lock()
+        self.ended = threading.Event()  # the reader is done (its read, stopped, or skipped)
+        self.done = 0  # bytes of the read done so far
+        self.taken = False  # the late thread reads it
+        self.finished = False  # the reader's read is the one returned
+
+    def run(self, steps):
+        """Run a read's steps on the reader until they end or the late thread takes over."""
+        try:
+            while True:
+                if self.taken:
+                    steps.close()
+                    raise _TakenOver
+                self.done = next(steps)
+        except StopIteration as stop:
+            return stop.value
 
 
 class DiskStore:
@@ -52,12 +81,13 @@ class DiskStore:
         self.directory = Path(directory)
         self.fingerprint = fingerprint
         self.writer = DiskWriter(self.directory, max_queued_bytes)
-        # The late thread finishes reads the idle-priority reader cannot get CPU for. It is
+        # The late thread reads what the idle-priority reader cannot get CPU for. It is
         # started here, on the constructing thread: a thread inherits its creator's
         # policy, and one born of the SCHED_IDLE reader could never leave it unprivileged.
         self.late_after, self.late_rate = late_after, late_rate
         self._late = ThreadPoolExecutor(1, thread_name_prefix="disk-reader-late")
         self._late.submit(lower_priority).result()
+        self._reader: ThreadPoolExecutor | None = None  # the idle-priority reader, on first use
         self.late_loads = 0
         self.loads = 0
         self.load_failures = 0
@@ -92,14 +122,40 @@ class DiskStore:
         """
         return self.finish(self._read(entry_id, drain), namespace, tokens)
 
-    def read(self, entry_id: int):
-        """The part of a load a reader thread runs (the read into MLX buffers, the checks);
-        `finish` ends it on the model loop's thread. Only for a thread of its own: it
-        makes the calling thread SCHED_IDLE for good. A read the CPU is not left for
-        (under LATE_MIN_BYTES_PER_S after LATE_AFTER_S) finishes on the late thread,
-        niced like the writer, so a waiting request is served however busy the CPU."""
-        _background()  # before its first MLX call: MLX's worker for this thread inherits it
-        return self._read(entry_id, self._paced)
+    def start_read(self, entry_id: int) -> Future:
+        """Begin the part of a load that runs off the model loop (the read into MLX buffers,
+        the checks) on the reader thread; a Future of what `finish` takes, on the loop.
+
+        The reader is SCHED_IDLE: decoding wins the CPU. The late thread watches
+        it from the start: a read found under LATE_MIN_BYTES_PER_S (every
+        LATE_AFTER_S; the CPU went to busier threads, decoding or other
+        processes) is read there instead, niced like the writer, and the reader
+        drops it at its next step (or never starts it). So a waiting request is
+        served however busy the CPU is.
+        """
+        if self._reader is None:  # started here, like the late thread, with its policy
+            self._reader = ThreadPoolExecutor(
+                1, thread_name_prefix="disk-reader", initializer=_background
+            )
+        progress = _Progress(Future())
+        self._reader.submit(self._read_idle, entry_id, progress)
+        self._late.submit(self._watch, entry_id, progress)
+        return progress.result
+
+    def _read_idle(self, entry_id: int, progress: _Progress) -> None:
+        """On the reader thread: the read, unless the late thread has taken it."""
+        try:
+            result = self._read(entry_id, progress.run)
+        except _TakenOver:
+            result = None
+        except BaseException as e:  # the Future must end whatever happens
+            result = (entry_id, None, e, 0.0)
+        with progress.lock:
+            mine = not progress.taken
+            progress.finished = mine
+        progress.ended.set()
+        if mine:
+            progress.result.set_result(result)
 
     def _read(self, entry_id: int, run):
         job = self.writer.held(entry_id)
@@ -112,24 +168,30 @@ class DiskStore:
         except (file_format.DamagedFile, OSError) as e:
             return entry_id, None, e, t0
 
-    def _paced(self, steps):
-        """Run `steps` here while they keep their rate; the rest on the late thread."""
+    def _watch(self, entry_id: int, progress: _Progress) -> None:
+        """On the late thread: nothing once the reader ends its read; the read done here
+        instead when the reader falls behind the rate."""
         t0 = time.perf_counter()
-        try:
-            while True:
-                done = next(steps)
-                elapsed = time.perf_counter() - t0
-                if elapsed > self.late_after and done < self.late_rate * elapsed:
-                    self.late_loads += 1
-                    log.info(
-                        "disk tier: a load at idle priority read %.1f MB in %.2f s; "
-                        "finishing it on the late thread",
-                        done / 1e6,
-                        elapsed,
-                    )
-                    return self._late.submit(drain, steps).result()
-        except StopIteration as stop:
-            return stop.value
+        while not progress.ended.wait(self.late_after):
+            elapsed = time.perf_counter() - t0
+            with progress.lock:
+                if progress.finished or progress.done >= self.late_rate * elapsed:
+                    continue
+                progress.taken = True
+            self.late_loads += 1
+            log.info(
+                "disk tier: the reader read %.1f MB of entry %d in %.2f s at idle priority; "
+                "reading it on the late thread",
+                progress.done / 1e6,
+                entry_id,
+                elapsed,
+            )
+            try:
+                result = self._read(entry_id, drain)
+            except BaseException as e:
+                result = (entry_id, None, e, 0.0)
+            progress.result.set_result(result)
+            return
 
     def finish(self, read, namespace: str | None = None, tokens=None) -> StoredEntry | None:
         """The entry of a `read`; None (logged, a damaged file renamed) when it failed or
@@ -176,6 +238,8 @@ class DiskStore:
 
     def close(self, timeout: float | None = None) -> bool:
         self._late.shutdown(wait=False)
+        if self._reader is not None:
+            self._reader.shutdown(wait=False)
         return self.writer.close(timeout)
 
     def stats(self) -> dict:
@@ -201,7 +265,7 @@ def _background() -> None:
     preempt it at once; nice alone still left decode's inter-token p99 at 2x
     idle on two cores, bench restart), and the thread MLX starts for this
     thread's stream inherits it. Where nothing is left (every core busy) it
-    gets next to nothing, hence the late thread (`DiskStore._paced`). Elsewhere
+    gets next to nothing, hence the late thread (`DiskStore._watch`). Elsewhere
     this does nothing (per-thread priorities are Linux's).
     """
     if not sys.platform.startswith("linux"):

@@ -131,6 +131,14 @@ class SlowDisk:
 
         self.entries, self.seconds, self.readers = {}, seconds, set()
         self._lock = threading.Lock()
+        self._reader = None
+
+    def start_read(self, entry_id):
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self._reader is None:
+            self._reader = ThreadPoolExecutor(1, thread_name_prefix="disk-reader")
+        return self._reader.submit(self.read, entry_id)
 
     def read(self, entry_id):
         import threading

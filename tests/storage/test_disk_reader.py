@@ -1,5 +1,5 @@
-"""The disk reader's threads: an idle-priority read the CPU is not left for finishes on
-the late thread, bytes and checks unchanged; a load on the caller's thread leaves that
+"""The disk reader's threads: an idle-priority read the CPU is not left for is read on
+the late thread instead, bytes and checks unchanged; a load on the caller's thread leaves that
 thread's priority alone (the model loop loads on its own thread for a handover).
 
 Real MLX arrays and real files in a temporary directory; no model, no Ray.
@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from engine.storage import file_format
+from engine.storage import disk_store, file_format
 from engine.storage.disk_store import DiskStore
 from tests.storage.test_disk_files import _assert_same, _damage, _entry, _record, _restored
 
@@ -38,29 +39,74 @@ def _policy_and_nice(executor) -> tuple[int, int]:
     return executor.submit(look).result()
 
 
-def test_a_starved_read_finishes_on_the_late_thread_with_the_same_bytes(tmp_path, monkeypatch):
+def _starved(monkeypatch) -> None:
+    """The reader thread's steps take 0.2 s each, as when every core is busy."""
+    real = disk_store.read_steps
+
+    def steps(*args):
+        inner = real(*args)
+        if not threading.current_thread().name.startswith("disk-reader_"):
+            return (yield from inner)
+        try:
+            while True:
+                time.sleep(0.2)
+                yield next(inner)
+        except StopIteration as stop:
+            return stop.value
+
+    monkeypatch.setattr(disk_store, "read_steps", steps)
+
+
+def test_a_starved_read_is_read_on_the_late_thread_with_the_same_bytes(tmp_path, monkeypatch):
     monkeypatch.setattr(file_format, "READ_CHUNK", 4096)  # many chunks: the crc spans them
-    # Every read counts as starved: its first step runs on the reader, the rest late.
-    store, entry = _stored(tmp_path, late_after=0.0, late_rate=float("inf"))
-    fresh = DiskStore(tmp_path, "fp", late_after=0.0, late_rate=float("inf"))  # nothing queued
-    reader = ThreadPoolExecutor(1, thread_name_prefix="disk-reader")  # read() idles its thread
-    loaded = fresh.finish(reader.submit(fresh.read, 9).result())
+    _starved(monkeypatch)
+    late = dict(late_after=0.05, late_rate=1e12)
+    store, entry = _stored(tmp_path, **late)
+    fresh = DiskStore(tmp_path, "fp", **late)  # nothing queued: the read reads the file
+    t0 = time.perf_counter()
+    loaded = fresh.finish(fresh.start_read(9).result())
     assert fresh.late_loads == 1 and fresh.stats()["late_loads"] == 1
+    assert time.perf_counter() - t0 < 5, "the reader's starved steps were waited for"
     _assert_same(_restored(entry, N), _restored(loaded, N))
     if LINUX:
-        assert _policy_and_nice(reader)[0] == os.SCHED_IDLE
+        assert _policy_and_nice(fresh._reader)[0] == os.SCHED_IDLE
         policy, nice = _policy_and_nice(fresh._late)
         assert policy == os.SCHED_OTHER and nice >= 10, "niced, never idle"
     fresh.close(10)
 
     _damage("body-bit-flip", tmp_path / "9.entry")  # found by the late thread's crc
-    damaged = DiskStore(tmp_path, "fp", late_after=0.0, late_rate=float("inf"))
-    assert damaged.finish(reader.submit(damaged.read, 9).result()) is None
+    damaged = DiskStore(tmp_path, "fp", **late)
+    assert damaged.finish(damaged.start_read(9).result()) is None
     assert damaged.late_loads == 1 and damaged.load_failures == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["9.damaged"]
     for s in (store, damaged):
         s.close(10)
-    reader.shutdown()
+
+
+def test_a_read_the_reader_never_starts_is_read_on_the_late_thread(tmp_path):
+    """The watch starts with the read, not on the reader: a reader that gets no CPU at
+    all (here: busy with something else) cannot keep a load from being served."""
+    store, entry = _stored(tmp_path, late_after=0.05, late_rate=1e12)
+    fresh = DiskStore(tmp_path, "fp", late_after=0.05, late_rate=1e12)
+    fresh.start_read(9).result()  # the reader thread exists now
+    gate = threading.Event()
+    fresh._reader.submit(gate.wait)  # and is held
+    loaded = fresh.finish(fresh.start_read(9).result(timeout=10))
+    gate.set()
+    assert fresh.late_loads >= 1  # this one (the first, too, if it fell behind)
+    _assert_same(_restored(entry, N), _restored(loaded, N))
+    for s in (store, fresh):
+        s.close(10)
+
+
+def test_a_read_that_keeps_its_rate_stays_on_the_reader(tmp_path):
+    store, entry = _stored(tmp_path, late_after=30.0)
+    fresh = DiskStore(tmp_path, "fp", late_after=30.0)
+    loaded = fresh.finish(fresh.start_read(9).result())
+    assert fresh.late_loads == 0
+    _assert_same(_restored(entry, N), _restored(loaded, N))
+    for s in (store, fresh):
+        s.close(10)
 
 
 @pytest.mark.skipif(not LINUX, reason="per-thread scheduling is Linux's")

@@ -35,6 +35,7 @@ import dataclasses
 import json
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -89,6 +90,15 @@ class _Engine(LocalEngine):
             self.directory.close()
 
 
+_T0 = time.perf_counter()
+
+
+def _progress(what: str) -> None:
+    """A line on stderr as each phase ends: a run cut short by a time limit still shows
+    how far it got and what each phase cost."""
+    print(f"[{time.perf_counter() - _T0:7.1f} s] {what}", file=sys.stderr, flush=True)
+
+
 def _burst(store, entry, record, copies: int, first_id: int) -> None:
     """Queue `copies` writes of one entry under fresh ids."""
     for i in range(copies):
@@ -126,6 +136,7 @@ def run_bench(
     first.tier.disk_tier.flush(600)
     written = first.tier.disk_tier.stats()["writer"]
     first.close()
+    _progress(f"phase 1: {len(convo)}-token conversation cold, then warm from RAM")
 
     second = _Engine(config, *loaded)  # the restart
     turn = convo + in_ram.ids + draw(new_tokens)
@@ -133,12 +144,16 @@ def run_bench(
     if not after.plan.load_from_disk or after.final.restore_length == 0:
         raise RuntimeError(f"the turn after the restart did not restore from disk: {after.final}")
     cold_same = second.run(turn, max_tokens=4, cold=True)
+    _progress(f"phase 2: restart ttft {after.ttft_ms:.0f} ms, cold {cold_same.ttft_ms:.0f} ms")
     writer = _writer_figures(config, second, after, draw(64), copies, rounds, decode_tokens)
+    _progress("phases 3-4: writer throughput, decode while writing")
     bigs = _big_entries(second, after.plan.new_entry_id, load_mb, loads, draw)
     second.close()
+    _progress(f"phase 5: {len(bigs)} entry files of {load_mb:.0f} MB written")
     third = _Engine(config, *loaded)  # restarted again: the entries are on disk only
     during_load = _decode_during_load(third, draw(64), bigs, draw)
     third.close()
+    _progress("phase 5: decode during the loads")
 
     out = {
         "model": info.path,
@@ -218,19 +233,18 @@ def _decode_during_load(engine, short: list, bigs: list, draw) -> dict:
     steps that admit each loaded request (the finish on the loop thread, the restore,
     the batch merge's copy, its prefill), apart."""
     from engine.cache.messages import PlanRequest
-    from engine.runtime.events import Tokens
+    from engine.runtime.events import Finished, Tokens
     from engine.runtime.requests import GenerationRequest, SamplingParams
 
     gen, store = engine.generator, engine.tier.disk_tier
     read_end: list = []
     finish_ms: list = []
-    read, finish = store.read, store.finish
+    start_read, finish = store.start_read, store.finish
 
-    def timed_read(entry_id):  # on the reader thread
-        try:
-            return read(entry_id)
-        finally:
-            read_end.append(time.perf_counter())
+    def timed_read(entry_id):
+        future = start_read(entry_id)
+        future.add_done_callback(lambda f: read_end.append(time.perf_counter()))
+        return future
 
     def timed_finish(*args, **kwargs):  # on the loop thread
         t0 = time.perf_counter()
@@ -239,7 +253,7 @@ def _decode_during_load(engine, short: list, bigs: list, draw) -> dict:
         finally:
             finish_ms.append((time.perf_counter() - t0) * 1000)
 
-    store.read, store.finish = timed_read, timed_finish
+    store.start_read, store.finish = timed_read, timed_finish
     stamps: list = []
 
     def submit(rid: str, tokens: list, max_tokens: int, on_event):
@@ -253,15 +267,25 @@ def _decode_during_load(engine, short: list, bigs: list, draw) -> dict:
     def decoding(event) -> None:
         if isinstance(event, Tokens):
             stamps.append(time.perf_counter())
+        elif isinstance(event, Finished):
+            ended.append(event)
 
+    def step() -> None:
+        if ended:  # its gaps would stop, and the windows below would wait for ever
+            raise RuntimeError(f"the decoding request ended: {ended[0]}")
+        gen.step()
+
+    # The decoding request must outlast every window: the tiny model's greedy tokens
+    # reach an EOS sooner or later (a run then spun for ever), so none stops it here.
+    gen.eos_ids, ended = frozenset(), []
     submit("itl-decode", short, 1 << 20, decoding)
     while len(stamps) < 20:  # warm-up
-        gen.step()
+        step()
     idle, reading, admitting, load_ms, file_mb = [], [], [], [], []
     for i, tokens in enumerate(bigs):
         n0 = len(stamps)  # idle just before each load: both see the same machine
         while len(stamps) < n0 + IDLE_TOKENS:
-            gen.step()
+            step()
         idle += _gaps(stamps[n0:])
         loading: list = []
         plan = submit(f"itl-load-{i}", tokens + draw(16), 2, loading.append)
@@ -269,24 +293,30 @@ def _decode_during_load(engine, short: list, bigs: list, draw) -> dict:
         if not plan.load_from_disk:
             raise RuntimeError("the load request did not restore from disk")
         while not read_end or read_end[-1] < t0:
-            gen.step()
+            step()
         load_ms.append((read_end[-1] - t0) * 1000)
         n1 = len(stamps)
         while not any(isinstance(e, Tokens) for e in loading):
-            gen.step()
+            step()
         for _ in range(3):  # the steps just after its first token
-            gen.step()
+            step()
         gaps = _gaps(stamps[n0:])
         reading += gaps[: n1 - n0 - 1]
         admitting += gaps[n1 - n0 - 1 :]
         path = file_format.entry_path(store.directory, plan.entry_id)
         file_mb.append(path.stat().st_size / 1e6)
+        _progress(
+            f"  load {i}: {file_mb[-1]:.0f} MB in {load_ms[-1]:.0f} ms; gaps while reading "
+            f"max {max(gaps[: n1 - n0 - 1], default=0):.1f} ms over {n1 - n0 - 1}, "
+            f"idle before p99 {np.percentile(idle[-IDLE_TOKENS + 1 :], 99):.2f} ms"
+        )
         for _ in range(20):  # the loaded request done, before the next idle window
-            gen.step()
+            step()
     gen.cancel("itl-decode")
     while gen.busy or gen.pending:
         gen.step()
-    store.read, store.finish = read, finish
+    store.start_read, store.finish = start_read, finish
+    late = store.stats()["late_loads"]
     p = lambda xs, q: float(np.percentile(xs, q)) if xs else 0.0  # noqa: E731
     return {
         "itl_idle_p50_ms": p(idle, 50),
@@ -300,6 +330,7 @@ def _decode_during_load(engine, short: list, bigs: list, draw) -> dict:
         "load_file_mb": file_mb,
         "load_ms": load_ms,
         "load_finish_ms": finish_ms,
+        "loads_late": late,
         "itl_admit_max_ms": max(admitting, default=0.0),
         "itl_admit_p50_ms": p(admitting, 50),
         "itl_p99_ratio": p(reading, 99) / p(idle, 99) if idle and reading else 0.0,
@@ -391,7 +422,8 @@ def report(out: dict) -> str:
             f"{out['itl_load_p99_ms']:.2f} ms (max {out['itl_load_max_ms']:.2f}) over "
             f"{out['itl_load_tokens']} tokens while {out['loads']} entry files of "
             f"{_join(out['load_file_mb'], '.0f')} MB loaded "
-            f"({_join(out['load_ms'], '.0f')} ms), idle {out['itl_idle_p50_ms']:.2f}/"
+            f"({_join(out['load_ms'], '.0f')} ms; {out['loads_late']} finished late), "
+            f"idle {out['itl_idle_p50_ms']:.2f}/"
             f"{out['itl_idle_p99_ms']:.2f} ms over {out['itl_idle_tokens']} tokens: "
             f"p99 ratio {out['itl_p99_ratio']:.2f} (target <= 2)"
         ),

@@ -40,7 +40,10 @@ def ray_session(metrics_port):
 
     # The dashboard (on a free port) serves the state API: ray.util.state.list_actors,
     # actor logs. Metrics are reported every second, exported at metrics_port.
+    # address="local": always a Ray of our own, never one another process on the
+    # machine already runs (num_cpus cannot be given to a cluster we attach to).
     ctx = ray.init(
+        address="local",
         num_cpus=2,
         include_dashboard=True,
         dashboard_host="127.0.0.1",

@@ -159,9 +159,11 @@ class RamTier:
         """Make the plan's restore source readable: load its disk file when the plan says so
         and the entry held (if any) cannot serve the restore. False when that file failed.
 
-        Synchronous (read, checksum, copy into MLX arrays) on the loop thread; a
-        file that fails is logged and left out. The file must hold the request's
-        `namespace` and its first `plan.length` `tokens`, when given.
+        A load started on the reader thread (`start_read`, while the request waited in
+        admission) leaves only its finish to the loop thread; a plan whose read was
+        never started loads here, synchronously. A file that fails is logged and left
+        out. The file must hold the request's `namespace` and its first `plan.length`
+        `tokens`, when given.
         """
         if not plan.load_from_disk or self.disk_tier is None:
             return True

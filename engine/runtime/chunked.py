@@ -132,6 +132,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         prompt_responses, generation_responses = [], []
         if self.flight is not None and (self.worker.done or not len(self._generation_batch)):
             self._settle()
+        held = None if self.landed is None else self.landed.cid
         prompt_responses += self._delivered()
         tic = time.perf_counter()
         if len(self._generation_batch) > 0:
@@ -144,7 +145,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
             self._decode_part_ms = _ewma(self._decode_part_ms, elapsed * 1000)
             if self._counters.generation_steps % 512 == 0:
                 mx.clear_cache()
-        self._start_decoding(prompt_responses)
+        self._start_decoding(prompt_responses, held)
         captures = any(r.end_of_segment and not r.end_of_prompt for r in prompt_responses)
         if self.flight is not None or captures:  # one in flight; or a snapshot due first
             return prompt_responses, generation_responses
@@ -216,13 +217,15 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         self.cohorts[cid] = Cohort(*self._prompt_batch_of(taken))
         return cid
 
-    def _start_decoding(self, responses: list) -> None:
-        """Sequences with only their last token left enter the generation batch."""
+    def _start_decoding(self, responses: list, held: int | None = None) -> None:
+        """Sequences with only their last token left enter the generation batch; not those of
+        cohort `held`, whose chunk's responses go out this step (as a chunk run in this step,
+        they may be read at their capture point first)."""
         ready = [s[0] for s in self._unprocessed_sequences if len(s[1]) == 1]
         if ready and self._room() > 0:
             self._start_cohort(ready[: self._room()])
         for cid, cohort in list(self.cohorts.items()):
-            if self.flight is not None and cid == self.flight.cid:
+            if cid == held or (self.flight is not None and cid == self.flight.cid):
                 continue  # its rows are ahead of its caches until it lands
             split = [i for i, row in enumerate(cohort.processing) if len(row[0]) == 1]
             if not split:

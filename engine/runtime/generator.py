@@ -166,6 +166,10 @@ class Generator:
             model, config.cache.layer_timer_flag, config.cache.layer_timer_requests
         )
 
+    def close(self) -> None:
+        """End what the Generator runs beside the loop (the prefill worker), once it stops."""
+        self._close_batch_generator()
+
     def _close_batch_generator(self) -> None:
         """End the batch generator's prefill worker, if it has one (before replacing it)."""
         if isinstance(self.bg, ChunkedBatchGenerator):

@@ -74,6 +74,8 @@ class ModelLoop:
         self._stopped = True
         self.inbox.put(lambda g: None)
         self.thread.join(timeout)
+        if self.generator is not None and not self.thread.is_alive():
+            self.generator.close()
 
     @property
     def alive(self) -> bool:

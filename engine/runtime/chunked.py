@@ -12,7 +12,11 @@ With `overlap` (`--prefill-overlap on`, the default) step 3 only starts the
 chunk: its forward runs on a PrefillWorker thread while the following steps
 decode, and the step after it ends lands it (its responses, its costs); one
 chunk is in flight at a time, and the next is planned once it has landed.
-With nothing decoding a step waits for the chunk in flight. A cohort in
+With nothing decoding the chunk runs in the step, on the loop thread, as
+without overlap: there is no decode to overlap, and a newcomer is admitted
+after one chunk (started on the worker, the next chunk would have started
+before the newcomer's admission, and it would wait for two); a chunk still
+in flight when the decoding ends is waited for. A cohort in
 flight is touched by nobody else: it does not move to decode, and reading or
 removing one of its sequences waits for the chunk first. A chunk that ends a
 segment (a capture point) is landed before the next one starts, so the
@@ -260,7 +264,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         assert len({len(p) for p in prompts}) == 1, "a chunk is never padded"
         flight = Flight(cid, Chunk(tuple(cohort.batch.uids), len(prompts[0])), responses, 0)
         flight.tokens = sum(len(p) for p in prompts)
-        if self.worker is not None:  # the forward runs beside the next steps' decodes
+        if self.worker is not None and len(self._generation_batch):  # beside the decodes
             # A stream is its thread's: what this thread left lazy (a merge, a filter) is
             # evaluated here, or the worker could not run it.
             mx.eval([c.state for c in cohort.batch.prompt_cache])

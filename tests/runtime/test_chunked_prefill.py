@@ -170,7 +170,8 @@ def test_every_schedule_gives_the_tokens_batched_gives(loaded, overlap):
 
 
 def test_with_overlap_streams_decode_while_a_chunk_runs_on_the_worker(loaded, monkeypatch):
-    """The chunk's forward runs on the worker thread while steps decode; same tokens."""
+    """The chunk's forward runs on the worker thread while steps decode (on the loop's when
+    nothing decodes); same tokens."""
     prompt = tokens(1500, 2)
     serial = engine(loaded, budget=64)
     expected = submit(serial, "b", prompt, namespace="b")
@@ -188,6 +189,8 @@ def test_with_overlap_streams_decode_while_a_chunk_runs_on_the_worker(loaded, mo
     a = submit(eng, "a", tokens(40, 1), max_tokens=400)
     while not ids(a):
         eng.generator.step()
+    assert threads == {threading.current_thread().name}  # nothing decoded: inline
+    threads.clear()
     b = submit(eng, "b", prompt, namespace="b")
     beside = 0  # steps that decoded while a chunk was in flight
     while not ids(b) and final(a) is None:
@@ -197,6 +200,7 @@ def test_with_overlap_streams_decode_while_a_chunk_runs_on_the_worker(loaded, mo
         beside += in_flight and len(ids(a)) == before + 1
     assert beside > 0, "no step decoded beside a chunk in flight"
     assert threads and all(n.startswith("prefill-worker") for n in threads), threads
+    threads.clear()
     run_all(eng)
     assert ids(b) == ids(expected), "the overlapped prefill gave other tokens"
     bg.close()

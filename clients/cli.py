@@ -67,6 +67,7 @@ SERVE_FLAGS = (
     "prefill_group",
     "prefill_step_factor",
     "prefill_slice_ms",
+    "prefill_overlap",
     "sparse_kernels",
     "sparse_decode_max",
     "sparse_gather_max",
@@ -331,6 +332,12 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
         metavar="MS",
         help="srpt/fifo: a long prompt's chunk with nothing decoding aims at MS ms "
         "(default 50; env LINEAGE_PREFILL_SLICE_MS)",
+    )
+    p.add_argument(
+        "--prefill-overlap",
+        choices=("on", "off"),
+        help="srpt/fifo: run a prefill chunk's forward on a thread of its own beside the "
+        "decode steps (default on; env LINEAGE_PREFILL_OVERLAP)",
     )
     p.add_argument(
         "--sparse-kernels",

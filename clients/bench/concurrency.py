@@ -62,6 +62,7 @@ class ConcurrencyOptions:
     prefill_step_size: int = 512
     step_factor: float = 2.5  # the engine's --prefill-step-factor default
     slice_ms: float = 50.0  # the engine's --prefill-slice-ms default
+    overlap: bool = True  # the engine's --prefill-overlap default
     work_dir: str | None = None
 
 
@@ -104,6 +105,7 @@ class EngineSender:
             prefill_group=group,
             prefill_step_factor=opts.step_factor,
             prefill_slice_ms=opts.slice_ms,
+            prefill_overlap=opts.overlap,
         )
         config = EngineConfig(
             model=model, cache=CacheConfig(cache_dir=cache_dir), server=ServerConfig(port=0)
@@ -436,7 +438,7 @@ def run_bench(opts: ConcurrencyOptions) -> dict:
             for k in ("scale", "agents", "cold_every", "stagger_ms", "probe_tokens")
         }
         | {"prefill_budget": opts.prefill_budget, "prefill_step_size": opts.prefill_step_size}
-        | {"step_factor": opts.step_factor, "slice_ms": opts.slice_ms},
+        | {"step_factor": opts.step_factor, "slice_ms": opts.slice_ms, "overlap": opts.overlap},
         "runs": results,
     }
 
@@ -464,6 +466,9 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--slice-ms", type=float, default=50.0, help="the engines' --prefill-slice-ms"
     )
+    parser.add_argument(
+        "--overlap", choices=("on", "off"), default="on", help="the engines' --prefill-overlap"
+    )
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="write the figure (matplotlib)")
 
@@ -490,6 +495,7 @@ def run(args) -> int:
         prefill_budget=args.prefill_budget,
         step_factor=args.step_factor,
         slice_ms=args.slice_ms,
+        overlap=args.overlap == "on",
     )
     from clients.bench import emit, own_ray
 

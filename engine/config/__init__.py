@@ -71,6 +71,8 @@ class ModelConfig:
     # decode steps; with nothing decoding a long prompt's chunk aims at slice_ms.
     prefill_step_factor: float = 2.5
     prefill_slice_ms: float = 50.0
+    # srpt/fifo: a chunk's forward runs on a thread of its own beside the decode steps.
+    prefill_overlap: bool = True
     # Prompt plus max_tokens of every running sequence together (TGI's
     # --max-batch-total-tokens); None: sized from memory (see plan_memory).
     max_batch_tokens: int | None = None
@@ -396,6 +398,10 @@ def _model(pick: _Picker) -> ModelConfig:
         prefill_group=_int(pick, "prefill_group", "LINEAGE_PREFILL_GROUP", 1),
         prefill_step_factor=_float(pick, "prefill_step_factor", "LINEAGE_PREFILL_STEP_FACTOR", 2.5),
         prefill_slice_ms=_float(pick, "prefill_slice_ms", "LINEAGE_PREFILL_SLICE_MS", 50.0),
+        prefill_overlap=_switch(
+            pick("prefill_overlap", "LINEAGE_PREFILL_OVERLAP", True),
+            "--prefill-overlap (LINEAGE_PREFILL_OVERLAP)",
+        ),
         max_queue=_int(pick, "max_queue", "LINEAGE_MAX_QUEUE", 256),
         max_batch_tokens=pick.optional("max_batch_tokens", "LINEAGE_MAX_BATCH_TOKENS", int),
     )

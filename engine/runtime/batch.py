@@ -198,6 +198,12 @@ class LineagePromptBatch(PromptProcessingBatch):
 
     def prompt(self, tokens):
         """Run the prompt tokens through the model (mlx-lm's loop, minus the forced clears)."""
+        self.forward(tokens)
+        self.account()
+
+    def forward(self, tokens):
+        """`prompt`'s forwards alone: the batch's caches and tokens, nothing shared with the
+        generation batch (a prefill worker thread runs this; `account` follows on the loop's)."""
         if len(self.uids) != len(tokens):
             raise ValueError("The batch length doesn't match the number of inputs")
         if not tokens:
@@ -224,6 +230,9 @@ class LineagePromptBatch(PromptProcessingBatch):
                 c.finalize()
             mx.eval([c.state for c in self.prompt_cache])
             self._maybe_clear()
+
+    def account(self) -> None:
+        """Charge the buffer growth of the forwards since the last call to the ledger."""
         if self.ledger is not None:  # a chunk beyond the merged room grew the buffers
             self.ledger.grown(self.prompt_cache, list(self.uids))
 

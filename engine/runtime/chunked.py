@@ -8,6 +8,20 @@ its neighbours' long ones. Here each step
 3. runs the one chunk the PrefillScheduler picks: `tokens` prompt tokens of
    each sequence of one cohort, unpadded.
 
+With `overlap` (`--prefill-overlap on`, the default) step 3 only starts the
+chunk: its forward runs on a PrefillWorker thread while the following steps
+decode, and the step after it ends lands it (its responses, its costs); one
+chunk is in flight at a time, and the next is planned once it has landed.
+With nothing decoding the chunk runs in the step, on the loop thread, as
+without overlap: there is no decode to overlap, and a newcomer is admitted
+after one chunk (started on the worker, the next chunk would have started
+before the newcomer's admission, and it would wait for two); a chunk still
+in flight when the decoding ends is waited for. A cohort in
+flight is touched by nobody else: it does not move to decode, and reading or
+removing one of its sequences waits for the chunk first. A chunk that ends a
+segment (a capture point) is landed before the next one starts, so the
+generator's snapshot there is taken at that length.
+
 A cohort is a prompt batch of its own (LineagePromptBatch): one sequence, or
 several started together because their remaining prefills were similar. It
 keeps its merged caches between steps, so a preempted long prompt resumes
@@ -29,11 +43,20 @@ import mlx.core as mx
 from mlx_lm.generate import PromptProcessingBatch
 
 from engine.runtime.batch import LineageBatchGenerator
+from engine.runtime.prefill_worker import PrefillWorker
 from engine.runtime.scheduler import Candidate, Chunk, Costs, PrefillScheduler
 from engine.runtime.step_profile import StepProfile
 
 EWMA = 0.3  # weight of the newest measurement in the cost estimates
 STEADY_STEPS = 32  # recent steps whose median is a step's steady cost
+
+
+class Flight:
+    """A chunk started on the worker and not landed yet."""
+
+    def __init__(self, cid: int, chunk: Chunk, responses: list, tokens: int):
+        self.cid, self.chunk, self.responses, self.tokens = cid, chunk, responses, tokens
+        self.elapsed: float | None = None  # its forward's seconds, once waited for
 
 
 class Cohort:
@@ -69,10 +92,19 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
     """LineageBatchGenerator whose prefill runs chunk by chunk as the scheduler says."""
 
     def __init__(
-        self, model, *, scheduler: PrefillScheduler, profile: StepProfile | None = None, **kwargs
+        self,
+        model,
+        *,
+        scheduler: PrefillScheduler,
+        profile: StepProfile | None = None,
+        overlap: bool = False,
+        **kwargs,
     ):
         super().__init__(model, **kwargs)
         self.scheduler = scheduler
+        self.worker = PrefillWorker() if overlap else None
+        self.flight: Flight | None = None  # the chunk on the worker
+        self.landed: Flight | None = None  # the chunk landed whose responses go out next
         self.profile = profile or StepProfile()
         self.cohorts: dict[int, Cohort] = {}
         self._cohort_ids = itertools.count()
@@ -101,8 +133,12 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
     def _next(self):
         self.steps += 1
         self._learn()
-        tic = time.perf_counter()
         prompt_responses, generation_responses = [], []
+        if self.flight is not None and (self.worker.done or not len(self._generation_batch)):
+            self._settle()
+        held = None if self.landed is None else self.landed.cid
+        prompt_responses += self._delivered()
+        tic = time.perf_counter()
         if len(self._generation_batch) > 0:
             with self.profile.phase("decode"):
                 generation_responses = self._generation_batch.next()
@@ -113,7 +149,10 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
             self._decode_part_ms = _ewma(self._decode_part_ms, elapsed * 1000)
             if self._counters.generation_steps % 512 == 0:
                 mx.clear_cache()
-        self._start_decoding(prompt_responses)
+        self._start_decoding(prompt_responses, held)
+        captures = any(r.end_of_segment and not r.end_of_prompt for r in prompt_responses)
+        if self.flight is not None or captures:  # one in flight; or a snapshot due first
+            return prompt_responses, generation_responses
         decoding = len(self._generation_batch)
         chunk = self.scheduler.plan(self._candidates(), self.steps, decoding, self._costs())
         if chunk is not None:
@@ -182,12 +221,16 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         self.cohorts[cid] = Cohort(*self._prompt_batch_of(taken))
         return cid
 
-    def _start_decoding(self, responses: list) -> None:
-        """Sequences with only their last token left enter the generation batch."""
+    def _start_decoding(self, responses: list, held: int | None = None) -> None:
+        """Sequences with only their last token left enter the generation batch; not those of
+        cohort `held`, whose chunk's responses go out this step (as a chunk run in this step,
+        they may be read at their capture point first)."""
         ready = [s[0] for s in self._unprocessed_sequences if len(s[1]) == 1]
         if ready and self._room() > 0:
             self._start_cohort(ready[: self._room()])
         for cid, cohort in list(self.cohorts.items()):
+            if cid == held or (self.flight is not None and cid == self.flight.cid):
+                continue  # its rows are ahead of its caches until it lands
             split = [i for i, row in enumerate(cohort.processing) if len(row[0]) == 1]
             if not split:
                 continue
@@ -219,20 +262,59 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
             row[1] += n
             responses.append(PromptProcessingBatch.Response(uid, (row[1], row[2]), end, False))
         assert len({len(p) for p in prompts}) == 1, "a chunk is never padded"
+        flight = Flight(cid, Chunk(tuple(cohort.batch.uids), len(prompts[0])), responses, 0)
+        flight.tokens = sum(len(p) for p in prompts)
+        if self.worker is not None and len(self._generation_batch):  # beside the decodes
+            # A stream is its thread's: what this thread left lazy (a merge, a filter) is
+            # evaluated here, or the worker could not run it.
+            mx.eval([c.state for c in cohort.batch.prompt_cache])
+            self.worker.start(cohort.batch, prompts)
+            self.flight = flight
+            return []
         tic = time.perf_counter()
         with self.profile.phase("prefill"):
-            cohort.batch.prompt(prompts)
-        elapsed = time.perf_counter() - tic
-        tokens = sum(len(p) for p in prompts)
+            cohort.batch.forward(prompts)
+        flight.elapsed = time.perf_counter() - tic
+        return self._account(flight)
+
+    def _settle(self) -> None:
+        """Land the chunk in flight: wait for it, account for it; its responses go out with
+        the next step (its cohort may be read or changed after)."""
+        if self.flight is None:
+            return
+        flight, self.flight = self.flight, None
+        with self.profile.phase("prefill"):
+            flight.elapsed = self.worker.wait()
+        self.landed = flight
+        self._account(flight)
+
+    def _delivered(self) -> list:
+        """The landed chunk's responses, of the sequences still in its cohort."""
+        flight, self.landed = self.landed, None
+        cohort = None if flight is None else self.cohorts.get(flight.cid)
+        if cohort is None:  # none landed, or every sequence of it was removed since
+            return []
+        return [r for r in flight.responses if r.uid in cohort.batch.uids]
+
+    def _account(self, flight: Flight) -> list:
+        """A chunk's costs and counters, on the loop thread; its responses."""
+        self.chunks = self.chunks[-255:] + [flight.chunk]
+        cohort = self.cohorts[flight.cid]  # landed before any removal from it
+        cohort.batch.account()
+        elapsed, tokens = flight.elapsed, flight.tokens
         self.profile.prefill_tokens += tokens
         self._counters.prompt_tokens += tokens
         self._counters.prompt_time += elapsed
         self._token_ms = _ewma(self._token_ms, elapsed * 1000 / tokens)
         cohort.token_ms = _ewma(cohort.token_ms, elapsed * 1000 / tokens)
-        self.chunks = self.chunks[-255:] + [Chunk(tuple(cohort.batch.uids), len(prompts[0]))]
         for uid in cohort.batch.uids:
             self.last_chunk[uid] = self.steps
-        return responses
+        return flight.responses
+
+    def close(self) -> None:
+        """End the prefill worker (after the chunk in flight)."""
+        if self.worker is not None:
+            self.worker.close()
 
     def _forget(self, uid: int) -> None:
         for table in (self.arrived, self.unblocks, self.last_chunk):
@@ -244,7 +326,10 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         return next((k for k, c in self.cohorts.items() if uid in c.batch.uids), None)
 
     def _cohort_of(self, uid: int) -> Cohort | None:
+        """`uid`'s cohort, its chunk in flight waited for."""
         cid = self._cohort_id(uid)
+        if cid is not None and self.flight is not None and cid == self.flight.cid:
+            self._settle()
         return None if cid is None else self.cohorts[cid]
 
     def prefill_state(self, uid: int):
@@ -276,6 +361,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
             if cid is None:
                 rest.append(uid)
                 continue
+            self._cohort_of(uid)  # its chunk in flight ends first
             cohort = self.cohorts[cid]
             i = cohort.index(uid)
             cohort.keep([j for j in range(len(cohort.batch.uids)) if j != i])

@@ -166,6 +166,15 @@ class Generator:
             model, config.cache.layer_timer_flag, config.cache.layer_timer_requests
         )
 
+    def close(self) -> None:
+        """End what the Generator runs beside the loop (the prefill worker), once it stops."""
+        self._close_batch_generator()
+
+    def _close_batch_generator(self) -> None:
+        """End the batch generator's prefill worker, if it has one (before replacing it)."""
+        if isinstance(self.bg, ChunkedBatchGenerator):
+            self.bg.close()
+
     def _new_batch_generator(self) -> BatchGenerator:
         m = self.config.model
         common = dict(
@@ -182,9 +191,14 @@ class Generator:
             m.prefill_group,
             step_factor=m.prefill_step_factor,
             slice_ms=m.prefill_slice_ms,
+            overlap=m.prefill_overlap,
         )
         return ChunkedBatchGenerator(
-            self.model, scheduler=scheduler, profile=self.profile, **common
+            self.model,
+            scheduler=scheduler,
+            profile=self.profile,
+            overlap=m.prefill_overlap,
+            **common,
         )
 
     # ---- requests in ----------------------------------------------------
@@ -266,6 +280,7 @@ class Generator:
         for uid, act in list(self.active.items()):
             self._drop(uid)
             act.emit(self._finished(act, FinishReason.UNAVAILABLE, error=error))
+        self._close_batch_generator()
         self.bg = self._new_batch_generator()
         self.tier.clear()
         # The manager numbers its Orders anew; answers still on their way are dropped.
@@ -387,6 +402,7 @@ class Generator:
             self._drop(uid)
             self._release(act.req)
             act.emit(self._finished(act, FinishReason.ERROR, error=message))
+        self._close_batch_generator()
         self.bg = self._new_batch_generator()
 
     # ---- admission and restore -------------------------------------------

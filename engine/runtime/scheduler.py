@@ -25,8 +25,11 @@ prefill chunk that runs beside it, within a token budget:
   within `step_factor` idle decode steps (the step's other work, measured,
   taken off), so a decoding stream's inter-token gap stays near that; with
   nothing decoding it gets `slice_ms`, so a newcomer waits at most about
-  that long for the chunk in flight. Never more than `budget` tokens, never
-  fewer than MIN_CHUNK (the long prompt always moves).
+  that long for the chunk in flight. With `overlap` (the chunk's forward runs
+  on a thread of its own beside the decode steps, engine.runtime.chunked) the
+  chunk is no part of a step: it gets `slice_ms` whether or not sequences
+  decode. Never more than `budget` tokens, never fewer than MIN_CHUNK (the
+  long prompt always moves).
 - A short prefill (its whole uncached prompt within `budget` tokens) runs
   whole in one chunk, also beside decode: its first token comes one step
   later instead of many, at the price of one longer gap for the decoding
@@ -93,6 +96,7 @@ class PrefillScheduler:
         aging: int = AGING,
         step_factor: float = STEP_FACTOR,
         slice_ms: float = SLICE_MS,
+        overlap: bool = False,
     ):
         if schedule not in ("srpt", "fifo"):
             raise ValueError(f"schedule {schedule!r} is not srpt or fifo")
@@ -100,6 +104,7 @@ class PrefillScheduler:
             raise ValueError(f"budget {budget} and group {group} must be positive")
         self.schedule, self.budget, self.group = schedule, budget, group
         self.aging, self.step_factor, self.slice_ms = aging, step_factor, slice_ms
+        self.overlap = overlap
 
     def priority(self, c: Candidate, step: int) -> tuple:
         """Sort key: the smallest runs first."""
@@ -115,13 +120,11 @@ class PrefillScheduler:
         if total <= self.budget:  # short: whole, decoding or not
             return self.budget
         token_ms = head.token_ms or costs.token_ms
-        if decoding:
-            if token_ms <= 0 or costs.decode_ms <= 0:
-                return min(self.budget, FIRST_CHUNK)
+        if token_ms <= 0 or (decoding and not self.overlap and costs.decode_ms <= 0):
+            return min(self.budget, FIRST_CHUNK) if decoding else self.budget
+        if decoding and not self.overlap:
             room = self.step_factor * costs.decode_ms - costs.beside_ms
         else:
-            if token_ms <= 0:
-                return self.budget
             room = self.slice_ms
         return max(MIN_CHUNK, min(self.budget, int(room / token_ms)))
 

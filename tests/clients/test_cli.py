@@ -168,6 +168,8 @@ def test_usage_errors_exit_2(argv):
         (["serve"], {"LINEAGE_PREFILL_STEP_FACTOR": "fast"}, "--prefill-step-factor"),
         (["serve", "--prefill-slice-ms", "0"], {}, "--prefill-slice-ms"),
         (["serve"], {"LINEAGE_PREFILL_SLICE_MS": "-5"}, "--prefill-slice-ms"),
+        (["serve", "--prefill-overlap", "maybe"], {}, "--prefill-overlap"),
+        (["serve"], {"LINEAGE_PREFILL_OVERLAP": "maybe"}, "--prefill-overlap"),
     ],
 )
 def test_bad_schedule_settings_are_refused_at_startup_naming_the_flag(argv, env, flag, capsys):
@@ -186,6 +188,12 @@ def test_schedule_settings_from_flags_and_env():
     args = cli.build_parser().parse_args(["serve", "--prefill-slice-ms", "25"])
     c = cli.config_from_args(args, {"LINEAGE_PREFILL_STEP_FACTOR": "2"})
     assert (c.model.prefill_step_factor, c.model.prefill_slice_ms) == (2.0, 25.0)
+    assert default.model.prefill_overlap and c.model.prefill_overlap
+    args = cli.build_parser().parse_args(["serve", "--prefill-overlap", "off"])
+    assert not cli.config_from_args(args, {"LINEAGE_PREFILL_OVERLAP": "on"}).model.prefill_overlap
+    assert not cli.config_from_args(
+        cli.build_parser().parse_args(["serve"]), {"LINEAGE_PREFILL_OVERLAP": "0"}
+    ).model.prefill_overlap
 
 
 def test_parse_leaves_unset_serve_flags_none():

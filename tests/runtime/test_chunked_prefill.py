@@ -4,11 +4,14 @@ The Generator is stepped on the calling thread (as LocalEngine does), so each
 test sees what one step did: every decoding stream decodes each step, a long
 prefill runs in budget-sized chunks, a cancelled prefill commits what it
 computed up to the chunk boundary, an anchor waiter starts in the step after
-the capture, and every schedule gives the tokens `batched` gives.
+the capture, and every schedule gives the tokens `batched` gives, with the
+chunk's forward on the prefill worker thread (`--prefill-overlap on`) and
+without.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -17,6 +20,7 @@ import pytest
 from engine.cache.messages import PlanRequest
 from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.runtime.events import Finished, FinishReason, Progress, Tokens
+from engine.runtime.batch import LineagePromptBatch
 from engine.runtime.loader import load_model
 from engine.runtime.local import LocalEngine
 from engine.runtime.requests import GenerationRequest, SamplingParams
@@ -28,10 +32,14 @@ def loaded(model_cache_dir):
     return config, load_model(config)
 
 
-def engine(loaded, schedule="srpt", budget=64, group=1) -> LocalEngine:
+def engine(loaded, schedule="srpt", budget=64, group=1, overlap=False) -> LocalEngine:
     config, model = loaded
     model_config = ModelConfig(
-        prefill_step_size=256, schedule=schedule, prefill_budget=budget, prefill_group=group
+        prefill_step_size=256,
+        schedule=schedule,
+        prefill_budget=budget,
+        prefill_group=group,
+        prefill_overlap=overlap,
     )
     return LocalEngine(EngineConfig(model=model_config, cache=config.cache), model)
 
@@ -98,24 +106,26 @@ def test_a_short_prefill_runs_whole_beside_decode(loaded):
     run_all(eng)
 
 
-def test_a_cancelled_prefill_commits_up_to_its_chunk_boundary(loaded):
-    eng = engine(loaded, budget=64)
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_cancelled_prefill_commits_up_to_its_chunk_boundary(loaded, overlap):
+    eng = engine(loaded, budget=64, overlap=overlap)
     prompt = tokens(1200, 3)
     events = submit(eng, "c", prompt, namespace="c")
     for _ in range(5):
         eng.generator.step()
     uid = eng.generator.by_request["c"]
+    eng.generator.cancel("c")  # a chunk in flight ends first, and counts
     done = sum(c.tokens for c in eng.generator.bg.chunks if uid in c.uids)
     assert 0 < done < len(prompt)  # chunk sizes follow the measured time
-    eng.generator.cancel("c")
     assert final(events).finish_reason == FinishReason.CANCELLED
     retry = submit(eng, "c2", prompt, namespace="c")
     run_all(eng)
     assert final(retry).cached_tokens == done, "the prefix computed before the cancel was lost"
 
 
-def test_an_anchor_waiter_starts_in_the_step_after_the_capture(loaded):
-    eng = engine(loaded, budget=64)
+@pytest.mark.parametrize("overlap", [False, True])
+def test_an_anchor_waiter_starts_in_the_step_after_the_capture(loaded, overlap):
+    eng = engine(loaded, budget=64, overlap=overlap)
     system = tokens(600, 4)
     first = submit(eng, "s1", system + tokens(40, 5), anchor_len=600, namespace="s")
     eng.generator.step()
@@ -150,12 +160,50 @@ def workload(eng) -> dict:
     return {rid: ids(events) for rid, events in out.items()}
 
 
-def test_every_schedule_gives_the_tokens_batched_gives(loaded):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_every_schedule_gives_the_tokens_batched_gives(loaded, overlap):
     expected = workload(engine(loaded, schedule="batched"))
     for schedule, group in (("srpt", 1), ("fifo", 1), ("srpt", 3)):
-        eng = engine(loaded, schedule=schedule, group=group)
+        eng = engine(loaded, schedule=schedule, group=group, overlap=overlap)
         assert workload(eng) == expected, f"{schedule} (group {group}) differs from batched"
     assert any(len(c.uids) > 1 for c in eng.generator.bg.chunks), "no cohort was grouped"
+
+
+def test_with_overlap_streams_decode_while_a_chunk_runs_on_the_worker(loaded, monkeypatch):
+    """The chunk's forward runs on the worker thread while steps decode (on the loop's when
+    nothing decodes); same tokens."""
+    prompt = tokens(1500, 2)
+    serial = engine(loaded, budget=64)
+    expected = submit(serial, "b", prompt, namespace="b")
+    run_all(serial)
+    threads = set()
+    forward = LineagePromptBatch.forward
+
+    def recorded(batch, prompts):
+        threads.add(threading.current_thread().name)
+        return forward(batch, prompts)
+
+    monkeypatch.setattr(LineagePromptBatch, "forward", recorded)
+    eng = engine(loaded, budget=64, overlap=True)
+    bg = eng.generator.bg
+    a = submit(eng, "a", tokens(40, 1), max_tokens=400)
+    while not ids(a):
+        eng.generator.step()
+    assert threads == {threading.current_thread().name}  # nothing decoded: inline
+    threads.clear()
+    b = submit(eng, "b", prompt, namespace="b")
+    beside = 0  # steps that decoded while a chunk was in flight
+    while not ids(b) and final(a) is None:
+        before = len(ids(a))
+        in_flight = bg.flight is not None
+        eng.generator.step()
+        beside += in_flight and len(ids(a)) == before + 1
+    assert beside > 0, "no step decoded beside a chunk in flight"
+    assert threads and all(n.startswith("prefill-worker") for n in threads), threads
+    threads.clear()
+    run_all(eng)
+    assert ids(b) == ids(expected), "the overlapped prefill gave other tokens"
+    bg.close()
 
 
 def test_the_chunk_sizing_settings_reach_the_scheduler(loaded):

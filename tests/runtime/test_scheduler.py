@@ -94,6 +94,24 @@ def test_budget_in_time_and_short_prefills_whole(remaining, own_ms, decoding, co
     assert chunk == Chunk((1,), expected)
 
 
+@pytest.mark.parametrize(
+    "remaining, decoding, costs, expected",
+    [
+        # the chunk runs beside the decode steps, not in one: slice_ms, decoding or not
+        (10_000, 2, Costs(5.0, 0.25, 5.0), 80),  # 20 ms / 0.25, not (2 * 5 - 5) / 0.25
+        (10_000, 0, Costs(5.0, 0.25), 80),
+        (10_000, 2, Costs(5.0, 0.01, 5.0), 256),  # at most the budget
+        (10_000, 2, Costs(5.0, 100.0, 5.0), MIN_CHUNK),
+        (10_000, 2, Costs(0.0, 0.0), FIRST_CHUNK),  # nothing measured yet beside decode
+        (200, 2, Costs(5.0, 1.0, 5.0), 200),  # short: whole
+    ],
+)
+def test_with_overlap_a_chunk_aims_at_the_slice_beside_decode(remaining, decoding, costs, expected):
+    s = PrefillScheduler("srpt", budget=256, step_factor=2.0, slice_ms=20.0, overlap=True)
+    chunk = s.plan([cand(1, remaining)], step=0, decoding=decoding, costs=costs)
+    assert chunk == Chunk((1,), expected)
+
+
 def test_a_chunk_stops_at_the_next_capture_point():
     s = PrefillScheduler("srpt", budget=512)
     assert s.plan([cand(1, 1000, boundary=300)], step=0) == Chunk((1,), 300)

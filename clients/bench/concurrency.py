@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 from clients.bench.traffic import Sessions, Traffic, build_traffic
 from clients.fanout import make_system_prompt
+from engine.config import ModelConfig
 
 HELP = "concurrent sub-agents plus long cold prompts: TTFT, ITL and prefill rate per schedule"
 RUNS = ("batched", "fifo", "srpt", "srpt-group", "mlx_lm_server")
@@ -60,9 +61,9 @@ class ConcurrencyOptions:
     probes: tuple | None = None  # runs probed after their traffic; None: every engine run
     prefill_budget: int = 256  # the engine's default
     prefill_step_size: int = 512
-    step_factor: float = 2.5  # the engine's --prefill-step-factor default
-    slice_ms: float = 50.0  # the engine's --prefill-slice-ms default
-    overlap: bool = True  # the engine's --prefill-overlap default
+    step_factor: float = ModelConfig.prefill_step_factor  # the engine's defaults
+    slice_ms: float = ModelConfig.prefill_slice_ms
+    overlap: bool = ModelConfig.prefill_overlap
     work_dir: str | None = None
 
 
@@ -94,7 +95,7 @@ class EngineSender:
 
     def __init__(self, opts: ConcurrencyOptions, schedule: str, group: int, cache_dir: str):
         from clients.client import Client
-        from engine.config import CacheConfig, EngineConfig, ModelConfig, ServerConfig
+        from engine.config import CacheConfig, EngineConfig, ServerConfig
         from engine.server.background import BackgroundEngine
 
         model = ModelConfig(
@@ -461,13 +462,22 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--prefill-budget", type=int, default=256)
     parser.add_argument(
-        "--step-factor", type=float, default=2.5, help="the engines' --prefill-step-factor"
+        "--step-factor",
+        type=float,
+        default=ModelConfig.prefill_step_factor,
+        help="the engines' --prefill-step-factor",
     )
     parser.add_argument(
-        "--slice-ms", type=float, default=50.0, help="the engines' --prefill-slice-ms"
+        "--slice-ms",
+        type=float,
+        default=ModelConfig.prefill_slice_ms,
+        help="the engines' --prefill-slice-ms",
     )
     parser.add_argument(
-        "--overlap", choices=("on", "off"), default="on", help="the engines' --prefill-overlap"
+        "--overlap",
+        choices=("on", "off"),
+        default="on" if ModelConfig.prefill_overlap else "off",
+        help="the engines' --prefill-overlap",
     )
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="write the figure (matplotlib)")

@@ -396,10 +396,17 @@ def _model(pick: _Picker) -> ModelConfig:
         schedule=str(pick("schedule", "LINEAGE_SCHEDULE", ModelConfig.schedule)),
         prefill_budget=_int(pick, "prefill_budget", "LINEAGE_PREFILL_BUDGET", 256),
         prefill_group=_int(pick, "prefill_group", "LINEAGE_PREFILL_GROUP", 1),
-        prefill_step_factor=_float(pick, "prefill_step_factor", "LINEAGE_PREFILL_STEP_FACTOR", 2.5),
-        prefill_slice_ms=_float(pick, "prefill_slice_ms", "LINEAGE_PREFILL_SLICE_MS", 50.0),
+        prefill_step_factor=_float(
+            pick,
+            "prefill_step_factor",
+            "LINEAGE_PREFILL_STEP_FACTOR",
+            ModelConfig.prefill_step_factor,
+        ),
+        prefill_slice_ms=_float(
+            pick, "prefill_slice_ms", "LINEAGE_PREFILL_SLICE_MS", ModelConfig.prefill_slice_ms
+        ),
         prefill_overlap=_switch(
-            pick("prefill_overlap", "LINEAGE_PREFILL_OVERLAP", True),
+            pick("prefill_overlap", "LINEAGE_PREFILL_OVERLAP", ModelConfig.prefill_overlap),
             "--prefill-overlap (LINEAGE_PREFILL_OVERLAP)",
         ),
         max_queue=_int(pick, "max_queue", "LINEAGE_MAX_QUEUE", 256),
@@ -495,7 +502,9 @@ def _kernels(pick: _Picker) -> KernelConfig:
         sparse_block=int(pick("sparse_block", "LINEAGE_SPARSE_BLOCK", 64)),
         gated_delta=str(pick("gated_delta", "LINEAGE_GATED_DELTA", "auto")),
         dense=_switch(pick("dense_kernel", "LINEAGE_DENSE_KERNEL", True), "dense kernel"),
-        dense_min_keys=int(pick("dense_min_keys", "LINEAGE_DENSE_MIN_KEYS", 1024)),
+        dense_min_keys=int(
+            pick("dense_min_keys", "LINEAGE_DENSE_MIN_KEYS", KernelConfig.dense_min_keys)
+        ),
     )
 
 

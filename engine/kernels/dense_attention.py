@@ -47,7 +47,7 @@ from mlx_lm.models import base as _mlx_base
 
 NAME = "dense-attention-host"
 MIN_KEYS = 1024  # default dispatch threshold, in keys (docs/benchmarks.md)
-# Calls routed each way since import ("host", "stock"): tests and the benchmark read it.
+# Calls routed each way since import ("host", "stock"): the tests read it.
 ROUTED: Counter = Counter()
 
 _stock = _mlx_base.scaled_dot_product_attention

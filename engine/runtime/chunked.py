@@ -97,12 +97,12 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         *,
         scheduler: PrefillScheduler,
         profile: StepProfile | None = None,
-        overlap: bool = False,
         **kwargs,
     ):
         super().__init__(model, **kwargs)
         self.scheduler = scheduler
-        self.worker = PrefillWorker() if overlap else None
+        # Chunks run on the worker when the scheduler sizes them for it (`overlap`).
+        self.worker = PrefillWorker() if scheduler.overlap else None
         self.flight: Flight | None = None  # the chunk on the worker
         self.landed: Flight | None = None  # the chunk landed whose responses go out next
         self.profile = profile or StepProfile()
@@ -262,8 +262,8 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
             row[1] += n
             responses.append(PromptProcessingBatch.Response(uid, (row[1], row[2]), end, False))
         assert len({len(p) for p in prompts}) == 1, "a chunk is never padded"
-        flight = Flight(cid, Chunk(tuple(cohort.batch.uids), len(prompts[0])), responses, 0)
-        flight.tokens = sum(len(p) for p in prompts)
+        tokens = sum(len(p) for p in prompts)
+        flight = Flight(cid, Chunk(tuple(cohort.batch.uids), len(prompts[0])), responses, tokens)
         if self.worker is not None and len(self._generation_batch):  # beside the decodes
             # A stream is its thread's: what this thread left lazy (a merge, a filter) is
             # evaluated here, or the worker could not run it.
@@ -312,9 +312,10 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         return flight.responses
 
     def close(self) -> None:
-        """End the prefill worker (after the chunk in flight)."""
+        """End the prefill worker (after the chunk in flight), then what mlx-lm's close ends."""
         if self.worker is not None:
             self.worker.close()
+        super().close()
 
     def _forget(self, uid: int) -> None:
         for table in (self.arrived, self.unblocks, self.last_chunk):

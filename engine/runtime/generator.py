@@ -171,9 +171,9 @@ class Generator:
         self._close_batch_generator()
 
     def _close_batch_generator(self) -> None:
-        """End the batch generator's prefill worker, if it has one (before replacing it)."""
-        if isinstance(self.bg, ChunkedBatchGenerator):
-            self.bg.close()
+        """Close the batch generator (its prefill worker, mlx-lm's wired limit) before
+        replacing it."""
+        self.bg.close()
 
     def _new_batch_generator(self) -> BatchGenerator:
         m = self.config.model
@@ -197,7 +197,6 @@ class Generator:
             self.model,
             scheduler=scheduler,
             profile=self.profile,
-            overlap=m.prefill_overlap,
             **common,
         )
 

@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import mlx.core as mx
 
 
-def _cpu_stream():
+def _worker_stream():
     return mx.new_stream(mx.default_device())
 
 
@@ -35,7 +35,7 @@ class PrefillWorker:
     def __init__(self):
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="prefill-worker")
         # A stream belongs to the thread that made it: make it there.
-        self._stream = self._pool.submit(_cpu_stream).result()
+        self._stream = self._pool.submit(_worker_stream).result()
         self._flight: Future | None = None
 
     def start(self, batch, prompts: list) -> None:
@@ -48,11 +48,6 @@ class PrefillWorker:
         with mx.stream(self._stream):
             batch.forward(prompts)
         return time.perf_counter() - tic
-
-    @property
-    def busy(self) -> bool:
-        """A chunk was started and not yet waited for."""
-        return self._flight is not None
 
     @property
     def done(self) -> bool:

@@ -19,8 +19,8 @@ import pytest
 
 from engine.cache.messages import PlanRequest
 from engine.config import CacheConfig, EngineConfig, ModelConfig
-from engine.runtime.events import Finished, FinishReason, Progress, Tokens
 from engine.runtime.batch import LineagePromptBatch
+from engine.runtime.events import Finished, FinishReason, Progress, Tokens
 from engine.runtime.loader import load_model
 from engine.runtime.local import LocalEngine
 from engine.runtime.requests import GenerationRequest, SamplingParams

@@ -207,7 +207,8 @@ def read_arrays(path: Path, fingerprint: str, entry_id: int):
 
 def read_steps(path: Path, fingerprint: str, entry_id: int):
     """`read_arrays` in steps (one array's allocation, one chunk of the body read): yields
-    the bytes done so far after each and returns what `read_arrays` returns, so a reader
+    the bytes done so far after each (allocated, then read: twice the arrays' bytes at the
+    end) and returns what `read_arrays` returns, so a reader
     can hand the rest of a load to another thread (`drain` there). Each step creates
     and evaluates its own arrays, so none is left on the stream of the thread that
     ran the steps before."""

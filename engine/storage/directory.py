@@ -211,10 +211,6 @@ class OpenDirectory:
         self.index = index_scan(scan_directory(self.path), fingerprint, budget, caps)
         return self.index
 
-    def missing(self, entry_ids) -> list[int]:
-        """The ids among `entry_ids` with no entry file in the directory."""
-        return [i for i in entry_ids if not entry_path(self.path, i).exists()]
-
     def entry_ids(self) -> set[int]:
         """The ids of the entry files in the directory now (quarantined copies left out);
         temporary files of writers that are gone are removed on the way."""

@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 
 # A read at idle priority found below this rate (the CPU it needs goes to busier
 # threads: decoding, other processes), checked every LATE_AFTER_S, is read on the late
-# thread instead.
+# thread instead. The rate counts `read_steps`' bytes done: each array's allocation and
+# then its bytes read, so about twice the body's bytes over a whole load.
 LATE_AFTER_S = 0.25
 LATE_MIN_BYTES_PER_S = 200e6
 
@@ -180,7 +181,8 @@ class DiskStore:
                 progress.taken = True
             self.late_loads += 1
             log.info(
-                "disk tier: the reader read %.1f MB of entry %d in %.2f s at idle priority; "
+                "disk tier: the reader did %.1f MB (allocated + read) of entry %d in %.2f s at "
+                "idle priority; "
                 "reading it on the late thread",
                 progress.done / 1e6,
                 entry_id,

@@ -221,9 +221,15 @@ def encode_trailer(body_bytes: int, body_crc: int) -> bytes:
     return _TRAILER.pack(END_MAGIC, body_bytes, body_crc)
 
 
-def read_body(f, header: Header, targets: list) -> None:
-    """Read the body of an open file into `targets` and check it: the array table, the
-    trailer, the body's crc32. DamagedFile when any of them fails.
+READ_CHUNK = 8 << 20  # bytes per readinto + crc32 step of a body read
+
+
+def body_steps(f, header: Header, targets: list):
+    """Read the body of an open file into `targets` and check it (the array table, the
+    trailer, the body's crc32; DamagedFile when any of them fails), one chunk (at most
+    READ_CHUNK bytes) per step: yields the body bytes read so far after each, so whoever
+    drives it can pause it or finish it on another thread (never two at once: the file
+    position and the crc are the generator's).
 
     `targets` holds one writable C-contiguous buffer per array of the table, of
     its size (the caller allocates them where the arrays must live: the bytes
@@ -232,17 +238,6 @@ def read_body(f, header: Header, targets: list) -> None:
     both of which run without the GIL, so a reader thread holds it only
     between chunks and the model loop keeps stepping meanwhile.
     """
-    for _ in body_steps(f, header, targets):
-        pass
-
-
-READ_CHUNK = 8 << 20  # bytes per readinto + crc32 step of a body read
-
-
-def body_steps(f, header: Header, targets: list):
-    """`read_body` one chunk (at most READ_CHUNK bytes) per step: yields the body bytes
-    read so far after each, so whoever drives it can pause it or finish it on another
-    thread (never two at once: the file position and the crc are the generator's)."""
     body_bytes = int(header.meta["body_bytes"])
     table = header.meta["arrays"]
     if len(targets) != len(table):

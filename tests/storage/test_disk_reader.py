@@ -39,8 +39,9 @@ def _policy_and_nice(executor) -> tuple[int, int]:
     return executor.submit(look).result()
 
 
-def _starved(monkeypatch) -> None:
-    """The reader thread's steps take 0.2 s each, as when every core is busy."""
+def _paced(monkeypatch, seconds: float, first_at_once: bool = False) -> None:
+    """The reader thread's steps take `seconds` each (as when every core is busy); with
+    `first_at_once` its first step's bytes are done before the first pause."""
     real = disk_store.read_steps
 
     def steps(*args):
@@ -48,13 +49,20 @@ def _starved(monkeypatch) -> None:
         if not threading.current_thread().name.startswith("disk-reader_"):
             return (yield from inner)
         try:
+            if first_at_once:
+                yield next(inner)
             while True:
-                time.sleep(0.2)
+                time.sleep(seconds)
                 yield next(inner)
         except StopIteration as stop:
             return stop.value
 
     monkeypatch.setattr(disk_store, "read_steps", steps)
+
+
+def _starved(monkeypatch) -> None:
+    """The reader thread's steps take 0.2 s each, as when every core is busy."""
+    _paced(monkeypatch, 0.2)
 
 
 def test_a_starved_read_is_read_on_the_late_thread_with_the_same_bytes(tmp_path, monkeypatch):
@@ -99,9 +107,12 @@ def test_a_read_the_reader_never_starts_is_read_on_the_late_thread(tmp_path):
         s.close(10)
 
 
-def test_a_read_that_keeps_its_rate_stays_on_the_reader(tmp_path):
+def test_a_read_that_keeps_its_rate_stays_on_the_reader(tmp_path, monkeypatch):
+    # A slow reader (50 ms a step) that keeps over 1 B/s: the watch, waking every 20 ms,
+    # compares many times and leaves it on the reader.
     store, entry = _stored(tmp_path, late_after=30.0)
-    fresh = DiskStore(tmp_path, "fp", late_after=30.0)
+    _paced(monkeypatch, 0.05, first_at_once=True)
+    fresh = DiskStore(tmp_path, "fp", late_after=0.02, late_rate=1.0)
     loaded = fresh.finish(fresh.start_read(9).result())
     assert fresh.late_loads == 0
     _assert_same(_restored(entry, N), _restored(loaded, N))

@@ -177,10 +177,9 @@ class RamTier:
             entry = self.disk_tier.load(plan.entry_id, namespace, expected)
         if entry is None:
             return False
-        replaced = self.entries.get(plan.entry_id)
-        self._held += entry.nbytes - (replaced.nbytes if replaced is not None else 0)
-        self.entries[plan.entry_id] = entry  # replaces a held entry that could not serve
-        self.max_id = max(self.max_id, plan.entry_id)
+        # It replaces a held entry that could not serve.
+        self._held -= _size(self.entries.pop(plan.entry_id, None))
+        self._put(plan.entry_id, entry)
         self.note_peak()
         return True
 
@@ -241,7 +240,7 @@ class RamTier:
 
     @property
     def nbytes(self) -> int:
-        return sum(e.nbytes for e in self.entries.values())
+        return self._held
 
 
 def _size(held) -> int:

@@ -116,7 +116,9 @@ def test_a_finished_entry_enters_the_tier_with_its_commits_orders(model_cache_di
         assert finished(events) and engine.tier.staged_tokens == 0
         assert len(engine.tier.entries) == 1, "the new entry came in, the old one went"
     assert s.peak <= engine.tier.peak <= budget, (s.peak, engine.tier.peak, budget)
-    assert engine.tier._held == engine.tier.nbytes, "the running total drifted"
+    assert engine.tier.nbytes == sum(e.nbytes for e in engine.tier.entries.values()), (
+        "the running total drifted"
+    )
     assert engine.tier.nbytes == indexed(engine), "the tier holds what the index counts"
     assert engine.manager.stats().evictions == 2
     engine.manager.check_invariants()
@@ -156,7 +158,9 @@ def test_a_file_load_waits_for_the_orders_that_make_its_room(model_cache_dir, tm
         final = next(e for e in events if isinstance(e, Finished))
         assert final.cached_tokens == 300 + len(first.ids), "restored from the file"
         assert s.peak <= engine.tier.peak <= budget, (s.peak, engine.tier.peak, budget)
-        assert engine.tier._held == engine.tier.nbytes, "the running total drifted"
+        assert engine.tier.nbytes == sum(e.nbytes for e in engine.tier.entries.values()), (
+            "the running total drifted"
+        )
         assert engine.tier.nbytes == indexed(engine), "the tier holds what the index counts"
         engine.manager.check_invariants()
     finally:

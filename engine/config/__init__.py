@@ -420,16 +420,13 @@ def _int(pick: _Picker, flag: str, var: str, default: int, parse=int) -> int:
     try:
         return parse(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{flag_name(flag)} ({var}) must be an integer, got {value!r}")
+        kind = "a number" if parse is float else "an integer"
+        raise ValueError(f"{flag_name(flag)} ({var}) must be {kind}, got {value!r}")
 
 
 def _float(pick: _Picker, flag: str, var: str, default: float) -> float:
-    """A number setting; ValueError naming the flag and its variable when it does not parse."""
-    value = pick(flag, var, default)
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{flag_name(flag)} ({var}) must be a number, got {value!r}")
+    """A number setting (`_int` parsing a float)."""
+    return _int(pick, flag, var, default, parse=float)
 
 
 def _limits(pick: _Picker) -> Limits:

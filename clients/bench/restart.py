@@ -149,7 +149,7 @@ def run_bench(
     _progress("phases 3-4: writer throughput, decode while writing")
     bigs = _big_entries(second, after.plan.new_entry_id, load_mb, loads, draw)
     second.close()
-    _progress(f"phase 5: {len(bigs)} entry files of {load_mb:.0f} MB written")
+    _progress(f"phase 5, set-up: {len(bigs)} entry files of {load_mb:.0f} MB written")
     third = _Engine(config, *loaded)  # restarted again: the entries are on disk only
     during_load = _decode_during_load(third, draw(64), bigs, draw)
     third.close()

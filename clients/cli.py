@@ -68,6 +68,7 @@ SERVE_FLAGS = (
     "prefill_step_factor",
     "prefill_slice_ms",
     "prefill_overlap",
+    "prefill_eval",
     "sparse_kernels",
     "sparse_decode_max",
     "sparse_gather_max",
@@ -338,6 +339,13 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
         choices=("on", "off"),
         help="srpt/fifo: run a prefill chunk's forward on a thread of its own beside the "
         "decode steps (default on; env LINEAGE_PREFILL_OVERLAP)",
+    )
+    p.add_argument(
+        "--prefill-eval",
+        choices=("auto", "module", "forward"),
+        help="with overlap, the worker evaluates a chunk module by module (its MLX queue "
+        "stays short beside decode) or whole; auto: module on the CPU (default auto; env "
+        "LINEAGE_PREFILL_EVAL)",
     )
     p.add_argument(
         "--sparse-kernels",

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from clients.bench.traffic import Sessions, Traffic, build_traffic
 from clients.fanout import make_system_prompt
-from engine.config import ModelConfig
+from engine.config import PREFILL_EVALS, ModelConfig
 
 HELP = "concurrent sub-agents plus long cold prompts: TTFT, ITL and prefill rate per schedule"
 RUNS = ("batched", "fifo", "srpt", "srpt-group", "mlx_lm_server")
@@ -64,6 +64,7 @@ class ConcurrencyOptions:
     step_factor: float = ModelConfig.prefill_step_factor  # the engine's defaults
     slice_ms: float = ModelConfig.prefill_slice_ms
     overlap: bool = ModelConfig.prefill_overlap
+    prefill_eval: str = ModelConfig.prefill_eval
     work_dir: str | None = None
 
 
@@ -107,6 +108,7 @@ class EngineSender:
             prefill_step_factor=opts.step_factor,
             prefill_slice_ms=opts.slice_ms,
             prefill_overlap=opts.overlap,
+            prefill_eval=opts.prefill_eval,
         )
         config = EngineConfig(
             model=model, cache=CacheConfig(cache_dir=cache_dir), server=ServerConfig(port=0)
@@ -479,6 +481,12 @@ def add_arguments(parser) -> None:
         default="on" if ModelConfig.prefill_overlap else "off",
         help="the engines' --prefill-overlap",
     )
+    parser.add_argument(
+        "--prefill-eval",
+        choices=PREFILL_EVALS,
+        default=ModelConfig.prefill_eval,
+        help="the engines' --prefill-eval",
+    )
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="write the figure (matplotlib)")
 
@@ -506,6 +514,7 @@ def run(args) -> int:
         step_factor=args.step_factor,
         slice_ms=args.slice_ms,
         overlap=args.overlap == "on",
+        prefill_eval=args.prefill_eval,
     )
     from clients.bench import emit, own_ray
 

@@ -33,6 +33,7 @@ METRICS_NAMESPACE_TAGS = ("hash", "plain", "off")
 # Prefill order of the model actor (engine/runtime/scheduler.py); batched is mlx-lm's
 # padded prefill batch, kept as the baseline.
 SCHEDULES = ("srpt", "fifo", "batched")
+PREFILL_EVALS = ("auto", "module", "forward")  # how the prefill worker evaluates a chunk
 GATED_DELTA_MODES = ("auto", "fast", "ops")
 
 
@@ -73,6 +74,10 @@ class ModelConfig:
     prefill_slice_ms: float = 50.0
     # srpt/fifo: a chunk's forward runs on a thread of its own beside the decode steps.
     prefill_overlap: bool = True
+    # How the worker evaluates a long prefill's chunk: `module` by module (its MLX queue
+    # stays short, so decode steps are not throttled behind it), `forward` whole; `auto`:
+    # module on the CPU device (engine.runtime.prefill_worker). A short one: whole.
+    prefill_eval: str = "auto"
     # Prompt plus max_tokens of every running sequence together (TGI's
     # --max-batch-total-tokens); None: sized from memory (see plan_memory).
     max_batch_tokens: int | None = None
@@ -92,6 +97,10 @@ class ModelConfig:
             raise ValueError(
                 f"--prefill-step-factor must be above 1 (a step includes the decode), "
                 f"got {self.prefill_step_factor}"
+            )
+        if self.prefill_eval not in PREFILL_EVALS:
+            raise ValueError(
+                f"--prefill-eval {self.prefill_eval!r} is not one of {', '.join(PREFILL_EVALS)}"
             )
         if not self.prefill_slice_ms > 0:
             raise ValueError(f"--prefill-slice-ms must be positive, got {self.prefill_slice_ms}")
@@ -409,6 +418,7 @@ def _model(pick: _Picker) -> ModelConfig:
             pick("prefill_overlap", "LINEAGE_PREFILL_OVERLAP", ModelConfig.prefill_overlap),
             "--prefill-overlap (LINEAGE_PREFILL_OVERLAP)",
         ),
+        prefill_eval=str(pick("prefill_eval", "LINEAGE_PREFILL_EVAL", ModelConfig.prefill_eval)),
         max_queue=_int(pick, "max_queue", "LINEAGE_MAX_QUEUE", 256),
         max_batch_tokens=pick.optional("max_batch_tokens", "LINEAGE_MAX_BATCH_TOKENS", int),
     )

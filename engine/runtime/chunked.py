@@ -97,12 +97,14 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         *,
         scheduler: PrefillScheduler,
         profile: StepProfile | None = None,
+        module_eval: bool = False,
         **kwargs,
     ):
         super().__init__(model, **kwargs)
         self.scheduler = scheduler
-        # Chunks run on the worker when the scheduler sizes them for it (`overlap`).
-        self.worker = PrefillWorker() if scheduler.overlap else None
+        # Chunks run on the worker when the scheduler sizes them for it (`overlap`);
+        # `module_eval`: it evaluates module by module (engine.runtime.prefill_worker).
+        self.worker = PrefillWorker(model, module_eval) if scheduler.overlap else None
         self.flight: Flight | None = None  # the chunk on the worker
         self.landed: Flight | None = None  # the chunk landed whose responses go out next
         self.profile = profile or StepProfile()
@@ -268,7 +270,9 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
             # A stream is its thread's: what this thread left lazy (a merge, a filter) is
             # evaluated here, or the worker could not run it.
             mx.eval([c.state for c in cohort.batch.prompt_cache])
-            self.worker.start(cohort.batch, prompts)
+            # A long prefill's chunk leaves the MLX queue to the decodes (prefill_worker).
+            long = not all(self.scheduler.short(row[2] - 1) for row in cohort.processing)
+            self.worker.start(cohort.batch, prompts, by_module=long)
             self.flight = flight
             return []
         tic = time.perf_counter()

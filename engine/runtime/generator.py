@@ -53,6 +53,7 @@ from engine.runtime.batch import LineageBatchGenerator, bound_pool
 from engine.runtime.chunked import ChunkedBatchGenerator
 from engine.runtime.events import Finished, FinishReason, Progress, Timing, Tokens
 from engine.runtime.layer_timer import LayerTimer
+from engine.runtime.prefill_worker import module_eval_default
 from engine.runtime.ram_tier import RamTier, StoredEntry
 from engine.runtime.requests import GenerationRequest
 from engine.runtime.sampling import StopMatcher, make_sampler
@@ -193,10 +194,12 @@ class Generator:
             slice_ms=m.prefill_slice_ms,
             overlap=m.prefill_overlap,
         )
+        module_eval = {"module": True, "forward": False}.get(m.prefill_eval)
         return ChunkedBatchGenerator(
             self.model,
             scheduler=scheduler,
             profile=self.profile,
+            module_eval=module_eval_default() if module_eval is None else module_eval,
             **common,
         )
 

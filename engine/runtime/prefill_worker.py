@@ -8,6 +8,26 @@ thread, while the model loop goes on decoding: MLX evaluates with the GIL
 released and the host attention kernel's BLAS and numpy release it too, so
 the two forwards share the cores instead of queueing.
 
+What keeps the decode steps fast beside it is how the worker evaluates
+(`module_eval`, `--prefill-eval`). MLX's `eval` throttles every stream on
+one process-wide count: while more than 10 tasks (of 10 dispatched arrays
+each) are in flight on any stream, scheduling each further array first waits
+for some task to end. A chunk's forward evaluated whole keeps that count at
+its ceiling for as long as it runs, so a decode step's eval waited for one of
+the worker's tasks per array it scheduled: 1.6 ms decode forwards took 15-21
+ms (docs/benchmarks.md, "Fifth pass"). With `module_eval` the worker
+evaluates each module's output as a long prefill's forward goes (every
+module class of the model has its `__call__` wrapped once, process-wide; the
+wrapper evaluates only on a worker thread that asked for it, and does
+nothing elsewhere), so its queue stays a few tasks deep and the decode's
+arrays are scheduled without waiting. That costs the worker its pipelining
+(the next module's graph is built after the last one ran): the caller asks
+for it per chunk (`by_module`), for a long prefill's chunks, which are
+background work beside decoding streams, and not for a short turn's, whose
+first token is the wait that matters. It is the default on the CPU device,
+where each eval is a thread hand-off; on a GPU each would be a command
+buffer, so whole forwards.
+
 What makes it safe is what the two threads touch: the worker runs one
 prompt batch's `forward` (that batch's caches and token lists, and the
 model's weights, read only); the loop thread leaves that batch alone until
@@ -19,10 +39,55 @@ It knows a thread and an MLX stream; the batch and the order are the caller's.
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
+from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import mlx.core as mx
+
+# A worker thread's own flag: `module_eval` is set on the thread that evaluates module by module.
+_THREAD = threading.local()
+# Module outputs evaluated by a worker as its forward went, since import: the tests read it.
+EVALUATED: Counter = Counter()
+
+
+def _evaluating(call):
+    """A module class's `__call__` that evaluates its output on a thread that asked for it."""
+
+    @functools.wraps(call)
+    def evaluating_call(self, *args, **kwargs):
+        out = call(self, *args, **kwargs)
+        if getattr(_THREAD, "module_eval", False) and isinstance(out, (mx.array, tuple, list)):
+            mx.eval(out)
+            EVALUATED[type(self).__name__] += 1
+        return out
+
+    evaluating_call.evaluating = True
+    return evaluating_call
+
+
+def install_module_eval(model) -> int:
+    """Wrap the `__call__` of every module class in `model` (once per class); how many now.
+
+    Process-wide, like any patch of a class, and inert off a worker thread that
+    set `module_eval`: the wrapper then only reads a thread-local flag.
+    """
+    wrapped = 0
+    for cls in {type(m) for m in model.modules()}:
+        owner = next((c for c in cls.__mro__ if "__call__" in vars(c)), None)
+        if owner is None or owner in (object, dict):
+            continue  # a container module with no forward of its own
+        if not getattr(owner.__call__, "evaluating", False):
+            owner.__call__ = _evaluating(owner.__call__)
+            wrapped += 1
+    return wrapped
+
+
+def module_eval_default() -> bool:
+    """`--prefill-eval auto`: module by module on the CPU device, whole forwards elsewhere."""
+    return mx.default_device() == mx.cpu
 
 
 def _worker_stream():
@@ -32,18 +97,25 @@ def _worker_stream():
 class PrefillWorker:
     """One thread that runs one prompt batch's forward at a time (module doc)."""
 
-    def __init__(self):
+    def __init__(self, model=None, module_eval: bool = False):
+        if module_eval:
+            if model is None:
+                raise ValueError("module_eval needs the model whose modules it evaluates")
+            install_module_eval(model)
+        self.module_eval = module_eval
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="prefill-worker")
         # A stream belongs to the thread that made it: make it there.
         self._stream = self._pool.submit(_worker_stream).result()
         self._flight: Future | None = None
 
-    def start(self, batch, prompts: list) -> None:
-        """Run `batch.forward(prompts)` on the worker; one at a time."""
+    def start(self, batch, prompts: list, by_module: bool = True) -> None:
+        """Run `batch.forward(prompts)` on the worker; one at a time. With `module_eval`,
+        `by_module` chooses for this chunk: module by module, or the forward whole."""
         assert self._flight is None, "a chunk is already in flight"
-        self._flight = self._pool.submit(self._run, batch, prompts)
+        self._flight = self._pool.submit(self._run, batch, prompts, by_module)
 
-    def _run(self, batch, prompts: list) -> float:
+    def _run(self, batch, prompts: list, by_module: bool) -> float:
+        _THREAD.module_eval = self.module_eval and by_module
         tic = time.perf_counter()
         with mx.stream(self._stream):
             batch.forward(prompts)

@@ -114,11 +114,15 @@ class PrefillScheduler:
         since = c.arrived if c.waiting_since is None else c.waiting_since
         return (work - self.aging * (step - since), c.arrived, c.uid)
 
+    def short(self, total: int) -> bool:
+        """A prefill of `total` tokens is short: it runs whole, and it is never background work
+        (engine.runtime.prefill_worker evaluates only a long one's chunks module by module)."""
+        return total <= self.budget
+
     def allowance(self, head: Candidate, decoding: int, costs: Costs) -> int:
         """Prompt tokens `head` may prefill this step (module doc: budget, in time)."""
-        total = head.remaining if head.total is None else head.total
-        if total <= self.budget:  # short: whole, decoding or not
-            return self.budget
+        if self.short(head.remaining if head.total is None else head.total):
+            return self.budget  # whole, decoding or not
         token_ms = head.token_ms or costs.token_ms
         if token_ms <= 0 or (decoding and not self.overlap and costs.decode_ms <= 0):
             return min(self.budget, FIRST_CHUNK) if decoding else self.budget

@@ -170,6 +170,8 @@ def test_usage_errors_exit_2(argv):
         (["serve"], {"LINEAGE_PREFILL_SLICE_MS": "-5"}, "--prefill-slice-ms"),
         (["serve", "--prefill-overlap", "maybe"], {}, "--prefill-overlap"),
         (["serve"], {"LINEAGE_PREFILL_OVERLAP": "maybe"}, "--prefill-overlap"),
+        (["serve", "--prefill-eval", "layer"], {}, "--prefill-eval"),
+        (["serve"], {"LINEAGE_PREFILL_EVAL": "layer"}, "--prefill-eval"),
     ],
 )
 def test_bad_schedule_settings_are_refused_at_startup_naming_the_flag(argv, env, flag, capsys):
@@ -194,6 +196,15 @@ def test_schedule_settings_from_flags_and_env():
     assert not cli.config_from_args(
         cli.build_parser().parse_args(["serve"]), {"LINEAGE_PREFILL_OVERLAP": "0"}
     ).model.prefill_overlap
+    assert default.model.prefill_eval == "auto"
+    args = cli.build_parser().parse_args(["serve", "--prefill-eval", "forward"])
+    assert cli.config_from_args(args, {"LINEAGE_PREFILL_EVAL": "module"}).model.prefill_eval == (
+        "forward"
+    )
+    env = {"LINEAGE_PREFILL_EVAL": "module"}
+    assert cli.config_from_args(
+        cli.build_parser().parse_args(["serve"]), env
+    ).model.prefill_eval == ("module")
 
 
 def test_parse_leaves_unset_serve_flags_none():

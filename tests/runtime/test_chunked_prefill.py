@@ -19,6 +19,7 @@ import pytest
 
 from engine.cache.messages import PlanRequest
 from engine.config import CacheConfig, EngineConfig, ModelConfig
+from engine.runtime import prefill_worker
 from engine.runtime.batch import LineagePromptBatch
 from engine.runtime.events import Finished, FinishReason, Progress, Tokens
 from engine.runtime.loader import load_model
@@ -32,7 +33,9 @@ def loaded(model_cache_dir):
     return config, load_model(config)
 
 
-def engine(loaded, schedule="srpt", budget=64, group=1, overlap=False) -> LocalEngine:
+def engine(
+    loaded, schedule="srpt", budget=64, group=1, overlap=False, prefill_eval="auto"
+) -> LocalEngine:
     config, model = loaded
     model_config = ModelConfig(
         prefill_step_size=256,
@@ -40,6 +43,7 @@ def engine(loaded, schedule="srpt", budget=64, group=1, overlap=False) -> LocalE
         prefill_budget=budget,
         prefill_group=group,
         prefill_overlap=overlap,
+        prefill_eval=prefill_eval,
     )
     return LocalEngine(EngineConfig(model=model_config, cache=config.cache), model)
 
@@ -207,6 +211,49 @@ def test_with_overlap_streams_decode_while_a_chunk_runs_on_the_worker(loaded, mo
     threads.clear()
     run_all(eng)
     assert ids(b) == ids(expected), "the overlapped prefill gave other tokens"
+    bg.close()
+
+
+@pytest.mark.parametrize("prefill_eval", ["auto", "forward"])
+def test_on_the_cpu_the_worker_evaluates_module_by_module(loaded, prefill_eval):
+    """`--prefill-eval auto` on the CPU: a long prefill's chunks on the worker evaluate each
+    module's output (its MLX queue stays short beside decode); the loop's inline chunks and
+    a short prefill's do not; `forward` evaluates whole forwards. Same tokens either way."""
+    prompt = tokens(1200, 3)
+    serial = engine(loaded, budget=64)
+    expected = submit(serial, "b", prompt, namespace="b")
+    run_all(serial)
+    eng = engine(loaded, budget=64, overlap=True, prefill_eval=prefill_eval)
+    bg = eng.generator.bg
+    assert bg.worker.module_eval == (prefill_eval == "auto")
+    counted = lambda: sum(prefill_worker.EVALUATED.values())  # noqa: E731
+    start = counted()
+    inline = submit(eng, "i", tokens(600, 4), namespace="i")  # alone: its chunks run inline
+    run_all(eng)
+    assert counted() == start, "a chunk on the loop thread evaluated module by module"
+    a = submit(eng, "a", tokens(40, 1), max_tokens=300)
+    while not ids(a):
+        eng.generator.step()
+    b = submit(eng, "b", prompt, namespace="b")
+    on_worker = 0
+    while not ids(b):  # (once `a` ends, b's last chunks run inline)
+        on_worker += bg.flight is not None
+        eng.generator.step()
+    assert on_worker > 0, "no chunk ran on the worker"
+    grew = counted() - start
+    assert grew > 0 if prefill_eval == "auto" else grew == 0, grew
+    c = submit(eng, "c", tokens(40, 6), max_tokens=100, namespace="c")  # decodes beside it
+    while not ids(c):
+        eng.generator.step()
+    short = submit(eng, "s", tokens(50, 5), namespace="s")  # within the budget: whole
+    before, on_worker = counted(), 0
+    while not ids(short):
+        on_worker += bg.flight is not None
+        eng.generator.step()
+    assert on_worker > 0, "the short prefill did not run on the worker"
+    assert counted() == before, "a short prefill went module by module"
+    run_all(eng)
+    assert ids(b) == ids(expected) and ids(inline) and ids(short)
     bg.close()
 
 

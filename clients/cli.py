@@ -36,6 +36,7 @@ from engine.config import (
     CACHE_MODES,
     GATED_DELTA_MODES,
     METRICS_NAMESPACE_TAGS,
+    PREFILL_EVALS,
     SCHEDULES,
     EngineConfig,
     Limits,
@@ -342,10 +343,10 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--prefill-eval",
-        choices=("auto", "module", "forward"),
-        help="with overlap, the worker evaluates a chunk module by module (its MLX queue "
-        "stays short beside decode) or whole; auto: module on the CPU (default auto; env "
-        "LINEAGE_PREFILL_EVAL)",
+        choices=PREFILL_EVALS,
+        help="with overlap, the worker evaluates a long prefill's chunk module by module "
+        "(its MLX queue stays short beside decode) or whole; auto: module on the CPU "
+        "(default auto; env LINEAGE_PREFILL_EVAL)",
     )
     p.add_argument(
         "--sparse-kernels",

@@ -441,7 +441,8 @@ def run_bench(opts: ConcurrencyOptions) -> dict:
             for k in ("scale", "agents", "cold_every", "stagger_ms", "probe_tokens")
         }
         | {"prefill_budget": opts.prefill_budget, "prefill_step_size": opts.prefill_step_size}
-        | {"step_factor": opts.step_factor, "slice_ms": opts.slice_ms, "overlap": opts.overlap},
+        | {"step_factor": opts.step_factor, "slice_ms": opts.slice_ms, "overlap": opts.overlap}
+        | {"prefill_eval": opts.prefill_eval},
         "runs": results,
     }
 

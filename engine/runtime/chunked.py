@@ -54,9 +54,14 @@ STEADY_STEPS = 32  # recent steps whose median is a step's steady cost
 class Flight:
     """A chunk started on the worker and not landed yet."""
 
-    def __init__(self, cid: int, chunk: Chunk, responses: list, tokens: int):
-        self.cid, self.chunk, self.responses, self.tokens = cid, chunk, responses, tokens
+    def __init__(self, cid: int, chunk: Chunk, responses: list):
+        self.cid, self.chunk, self.responses = cid, chunk, responses
         self.elapsed: float | None = None  # its forward's seconds, once waited for
+
+    @property
+    def tokens(self) -> int:
+        """Prompt tokens the chunk prefills (none padded: the same count for each sequence)."""
+        return self.chunk.tokens * len(self.chunk.uids)
 
 
 class Cohort:
@@ -264,8 +269,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
             row[1] += n
             responses.append(PromptProcessingBatch.Response(uid, (row[1], row[2]), end, False))
         assert len({len(p) for p in prompts}) == 1, "a chunk is never padded"
-        tokens = sum(len(p) for p in prompts)
-        flight = Flight(cid, Chunk(tuple(cohort.batch.uids), len(prompts[0])), responses, tokens)
+        flight = Flight(cid, Chunk(tuple(cohort.batch.uids), len(prompts[0])), responses)
         if self.worker is not None and len(self._generation_batch):  # beside the decodes
             # A stream is its thread's: what this thread left lazy (a merge, a filter) is
             # evaluated here, or the worker could not run it.

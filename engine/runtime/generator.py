@@ -168,12 +168,8 @@ class Generator:
         )
 
     def close(self) -> None:
-        """End what the Generator runs beside the loop (the prefill worker), once it stops."""
-        self._close_batch_generator()
-
-    def _close_batch_generator(self) -> None:
-        """Close the batch generator (its prefill worker, mlx-lm's wired limit) before
-        replacing it."""
+        """Close the batch generator (its prefill worker, mlx-lm's wired limit): once the
+        loop stops, and before it is replaced."""
         self.bg.close()
 
     def _new_batch_generator(self) -> BatchGenerator:
@@ -282,7 +278,7 @@ class Generator:
         for uid, act in list(self.active.items()):
             self._drop(uid)
             act.emit(self._finished(act, FinishReason.UNAVAILABLE, error=error))
-        self._close_batch_generator()
+        self.close()
         self.bg = self._new_batch_generator()
         self.tier.clear()
         # The manager numbers its Orders anew; answers still on their way are dropped.
@@ -404,7 +400,7 @@ class Generator:
             self._drop(uid)
             self._release(act.req)
             act.emit(self._finished(act, FinishReason.ERROR, error=message))
-        self._close_batch_generator()
+        self.close()
         self.bg = self._new_batch_generator()
 
     # ---- admission and restore -------------------------------------------

@@ -25,7 +25,7 @@ def parse_bytes(text: str | int) -> int:
 
 
 def format_bytes(n: float) -> str:
-    """Bytes for people, in the units `parse_bytes` reads: 512 B, 1.5 KiB, ..., 48.0 GiB, 2.0 TiB."""
+    """Bytes for people, in the units `parse_bytes` reads: 512 B, 1.5 KiB, 48.0 GiB, 2.0 TiB."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -18,10 +18,12 @@ import os
 import time
 from pathlib import Path
 
-from clients.cli.args import UsageError, format_stats
-from engine.config import format_bytes
+from clients.cli.args import UsageError, add_settings, format_stats
+from engine.config import CacheConfig, default_cache_dir, format_bytes
+from engine.config.setting import UNSET, setting_named
 
 HELP = "inspect and clean the disk tier: ls, stats, rm, prune"
+CACHE_DIR = setting_named(CacheConfig, "cache_dir")  # as `lineage serve --cache-dir`
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,12 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("prune", "remove foreign, damaged, leftover and over-budget files"),
     ):
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument(
-            "--cache-dir",
-            metavar="DIR",
-            help="the engine's cache directory (default: $LINEAGE_CACHE_DIR or the "
-            "platform's user cache directory)",
-        )
+        add_settings(p, [CACHE_DIR])
         p.add_argument(
             "--server",
             dest="via_server",
@@ -80,11 +77,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _entries(args, env) -> Path:
-    from engine.config import default_cache_dir
+    """The entries directory under --cache-dir, else $LINEAGE_CACHE_DIR, else the default."""
     from engine.storage.file_format import entries_dir
 
-    root = args.cache_dir or env.get("LINEAGE_CACHE_DIR") or default_cache_dir()
-    return entries_dir(Path(root).expanduser())
+    root = CACHE_DIR.read({"cache_dir": args.cache_dir}, env)
+    return entries_dir(default_cache_dir() if root is UNSET else Path(root).expanduser())
 
 
 def _own_fingerprint(args, files) -> tuple[str | None, str]:

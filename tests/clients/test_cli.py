@@ -135,6 +135,10 @@ LONG, SLOW = "1 2 3 4 5 6 7 8 9 10 11 12", 100_000
         ["chat", "--system", "be brief", "--tools", "t.json", "--max-tokens", "8"],
         ["fanout", "--agents", "4", "--turns", "3", "--system-tokens", "500", "--json", "o.json"],
         ["stats", "--json", "--server", "h:1"],
+        ["top", "--once", "--auth-token", "t"],
+        ["cache", "ls", "--cache-dir", "/tmp/c"],
+        ["bridge", "--port", "0", "--max-body-bytes", "1M", "--insecure"],
+        ["bench", "warm", "--turns", "2"],
     ],
 )
 def test_every_subcommand_parses(argv):

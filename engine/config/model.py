@@ -45,8 +45,7 @@ class ModelConfig:
     prefill_group: int = setting(
         1, "prefill up to N not-yet-started prompts of similar length in one chunk (srpt, fifo)"
     )
-    # srpt/fifo chunk sizing in time: beside decode a step aims at this many idle
-    # decode steps; with nothing decoding a long prompt's chunk aims at slice_ms.
+    # srpt/fifo size a chunk in time: these two (engine/runtime/scheduler.py).
     prefill_step_factor: float = setting(
         2.5, "srpt/fifo: a step that prefills beside decode aims at X idle decode steps"
     )
@@ -59,17 +58,14 @@ class ModelConfig:
         True,
         "srpt/fifo: run a prefill chunk's forward on a thread of its own beside the decode steps",
     )
-    # How the worker evaluates a long prefill's chunk: `module` by module (its MLX queue
-    # stays short, so decode steps are not throttled behind it), `forward` whole; `auto`:
-    # module on the CPU device (engine.runtime.prefill_worker). A short one: whole.
+    # engine.runtime.prefill_worker; a short prefill's chunk runs whole whatever this says.
     prefill_eval: str = setting(
         "auto",
         "with overlap, the worker evaluates a long prefill's chunk module by module (its MLX "
         "queue stays short beside decode) or whole (forward); auto: module on the CPU",
         choices=PREFILL_EVALS,
     )
-    # Prompt plus max_tokens of every running sequence together (TGI's
-    # --max-batch-total-tokens); None: sized from memory (see plan_memory).
+    # TGI's --max-batch-total-tokens; None: sized by plan_memory.
     max_batch_tokens: int | None = setting(
         None,
         "prompt + max_tokens of the running sequences together",

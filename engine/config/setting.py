@@ -12,6 +12,7 @@ setting.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import types
@@ -68,7 +69,7 @@ def parse_str(value) -> str:
 
 
 _PARSERS = {bool: parse_bool, int: parse_int, float: parse_float, str: parse_str}
-_METAVARS = {parse_int: "N", parse_float: "X", parse_bytes: "SIZE"}
+_METAVARS = {parse_int: "N", parse_float: "X", parse_bytes: "SIZE", parse_bool: "on|off"}
 
 
 @dataclass(frozen=True)
@@ -166,12 +167,10 @@ def settings_of(cls: type) -> tuple[Setting, ...]:
                 f"{cls.__name__}.{field.name}: give it a default"
             )
             assert default is not None or s.shown, f"{s.name}: say what its default None means"
-            metavar = s.metavar or ("|".join(s.choices) if s.choices else None)
-            if parse is parse_bool and not s.switch:
-                metavar = metavar or "on|off"
+            metavar = s.metavar or "|".join(s.choices) or _METAVARS.get(parse)
             out.append(
                 dataclasses.replace(
-                    s, parse=parse, default=default, metavar=metavar or _METAVARS.get(parse)
+                    s, parse=parse, default=default, metavar=None if s.switch else metavar
                 )
             )
     return tuple(out)
@@ -180,9 +179,7 @@ def settings_of(cls: type) -> tuple[Setting, ...]:
 def read_settings(cls: type, flags: Mapping[str, object], env: Mapping[str, str]) -> dict:
     """Field -> value of every field one setting fills: its flag, else its variable, else its
     setting's default. Fields that several settings fill are left to the caller."""
-    counts: dict[str, int] = {}
-    for s in settings_of(cls):
-        counts[s.field] = counts.get(s.field, 0) + 1
+    counts = collections.Counter(s.field for s in settings_of(cls))
     values = {}
     for s in settings_of(cls):
         if counts[s.field] == 1:

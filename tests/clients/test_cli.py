@@ -18,7 +18,6 @@ import itertools
 import json
 import re
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path

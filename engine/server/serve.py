@@ -26,7 +26,7 @@ from typing import Awaitable, Callable, Protocol, Sequence
 
 import ray
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, format_bytes
 
 log = logging.getLogger("lineage")
 
@@ -235,22 +235,22 @@ def measured_guard(cache, info):
 
 def _log_memory(memory) -> None:
     log.info(
-        "memory: limit %.1f GB = weights %.1f x %d + running KV %.1f (%d tokens per replica) "
-        "+ RAM tier %.1f + pool %.1f x %d",
-        memory.limit / 1e9,
-        memory.weights / 1e9,
+        "memory: limit %s = weights %s x %d + running KV %s (%d tokens per replica) "
+        "+ RAM tier %s + pool %s x %d",
+        format_bytes(memory.limit),
+        format_bytes(memory.weights),
         memory.replicas,
-        memory.running_kv / 1e9,
+        format_bytes(memory.running_kv),
         memory.max_batch_tokens,
-        memory.ram_budget / 1e9,
-        memory.pool_limit / 1e9,
+        format_bytes(memory.ram_budget),
+        format_bytes(memory.pool_limit),
         memory.replicas,
     )
     if memory.total > memory.limit:
         log.warning(
-            "the configured budgets (%.1f GB) exceed the memory limit (%.1f GB)",
-            memory.total / 1e9,
-            memory.limit / 1e9,
+            "the configured budgets (%s) exceed the memory limit (%s)",
+            format_bytes(memory.total),
+            format_bytes(memory.limit),
         )
 
 

@@ -19,6 +19,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# A plain-Python module of the runtime: the cache's messages and plain runtime modules only.
+PURE_RUNTIME = (
+    "mlx",
+    "mlx_lm",
+    "ray",
+    "grpc",
+    "engine.storage",
+    "engine.kernels",
+    "engine.server",
+    "engine.actors",
+    "engine.proto",
+    "clients",
+)
+
 # layer -> import prefixes it must never import
 FORBIDDEN = {
     "engine.cache": (
@@ -40,6 +54,10 @@ FORBIDDEN = {
     "engine.storage": ("ray", "grpc", "engine.server", "engine.actors", "engine.proto", "clients"),
     # The prefill policy is plain Python like the cache policy (a test imports it blocked).
     "engine.runtime.scheduler": ("mlx", "mlx_lm", "ray", "grpc", "engine.", "clients"),
+    # The ordering protocol and admission are plain Python too: the policy tests' fake
+    # driver runs the same OrderLedger (tests/runtime/test_ordering.py imports them blocked).
+    "engine.runtime.ordering": PURE_RUNTIME,
+    "engine.runtime.admission": PURE_RUNTIME,
     "engine.runtime": (
         "ray",
         "grpc",
@@ -128,6 +146,7 @@ def test_no_module_in_the_engine_root_but_init_and_the_config_package():
         ("engine/cache/x.py", "from engine.kernels import install\n", "engine.kernels"),
         ("engine/kernels/x.py", "from engine.config import KernelConfig\n", "engine.config"),
         ("engine/runtime/x.py", "def f():\n    from engine.server import serve\n", "server"),
+        ("engine/runtime/ordering.py", "import mlx.core\n", "engine.runtime.ordering imports mlx"),
         ("engine/server/x.py", "from clients.client import Client\n", "clients.client"),
         ("engine/x.py", "import clients.cli\n", "clients.cli"),
     ],

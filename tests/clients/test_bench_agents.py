@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from clients.bench import agents
-from clients.bench.agents import Observed, PolicyRun, oracle_lengths
+from clients.bench.observed import Observed, PolicyRun, oracle_lengths
 from clients.bench.report import summarize
 from clients.bench.traffic import Sessions, build_traffic
 from clients.fanout import estimate_tokens

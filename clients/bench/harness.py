@@ -18,7 +18,7 @@ import os
 from clients.cli import config_from_args
 from clients.cli import serve_arguments as add_serve_arguments
 
-__all__ = ["add_serve_arguments", "engine_config", "model_dir", "own_ray"]
+__all__ = ["add_serve_arguments", "engine_config", "model_path", "own_ray"]
 
 
 def engine_config(args: argparse.Namespace):
@@ -26,7 +26,7 @@ def engine_config(args: argparse.Namespace):
     return config_from_args(args, getattr(args, "env", None) or os.environ)
 
 
-def model_dir(path: str | None) -> str:
+def model_path(path: str | None) -> str:
     """`path`, or the embedded tiny model's directory (built on first use) when none is given."""
     if path:
         return path

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from clients.bench.figures import emit, plot_ready
-from clients.bench.harness import model_dir, own_ray
+from clients.bench.harness import model_path, own_ray
 from clients.bench.observed import POLICIES, Observed, PolicyRun
 from clients.bench.report import format_table, plot, summarize
 from clients.bench.traffic import Sessions, Traffic, build_traffic
@@ -424,7 +424,7 @@ def options_from_args(args) -> BenchOptions:
     if replicas > 1 and args.policies == ",".join(POLICIES):  # --policies not given
         policies = ("lineage", f"lineage_x{replicas}")
     return BenchOptions(
-        model=model_dir(args.model),
+        model=model_path(args.model),
         scale=args.scale,
         agents=args.agents,
         seed=args.seed,

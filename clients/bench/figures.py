@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -32,6 +33,16 @@ def percentile(values: Sequence[float], q: float) -> float:
 def median(values: Iterable[float]) -> float:
     """The 50th percentile; 0.0 for no values."""
     return percentile(list(values), 50)
+
+
+def median_ms(fn: Callable[[], object], repeats: int) -> float:
+    """Median ms of `repeats` calls of fn (each must evaluate what it computes)."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return median(times)
 
 
 # ------------------------------------------------------------------ tables ----
@@ -56,17 +67,24 @@ class Column:
         return format(text, f"{self.align}{self.width}" if self.width else "")
 
 
+def table_header(columns: Sequence[Column], indent: str = "") -> str:
+    """The columns' titles, aligned as their values are."""
+    return _table_line(columns, [c.title for c in columns], indent)
+
+
+def table_row(columns: Sequence[Column], values: Sequence, indent: str = "") -> str:
+    """One row of values, each formatted by its column's spec."""
+    return _table_line(columns, [format(v, c.spec) for c, v in zip(columns, values)], indent)
+
+
 def table(columns: Sequence[Column], rows: Iterable[Sequence], indent: str = "") -> list[str]:
     """The header line and one line per row of values."""
+    return [table_header(columns, indent)] + [table_row(columns, r, indent) for r in rows]
 
-    def line(cells: Sequence[str]) -> str:
-        parts = [" " * c.gap * (i > 0) + c.cell(t) for i, (c, t) in enumerate(zip(columns, cells))]
-        return indent + "".join(parts)
 
-    lines = [line([c.title for c in columns])]
-    for row in rows:
-        lines.append(line([format(v, c.spec) for c, v in zip(columns, row)]))
-    return lines
+def _table_line(columns: Sequence[Column], texts: Sequence[str], indent: str) -> str:
+    cells = [" " * c.gap * (i > 0) + c.cell(t) for i, (c, t) in enumerate(zip(columns, texts))]
+    return indent + "".join(cells)
 
 
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:

@@ -244,6 +244,10 @@ class Sessions:
         self.traffic = traffic
         self._last: dict[str, tuple[list, str]] = {}
 
+    def previous(self, session: str) -> tuple[list, str] | None:
+        """The messages and reply of the session's latest request (None: none yet)."""
+        return self._last.get(session)
+
     def messages(self, spec: RequestSpec) -> list[dict]:
         """The full message list `spec` sends, given its session so far."""
         system = {"role": "system", "content": self.traffic.systems[spec.system]}
@@ -538,25 +542,11 @@ def build_traffic(
     start = max((r.step for r in specs), default=-1) + 1
     free = [start] * agents  # each lane's next step without a request
     for v in range(variants):  # one new variant session per step, one per lane at a time
-        rng = random.Random(f"variant-{seed}-{v}")
-        lane = v % agents
+        lane, key = v % agents, f"sysvar@{v}"
         step = max(start + v, free[lane])
         b = _Builder(scale, lane, tools, max_tokens, step, phase=VARIANT_PHASE)
-        key = f"sysvar@{v}"
         systems[key] = variant_system(body, v) + _role("implementer")
-        user = {"role": "user", "content": _user_text(rng, lane, 100 + v, 0)}
-        sid = f"v{v}"
-        b.add(sid, "first", key, "new", [user])
-        call = _tool_call(rng, f"v{v}", tools)
-        result = {
-            "role": "tool",
-            "tool_call_id": call["id"],
-            "name": call["function"]["name"],
-            "content": _tool_result(rng, call["function"]["name"], max(20, int(600 * scale))),
-        }
-        b.add(sid, "tool_result", key, "extend", [result], calls=[call])
-        again = {"role": "user", "content": _user_text(rng, lane, 100 + v, 1)}
-        b.add(sid, "user", key, "extend", [again])
+        _variant_session(b, random.Random(f"variant-{seed}-{v}"), v, key)
         free[lane] = b.step
         specs += b.out
     for spec in specs:
@@ -565,6 +555,23 @@ def build_traffic(
     specs.sort(key=lambda r: (r.step, r.lane))
     requests = tuple(_with_rid(r, i) for i, r in enumerate(specs))
     return Traffic(seed, scale, agents, systems, tuple(tools), requests)
+
+
+def _variant_session(b: _Builder, rng: random.Random, v: int, key: str) -> None:
+    """System-prompt variant session v: a user turn, a tool call and its result, a user turn."""
+    sid = f"v{v}"
+    user = {"role": "user", "content": _user_text(rng, b.lane, 100 + v, 0)}
+    b.add(sid, "first", key, "new", [user])
+    call = _tool_call(rng, f"v{v}", b.tools)
+    result = {
+        "role": "tool",
+        "tool_call_id": call["id"],
+        "name": call["function"]["name"],
+        "content": _tool_result(rng, call["function"]["name"], max(20, int(600 * b.scale))),
+    }
+    b.add(sid, "tool_result", key, "extend", [result], calls=[call])
+    again = {"role": "user", "content": _user_text(rng, b.lane, 100 + v, 1)}
+    b.add(sid, "user", key, "extend", [again])
 
 
 def variant_system(body: str, v: int) -> str:

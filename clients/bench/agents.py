@@ -7,14 +7,16 @@ In one run, the same seeded traffic (clients.bench.traffic) goes to
 - mlx-lm's own server prompt cache (`LRUPromptCache`, same model, same byte
   budget), driven as mlx_lm.server's batch path drives it: fetch_nearest_cache
   at admission, the system segment stored when its prefill ends, the rest
-  prefilled, greedy decode, insert_cache of prompt + completion;
+  prefilled, greedy decode, insert_cache of prompt + completion
+  (clients.bench.mlx_lm_cache);
 - a real `mlx_lm.server` subprocess on the same model directory
   (clients.bench.peer), fed the same messages and tools through its OpenAI
   HTTP API, one thread per lane (a dropped stream hangs up after its drop
   point, as ours is cancelled there);
-- the oracle: for each request, the longest prefix its prompt shares with the
-  prompt of any request of an earlier step, or with prompt + completion of
-  any earlier completed one (capped at the prompt length minus 1).
+- the oracle (clients.bench.observed): for each request, the longest prefix
+  its prompt shares with the prompt of any request of an earlier step, or
+  with prompt + completion of any earlier completed one (capped at the prompt
+  length minus 1).
 
 Requests of one step run concurrently; a step starts when the previous one has
 ended, so "earlier" is the same for every policy. Replies are appended to the
@@ -23,6 +25,7 @@ oracle; they coincide when the replies do. Prompt ids are rendered and
 tokenized here exactly as the front end does, and checked against the
 engine's `usage.prompt_tokens`.
 
+The records are clients.bench.observed's, the figures clients.bench.report's.
 Cheap to import: MLX, mlx-lm, Ray and matplotlib are imported inside the functions.
 """
 

@@ -1,7 +1,7 @@
 """The concurrency benchmark's figures: per-run summaries, the table, the plot.
 
 Reads the client-side records of clients.bench.concurrency (`Sent`); knows
-nothing about engines or schedules. matplotlib is imported inside `plot`.
+nothing about engines or schedules. matplotlib loads only when `plot` draws.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The agent benchmark's figures: per-policy summaries, the table, the plot.
 
 Reads PolicyRun records (clients.bench.observed) and the oracle; knows nothing
-about engines or traffic generation. matplotlib is imported inside `plot`.
+about engines or traffic generation. matplotlib loads only when `plot` draws.
 """
 
 from __future__ import annotations

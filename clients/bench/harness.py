@@ -15,8 +15,7 @@ import argparse
 import contextlib
 import os
 
-from clients.cli import config_from_args
-from clients.cli import serve_arguments as add_serve_arguments
+from clients.cli.args import add_serve_arguments, config_from_args
 
 __all__ = ["add_serve_arguments", "engine_config", "model_path", "own_ray"]
 

@@ -5,8 +5,3 @@ generate, chat, fanout, stats, top, cache, bridge, bench), each with `HELP`,
 `add_arguments(parser)` and `run(args) -> int`; `args` holds what they share.
 Only `lineage serve` and the benchmarks load MLX or Ray, when they run.
 """
-
-# The names the benchmarks import from here until they import clients.cli.args
-# (issue 23's benchmark part); dropped when both land.
-from clients.cli.args import add_serve_arguments as serve_arguments  # noqa: F401
-from clients.cli.args import config_from_args  # noqa: F401

@@ -15,8 +15,8 @@ each) are in flight on any stream, scheduling each further array first waits
 for some task to end. A chunk's forward evaluated whole keeps that count at
 its ceiling for as long as it runs, so a decode step's eval waited for one of
 the worker's tasks per array it scheduled: 1.6 ms decode forwards took 15-21
-ms (docs/benchmarks.md, "Fifth pass"). With `module_eval` the worker
-evaluates each module's output as a long prefill's forward goes (every
+ms (docs/benchmarks.md, "`--prefill-eval`: a long prefill evaluated module
+by module"). With `module_eval` the worker evaluates each module's output as a long prefill's forward goes (every
 module class of the model has its `__call__` wrapped once, process-wide; the
 wrapper evaluates only on a worker thread that asked for it, and does
 nothing elsewhere), so its queue stays a few tasks deep and the decode's

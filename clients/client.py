@@ -35,9 +35,9 @@ from clients.wire import (  # noqa: F401  (re-exported: the client's public type
     Progress,
     Restore,
     Result,
+    ResultCollector,
     Timing,
     Usage,
-    _Collector,
     build_request,
     event_from_proto,
     message_to_dict,
@@ -96,7 +96,7 @@ class _Call:
 
     def __init__(self, call):
         self._call = call
-        self._collector = _Collector()
+        self._collector = ResultCollector()
         self._cancelled = False
         self._done = False
 

@@ -1,7 +1,9 @@
-"""`lineage fanout`: parallel sub-agents sharing one long system prompt and tools.
+"""Parallel sub-agents sharing one long system prompt and tools, as a library.
 
-Knows how agent frameworks talk to an engine (the whole conversation re-sent
-every turn, one shared system + tools prefix); knows nothing about the cache.
+`lineage fanout` (clients.cli.fanout) runs them; the benchmarks' traffic and
+the tests build on its prompts (`make_shared_prefix`, `user_message`). Knows
+how agent frameworks talk to an engine (the whole conversation re-sent every
+turn, one shared system + tools prefix); knows nothing about the cache.
 The shared prefix is generated deterministically from a seed, sized by a
 tokenizer-free estimate (`estimate_tokens`), so runs are comparable.
 """

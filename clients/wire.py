@@ -154,7 +154,7 @@ def event_from_proto(event: engine_pb2.GenerateEvent) -> Event:
     raise ValueError(f"generate event with no payload: {event!r}")
 
 
-class _Collector:
+class ResultCollector:
     """Accumulates a stream's events into a Result."""
 
     def __init__(self):

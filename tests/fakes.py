@@ -2,29 +2,33 @@
 
 The fake model actor stores "entries" as token arrays plus the set of lengths
 at which it holds a state snapshot, keyed by entry id, and applies Orders. As
-the real RAM tier, it keeps a new entry aside (staged) until the Orders
-answering its commit arrive, and lands it with them; a plan that loads a file
-first gets the Orders that make room for it (`CacheManager.room`). So the
-bytes it holds stay within the RAM budget at every step, Orders in transit
-included: the driver checks that too. It
+the real RAM tier, it keeps a new entry aside under a staging key until the
+Orders answering its commit arrive, and it enters with them; a plan that
+loads a file first gets the Orders that make room for it
+(`CacheManager.room`). So the bytes it holds stay within the RAM budget at
+every step, Orders in transit included: the driver checks that too. It
 asserts it is never told to restore, move or drop something it does not hold.
 The driver runs requests through a CacheManager and the fake actor and, after
 every call, checks the manager's invariants and that the actor holds exactly
 what the index says (plus the entries whose free waits for a pin).
 
-Orders may travel late, as they do between actors: with `hold` set, the
-Orders of commits and releases queue up until `deliver()`, while plans made
-meanwhile reach the actor at once. The actor then restores a plan only once
-it applied every Orders numbered up to `plan.after_orders` (the model actor's
-rule); a commit of a plan not restored yet first waits for them. The disk
-tier's variants (FakeDiskActor, DiskDriver) also write, delete and read real
-entry files (real headers and checksums, a dummy body) in a directory of
-their own.
+Orders may travel late, as they do between actors: the driver reaches the
+manager through `HeldLink`, a CacheLink whose answers queue up until
+`deliver()` while `hold` is set (or while earlier ones are still in transit:
+they arrive in order), and plans made meanwhile reach the actor at once. Its
+calls go through the runtime's own `OrderLedger` (engine.runtime.ordering),
+so the actor restores a plan by the model actor's rule, in the same code:
+only once it applied every Orders up to `plan.after_orders`, or once no call
+of its own is unanswered; a commit of a plan not restored yet first waits
+for them. The disk tier's variants (FakeDiskActor, DiskDriver) also write,
+delete and read real entry files (real headers and checksums, a dummy body)
+in a directory of their own.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import numpy as np
 
@@ -40,6 +44,7 @@ from engine.cache.messages import (
     RestorePlan,
 )
 from engine.config import CacheConfig
+from engine.runtime.ordering import OrderLedger
 from engine.storage import file_format, writer
 from engine.storage.directory import delete_files, open_cache_directory, scan_directory
 
@@ -100,7 +105,7 @@ class FakeModelActor:
     # Bytes of the prompt end's log-probabilities each commit reports. 0 keeps the
     # budget tables in whole conversations; test_cache_budgets sets it to count them.
     logits_bytes: int = 0
-    # New entries waiting for their commit's Orders, by ticket (RamTier.stage).
+    # New entries waiting for their commit's Orders, by staging key (RamTier.stage).
     staged: dict[str, list[tuple[int, Stored]]] = field(default_factory=dict)
     # Store new entries at once, as the RAM tier did before it staged them (a test
     # shows what that costs).
@@ -117,9 +122,9 @@ class FakeModelActor:
         state = STATE if self.state_layers else 0
         return len(e.tokens) * KVPT + state * len(e.states) + self.logits_bytes * len(e.logits)
 
-    def land(self, ticket: str | None) -> None:
+    def enter(self, key: str | None) -> None:
         """The Orders of a commit arrived: its staged entries are stored (before applying)."""
-        for entry_id, entry in self.staged.pop(ticket, []) if ticket is not None else []:
+        for entry_id, entry in self.staged.pop(key, []) if key is not None else []:
             assert entry_id not in self.stored, f"entry id {entry_id} stored twice"
             self.stored[entry_id] = entry
 
@@ -153,7 +158,7 @@ class FakeModelActor:
         it commits that prefix (no reply) with the captures reached. Returns the
         Commit when the plan stores an entry (None when the cache is off).
         """
-        ticket = plan.request_id
+        key = plan.request_id
         points = plan.captures if taken is None else plan.captures[:taken]
         if upto is not None:
             assert plan.length < upto < len(prompt) and len(reply) == 0
@@ -165,7 +170,7 @@ class FakeModelActor:
             if point.entry_id is None:
                 checkpoints.add(point.length)
             else:
-                self.store_capture(point.entry_id, prompt, point.length, ticket)
+                self.store_capture(point.entry_id, prompt, point.length, key)
         if plan.new_entry_id is None:
             return None
         reply = np.asarray(reply, dtype=np.int32)
@@ -173,7 +178,7 @@ class FakeModelActor:
         states = checkpoints | {len(stored)} | ({len(prompt)} if plan.store_reply else set())
         # Kept when prefill reached the end, where a resend can use them (lineage mode).
         logits_at = len(prompt) if upto is None and plan.store_reply else None
-        self._store(plan.new_entry_id, stored, states, ticket, logits_at)
+        self._store(plan.new_entry_id, stored, states, key, logits_at)
         return Commit(
             request_id=plan.request_id,
             namespace="",  # the driver fills it in
@@ -189,16 +194,16 @@ class FakeModelActor:
             logits_bytes=self.logits_bytes,
         )
 
-    def store_capture(self, entry_id: int, prompt: np.ndarray, length: int, ticket: str) -> None:
+    def store_capture(self, entry_id: int, prompt: np.ndarray, length: int, key: str) -> None:
         """Stage a separate-entry capture (anchor, exact snapshot) taken during prefill."""
-        self._store(entry_id, prompt[:length], {length}, ticket)
+        self._store(entry_id, prompt[:length], {length}, key)
 
-    def _store(self, entry_id, stored: np.ndarray, states: set[int], ticket: str, logits_at=None):
+    def _store(self, entry_id, stored: np.ndarray, states: set[int], key: str, logits_at=None):
         assert entry_id not in self.stored, f"entry id {entry_id} stored twice"
         entry = Stored(stored.copy(), set(states), {logits_at} - {None})
-        self.staged.setdefault(ticket, []).append((entry_id, entry))
+        self.staged.setdefault(key, []).append((entry_id, entry))
         if self.eager:
-            self.land(ticket)
+            self.enter(key)
 
     def apply(self, orders: Orders) -> None:
         """Obey orders in field order: moves, checkpoint drops, frees.
@@ -225,6 +230,61 @@ class FakeModelActor:
             self.stored.pop(entry_id, None)  # ids a request never stored are freed blindly
 
 
+class HeldLink:
+    """A CacheLink to an in-process CacheManager whose answers may travel late.
+
+    An answer reaches its callback at once, or, while `hold` is set or earlier
+    answers are still in transit (they arrive in order), once `deliver()`
+    hands it over. `last` is the manager's latest answer, delivered or not.
+    """
+
+    def __init__(self, manager: CacheManager):
+        self.manager = manager
+        self.hold = False
+        self.in_transit: list[tuple[Orders, Callable[[], None]]] = []
+        self.last = None
+
+    def commit(self, commit, on_orders) -> None:
+        self._answer(self.manager.commit(commit), on_orders)
+
+    def commit_anchor(self, anchor, on_orders) -> None:
+        self._answer(self.manager.commit_anchor(anchor), on_orders)
+
+    def release(self, release, on_orders) -> None:
+        self._answer(self.manager.release(release), on_orders)
+
+    def room(self, request_id, on_orders) -> None:
+        self._answer(self.manager.room(request_id), on_orders)
+
+    def replan(self, lost, on_replanned) -> None:
+        replanned = self.manager.replan(lost)
+        self.last = replanned
+        self._send(replanned.orders, lambda: on_replanned(replanned))
+
+    def deliver(self, count: int | None = None) -> None:
+        """The first `count` answers in transit (all when None) reach their callbacks."""
+        count = len(self.in_transit) if count is None else count
+        arrived, self.in_transit = self.in_transit[:count], self.in_transit[count:]
+        for _, arrive in arrived:
+            arrive()
+
+    def overtake(self, index: int) -> None:
+        """The answer at `index` in transit arrives now, ahead of the ones before it (two
+        replies of one actor, or a reply and Orders sent unasked, may cross)."""
+        _, arrive = self.in_transit.pop(index)
+        arrive()
+
+    def _answer(self, orders: Orders, on_orders) -> None:
+        self.last = orders
+        self._send(orders, lambda: on_orders(orders))
+
+    def _send(self, orders: Orders, arrive: Callable[[], None]) -> None:
+        if self.hold or self.in_transit:
+            self.in_transit.append((orders, arrive))
+        else:
+            arrive()
+
+
 class Driver:
     """Runs requests through a CacheManager and a FakeModelActor, checking both after every call."""
 
@@ -234,17 +294,34 @@ class Driver:
         config = config or CacheConfig(**knobs)
         # The disk tier stays off here (it would open the user's cache directory);
         # DiskDriver turns it on in a directory of its own.
-        self.manager = CacheManager(config, fingerprint="fake", has_state_layers=state_layers)
-        self.actor = FakeModelActor(state_layers=state_layers)
+        manager = CacheManager(config, fingerprint="fake", has_state_layers=state_layers)
+        self._start(manager, FakeModelActor(state_layers=state_layers))
+
+    def _start(self, manager: CacheManager, actor: FakeModelActor) -> None:
+        self.manager = manager
+        self.actor = actor
+        self.link = HeldLink(manager)
+        self.ledger = OrderLedger(self.link)  # the model actor's own ordering rule
         self._requests: dict[str, tuple[RestorePlan, np.ndarray, str]] = {}
         self._restored: set[str] = set()
         self._early: dict[str, set[int]] = {}  # anchors committed mid-prefill, by request
         self._serial = 0
-        self.hold = False  # queue Orders instead of applying them (see the module doc)
-        self.in_transit: list[Orders] = []
-        self._landing: list[str | None] = []  # the staged entries each one lands
-        self.applied: set[int] = set()  # numbers of the Orders the actor applied
-        self._rooms: dict[str, int] = {}  # request id -> seq of the Orders making its room
+        # request id -> seq of the Orders making its room (None: asked, not answered)
+        self._rooms: dict[str, int | None] = {}
+
+    @property
+    def hold(self) -> bool:
+        """Whether the manager's answers queue up until `deliver()` (see the module doc)."""
+        return self.link.hold
+
+    @hold.setter
+    def hold(self, value: bool) -> None:
+        self.link.hold = value
+
+    @property
+    def in_transit(self) -> list[Orders]:
+        """The Orders answered and not delivered yet, in order."""
+        return [orders for orders, _ in self.link.in_transit]
 
     def plan(
         self, prompt, anchor_len: int = 0, namespace: str = "", request_id: str | None = None
@@ -259,12 +336,12 @@ class Driver:
         return plan
 
     def lose(self, request_id: str, load_failed: bool = False) -> RestorePlan:
-        """The actor finds the plan's restore point gone at admission: it asks for a new plan."""
+        """The actor finds the plan's restore point gone at admission: it asks for a new plan
+        (known here at once; its Orders may travel late)."""
         plan, prompt, namespace = self._requests[request_id]
-        replanned = self.manager.replan(
-            LostRestore(request_id, plan.entry_id, plan.length, load_failed)
-        )
-        self._obey(replanned.orders)
+        lost = LostRestore(request_id, plan.entry_id, plan.length, load_failed)
+        self.ledger.replan(lost, lambda replanned: self.actor.apply(replanned.orders))
+        replanned = self.link.last
         self._rooms.pop(request_id, None)  # the new plan asks for its own
         self._requests[request_id] = (replanned.plan, prompt, namespace)
         self.check()
@@ -274,40 +351,39 @@ class Driver:
         """The plan of a request not yet committed or released."""
         return self._requests[request_id][0]
 
-    def _obey(self, orders: Orders, landing: str | None = None) -> None:
-        """The actor applies the Orders (landing the entries staged under `landing`) now,
-        or (`hold`, or others still in transit: they arrive in order) once delivered."""
-        if self.hold or self.in_transit:
-            self.in_transit.append(orders)
-            self._landing.append(landing)
-            return
-        self.actor.land(landing)
-        self.actor.apply(orders)
-        self.applied.add(orders.seq)
+    def _entering(self, key: str | None) -> Callable[[Orders], None]:
+        """The callback of a commit's answer: the entries staged under `key` enter the
+        actor, then the Orders apply."""
+
+        def arrived(orders: Orders) -> None:
+            self.actor.enter(key)
+            self.actor.apply(orders)
+
+        return arrived
 
     def deliver(self, count: int | None = None) -> None:
         """The first `count` Orders in transit (all when None) reach the actor, in order."""
-        count = len(self.in_transit) if count is None else count
-        for orders, landing in zip(self.in_transit[:count], self._landing[:count]):
-            self.actor.land(landing)
-            self.actor.apply(orders)
-            self.applied.add(orders.seq)
-        del self.in_transit[:count]
-        del self._landing[:count]
+        self.link.deliver(count)
         self.check()
 
     def room(self, request_id: str) -> bool:
         """A plan about to load a file asks for the Orders that make room for its entry
         (once); whether they are applied."""
         if request_id not in self._rooms:
-            orders = self.manager.room(request_id)
-            self._rooms[request_id] = orders.seq
-            self._obey(orders)
-        return self._rooms[request_id] in self.applied
+            self._rooms[request_id] = None
+
+            def made(orders: Orders) -> None:
+                self.actor.apply(orders)
+                if request_id in self._rooms:
+                    self._rooms[request_id] = orders.seq
+
+            self.ledger.room(request_id, made)
+        seq = self._rooms[request_id]
+        return seq is not None and not self.ledger.behind(seq)
 
     def ready(self, plan: RestorePlan) -> bool:
-        """Whether the actor applied every Orders handed out before `plan`."""
-        return all(n in self.applied for n in range(1, plan.after_orders + 1))
+        """Whether the actor may restore `plan`: no Orders before it can still be on their way."""
+        return not self.ledger.behind(plan.after_orders)
 
     def restore(self, request_id: str) -> bool:
         """The model actor takes the restore point (it may do so long after the plan).
@@ -333,22 +409,20 @@ class Driver:
         )
         if point is None:
             return None
-        ticket = f"{request_id}#{point.entry_id}"
-        self.actor.store_capture(point.entry_id, prompt, point.length, ticket)
-        orders = self.manager.commit_anchor(
-            AnchorCommit(
-                request_id,
-                namespace,
-                point.entry_id,
-                prompt[: point.length],
-                KVPT,
-                STATE if self.actor.state_layers else 0,
-            )
+        key = f"{request_id}#{point.entry_id}"
+        self.actor.store_capture(point.entry_id, prompt, point.length, key)
+        anchor = AnchorCommit(
+            request_id,
+            namespace,
+            point.entry_id,
+            prompt[: point.length],
+            KVPT,
+            STATE if self.actor.state_layers else 0,
         )
+        self.ledger.commit_anchor(anchor, self._entering(key))
         early.add(point.entry_id)
-        self._obey(orders, ticket)
         self.check()
-        return orders
+        return self.link.last
 
     def commit(
         self,
@@ -379,13 +453,10 @@ class Driver:
             plan = replace(plan, entry_id=None, length=0, kind="none")
         commit = self.actor.prefill(plan, prompt, tokens(reply), taken, upto)
         if commit is None:
-            orders = self.manager.commit(_off_commit(plan, prompt, namespace))
-        else:
-            commit = replace(commit, namespace=namespace)
-            orders = self.manager.commit(commit)
-        self._obey(orders, request_id)
+            commit = _off_commit(plan, prompt, namespace)
+        self.ledger.commit(replace(commit, namespace=namespace), self._entering(request_id))
         self.check()
-        return orders
+        return self.link.last
 
     def release(self, request_id: str, taken: int = 0) -> Orders:
         """Cancel a request after its prefill took `taken` capture points; release its stores."""
@@ -402,10 +473,9 @@ class Driver:
             if point.entry_id is not None:
                 self.actor.store_capture(point.entry_id, prompt, point.length, request_id)
                 stored.append(point.entry_id)
-        orders = self.manager.release(Release(request_id, tuple(stored)))
-        self._obey(orders, request_id)
+        self.ledger.release(Release(request_id, tuple(stored)), self._entering(request_id))
         self.check()
-        return orders
+        return self.link.last
 
     def turn(self, prompt, reply=(), anchor_len: int = 0, namespace: str = ""):
         """One whole request: plan, restore, prefill, commit. Returns (plan, orders)."""
@@ -424,7 +494,7 @@ class Driver:
         exactly the index plus deferred frees (once every Orders in transit is delivered)."""
         self.manager.check_invariants()
         self.check_budget()
-        if self.in_transit:
+        if self.link.in_transit:
             return
         index = self.manager.index
         for entry in index.entries():
@@ -553,27 +623,19 @@ class DiskDriver(Driver):
 
         config = replace(config or CacheConfig(**knobs), cache_dir=str(directory))
         self.opened = open_cache_directory(config, fingerprint)
-        self.manager = CacheManager(
+        manager = CacheManager(
             config,
             fingerprint=fingerprint,
             has_state_layers=state_layers,
             disk_index=self.opened.index if self.opened else None,
         )
-        self._early: dict[str, set[int]] = {}
-        assert self.manager.disk_index is not None, "the disk tier did not open"
-        self.actor = FakeDiskActor(
+        assert manager.disk_index is not None, "the disk tier did not open"
+        actor = FakeDiskActor(
             state_layers=state_layers,
             directory=file_format.entries_dir(directory, config.mode),
             fingerprint=fingerprint,
         )
-        self._requests = {}
-        self._restored = set()
-        self._serial = 0
-        self.hold = False
-        self.in_transit = []
-        self._landing = []
-        self.applied = set()
-        self._rooms = {}
+        self._start(manager, actor)
 
     def restore(self, request_id: str) -> bool:
         plan = self._requests[request_id][0]
@@ -605,7 +667,7 @@ class DiskDriver(Driver):
         files of this fingerprint are the disk index's entries."""
         self.manager.check_invariants()
         self.check_budget()
-        if self.in_transit:
+        if self.link.in_transit:
             return
         index = self.manager.index
         loading = set(self.manager.unread)  # the actor may not have read these files yet

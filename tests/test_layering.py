@@ -3,17 +3,35 @@
 Walks every module of `engine/` and `clients/` with `ast`, function-level
 imports included, and fails on an arrow in the wrong direction. The rules
 name a layer by its package prefix; a module is in the first layer whose
-prefix it starts with.
+prefix it starts with. Two more rules hold across every module: no import
+cycles (a `from package import submodule` depends on the submodule, not on
+the package's `__init__`; imports under `if TYPE_CHECKING:` count too), and
+no module imports another module's private name (`_x`).
 """
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Iterable
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# A plain-Python module of the runtime: the cache's messages and plain runtime modules only.
+PURE_RUNTIME = (
+    "mlx",
+    "mlx_lm",
+    "ray",
+    "grpc",
+    "engine.storage",
+    "engine.kernels",
+    "engine.server",
+    "engine.actors",
+    "engine.proto",
+    "clients",
+)
 
 # layer -> import prefixes it must never import
 FORBIDDEN = {
@@ -36,6 +54,10 @@ FORBIDDEN = {
     "engine.storage": ("ray", "grpc", "engine.server", "engine.actors", "engine.proto", "clients"),
     # The prefill policy is plain Python like the cache policy (a test imports it blocked).
     "engine.runtime.scheduler": ("mlx", "mlx_lm", "ray", "grpc", "engine.", "clients"),
+    # The ordering protocol and admission are plain Python too: the policy tests' fake
+    # driver runs the same OrderLedger (tests/runtime/test_ordering.py imports them blocked).
+    "engine.runtime.ordering": PURE_RUNTIME,
+    "engine.runtime.admission": PURE_RUNTIME,
     "engine.runtime": (
         "ray",
         "grpc",
@@ -124,6 +146,7 @@ def test_no_module_in_the_engine_root_but_init_and_the_config_package():
         ("engine/cache/x.py", "from engine.kernels import install\n", "engine.kernels"),
         ("engine/kernels/x.py", "from engine.config import KernelConfig\n", "engine.config"),
         ("engine/runtime/x.py", "def f():\n    from engine.server import serve\n", "server"),
+        ("engine/runtime/ordering.py", "import mlx.core\n", "engine.runtime.ordering imports mlx"),
         ("engine/server/x.py", "from clients.client import Client\n", "clients.client"),
         ("engine/x.py", "import clients.cli\n", "clients.cli"),
     ],
@@ -142,3 +165,130 @@ def test_imports_in_the_same_layer_are_allowed(tmp_path):
     path.parent.mkdir(parents=True)
     path.write_text("from engine.runtime.batch import LineageBatchGenerator\nimport numpy\n")
     assert violations([path], tmp_path) == []
+
+
+# ---- cycles and private names -------------------------------------------------
+
+
+def module_map(files, root: Path = ROOT) -> dict[str, Path]:
+    return {module_name(p, root): p for p in files}
+
+
+def dependencies(path: Path, modules: Iterable[str]) -> set[str]:
+    """The modules of `modules` that the file imports (a submodule named by `from pkg
+    import sub` counts as `pkg.sub` alone)."""
+    known = set(modules)
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name in known}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            subs = {f"{node.module}.{a.name}" for a in node.names} & known
+            out |= subs
+            if node.module in known and len(subs) < len(node.names):
+                out.add(node.module)
+    return out
+
+
+def cycles(files, root: Path = ROOT) -> list[list[str]]:
+    """Every set of modules that import each other in a circle (Tarjan's components)."""
+    modules = module_map(files, root)
+    graph = {m: dependencies(p, modules) - {m} for m, p in modules.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def private_imports(files, root: Path = ROOT) -> list[str]:
+    """`path:line: imports module._name` for every private name taken from another module."""
+    out = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.ImportFrom) and node.module and node.level == 0):
+                continue
+            if node.module.split(".")[0] not in ("engine", "clients"):
+                continue
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    rel = path.relative_to(root)
+                    out.append(f"{rel}:{node.lineno}: imports {node.module}.{alias.name}")
+    return sorted(out)
+
+
+def test_no_module_imports_another_in_a_circle():
+    assert cycles(sources()) == []
+
+
+def test_no_module_imports_a_private_name_of_another():
+    assert private_imports(sources()) == []
+
+
+def _plant(root: Path, files: dict[str, str]) -> list[Path]:
+    paths = []
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        paths.append(path)
+    return paths
+
+
+@pytest.mark.parametrize(
+    "files, expected",
+    [
+        (  # two modules importing each other, one of them inside a function
+            {
+                "clients/a.py": "import clients.b\n",
+                "clients/b.py": "def f():\n    import clients.a\n",
+            },
+            [["clients.a", "clients.b"]],
+        ),
+        (  # a package whose __init__ imports a submodule that imports the package's names
+            {
+                "engine/p/__init__.py": "from engine.p.m import X\n",
+                "engine/p/m.py": "from engine.p import Y\nX = 1\n",
+            },
+            [["engine.p", "engine.p.m"]],
+        ),
+        (  # `from package import submodule` is no arrow to the package's __init__
+            {
+                "engine/p/__init__.py": "from engine.p import m\n",
+                "engine/p/m.py": "from engine.p import k\n",
+                "engine/p/k.py": "",
+            },
+            [],
+        ),
+    ],
+)
+def test_a_circle_is_caught(tmp_path, files, expected):
+    assert cycles(_plant(tmp_path, files), tmp_path) == expected
+
+
+def test_a_private_import_is_caught(tmp_path):
+    files = _plant(tmp_path, {"clients/a.py": "from clients.b import _helper, public\n"})
+    assert private_imports(files, tmp_path) == ["clients/a.py:1: imports clients.b._helper"]

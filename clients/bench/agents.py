@@ -7,14 +7,16 @@ In one run, the same seeded traffic (clients.bench.traffic) goes to
 - mlx-lm's own server prompt cache (`LRUPromptCache`, same model, same byte
   budget), driven as mlx_lm.server's batch path drives it: fetch_nearest_cache
   at admission, the system segment stored when its prefill ends, the rest
-  prefilled, greedy decode, insert_cache of prompt + completion;
+  prefilled, greedy decode, insert_cache of prompt + completion
+  (clients.bench.mlx_lm_cache);
 - a real `mlx_lm.server` subprocess on the same model directory
   (clients.bench.peer), fed the same messages and tools through its OpenAI
   HTTP API, one thread per lane (a dropped stream hangs up after its drop
   point, as ours is cancelled there);
-- the oracle: for each request, the longest prefix its prompt shares with the
-  prompt of any request of an earlier step, or with prompt + completion of
-  any earlier completed one (capped at the prompt length minus 1).
+- the oracle (clients.bench.observed): for each request, the longest prefix
+  its prompt shares with the prompt of any request of an earlier step, or
+  with prompt + completion of any earlier completed one (capped at the prompt
+  length minus 1).
 
 Requests of one step run concurrently; a step starts when the previous one has
 ended, so "earlier" is the same for every policy. Replies are appended to the
@@ -23,6 +25,7 @@ oracle; they coincide when the replies do. Prompt ids are rendered and
 tokenized here exactly as the front end does, and checked against the
 engine's `usage.prompt_tokens`.
 
+The records are clients.bench.observed's, the figures clients.bench.report's.
 Cheap to import: MLX, mlx-lm, Ray and matplotlib are imported inside the functions.
 """
 
@@ -31,16 +34,17 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
+from clients.bench.figures import emit, plot_ready
+from clients.bench.harness import model_path, own_ray
+from clients.bench.observed import POLICIES, Observed, PolicyRun
+from clients.bench.report import format_table, plot, summarize
 from clients.bench.traffic import Sessions, Traffic, build_traffic
-from engine.cache.tokens import common_prefix
 
 HELP = "agent traffic against lineage, exact, off and mlx-lm's prompt cache, beside the oracle"
-POLICIES = ("lineage", "exact", "off", "mlx_lm", "mlx_lm_server")
-MLX_LM_ENTRIES = 10  # mlx_lm.server --prompt-cache-size default
 
 
 @dataclass(frozen=True)
@@ -56,59 +60,6 @@ class BenchOptions:
     replicas: int = 1  # > 1: lineage on one replica against lineage on this many
     route_threshold: int = 4096  # the engine's --route-threshold (queued prefill tokens)
     variants: int = 4  # system-prompt-variant sessions at the end of the traffic
-
-
-@dataclass
-class Observed:
-    """One request as a policy served it."""
-
-    rid: int
-    step: int
-    lane: int
-    kind: str
-    prompt: np.ndarray  # prompt token ids
-    completion: list  # ids received (all of them, or up to the drop)
-    completed: bool
-    cached: int = 0
-    restore: str = "none"
-    restore_length: int = 0
-    ttft_ms: float = 0.0
-
-    @property
-    def stored(self) -> np.ndarray:
-        """What a later request may share: prompt + completion once the reply completed."""
-        if not self.completed:
-            return self.prompt
-        return np.concatenate([self.prompt, np.asarray(self.completion, dtype=self.prompt.dtype)])
-
-
-@dataclass
-class PolicyRun:
-    name: str
-    observed: list = field(default_factory=list)
-    stats: list = field(default_factory=list)  # cache figures after each step
-    evictions: int = 0
-    wall_s: float = 0.0
-    replicas: dict = field(default_factory=dict)  # several replicas: clients.bench.replicas
-
-
-# ------------------------------------------------------------------ oracle ----
-
-
-def oracle_lengths(steps, prompts, stored) -> list[int]:
-    """Per request, the longest prefix shared with `stored` of any request of an earlier step.
-
-    `stored[j]` is request j's prompt, plus its completion if it completed.
-    Capped at the prompt length minus 1 (one token must be computed).
-    """
-    out = []
-    for i, prompt in enumerate(prompts):
-        best = max(
-            (common_prefix(prompt, stored[j]) for j in range(len(prompts)) if steps[j] < steps[i]),
-            default=0,
-        )
-        out.append(max(0, min(best, len(prompt) - 1)))
-    return out
 
 
 # -------------------------------------------------------------- prompt ids ----
@@ -197,19 +148,9 @@ def run_engine(
     from concurrent.futures import ThreadPoolExecutor
 
     from clients.client import Client
-    from engine.config import CacheConfig, EngineConfig, ModelConfig, ServerConfig
     from engine.server.background import BackgroundEngine
 
-    config = EngineConfig(
-        model=ModelConfig(path=opts.model, prefill_step_size=opts.prefill_step_size),
-        cache=CacheConfig(mode=mode, ram_budget=opts.ram_budget, cache_dir=cache_dir),
-        server=ServerConfig(
-            port=0,
-            replicas=replicas,
-            route_threshold=opts.route_threshold,
-            ray_namespace=f"lineage-bench-{mode}-{replicas}",
-        ),
-    )
+    config = _engine_config(mode, opts, cache_dir, replicas)
     files = _FilesSeen(cache_dir)
     with (
         BackgroundEngine(config, timeout=600) as engine,
@@ -224,17 +165,7 @@ def run_engine(
             ]
             for (spec, _, prompt), future in zip(batch, futures):
                 got, text, final, ttft_ms = future.result()
-                done = final is not None and final.finish_reason != "cancelled"
-                ob = Observed(spec.rid, spec.step, spec.lane, spec.kind, prompt, got, done)
-                if final is not None and final.usage.prompt_tokens != len(prompt):
-                    raise RuntimeError(
-                        f"{mode}: request {spec.rid} has {final.usage.prompt_tokens} prompt "
-                        f"tokens on the server, {len(prompt)} rendered here"
-                    )
-                if done:
-                    ob.cached, ob.ttft_ms = final.usage.cached_tokens, ttft_ms  # the client's
-                    ob.restore, ob.restore_length = final.restore.kind, final.restore.length
-                yield ob, text
+                yield _served(mode, spec, prompt, got, final, ttft_ms), text
 
         def sample():
             s = client.cache_stats()
@@ -252,6 +183,36 @@ def run_engine(
             run.name = f"{mode}_x{replicas}"
             run.replicas = replica_figures(engine, client, run.observed)
         return run
+
+
+def _engine_config(mode: str, opts: BenchOptions, cache_dir: str, replicas: int):
+    from engine.config import CacheConfig, EngineConfig, ModelConfig, ServerConfig
+
+    return EngineConfig(
+        model=ModelConfig(path=opts.model, prefill_step_size=opts.prefill_step_size),
+        cache=CacheConfig(mode=mode, ram_budget=opts.ram_budget, cache_dir=cache_dir),
+        server=ServerConfig(
+            port=0,
+            replicas=replicas,
+            route_threshold=opts.route_threshold,
+            ray_namespace=f"lineage-bench-{mode}-{replicas}",
+        ),
+    )
+
+
+def _served(mode: str, spec, prompt, got: list, final, ttft_ms: float) -> Observed:
+    """One request as our engine served it; its prompt must be the one rendered here."""
+    done = final is not None and final.finish_reason != "cancelled"
+    ob = Observed(spec.rid, spec.step, spec.lane, spec.kind, prompt, got, done)
+    if final is not None and final.usage.prompt_tokens != len(prompt):
+        raise RuntimeError(
+            f"{mode}: request {spec.rid} has {final.usage.prompt_tokens} prompt "
+            f"tokens on the server, {len(prompt)} rendered here"
+        )
+    if done:
+        ob.cached, ob.ttft_ms = final.usage.cached_tokens, ttft_ms  # the client's
+        ob.restore, ob.restore_length = final.restore.kind, final.restore.length
+    return ob
 
 
 class _FilesSeen:
@@ -335,126 +296,16 @@ def run_mlx_lm_server(traffic: Traffic, opts: BenchOptions, ids: PromptIds) -> P
 
 
 def run_mlx_lm(traffic: Traffic, opts: BenchOptions, ids: PromptIds) -> PolicyRun:
-    """The traffic against mlx-lm's LRUPromptCache, in this process, as its server drives it.
+    """The traffic against mlx-lm's LRUPromptCache, in this process, as its server drives it
+    (clients.bench.mlx_lm_cache)."""
+    from clients.bench.mlx_lm_cache import MlxLmPromptCache
 
-    Per step: every request fetches at admission (the batch server admits
-    them together), then each is served in turn: the system segment is
-    prefilled and stored ("system") when the prompt has one and the fetch did
-    not cover it, the rest is prefilled, the reply decoded greedily, and the
-    cache inserted under the tokens it holds (prompt + completion minus the
-    last, unfed token). A dropped stream stores nothing more (the server
-    removes it without its cache). An exact hit leaves no token to compute;
-    the batch server would refuse it, so it is served cold.
-    """
-    import copy
+    policy = MlxLmPromptCache(opts.model, opts.ram_budget, opts.prefill_step_size)
 
-    import mlx_lm
-    from mlx_lm.models.cache import LRUPromptCache, make_prompt_cache
+    def system_end(messages, prompt):
+        return ids.system_end(messages, traffic.tools, prompt)
 
-    model, tokenizer = mlx_lm.load(opts.model)
-    eos = {int(t) for t in tokenizer.eos_token_ids}
-    lru = LRUPromptCache(max_size=MLX_LM_ENTRIES, max_bytes=opts.ram_budget)
-    evictions = [0]
-    pop = lru._lru.pop
-
-    def counted_pop():  # CacheOrder.pop runs for evictions only
-        evictions[0] += 1
-        return pop()
-
-    lru._lru.pop = counted_pop
-    key = (opts.model, None, None)
-
-    def serve(batch):
-        admitted = []
-        for _spec, _messages, prompt in batch:
-            t = time.perf_counter()
-            kind = _mlx_lm_kind(lru, key, prompt.tolist())
-            cache, rest = lru.fetch_nearest_cache(key, prompt.tolist())
-            if cache is None or not rest:
-                cache, rest, kind = make_prompt_cache(model), prompt.tolist(), "none"
-            admitted.append((cache, rest, kind, time.perf_counter() - t))
-        for (spec, messages, prompt), (cache, rest, kind, fetch_s) in zip(batch, admitted):
-            t = time.perf_counter()
-            cached = len(prompt) - len(rest)
-            end = ids.system_end(messages, traffic.tools, prompt)
-            if cached < end:
-                _prefill(model, cache, prompt[cached:end].tolist(), opts.prefill_step_size)
-                lru.insert_cache(
-                    key, prompt[:end].tolist(), copy.deepcopy(cache), cache_type="system"
-                )
-                rest = prompt[end:].tolist()
-            limit = spec.drop_after or spec.max_tokens
-            got, first_at = _decode(model, cache, rest, limit, eos, opts.prefill_step_size)
-            done = not spec.drop_after or got[-1] in eos
-            if done:
-                lru.insert_cache(key, prompt.tolist() + got[:-1], cache, cache_type="assistant")
-            reply = [g for g in got if g not in eos]
-            yield (
-                Observed(
-                    spec.rid,
-                    spec.step,
-                    spec.lane,
-                    spec.kind,
-                    prompt,
-                    reply,
-                    done,
-                    cached,
-                    kind,
-                    cached,
-                    (fetch_s + first_at - t) * 1000,
-                ),
-                tokenizer.decode(reply),
-            )
-
-    def sample():
-        return {
-            "ram_bytes": lru.nbytes,
-            "disk_bytes": 0,
-            "disk_bytes_written": 0,
-            "evictions": evictions[0],
-        }
-
-    return _drive("mlx_lm", traffic, ids, serve, sample)
-
-
-def _mlx_lm_kind(lru, key, tokens: list) -> str:
-    """Which stored key fetch_nearest_cache will use, by its trie search and cache type."""
-    from mlx_lm.models.cache import can_trim_prompt_cache
-
-    found = lru._trie.search(key, tokens)
-    if found.exact is not None:
-        return "exact"
-    short = len(found.shorter) if found.shorter is not None else 0
-    longer = found.longer is not None and found.common_prefix > short
-    if longer and can_trim_prompt_cache(lru._trie.get(found.model, found.longer).prompt_cache):
-        return "longer"
-    if short:
-        return "shorter:" + lru._trie.get(found.model, found.shorter).cache_type
-    return "none"
-
-
-def _prefill(model, cache, tokens: list, step: int) -> None:
-    import mlx.core as mx
-
-    for i in range(0, len(tokens), step):
-        model(mx.array(tokens[i : i + step])[None], cache=cache)
-        mx.eval([c.state for c in cache])
-
-
-def _decode(model, cache, rest: list, limit: int, eos: set, step: int):
-    """Prefill `rest` and decode greedily: (ids, perf_counter time of the first token)."""
-    import mlx.core as mx
-
-    _prefill(model, cache, rest[:-1], step)
-    y, got, first = rest[-1], [], 0.0
-    for _ in range(limit):
-        y = int(mx.argmax(model(mx.array([[y]]), cache=cache)[0, -1]).item())
-        if not got:
-            first = time.perf_counter()
-        got.append(y)
-        if y in eos:
-            break
-    return got, first
+    return _drive("mlx_lm", traffic, ids, lambda b: policy.serve(b, system_end), policy.sample)
 
 
 # --------------------------------------------------------------------- run ----
@@ -486,8 +337,6 @@ def run_bench(opts: BenchOptions) -> dict:
                 runs[name] = run_engine(mode, traffic, opts, ids, path, count)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    from clients.bench.report import summarize
-
     phases = {r.rid: r.phase for r in traffic.requests if r.phase}
     policies = {name: summarize(run, phases) for name, run in runs.items()}
     first = next(iter(policies.values()))
@@ -568,11 +417,6 @@ def options_from_args(args) -> BenchOptions:
     """BenchOptions of the parsed flags; builds the embedded model when --model is absent."""
     from engine.config import EngineConfig, parse_bytes
 
-    model = args.model
-    if not model:
-        from engine.runtime.tiny_models import ensure_default_model
-
-        model = str(ensure_default_model())
     budget = (
         parse_bytes(args.ram_budget)
         if args.ram_budget
@@ -583,7 +427,7 @@ def options_from_args(args) -> BenchOptions:
     if replicas > 1 and args.policies == ",".join(POLICIES):  # --policies not given
         policies = ("lineage", f"lineage_x{replicas}")
     return BenchOptions(
-        model=model,
+        model=model_path(args.model),
         scale=args.scale,
         agents=args.agents,
         seed=args.seed,
@@ -597,9 +441,8 @@ def options_from_args(args) -> BenchOptions:
 
 def run(args) -> int:
     """`lineage bench agents`: print the table; write --json and --plot when asked."""
-    from clients.bench import emit, own_ray
-    from clients.bench.report import format_table, plot
-
+    if not plot_ready(args, "lineage bench agents"):
+        return 1
     opts = options_from_args(args)
     with own_ray(needed=any(p not in ("mlx_lm", "mlx_lm_server") for p in opts.policies)):
         report = run_bench(opts)

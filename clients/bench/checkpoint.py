@@ -9,10 +9,8 @@ prompt length.
 
 from __future__ import annotations
 
-import json
-
-from clients.bench import engine_config
-from clients.cli import serve_arguments
+from clients.bench.figures import Column, emit, table
+from clients.bench.harness import add_serve_arguments, engine_config
 
 HELP = "checkpoint bytes vs entry bytes at 1k and 8k tokens"
 
@@ -59,17 +57,18 @@ def run_bench(config, lengths=(1024, 8192), seed: int = 0) -> dict:
 
 
 def report(out: dict) -> str:
-    lines = [
-        f"model {out['model']}",
-        f"{'tokens':>7} {'entry bytes':>13} {'kv bytes':>13} {'checkpoint bytes':>17} "
-        f"{'checkpoint/entry':>17}",
+    columns = [
+        Column("tokens", 7),
+        Column("entry bytes", 13, ","),
+        Column("kv bytes", 13, ","),
+        Column("checkpoint bytes", 17, ","),
+        Column("checkpoint/entry", 17, ".4f"),
     ]
+    rows = []
     for r in out["rows"]:
         ck = r["checkpoint_bytes"][0] if r["checkpoint_bytes"] else 0
-        lines.append(
-            f"{r['tokens']:>7} {r['entry_bytes']:>13,} {r['kv_bytes']:>13,} {ck:>17,} "
-            f"{ck / r['entry_bytes']:>17.4f}"
-        )
+        rows.append((r["tokens"], r["entry_bytes"], r["kv_bytes"], ck, ck / r["entry_bytes"]))
+    lines = [f"model {out['model']}", *table(columns, rows)]
     lines.append(
         "checkpoint bytes equal at every length: "
         + ("yes" if out["checkpoint_bytes_equal"] else "NO")
@@ -85,15 +84,10 @@ def report(out: dict) -> str:
 
 
 def add_arguments(p) -> None:
-    serve_arguments(p)
+    add_serve_arguments(p)
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 8192])
     p.add_argument("--json", help="write the figures to this file")
 
 
 def run(args) -> int:
-    out = run_bench(engine_config(args), tuple(args.lengths))
-    print(report(out))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
-    return 0
+    return emit(run_bench(engine_config(args), tuple(args.lengths)), args, report)

@@ -38,6 +38,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from clients.bench.concurrency_report import format_table, plot, summarize
+from clients.bench.figures import emit, percentile, plot_ready
+from clients.bench.forward_costs import floor_probe, grouping_probe
+from clients.bench.harness import model_path, own_ray
 from clients.bench.traffic import Sessions, Traffic, build_traffic
 from clients.fanout import make_system_prompt
 from engine.config import PREFILL_EVALS, ModelConfig
@@ -233,38 +237,12 @@ def probe(sender, opts: ConcurrencyOptions) -> dict:
     def ids(n):
         return [rng.randrange(20, 4000) for _ in range(n)]
 
-    turns = {}
-    for name in ("solo", "busy"):  # two conversations of the same shape
-        base = ids(600)
-        sender.send(f"{name}-base", "warm", prompt_ids=base, max_tokens=1)
-        turns[name] = base + ids(PROBE_SHORT)
-    solo = sender.send("solo-turn", "warm", prompt_ids=turns["solo"], max_tokens=1)
-    with ThreadPoolExecutor(2) as pool:  # a short warm turn during an 8k cold prefill
-        first = pool.submit(sender.send, "8k-a", "cold", None, None, ids(opts.probe_tokens), 1)
-        time.sleep(0.3)
-        busy = sender.send("busy-turn", "warm", prompt_ids=turns["busy"], max_tokens=1)
-        first.result()
-    solo_cold = sender.send("8k-solo", "cold", prompt_ids=ids(opts.probe_tokens), max_tokens=1)
+    short, solo_cold = _short_turn_probe(sender, opts, ids)
     # The idle step right before the window, as the same streams see it: the median gap.
     t_idle = time.perf_counter()
     idle = sender.send("idle", "warm", prompt_ids=ids(40), max_tokens=300)
-    idle_step = _percentile(_gaps(idle.chunk_times), 50)
-    stop = threading.Event()
-    streams: list = []
-    prompts = [ids(40) for _ in range(64)]
-
-    def keep_decoding() -> None:  # streams back to back, through the whole cold prefill
-        for prompt in prompts:
-            if stop.is_set():
-                return
-            streams.append(sender.send("stream", "warm", prompt_ids=prompt, max_tokens=300))
-
-    with ThreadPoolExecutor(1) as pool:  # decoding streams during an 8k cold prefill
-        decoding = pool.submit(keep_decoding)
-        time.sleep(0.5)
-        cold = sender.send("8k-b", "cold", prompt_ids=ids(opts.probe_tokens), max_tokens=1)
-        stop.set()
-        decoding.result()
+    idle_step = percentile(_gaps(idle.chunk_times), 50)
+    cold, streams = _decode_beside_cold(sender, opts, ids)
     t_cold_first = cold.t_first or cold.t_end
     window = [
         b - a
@@ -272,17 +250,14 @@ def probe(sender, opts: ConcurrencyOptions) -> dict:
         for a, b in zip(stream.chunk_times, stream.chunk_times[1:])
         if a >= cold.t_send and b <= t_cold_first
     ]
-    p99 = _percentile(window, 99) if window else 0.0
+    p99 = percentile(window, 99)
     out = {
         "idle_step_ms": idle_step * 1000,
-        "itl_during_8k_prefill_ms_p50": _percentile(window, 50) * 1000 if window else 0.0,
+        "itl_during_8k_prefill_ms_p50": percentile(window, 50) * 1000,
         "itl_during_8k_prefill_ms_p99": p99 * 1000,
         "itl_p99_over_idle_step": p99 / idle_step if idle_step else 0.0,
         "gaps_in_window": len(window),
-        "short_turn_uncached": PROBE_SHORT,
-        "short_turn_ttft_ms": busy.ttft_ms,
-        "short_turn_solo_ttft_ms": solo.ttft_ms,
-        "short_turn_over_solo": busy.ttft_ms / solo.ttft_ms if solo.ttft_ms else 0.0,
+        **short,
         "cold_8k_ttft_ms": cold.ttft_ms,
         "cold_8k_solo_ttft_ms": solo_cold.ttft_ms,
         "streams": [  # seconds from the cold prompt's send; tokens streamed
@@ -301,96 +276,53 @@ def probe(sender, opts: ConcurrencyOptions) -> dict:
     return out
 
 
-def _engine_model(model_dir: str):
-    """The model as the engine runs it: mlx-lm's, with the default kernels installed."""
-    import mlx_lm
-
-    from engine.config import EngineConfig
-    from engine.runtime.loader import install_kernels
-
-    model, _ = mlx_lm.load(model_dir)
-    install_kernels(model, EngineConfig())
-    return model
-
-
-def grouping_probe(model_dir: str, chunk: int = 128, group: int = 3) -> dict:
-    """Prefill cost per token on this backend: `group` equal chunks in one batch, or one by one.
-
-    The measured ground for `--prefill-group`: at an empty context and after
-    4k tokens of context, `group` sequences' chunks of `chunk` tokens as one
-    unpadded batch, against the same chunks one sequence at a time.
-    """
-    import mlx.core as mx
-    from mlx_lm.generate import _merge_caches
-    from mlx_lm.models.cache import make_prompt_cache
-
-    model = _engine_model(model_dir)
-    rng = random.Random(0)
-
-    def run(batch: int, context: int) -> float:
-        caches = [make_prompt_cache(model) for _ in range(batch)]
-        cache = _merge_caches(caches) if batch > 1 else caches[0]
-        ids = [[rng.randrange(20, 4000) for _ in range(context + 4 * chunk)] for _ in range(batch)]
-        tokens = mx.array(ids)
-        if context:
-            for i in range(0, context, 512):
-                model(tokens[:, i : min(context, i + 512)], cache=cache)
-                mx.eval([c.state for c in cache])
-        tic = time.perf_counter()
-        for i in range(context, context + 4 * chunk, chunk):
-            model(tokens[:, i : i + chunk], cache=cache)
-            mx.eval([c.state for c in cache])
-        return (time.perf_counter() - tic) * 1000 / (batch * 4 * chunk)
-
-    run(1, 0)  # warm up
-    out = {"chunk": chunk, "group": group}
-    for context in (0, 4096):
-        one = sum(run(1, context) for _ in range(group)) / group
-        grouped = run(group, context)
-        out[f"ms_per_token_one_at_{context}"] = one
-        out[f"ms_per_token_grouped_at_{context}"] = grouped
-    return out
+def _short_turn_probe(sender, opts: ConcurrencyOptions, ids) -> tuple[dict, Sent]:
+    """A short warm turn's TTFT while an 8k cold prompt prefills, against the same turn's on
+    the idle engine: its figures; then an 8k cold prompt alone: its Sent."""
+    turns = {}
+    for name in ("solo", "busy"):  # two conversations of the same shape
+        base = ids(600)
+        sender.send(f"{name}-base", "warm", prompt_ids=base, max_tokens=1)
+        turns[name] = base + ids(PROBE_SHORT)
+    solo = sender.send("solo-turn", "warm", prompt_ids=turns["solo"], max_tokens=1)
+    with ThreadPoolExecutor(2) as pool:  # a short warm turn during an 8k cold prefill
+        first = pool.submit(sender.send, "8k-a", "cold", None, None, ids(opts.probe_tokens), 1)
+        time.sleep(0.3)
+        busy = sender.send("busy-turn", "warm", prompt_ids=turns["busy"], max_tokens=1)
+        first.result()
+    solo_cold = sender.send("8k-solo", "cold", prompt_ids=ids(opts.probe_tokens), max_tokens=1)
+    return {
+        "short_turn_uncached": PROBE_SHORT,
+        "short_turn_ttft_ms": busy.ttft_ms,
+        "short_turn_solo_ttft_ms": solo.ttft_ms,
+        "short_turn_over_solo": busy.ttft_ms / solo.ttft_ms if solo.ttft_ms else 0.0,
+    }, solo_cold
 
 
-def floor_probe(model_dir: str, contexts=(0, 2048, 4096, 8192), sizes=(1, 2, 4, 8, 16)) -> dict:
-    """The floor of a chunk beside decode: one forward of n prompt tokens at each context,
-    against a decode step (one token at an empty context), median ms of a few."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
+def _decode_beside_cold(sender, opts: ConcurrencyOptions, ids) -> tuple:
+    """Streams decoding back to back while an 8k cold prompt prefills: (the cold prompt's
+    Sent, the streams' Sents)."""
+    stop = threading.Event()
+    streams: list = []
+    prompts = [ids(40) for _ in range(64)]
 
-    model = _engine_model(model_dir)
-    rng = random.Random(1)
+    def keep_decoding() -> None:  # streams back to back, through the whole cold prefill
+        for prompt in prompts:
+            if stop.is_set():
+                return
+            streams.append(sender.send("stream", "warm", prompt_ids=prompt, max_tokens=300))
 
-    def ids(n):
-        return mx.array([[rng.randrange(20, 4000) for _ in range(n)]])
-
-    def forward_ms(cache, n: int) -> float:
-        times = []
-        for _ in range(5):
-            tic = time.perf_counter()
-            model(ids(n), cache=cache)
-            mx.eval([c.state for c in cache])
-            times.append((time.perf_counter() - tic) * 1000)
-        return sorted(times)[2]
-
-    out = {}
-    for context in contexts:
-        cache = make_prompt_cache(model)
-        for i in range(0, context, 512):
-            model(ids(min(512, context - i)), cache=cache)
-            mx.eval([c.state for c in cache])
-        out[context] = {n: forward_ms(cache, n) for n in sizes}
-    return {"forward_ms": out, "decode_ms": out[contexts[0]][1]}
+    with ThreadPoolExecutor(1) as pool:  # decoding streams during an 8k cold prefill
+        decoding = pool.submit(keep_decoding)
+        time.sleep(0.5)
+        cold = sender.send("8k-b", "cold", prompt_ids=ids(opts.probe_tokens), max_tokens=1)
+        stop.set()
+        decoding.result()
+    return cold, streams
 
 
 def _gaps(times: list) -> list:
     return [b - a for a, b in zip(times, times[1:])] or [0.0]
-
-
-def _percentile(values: list, q: float) -> float:
-    import numpy as np
-
-    return float(np.percentile(values, q)) if values else 0.0
 
 
 # -------------------------------------------------------------------- run ----
@@ -399,8 +331,6 @@ def _percentile(values: list, q: float) -> float:
 def run_bench(opts: ConcurrencyOptions) -> dict:
     """Solo pass, every run, the probes; the report (JSON-ready). Ray must be initialized."""
     import shutil
-
-    from clients.bench.concurrency_report import summarize
 
     unknown = [r for r in opts.runs if r not in RUNS]
     if unknown:
@@ -494,15 +424,10 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     """`lineage bench concurrency`: print the table; write --json and --plot when asked."""
-    from clients.bench.concurrency_report import format_table, plot
-
-    model = args.model
-    if not model:
-        from engine.runtime.tiny_models import ensure_default_model
-
-        model = str(ensure_default_model())
+    if not plot_ready(args, "lineage bench concurrency"):
+        return 1
     opts = ConcurrencyOptions(
-        model=model,
+        model=model_path(args.model),
         scale=args.scale,
         agents=args.agents,
         seed=args.seed,
@@ -517,8 +442,6 @@ def run(args) -> int:
         overlap=args.overlap == "on",
         prefill_eval=args.prefill_eval,
     )
-    from clients.bench import emit, own_ray
-
     with own_ray():
         report = run_bench(opts)
     return emit(report, args, format_table, plot)

@@ -1,18 +1,16 @@
 """The concurrency benchmark's figures: per-run summaries, the table, the plot.
 
 Reads the client-side records of clients.bench.concurrency (`Sent`); knows
-nothing about engines or schedules. matplotlib is imported inside `plot`.
+nothing about engines or schedules. matplotlib loads only when `plot` draws.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from clients.bench.figures import markdown_table, percentile, pyplot, save_figure
+
 SHORT_TURN = 256  # uncached tokens of a "short warm turn"
-
-
-def _pct(values, q) -> float:
-    return float(np.percentile(values, q)) if len(values) else 0.0
 
 
 def _waiting(s) -> tuple[float, float]:
@@ -29,54 +27,62 @@ def _union(intervals) -> float:
     return total
 
 
-def summarize(sent: list, solo: list, probe: dict | None) -> dict:
-    """TTFT percentiles, TTFT over solo, ITL beside prefills, prefill rate, the probe."""
-    solo_ttft = {s.key: s.ttft_ms for s in solo}
-    ttft = [s.ttft_ms for s in sent]
-    ratios = [s.ttft_ms / solo_ttft[s.key] for s in sent if solo_ttft.get(s.key)]
+def _short_turns(sent: list, solo_ttft: dict, during_cold: bool) -> list:
+    """TTFT/solo of short warm turns sent while a cold prompt prefilled (or not)."""
     colds = [s for s in sent if s.kind == "cold"]
+    return [
+        s.ttft_ms / solo_ttft[s.key]
+        for s in sent
+        if s.kind == "warm"
+        and s.completed  # a dropped call has no usage to tell its size
+        and s.prompt_tokens - s.cached_tokens <= SHORT_TURN
+        and solo_ttft.get(s.key)
+        and any(c.t_send <= s.t_send < _waiting(c)[1] for c in colds) == during_cold
+    ]
 
-    def short_turns(during_cold: bool) -> list:
-        """TTFT/solo of short warm turns sent while a cold prompt prefilled (or not)."""
-        return [
-            s.ttft_ms / solo_ttft[s.key]
-            for s in sent
-            if s.kind == "warm"
-            and s.completed  # a dropped call has no usage to tell its size
-            and s.prompt_tokens - s.cached_tokens <= SHORT_TURN
-            and solo_ttft.get(s.key)
-            and any(c.t_send <= s.t_send < _waiting(c)[1] for c in colds) == during_cold
-        ]
 
-    short, short_alone = short_turns(True), short_turns(False)
+def _itl_beside_prefill(sent: list) -> list:
+    """Inter-token gaps (ms) during which another request waited for its first token."""
     itl = []
     for s in sent:
         others = [_waiting(q) for q in sent if q is not s]
         for a, b in zip(s.chunk_times, s.chunk_times[1:]):
             if any(qa < b and qb > a for qa, qb in others):
                 itl.append((b - a) * 1000)
+    return itl
+
+
+def summarize(sent: list, solo: list, probe: dict | None) -> dict:
+    """TTFT percentiles, TTFT over solo, ITL beside prefills, prefill rate, the probe."""
+    solo_ttft = {s.key: s.ttft_ms for s in solo}
+    ttft = [s.ttft_ms for s in sent]
+    ratios = [s.ttft_ms / solo_ttft[s.key] for s in sent if solo_ttft.get(s.key)]
+    colds = [s for s in sent if s.kind == "cold"]
+    short = _short_turns(sent, solo_ttft, during_cold=True)
+    short_alone = _short_turns(sent, solo_ttft, during_cold=False)
+    itl = _itl_beside_prefill(sent)
     uncached = sum(max(0, s.prompt_tokens - s.cached_tokens) for s in sent)
     busy = _union([_waiting(s) for s in sent])
     t0 = min(s.t_send for s in sent)
     return {
         "requests": len(sent),
         "dropped": sum(1 for s in sent if not s.completed),
-        "ttft_ms_p50": _pct(ttft, 50),
-        "ttft_ms_p90": _pct(ttft, 90),
-        "ttft_ms_p99": _pct(ttft, 99),
-        "ttft_ms_p99_warm": _pct([s.ttft_ms for s in sent if s.kind == "warm"], 99),
-        "ttft_ms_p50_cold": _pct([s.ttft_ms for s in colds], 50),
-        "ttft_ms_p99_cold": _pct([s.ttft_ms for s in colds], 99),
-        "ttft_over_solo_p50": _pct(ratios, 50),
-        "ttft_over_solo_p90": _pct(ratios, 90),
+        "ttft_ms_p50": percentile(ttft, 50),
+        "ttft_ms_p90": percentile(ttft, 90),
+        "ttft_ms_p99": percentile(ttft, 99),
+        "ttft_ms_p99_warm": percentile([s.ttft_ms for s in sent if s.kind == "warm"], 99),
+        "ttft_ms_p50_cold": percentile([s.ttft_ms for s in colds], 50),
+        "ttft_ms_p99_cold": percentile([s.ttft_ms for s in colds], 99),
+        "ttft_over_solo_p50": percentile(ratios, 50),
+        "ttft_over_solo_p90": percentile(ratios, 90),
         "short_turns_during_cold": len(short),
-        "short_turn_over_solo_p50": _pct(short, 50),
+        "short_turn_over_solo_p50": percentile(short, 50),
         "short_turn_over_solo_max": max(short, default=0.0),
         # the same without a cold prompt in flight: what the lanes' own turns cost each other
         "short_turns_no_cold": len(short_alone),
-        "short_turn_no_cold_over_solo_p50": _pct(short_alone, 50),
-        "itl_ms_p50_beside_prefill": _pct(itl, 50),
-        "itl_ms_p99_beside_prefill": _pct(itl, 99),
+        "short_turn_no_cold_over_solo_p50": percentile(short_alone, 50),
+        "itl_ms_p50_beside_prefill": percentile(itl, 50),
+        "itl_ms_p99_beside_prefill": percentile(itl, 99),
         "prompt_tokens": sum(s.prompt_tokens for s in sent),
         "cached_tokens": sum(s.cached_tokens for s in sent),
         "prefill_tokens": uncached,
@@ -113,26 +119,27 @@ def ratios(report: dict, base: str = "batched") -> dict:
     return out
 
 
+RUN_HEADER = (
+    "run", "TTFT p50", "p90", "p99 ms", "TTFT/solo p50", "p90",
+    "short turn during cold /solo (max)", "ITL p50", "p99 ms beside prefill", "prefill tok/s",
+    "cached share",
+)  # fmt: skip
+PROBE_HEADER = (
+    "probe (8k cold prefill)", "idle step ms", "ITL p50", "p99 ms", "p99 / idle step",
+    "short turn ms", "solo ms", "/ solo", "8k TTFT beside decode / alone s",
+)  # fmt: skip
+
+
 def format_table(report: dict) -> str:
+    """The runs side by side, then the probes, the floor and the grouping figures."""
     t = report["traffic"]
     count = next(iter(report["runs"].values()))["requests"] if report["runs"] else 0
     lines = [
         f"{t['agents']} agents, {count} requests (cold prompts included), "
         f"prefix ~{t['prefix_tokens_estimate']} tokens",
         "",
-        "| run | TTFT p50 | p90 | p99 ms | TTFT/solo p50 | p90 | short turn during cold /solo "
-        "(max) | ITL p50 | p99 ms beside prefill | prefill tok/s | cached share |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *markdown_table(RUN_HEADER, [_run_row(n, r) for n, r in report["runs"].items()]),
     ]
-    for name, r in report["runs"].items():
-        share = r["cached_tokens"] / r["prompt_tokens"] if r["prompt_tokens"] else 0.0
-        lines.append(
-            f"| {name} | {r['ttft_ms_p50']:.0f} | {r['ttft_ms_p90']:.0f} | {r['ttft_ms_p99']:.0f} "
-            f"| {r['ttft_over_solo_p50']:.2f} | {r['ttft_over_solo_p90']:.2f} "
-            f"| {r['short_turn_over_solo_p50']:.2f} ({r['short_turn_over_solo_max']:.2f}, "
-            f"n={r['short_turns_during_cold']}) | {r['itl_ms_p50_beside_prefill']:.0f} "
-            f"| {r['itl_ms_p99_beside_prefill']:.0f} | {r['prefill_tok_per_s']:.0f} | {share:.2f} |"
-        )
     lines += ["", "short warm turns with no cold prompt in flight, TTFT/solo p50: " + "; ".join(
         f"{n} {r['short_turn_no_cold_over_solo_p50']:.2f} (n={r['short_turns_no_cold']})"
         for n, r in report["runs"].items()
@@ -151,50 +158,9 @@ def format_table(report: dict) -> str:
         )]  # fmt: skip
     probes = {n: r["probe"] for n, r in report["runs"].items() if r.get("probe")}
     if probes:
-        lines += [
-            "",
-            "| probe (8k cold prefill) | idle step ms | ITL p50 | p99 ms | p99 / idle step "
-            "| short turn ms | solo ms | / solo | 8k TTFT beside decode / alone s |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        for name, p in probes.items():
-            lines.append(
-                f"| {name} | {p['idle_step_ms']:.1f} | {p['itl_during_8k_prefill_ms_p50']:.1f} "
-                f"| {p['itl_during_8k_prefill_ms_p99']:.1f} | {p['itl_p99_over_idle_step']:.2f} "
-                f"| {p['short_turn_ttft_ms']:.0f} | {p['short_turn_solo_ttft_ms']:.0f} "
-                f"| {p['short_turn_over_solo']:.2f} | {p['cold_8k_ttft_ms'] / 1000:.1f} / "
-                f"{p.get('cold_8k_solo_ttft_ms', 0.0) / 1000:.1f} |"
-            )
-        loops = {n: p["loop_steps_during_8k_prefill"] for n, p in probes.items()
-                 if p.get("loop_steps_during_8k_prefill", {}).get("steps")}  # fmt: skip
-        if loops:
-            lines += ["", "model loop steps during the 8k prefill (ms; slowest 1%: mean split)"]
-            for name, p in probes.items():
-                idle = p.get("loop_steps_idle") or {}
-                if idle.get("steps"):
-                    lines.append(
-                        f"- {name} idle: {idle['steps']} steps, p50 {idle['total_ms_p50']:.2f}, "
-                        f"p99 {idle['total_ms_p99']:.2f}"
-                    )
-            for name, q in loops.items():
-                worst = ", ".join(f"{k} {v:.2f}" for k, v in q["slowest_1pct_ms"].items() if v)
-                lines.append(
-                    f"- {name}: {q['steps']} steps, p50 {q['total_ms_p50']:.2f}, p99 "
-                    f"{q['total_ms_p99']:.2f}, {q['prefill_tokens_mean']:.1f} prompt tokens per "
-                    f"step; slowest 1% ({q['slowest_1pct_prefill_tokens']:.1f} tokens): {worst}"
-                )
-    f = report.get("floor_probe")
-    if f:
-        sizes = list(next(iter(f["forward_ms"].values())))
-        lines += [
-            "",
-            "floor: one forward of n prompt tokens at a context (ms, in process), against a "
-            f"decode step {f['decode_ms']:.2f} ms",
-            "| context | " + " | ".join(f"n={n}" for n in sizes) + " |",
-            "|---" * (len(sizes) + 1) + "|",
-        ]
-        for context, row in f["forward_ms"].items():
-            lines.append(f"| {context} | " + " | ".join(f"{v:.2f}" for v in row.values()) + " |")
+        lines += _probe_lines(probes)
+    if report.get("floor_probe"):
+        lines += _floor_lines(report["floor_probe"])
     g = report.get("grouping_probe")
     if g:
         lines += [
@@ -207,13 +173,81 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _run_row(name: str, r: dict) -> list[str]:
+    share = r["cached_tokens"] / r["prompt_tokens"] if r["prompt_tokens"] else 0.0
+    return [
+        name,
+        f"{r['ttft_ms_p50']:.0f}",
+        f"{r['ttft_ms_p90']:.0f}",
+        f"{r['ttft_ms_p99']:.0f}",
+        f"{r['ttft_over_solo_p50']:.2f}",
+        f"{r['ttft_over_solo_p90']:.2f}",
+        f"{r['short_turn_over_solo_p50']:.2f} ({r['short_turn_over_solo_max']:.2f}, "
+        f"n={r['short_turns_during_cold']})",
+        f"{r['itl_ms_p50_beside_prefill']:.0f}",
+        f"{r['itl_ms_p99_beside_prefill']:.0f}",
+        f"{r['prefill_tok_per_s']:.0f}",
+        f"{share:.2f}",
+    ]
+
+
+def _probe_lines(probes: dict) -> list[str]:
+    """The probes' table, then the model loop's steps during the 8k prefill."""
+    rows = [
+        [
+            name,
+            f"{p['idle_step_ms']:.1f}",
+            f"{p['itl_during_8k_prefill_ms_p50']:.1f}",
+            f"{p['itl_during_8k_prefill_ms_p99']:.1f}",
+            f"{p['itl_p99_over_idle_step']:.2f}",
+            f"{p['short_turn_ttft_ms']:.0f}",
+            f"{p['short_turn_solo_ttft_ms']:.0f}",
+            f"{p['short_turn_over_solo']:.2f}",
+            f"{p['cold_8k_ttft_ms'] / 1000:.1f} / {p.get('cold_8k_solo_ttft_ms', 0.0) / 1000:.1f}",
+        ]
+        for name, p in probes.items()
+    ]
+    lines = ["", *markdown_table(PROBE_HEADER, rows)]
+    loops = {n: p["loop_steps_during_8k_prefill"] for n, p in probes.items()
+             if p.get("loop_steps_during_8k_prefill", {}).get("steps")}  # fmt: skip
+    if not loops:
+        return lines
+    lines += ["", "model loop steps during the 8k prefill (ms; slowest 1%: mean split)"]
+    for name, p in probes.items():
+        idle = p.get("loop_steps_idle") or {}
+        if idle.get("steps"):
+            lines.append(
+                f"- {name} idle: {idle['steps']} steps, p50 {idle['total_ms_p50']:.2f}, "
+                f"p99 {idle['total_ms_p99']:.2f}"
+            )
+    for name, q in loops.items():
+        worst = ", ".join(f"{k} {v:.2f}" for k, v in q["slowest_1pct_ms"].items() if v)
+        lines.append(
+            f"- {name}: {q['steps']} steps, p50 {q['total_ms_p50']:.2f}, p99 "
+            f"{q['total_ms_p99']:.2f}, {q['prefill_tokens_mean']:.1f} prompt tokens per "
+            f"step; slowest 1% ({q['slowest_1pct_prefill_tokens']:.1f} tokens): {worst}"
+        )
+    return lines
+
+
+def _floor_lines(f: dict) -> list[str]:
+    """One forward of n prompt tokens per context, against a decode step."""
+    sizes = list(next(iter(f["forward_ms"].values())))
+    rows = [
+        [str(context)] + [f"{v:.2f}" for v in row.values()]
+        for context, row in f["forward_ms"].items()
+    ]
+    return [
+        "",
+        "floor: one forward of n prompt tokens at a context (ms, in process), against a "
+        f"decode step {f['decode_ms']:.2f} ms",
+        *markdown_table(["context"] + [f"n={n}" for n in sizes], rows),
+    ]
+
+
 def plot(report: dict, path: str) -> None:
     """TTFT distributions per run; inter-token gaps over time with prefills in flight."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     runs = report["runs"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
     names = list(runs)
@@ -244,5 +278,4 @@ def plot(report: dict, path: str) -> None:
     right.set_ylabel("inter-token gap (ms)")
     right.set_title("decode latency over time, with prefills in flight")
     right.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)

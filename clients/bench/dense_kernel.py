@@ -16,8 +16,9 @@ Cheap to import: MLX and mlx-lm are imported inside the functions.
 
 from __future__ import annotations
 
-import statistics
 import time
+
+from clients.bench.figures import median
 
 CONTEXTS = (0, 2048, 8192)
 CHUNKS = (1, 4, 16, 64)
@@ -74,7 +75,7 @@ def _forward_ms(model, cache, tokens, repeats: int) -> tuple[float, object]:
                 c.trim(tokens.shape[1])
             else:
                 c.cache = list(state)
-    return statistics.median(times[1:]), logits
+    return median(times[1:]), logits
 
 
 def _row(model, cache, tokens, repeats: int, label: dict) -> dict:

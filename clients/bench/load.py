@@ -25,14 +25,15 @@ or a burst request was lost or hung.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from clients.bench.figures import emit, labelled, median, percentile
+from clients.bench.harness import own_ray
 
 HELP = "load: concurrent sessions on a small RAM budget, then a burst past the queue"
 MB = 1 << 20
@@ -55,8 +56,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    import ray
-
     from engine.config import EngineConfig, parse_bytes
     from engine.server.background import BackgroundEngine
 
@@ -64,26 +63,24 @@ def run(args) -> int:
     flags = {"model": args.model, "cache_dir": str(cache_dir), "ram_budget": args.ram_budget}
     config = EngineConfig.from_sources(flags, {}).with_model(max_queue=args.max_queue)
     config = config.with_server(port=0, ray_namespace=f"lineage-load-{os.getpid()}")
-    ray.init(address="local", include_dashboard=False, configure_logging=False)
-    engine = None
     try:
-        engine = BackgroundEngine(config)
-        figures = {
-            "ram_budget": parse_bytes(args.ram_budget),
-            "memory_limit": engine.engine.memory.limit,
-            "max_batch_tokens": engine.engine.memory.max_batch_tokens,
-            "max_queue": args.max_queue,
-        }
-        figures.update(engine.call(_phases(engine, args), timeout=args.duration + 4 * 3600))
+        with own_ray(logs=True):
+            engine = BackgroundEngine(config)
+            try:
+                figures = {
+                    "ram_budget": parse_bytes(args.ram_budget),
+                    "memory_limit": engine.engine.memory.limit,
+                    "max_batch_tokens": engine.engine.memory.max_batch_tokens,
+                    "max_queue": args.max_queue,
+                }
+                timeout = args.duration + 4 * 3600
+                figures.update(engine.call(_phases(engine, args), timeout=timeout))
+            finally:
+                engine.stop()
     finally:
-        if engine is not None:
-            engine.stop()
-        ray.shutdown()
         if not args.cache_dir:
             shutil.rmtree(cache_dir, ignore_errors=True)
-    _print(figures, args)
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2))
+    emit(figures, args, lambda f: report(f, args))
     ok = (
         figures["errors"] == 0
         # The exact peak (after every change); the 0.25 s sample cannot exceed it.
@@ -154,14 +151,13 @@ async def _sessions(client, args) -> dict:
 
     await asyncio.gather(*(session(k) for k in range(args.sessions)))
     wall = time.monotonic() - t0
-    q = statistics.quantiles(ttfts, n=100) if len(ttfts) >= 2 else [0.0] * 99
     return {
         "requests": len(ttfts) + len(errors),
         "errors": len(errors),
         "error_samples": errors[:3],
-        "ttft_p50_ms": statistics.median(ttfts) if ttfts else 0.0,
-        "ttft_p99_ms": q[98],
-        "decode_tps_per_request": statistics.median(tps) if tps else 0.0,
+        "ttft_p50_ms": median(ttfts),
+        "ttft_p99_ms": percentile(ttfts, 99),
+        "decode_tps_per_request": median(tps),
         "completion_tokens_per_s": tokens / wall if wall else 0.0,
         "wall_s": wall,
     }
@@ -243,33 +239,42 @@ async def _burst(client, args) -> dict:
     }
 
 
-def _print(f: dict, args) -> None:
-    print(
-        f"phase 1: {args.sessions} sessions x {args.turns} turns for {f['wall_s']:.0f} s, "
-        f"RAM budget {f['ram_budget'] / MB:.0f} MB, queue {f['max_queue']}, "
-        f"batch tokens {f['max_batch_tokens']}"
-    )
-    print(f"  requests             {f['requests']}")
-    print(f"  errors               {f['errors']}  {'; '.join(f['error_samples'])}")
-    print(f"  TTFT p50 / p99       {f['ttft_p50_ms']:.0f} / {f['ttft_p99_ms']:.0f} ms")
-    print(f"  decode tok/s         {f['decode_tps_per_request']:.1f} per request (median)")
-    print(f"  completion tok/s     {f['completion_tokens_per_s']:.1f} (all sessions)")
+def report(f: dict, args) -> str:
     budget = f["ram_budget"] or 1
-    print(
-        f"  RAM tier peak        {f['ram_tier_peak'] / MB:.2f} MB of {budget / MB:.0f} MB "
-        f"({f['ram_tier_peak'] / budget:.4f}x the budget; after every change)"
+    phase_one = labelled(
+        [
+            ("requests", f"{f['requests']}"),
+            ("errors", f"{f['errors']}  {'; '.join(f['error_samples'])}"),
+            ("TTFT p50 / p99", f"{f['ttft_p50_ms']:.0f} / {f['ttft_p99_ms']:.0f} ms"),
+            ("decode tok/s", f"{f['decode_tps_per_request']:.1f} per request (median)"),
+            ("completion tok/s", f"{f['completion_tokens_per_s']:.1f} (all sessions)"),
+            (
+                "RAM tier peak",
+                f"{f['ram_tier_peak'] / MB:.2f} MB of {budget / MB:.0f} MB "
+                f"({f['ram_tier_peak'] / budget:.4f}x the budget; after every change)",
+            ),
+            (
+                "RAM tier max",
+                f"{f['ram_tier_max'] / MB:.2f} MB "
+                f"({f['ram_tier_max'] / budget:.4f}x; sampled every 0.25 s)",
+            ),
+            ("staged max", f"{f['staged_max'] / MB:.2f} MB (awaiting their commit's Orders)"),
+            (
+                "model actor RSS max",
+                f"{f['model_rss_max'] / MB:.0f} MB (memory limit {f['memory_limit'] / MB:.0f} MB)",
+            ),
+        ],
+        width=21,
+        indent="  ",
     )
-    print(
-        f"  RAM tier max         {f['ram_tier_max'] / MB:.2f} MB "
-        f"({f['ram_tier_max'] / budget:.4f}x; sampled every 0.25 s)"
-    )
-    print(f"  staged max           {f['staged_max'] / MB:.2f} MB (awaiting their commit's Orders)")
-    print(
-        f"  model actor RSS max  {f['model_rss_max'] / MB:.0f} MB "
-        f"(memory limit {f['memory_limit'] / MB:.0f} MB)"
-    )
-    print(
-        f"phase 2: burst of {f['burst']}: served {f['burst_served']}, "
-        f"RESOURCE_EXHAUSTED {f['burst_refused']}, other errors {f['burst_failed']}, "
-        f"hung {f['burst_hung']}, lost {f['burst_lost']} ({f['burst_wall_s']:.1f} s)"
+    return "\n".join(
+        [
+            f"phase 1: {args.sessions} sessions x {args.turns} turns for {f['wall_s']:.0f} s, "
+            f"RAM budget {f['ram_budget'] / MB:.0f} MB, queue {f['max_queue']}, "
+            f"batch tokens {f['max_batch_tokens']}",
+            *phase_one,
+            f"phase 2: burst of {f['burst']}: served {f['burst_served']}, "
+            f"RESOURCE_EXHAUSTED {f['burst_refused']}, other errors {f['burst_failed']}, "
+            f"hung {f['burst_hung']}, lost {f['burst_lost']} ({f['burst_wall_s']:.1f} s)",
+        ]
     )

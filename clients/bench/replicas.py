@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
+from clients.bench.figures import median
 
 NAME = re.compile(r"^(lineage|exact|off)_x(\d+)$")  # a policy on N replicas
 
@@ -65,8 +65,8 @@ def replica_figures(engine, client, observed: list, probes: int = 3) -> dict:
     out.update(
         probe_tokens=tokens,
         probe_bytes=nbytes,
-        handover_ms=1000 * float(np.median(same)),
-        cold_prefill_ms=float(np.median(cold)),
+        handover_ms=1000 * median(same),
+        cold_prefill_ms=median(cold),
     )
     out["handover_vs_cold"] = out["handover_ms"] / out["cold_prefill_ms"]
     return out

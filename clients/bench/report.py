@@ -1,7 +1,7 @@
 """The agent benchmark's figures: per-policy summaries, the table, the plot.
 
-Reads PolicyRun records (clients.bench.agents) and the oracle; knows nothing
-about engines or traffic generation. matplotlib is imported inside `plot`.
+Reads PolicyRun records (clients.bench.observed) and the oracle; knows nothing
+about engines or traffic generation. matplotlib loads only when `plot` draws.
 """
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from collections import Counter
 
 import numpy as np
 
-from clients.bench.agents import POLICIES, PolicyRun, oracle_lengths
+from clients.bench.figures import Column, percentile, pyplot, save_figure, table
+from clients.bench.observed import POLICIES, PolicyRun, oracle_lengths
+from clients.bench.replicas import compare
 
 
 def summarize(run: PolicyRun, phases: dict | None = None) -> dict:
@@ -22,7 +24,7 @@ def summarize(run: PolicyRun, phases: dict | None = None) -> dict:
     prompt = sum(len(o.prompt) for o, _ in done)
     cached = sum(o.cached for o, _ in done)
     best = sum(n for _, n in done)
-    ttft = [o.ttft_ms for o, _ in done] or [0.0]
+    ttft = [o.ttft_ms for o, _ in done]
     completion = sum(len(o.completion) for o, _ in done)
     last = run.stats[-1] if run.stats else {}
     written = last.get("disk_bytes_written", 0)
@@ -33,8 +35,8 @@ def summarize(run: PolicyRun, phases: dict | None = None) -> dict:
         "cached_tokens": cached,
         "oracle_cached_tokens": best,
         "oracle_fraction": cached / best if best else 1.0,
-        "ttft_ms_p50": float(np.percentile(ttft, 50)),
-        "ttft_ms_p90": float(np.percentile(ttft, 90)),
+        "ttft_ms_p50": percentile(ttft, 50),
+        "ttft_ms_p90": percentile(ttft, 90),
         "prefill_tokens": prompt - cached,
         "ram_bytes": int(last.get("ram_bytes", 0)),
         "ram_bytes_peak": int(max((s["ram_bytes"] for s in run.stats), default=0)),
@@ -87,6 +89,38 @@ def _phases(done: list, phases: dict) -> dict:
     return out
 
 
+POLICY_COLUMNS = (
+    Column("policy", 13, align="<"),
+    Column("cached", 8),
+    Column("oracle%", 8, ".1%"),
+    Column("ttft p50", 9, ".1f"),
+    Column("ttft p90", 9, ".1f"),
+    Column("prefill", 8),
+    Column("ram MB", 8, ".1f"),
+    Column("disk MB", 8, ".1f"),
+    Column("evict", 6),
+    Column("disk B/turn", 11, ".0f"),
+    Column("restore kinds", align="<", gap=2),
+)
+
+
+def _policy_row(name: str, p: dict) -> tuple:
+    kinds = " ".join(f"{k}={v}" for k, v in p["restore_kinds"].items())
+    return (
+        name,
+        p["cached_tokens"],
+        p["oracle_fraction"],
+        p["ttft_ms_p50"],
+        p["ttft_ms_p90"],
+        p["prefill_tokens"],
+        p["ram_bytes"] / 1e6,
+        p["disk_bytes"] / 1e6,
+        p["evictions"],
+        p["disk_bytes_per_turn"],
+        kinds,
+    )
+
+
 def format_table(report: dict) -> str:
     """The side-by-side table, then where lineage falls short of the oracle."""
     t = report["traffic"]
@@ -97,20 +131,8 @@ def format_table(report: dict) -> str:
             f"{t['steps']} steps, {t['sessions']} sessions, prefix ~{t['prefix_tokens_estimate']} "
             f"estimated tokens; oracle {report['oracle']['cached_tokens']} cached tokens"
         ),
-        (
-            f"{'policy':<13} {'cached':>8} {'oracle%':>8} {'ttft p50':>9} {'ttft p90':>9} "
-            f"{'prefill':>8} {'ram MB':>8} {'disk MB':>8} {'evict':>6} {'disk B/turn':>11}  "
-            f"restore kinds"
-        ),
+        *table(POLICY_COLUMNS, [_policy_row(n, p) for n, p in report["policies"].items()]),
     ]
-    for name, p in report["policies"].items():
-        kinds = " ".join(f"{k}={v}" for k, v in p["restore_kinds"].items())
-        lines.append(
-            f"{name:<13} {p['cached_tokens']:>8} {p['oracle_fraction']:>8.1%} "
-            f"{p['ttft_ms_p50']:>9.1f} {p['ttft_ms_p90']:>9.1f} {p['prefill_tokens']:>8} "
-            f"{p['ram_bytes'] / 1e6:>8.1f} {p['disk_bytes'] / 1e6:>8.1f} {p['evictions']:>6} "
-            f"{p['disk_bytes_per_turn']:>11.0f}  {kinds}"
-        )
     for name, p in report["policies"].items():
         for phase, f in p.get("phases", {}).items():
             lines.append(
@@ -135,27 +157,36 @@ def format_table(report: dict) -> str:
                 f"{r['cached_tokens']:>6} oracle {r['oracle']:>6} "
                 f"restore {r['restore']}@{r['restore_length']}"
             )
-    from clients.bench.replicas import compare
-
     replicas = compare(report)
     return "\n".join(lines + ([replicas] if replicas else []))
 
 
+COLORS = dict(zip(POLICIES, ["#1b7837", "#2166ac", "#b2182b", "#e08214", "#762a83"]))
+
+
 def plot(report: dict, path: str) -> None:
     """Cached fraction per request over the traffic, and the time-to-first-token spread."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = list(report["policies"])
-    colors = dict(zip(POLICIES, ["#1b7837", "#2166ac", "#b2182b", "#e08214", "#762a83"]))
     fig, (left, right) = plt.subplots(
         1, 2, figsize=(15, 5.5), gridspec_kw={"width_ratios": [2.3, 1]}
     )
+    _plot_cached(left, report, names)
+    _plot_ttft(right, report, names)
+    t = report["traffic"]
+    summary = ", ".join(f"{n} {report['policies'][n]['oracle_fraction']:.0%}" for n in names)
+    fig.suptitle(
+        f"lineage bench agents: scale {t['scale']}, {t['agents']} agents, "
+        f"{t['requests']} requests; cached tokens / oracle: {summary}"
+    )
+    save_figure(fig, path, dpi=110)
+
+
+def _plot_cached(ax, report: dict, names: list) -> None:
+    """Each policy's cached fraction per request, over the oracle's (grey bars)."""
     oracle = {r["rid"]: r for r in report["policies"][names[0]]["per_request"]}
     x = sorted(r for r in oracle if oracle[r]["completed"])
-    left.bar(
+    ax.bar(
         x,
         [oracle[r]["oracle"] / oracle[r]["prompt_tokens"] for r in x],
         width=0.9,
@@ -167,23 +198,23 @@ def plot(report: dict, path: str) -> None:
     for i, name in enumerate(order):
         rows = [r for r in report["policies"][name]["per_request"] if r["completed"]]
         dx = (i - (len(order) - 1) / 2) * 0.12
-        left.plot(
+        ax.plot(
             [r["rid"] + dx for r in rows],
             [r["cached_tokens"] / r["prompt_tokens"] for r in rows],
             "o-" if name == "lineage" else "o:",
             ms=4 if name == "lineage" else 3,
             lw=1.6 if name == "lineage" else 0.9,
-            color=colors.get(name),
+            color=COLORS.get(name),
             label=name,
         )
-    left.set(
+    ax.set(
         xlabel="request (traffic order; concurrent requests share a step)",
         ylabel="cached / prompt tokens",
         ylim=(-0.03, 1.03),
         title="cached fraction per request (grey: the oracle)",
     )
-    handles, labels = left.get_legend_handles_labels()
-    left.legend(
+    handles, labels = ax.get_legend_handles_labels()
+    ax.legend(
         handles,
         labels,
         loc="lower center",
@@ -192,43 +223,36 @@ def plot(report: dict, path: str) -> None:
         fontsize=9,
         frameon=False,
     )
-    left.grid(alpha=0.3)
+    ax.grid(alpha=0.3)
+
+
+def _plot_ttft(ax, report: dict, names: list) -> None:
+    """Each policy's time to first token: box, every request, p50 and p90."""
     data = [
         [max(r["ttft_ms"], 0.1) for r in report["policies"][n]["per_request"] if r["completed"]]
         for n in names
     ]
-    box = right.boxplot(
-        data, orientation="horizontal", whis=(0, 100), patch_artist=True, widths=0.5
-    )
+    box = ax.boxplot(data, orientation="horizontal", whis=(0, 100), patch_artist=True, widths=0.5)
     for patch, name in zip(box["boxes"], names):
-        patch.set_facecolor(colors.get(name, "0.7"))
+        patch.set_facecolor(COLORS.get(name, "0.7"))
         patch.set_alpha(0.55)
     for i, (name, values) in enumerate(zip(names, data), start=1):
-        right.scatter(
+        ax.scatter(
             values, i + np.linspace(-0.12, 0.12, len(values)), s=7, color="k", alpha=0.45, zorder=3
         )
         p = report["policies"][name]
-        right.annotate(
+        ax.annotate(
             f"p50 {p['ttft_ms_p50']:.0f} ms, p90 {p['ttft_ms_p90']:.0f} ms",
             (0.99, i + 0.38),
             xycoords=("axes fraction", "data"),
             ha="right",
             fontsize=8,
         )
-    right.set_yticks(range(1, len(names) + 1), names)
-    right.set(
+    ax.set_yticks(range(1, len(names) + 1), names)
+    ax.set(
         xscale="log",
         xlabel="time to first token (ms, log scale)",
         title="time to first token",
         ylim=(0.5, len(names) + 0.6),
     )
-    right.grid(alpha=0.3, axis="x")
-    t = report["traffic"]
-    summary = ", ".join(f"{n} {report['policies'][n]['oracle_fraction']:.0%}" for n in names)
-    fig.suptitle(
-        f"lineage bench agents: scale {t['scale']}, {t['agents']} agents, "
-        f"{t['requests']} requests; cached tokens / oracle: {summary}"
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    ax.grid(alpha=0.3, axis="x")

@@ -24,9 +24,9 @@ run concurrently, one per lane; a request depends on the previous request
 of its session only: `Sessions` builds its messages from that request's
 messages and reply, the reply appended as the model produced it.
 
-This module knows what agent frameworks send. It knows nothing about
-tokenizers, caches or servers; sizes are tokenizer-free estimates
-(`clients.fanout.estimate_tokens`).
+This module knows what agent frameworks send and when; the text they send
+is clients.bench.agent_text's. It knows nothing about tokenizers, caches or
+servers; sizes are tokenizer-free estimates (`clients.fanout.estimate_tokens`).
 """
 
 from __future__ import annotations
@@ -35,10 +35,18 @@ import json
 import math
 import random
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from clients.fanout import estimate_tokens, make_system_prompt
+from clients.bench.agent_text import (
+    edited_user_text,
+    make_systems,
+    make_tools,
+    team_role,
+    tool_call,
+    tool_result,
+    user_text,
+)
+from clients.fanout import estimate_tokens
 
 PREFIX_TOKENS = 10_000  # system prompt + tools at scale 1.0 (estimated tokens)
 TOOLS_SHARE = 0.4  # of the prefix
@@ -48,128 +56,6 @@ EVENTS = ("edit", "regenerate", "drop_retry")
 VARIANT_PHASE = "system_variants"
 VARIANT_DEPTH = 0.75  # where in the system text the changed word sits
 VARIANT_WORDS = ("staging", "nightly", "canary", "sandbox", "mirror", "archive", "preview")
-
-_FAMILIES = {
-    "fs": ("file in the workspace", ["read", "write", "delete", "move", "stat", "glob"]),
-    "git": ("the git repository", ["status", "diff", "log", "commit", "checkout", "blame"]),
-    "github": ("the GitHub project", ["create_issue", "comment", "list_pulls", "review_pull"]),
-    "tests": ("the test suite", ["run", "list", "rerun_failed", "coverage"]),
-    "shell": ("a sandboxed shell", ["run", "background", "kill"]),
-    "search": ("the code index", ["grep", "symbols", "references", "definitions"]),
-    "docs": ("the documentation site", ["search", "fetch_page"]),
-    "db": ("the development database", ["query", "schema", "migrate"]),
-    "browser": ("a headless browser", ["open", "click", "screenshot"]),
-    "tracker": ("the issue tracker", ["create_ticket", "update_ticket", "search_tickets"]),
-}
-_PARAMS = [
-    ("path", {"type": "string", "description": "Path relative to the workspace root."}),
-    (
-        "paths",
-        {
-            "type": "array",
-            "items": {"type": "string"},
-            "description": "Paths relative to the workspace root, processed in order.",
-        },
-    ),
-    ("start_line", {"type": "integer", "minimum": 1, "description": "First line (1-based)."}),
-    ("end_line", {"type": "integer", "minimum": 1, "description": "Last line, inclusive."}),
-    ("pattern", {"type": "string", "description": "A regular expression in ripgrep syntax."}),
-    ("glob", {"type": "string", "description": "Only consider files matching this glob."}),
-    ("max_results", {"type": "integer", "default": 50, "description": "Stop after this many."}),
-    ("timeout_s", {"type": "number", "default": 120, "description": "Seconds before giving up."}),
-    (
-        "mode",
-        {
-            "type": "string",
-            "enum": ["fast", "thorough", "dry_run"],
-            "description": "How much work to do; dry_run changes nothing.",
-        },
-    ),
-    (
-        "format",
-        {
-            "type": "string",
-            "enum": ["text", "json", "markdown"],
-            "description": "Shape of the returned content.",
-        },
-    ),
-    ("recursive", {"type": "boolean", "default": False, "description": "Descend into folders."}),
-    ("title", {"type": "string", "description": "A short, specific title."}),
-    ("body", {"type": "string", "description": "Markdown body; keep it factual."}),
-    (
-        "labels",
-        {
-            "type": "array",
-            "items": {
-                "type": "string",
-                "enum": ["bug", "enhancement", "question", "performance", "docs"],
-            },
-            "description": "Labels to attach.",
-        },
-    ),
-    (
-        "env",
-        {
-            "type": "object",
-            "additionalProperties": {"type": "string"},
-            "description": "Extra environment variables for the command.",
-        },
-    ),
-    (
-        "options",
-        {
-            "type": "object",
-            "description": "Advanced options.",
-            "properties": {
-                "retries": {"type": "integer", "default": 0, "description": "Retries on failure."},
-                "verbose": {"type": "boolean", "default": False, "description": "Log every step."},
-                "cwd": {"type": "string", "description": "Working directory, relative."},
-            },
-        },
-    ),
-    ("ref", {"type": "string", "description": "A branch, tag or commit hash."}),
-    ("query", {"type": "string", "description": "What to look for, in plain words."}),
-]
-_WHY = [
-    "Use it before editing anything you have not read.",
-    "Prefer it over the shell when both would work.",
-    "It is read-only and safe to call in parallel.",
-    "It changes the workspace: say why before calling it.",
-    "Results are truncated; narrow the request instead of paging through everything.",
-    "Errors come back as text; read them before retrying.",
-]
-_CODE = [
-    "def {f}(self, {a}):",
-    "    if {a} is None:",
-    "        raise ValueError('{a} is missing')",
-    "    for item in self.{a}s:",
-    "        total += item.size",
-    "    return {f}_result",
-    "class {F}:",
-    "    '''Holds the {a} of one request.'''",
-    "import {a}",
-    "# TODO: {f}",
-]
-_WORDS = [
-    "cache",
-    "entry",
-    "token",
-    "budget",
-    "lineage",
-    "anchor",
-    "request",
-    "reply",
-    "batch",
-    "tier",
-    "index",
-    "plan",
-    "commit",
-    "restore",
-    "prompt",
-    "session",
-    "config",
-    "worker",
-]
 
 
 @dataclass(frozen=True)
@@ -244,6 +130,10 @@ class Sessions:
         self.traffic = traffic
         self._last: dict[str, tuple[list, str]] = {}
 
+    def previous(self, session: str) -> tuple[list, str] | None:
+        """The messages and reply of the session's latest request (None: none yet)."""
+        return self._last.get(session)
+
     def messages(self, spec: RequestSpec) -> list[dict]:
         """The full message list `spec` sends, given its session so far."""
         system = {"role": "system", "content": self.traffic.systems[spec.system]}
@@ -280,143 +170,6 @@ class Sessions:
 def default_agents(scale: float) -> int:
     """Lanes at `scale`: 4 at 1.0, down to 2."""
     return max(2, min(4, round(4 * math.sqrt(scale))))
-
-
-def make_tools(budget: int, seed: int = 0) -> list[dict]:
-    """Tool definitions (OpenAI style, realistic JSON schemas) of ~`budget` estimated tokens."""
-    rng = random.Random(f"tools-{seed}")
-    tools: list[dict] = []
-    used = 2
-    for family, (what, actions) in _FAMILIES.items():
-        for action in actions:
-            tool = _tool(rng, family, what, action)
-            cost = estimate_tokens(json.dumps(tool)) + 1
-            if tools and used + cost > budget:
-                return tools
-            tools.append(tool)
-            used += cost
-    return tools
-
-
-def _tool(rng: random.Random, family: str, what: str, action: str) -> dict:
-    params = rng.sample(_PARAMS, rng.randint(2, 5))
-    properties = {name: schema for name, schema in params}
-    required = [params[0][0]] + ([params[1][0]] if rng.random() < 0.4 else [])
-    words = action.replace("_", " ")
-    description = (
-        f"{words.capitalize()}: acts on {what}. {rng.choice(_WHY)} {rng.choice(_WHY)} "
-        f"Returns a {rng.choice(['JSON object', 'plain-text report', 'list of matches'])}"
-        f" describing the outcome."
-    )
-    return {
-        "type": "function",
-        "function": {
-            "name": f"{family}_{action}",
-            "description": description,
-            "parameters": {"type": "object", "properties": properties, "required": required},
-        },
-    }
-
-
-def make_systems(
-    prefix_tokens: int, tools: list[dict], seed: int = 0
-) -> tuple[str, Callable[[int], str]]:
-    """(main system text, clock(minute) -> timestamped text) filling the prefix budget.
-
-    The clock text is the main text with an environment section (holding the
-    timestamp) inserted at about 60% of it, at a line boundary.
-    """
-    rest = max(prefix_tokens - estimate_tokens(json.dumps(tools)), 20)
-    body = make_system_prompt(rest, seed)
-    lines = body.split("\n")
-    cut = max(1, int(len(lines) * 0.6))
-    head, tail = "\n".join(lines[:cut]), "\n".join(lines[cut:])
-
-    def clock(minute: int) -> str:
-        h, m = divmod(9 * 60 + minute, 60)
-        env = (
-            f"\n## Environment\n- Current time: 2025-06-02 {h % 24:02d}:{m:02d} UTC\n"
-            f"- Working directory: /workspace/lineage\n"
-        )
-        return head + env + tail + _role("scheduler")
-
-    return body, clock
-
-
-def _role(role: str) -> str:
-    return f"\n\nYour role in this team: {role}. Report back to the lead agent when done."
-
-
-def _tool_result(rng: random.Random, name: str, size: int) -> str:
-    """A tool's output of about `size` estimated tokens, shaped by the tool."""
-    lines: list[str] = []
-    used = 0
-    while used < size:
-        f, a = rng.choice(_WORDS), rng.choice(_WORDS)
-        if name.startswith(("fs_", "search_")):
-            line = rng.choice(_CODE).format(f=f, a=a, F=f.capitalize())
-            if name.startswith("search_"):
-                line = f"src/{a}/{f}.py:{rng.randint(1, 900)}: {line.strip()}"
-        elif name.startswith(("shell_", "tests_")):
-            line = (
-                f"[{rng.randint(0, 59):02d}.{rng.randint(0, 999):03d}] "
-                f"{rng.choice(['PASS', 'FAIL', 'ok', 'warning:'])} {f}_{a} "
-                f"({rng.randint(1, 400)} ms)"
-            )
-        else:
-            line = json.dumps(
-                {
-                    "id": rng.randint(1, 9999),
-                    "name": f"{f}-{a}",
-                    "state": rng.choice(["open", "closed", "merged"]),
-                }
-            )
-        lines.append(line)
-        used += estimate_tokens(line)
-    return "\n".join(lines)
-
-
-def _tool_call(rng: random.Random, tag: str, tools: list[dict]) -> dict:
-    fn = rng.choice(tools)["function"]
-    args = {}
-    for name, schema in fn["parameters"]["properties"].items():
-        if name in fn["parameters"]["required"] or rng.random() < 0.3:
-            args[name] = _argument(rng, schema)
-    return {
-        "id": f"call_{tag}",
-        "type": "function",
-        "function": {"name": fn["name"], "arguments": json.dumps(args)},
-    }
-
-
-def _argument(rng: random.Random, schema: dict):
-    if "enum" in schema:
-        return rng.choice(schema["enum"])
-    kind = schema.get("type")
-    if kind == "integer":
-        return rng.randint(1, 400)
-    if kind == "number":
-        return rng.choice([30, 60, 120.5])
-    if kind == "boolean":
-        return rng.random() < 0.5
-    if kind == "array":
-        return [f"src/{rng.choice(_WORDS)}.py" for _ in range(rng.randint(1, 3))]
-    if kind == "object":
-        return {"retries": rng.randint(0, 2)}
-    return f"src/{rng.choice(_WORDS)}/{rng.choice(_WORDS)}.py"
-
-
-def _user_text(rng: random.Random, lane: int, session: int, turn: int) -> str:
-    x, y = rng.choice(_WORDS), rng.choice(_WORDS)
-    task = rng.choice(
-        [
-            f"find where the {x} {y} is computed and explain it",
-            f"write a unit test for the {x} {y} code path",
-            f"fix the off-by-one error in the {x} {y} loop",
-            f"check why the {x} {y} step is slow on long prompts",
-        ]
-    )
-    return f"Sub-agent {lane}, session {session}, step {turn + 1}: please {task}."
 
 
 @dataclass
@@ -466,7 +219,7 @@ def _session(
     sid = f"a{b.lane}s{index}"
     result_size = (max(10, int(30 * b.scale)), max(20, int(2500 * b.scale)))
     for turn in range(turns):
-        text = _user_text(rng, b.lane, index, turn)
+        text = user_text(rng, b.lane, index, turn)
         user = {"role": "user", "content": text}
         first = turn == 0
         kind_ = "first" if first else "user"
@@ -475,11 +228,7 @@ def _session(
         b.add(sid, kind_, b.system_key(kind), base, [user], drop_after=drop)
         if turn == event_turn:
             if event == "edit":
-                edited = {
-                    "role": "user",
-                    "content": text.rsplit(" ", 2)[0]
-                    + f" {rng.choice(_WORDS)} path, and keep the public API unchanged.",
-                }
+                edited = {"role": "user", "content": edited_user_text(rng, text)}
                 b.add(sid, "edit", b.system_key(kind), "edit", [edited])
             elif event == "regenerate":
                 b.add(sid, "regenerate", b.system_key(kind), "same")
@@ -487,14 +236,14 @@ def _session(
                 b.add(sid, "retry", b.system_key(kind), "same")
         calls = rng.choices([0, 1, 2, 3], weights=[2, 4, 3, 1])[0] or int(first)
         for _ in range(calls):
-            call = _tool_call(rng, f"{b.lane}_{len(b.out)}", b.tools)
+            call = tool_call(rng, f"{b.lane}_{len(b.out)}", b.tools)
             lo, hi = result_size
             size = int(math.exp(rng.uniform(math.log(lo), math.log(hi))))
             result = {
                 "role": "tool",
                 "tool_call_id": call["id"],
                 "name": call["function"]["name"],
-                "content": _tool_result(rng, call["function"]["name"], size),
+                "content": tool_result(rng, call["function"]["name"], size),
             }
             b.add(sid, "tool_result", b.system_key(kind), "extend", [result], calls=[call])
 
@@ -524,7 +273,7 @@ def build_traffic(
     max_tokens = max(8, round(48 * root))
     tools = make_tools(int(prefix * TOOLS_SHARE), seed)
     body, clock = make_systems(prefix, tools, seed)
-    systems = {"main": body + _role("implementer"), "variant": body + _role("reviewer")}
+    systems = {"main": body + team_role("implementer"), "variant": body + team_role("reviewer")}
     specs: list[RequestSpec] = []
     for lane in range(agents):
         rng = random.Random(f"lane-{seed}-{lane}")
@@ -538,25 +287,11 @@ def build_traffic(
     start = max((r.step for r in specs), default=-1) + 1
     free = [start] * agents  # each lane's next step without a request
     for v in range(variants):  # one new variant session per step, one per lane at a time
-        rng = random.Random(f"variant-{seed}-{v}")
-        lane = v % agents
+        lane, key = v % agents, f"sysvar@{v}"
         step = max(start + v, free[lane])
         b = _Builder(scale, lane, tools, max_tokens, step, phase=VARIANT_PHASE)
-        key = f"sysvar@{v}"
-        systems[key] = variant_system(body, v) + _role("implementer")
-        user = {"role": "user", "content": _user_text(rng, lane, 100 + v, 0)}
-        sid = f"v{v}"
-        b.add(sid, "first", key, "new", [user])
-        call = _tool_call(rng, f"v{v}", tools)
-        result = {
-            "role": "tool",
-            "tool_call_id": call["id"],
-            "name": call["function"]["name"],
-            "content": _tool_result(rng, call["function"]["name"], max(20, int(600 * scale))),
-        }
-        b.add(sid, "tool_result", key, "extend", [result], calls=[call])
-        again = {"role": "user", "content": _user_text(rng, lane, 100 + v, 1)}
-        b.add(sid, "user", key, "extend", [again])
+        systems[key] = variant_system(body, v) + team_role("implementer")
+        _variant_session(b, random.Random(f"variant-{seed}-{v}"), v, key)
         free[lane] = b.step
         specs += b.out
     for spec in specs:
@@ -565,6 +300,23 @@ def build_traffic(
     specs.sort(key=lambda r: (r.step, r.lane))
     requests = tuple(_with_rid(r, i) for i, r in enumerate(specs))
     return Traffic(seed, scale, agents, systems, tuple(tools), requests)
+
+
+def _variant_session(b: _Builder, rng: random.Random, v: int, key: str) -> None:
+    """System-prompt variant session v: a user turn, a tool call and its result, a user turn."""
+    sid = f"v{v}"
+    user = {"role": "user", "content": user_text(rng, b.lane, 100 + v, 0)}
+    b.add(sid, "first", key, "new", [user])
+    call = tool_call(rng, f"v{v}", b.tools)
+    result = {
+        "role": "tool",
+        "tool_call_id": call["id"],
+        "name": call["function"]["name"],
+        "content": tool_result(rng, call["function"]["name"], max(20, int(600 * b.scale))),
+    }
+    b.add(sid, "tool_result", key, "extend", [result], calls=[call])
+    again = {"role": "user", "content": user_text(rng, b.lane, 100 + v, 1)}
+    b.add(sid, "user", key, "extend", [again])
 
 
 def variant_system(body: str, v: int) -> str:

@@ -19,29 +19,25 @@ In one process: grow one conversation to ~8k tokens, then send short turns
 
 from __future__ import annotations
 
-import json
-import statistics
 import time
 
-import mlx.core as mx
-import numpy as np
-
-from clients.bench import engine_config
-from clients.cli import serve_arguments
-from engine.runtime.local import LocalEngine
+from clients.bench.figures import emit, labelled, median
+from clients.bench.harness import add_serve_arguments, engine_config
 
 HELP = "time to first token of a short turn on a long conversation"
 
 
-def _grow(engine: LocalEngine, rng, start: int, vocab: int) -> list:
+def _grow(engine, rng, start: int, vocab: int) -> list:
     """A conversation of `start` tokens, prefilled once (its first turn)."""
     tokens = [int(t) for t in rng.integers(10, vocab - 10, size=start)]
     r = engine.run(tokens, max_tokens=4)
     return tokens + r.ids
 
 
-def _bare_forward_ms(engine: LocalEngine, plan, new_tokens: list) -> float:
+def _bare_forward_ms(engine, plan, new_tokens: list) -> float:
     """Forward of `new_tokens` on the restored cache, then one decode step (ms)."""
+    import mlx.core as mx
+
     cache = engine.tier.restore(plan.entry_id, plan.length)
     model = engine.model
     mx.eval([c.state for c in cache if hasattr(c, "state")])
@@ -54,7 +50,11 @@ def _bare_forward_ms(engine: LocalEngine, plan, new_tokens: list) -> float:
     return (time.perf_counter() - t0) * 1000
 
 
-def _warm_turns(engine: LocalEngine, rng, context: int, turns: int, new: int, vocab: int):
+def _warm_turns(engine, rng, context: int, turns: int, new: int, vocab: int):
+    """`turns` short turns of `new` tokens on a conversation grown to `context`: a row per
+    turn, and the last prompt."""
+    import mlx.core as mx
+
     convo = _grow(engine, rng, context, vocab)
     rows = []
     for _ in range(turns):
@@ -91,8 +91,10 @@ def _warm_turns(engine: LocalEngine, rng, context: int, turns: int, new: int, vo
     return rows, prompt
 
 
-def _resend(engine: LocalEngine, prompt: list, repeats: int = 3) -> dict:
+def _resend(engine, prompt: list, repeats: int = 3) -> dict:
     """A verbatim resend of `prompt` (a retry): TTFT, tokens prefilled, one decode step."""
+    import mlx.core as mx
+
     rows = []
     for _ in range(repeats):
         before = engine.generator.bg._counters.prompt_tokens
@@ -105,8 +107,8 @@ def _resend(engine: LocalEngine, prompt: list, repeats: int = 3) -> dict:
         step = (time.perf_counter() - t0) * 1000
         rows.append((r.ttft_ms, step, prefilled, r.final.cached_tokens, r.final.restore_kind))
     return {
-        "resend_ttft_ms": statistics.median(x[0] for x in rows),
-        "decode_step_ms": statistics.median(x[1] for x in rows),
+        "resend_ttft_ms": median(x[0] for x in rows),
+        "decode_step_ms": median(x[1] for x in rows),
         "resend_prefilled_tokens": max(x[2] for x in rows),
         "resend_cached_tokens": min(x[3] for x in rows),
         "resend_prompt_tokens": len(prompt),
@@ -114,7 +116,7 @@ def _resend(engine: LocalEngine, prompt: list, repeats: int = 3) -> dict:
     }
 
 
-def _replan(engine: LocalEngine, r):
+def _replan(engine, r):
     """A plan restoring the prefix the turn restored, from what the tier holds now."""
     from dataclasses import replace
 
@@ -133,6 +135,10 @@ def run_bench(
     new_tokens: int = 20,
     seed: int = 0,
 ) -> dict:
+    import numpy as np
+
+    from engine.runtime.local import LocalEngine
+
     engine = LocalEngine(config)
     vocab = engine.info.vocab_size
     rng = np.random.default_rng(seed)
@@ -141,7 +147,10 @@ def run_bench(
     rows_1k, _ = _warm_turns(engine, rng, small_context, turns, new_tokens, vocab)
     resend = _resend(engine, last_prompt)
     cold = [engine.run(last_prompt, max_tokens=1, cold=True).ttft_ms for _ in range(2)]
-    med = lambda key, rs=rows: statistics.median(r[key] for r in rs)  # noqa: E731
+
+    def med(key: str, rs: list = rows) -> float:
+        return median(r[key] for r in rs)
+
     out = {
         "model": engine.info.path,
         "context_tokens": rows[-1]["prompt_tokens"],
@@ -149,7 +158,7 @@ def run_bench(
         "new_tokens_per_turn": new_tokens,
         "warm_ttft_ms": med("warm_ttft_ms"),
         "forward_ms": med("forward_ms"),
-        "cold_ttft_ms": statistics.median(cold),
+        "cold_ttft_ms": median(cold),
         "warm_ttft_1k_ms": med("warm_ttft_ms", rows_1k),
         "forward_1k_ms": med("forward_ms", rows_1k),
         "bytes_copied_restore": med("bytes_copied_restore"),
@@ -173,40 +182,53 @@ def run_bench(
 
 
 def report(out: dict) -> str:
-    return "\n".join(
-        [
-            f"model                 {out['model']}",
-            f"context               {out['context_tokens']} tokens, {out['turns']} turns of "
+    rows = [
+        ("model", out["model"]),
+        (
+            "context",
+            f"{out['context_tokens']} tokens, {out['turns']} turns of "
             f"{out['new_tokens_per_turn']} new tokens (medians)",
-            f"warm ttft             {out['warm_ttft_ms']:.1f} ms",
-            f"forward (+1 decode)   {out['forward_ms']:.1f} ms",
-            f"ratio                 {out['ratio']:.2f}   (target <= 1.15)",
-            f"cold ttft             {out['cold_ttft_ms']:.1f} ms   "
-            f"({out['cold_to_warm']:.1f}x warm)",
-            f"warm ttft at 1k       {out['warm_ttft_1k_ms']:.1f} ms   "
-            f"(8k/1k = {out['ratio_8k_to_1k']:.2f}, target <= 1.5; the bare forward alone "
-            f"scales {out['forward_8k_to_1k']:.2f}x: {out['forward_1k_ms']:.1f} ms at 1k)",
-            f"bytes copied/turn     restore {out['bytes_copied_restore']:.0f}, commit "
+        ),
+        ("warm ttft", f"{out['warm_ttft_ms']:.1f} ms"),
+        ("forward (+1 decode)", f"{out['forward_ms']:.1f} ms"),
+        ("ratio", f"{out['ratio']:.2f}   (target <= 1.15)"),
+        ("cold ttft", f"{out['cold_ttft_ms']:.1f} ms   ({out['cold_to_warm']:.1f}x warm)"),
+        (
+            "warm ttft at 1k",
+            f"{out['warm_ttft_1k_ms']:.1f} ms   (8k/1k = {out['ratio_8k_to_1k']:.2f}, target "
+            f"<= 1.5; the bare forward alone scales {out['forward_8k_to_1k']:.2f}x: "
+            f"{out['forward_1k_ms']:.1f} ms at 1k)",
+        ),
+        (
+            "bytes copied/turn",
+            f"restore {out['bytes_copied_restore']:.0f}, commit "
             f"{out['bytes_copied_commit']:.0f}, batch {out['bytes_copied_batch']:.0f}; "
             f"restored KV {out['restored_kv_bytes']:.0f} "
             f"(the batch merge copies it once; a sequence finishing alone leaves with views "
             f"of its rows, so the commit copies none)",
-            f"peak memory delta     {out['peak_memory_delta']:.0f} bytes per warm turn",
-            f"pool clears           {out['pool_clears']}",
-            f"verbatim resend       {out['resend_ttft_ms']:.1f} ms ttft at "
-            f"{out['resend_prompt_tokens']} tokens ({out['resend_kind']}, "
-            f"{out['resend_cached_tokens']} cached, {out['resend_prefilled_tokens']} "
-            f"prefilled); one decode step {out['decode_step_ms']:.1f} ms; ratio "
-            f"{out['resend_to_decode']:.2f}   (target <= 1.5, 0 prefilled)",
-            f"guard threshold       {out['guard_min_suffix']} tokens (a forward costs "
+        ),
+        ("peak memory delta", f"{out['peak_memory_delta']:.0f} bytes per warm turn"),
+        ("pool clears", f"{out['pool_clears']}"),
+        (
+            "verbatim resend",
+            f"{out['resend_ttft_ms']:.1f} ms ttft at {out['resend_prompt_tokens']} tokens "
+            f"({out['resend_kind']}, {out['resend_cached_tokens']} cached, "
+            f"{out['resend_prefilled_tokens']} prefilled); one decode step "
+            f"{out['decode_step_ms']:.1f} ms; ratio {out['resend_to_decode']:.2f}   "
+            f"(target <= 1.5, 0 prefilled)",
+        ),
+        (
+            "guard threshold",
+            f"{out['guard_min_suffix']} tokens (a forward costs "
             f"{out['forward_overhead_ms']:.2f} ms beyond its tokens, a token "
             f"{out['token_ms']:.3f} ms)",
-        ]
-    )
+        ),
+    ]
+    return "\n".join(labelled(rows, 22))
 
 
 def add_arguments(p) -> None:
-    serve_arguments(p)
+    add_serve_arguments(p)
     p.add_argument("--context", type=int, default=8192, help="conversation length")
     p.add_argument("--turns", type=int, default=5, help="short turns (medians over them)")
     p.add_argument("--new-tokens", type=int, default=20, help="new tokens per short turn")
@@ -217,8 +239,4 @@ def run(args) -> int:
     out = run_bench(
         engine_config(args), context=args.context, turns=args.turns, new_tokens=args.new_tokens
     )
-    print(report(out))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
-    return 0
+    return emit(out, args, report)

@@ -114,7 +114,7 @@ class RayCacheLink:
             if first:
                 self.loop.call(lambda g: on_orders(orders if current else empty))
             elif current and isinstance(orders, Orders) and orders:  # late: frees still hold
-                self.loop.call(lambda g: g.obey(orders))
+                self.loop.call(lambda g: g.apply_unasked(orders))
 
         def done(f) -> None:
             timer.cancel()
@@ -239,7 +239,9 @@ class ModelActor:
 
     def release(self, request_id: str) -> None:
         """End a planned request that never ran (its caller gave up while it was planned)."""
-        self.loop.call(lambda g: g.cache.release(Release(request_id=request_id), g.apply_orders))
+        self.loop.call(
+            lambda g: g.order_ledger.release(Release(request_id=request_id), g.tier.apply)
+        )
 
     def node(self) -> str:
         """The Ray node this replica runs on."""
@@ -255,7 +257,7 @@ class ModelActor:
 
     def apply_orders(self, orders: Orders) -> None:
         """Orders the manager decided at another replica's call (frees of entries held here)."""
-        self.loop.call(lambda g: g.obey(orders))
+        self.loop.call(lambda g: g.apply_unasked(orders))
 
     async def export_entry(self, entry_id: int, wait: float = 0.0, from_disk: bool = False):
         """Entry `entry_id` as a PortableEntry (None: not held here).

@@ -8,22 +8,14 @@ given. Pure arithmetic: it reads no model and starts nothing.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from engine.config.machine import machine_memory
+from engine.config.units import GB
+
 if TYPE_CHECKING:
-    from engine.config import EngineConfig
-
-GB = 1 << 30
-
-
-def machine_memory() -> int:
-    """This machine's physical memory (64G when it cannot be read)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 64 * GB
+    from engine.config.tree import EngineConfig
 
 
 @dataclass(frozen=True)

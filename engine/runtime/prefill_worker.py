@@ -13,20 +13,20 @@ What keeps the decode steps fast beside it is how the worker evaluates
 one process-wide count: while more than 10 tasks (of 10 dispatched arrays
 each) are in flight on any stream, scheduling each further array first waits
 for some task to end. A chunk's forward evaluated whole keeps that count at
-its ceiling for as long as it runs, so a decode step's eval waited for one of
-the worker's tasks per array it scheduled: 1.6 ms decode forwards took 15-21
-ms (docs/benchmarks.md, "Fifth pass"). With `module_eval` the worker
-evaluates each module's output as a long prefill's forward goes (every
-module class of the model has its `__call__` wrapped once, process-wide; the
-wrapper evaluates only on a worker thread that asked for it, and does
-nothing elsewhere), so its queue stays a few tasks deep and the decode's
-arrays are scheduled without waiting. That costs the worker its pipelining
-(the next module's graph is built after the last one ran): the caller asks
-for it per chunk (`by_module`), for a long prefill's chunks, which are
-background work beside decoding streams, and not for a short turn's, whose
-first token is the wait that matters. It is the default on the CPU device,
-where each eval is a thread hand-off; on a GPU each would be a command
-buffer, so whole forwards.
+its ceiling for as long as it runs, so a decode step's eval waited for one
+of the worker's tasks per array it scheduled: 1.6 ms decode forwards took
+15-21 ms (docs/benchmarks.md, "`--prefill-eval`: a long prefill evaluated
+module by module"). With `module_eval` the worker evaluates each module's
+output as a long prefill's forward goes (every module class of the model has
+its `__call__` wrapped once, process-wide; the wrapper evaluates only on a
+worker thread that asked for it, and does nothing elsewhere), so its queue
+stays a few tasks deep and the decode's arrays are scheduled without
+waiting. That costs the worker its pipelining (the next module's graph is
+built after the last one ran): the caller asks for it per chunk
+(`by_module`), for a long prefill's chunks, which are background work beside
+decoding streams, and not for a short turn's, whose first token is the wait
+that matters. It is the default on the CPU device, where each eval is a
+thread hand-off; on a GPU each would be a command buffer, so whole forwards.
 
 What makes it safe is what the two threads touch: the worker runs one
 prompt batch's `forward` (that batch's caches and token lists, and the

@@ -8,8 +8,8 @@ none) and reads rows [:n] of the append-only layers.
 
 What to keep, move, drop, write or delete comes from the cache manager as
 Orders. A new entry (a finished request's, an anchor captured mid-prefill)
-waits aside (`stage`) until the Orders answering its commit come back, and
-enters the tier with them (`land`): those Orders carry the frees that make
+waits aside under a staging key (`stage`) until the Orders answering its
+commit come back, and enters the tier with them (`enter`): those Orders carry the frees that make
 room for it, so the tier never holds more than the manager's budget allows
 (the manager keeps its index plus pinned frees within the budget). The disk
 tier is reached through the `DiskTier` protocol (the storage layer's
@@ -76,8 +76,8 @@ class RamTier:
         self.disk_tier = disk_tier
         self.max_id = 0  # the largest id ever held (a restarted manager allocates above it)
         self._loads: dict[int, Future] = {}  # entry id -> its read under way or done
-        # Entries waiting for the Orders of their commit, by ticket (the request id; an
-        # anchor's own ticket): (entry id, entry) pairs and the tokens they cover.
+        # Entries waiting for the Orders of their commit, by staging key (one per commit:
+        # "request id#entry id"): (entry id, entry) pairs and the tokens they cover.
         self._staged: dict[str, tuple[list[tuple[int, StoredEntry]], int]] = {}
         self.peak = 0  # the most the tier held after any change (bench load reads it)
         self._held = 0  # `nbytes`, kept up to date at each change (a sum over entries is slow)
@@ -113,16 +113,17 @@ class RamTier:
         """Record what the tier holds now against its peak (after each change)."""
         self.peak = max(self.peak, self._held)
 
-    def stage(self, ticket: str, entries: list[tuple[int, StoredEntry]], tokens: int) -> None:
-        """Hold new entries aside until the Orders of their commit come back (`land`)."""
-        assert ticket not in self._staged, f"{ticket} staged twice"
-        self._staged[ticket] = (entries, tokens)
+    def stage(self, key: str, entries: list[tuple[int, StoredEntry]], tokens: int) -> None:
+        """Hold new entries aside under `key` until the Orders of their commit come back
+        (`enter`)."""
+        assert key not in self._staged, f"{key} staged twice"
+        self._staged[key] = (entries, tokens)
 
-    def land(self, ticket: str) -> None:
+    def enter(self, key: str) -> None:
         """The commit's Orders are here: its staged entries enter the tier. The caller
         applies those Orders in the same loop-thread call (their moves and writes need
         the new entry; their frees make its room), so no step sees the tier between."""
-        entries, _ = self._staged.pop(ticket, ([], 0))
+        entries, _ = self._staged.pop(key, ([], 0))
         for entry_id, entry in entries:
             self._put(entry_id, entry)  # the peak is noted once the Orders are applied
 

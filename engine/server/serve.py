@@ -26,7 +26,7 @@ from typing import Awaitable, Callable, Protocol, Sequence
 
 import ray
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, format_bytes
 
 log = logging.getLogger("lineage")
 
@@ -101,9 +101,10 @@ async def start_engine(
 
     `local_socket` also serves gRPC on that Unix socket (no TLS; tokens apply).
     """
+    from functools import partial
     from pathlib import Path
 
-    from grpc_health.v1 import health_pb2
+    from grpc_health.v1 import health
     from mlx_lm.utils import load_tokenizer
 
     from engine.actors.cache_manager import CacheManagerActor
@@ -113,7 +114,7 @@ async def start_engine(
     from engine.server.frontend import Frontend
     from engine.server.metrics import EngineMetrics
     from engine.server.prompt import PromptBuilder
-    from engine.server.service import SERVICE, create_server
+    from engine.server.service import create_server, set_serving
     from engine.server.supervisor import Supervisor
 
     namespace = config.server.ray_namespace
@@ -149,15 +150,10 @@ async def start_engine(
         count,
         config.server.route_threshold,
     )
-    health_box: list = []
-
-    async def set_health(up: bool) -> None:
-        if health_box and not frontend.closing.is_set():
-            status = health_pb2.HealthCheckResponse
-            for name in ("", SERVICE):
-                await health_box[0].set(name, status.SERVING if up else status.NOT_SERVING)
-
-    supervisor = Supervisor(models, manager, config, set_health)
+    # The supervisor drives health from its first check on; stop() stops it first.
+    health_servicer = health.aio.HealthServicer()
+    await set_serving(health_servicer, True)
+    supervisor = Supervisor(models, manager, config, partial(set_serving, health_servicer))
     await supervisor.start()
     await manager.attach.remote(models, machines)
     tokenizer = load_tokenizer(Path(info.path))
@@ -184,17 +180,27 @@ async def start_engine(
         namespaces=config.server.metrics_namespace,
         metrics=EngineMetrics(namespace, Path(info.path).name or info.model_type),
     )
-    server, bound, health = await create_server(
+    server, bound, _ = await create_server(
         frontend,
         config.server.host,
         config.server.port if port is None else port,
         security=config.server,
         local_socket=local_socket,
         max_concurrent_rpcs=config.server.max_concurrent_rpcs or config.model.max_queue + 64,
+        health_servicer=health_servicer,
     )
-    health_box.append(health)
     engine = RunningEngine(
-        server, bound, health, frontend, models, manager, info, namespace, names, supervisor, memory
+        server,
+        bound,
+        health_servicer,
+        frontend,
+        models,
+        manager,
+        info,
+        namespace,
+        names,
+        supervisor,
+        memory,
     )
     engine.sampler = asyncio.ensure_future(sample_metrics(engine))
     return engine
@@ -229,22 +235,22 @@ def measured_guard(cache, info):
 
 def _log_memory(memory) -> None:
     log.info(
-        "memory: limit %.1f GB = weights %.1f x %d + running KV %.1f (%d tokens per replica) "
-        "+ RAM tier %.1f + pool %.1f x %d",
-        memory.limit / 1e9,
-        memory.weights / 1e9,
+        "memory: limit %s = weights %s x %d + running KV %s (%d tokens per replica) "
+        "+ RAM tier %s + pool %s x %d",
+        format_bytes(memory.limit),
+        format_bytes(memory.weights),
         memory.replicas,
-        memory.running_kv / 1e9,
+        format_bytes(memory.running_kv),
         memory.max_batch_tokens,
-        memory.ram_budget / 1e9,
-        memory.pool_limit / 1e9,
+        format_bytes(memory.ram_budget),
+        format_bytes(memory.pool_limit),
         memory.replicas,
     )
     if memory.total > memory.limit:
         log.warning(
-            "the configured budgets (%.1f GB) exceed the memory limit (%.1f GB)",
-            memory.total / 1e9,
-            memory.limit / 1e9,
+            "the configured budgets (%s) exceed the memory limit (%s)",
+            format_bytes(memory.total),
+            format_bytes(memory.limit),
         )
 
 

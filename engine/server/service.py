@@ -295,8 +295,12 @@ async def create_server(
     security: ServerConfig | None = None,
     local_socket: str | None = None,
     max_concurrent_rpcs: int | None = None,
+    health_servicer: health.aio.HealthServicer | None = None,
 ):
-    """(server, bound port, health servicer); the server is started, health SERVING.
+    """(server, bound port, health servicer); the server is started.
+
+    Health is SERVING unless `health_servicer` is given: then it says what its
+    owner (the supervisor) set.
 
     `security` brings tokens, TLS, reflection and the figures' rounding (its
     host and port are not used); None serves as on loopback with none of them
@@ -316,7 +320,8 @@ async def create_server(
     )
     servicer = EngineServicer(frontend, auth, security.exact_cache_figures)
     engine_pb2_grpc.add_EngineServicer_to_server(servicer, server)
-    health_servicer = health.aio.HealthServicer()
+    own_health = health_servicer is None
+    health_servicer = health_servicer or health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if security.reflection_on:
         reflection.enable_server_reflection(
@@ -337,15 +342,21 @@ async def create_server(
     if local_socket and not server.add_insecure_port(f"unix:{local_socket}"):
         raise OSError(f"cannot bind unix:{local_socket}")
     await server.start()
-    for name in ("", SERVICE):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    if own_health:
+        await set_serving(health_servicer, True)
     return server, bound, health_servicer
+
+
+async def set_serving(health_servicer: health.aio.HealthServicer, up: bool) -> None:
+    """The engine's health, for the whole server and its Engine service alike."""
+    status = health_pb2.HealthCheckResponse
+    for name in ("", SERVICE):
+        await health_servicer.set(name, status.SERVING if up else status.NOT_SERVING)
 
 
 async def stop_server(server, health_servicer, frontend: Frontend, grace: float = 2.0) -> None:
     """Health NOT_SERVING, in-flight streams end with UNAVAILABLE, then the server stops."""
-    for name in ("", SERVICE):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await set_serving(health_servicer, False)
     frontend.closing.set()
     await asyncio.sleep(0.2)  # let streams see `closing` and end with UNAVAILABLE
     await server.stop(grace)

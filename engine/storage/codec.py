@@ -41,11 +41,11 @@ _FORMS = {
 }
 
 
-def _dtype_name(a: mx.array) -> str:
+def dtype_name(a: mx.array) -> str:
     return str(a.dtype).rsplit(".", 1)[-1]
 
 
-class _Encoder:
+class Encoder:
     """A stored form as JSON-able structure; arrays replaced by their index in `arrays`."""
 
     def __init__(self) -> None:
@@ -97,7 +97,7 @@ def to_write_job(entry: StoredEntry, record: EntryRecord, fingerprint: str) -> W
             f"{sorted(entry.states)}; its record says {length} and {lengths}"
         )
     states = {n: entry.states[n] for n in lengths}
-    enc = _Encoder()
+    enc = Encoder()
     layers = enc.tree(list(entry.layers), rows=length)
     state_tree = [[n, enc.tree(states[n])] for n in lengths]
     bits = [a.view(mx.uint16) if a.dtype == mx.bfloat16 else a for a, _ in enc.arrays]
@@ -108,7 +108,7 @@ def to_write_job(entry: StoredEntry, record: EntryRecord, fingerprint: str) -> W
         if rows is not None and view.ndim >= 2:
             view = view[..., :rows, :]
         views.append(view)
-        dtypes.append(_dtype_name(a))
+        dtypes.append(dtype_name(a))
     meta = {
         "fingerprint": fingerprint,
         "entry_id": record.entry_id,
@@ -157,21 +157,21 @@ def _class(path: str) -> type:
     return cls
 
 
-def _decode(node: Any, arrays: list) -> Any:
+def decode_tree(node: Any, arrays: list) -> Any:
     if node is None or isinstance(node, (bool, int, float, str)):
         return node
     if isinstance(node, list):
-        return [_decode(x, arrays) for x in node]
+        return [decode_tree(x, arrays) for x in node]
     if "a" in node:
         return arrays[node["a"]]
     if "t" in node:
-        return tuple(_decode(x, arrays) for x in node["t"])
+        return tuple(decode_tree(x, arrays) for x in node["t"])
     if "d" in node:
-        return {_decode(k, arrays): _decode(v, arrays) for k, v in node["d"]}
+        return {decode_tree(k, arrays): decode_tree(v, arrays) for k, v in node["d"]}
     if "c" in node:
         return _class(node["c"])
     form = _FORMS[node["o"]]
-    return form(**{k: _decode(v, arrays) for k, v in node["f"].items()})
+    return form(**{k: decode_tree(v, arrays) for k, v in node["f"].items()})
 
 
 def read_entry(
@@ -189,7 +189,7 @@ def read_entry(
     return finish_entry(read_arrays(path, fingerprint, entry_id), namespace, tokens)
 
 
-# The dtypes a file's arrays may have, by the names `_dtype_name` writes.
+# The dtypes a file's arrays may have, by the names `dtype_name` writes.
 _DTYPE_NAMES = "bool_ uint8 uint16 uint32 uint64 int8 int16 int32 int64 float16 float32 bfloat16"
 _DTYPES = {name: getattr(mx, name) for name in _DTYPE_NAMES.split() if hasattr(mx, name)}
 
@@ -276,8 +276,8 @@ def finish_entry(
         raise file_format.DamagedFile("the file does not hold the planned tokens")
     meta = header.meta
     try:
-        layers = _decode(meta["layers"], arrays)
-        states = {int(n): _decode(tree, arrays) for n, tree in meta["states"]}
+        layers = decode_tree(meta["layers"], arrays)
+        states = {int(n): decode_tree(tree, arrays) for n, tree in meta["states"]}
     except (KeyError, TypeError, ValueError, AttributeError, ImportError) as e:
         raise file_format.DamagedFile(f"undecodable body: {e}") from None
     if (

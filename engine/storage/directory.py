@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.cache.disk_index import DiskIndex, FoundFile, index_files
-from engine.config import CacheConfig
+from engine.config import CacheConfig, format_bytes
 from engine.storage.file_format import (
     DAMAGED_SUFFIX,
     SUFFIX,
@@ -257,12 +257,12 @@ def open_directory(
         log.info("disk tier: removed %s, left by an interrupted write", path)
     foreign = sum(f.reason == "foreign" for f in index.files.values())
     log.info(
-        "disk tier: %d entries of this model, %d of other models, %d damaged, %.1f GB "
+        "disk tier: %d entries of this model, %d of other models, %d damaged, %s "
         "in %s (scanned in %.2f s)",
         index.entries,
         foreign,
         index.damaged,
-        index.nbytes / 1e9,
+        format_bytes(index.nbytes),
         directory,
         time.perf_counter() - t0,
     )

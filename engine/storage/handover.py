@@ -20,7 +20,7 @@ import mlx.core as mx
 import numpy as np
 
 from engine.runtime.ram_tier import StoredEntry
-from engine.storage.codec import _decode, _dtype_name, _Encoder
+from engine.storage.codec import Encoder, decode_tree, dtype_name
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class PortableEntry:
 
 def to_portable(entry: StoredEntry) -> PortableEntry:
     """The entry's arrays as numpy views (rows beyond its length left out); no copy."""
-    enc = _Encoder()
+    enc = Encoder()
     layers = enc.tree(list(entry.layers), rows=entry.length)
     states = tuple((n, enc.tree(s)) for n, s in sorted(entry.states.items()))
     logits = tuple((n, enc.tree(a)) for n, a in sorted(entry.logits.items()))
@@ -54,7 +54,7 @@ def to_portable(entry: StoredEntry) -> PortableEntry:
         if rows is not None and view.ndim >= 2:
             view = view[..., :rows, :]
         views.append(view)
-    dtypes = tuple(_dtype_name(a) for a, _ in enc.arrays)
+    dtypes = tuple(dtype_name(a) for a, _ in enc.arrays)
     return PortableEntry(entry.length, layers, states, tuple(views), dtypes, time.time(), logits)
 
 
@@ -65,7 +65,7 @@ def from_portable(p: PortableEntry) -> StoredEntry:
         a = mx.array(view)
         arrays.append(a.view(mx.bfloat16) if dtype == "bfloat16" else a)
     mx.eval(arrays)
-    layers = _decode(p.layers, arrays)
-    states = {int(n): _decode(tree, arrays) for n, tree in p.states}
-    logits = {int(n): _decode(tree, arrays) for n, tree in p.logits}
+    layers = decode_tree(p.layers, arrays)
+    states = {int(n): decode_tree(tree, arrays) for n, tree in p.states}
+    logits = {int(n): decode_tree(tree, arrays) for n, tree in p.logits}
     return StoredEntry(layers, p.length, states, logits)

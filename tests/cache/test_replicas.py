@@ -57,7 +57,7 @@ class ReplicaDriver:
         actor.restore(plan, prompt)
         self.cache.prefilled(rid)
         commit = actor.prefill(plan, prompt, tokens(reply))
-        actor.land(rid)  # its commit's Orders come back now
+        actor.enter(rid)  # its commit's Orders come back now
         self.deliver(self.cache.commit(commit))
 
     def release(self, rid: str) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from clients.bench import agents
-from clients.bench.agents import Observed, PolicyRun, oracle_lengths
+from clients.bench.observed import Observed, PolicyRun, oracle_lengths
 from clients.bench.report import summarize
 from clients.bench.traffic import Sessions, build_traffic
 from clients.fanout import estimate_tokens
@@ -119,7 +119,7 @@ def test_sessions_append_replies_as_produced():
     for spec in t.requests:
         messages = sessions.messages(spec)
         assert messages[0] == {"role": "system", "content": t.systems[spec.system]}
-        previous = sessions._last.get(spec.session)
+        previous = sessions.previous(spec.session)
         if spec.base == "same":
             assert messages[1:] == previous[0][1:]
         elif spec.base == "edit":

@@ -5,23 +5,37 @@ from __future__ import annotations
 
 import json
 
-from clients.bench import kernels
+import pytest
+
+from clients.bench import kernels, sparse_layer
 
 
-def test_layer_and_gated_delta_figures_report_and_plot(tmp_path):
-    out = {
-        "layer": kernels.layer_bench(context=256, heads=2, repeats=1, chunks=(1, 2, 129)),
+@pytest.fixture(scope="module")
+def figures() -> dict:
+    """The layer and gated-delta figures of a small run (as `lineage bench kernels` makes)."""
+    return {
+        "layer": sparse_layer.layer_bench(context=256, heads=2, repeats=1, chunks=(1, 2, 129)),
         "gated_delta": kernels.gated_delta_bench(1, steps=(1,)),
     }
-    rows = out["layer"]["rows"]
+
+
+def test_layer_and_gated_delta_figures_report(figures):
+    rows = figures["layer"]["rows"]
     assert [r["path"] for r in rows] == ["stock", "decode", "decode"]
     assert all(r["rel_l2"] <= 1e-5 for r in rows)
-    assert rows[2]["block_union"] is not None and out["gated_delta"][0]["bit_identical"]
-    text = kernels.report(out)
+    assert rows[2]["block_union"] is not None and figures["gated_delta"][0]["bit_identical"]
+    text = kernels.report(figures)
     assert "context 256, index_topk 32" in text and "T=   1" in text
-    kernels.plot(out, str(tmp_path / "k.png"))
+    assert "      L    stock ms     ours ms   speedup  path    rel L2   block union" in text
+    json.dumps(figures)  # --json writes it as is
+
+
+def test_the_plot_draws_the_layer_figures(figures, tmp_path):
+    pytest.importorskip("matplotlib", reason="--plot needs the bench extra (.[bench])")
+    kernels.plot(figures, str(tmp_path / "k.png"))
     assert (tmp_path / "k.png").stat().st_size > 1000
-    json.dumps(out)  # --json writes it as is
+    kernels.plot({"gated_delta": figures["gated_delta"]}, str(tmp_path / "none.png"))
+    assert not (tmp_path / "none.png").exists(), "nothing to draw without the layer"
 
 
 def _selections(clustered: bool, context=2048, chunk=256):
@@ -32,9 +46,9 @@ def _selections(clustered: bool, context=2048, chunk=256):
 
     from engine.kernels import sparse_attention as sa
 
-    attn = kernels._layer(context, heads=2, seed=0)
-    hot = kernels.Clustering(attn, context, seed=2) if clustered else None
-    cache = kernels._filled_cache(attn, context, 1, hot)
+    attn = sparse_layer.layer(context, heads=2, seed=0)
+    hot = sparse_layer.Clustering(attn, context, seed=2) if clustered else None
+    cache = sparse_layer.filled_cache(attn, context, 1, hot)
     mx.random.seed(3)
     x = mx.random.normal((1, chunk, attn.hidden_size))
     x = hot.chunk(x) if hot else x
@@ -61,7 +75,7 @@ def test_block_gather_pays_on_clustered_unions_only():
     4.9 s for the decode shape), the decode shape when the union is everything."""
     from engine.kernels import sparse_attention as sa
 
-    attn = kernels._layer(16384, heads=8, seed=0)
+    attn = sparse_layer.layer(16384, heads=8, seed=0)
     n = 16384 + 512
     assert sa.gather_pays(attn, int(0.18 * n), 512, 2048)
     assert not sa.gather_pays(attn, n, 512, 2048)

@@ -10,14 +10,10 @@ import httpx
 import openai
 import pytest
 
-from clients.bridge import (
-    TOOL_CALL_START,
-    ChatShape,
-    ToolCallStream,
-    parse_tool_calls,
-    start_bridge,
-)
 from clients.client import Final, Restore, Result, Timing, Usage
+from clients.openai.chat_completions import ChatShape
+from clients.openai.server import start_bridge
+from clients.openai.tool_calls import TOOL_CALL_START, ToolCallStream, parse_tool_calls
 from engine.server.background import BackgroundLoop
 
 

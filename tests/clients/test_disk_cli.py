@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from clients.cli import main
+from clients.cli.main import main
 from engine.cache.messages import EntryRecord
 from engine.storage import file_format
 from engine.storage.directory import lock_directory

@@ -6,7 +6,8 @@ import argparse
 
 import pytest
 
-from clients.cli import config_from_args, serve_arguments
+from clients.cli.args import add_serve_arguments as serve_arguments
+from clients.cli.args import config_from_args
 from engine.config import EngineConfig, KernelConfig
 
 
@@ -40,11 +41,11 @@ def test_environment_then_flags():
 @pytest.mark.parametrize(
     "env, needle",
     [
-        ({"LINEAGE_SPARSE_KERNELS": "maybe"}, "sparse kernels"),
+        ({"LINEAGE_SPARSE_KERNELS": "maybe"}, "--sparse-kernels"),
         ({"LINEAGE_SPARSE_DECODE_MAX": "600"}, "sparse thresholds"),
         ({"LINEAGE_SPARSE_BLOCK": "0"}, "sparse block"),
-        ({"LINEAGE_GATED_DELTA": "turbo"}, "gated delta"),
-        ({"LINEAGE_DENSE_KERNEL": "sometimes"}, "dense kernel"),
+        ({"LINEAGE_GATED_DELTA": "turbo"}, "--gated-delta"),
+        ({"LINEAGE_DENSE_KERNEL": "sometimes"}, "--dense-kernel"),
         ({"LINEAGE_DENSE_MIN_KEYS": "0"}, "dense min keys"),
     ],
 )

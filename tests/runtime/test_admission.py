@@ -9,6 +9,7 @@ import numpy as np
 
 from engine.cache.messages import PlanRequest
 from engine.config import CacheConfig, EngineConfig, ModelConfig
+from engine.runtime.admission import Wait
 from engine.runtime.events import Finished, FinishReason, Tokens
 from engine.runtime.local import LocalEngine
 from engine.runtime.requests import GenerationRequest, SamplingParams
@@ -51,10 +52,11 @@ def test_a_request_over_the_token_budget_waits_for_room_and_then_runs(model_cach
             g.step()
         alone.append(_ids(events))
 
-    g.max_batch_tokens = 100  # each needs 50: two fit, the third waits
+    g.admission.max_batch_tokens = 100  # each needs 50: two fit, the third waits
     streams = [_submit(engine, f"r{k}", p, 10) for k, p in enumerate(prompts)]
     g.step()
     assert len(g.active) == 2 and [r.request_id for r, _ in g.pending] == ["r2"]
+    assert g.admission.waits == {"r2": Wait.BATCH_FULL}
     assert g.batch_tokens == 100
     most = 0
     while any(_done(s) is None for s in streams):

@@ -20,6 +20,7 @@ import pytest
 from engine.cache.messages import PlanRequest
 from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.runtime import prefill_worker
+from engine.runtime.admission import Wait
 from engine.runtime.batch import LineagePromptBatch
 from engine.runtime.events import Finished, FinishReason, Progress, Tokens
 from engine.runtime.loader import load_model
@@ -139,6 +140,7 @@ def test_an_anchor_waiter_starts_in_the_step_after_the_capture(loaded, overlap):
     while not eng.tier.can_restore(plan.entry_id, plan.length):
         assert "s2" not in eng.generator.by_request
         eng.generator.step()
+        assert eng.generator.admission.waits["s2"] == Wait.ANCHOR_CAPTURE
     eng.generator.step()
     assert "s2" in eng.generator.by_request, "the waiter did not start right after the capture"
     run_all(eng)

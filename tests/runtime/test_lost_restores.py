@@ -7,6 +7,7 @@ import numpy as np
 
 from engine.cache.messages import PlanRequest
 from engine.config import CacheConfig, EngineConfig, ModelConfig
+from engine.runtime.admission import Wait
 from engine.runtime.events import Finished, Tokens
 from engine.runtime.local import LocalEngine, LocalLink
 from engine.runtime.requests import GenerationRequest, SamplingParams
@@ -58,22 +59,23 @@ def run(engine: LocalEngine, events: list) -> Finished:
 
 def test_a_request_waits_for_the_orders_its_plan_follows(model_cache_dir):
     engine = make_engine(model_cache_dir)
-    link = engine.generator.cache = SlowLink(engine.manager)
+    link = engine.generator.order_ledger.link = SlowLink(engine.manager)
     prompt = [(i * 31) % 3000 + 20 for i in range(300)]
     first = submit(engine, "r1", prompt)
     while not link.held:  # finished; its commit's Orders are on their way
         engine.generator.step()
     second = submit(engine, "r2", prompt + [7, 8, 9])
     plan = engine.generator.pending[0][0].plan
-    assert plan.after_orders == 1 and engine.generator.orders_applied == 0
+    assert plan.after_orders == 1 and engine.generator.order_ledger.applied == 0
     for _ in range(3):
         engine.generator.step()
     assert engine.generator.pending and not engine.generator.active, "restored too early"
+    assert engine.generator.admission.waits == {"r2": Wait.ORDERS_BEHIND}
     link.deliver()
     assert run(engine, first).restore_kind == "none"
     final = run(engine, second)
     assert final.restore_kind == "reply" and not final.restore_lost
-    assert engine.generator.orders_applied == 2  # both commits
+    assert engine.generator.order_ledger.applied == 2  # both commits
 
 
 def test_a_restore_point_found_gone_is_replanned_logged_and_counted(model_cache_dir):
@@ -87,7 +89,7 @@ def test_a_restore_point_found_gone_is_replanned_logged_and_counted(model_cache_
     assert second.final.restore_lost == f"{entry}@{len(prompt) + 3}"
     assert second.final.restore_kind == "none", "no file to read it back from: cold"
     assert engine.manager.stats().restores_lost == 1
-    assert entry not in engine.manager.index and not engine.generator.replanning
+    assert entry not in engine.manager.index and not engine.generator.restorer.replanning
     third = engine.run(prompt + first.ids + [5, 6, 7] + second.ids + [1, 2], max_tokens=3)
     assert third.final.restore_kind == "entry" and not third.final.restore_lost
 

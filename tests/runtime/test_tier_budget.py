@@ -14,6 +14,7 @@ import numpy as np
 
 from engine.cache.messages import PlanRequest
 from engine.config import CacheConfig, EngineConfig, ModelConfig
+from engine.runtime.admission import Wait
 from engine.runtime.events import Finished
 from engine.runtime.local import LocalEngine, LocalLink
 from engine.runtime.requests import GenerationRequest, SamplingParams
@@ -103,7 +104,7 @@ def test_a_finished_entry_enters_the_tier_with_its_commits_orders(model_cache_di
     size, loaded = entry_size(model_cache_dir)
     budget = size + size // 2  # one entry fits, two do not
     engine = LocalEngine(config(model_cache_dir, budget), loaded)
-    link = engine.generator.cache = HoldingLink(engine.manager)
+    link = engine.generator.order_ledger.link = HoldingLink(engine.manager)
     s = Stepper(engine)
     for k in (1, 2, 3):
         events = s.submit(f"r{k}", prompt(k))
@@ -141,7 +142,7 @@ def test_a_file_load_waits_for_the_orders_that_make_its_room(model_cache_dir, tm
         assert store.flush(10)
         source = first.plan.new_entry_id
         assert source not in engine.tier.entries and source in engine.manager.disk_index
-        link = engine.generator.cache = HoldingLink(engine.manager)
+        link = engine.generator.order_ledger.link = HoldingLink(engine.manager)
         s = Stepper(engine)
         events = s.submit("r3", prompt(1) + first.ids + [5, 6, 7])
         plan = engine.generator.pending[0][0].plan
@@ -150,6 +151,7 @@ def test_a_file_load_waits_for_the_orders_that_make_its_room(model_cache_dir, tm
         time.sleep(0.2)  # the file is read meanwhile
         s.step(5)
         assert engine.generator.pending and not engine.generator.active, "loaded before its room"
+        assert engine.generator.admission.waits == {"r3": Wait.ROOM_ASKED}
         assert source not in engine.tier.entries
         link.deliver()  # the second entry's free: the file's entry comes in
         s.until(lambda: link.held)

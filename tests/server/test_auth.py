@@ -184,7 +184,7 @@ def test_cache_stats_needs_an_admin_token():
 
 
 def test_the_cli_sends_the_token_from_its_flag_or_environment(capsys):
-    from clients.cli import main
+    from clients.cli.main import main
 
     with serving(tokens=TOKENS) as address:
         assert main(["stats", "--server", address], env={}) == 1
@@ -197,7 +197,7 @@ def test_the_cli_sends_the_token_from_its_flag_or_environment(capsys):
 
 
 def test_serve_refuses_a_public_bind_without_a_token(capsys):
-    from clients.cli import main
+    from clients.cli.main import main
 
     assert main(["serve", "--host", "0.0.0.0", "--port", "0"], env={}) == 2
     assert "--insecure" in capsys.readouterr().err
@@ -206,8 +206,8 @@ def test_serve_refuses_a_public_bind_without_a_token(capsys):
 def test_the_bridge_serves_mtls_and_checks_tokens_before_anything(certs):
     import httpx
 
-    from clients.bridge import start_bridge
-    from clients.bridge_guard import BridgeSecurity
+    from clients.openai.guard import BridgeSecurity
+    from clients.openai.server import start_bridge
 
     loop = BackgroundLoop("bridge-mtls")
     security = BridgeSecurity(

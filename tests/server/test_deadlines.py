@@ -117,24 +117,24 @@ class _Inbox:
 
     def __init__(self):
         self.calls: queue.SimpleQueue = queue.SimpleQueue()
-        self.obeyed: list = []
+        self.applied: list = []
 
     def call(self, fn) -> None:
         self.calls.put(fn)
 
     def next(self, timeout: float):
         fn = self.calls.get(timeout=timeout)
-        fn(self)  # a late answer calls g.obey(orders): this inbox plays the generator
+        fn(self)  # a late answer calls g.apply_unasked(orders): this inbox plays the generator
 
-    def obey(self, orders) -> None:
-        self.obeyed.append(orders)
+    def apply_unasked(self, orders) -> None:
+        self.applied.append(orders)
 
 
 def test_a_manager_call_past_the_link_deadline_is_answered_empty_and_applied_late(
     ray_session,
 ):
     """RayCacheLink: no answer within its deadline -> empty Orders for the waiting request;
-    the late answer's Orders (frees) are still obeyed; an answer of an old epoch is not."""
+    the late answer's Orders (frees) are still applied; an answer of an old epoch is not."""
     import numpy as np
     import ray
 
@@ -156,7 +156,7 @@ def test_a_manager_call_past_the_link_deadline_is_answered_empty_and_applied_lat
     link.loop.next(timeout=10)
     assert answers == [Orders()] and time.monotonic() - t0 < 1.5, "not answered at the deadline"
     link.loop.next(timeout=10)  # the real answer, 2 s on
-    assert link.loop.obeyed == [Orders(free=(41,))]
+    assert link.loop.applied == [Orders(free=(41,))]
 
     link.commit(commit, answers.append)
     link.epoch = 4  # the manager restarted meanwhile: its answers no longer apply
@@ -164,4 +164,4 @@ def test_a_manager_call_past_the_link_deadline_is_answered_empty_and_applied_lat
     assert answers[-1] == Orders()
     with pytest.raises(queue.Empty):
         link.loop.next(timeout=3)
-    assert len(link.loop.obeyed) == 1
+    assert len(link.loop.applied) == 1

@@ -153,7 +153,7 @@ def test_lineage_top_once_renders_against_a_real_server(engine):
 
     from rich.console import Console
 
-    from clients import top
+    from clients.cli import top
     from clients.client import Client
 
     system = "You are a careful agent. " * 20
@@ -169,7 +169,7 @@ def test_lineage_top_once_renders_against_a_real_server(engine):
     for heading in ("replicas", "bytes per tier", "anchors", "restores over the last 60 s"):
         assert heading in frame
     assert "latest requests" in frame and "tenant-a" not in frame  # namespaces are hashed
-    assert top.human_bytes(engine.config.cache.ram_budget) in frame  # the RAM budget bar
+    assert top.format_bytes(engine.config.cache.ram_budget) in frame  # the RAM budget bar
     tag = namespace_tag("tenant-a", "hash")
     anchor_rows = [line for line in frame.splitlines() if tag in line and "KiB" in line]
     assert anchor_rows  # the tenant's anchor, with its bytes and sessions

@@ -73,12 +73,13 @@ def test_nonsensical_limits_are_refused_at_startup(argv, env, needle, capsys):
 
 
 def test_the_serve_and_bridge_commands_take_the_limit_flags():
-    from clients import cli
+    from clients.cli import main as cli
+    from clients.cli.args import config_from_args
 
     args = cli.build_parser().parse_args(
         ["serve", "--max-stop-length", "64", "--max-body-bytes", "1M"]
     )
-    limits = cli.config_from_args(args, {}).limits
+    limits = config_from_args(args, {}).limits
     assert (limits.max_stop_length, limits.max_body_bytes) == (64, 1 << 20)
     args = cli.build_parser().parse_args(["bridge", "--max-body-bytes", "1K"])
     assert args.max_body_bytes == 1024
@@ -115,8 +116,7 @@ def _with_id(req, request_id: str):
 def test_the_bridge_applies_its_body_limit():
     import httpx
 
-    from clients.bridge import start_bridge
-    from clients.bridge_server import bridge_security
+    from clients.openai.server import bridge_security, start_bridge
     from engine.config import ServerConfig
     from engine.server.background import BackgroundLoop
 

@@ -40,7 +40,7 @@ def test_a_restart_deletes_what_the_dead_writer_was_to_delete_and_forgets_what_i
             plan = replace(plan, replica=0)
             actor.load(plan) if plan.load_from_disk else None
             commit = actor.prefill(plan, tokens(prompt), tokens(reply))
-            actor.land(rid)
+            actor.enter(rid)
             orders = cache.commit(replace(commit, namespace=""))
             apply(orders.get(0))
 

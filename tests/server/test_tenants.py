@@ -15,8 +15,8 @@ import httpx
 import openai
 import pytest
 
-from clients.bridge import bridge_security, start_bridge
 from clients.client import Client, Final, LineageError, Progress
+from clients.openai.server import bridge_security, start_bridge
 from engine.config import CACHE_BLOCK, Identity
 from engine.server.background import BackgroundEngine, BackgroundLoop
 from tests.certs import make_certs

@@ -1,74 +1,26 @@
-"""An OpenAI-compatible HTTP bridge (FastAPI on uvicorn), a client of the gRPC API.
+"""OpenAI chat completions (`/v1/chat/completions`) and completions (`/v1/completions`).
 
-Translates `/v1/chat/completions`, `/v1/completions`, `/v1/models` and `/health`
-into Generate, ModelInfo and health-check calls (clients.client.AsyncClient)
-and the answers back into OpenAI shapes, as server-sent events when `stream` is
-set. It knows the OpenAI wire format and the model's `<tool_call>` text; it
-knows nothing of models, caches or Ray, and never loads MLX. gRPC
-INVALID_ARGUMENT (and a request the bridge itself finds malformed) -> 400,
-RESOURCE_EXHAUSTED (a full queue) -> 429, UNAVAILABLE -> 503, anything else
-(a bug included) -> 500, always as `{"error": {"message", "type", "param",
-"code"}}`; a body over 16 MiB -> 413
-(clients.bridge_guard). A client that disconnects
-cancels its gRPC call, which frees its batch slot. The cache namespace is the
-`X-Cache-Namespace` header, else the request's `user` (under the caller's
-tenant namespace when the engine has tokens: the caller's bearer token goes on
-to the engine). UNAUTHENTICATED -> 401, PERMISSION_DENIED -> 403.
-
-`start_bridge(...)` serves in the running loop (`lineage serve --http-port`);
-`run_bridge(...)` is the blocking job of `lineage bridge` (both in
-clients.bridge_server, re-exported here), whose CLI plug-in (HELP,
-add_arguments, run) this module is. FastAPI, uvicorn and pydantic load
-only when a bridge is built, so the import stays cheap; and no `from __future__
-import annotations`, since FastAPI reads the annotations of the endpoints
-defined inside create_app.
+Translates their bodies into the engine's Generate call (clients.client.AsyncClient)
+and its events back into OpenAI's objects: a whole response, or server-sent
+events when `stream` is set (chunks, the finish chunk, the usage chunk when
+asked, `[DONE]`). With `tools`, the model's `<tool_call>` text becomes
+`tool_calls` (clients.openai.tool_calls). The cache namespace is the
+`X-Cache-Namespace` header, else the request's `user`; the caller's bearer
+token goes on to the engine, which decides the tenant. No `from __future__
+import annotations`: FastAPI reads the annotations of the routes defined
+inside `add_routes`.
 """
 
-import asyncio
 import json
-import logging
 import time
 import uuid
-from pathlib import PurePath
 from types import SimpleNamespace
 
-from clients.bridge_guard import (
-    BearerAuth,
-    BodyLimit,
-    BridgeSecurity,
-    bearer_token,
-)
-from clients.bridge_server import (  # noqa: F401  (re-exported: the bridge's public API)
-    BridgeHandle,
-    bridge_security,
-    run_bridge,
-    start_bridge,
-)
-from clients.client import DEFAULT_SERVER, AsyncClient, Chunk, Final, LineageError, Progress
-from clients.tool_calls import (  # noqa: F401  (re-exported)
-    TOOL_CALL_START,
-    ToolCallStream,
-    parse_tool_calls,
-)
+from clients.client import Chunk, Final, LineageError, Progress
+from clients.openai.errors import lineage_error, unless_disconnected
+from clients.openai.guard import bearer_token
+from clients.openai.tool_calls import ToolCallStream, parse_tool_calls
 from clients.wire import InvalidInput
-
-HELP = "serve an OpenAI-compatible HTTP API in front of a running engine"
-log = logging.getLogger(__name__)
-_HTTP_STATUS = {
-    "INVALID_ARGUMENT": 400,
-    "UNAUTHENTICATED": 401,
-    "PERMISSION_DENIED": 403,
-    "RESOURCE_EXHAUSTED": 429,
-    "UNAVAILABLE": 503,
-}
-DISCONNECT_POLL_S = 0.25  # how often a request not yet streaming checks for a gone client
-
-
-class ClientDisconnected(Exception):
-    """The HTTP client went away before the response started (answered 499, unseen)."""
-
-
-# ------------------------------------------------------- OpenAI shapes ----
 
 
 def _usage(usage) -> dict:
@@ -78,18 +30,6 @@ def _usage(usage) -> dict:
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
-
-
-def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
-
-
-def _lineage_error(error: LineageError) -> tuple[int, dict]:
-    """(HTTP status, OpenAI error body) of a failed gRPC call."""
-    status = _HTTP_STATUS.get(error.code, 500)
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    kind = "rate_limit_error" if status == 429 else kind
-    return status, error_body(error.message, kind, code=error.code.lower())
 
 
 class _Shape:
@@ -216,63 +156,10 @@ async def _events_as_sse(first, stream, shape: _Shape, include_usage: bool):
                     yield _sse(shape.usage_chunk(event))
             event = await anext(stream, None)
     except LineageError as error:
-        yield _sse(_lineage_error(error)[1])
+        yield _sse(lineage_error(error)[1])
     finally:
         stream.cancel()
     yield "data: [DONE]\n\n"
-
-
-# --------------------------------------------------------------- backend ----
-
-
-class Backend:
-    """The gRPC side: an AsyncClient, a health stub, and the served model's identity."""
-
-    def __init__(self, grpc_address: str):
-        self.address = grpc_address
-        self.client = AsyncClient(grpc_address)
-        self._info: dict | None = None
-
-    async def model_info(self, auth_token: str | None = None) -> dict:
-        """ModelInfo as {"id", "max_context", "fingerprint", "reply"}, fetched once."""
-        if self._info is None:
-            reply = await self.client.model_info(auth_token)
-            self._info = {
-                "id": PurePath(reply["model"]).name or reply["model"],
-                "max_context": reply["max_context"],
-                "fingerprint": reply["fingerprint"],
-                "reply": reply,
-            }
-        return self._info
-
-    async def health(self) -> str:
-        """The grpc.health.v1 status name of the whole server, or the failed call's code."""
-        import grpc
-        from grpc_health.v1 import health_pb2
-
-        stub = self.client._stubs()[1]  # the same channel (TLS included) as the calls
-        try:
-            reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5.0)
-        except grpc.RpcError as error:
-            return error.code().name
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-
-    async def close(self) -> None:
-        await self.client.close()
-
-
-async def _unless_disconnected(request, awaitable):
-    """Await `awaitable` unless the HTTP client goes away first (then cancel it)."""
-    task = asyncio.ensure_future(awaitable)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                raise ClientDisconnected()
-    finally:
-        task.cancel()
 
 
 def _sampling(body, info: dict, namespace: str, rid: str, token: str | None = None) -> dict:
@@ -302,9 +189,9 @@ async def _respond(request, body, stream, shape: _Shape):
     from starlette.background import BackgroundTask
 
     if not body.stream:
-        return shape.whole(await _unless_disconnected(request, stream.result()))
+        return shape.whole(await unless_disconnected(request, stream.result()))
     # Waiting for the first event turns an INVALID_ARGUMENT into a 400, not an SSE error.
-    first = await _unless_disconnected(request, anext(stream, None))
+    first = await unless_disconnected(request, anext(stream, None))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     events = _events_as_sse(first, stream, shape, include_usage)
     # On a disconnect Starlette cancels the sending task and then runs the
@@ -316,9 +203,6 @@ async def _respond(request, body, stream, shape: _Shape):
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         background=BackgroundTask(events.aclose),
     )
-
-
-# ------------------------------------------------------------------- app ----
 
 
 def _schemas() -> SimpleNamespace:
@@ -372,61 +256,11 @@ def _schemas() -> SimpleNamespace:
     return SimpleNamespace(Chat=Chat, Completion=Completion)
 
 
-def _add_error_handlers(app) -> None:
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, Response
-    from starlette.exceptions import HTTPException
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_body(request, error):
-        first = error.errors()[0] if error.errors() else {"loc": (), "msg": str(error)}
-        param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
-        message = f"{param}: {first['msg']}" if param else first["msg"]
-        return JSONResponse(error_body(message, "invalid_request_error", param), 400)
-
-    @app.exception_handler(InvalidInput)
-    async def bad_value(request, error):
-        return JSONResponse(error_body(str(error), "invalid_request_error"), 400)
-
-    @app.exception_handler(Exception)
-    async def internal(request, error):  # a bug here, not the caller's fault: 500, logged
-        log.exception("bridge: %s %s failed", request.method, request.url.path)
-        return JSONResponse(error_body(f"internal error: {error}", "server_error"), 500)
-
-    @app.exception_handler(LineageError)
-    async def engine_error(request, error):
-        status, body = _lineage_error(error)
-        return JSONResponse(body, status)
-
-    @app.exception_handler(ClientDisconnected)
-    async def client_gone(request, error):
-        return Response(status_code=499)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request, error):
-        kind = "invalid_request_error" if error.status_code < 500 else "server_error"
-        return JSONResponse(error_body(str(error.detail), kind), error.status_code)
-
-
-def create_app(grpc_address: str, security: BridgeSecurity | None = None):
-    """The FastAPI app, a client of the engine at `grpc_address`; app.state.backend.
-
-    A caller's bearer token goes on to the engine with its calls, so the engine
-    decides the namespace; with `security.tokens` the bridge also refuses
-    unknown tokens itself (401) before it answers anything.
-    """
-    security = security or BridgeSecurity()
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
+def add_routes(app, backend) -> None:
+    """Add `/v1/chat/completions` and `/v1/completions`, clients of `backend`."""
+    from fastapi import Request
 
     s = _schemas()
-    backend = Backend(grpc_address)
-    app = FastAPI(title="lineage OpenAI-compatible bridge", docs_url=None, redoc_url=None)
-    app.state.backend = backend
-    _add_error_handlers(app)
-    app.add_middleware(BodyLimit, limit=security.max_body_bytes)
-    if security.tokens:
-        app.add_middleware(BearerAuth, tokens=security.tokens)  # outermost: runs first
 
     def namespace(request: Request, body) -> str:
         return request.headers.get("x-cache-namespace") or body.user or ""
@@ -458,63 +292,3 @@ def create_app(grpc_address: str, security: BridgeSecurity | None = None):
                 prompt = prompt[0]
             stream = backend.client.stream(prompt=prompt, **kwargs)
         return await _respond(request, body, stream, TextShape(rid, info))
-
-    @app.get("/v1/models")
-    async def models(request: Request):
-        info = await backend.model_info(bearer_token(request.headers))
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": info["id"],
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "lineage",
-                    "max_model_len": info["max_context"],
-                    "root": info["reply"]["model"],
-                }
-            ],
-        }
-
-    @app.get("/health")
-    async def health():
-        status = await backend.health()
-        return JSONResponse({"status": status}, 200 if status == "SERVING" else 503)
-
-    return app
-
-
-def add_arguments(parser) -> None:
-    """`lineage bridge` flags (the CLI fills --server from $LINEAGE_SERVER)."""
-    parser.add_argument(
-        "--server",
-        metavar="HOST:PORT",
-        help=f"engine address (default: $LINEAGE_SERVER or {DEFAULT_SERVER})",
-    )
-    parser.add_argument("--host", default="127.0.0.1", help="HTTP address (default: 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="HTTP port (default: 8000)")
-    from clients.cli import add_security_arguments
-
-    add_security_arguments(parser)
-    from clients.cli import add_limit_arguments
-
-    add_limit_arguments(parser, only=("max_body_bytes",))
-
-
-def run(args) -> int:
-    """`lineage bridge`: the CLI plug-in entry point."""
-    import os
-
-    from clients.cli import SECURITY_FLAGS, UsageError
-    from engine.config import EngineConfig, ServerConfig
-
-    flags = {name: getattr(args, name, None) for name in (*SECURITY_FLAGS, "max_body_bytes")}
-    try:
-        config = EngineConfig.from_sources(flags, os.environ)
-        server = config.server
-        gate = ServerConfig(host=args.host, tokens=server.tokens, insecure=server.insecure)
-        gate.check_exposure()
-    except (ValueError, OSError) as error:
-        raise UsageError(str(error))
-    security = bridge_security(server, config.limits)
-    return run_bridge(args.server or DEFAULT_SERVER, args.host, args.port, security)

@@ -6,7 +6,7 @@ the sessions built on them, bytes per tier against budget bars, hit rates by
 restore kind over the last minute; the latest requests with their restore
 kind and timings. `--once` prints one frame and exits (scripts, tests). Knows
 the server only through the client library; rich loads only when it runs, so
-the plug-in stays cheap to import.
+the command stays cheap to import.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import time
 
+from clients.cli.args import add_server_arguments
 from clients.client import Client
+from engine.config import format_bytes
 
 HELP = "live view of a running engine: replicas, cache tiers, hit rates, requests"
 
@@ -23,17 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--once", action="store_true", help="print one frame and exit")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between frames")
     p.add_argument("--requests", type=int, default=10, help="latest requests shown")
-    p.add_argument(
-        "--server", metavar="HOST:PORT", help="engine address (default: $LINEAGE_SERVER)"
-    )
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
+    add_server_arguments(p)
 
 
 def _replicas(snap: dict):
@@ -51,8 +43,8 @@ def _replicas(snap: dict):
             str(r["running"]),
             f"{r['tokens_per_s']:.1f}",
             f"{r['ttft_p50_ms']:.0f} ms",
-            human_bytes(r["ram_bytes"]),
-            f"{human_bytes(r['mlx_active_bytes'])} / {human_bytes(r['mlx_peak_bytes'])}",
+            format_bytes(r["ram_bytes"]),
+            f"{format_bytes(r['mlx_active_bytes'])} / {format_bytes(r['mlx_peak_bytes'])}",
         )
     return t
 
@@ -69,7 +61,7 @@ def _tiers(snap: dict):
         budget = max(tier["budget"], 1)
         bar = ProgressBar(total=budget, completed=min(tier["nbytes"], budget))
         share = tier["nbytes"] / budget
-        held = f"{human_bytes(tier['nbytes'])} / {human_bytes(tier['budget'])} ({share:.0%})"
+        held = f"{format_bytes(tier['nbytes'])} / {format_bytes(tier['budget'])} ({share:.0%})"
         t.add_row(tier["tier"], bar, held)
     return t
 
@@ -103,7 +95,7 @@ def _anchors(snap: dict):
             str(a["entry_id"]),
             a["namespace"] or "-",
             str(a["length"]),
-            human_bytes(a["nbytes"]),
+            format_bytes(a["nbytes"]),
             str(a["sessions"]),
         )
     return t

@@ -7,15 +7,22 @@ from any text stream (a terminal or a pipe); knows nothing about the server.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import TextIO
 
-from clients.client import Chunk, Client, Final, LineageError, Progress, Result
+from clients.cli.args import (
+    add_sampling_arguments,
+    add_server_arguments,
+    read_json_list,
+    sampling_from_args,
+)
+from clients.cli.progress import print_stream
+from clients.client import Client, LineageError, Result
 
+HELP = "interactive multi-turn chat"
 EXIT_COMMANDS = ("/exit", "/quit")
 _DIM, _RESET = "\x1b[2m", "\x1b[0m"
-# Prefill progress is drawn only for prompts at least this long.
-_PROGRESS_MIN_TOKENS = 256
 
 
 def status_line(result: Result) -> str:
@@ -27,61 +34,6 @@ def status_line(result: Result) -> str:
         f"restore {r.kind}, ttft {result.timing.ttft_ms:.1f} ms, "
         f"{u.completion_tokens} tok at {result.timing.decode_tps:.1f} tok/s]"
     )
-
-
-class ProgressBar:
-    """A prefill bar (rich) on a terminal stream; silent when it is not a terminal."""
-
-    def __init__(self, out: TextIO):
-        from rich.console import Console
-
-        self.console = Console(file=out, stderr=out is sys.stderr)
-        self.enabled = self.console.is_terminal
-        self.progress = None  # a rich Progress while the bar is shown
-        self.task = None
-
-    def update(self, event: Progress) -> None:
-        if not self.enabled or event.total < _PROGRESS_MIN_TOKENS:
-            return
-        if self.progress is None:
-            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
-            from rich.progress import Progress as RichProgress
-
-            self.progress = RichProgress(
-                TextColumn("prefill"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("tokens"),
-                console=self.console,
-                transient=True,  # the bar goes when the first token comes
-            )
-            self.progress.start()
-            self.task = self.progress.add_task("prefill", total=event.total)
-        self.progress.update(self.task, completed=event.done, total=event.total)
-
-    def clear(self) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-            self.progress = None
-
-
-def stream_reply(client: Client, out: TextIO, err: TextIO, **request) -> Result:
-    """Run one request, printing chunks to `out` as they arrive and progress to `err`."""
-    bar = ProgressBar(err)
-    stream = client.stream(**request)
-    try:
-        for event in stream:
-            if isinstance(event, Progress):
-                bar.update(event)
-            elif isinstance(event, Chunk):
-                bar.clear()
-                out.write(event.text)
-                out.flush()
-            elif isinstance(event, Final):
-                bar.clear()
-    finally:
-        bar.clear()
-    return stream.result()
 
 
 class Chat:
@@ -127,9 +79,8 @@ def run_chat(
             continue
         chat.messages.append({"role": "user", "content": text})
         try:
-            result = stream_reply(
-                client, out, err, messages=chat.messages, tools=chat.tools, **sampling
-            )
+            stream = client.stream(messages=chat.messages, tools=chat.tools, **sampling)
+            result = print_stream(stream, out, err)
         except (LineageError, KeyboardInterrupt) as error:
             chat.messages.pop()
             out.write("\n")
@@ -146,13 +97,15 @@ def run_chat(
         out.flush()
 
 
-def main_chat(
-    server: str,
-    system: str | None,
-    tools: list[dict] | None,
-    sampling: dict,
-    connect: dict | None = None,
-) -> int:
-    """Chat on the process's stdin/stdout/stderr against `server`."""
-    with Client(server, **(connect or {})) as client:
-        return run_chat(client, Chat(system, tools), sampling, sys.stdin, sys.stdout, sys.stderr)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--system", metavar="TEXT", help="system prompt")
+    p.add_argument("--tools", metavar="FILE.json", help="a JSON list of tool definitions")
+    add_sampling_arguments(p)
+    add_server_arguments(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Chat on the process's stdin/stdout/stderr against `args.server`."""
+    chat = Chat(args.system, read_json_list(args.tools, "tools"))
+    with Client(args.server, **args.connect) as client:
+        return run_chat(client, chat, sampling_from_args(args), sys.stdin, sys.stdout, sys.stderr)

@@ -1,9 +1,10 @@
 """The OpenAI bridge as a running server: uvicorn in the caller's event loop.
 
-`start_bridge(...)` binds and serves the app of clients.bridge inside the
+`start_bridge(...)` binds and serves the app of clients.openai.app inside the
 running loop (`lineage serve --http-port`); `run_bridge(...)` is the blocking
 job of `lineage bridge`, until SIGINT/SIGTERM. TLS and tokens come as a
-BridgeSecurity (clients.bridge_guard).
+BridgeSecurity (clients.openai.guard), made from the engine's settings by
+`bridge_security`.
 """
 
 import asyncio
@@ -12,8 +13,9 @@ import signal
 import socket
 from dataclasses import dataclass
 
-from clients.bridge_guard import BridgeSecurity
 from clients.client import DEFAULT_SERVER
+from clients.openai.app import create_app
+from clients.openai.guard import BridgeSecurity
 
 # --------------------------------------------------------------- running ----
 
@@ -24,7 +26,7 @@ class BridgeHandle:
 
     server: object  # uvicorn.Server
     task: asyncio.Task
-    backend: object  # clients.bridge.Backend
+    backend: object  # clients.openai.backend.Backend
     host: str
     port: int
     tls: bool = False
@@ -54,8 +56,6 @@ async def start_bridge(
     `security` adds tokens (401 without one) and TLS (mTLS with a client CA).
     """
     import uvicorn
-
-    from clients.bridge import create_app
 
     security = security or BridgeSecurity()
     app = create_app(grpc_address, security)

@@ -18,7 +18,12 @@ import os
 import time
 from pathlib import Path
 
+from clients.cli.args import UsageError, add_settings, format_stats
+from engine.config import CacheConfig, default_cache_dir, format_bytes
+from engine.config.setting import UNSET, setting_named
+
 HELP = "inspect and clean the disk tier: ls, stats, rm, prune"
+CACHE_DIR = setting_named(CacheConfig, "cache_dir")  # as `lineage serve --cache-dir`
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,12 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("prune", "remove foreign, damaged, leftover and over-budget files"),
     ):
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument(
-            "--cache-dir",
-            metavar="DIR",
-            help="the engine's cache directory (default: $LINEAGE_CACHE_DIR or the "
-            "platform's user cache directory)",
-        )
+        add_settings(p, [CACHE_DIR])
         p.add_argument(
             "--server",
             dest="via_server",
@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument(
                 "--budget",
                 metavar="SIZE",
-                help="disk budget (default: as `lineage serve`: 1T, at most half the free disk)",
+                help="disk budget (default: as `lineage serve --disk-budget`)",
             )
             p.add_argument("--dry-run", action="store_true", help="say what would go")
         if name in ("rm", "prune"):
@@ -64,7 +64,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     env = getattr(args, "env", None) or os.environ
     if args.action == "stats" and args.via_server:
-        from clients.cli import format_stats
         from clients.client import Client
 
         with Client(args.via_server, **getattr(args, "connect", {})) as client:
@@ -78,11 +77,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _entries(args, env) -> Path:
-    from engine.config import default_cache_dir
+    """The entries directory under --cache-dir, else $LINEAGE_CACHE_DIR, else the default."""
     from engine.storage.file_format import entries_dir
 
-    root = args.cache_dir or env.get("LINEAGE_CACHE_DIR") or default_cache_dir()
-    return entries_dir(Path(root).expanduser())
+    root = CACHE_DIR.read({"cache_dir": args.cache_dir}, env)
+    return entries_dir(default_cache_dir() if root is UNSET else Path(root).expanduser())
 
 
 def _own_fingerprint(args, files) -> tuple[str | None, str]:
@@ -124,7 +123,6 @@ def _row(f, own: str | None) -> dict:
 
 
 def _ls(args, directory: Path, env) -> int:
-    from clients.cli import _human_bytes
     from engine.storage.directory import scan_directory
 
     files = scan_directory(directory, remove_temps=False).files
@@ -146,7 +144,7 @@ def _ls(args, directory: Path, env) -> int:
                 f"(prompt {r['prompt_len']}, checkpoints {points})"
             )
         age = _age(now - r["modified"])
-        print(f"{r['id']:>8}  {_human_bytes(r['bytes']):>10}  {age:>6}  {r['status']:<8} {what}")
+        print(f"{r['id']:>8}  {format_bytes(r['bytes']):>10}  {age:>6}  {r['status']:<8} {what}")
     return 0
 
 
@@ -183,8 +181,6 @@ def _summary(directory: Path) -> dict:
 
 
 def _stats(args, directory: Path, env) -> int:
-    from clients.cli import format_stats
-
     summary = _summary(directory)
     print(json.dumps(summary, indent=2) if args.json else format_stats(summary))
     return 0
@@ -203,7 +199,6 @@ def _held_by_server(directory: Path) -> bool:
 
 
 def _remove(args, directory: Path, doomed: list, why: dict, temps=()) -> int:
-    from clients.cli import UsageError
     from engine.storage.directory import delete_files
 
     if doomed and not getattr(args, "dry_run", False):
@@ -232,12 +227,11 @@ def _remove(args, directory: Path, doomed: list, why: dict, temps=()) -> int:
             print(f"removed {path.name} (left by an interrupted write)")
         for f in doomed:
             print(f"{verb} {f.path.name} ({why[f.entry_id]})")
-        print(f"{verb} {len(doomed)} files, {freed} bytes")
+        print(f"{verb} {len(doomed)} files, {format_bytes(freed)}")
     return 0
 
 
 def _rm(args, directory: Path, env) -> int:
-    from clients.cli import UsageError
     from engine.storage.directory import scan_directory
 
     if not args.ids and args.namespace is None:
@@ -266,7 +260,10 @@ def _prune(args, directory: Path, env) -> int:
     from engine.storage.directory import index_scan, scan_directory
 
     flags = {"cache_dir": str(directory.parent), "disk_budget": args.budget}
-    config = EngineConfig.from_sources(flags, env).cache
+    try:
+        config = EngineConfig.from_sources(flags, env).cache
+    except ValueError as error:
+        raise UsageError(str(error))
     clean_temps = not args.dry_run and (args.force or not _held_by_server(directory))
     scan = scan_directory(directory, remove_temps=clean_temps)
     own, source = _own_fingerprint(args, scan.files)
@@ -280,7 +277,7 @@ def _prune(args, directory: Path, env) -> int:
             why[entry_id] = f"damaged: {problem}" if problem else "another model's file"
             index.remove(entry_id)
     for f in index.victims():  # the server's own eviction order
-        why[f.entry_id] = f"over the {config.disk_budget}-byte budget"
+        why[f.entry_id] = f"over the {format_bytes(config.disk_budget)} budget"
     if not args.json:
         print(f"keeping fingerprint {own} ({source})")
     return _remove(args, directory, [by_id[i] for i in why], why, scan.removed_temps)

@@ -2,12 +2,20 @@
 
 Both run before FastAPI reads a byte of the body. A body over the limit is
 answered 413, a missing or wrong `Authorization: Bearer` token 401, each with an
-OpenAI-shaped error body. It knows HTTP and ASGI only: nothing of the engine.
+OpenAI-shaped error body. It knows HTTP and ASGI, and the body cap's setting;
+nothing else of the engine.
 """
 
 import hmac
 import json
 from dataclasses import dataclass, field
+
+from clients.openai.errors import error_body
+from engine.config import Limits
+
+# The default cap (--max-body-bytes): a 128k-token prompt as JSON token ids is ~1 MB.
+MAX_BODY_BYTES = Limits.max_body_bytes
+OPEN_PATHS = ("/health",)  # answered without a token (a load balancer's probe)
 
 
 @dataclass(frozen=True)
@@ -18,7 +26,7 @@ class BridgeSecurity:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None  # set: clients must present a certificate it signed
-    max_body_bytes: int = 16 << 20  # larger bodies get 413 (--max-body-bytes)
+    max_body_bytes: int = MAX_BODY_BYTES  # larger bodies get 413
 
     def uvicorn_options(self) -> dict:
         if not self.tls_cert:
@@ -39,13 +47,8 @@ def bearer_token(headers) -> str | None:
     return value[7:].strip() or None
 
 
-MAX_BODY_BYTES = 16 << 20  # the default: a 128k-token prompt as JSON token ids is ~1 MB
-OPEN_PATHS = ("/health",)  # answered without a token (a load balancer's probe)
-
-
 def _error(status: int, message: str, type_: str) -> tuple[int, bytes]:
-    body = {"error": {"message": message, "type": type_, "param": None, "code": None}}
-    return status, json.dumps(body).encode()
+    return status, json.dumps(error_body(message, type_)).encode()
 
 
 async def _answer(send, status: int, body: bytes, headers: tuple = ()) -> None:

@@ -1,0 +1,60 @@
+"""What a benchmark starts: its own Ray, the serve flags' EngineConfig, the model directory.
+
+The benchmarks that run the engine in process (`warm`, `checkpoint`) take the
+serve flags and build the same EngineConfig as `lineage serve`; the ones that
+start engines as actors do so on a Ray of their own, never on another user's
+cluster. This module is the one place the benchmarks reach into the CLI (for
+the serve flags). Ray and the engine's runtime are imported inside the
+functions that start them, so importing a benchmark to build its parser is
+cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+
+from clients.cli.args import add_serve_arguments, config_from_args
+
+__all__ = ["add_serve_arguments", "engine_config", "model_path", "own_ray"]
+
+
+def engine_config(args: argparse.Namespace):
+    """The EngineConfig of the serve flags given, plus the environment (as `lineage serve`)."""
+    return config_from_args(args, getattr(args, "env", None) or os.environ)
+
+
+def model_path(path: str | None) -> str:
+    """`path`, or the embedded tiny model's directory (built on first use) when none is given."""
+    if path:
+        return path
+    from engine.runtime.tiny_models import ensure_default_model
+
+    return str(ensure_default_model())
+
+
+@contextlib.contextmanager
+def own_ray(needed: bool = True, logs: bool = False):
+    """A Ray of the benchmark's own for the run, never another user's cluster.
+
+    Nothing is started when `needed` is false or a Ray is already up in this
+    process. `logs`: the actors' output is shown on this terminal.
+    """
+    import ray
+
+    started = needed and not ray.is_initialized()
+    if started:
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        ray.init(
+            address="local",
+            num_cpus=os.cpu_count() or 2,
+            include_dashboard=False,
+            configure_logging=False,
+            log_to_driver=logs,
+        )
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()

@@ -1,0 +1,85 @@
+"""`lineage bench NAME ...`: a thin shell over the benchmarks of clients/bench.
+
+`BENCHES` names each benchmark's module and its one-line help, so `lineage bench
+-h` lists them without importing any. `lineage bench NAME args...` imports
+clients.bench.NAME alone, parses the rest with that module's
+`add_arguments(parser)` and calls its `run(args) -> int`. A benchmark whose
+optional dependency is missing, or a `--plot` without matplotlib, is refused in
+one line naming the extra to install.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+
+HELP = "benchmarks: warm turns, checkpoint bytes, agent traffic, warm restarts, concurrency"
+EXTRA = "pip install 'lineage-engine[bench]'"
+# name -> (module, one line of help: the module's HELP)
+BENCHES = {
+    "warm": ("clients.bench.warm", "time to first token of a short turn on a long conversation"),
+    "checkpoint": (
+        "clients.bench.checkpoint",
+        "checkpoint bytes vs entry bytes at 1k and 8k tokens",
+    ),
+    "agents": (
+        "clients.bench.agents",
+        "agent traffic against lineage, exact, off and mlx-lm's prompt cache, beside the oracle",
+    ),
+    "restart": (
+        "clients.bench.restart",
+        "warm restarts from the disk tier: time to first token, writer MB/s, decode under writes",
+    ),
+    "kernels": (
+        "clients.bench.kernels",
+        "sparse-attention, gated-delta and dense-attention kernels against the stock paths",
+    ),
+    "concurrency": (
+        "clients.bench.concurrency",
+        "concurrent sub-agents plus long cold prompts: TTFT, ITL and prefill rate per schedule",
+    ),
+    "load": (
+        "clients.bench.load",
+        "load: concurrent sessions on a small RAM budget, then a burst past the queue",
+    ),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    width = max(map(len, BENCHES))
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = "benchmarks:\n" + "\n".join(
+        f"  {name:<{width}}  {help}" for name, (_, help) in BENCHES.items()
+    )
+    parser.add_argument("bench", choices=BENCHES, metavar="NAME", help="the benchmark to run")
+    parser.add_argument(
+        "rest", nargs=argparse.REMAINDER, metavar="ARGS", help="its flags (lineage bench NAME -h)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    module_name, _ = BENCHES[args.bench]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        if error.name is None or error.name.split(".")[0] in ("clients", "engine"):
+            raise  # our own code is broken: not a missing extra
+        print(f"lineage bench {args.bench}: needs {error.name} ({EXTRA})")
+        return 1
+    parser = argparse.ArgumentParser(prog=f"lineage bench {args.bench}", description=module.HELP)
+    module.add_arguments(parser)
+    try:
+        bench_args = parser.parse_args(args.rest)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    bench_args.bench, bench_args.env = args.bench, args.env
+    return launch(bench_args, module.run)
+
+
+def launch(args: argparse.Namespace, run_bench) -> int:
+    """Run a benchmark on its parsed flags; refused when --plot lacks matplotlib."""
+    if getattr(args, "plot", None) and importlib.util.find_spec("matplotlib") is None:
+        print(f"lineage bench {args.bench}: --plot needs matplotlib ({EXTRA})")
+        return 1
+    return int(run_bench(args) or 0)

@@ -1,0 +1,55 @@
+"""`lineage bridge`: the OpenAI-compatible HTTP bridge in front of a running engine.
+
+Parses the bridge's address and its security settings (tokens, TLS, body cap:
+the same settings `lineage serve` declares, engine.config.server and .limits),
+refuses an exposed bind without a token, and serves clients.openai until
+SIGINT/SIGTERM. FastAPI and uvicorn load only when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from clients.cli.args import UsageError, add_settings, config_from_args
+from clients.client import DEFAULT_SERVER
+from engine.config import ServerConfig
+from engine.config.settings import SETTINGS
+
+HELP = "serve an OpenAI-compatible HTTP API in front of a running engine"
+# The serve settings the bridge applies itself.
+BRIDGE_SETTINGS = (
+    "auth_token",
+    "auth_token_file",
+    "tls_cert",
+    "tls_key",
+    "tls_client_ca",
+    "insecure",
+    "max_body_bytes",
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The CLI fills --server from $LINEAGE_SERVER."""
+    p.add_argument(
+        "--server",
+        metavar="HOST:PORT",
+        help=f"engine address (default: $LINEAGE_SERVER or {DEFAULT_SERVER})",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="HTTP address (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (default: 8000)")
+    add_settings(p, [s for s in SETTINGS if s.name in BRIDGE_SETTINGS])
+
+
+def run(args: argparse.Namespace) -> int:
+    from clients.openai.server import bridge_security, run_bridge
+
+    try:
+        config = config_from_args(args, args.env, BRIDGE_SETTINGS)
+        server = config.server
+        ServerConfig(
+            host=args.host, tokens=server.tokens, insecure=server.insecure
+        ).check_exposure()
+    except (ValueError, OSError) as error:
+        raise UsageError(str(error))
+    security = bridge_security(server, config.limits)
+    return run_bridge(args.server or DEFAULT_SERVER, args.host, args.port, security)

@@ -1,0 +1,131 @@
+"""The cache branch of the configuration: mode, budgets, capture points, the disk tier.
+
+Each operator setting is declared once here, beside its field (engine.config.setting);
+the fields without one are the policy's constants. The budgets' machine-derived
+defaults are applied by `EngineConfig.from_sources` and the memory plan, not here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.config.setting import label_of, setting
+from engine.config.units import GB, parse_bytes
+
+CACHE_MODES = ("lineage", "exact", "off")
+
+
+def default_cache_dir() -> Path:
+    """The platform's user cache directory for the engine."""
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("lineage-engine"))
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Cache, memory and the disk tier."""
+
+    mode: str = setting(
+        "lineage",
+        "lineage, exact (whole-prompt snapshots by exact prefix, plain LRU: the baseline) or "
+        "off; APC_LINEAGE=0 also means exact",
+        name="cache_mode",
+        choices=CACHE_MODES,
+    )
+    ram_budget: int = setting(
+        48 * GB,
+        "the RAM tier's budget, at most half the machine's memory",
+        parse=parse_bytes,
+        shown="sized from memory (at most 48.0 GiB)",
+    )
+    # True: ram_budget is a default, sized by plan_memory once the weights are known.
+    ram_budget_auto: bool = False
+    # Everything the engine holds: weights + running sequences' KV + RAM tier + MLX pool.
+    memory_limit: int | None = setting(
+        None,
+        "weights + running KV + RAM tier + MLX pool",
+        parse=parse_bytes,
+        shown="3/4 of the machine's memory",
+    )
+    anchor_max_entries: int = 16
+    anchor_max_bytes: int = 16 * GB
+    max_checkpoints: int = 4  # per lineage; anchors are separate entries
+    guard_offset: int = 16  # guard checkpoint at prompt length minus this
+    # Guard only when the uncached suffix is this long. None: derived at load from
+    # the measured per-forward and per-token costs (engine.runtime.loader), what
+    # `from_sources` gives unless --guard-min-suffix is set; a CacheConfig built
+    # directly (tests, the pure policy) keeps the reference's fixed 256.
+    guard_min_suffix: int | None = setting(
+        256,
+        "capture a guard (prompt minus 16) when the uncached suffix is this long",
+        metavar="TOKENS",
+        default=None,
+        shown="derived from the per-forward and per-token costs measured at load",
+    )
+    # State-only checkpoints inside a long (system + tools) block: every this many
+    # tokens, at most message_max of them, so a variant of a long system prompt
+    # restores at the last one before its change.
+    message_interval: int = 2048
+    message_max: int = 4
+    divergence_min_gain: int = 256
+    anchor_slack: int = 2  # BPE merges at the anchor boundary
+    exact_max_entries: int = 8  # exact mode: plain LRU by entry count and bytes
+    cache_dir: str | None = setting(
+        None, "the disk tier's directory", metavar="DIR", shown="the platform's user cache dir"
+    )
+    disk_budget: int = setting(
+        1 << 40,
+        "the disk tier's budget, at most half of (free disk + the cache's own files)",
+        parse=parse_bytes,
+    )
+    # Past the cap a write is refused and its file never indexed.
+    disk_queue_bytes: int | None = setting(
+        None,
+        "bytes of file writes queued; past it a write is refused",
+        name="disk_queue_limit",
+        parse=parse_bytes,
+        shown="a quarter of the RAM budget, at least 256.0 MiB",
+    )
+    spill_on_evict: bool = True
+    clear_pool_per_prefill: bool = setting(
+        False, "mx.clear_cache() after every prefill chunk", name="clear_pool", flag=None
+    )
+    pool_limit: int | None = setting(
+        None,
+        "MLX's buffer-pool cap",
+        parse=parse_bytes,
+        flag=None,
+        shown="sized from the RAM budget",
+    )
+    layer_timer_flag: str | None = setting(
+        None,
+        "a file whose presence turns on the per-layer timer",
+        flag=None,
+        shown="no timer",
+    )
+    layer_timer_requests: int = 4
+
+    def __post_init__(self):
+        if self.mode not in CACHE_MODES:
+            raise ValueError(
+                f"{label_of(CacheConfig, 'mode')}: cache mode {self.mode!r} is not one of "
+                f"{', '.join(CACHE_MODES)}"
+            )
+        if self.disk_queue_bytes is not None and self.disk_queue_bytes <= 0:
+            raise ValueError(
+                f"{label_of(CacheConfig, 'disk_queue_bytes')} must be positive, "
+                f"got {self.disk_queue_bytes}"
+            )
+
+    @property
+    def disk_queue_cap(self) -> int:
+        """The disk writer's cap on queued bytes."""
+        if self.disk_queue_bytes is not None:
+            return self.disk_queue_bytes
+        return max(self.ram_budget // 4, 256 << 20)
+
+    @property
+    def resolved_cache_dir(self) -> Path:
+        return Path(self.cache_dir) if self.cache_dir else default_cache_dir()

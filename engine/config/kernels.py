@@ -1,0 +1,60 @@
+"""The kernels branch of the configuration: what engine/kernels installs into the model.
+
+Each operator setting is declared once here, beside its field (engine.config.setting).
+It checks its own values; engine/kernels applies them at load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.config.setting import label_of, setting
+
+GATED_DELTA_MODES = ("auto", "fast", "ops")
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Kernels installed into the model at load (engine/kernels/)."""
+
+    sparse: bool = setting(
+        True, "DSA short-chunk attention paths (off: mlx-lm's stock path)", name="sparse_kernels"
+    )
+    sparse_decode_max: int = setting(128, "DSA chunks of 2..N tokens take the decode shape")
+    sparse_gather_max: int = setting(512, "DSA chunks up to N tokens take block-gather")
+    sparse_block: int = setting(64, "block-gather block size in tokens")
+    gated_delta: str = setting(
+        "auto",
+        "the gated delta recurrence off Metal: the mx.fast primitive or mlx-lm's op loop "
+        "(auto: the primitive off Metal)",
+        choices=GATED_DELTA_MODES,
+    )
+    dense: bool = setting(
+        True,
+        "dense attention on the CPU backend through the host BLAS (off: MLX's fused op)",
+        name="dense_kernel",
+    )
+    dense_min_keys: int = setting(1024, "the host path from N keys (shorter: MLX's)")
+
+    def __post_init__(self):
+        if not 1 <= self.sparse_decode_max <= self.sparse_gather_max:
+            raise ValueError(
+                f"sparse thresholds: need 1 <= {label_of(KernelConfig, 'sparse_decode_max')} "
+                f"({self.sparse_decode_max}) <= {label_of(KernelConfig, 'sparse_gather_max')} "
+                f"({self.sparse_gather_max})"
+            )
+        if self.sparse_block < 1:
+            raise ValueError(
+                f"{label_of(KernelConfig, 'sparse_block')}: sparse block {self.sparse_block} "
+                "must be positive"
+            )
+        if self.gated_delta not in GATED_DELTA_MODES:
+            raise ValueError(
+                f"{label_of(KernelConfig, 'gated_delta')}: gated delta {self.gated_delta!r} is "
+                f"not one of {', '.join(GATED_DELTA_MODES)}"
+            )
+        if self.dense_min_keys < 1:
+            raise ValueError(
+                f"{label_of(KernelConfig, 'dense_min_keys')}: dense min keys "
+                f"{self.dense_min_keys} must be positive"
+            )

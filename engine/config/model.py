@@ -1,0 +1,101 @@
+"""The model branch of the configuration: which model, and how its batch is scheduled.
+
+Each operator setting is declared once here, beside its field (engine.config.setting).
+It checks its own values; engine/runtime applies them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.config.setting import label_of, setting
+
+# Prefill order of the model actor (engine/runtime/scheduler.py); batched is mlx-lm's
+# padded prefill batch, kept as the baseline.
+SCHEDULES = ("srpt", "fifo", "batched")
+PREFILL_EVALS = ("auto", "module", "forward")  # how the prefill worker evaluates a chunk
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Model, batch and admission, prefill schedule."""
+
+    path: str | None = setting(
+        None, "model directory", name="model", metavar="PATH", shown="the embedded tiny model"
+    )
+    prefill_step_size: int = setting(
+        512, "tokens per prefill chunk of mlx-lm's batch", var="LINEAGE_PREFILL_STEP"
+    )
+    max_batch: int = setting(8, "concurrent sequences in the batch generator")
+    max_queue: int = setting(
+        256, "requests in flight (batch + waiting); more get RESOURCE_EXHAUSTED"
+    )
+    max_context: int | None = None  # None: from the model's config
+    schedule: str = setting(
+        "srpt",
+        "prefill order: srpt (shortest remaining first), fifo, or batched (mlx-lm's padded "
+        "prefill batch, the baseline)",
+        choices=SCHEDULES,
+    )
+    prefill_budget: int = setting(
+        256,
+        "most prompt tokens per step under srpt/fifo; a prefill this short runs whole",
+        metavar="TOKENS",
+    )
+    prefill_group: int = setting(
+        1, "prefill up to N not-yet-started prompts of similar length in one chunk (srpt, fifo)"
+    )
+    # srpt/fifo size a chunk in time: these two (engine/runtime/scheduler.py).
+    prefill_step_factor: float = setting(
+        2.5, "srpt/fifo: a step that prefills beside decode aims at X idle decode steps"
+    )
+    prefill_slice_ms: float = setting(
+        50.0,
+        "srpt/fifo: a long prompt's chunk with nothing decoding aims at MS milliseconds",
+        metavar="MS",
+    )
+    prefill_overlap: bool = setting(
+        True,
+        "srpt/fifo: run a prefill chunk's forward on a thread of its own beside the decode steps",
+    )
+    # engine.runtime.prefill_worker; a short prefill's chunk runs whole whatever this says.
+    prefill_eval: str = setting(
+        "auto",
+        "with overlap, the worker evaluates a long prefill's chunk module by module (its MLX "
+        "queue stays short beside decode) or whole (forward); auto: module on the CPU",
+        choices=PREFILL_EVALS,
+    )
+    # TGI's --max-batch-total-tokens; None: sized by plan_memory.
+    max_batch_tokens: int | None = setting(
+        None,
+        "prompt + max_tokens of the running sequences together",
+        shown="sized from memory",
+    )
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(
+                f"{label_of(ModelConfig, 'schedule')}: {self.schedule!r} is not one of "
+                f"{', '.join(SCHEDULES)}"
+            )
+        for name in ("prefill_budget", "prefill_group", "prefill_step_size", "max_batch"):
+            value = getattr(self, name)
+            if value < 1:
+                raise ValueError(
+                    f"{label_of(ModelConfig, name)} must be a positive number, got {value}"
+                )
+        if not self.prefill_step_factor > 1:
+            raise ValueError(
+                f"{label_of(ModelConfig, 'prefill_step_factor')} must be above 1 (a step "
+                f"includes the decode), got {self.prefill_step_factor}"
+            )
+        if self.prefill_eval not in PREFILL_EVALS:
+            raise ValueError(
+                f"{label_of(ModelConfig, 'prefill_eval')}: {self.prefill_eval!r} is not one of "
+                f"{', '.join(PREFILL_EVALS)}"
+            )
+        if not self.prefill_slice_ms > 0:
+            raise ValueError(
+                f"{label_of(ModelConfig, 'prefill_slice_ms')} must be positive, "
+                f"got {self.prefill_slice_ms}"
+            )

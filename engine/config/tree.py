@@ -1,0 +1,101 @@
+"""The configuration tree, and its one builder from flags and the environment.
+
+`EngineConfig` holds the branches: model, cache, server, kernels and limits, each
+a frozen dataclass in a module of its own with its settings declared beside their
+fields. `EngineConfig.from_sources(flags, env)` reads every setting (a flag wins
+over its variable, which wins over its default) and applies what depends on the
+machine: the RAM budget at most half its memory, the disk budget at most half the
+disk room. Nothing below `main()` reads the environment or an argparse namespace.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Mapping
+
+from engine.config.cache import CacheConfig, default_cache_dir
+from engine.config.kernels import KernelConfig
+from engine.config.limits import Limits
+from engine.config.machine import disk_room, machine_memory
+from engine.config.model import ModelConfig
+from engine.config.server import Identity, ServerConfig, read_token_file
+from engine.config.setting import UNSET, read_settings, setting_named
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    kernels: KernelConfig = field(default_factory=KernelConfig)
+    limits: Limits = field(default_factory=Limits)
+
+    @staticmethod
+    def from_sources(
+        flags: Mapping[str, object] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> "EngineConfig":
+        """Build the tree: CLI flags win over the environment, which wins over defaults.
+
+        ``flags`` holds the flags the user gave, by setting name (None values are
+        ignored). Raises ValueError naming the flag and variable of a value that
+        does not parse.
+        """
+        flags = {k: v for k, v in (flags or {}).items() if v is not None}
+        env = dict(os.environ if env is None else env)
+        return EngineConfig(
+            model=ModelConfig(**read_settings(ModelConfig, flags, env)),
+            cache=_cache(flags, env),
+            server=_server(flags, env),
+            kernels=KernelConfig(**read_settings(KernelConfig, flags, env)),
+            limits=Limits(**read_settings(Limits, flags, env)),
+        )
+
+    def with_cache(self, **changes) -> "EngineConfig":
+        return replace(self, cache=replace(self.cache, **changes))
+
+    def with_model(self, **changes) -> "EngineConfig":
+        return replace(self, model=replace(self.model, **changes))
+
+    def with_server(self, **changes) -> "EngineConfig":
+        return replace(self, server=replace(self.server, **changes))
+
+    def with_kernels(self, **changes) -> "EngineConfig":
+        return replace(self, kernels=replace(self.kernels, **changes))
+
+
+def _given(cls: type, name: str, flags: Mapping[str, object], env: Mapping[str, str]):
+    """A setting's value when a flag or variable gives one, else None."""
+    value = setting_named(cls, name).read(flags, env)
+    return None if value is UNSET else value
+
+
+def _cache(flags: Mapping[str, object], env: Mapping[str, str]) -> CacheConfig:
+    values = read_settings(CacheConfig, flags, env)
+    if _given(CacheConfig, "cache_mode", flags, env) is None and env.get("APC_LINEAGE") == "0":
+        values["mode"] = "exact"  # the old switch
+    ram = min(values["ram_budget"], machine_memory() // 2)
+    cache_dir = Path(values["cache_dir"]) if values["cache_dir"] else default_cache_dir()
+    return CacheConfig(
+        **{
+            **values,
+            "ram_budget": ram,
+            # Not given: a default, sized by the memory plan once the weights are known.
+            "ram_budget_auto": _given(CacheConfig, "ram_budget", flags, env) is None,
+            "anchor_max_bytes": min(CacheConfig.anchor_max_bytes, ram),
+            "disk_budget": min(values["disk_budget"], disk_room(cache_dir) // 2),
+        }
+    )
+
+
+def _server(flags: Mapping[str, object], env: Mapping[str, str]) -> ServerConfig:
+    tokens: tuple[Identity, ...] = ()
+    token_file = _given(ServerConfig, "auth_token_file", flags, env)
+    if token_file:
+        tokens = read_token_file(token_file)
+    token = _given(ServerConfig, "auth_token", flags, env)
+    if token:
+        tokens = (Identity(token, "", admin=True),) + tokens
+    return ServerConfig(**read_settings(ServerConfig, flags, env), tokens=tokens)

@@ -1,0 +1,46 @@
+"""One request in the batch: what the Generator keeps for it from admission to its end.
+
+Its request and where its events go, its uid in the batch, the restore it
+started from, the capture points its prefill is yet to reach and the state
+snapshots taken at the ones it reached, the prompt end's state and
+log-probabilities, its text (`TextOutput`), timestamps (`Stamps`) and the
+bytes it copied. A mutable record the Generator fills in step by step; it
+decides nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.cache.kinds import RestoreKind
+from engine.runtime.admission import Emit
+from engine.runtime.output import Stamps, TextOutput
+from engine.runtime.requests import GenerationRequest
+
+
+@dataclass
+class ActiveRequest:
+    """One request in the batch."""
+
+    req: GenerationRequest
+    emit: Emit
+    uid: int
+    restore_kind: RestoreKind
+    restore_length: int
+    captures: list  # pending CapturePoints, ascending
+    stop_ids: frozenset
+    stamps: Stamps
+    text: TextOutput
+    restored_kv_bytes: int
+    copied_restore: int = 0
+    copied_commit: int = 0
+    progress_sent: int = 0  # prompt tokens done at the last Progress event
+    taken: dict = field(default_factory=dict)  # length -> (CapturePoint, StateSnapshot)
+    prompt_end_state: object = None
+    prompt_end_logits: object = None  # what the first token was sampled from
+    resent: bool = False  # restored at the prompt end: its first token came from stored logits
+    restore_lost: str = ""  # "entry@length" of a planned restore found gone
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.req.tokens)

@@ -324,13 +324,20 @@ class Driver:
         return [orders for orders, _ in self.link.in_transit]
 
     def plan(
-        self, prompt, anchor_len: int = 0, namespace: str = "", request_id: str | None = None
+        self,
+        prompt,
+        anchor_len: int = 0,
+        namespace: str = "",
+        request_id: str | None = None,
+        spans: tuple = (),
     ) -> RestorePlan:
+        """Plan `prompt`; `spans`: its messages' token spans (PlanRequest.message_spans)."""
         if request_id is None:
             self._serial += 1
             request_id = f"r{self._serial}"
         prompt = tokens(prompt)
-        plan = self.manager.plan(PlanRequest(request_id, prompt, anchor_len, namespace))
+        request = PlanRequest(request_id, prompt, anchor_len, namespace, message_spans=spans)
+        plan = self.manager.plan(request)
         self._requests[request_id] = (plan, prompt, namespace)
         self.check()
         return plan
@@ -477,9 +484,9 @@ class Driver:
         self.check()
         return self.link.last
 
-    def turn(self, prompt, reply=(), anchor_len: int = 0, namespace: str = ""):
+    def turn(self, prompt, reply=(), anchor_len: int = 0, namespace: str = "", spans=()):
         """One whole request: plan, restore, prefill, commit. Returns (plan, orders)."""
-        plan = self.plan(prompt, anchor_len, namespace)
+        plan = self.plan(prompt, anchor_len, namespace, spans=spans)
         return plan, self.commit(plan.request_id, reply)
 
     def entry(self, entry_id: int):

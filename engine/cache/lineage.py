@@ -2,7 +2,7 @@
 
 What it decides: where a prompt restores (the longest restore point in its
 namespace), which capture points its prefill takes (anchor, guard,
-divergence), what a commit stores (the new entry, its reply and captured
+divergence, long-message points), what a commit stores (the new entry, its reply and captured
 checkpoints, anchors), which older entry it absorbs, what thinning drops and
 what the budgets evict; with a disk tier, which files to write (every entry it
 indexes, when it is indexed; an entry whose file was evicted is spilled again
@@ -22,6 +22,7 @@ from engine.cache.disk_index import DiskIndex, persist
 from engine.cache.entry import Checkpoint, Entry
 from engine.cache.index import Index, Lookup
 from engine.cache.kinds import CaptureKind, CheckpointKind, Role
+from engine.cache.message_points import Span, message_points
 from engine.cache.messages import CapturePoint, Commit, RestorePlan
 from engine.cache.orders import OrderBook
 from engine.cache.thinning import thin
@@ -68,9 +69,17 @@ class LineagePolicy:
     # -- plan ----------------------------------------------------------------
 
     def plan(
-        self, request_id: str, namespace: str, prompt: np.ndarray, anchor_len: int
+        self,
+        request_id: str,
+        namespace: str,
+        prompt: np.ndarray,
+        anchor_len: int,
+        message_spans: tuple[Span, ...] = (),
     ) -> RestorePlan:
         """The restore point and capture points for `prompt`; allocates the new entry's id first.
+
+        `message_spans`: the prompt's messages after the (system + tools) block,
+        as token spans (PlanRequest.message_spans), where long-message points go.
 
         Changes no index: a restore point on the disk tier comes back with
         load_from_disk, and enters the RAM index only when the caller keeps
@@ -90,7 +99,8 @@ class LineagePolicy:
         found, from_disk = self._restore(namespace, prompt[:-1])  # one uncached token
         restore = found.restore
         points: dict[int, str] = {}
-        for length, kind in self._capture_points(namespace, prompt, anchor_len, found):
+        spans = (((0, anchor_len),) if anchor_len else ()) + tuple(message_spans)
+        for length, kind in self._capture_points(namespace, prompt, anchor_len, spans, found):
             points.setdefault(length, kind)
         new_entry_id = self._new_id()
         captures = tuple(
@@ -147,8 +157,13 @@ class LineagePolicy:
             )
         )
 
-    def _capture_points(self, namespace: str, prompt: np.ndarray, anchor_len: int, found: Lookup):
+    def _capture_points(
+        self, namespace: str, prompt: np.ndarray, anchor_len: int, spans, found: Lookup
+    ):
         """Yield (length, kind) candidates, all strictly between the restore length and len(prompt).
+
+        `spans`: the (system + tools) block and the messages after it, where
+        long-message points fall (engine.cache.message_points).
 
         When two fall on one length the first yielded wins: the anchor entry
         also serves that length, and a divergence point also serves a resend
@@ -162,26 +177,15 @@ class LineagePolicy:
                 yield anchor_len, CaptureKind.ANCHOR
         if not self.has_state_layers:
             return
-        yield from self._message_points(anchor_len, restored, size)
+        step, most = self.config.message_interval, self.config.message_max
+        for n in message_points(spans, step, most, restored, size):
+            yield n, CaptureKind.MESSAGE
         gain = found.sibling_lcp - restored
         if gain > 0 and gain >= self.config.divergence_min_gain:
             yield found.sibling_lcp, CaptureKind.DIVERGENCE
         guard = size - self.config.guard_offset
         if size - restored >= self.config.guard_min_suffix and restored < guard < size:
             yield guard, CaptureKind.GUARD
-
-    def _message_points(self, anchor_len: int, restored: int, size: int):
-        """Long-message points: every `message_interval` tokens inside the (system + tools)
-        block this prefill runs through, at most `message_max`."""
-        step, most = self.config.message_interval, self.config.message_max
-        if step <= 0:
-            return
-        for k in range(1, most + 1):
-            n = k * step
-            if n >= anchor_len or n >= size:
-                return
-            if n > restored:
-                yield n, CaptureKind.MESSAGE
 
     # -- commit --------------------------------------------------------------
 

@@ -60,6 +60,7 @@ from engine.cache.exact import ExactPolicy
 from engine.cache.index import Index
 from engine.cache.kinds import CaptureKind, RestoreKind, Role
 from engine.cache.lineage import LineagePolicy
+from engine.cache.message_points import check_spans
 from engine.cache.messages import (
     AnchorCommit,
     AnchorUse,
@@ -89,6 +90,7 @@ class _InFlight:
     anchor_len: int
     plan: RestorePlan
     anchor: np.ndarray | None = None  # tokens of the anchor this request captures
+    message_spans: tuple = ()  # PlanRequest.message_spans, for a replan
     committed: set = field(default_factory=set)  # anchor ids indexed early (commit_anchor)
 
     @property
@@ -151,19 +153,21 @@ class CacheManager:
     def plan(self, req: PlanRequest) -> RestorePlan:
         """Choose the restore point and capture points for a prompt; pins the restore source.
 
-        Raises ValueError for an empty prompt, an anchor_len outside [0, len], or
-        a request id already in flight.
+        Raises ValueError for an empty prompt, an anchor_len outside [0, len],
+        message spans out of order or outside the prompt, or a request id already
+        in flight.
         """
         prompt = as_tokens(req.tokens, "prompt")
         if not 0 <= req.anchor_len <= len(prompt):
             raise ValueError(
                 f"anchor_len {req.anchor_len} is outside the prompt's {len(prompt)} tokens"
             )
+        spans = check_spans(req.message_spans, len(prompt))
         if self._policy is None:
             return RestorePlan(req.request_id, None, 0, RestoreKind.NONE, (), new_entry_id=None)
         if req.request_id in self._in_flight:
             raise ValueError(f"request {req.request_id!r} is already planned")
-        plan = self._policy.plan(req.request_id, req.namespace, prompt, req.anchor_len)
+        plan = self._policy.plan(req.request_id, req.namespace, prompt, req.anchor_len, spans)
         anchor = None
         if any(c.kind == CaptureKind.ANCHOR for c in plan.captures):
             anchor = prompt[: req.anchor_len].copy()
@@ -194,7 +198,7 @@ class CacheManager:
             self._evictions += len(victims)
             self._hold(victims)
         self._in_flight[req.request_id] = _InFlight(
-            req.namespace, prompt.copy(), req.anchor_len, plan, anchor
+            req.namespace, prompt.copy(), req.anchor_len, plan, anchor, message_spans=spans
         )
         self._hits[plan.kind] += 1
         self._cached_tokens += plan.length
@@ -327,7 +331,13 @@ class CacheManager:
             self._pending.free(entry_id)
         self._hold(self.index.flush(self._pending))
         self._forget_unread()
-        request = PlanRequest(lost.request_id, flight.prompt, flight.anchor_len, flight.namespace)
+        request = PlanRequest(
+            lost.request_id,
+            flight.prompt,
+            flight.anchor_len,
+            flight.namespace,
+            message_spans=flight.message_spans,
+        )
         new = self.plan(request)  # may take back the source's free: its file is read again
         orders = self._hand_out(self._take_pending())
         new = replace(new, after_orders=orders.seq)

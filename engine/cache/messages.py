@@ -33,6 +33,12 @@ class PlanRequest:
     namespace: str = ""
     # Replicas this request must not run on (a retry after its replica died).
     exclude: tuple[int, ...] = ()
+    # The messages after the (system + tools) block that the front end located, as
+    # token spans (start, end), ascending: long-message points fall inside them,
+    # every `message_interval` tokens from each one's start
+    # (engine.cache.message_points). Short messages may be left out; () places
+    # points in the (system + tools) block only.
+    message_spans: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -64,10 +64,16 @@ class CacheConfig:
         default=None,
         shown="derived from the per-forward and per-token costs measured at load",
     )
-    # State-only checkpoints inside a long (system + tools) block: every this many
-    # tokens, at most message_max of them, so a variant of a long system prompt
-    # restores at the last one before its change.
-    message_interval: int = 2048
+    # State-only checkpoints inside every long message (the system + tools block, a
+    # user message, a tool result, an assistant message): every this many tokens from
+    # the message's start, the longest message_max of those a prefill computes, so an
+    # edit or a truncation deep inside a long message restores at the last one before
+    # it (engine.cache.message_points; the spacing's figures: docs/benchmarks.md).
+    message_interval: int = setting(
+        1024,
+        "tokens between the state checkpoints inside a long message, from its start (0: none)",
+        metavar="TOKENS",
+    )
     message_max: int = 4
     divergence_min_gain: int = 256
     anchor_slack: int = 2  # BPE merges at the anchor boundary
@@ -112,6 +118,11 @@ class CacheConfig:
             raise ValueError(
                 f"{label_of(CacheConfig, 'mode')}: cache mode {self.mode!r} is not one of "
                 f"{', '.join(CACHE_MODES)}"
+            )
+        if self.message_interval < 0:
+            raise ValueError(
+                f"{label_of(CacheConfig, 'message_interval')} must be 0 (no points) or "
+                f"positive, got {self.message_interval}"
             )
         if self.disk_queue_bytes is not None and self.disk_queue_bytes <= 0:
             raise ValueError(

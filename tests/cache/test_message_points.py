@@ -1,0 +1,185 @@
+"""Long-message points: where they fall, what an edit inside a long message restores, thinning.
+
+Token ids are plain ranges (seq(a, n)), so common prefixes are exact by
+construction. A conversation here is a (system + tools) block of 500 tokens
+(the anchor), then messages given as token spans (PlanRequest.message_spans),
+as the front end locates them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.cache.message_points import message_points
+from engine.cache.messages import PlanRequest
+from tests.fakes import Driver, tokens
+
+
+def seq(start: int, n: int) -> range:
+    return range(start, start + n)
+
+
+def caps(plan) -> list[tuple]:
+    return [(c.length, c.kind, c.entry_id) for c in plan.captures]
+
+
+R1 = seq(5000, 20)  # a reply
+
+
+# -- placement -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "spans, interval, most, restored, size, points",
+    [
+        # every `interval` tokens from each span's own start, strictly inside it
+        ([(510, 3510)], 1024, 4, 0, 3530, [1534, 2558]),
+        ([(900, 3900)], 1024, 4, 0, 3920, [1924, 2948]),  # moved with its message
+        ([(510, 1534)], 1024, 4, 0, 3000, []),  # its end is no point inside it
+        ([(510, 1535)], 1024, 4, 0, 3000, [1534]),
+        ([(510, 1400)], 1024, 4, 0, 3000, []),  # a short message holds none
+        # only what this prefill computes: past the restore point, before the prompt end
+        ([(510, 3510)], 1024, 4, 1534, 3530, [2558]),
+        ([(510, 3510)], 1024, 4, 1533, 3530, [1534, 2558]),
+        ([(510, 3510)], 1024, 4, 0, 2558, [1534]),
+        # several messages, the longest `most` of all their points
+        ([(0, 5000), (5100, 8200)], 2048, 4, 0, 8300, [2048, 4096, 7148]),
+        ([(0, 5000), (5100, 8200)], 1024, 3, 0, 8300, [6124, 7148, 8172]),
+        ([(0, 9000)], 1000, 4, 0, 9100, [5000, 6000, 7000, 8000]),
+        ([(0, 9000)], 0, 4, 0, 9100, []),  # interval 0: none
+        ([(0, 9000)], 1000, 0, 0, 9100, []),
+        ([], 1024, 4, 0, 9100, []),
+    ],
+)
+def test_points_fall_every_interval_from_each_messages_start(
+    spans, interval, most, restored, size, points
+):
+    assert message_points(spans, interval, most, restored, size) == points
+
+
+# -- a long message in a conversation -----------------------------------------------
+
+SYSTEM = seq(1000, 500)  # the (system + tools) block: the anchor
+PASTE = (510, 3510)  # a user message pasting a 3000-token file, after a 10-token header
+TURN = tokens(seq(1000, 3530))  # the block, the message, 20 tokens of template
+
+
+@pytest.mark.parametrize(
+    "spans, captures, checkpoints",
+    [
+        (
+            (PASTE,),
+            [(500, "anchor", 2), (1534, "message", None), (2558, "message", None)],
+            {1534: "message", 2558: "message", 3514: "guard", 3530: "reply"},
+        ),
+        # where the front end located no message, only the system block holds points
+        ((), [(500, "anchor", 2)], {3514: "guard", 3530: "reply"}),
+    ],
+)
+def test_a_long_message_gets_points_relative_to_its_start(spans, captures, checkpoints):
+    d = Driver()
+    plan, _ = d.turn(TURN, R1, anchor_len=500, spans=spans)
+    assert caps(plan) == captures + [(3514, "guard", None)]
+    assert d.checkpoints(1) == checkpoints
+
+
+@pytest.mark.parametrize(
+    "edit, spans, restore, captures",
+    [
+        # a line edited near the message's end: restores at the last point before it
+        (3300, (PASTE,), (1, 2558, "message"), [(3300, "divergence"), (3514, "guard")]),
+        (2600, (PASTE,), (1, 2558, "message"), [(3514, "guard")]),  # the gain is < 256
+        (
+            2000,
+            (PASTE,),
+            (1, 1534, "message"),
+            [(2000, "divergence"), (2558, "message"), (3514, "guard")],
+        ),
+        # without the message's span: back to the anchor, before the whole message
+        (3300, (), (2, 500, "anchor"), [(3300, "divergence"), (3514, "guard")]),
+    ],
+)
+def test_an_edit_inside_a_long_message_restores_at_the_last_point_before_it(
+    edit, spans, restore, captures
+):
+    d = Driver()
+    d.turn(TURN, R1, anchor_len=500, spans=spans)
+    edited = tokens(seq(1000, edit), seq(9000, 3530 - edit))
+    plan, orders = d.turn(edited, R1, anchor_len=500, spans=spans)
+    assert (plan.entry_id, plan.length, plan.kind) == restore
+    assert [c[:2] for c in caps(plan)] == captures
+    assert not orders.free, "restored before the prompt end: the first lineage stays"
+
+
+# -- a long tool result in a later turn: thinning ------------------------------------------
+
+P1 = seq(1000, 600)  # system block (500) + a short user message
+TOOL = (630, 3630)  # after P1, R1 and a 10-token header: a 3000-token tool result
+TURN2 = tokens(P1, R1, seq(20000, 3010), seq(30000, 20))
+
+
+def test_points_in_a_later_turn_outlive_the_turn_boundaries_and_not_the_guard():
+    """At most 4 per lineage: the old guard first, then the carried turn boundaries
+    (final), then the long-message points; the live guard and the prompt end stay."""
+    d = Driver()
+    d.turn(P1, R1, anchor_len=500)
+    assert d.checkpoints(1) == {584: "guard", 600: "reply"}
+    plan, orders = d.turn(TURN2, seq(6000, 20), anchor_len=500, spans=(TOOL,))
+    assert (plan.entry_id, plan.length, plan.kind) == (1, 620, "entry")
+    assert caps(plan) == [(1654, "message", None), (2678, "message", None), (3634, "guard", None)]
+    assert d.checkpoints(3) == {1654: "message", 2678: "message", 3634: "guard", 3650: "reply"}
+    # the source's guard and both turn boundaries were dropped, not moved
+    assert orders.moves == () and orders.free == (1,)
+    # the next turn truncates the tool result at 2/3 (an agent trimming its context)
+    truncated = tokens(P1, R1, seq(20000, 2010), seq(40000, 60))
+    plan, _ = d.turn(truncated, seq(7000, 20), anchor_len=500, spans=((630, 2640),))
+    assert (plan.entry_id, plan.length, plan.kind) == (3, 1654, "message")
+
+
+def test_a_variant_deep_inside_a_long_system_prompt_restores_at_the_last_message_point():
+    """A 5000-token system block gets points at 1024 to 4096, of which thinning keeps the
+    longest two; a variant changing one token at 3500 restores 3072 of them, not nothing."""
+    d = Driver()
+    system = tokens(seq(10_000, 5000))
+    plan, _ = d.turn(tokens(system, seq(7000, 100)), R1, anchor_len=5000)
+    points = [c[0] for c in caps(plan) if c[1] == "message"]
+    assert points == [1024, 2048, 3072, 4096] and (5000, "anchor", 2) in caps(plan)
+    assert d.checkpoints(1) == {3072: "message", 4096: "message", 5084: "guard", 5100: "reply"}
+    variant = system.copy()
+    variant[3500] = 1
+    other = d.plan(tokens(variant, seq(8000, 100)), anchor_len=5000)
+    assert (other.entry_id, other.length, other.kind) == (1, 3072, "message")
+    kinds = [c[:2] for c in caps(other)][:3]
+    assert kinds == [(3500, "divergence"), (4096, "message"), (5000, "anchor")]
+    d.commit(other.request_id, R1)
+
+
+def test_no_points_on_a_model_without_state_layers():
+    d = Driver(state_layers=False)
+    plan, _ = d.turn(TURN, R1, anchor_len=500, spans=(PASTE,))
+    assert caps(plan) == [(500, "anchor", 2)]
+
+
+# -- bad spans ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "spans, message",
+    [
+        (((600, 500),), r"message_spans\[0\] = \(600, 500\)"),  # backwards
+        (((500, 500),), r"message_spans\[0\] = \(500, 500\)"),  # empty
+        (((-1, 500),), r"message_spans\[0\] = \(-1, 500\)"),
+        (((510, 3531),), r"message_spans\[0\] = \(510, 3531\) must lie within \[0, 3530\]"),
+        (((510, 2000), (1900, 3000)), r"message_spans\[1\] = \(1900, 3000\)"),  # overlap
+        (((2000, 3000), (510, 1000)), r"message_spans\[1\]"),  # out of order
+        (((510,),), r"message_spans\[0\] is \(510,\), not a \(start, end\) pair"),
+        ((5,), r"message_spans\[0\] is 5"),
+    ],
+)
+def test_bad_spans_are_refused_naming_the_span(spans, message):
+    d = Driver()
+    request = PlanRequest("bad", np.asarray(TURN, np.int32), 500, message_spans=spans)
+    with pytest.raises(ValueError, match=message):
+        d.manager.plan(request)
+    d.turn(TURN, R1, anchor_len=500, spans=(PASTE,))  # and the manager keeps serving

@@ -1,10 +1,13 @@
-"""Prompts from requests: validation, the chat template, and the anchor boundary.
+"""Prompts from requests: validation, the chat template, the anchor boundary, the long messages.
 
 The anchor is where (system messages + tools) ends and the first user message
 begins: the chat template rendered on the leading system messages plus the
 tools, without the generation prompt, tokenized once per distinct text
 (memoized), and its common prefix with the prompt, minus a few tokens of slack
 for BPE merges at the boundary (docs/architecture.md, "The cache contract").
+The messages after it that may be longer than `message_min_tokens` are
+located among the prompt's tokens (engine.server.message_spans), for the
+cache's long-message points.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import numpy as np
 
 from engine.server.errors import InvalidRequest
 from engine.server.limits import DEFAULT_LIMITS, Limits, parse_json, printable
+from engine.server.message_spans import candidates, char_spans, common_prefix, token_spans
 
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")  # roles of chat messages
 
@@ -36,6 +40,9 @@ class PromptInput:
 class Prompt:
     tokens: tuple[int, ...]
     anchor_len: int
+    # Token spans (start, end) of the messages after the system block that may hold
+    # long-message points (PlanRequest.message_spans).
+    message_spans: tuple[tuple[int, int], ...] = ()
 
 
 def parse_tools(tools_json: str, limits: Limits = DEFAULT_LIMITS) -> tuple[dict, ...] | None:
@@ -74,8 +81,12 @@ class PromptBuilder:
         anchor_slack: int = 2,
         memo_size: int = 256,
         limits: Limits = DEFAULT_LIMITS,
+        message_min_tokens: int = 0,
     ):
+        """`message_min_tokens`: locate the messages that may be longer than this (the
+        cache's `message_interval`); 0 locates none."""
         self.tokenizer = tokenizer
+        self.message_min_tokens = message_min_tokens
         self.limits = limits
         self.vocab_size = vocab_size
         self.max_context = max_context
@@ -86,6 +97,7 @@ class PromptBuilder:
         self.memo_nbytes = 0
 
     def build(self, inp: PromptInput) -> Prompt:
+        spans = ()
         if inp.prompt_ids is not None:
             tokens = tuple(int(t) for t in inp.prompt_ids)
             bad = [t for t in tokens if not 0 <= t < self.vocab_size]
@@ -99,18 +111,44 @@ class PromptBuilder:
             anchor = 0
         else:
             self._check_messages(inp.messages, self.limits)
+            messages = list(inp.messages)
             text = self.render(
-                list(inp.messages), inp.tools, inp.add_generation_prompt, inp.continue_final_message
+                messages, inp.tools, inp.add_generation_prompt, inp.continue_final_message
             )
-            tokens = tuple(self.tokenizer.encode(text, add_special_tokens=False))
-            anchor = self.anchor_length(inp.messages, inp.tools, tokens)
+            head = _system_head(messages)
+            system = self.render(head, inp.tools, False) if head or inp.tools else ""
+            long = candidates(messages, len(head), self.message_min_tokens)
+            offsets = self._offsets(text) if long else None
+            if offsets is None:
+                tokens = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+            else:
+                tokens, starts = offsets
+                located = char_spans(
+                    text,
+                    messages,
+                    long,
+                    common_prefix(system, text),
+                    lambda prefix: self.render(prefix, inp.tools, False),
+                )
+                spans = token_spans(located, starts, self.message_min_tokens)
+            anchor = self.anchor_length(messages, inp.tools, tokens, system)
         if not tokens:
             raise InvalidRequest("the prompt is empty")
         if len(tokens) >= self.max_context:
             raise InvalidRequest(
                 f"the prompt has {len(tokens)} tokens; the model's context is {self.max_context}"
             )
-        return Prompt(tokens=tokens, anchor_len=anchor)
+        return Prompt(tokens=tokens, anchor_len=anchor, message_spans=spans)
+
+    def _offsets(self, text: str) -> tuple[tuple[int, ...], np.ndarray] | None:
+        """The prompt's token ids and each token's first character, from one tokenization
+        (the fast tokenizer's own, as `encode` runs it); None without a fast tokenizer."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            return None
+        encoding = backend.encode(text, add_special_tokens=False)
+        starts = np.fromiter((a for a, _ in encoding.offsets), np.int64, len(encoding.ids))
+        return tuple(encoding.ids), starts
 
     def render(
         self,
@@ -136,18 +174,16 @@ class PromptBuilder:
         except Exception as e:  # a template error is the request's fault
             raise InvalidRequest(f"the chat template failed on these messages: {e}")
 
-    def anchor_length(self, messages, tools, tokens) -> int:
-        """Tokens the prompt shares with the render of its system messages plus tools."""
-        head = []
-        for m in messages:
-            if m.get("role") != "system":
-                break
-            head.append(m)
+    def anchor_length(self, messages, tools, tokens, text: str | None = None) -> int:
+        """Tokens the prompt shares with the render of its system messages plus tools
+        (`text`, when the caller rendered it)."""
+        head = _system_head(messages)
         if not head and not tools:
             return 0
         if len(head) == len(messages) and not tools:
             return 0  # nothing after the system block: no boundary to pin
-        text = self.render(head, tools, add_generation_prompt=False)
+        if text is None:
+            text = self.render(head, tools, add_generation_prompt=False)
         prefix = self._tokens(text)
         prompt = np.asarray(tokens, dtype=np.int64)
         n = min(len(prefix), len(prompt))
@@ -184,6 +220,16 @@ class PromptBuilder:
                     f"messages[{i}].role {printable(str(role))} is unknown "
                     f"(use one of {', '.join(MESSAGE_ROLES)})"
                 )
+
+
+def _system_head(messages) -> list:
+    """The leading system messages."""
+    head = []
+    for m in messages:
+        if m.get("role") != "system":
+            break
+        head.append(m)
+    return head
 
 
 def _memo_cost(text: str, ids: np.ndarray) -> int:

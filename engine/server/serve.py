@@ -163,6 +163,7 @@ async def start_engine(
         info.max_context,
         config.cache.anchor_slack,
         limits=config.limits,
+        message_min_tokens=config.cache.message_interval,
     )
     budgets = {
         "ram": config.cache.ram_budget,

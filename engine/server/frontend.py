@@ -302,6 +302,7 @@ class Frontend:
             anchor_len=prompt.anchor_len,
             namespace=namespace,
             exclude=tuple(exclude),
+            message_spans=prompt.message_spans,
         )
         planning = asyncio.ensure_future(_resolve(self.manager.plan.remote(request)))
         try:

@@ -45,8 +45,9 @@ class CheckpointKind(TextEnum):
     carried over when an entry is absorbed; ANCHOR: an anchor entry's own
     state; DIVERGENCE: where a prompt left its closest sibling; REPLY: the
     prompt end kept when an entry extends over its reply; MESSAGE: a point
-    inside a long system block (every `message_interval` tokens), where a
-    variant of that block restores.
+    inside a long message or the long system block (every `message_interval`
+    or `system_interval` tokens from its start), where an edit inside it or a
+    variant of it restores.
     """
 
     GUARD = "guard"

@@ -22,7 +22,7 @@ from engine.cache.disk_index import DiskIndex, persist
 from engine.cache.entry import Checkpoint, Entry
 from engine.cache.index import Index, Lookup
 from engine.cache.kinds import CaptureKind, CheckpointKind, Role
-from engine.cache.message_points import Span, message_points
+from engine.cache.message_points import Span, message_points, message_spacing
 from engine.cache.messages import CapturePoint, Commit, RestorePlan
 from engine.cache.orders import OrderBook
 from engine.cache.thinning import thin
@@ -99,7 +99,12 @@ class LineagePolicy:
         found, from_disk = self._restore(namespace, prompt[:-1])  # one uncached token
         restore = found.restore
         points: dict[int, str] = {}
-        spans = (((0, anchor_len),) if anchor_len else ()) + tuple(message_spans)
+        cfg = self.config
+        spans = [(0, anchor_len, cfg.system_interval)] if anchor_len else []
+        spans += [
+            (start, end, message_spacing(end - start, cfg.message_interval))
+            for start, end in message_spans
+        ]
         for length, kind in self._capture_points(namespace, prompt, anchor_len, spans, found):
             points.setdefault(length, kind)
         new_entry_id = self._new_id()
@@ -162,8 +167,8 @@ class LineagePolicy:
     ):
         """Yield (length, kind) candidates, all strictly between the restore length and len(prompt).
 
-        `spans`: the (system + tools) block and the messages after it, where
-        long-message points fall (engine.cache.message_points).
+        `spans`: the (system + tools) block and the messages after it, with the
+        spacing of their long-message points (engine.cache.message_points).
 
         When two fall on one length the first yielded wins: the anchor entry
         also serves that length, and a divergence point also serves a resend
@@ -177,8 +182,7 @@ class LineagePolicy:
                 yield anchor_len, CaptureKind.ANCHOR
         if not self.has_state_layers:
             return
-        step, most = self.config.message_interval, self.config.message_max
-        for n in message_points(spans, step, most, restored, size):
+        for n in message_points(spans, self.config.message_max, restored, size):
             yield n, CaptureKind.MESSAGE
         gain = found.sibling_lcp - restored
         if gain > 0 and gain >= self.config.divergence_min_gain:

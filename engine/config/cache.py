@@ -64,17 +64,21 @@ class CacheConfig:
         default=None,
         shown="derived from the per-forward and per-token costs measured at load",
     )
-    # State-only checkpoints inside every long message (the system + tools block, a
-    # user message, a tool result, an assistant message): every this many tokens from
-    # the message's start, the longest message_max of those a prefill computes, so an
-    # edit or a truncation deep inside a long message restores at the last one before
-    # it (engine.cache.message_points; the spacing's figures: docs/benchmarks.md).
+    # State-only checkpoints inside every long message after the (system + tools)
+    # block (a user message, a tool result, an assistant message), from the message's
+    # start: every eighth of the message, never closer than this, so an edit or a
+    # truncation in a long message's last quarter restores at most an eighth of it
+    # short (engine.cache.message_points; the floor's figures: docs/benchmarks.md).
     message_interval: int = setting(
-        1024,
-        "tokens between the state checkpoints inside a long message, from its start (0: none)",
+        256,
+        "the least spacing of the state checkpoints inside a long message, which get one "
+        "every eighth of their length from their start (0: none)",
         metavar="TOKENS",
     )
-    message_max: int = 4
+    # The same inside the (system + tools) block, wider: its points serve other sessions
+    # whose system prompt differs anywhere in it (a timestamp, a sub-agent's target).
+    system_interval: int = 2048
+    message_max: int = 4  # the longest this many points of both kinds a prefill computes
     divergence_min_gain: int = 256
     anchor_slack: int = 2  # BPE merges at the anchor boundary
     exact_max_entries: int = 8  # exact mode: plain LRU by entry count and bytes

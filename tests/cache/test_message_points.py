@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.cache.message_points import message_points
+from engine.cache.message_points import message_points, message_spacing
 from engine.cache.messages import PlanRequest
 from tests.fakes import Driver, tokens
 
@@ -46,6 +46,24 @@ R1 = seq(5000, 20)  # a reply
         # several messages, the longest `most` of all their points
         ([(0, 5000), (5100, 8200)], 2048, 4, 0, 8300, [2048, 4096, 7148]),
         ([(0, 5000), (5100, 8200)], 1024, 3, 0, 8300, [6124, 7148, 8172]),
+        # each span with its own spacing: the system block's wider than a message's
+        (
+            [(0, 5000, 2048), (5100, 8200, 512)],
+            None,
+            6,
+            0,
+            8300,
+            [5612, 6124, 6636, 7148, 7660, 8172],
+        ),
+        (
+            [(0, 5000, 2048), (5100, 8200, 512)],
+            None,
+            8,
+            0,
+            8300,
+            [2048, 4096, 5612, 6124, 6636, 7148, 7660, 8172],
+        ),
+        ([(0, 5000, 2048), (5100, 8200, 512)], None, 8, 7000, 8300, [7148, 7660, 8172]),
         ([(0, 9000)], 1000, 4, 0, 9100, [5000, 6000, 7000, 8000]),
         ([(0, 9000)], 0, 4, 0, 9100, []),  # interval 0: none
         ([(0, 9000)], 1000, 0, 0, 9100, []),
@@ -55,7 +73,23 @@ R1 = seq(5000, 20)  # a reply
 def test_points_fall_every_interval_from_each_messages_start(
     spans, interval, most, restored, size, points
 ):
-    assert message_points(spans, interval, most, restored, size) == points
+    spans = [s if interval is None else (*s, interval) for s in spans]
+    assert message_points(spans, most, restored, size) == points
+
+
+@pytest.mark.parametrize(
+    "length, floor, spacing",
+    [
+        (2160, 256, 270),  # an eighth of the message
+        (5225, 256, 654),
+        (2047, 256, 256),  # never below the floor
+        (300, 256, 256),
+        (100_000, 256, 12_500),
+        (5000, 0, 0),  # floor 0: no points
+    ],
+)
+def test_a_messages_spacing_is_an_eighth_of_it_above_a_floor(length, floor, spacing):
+    assert message_spacing(length, floor) == spacing
 
 
 # -- a long message in a conversation -----------------------------------------------
@@ -78,7 +112,7 @@ TURN = tokens(seq(1000, 3530))  # the block, the message, 20 tokens of template
     ],
 )
 def test_a_long_message_gets_points_relative_to_its_start(spans, captures, checkpoints):
-    d = Driver()
+    d = Driver(message_interval=1024)
     plan, _ = d.turn(TURN, R1, anchor_len=500, spans=spans)
     assert caps(plan) == captures + [(3514, "guard", None)]
     assert d.checkpoints(1) == checkpoints
@@ -103,7 +137,7 @@ def test_a_long_message_gets_points_relative_to_its_start(spans, captures, check
 def test_an_edit_inside_a_long_message_restores_at_the_last_point_before_it(
     edit, spans, restore, captures
 ):
-    d = Driver()
+    d = Driver(message_interval=1024)
     d.turn(TURN, R1, anchor_len=500, spans=spans)
     edited = tokens(seq(1000, edit), seq(9000, 3530 - edit))
     plan, orders = d.turn(edited, R1, anchor_len=500, spans=spans)
@@ -122,7 +156,7 @@ TURN2 = tokens(P1, R1, seq(20000, 3010), seq(30000, 20))
 def test_points_in_a_later_turn_outlive_the_turn_boundaries_and_not_the_guard():
     """At most 4 per lineage: the old guard first, then the carried turn boundaries
     (final), then the long-message points; the live guard and the prompt end stay."""
-    d = Driver()
+    d = Driver(message_interval=1024)
     d.turn(P1, R1, anchor_len=500)
     assert d.checkpoints(1) == {584: "guard", 600: "reply"}
     plan, orders = d.turn(TURN2, seq(6000, 20), anchor_len=500, spans=(TOOL,))
@@ -137,22 +171,37 @@ def test_points_in_a_later_turn_outlive_the_turn_boundaries_and_not_the_guard():
     assert (plan.entry_id, plan.length, plan.kind) == (3, 1654, "message")
 
 
-def test_a_variant_deep_inside_a_long_system_prompt_restores_at_the_last_message_point():
-    """A 5000-token system block gets points at 1024 to 4096, of which thinning keeps the
-    longest two; a variant changing one token at 3500 restores 3072 of them, not nothing."""
+def test_a_variant_deep_inside_a_long_system_prompt_restores_at_the_last_system_point():
+    """A 5000-token system block gets points every system_interval (2048) tokens; a variant
+    that changes one token at 3000 restores 2048 of them instead of nothing."""
     d = Driver()
     system = tokens(seq(10_000, 5000))
     plan, _ = d.turn(tokens(system, seq(7000, 100)), R1, anchor_len=5000)
-    points = [c[0] for c in caps(plan) if c[1] == "message"]
-    assert points == [1024, 2048, 3072, 4096] and (5000, "anchor", 2) in caps(plan)
-    assert d.checkpoints(1) == {3072: "message", 4096: "message", 5084: "guard", 5100: "reply"}
+    assert caps(plan)[:3] == [(2048, "message", None), (4096, "message", None), (5000, "anchor", 2)]
+    assert d.checkpoints(1) == {2048: "message", 4096: "message", 5084: "guard", 5100: "reply"}
     variant = system.copy()
-    variant[3500] = 1
+    variant[3000] = 1
     other = d.plan(tokens(variant, seq(8000, 100)), anchor_len=5000)
-    assert (other.entry_id, other.length, other.kind) == (1, 3072, "message")
+    assert (other.entry_id, other.length, other.kind) == (1, 2048, "message")
     kinds = [c[:2] for c in caps(other)][:3]
-    assert kinds == [(3500, "divergence"), (4096, "message"), (5000, "anchor")]
+    assert kinds == [(3000, "divergence"), (4096, "message"), (5000, "anchor")]
     d.commit(other.request_id, R1)
+
+
+def test_the_default_spacing_of_a_message_and_of_the_system_block():
+    """An eighth of a message (at least message_interval, 256) inside it, system_interval
+    (2048) inside the system block; both compete for the prefill's message_max (4), the
+    longest first, and thinning keeps the message's last two: its last quarter."""
+    d = Driver()
+    system = tokens(seq(10_000, 5000))
+    prompt = tokens(system, seq(20_000, 2100), seq(7000, 40))  # a 2100-token message at 5000
+    plan, _ = d.turn(prompt, R1, anchor_len=5000, spans=((5000, 7100),))
+    points = [c[0] for c in caps(plan) if c[1] == "message"]
+    assert points == [6052, 6315, 6578, 6841]  # every 263 tokens from 5000
+    assert d.checkpoints(1) == {6578: "message", 6841: "message", 7124: "guard", 7140: "reply"}
+    short = tokens(system, seq(30_000, 350))  # a 250-token message, under the floor: none
+    plan, _ = d.turn(short, R1, anchor_len=5000, spans=((5000, 5250),))
+    assert (plan.length, plan.kind) == (5000, "anchor") and caps(plan) == [(5334, "guard", None)]
 
 
 def test_no_points_on_a_model_without_state_layers():

@@ -1,11 +1,11 @@
 """An edit or a truncation inside a long message, through the running server: real gRPC,
-Ray and MLX, the session's engine (`message_interval` 1024).
+Ray and MLX, the session's engine (the default `message_interval`).
 
 A first request carries a long message (a pasted file, a long tool result);
 the next one changes it near its end. It must restore at a long-message point
-of the first, at most one interval before the change (not at the turn
-boundary before the message), and decode what a cold prefill of the same
-prompt decodes.
+of the first, at most one spacing (an eighth of the message) before the
+change, not at the turn boundary before the message, and decode what a cold
+prefill of the same prompt decodes.
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ import engine.runtime.tiny_models as tm
 from clients.bench.agent_text import tool_result
 from clients.client import Client
 from clients.fanout import make_shared_prefix
+from engine.cache.message_points import message_spacing
 from engine.cache.tokens import common_prefix
+from engine.config import CacheConfig
 from engine.server.prompt import PromptBuilder, PromptInput
 
 pytestmark = pytest.mark.ray
 
 SYSTEM, TOOLS = make_shared_prefix(600, seed=5)
-INTERVAL = 1024  # CacheConfig's default, which the session's engine serves
 _ns = itertools.count()
 
 
@@ -39,7 +40,9 @@ def client(engine):
 
 @pytest.fixture(scope="module")
 def builder():
-    return PromptBuilder(load_tokenizer(tm.TOKENIZER_DIR), tm.VOCAB_SIZE, 1 << 20)
+    tokenizer = load_tokenizer(tm.TOKENIZER_DIR)
+    floor = CacheConfig().message_interval  # what the session's engine serves
+    return PromptBuilder(tokenizer, tm.VOCAB_SIZE, 1 << 20, message_min_tokens=floor)
 
 
 def pasted(rng: random.Random) -> str:
@@ -86,7 +89,7 @@ def tool_then_truncate(rng):
 def test_a_change_near_the_end_of_a_long_message_restores_near_it(client, builder, make):
     first, changed = make(random.Random(7))
     ns = f"msgedit-{next(_ns)}"
-    r1 = client.generate(messages=first, tools=TOOLS, max_tokens=4, namespace=ns)
+    client.generate(messages=first, tools=TOOLS, max_tokens=4, namespace=ns)
     r2 = client.generate(messages=changed, tools=TOOLS, max_tokens=8, namespace=ns)
     cold = client.generate(messages=changed, tools=TOOLS, max_tokens=8, namespace=f"{ns}-cold")
 
@@ -95,7 +98,9 @@ def test_a_change_near_the_end_of_a_long_message_restores_near_it(client, builde
 
     one, two = build(first), build(changed)
     change = common_prefix(np.asarray(one.tokens), np.asarray(two.tokens))  # where they part
-    assert change - one.anchor_len > 2 * INTERVAL  # deep inside the long message
+    (start, end), *_ = [s for s in one.message_spans if s[0] < change < s[1]]
+    spacing = message_spacing(end - start, builder.message_min_tokens)
+    assert change - start > 4 * spacing  # deep inside the long message
     assert r2.restore.kind == "message"
-    assert change - INTERVAL < r2.usage.cached_tokens == r2.restore.length <= change
+    assert change - spacing < r2.usage.cached_tokens == r2.restore.length <= change
     assert cold.restore.kind == "none" and r2.token_ids == cold.token_ids

@@ -60,6 +60,8 @@ class BenchOptions:
     replicas: int = 1  # > 1: lineage on one replica against lineage on this many
     route_threshold: int = 4096  # the engine's --route-threshold (queued prefill tokens)
     variants: int = 4  # system-prompt-variant sessions at the end of the traffic
+    message_edits: int = 4  # long-message sessions (an edit, a truncation) before them
+    message_interval: int | None = None  # the engines' --message-interval; None: its default
 
 
 # -------------------------------------------------------------- prompt ids ----
@@ -188,9 +190,10 @@ def run_engine(
 def _engine_config(mode: str, opts: BenchOptions, cache_dir: str, replicas: int):
     from engine.config import CacheConfig, EngineConfig, ModelConfig, ServerConfig
 
+    interval = {} if opts.message_interval is None else {"message_interval": opts.message_interval}
     return EngineConfig(
         model=ModelConfig(path=opts.model, prefill_step_size=opts.prefill_step_size),
-        cache=CacheConfig(mode=mode, ram_budget=opts.ram_budget, cache_dir=cache_dir),
+        cache=CacheConfig(mode=mode, ram_budget=opts.ram_budget, cache_dir=cache_dir, **interval),
         server=ServerConfig(
             port=0,
             replicas=replicas,
@@ -321,7 +324,7 @@ def run_bench(opts: BenchOptions) -> dict:
     unknown = [p for p in opts.policies if p not in POLICIES and not parse(p)]
     if unknown:
         raise ValueError(f"unknown policies {unknown} (use some of {', '.join(POLICIES)})")
-    traffic = build_traffic(opts.seed, opts.scale, opts.agents, opts.variants)
+    traffic = build_traffic(opts.seed, opts.scale, opts.agents, opts.variants, opts.message_edits)
     ids = PromptIds(opts.model)
     runs = {}
     work = tempfile.mkdtemp(prefix="lineage-bench-agents-", dir=opts.work_dir)
@@ -409,6 +412,20 @@ def add_arguments(parser) -> None:
         help="system-prompt-variant sessions after the rest (one word changed deep inside "
         "the system prompt, a different word each), reported as their own phase",
     )
+    parser.add_argument(
+        "--message-edits",
+        type=int,
+        default=4,
+        metavar="N",
+        help="long-message sessions before the variants (a pasted file fixed near its end, "
+        "a long tool result truncated in the next turn), reported as their own phase",
+    )
+    parser.add_argument(
+        "--message-interval",
+        type=int,
+        metavar="TOKENS",
+        help="the engines' --message-interval (default: the engine's)",
+    )
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="write the figure (matplotlib)")
 
@@ -436,6 +453,8 @@ def options_from_args(args) -> BenchOptions:
         replicas=replicas,
         route_threshold=getattr(args, "route_threshold", 4096),
         variants=getattr(args, "variants", 4),
+        message_edits=getattr(args, "message_edits", 4),
+        message_interval=getattr(args, "message_interval", None),
     )
 
 

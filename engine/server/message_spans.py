@@ -37,8 +37,6 @@ from __future__ import annotations
 import json
 from typing import Callable, Sequence
 
-import numpy as np
-
 TEMPLATE_BYTES = 256  # what a template may add to a message beyond its JSON form
 FALLBACK_MESSAGES = 2  # candidates located by rendering prefixes, per prompt
 MIN_PIECE = 32  # characters: a shorter text could be found in the wrong place
@@ -106,14 +104,16 @@ def char_spans(
     return [s for k, s in enumerate(spans) if k == 0 or s[0] >= spans[k - 1][1]]
 
 
-def token_spans(spans: Sequence[tuple[int, int]], starts: np.ndarray, longer: int = 0) -> tuple:
+def token_spans(
+    spans: Sequence[tuple[int, int]], first_token_from: Callable[[int], int], longer: int = 0
+) -> tuple:
     """Character spans as token spans of more than `longer` tokens (a shorter one holds no
-    point); `starts`: each token's first character, ascending."""
+    point); `first_token_from(char)`: the first token that starts at or after `char`."""
     out = []
     for begin, end in spans:
-        a, b = np.searchsorted(starts, [begin, end], side="left")
+        a, b = first_token_from(begin), first_token_from(end)
         if b - a > longer:
-            out.append((int(a), int(b)))
+            out.append((a, b))
     return tuple(out)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -122,7 +123,7 @@ class PromptBuilder:
             if offsets is None:
                 tokens = tuple(self.tokenizer.encode(text, add_special_tokens=False))
             else:
-                tokens, starts = offsets
+                tokens, first_token_from = offsets
                 located = char_spans(
                     text,
                     messages,
@@ -130,7 +131,7 @@ class PromptBuilder:
                     common_prefix(system, text),
                     lambda prefix: self.render(prefix, inp.tools, False),
                 )
-                spans = token_spans(located, starts, self.message_min_tokens)
+                spans = token_spans(located, first_token_from, self.message_min_tokens)
             anchor = self.anchor_length(messages, inp.tools, tokens, system)
         if not tokens:
             raise InvalidRequest("the prompt is empty")
@@ -140,15 +141,26 @@ class PromptBuilder:
             )
         return Prompt(tokens=tokens, anchor_len=anchor, message_spans=spans)
 
-    def _offsets(self, text: str) -> tuple[tuple[int, ...], np.ndarray] | None:
-        """The prompt's token ids and each token's first character, from one tokenization
-        (the fast tokenizer's own, as `encode` runs it); None without a fast tokenizer."""
+    def _offsets(self, text: str) -> tuple[tuple[int, ...], Callable[[int], int]] | None:
+        """The prompt's token ids, from one tokenization (the fast tokenizer's own, as
+        `encode` runs it), and the index of the first token that starts at or after a
+        given character; None without a fast tokenizer."""
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if backend is None:
             return None
         encoding = backend.encode(text, add_special_tokens=False)
-        starts = np.fromiter((a for a, _ in encoding.offsets), np.int64, len(encoding.ids))
-        return tuple(encoding.ids), starts
+        count = len(encoding.ids)
+
+        def first_token_from(char: int) -> int:
+            token, at = None, char
+            while token is None and at < len(text):  # a character no token covers: the next
+                token = encoding.char_to_token(at)
+                at += 1
+            if token is None:
+                return count
+            return token if encoding.token_to_chars(token)[0] >= char else token + 1
+
+        return tuple(encoding.ids), first_token_from
 
     def render(
         self,

@@ -6,19 +6,23 @@ each message the front end located (`PlanRequest.message_spans`: a user
 message, a tool result, an assistant message). Inside each span a point falls
 every `spacing` tokens from the span's own start, strictly before its end, so
 a message holds the same points wherever it sits in the conversation and a
-short message holds none. An edit or a truncation inside a long message then
-restores at the last point before it instead of at the turn boundary before
-the message. Of the points this prefill computes (`restored < n < size`), the
-longest `most` are taken: thinning keeps the longest long-message points of a
-lineage (engine.cache.thinning), so shorter ones would be captured only to be
-dropped at commit.
+short message holds none.
 
-`spacing` says how a message's length gives its spacing: the system block's
-is fixed (its points serve other sessions' system prompts, which differ
-anywhere in it); a message's is a fraction of its length, never below a
-floor (`message_spacing`), so the points thinning keeps, its longest two,
-cover its last quarter whatever its length, and an edit or a truncation
-there restores at most an eighth of the message short.
+The spacing is a fraction of the span's length, never below a floor
+(`--message-interval`), because thinning leaves a lineage only two or so of
+these points beside its guard and prompt end, its longest
+(engine.cache.thinning), so the fraction decides how far back they reach:
+
+- a message's points are an eighth of it apart (`MESSAGE_SLICES`): its last
+  two cover its last quarter, where a user's fix or an agent's truncation
+  falls, and an edit there restores at most an eighth of the message short
+  instead of at the turn boundary before the message;
+- the system block's are a third apart (`SYSTEM_SLICES`): its two points
+  spread over it, since the other sessions they serve differ anywhere in it
+  (a timestamp, a sub-agent's target).
+
+Of the points this prefill computes (`restored < n < size`), a plan takes the
+longest `most` of a kind, those thinning would keep.
 
 It knows token offsets only: no tokens, no roles, no entries.
 """
@@ -28,27 +32,28 @@ from __future__ import annotations
 from typing import Iterable
 
 Span = tuple[int, int]
-SLICES = 8  # a long message's points cut it into at most this many parts
+MESSAGE_SLICES = 8  # a message's points cut it into at most this many parts
+SYSTEM_SLICES = 3  # and the system block's
 
 
-def message_spacing(length: int, floor: int) -> int:
-    """The spacing of the points inside a message of `length` tokens; 0 (none) when the
-    floor is 0."""
+def spacing(length: int, floor: int, slices: int) -> int:
+    """The spacing of the points inside a span of `length` tokens: a `slices`-th of it, at
+    least `floor`; 0 (none) when the floor is 0."""
     if floor <= 0:
         return 0
-    return max(floor, -(-length // SLICES))
+    return max(floor, -(-length // slices))
 
 
 def message_points(
     spans: Iterable[tuple[int, int, int]], most: int, restored: int, size: int
 ) -> list[int]:
-    """The long-message points of a prefill from `restored` to `size` tokens, ascending;
+    """The longest `most` points of a prefill from `restored` to `size` tokens, ascending;
     `spans`: (start, end, spacing), a spacing of 0 placing none."""
     points = set()
-    for start, end, spacing in spans:
-        if spacing > 0:
-            first = start + spacing * max(1, (restored - start) // spacing + 1)
-            points.update(range(first, min(end, size), spacing))
+    for start, end, step in spans:
+        if step > 0:
+            first = start + step * max(1, (restored - start) // step + 1)
+            points.update(range(first, min(end, size), step))
     return sorted(points)[-most:] if most > 0 else []
 
 

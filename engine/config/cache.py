@@ -64,21 +64,21 @@ class CacheConfig:
         default=None,
         shown="derived from the per-forward and per-token costs measured at load",
     )
-    # State-only checkpoints inside every long message after the (system + tools)
-    # block (a user message, a tool result, an assistant message), from the message's
-    # start: every eighth of the message, never closer than this, so an edit or a
-    # truncation in a long message's last quarter restores at most an eighth of it
-    # short (engine.cache.message_points; the floor's figures: docs/benchmarks.md).
+    # State-only checkpoints inside every long message (a user message, a tool result,
+    # an assistant message) from its start, every eighth of it, never closer than this:
+    # the floor chosen from a capture's and a checkpoint's measured costs
+    # (engine.cache.message_points; the figures: docs/benchmarks.md).
     message_interval: int = setting(
-        256,
+        512,
         "the least spacing of the state checkpoints inside a long message, which get one "
         "every eighth of their length from their start (0: none)",
         metavar="TOKENS",
     )
-    # The same inside the (system + tools) block, wider: its points serve other sessions
-    # whose system prompt differs anywhere in it (a timestamp, a sub-agent's target).
+    # Inside the (system + tools) block every third of it, never closer than this: the
+    # anchor restores the whole block, and these points only serve other sessions'
+    # variants of it, so they hold a lineage's slots only where they save thousands.
     system_interval: int = 2048
-    message_max: int = 4  # the longest this many points of both kinds a prefill computes
+    message_max: int = 4  # points of both kinds a prefill captures, at most
     divergence_min_gain: int = 256
     anchor_slack: int = 2  # BPE merges at the anchor boundary
     exact_max_entries: int = 8  # exact mode: plain LRU by entry count and bytes

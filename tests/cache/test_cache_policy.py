@@ -252,7 +252,14 @@ def test_no_divergence_point_for_a_small_gain():
 
 def cks(*specs: str) -> list[Checkpoint]:
     """'g584' -> Checkpoint(584, 'guard')."""
-    kinds = {"g": "guard", "f": "final", "d": "divergence", "r": "reply"}
+    kinds = {
+        "g": "guard",
+        "f": "final",
+        "d": "divergence",
+        "r": "reply",
+        "m": "message",
+        "s": "system",
+    }
     return [Checkpoint(int(s[1:]), kinds[s[0]]) for s in specs]
 
 
@@ -265,6 +272,11 @@ def cks(*specs: str) -> list[Checkpoint]:
         ("g584 f600 d700 g904 r920", None, 3, "g584 g904"),  # no live guard: both are old
         ("d50 g100 f200 g300 f400 g500 r520", 500, 3, "g100 g300 f200 f400"),
         ("f200 f400 r520", None, 4, ""),
+        # a lineage's own long-message points go after its turn boundaries, before the
+        # system block's points, which go before divergence points, shortest first
+        ("s100 s200 f300 m400 m500 d600 g700 r720", 700, 4, "f300 m400 m500 s100"),
+        ("s100 s200 f300 m400 m500 d600 g700 r720", 700, 6, "f300 m400"),
+        ("m400 s100 d50 m500", None, 1, "m400 m500 s100"),
     ],
 )
 def test_thinning_order(checkpoints, live_guard, limit, dropped):

@@ -40,7 +40,6 @@ CONFIG = dict(
     guard_min_suffix=24,
     divergence_min_gain=12,
     message_interval=16,  # long-message points inside the drawn message spans
-    system_interval=24,  # and inside the system blocks
     exact_max_entries=5,
 )
 # Derandomized: CI runs the same sequences every time (a red run is a real bug,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.cache.message_points import message_points, message_spacing
+from engine.cache.message_points import MESSAGE_SLICES, SYSTEM_SLICES, message_points, spacing
 from engine.cache.messages import PlanRequest
 from tests.fakes import Driver, tokens
 
@@ -78,18 +78,20 @@ def test_points_fall_every_interval_from_each_messages_start(
 
 
 @pytest.mark.parametrize(
-    "length, floor, spacing",
+    "length, floor, slices, expected",
     [
-        (2160, 256, 270),  # an eighth of the message
-        (5225, 256, 654),
-        (2047, 256, 256),  # never below the floor
-        (300, 256, 256),
-        (100_000, 256, 12_500),
-        (5000, 0, 0),  # floor 0: no points
+        (2160, 256, MESSAGE_SLICES, 270),  # a message: an eighth of it
+        (5225, 512, MESSAGE_SLICES, 654),
+        (2047, 512, MESSAGE_SLICES, 512),  # never below the floor
+        (300, 512, MESSAGE_SLICES, 512),
+        (100_000, 512, MESSAGE_SLICES, 12_500),
+        (6900, 2048, SYSTEM_SLICES, 2300),  # the system block: a third of it
+        (5000, 2048, SYSTEM_SLICES, 2048),
+        (5000, 0, MESSAGE_SLICES, 0),  # floor 0: no points
     ],
 )
-def test_a_messages_spacing_is_an_eighth_of_it_above_a_floor(length, floor, spacing):
-    assert message_spacing(length, floor) == spacing
+def test_the_spacing_is_a_fraction_of_the_span_above_a_floor(length, floor, slices, expected):
+    assert spacing(length, floor, slices) == expected
 
 
 # -- a long message in a conversation -----------------------------------------------
@@ -172,36 +174,47 @@ def test_points_in_a_later_turn_outlive_the_turn_boundaries_and_not_the_guard():
 
 
 def test_a_variant_deep_inside_a_long_system_prompt_restores_at_the_last_system_point():
-    """A 5000-token system block gets points every system_interval (2048) tokens; a variant
-    that changes one token at 3000 restores 2048 of them instead of nothing."""
+    """A 7200-token system block gets points a third of it apart, at 2400 and 4800; a variant
+    that changes one token at 3600 restores 2400 of them instead of nothing."""
     d = Driver()
-    system = tokens(seq(10_000, 5000))
-    plan, _ = d.turn(tokens(system, seq(7000, 100)), R1, anchor_len=5000)
-    assert caps(plan)[:3] == [(2048, "message", None), (4096, "message", None), (5000, "anchor", 2)]
-    assert d.checkpoints(1) == {2048: "message", 4096: "message", 5084: "guard", 5100: "reply"}
+    system = tokens(seq(10_000, 7200))
+    plan, _ = d.turn(tokens(system, seq(7000, 100)), R1, anchor_len=7200)
+    assert caps(plan)[:3] == [(2400, "system", None), (4800, "system", None), (7200, "anchor", 2)]
+    assert d.checkpoints(1) == {2400: "system", 4800: "system", 7284: "guard", 7300: "reply"}
     variant = system.copy()
-    variant[3000] = 1
-    other = d.plan(tokens(variant, seq(8000, 100)), anchor_len=5000)
-    assert (other.entry_id, other.length, other.kind) == (1, 2048, "message")
+    variant[3600] = 1
+    other = d.plan(tokens(variant, seq(8000, 100)), anchor_len=7200)
+    assert (other.entry_id, other.length, other.kind) == (1, 2400, "system")
     kinds = [c[:2] for c in caps(other)][:3]
-    assert kinds == [(3000, "divergence"), (4096, "message"), (5000, "anchor")]
+    assert kinds == [(3600, "divergence"), (4800, "system"), (7200, "anchor")]
     d.commit(other.request_id, R1)
 
 
 def test_the_default_spacing_of_a_message_and_of_the_system_block():
-    """An eighth of a message (at least message_interval, 256) inside it, system_interval
-    (2048) inside the system block; both compete for the prefill's message_max (4), the
-    longest first, and thinning keeps the message's last two: its last quarter."""
+    """An eighth of a message (at least message_interval, 512) inside it, a third of the
+    system block (at least system_interval, 2048) inside that; the system block's are
+    captured first (thinning keeps them longer), then the longest of the message's,
+    message_max (4) in all; a next session restoring the anchor keeps its message's."""
     d = Driver()
-    system = tokens(seq(10_000, 5000))
-    prompt = tokens(system, seq(20_000, 2100), seq(7000, 40))  # a 2100-token message at 5000
-    plan, _ = d.turn(prompt, R1, anchor_len=5000, spans=((5000, 7100),))
-    points = [c[0] for c in caps(plan) if c[1] == "message"]
-    assert points == [6052, 6315, 6578, 6841]  # every 263 tokens from 5000
-    assert d.checkpoints(1) == {6578: "message", 6841: "message", 7124: "guard", 7140: "reply"}
-    short = tokens(system, seq(30_000, 350))  # a 250-token message, under the floor: none
-    plan, _ = d.turn(short, R1, anchor_len=5000, spans=((5000, 5250),))
-    assert (plan.length, plan.kind) == (5000, "anchor") and caps(plan) == [(5334, "guard", None)]
+    system = tokens(seq(10_000, 7200))
+    prompt = tokens(system, seq(20_000, 4800), seq(7000, 40))  # a 4800-token message at 7200
+    plan, _ = d.turn(prompt, R1, anchor_len=7200, spans=((7200, 12_000),))
+    points = [c[:2] for c in caps(plan) if c[1] in ("system", "message")]
+    assert points == [(2400, "system"), (4800, "system"), (10_800, "message"), (11_400, "message")]
+    # the lineage that prefilled the system block keeps its points over its own message's
+    assert d.checkpoints(1) == {2400: "system", 4800: "system", 12_024: "guard", 12_040: "reply"}
+    paste = tokens(system, seq(40_000, 4800), seq(7000, 40))
+    plan, _ = d.turn(paste, R1, anchor_len=7200, spans=((7200, 12_000),))
+    assert (plan.length, plan.kind) == (7200, "anchor")
+    assert d.checkpoints(3) == {
+        10_800: "message",
+        11_400: "message",
+        12_024: "guard",
+        12_040: "reply",
+    }
+    short = tokens(system, seq(30_000, 600))  # a 500-token message, under the floor: none
+    plan, _ = d.turn(short, R1, anchor_len=7200, spans=((7200, 7700),))
+    assert (plan.length, plan.kind) == (7200, "anchor") and caps(plan) == [(7784, "guard", None)]
 
 
 def test_no_points_on_a_model_without_state_layers():

@@ -21,7 +21,7 @@ import engine.runtime.tiny_models as tm
 from clients.bench.agent_text import tool_result
 from clients.client import Client
 from clients.fanout import make_shared_prefix
-from engine.cache.message_points import message_spacing
+from engine.cache.message_points import MESSAGE_SLICES, spacing
 from engine.cache.tokens import common_prefix
 from engine.config import CacheConfig
 from engine.server.prompt import PromptBuilder, PromptInput
@@ -99,8 +99,8 @@ def test_a_change_near_the_end_of_a_long_message_restores_near_it(client, builde
     one, two = build(first), build(changed)
     change = common_prefix(np.asarray(one.tokens), np.asarray(two.tokens))  # where they part
     (start, end), *_ = [s for s in one.message_spans if s[0] < change < s[1]]
-    spacing = message_spacing(end - start, builder.message_min_tokens)
-    assert change - start > 4 * spacing  # deep inside the long message
+    step = spacing(end - start, builder.message_min_tokens, MESSAGE_SLICES)
+    assert change - start > 4 * step  # deep inside the long message
     assert r2.restore.kind == "message"
-    assert change - spacing < r2.usage.cached_tokens == r2.restore.length <= change
+    assert change - step < r2.usage.cached_tokens == r2.restore.length <= change
     assert cold.restore.kind == "none" and r2.token_ids == cold.token_ids

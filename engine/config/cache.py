@@ -69,7 +69,7 @@ class CacheConfig:
     # the floor chosen from a capture's and a checkpoint's measured costs
     # (engine.cache.message_points; the figures: docs/benchmarks.md).
     message_interval: int = setting(
-        512,
+        256,
         "the least spacing of the state checkpoints inside a long message, which get one "
         "every eighth of their length from their start (0: none)",
         metavar="TOKENS",

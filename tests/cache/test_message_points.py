@@ -191,7 +191,7 @@ def test_a_variant_deep_inside_a_long_system_prompt_restores_at_the_last_system_
 
 
 def test_the_default_spacing_of_a_message_and_of_the_system_block():
-    """An eighth of a message (at least message_interval, 512) inside it, a third of the
+    """An eighth of a message (at least message_interval, 256) inside it, a third of the
     system block (at least system_interval, 2048) inside that; the system block's are
     captured first (thinning keeps them longer), then the longest of the message's,
     message_max (4) in all; a next session restoring the anchor keeps its message's."""
@@ -212,9 +212,9 @@ def test_the_default_spacing_of_a_message_and_of_the_system_block():
         12_024: "guard",
         12_040: "reply",
     }
-    short = tokens(system, seq(30_000, 600))  # a 500-token message, under the floor: none
-    plan, _ = d.turn(short, R1, anchor_len=7200, spans=((7200, 7700),))
-    assert (plan.length, plan.kind) == (7200, "anchor") and caps(plan) == [(7784, "guard", None)]
+    short = tokens(system, seq(30_000, 350))  # a 250-token message, under the floor: none
+    plan, _ = d.turn(short, R1, anchor_len=7200, spans=((7200, 7450),))
+    assert (plan.length, plan.kind) == (7200, "anchor") and caps(plan) == [(7534, "guard", None)]
 
 
 def test_no_points_on_a_model_without_state_layers():

@@ -28,20 +28,21 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(error))
     from engine.server import serve  # MLX and Ray load here, and only here
 
-    sidecars = [_bridge_sidecar(config)] if config.server.http_port else []
+    sidecars = [bridge_sidecar(config)] if config.server.http_port else []
     return int(serve.run(config, sidecars) or 0)
 
 
-def _bridge_sidecar(config: EngineConfig):
+def bridge_sidecar(config: EngineConfig, quiet: bool = False):
     """Start the OpenAI bridge in front of the engine once it serves (`--http-port`)."""
     from clients.openai.server import bridge_security, start_bridge
 
     host, port = config.server.host, config.server.http_port
     security = bridge_security(config.server, config.limits)
 
-    async def start(grpc_address: str):
-        handle = await start_bridge(grpc_address, host, port, security)
-        print(f"lineage: OpenAI-compatible bridge on {handle.url}/v1", flush=True)
+    async def start(engine):
+        handle = await start_bridge(engine.local_address, host, port, security)
+        if not quiet:
+            print(f"lineage: OpenAI-compatible bridge on {handle.url}/v1", flush=True)
         return handle
 
     return start

@@ -35,8 +35,8 @@ class Stoppable(Protocol):
     async def stop(self) -> None: ...
 
 
-# Started beside the engine with its gRPC address; stopped before it.
-Sidecar = Callable[[str], Awaitable[Stoppable]]
+# Started beside the engine once it serves (handed the RunningEngine); stopped before it.
+Sidecar = Callable[["RunningEngine"], Awaitable[Stoppable]]
 
 
 @dataclass
@@ -53,6 +53,7 @@ class RunningEngine:
     supervisor: object = None  # engine.server.supervisor.Supervisor
     memory: object = None  # the MemoryPlan the actors were given
     sampler: object = None  # the metrics sampling task
+    local_socket: str | None = None  # gRPC on this Unix socket too (a sidecar's way in)
 
     @property
     def model(self):
@@ -62,6 +63,11 @@ class RunningEngine:
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def local_address(self) -> str:
+        """The gRPC address a sidecar in this process takes: the Unix socket when there is one."""
+        return f"unix:{self.local_socket}" if self.local_socket else self.address
 
     async def stop(self, grace: float = 2.0) -> None:
         from engine.server.service import stop_server
@@ -201,6 +207,7 @@ async def start_engine(
         names,
         supervisor,
         memory,
+        local_socket=local_socket,
     )
     engine.sampler = asyncio.ensure_future(sample_metrics(engine))
     return engine
@@ -274,35 +281,39 @@ def replica_count(config: EngineConfig) -> int:
     return max(1, int(ray.cluster_resources().get("mlx", 0)))
 
 
+def ray_options(config: EngineConfig) -> dict:
+    """`ray.init`'s keyword arguments for `lineage serve` (a local Ray, or the cluster's)."""
+    metrics = {}
+    if config.server.metrics_port:  # this node's metrics agent serves Prometheus text
+        metrics = {"_metrics_export_port": config.server.metrics_port}
+    return dict(
+        address=config.server.address,
+        num_cpus=config.server.num_cpus,
+        include_dashboard=True,
+        dashboard_host="127.0.0.1",
+        configure_logging=False,
+        log_to_driver=True,
+        namespace=config.server.ray_namespace,
+        **metrics,
+    )
+
+
 def run(config: EngineConfig, sidecars: Sequence[Sidecar] = ()) -> int:
     """The main job. Returns the process exit code.
 
     `sidecars` start beside the engine once it serves (each is handed the
-    engine's gRPC address) and stop before it: `lineage serve --http-port`
-    runs the OpenAI bridge this way, from the client side.
+    RunningEngine) and stop before it: `lineage serve --http-port` runs the
+    OpenAI bridge this way, from the client side.
     """
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr
     )
     config.server.check_exposure()  # before anything starts
     started_ray = not ray.is_initialized()
+    dashboard = ""
     if started_ray:
-        metrics = {}
-        if config.server.metrics_port:  # this node's metrics agent serves Prometheus text
-            metrics = {"_metrics_export_port": config.server.metrics_port}
-        ctx = ray.init(
-            address=config.server.address,
-            num_cpus=config.server.num_cpus,
-            include_dashboard=True,
-            dashboard_host="127.0.0.1",
-            configure_logging=False,
-            log_to_driver=True,
-            namespace=config.server.ray_namespace,
-            **metrics,
-        )
+        ctx = ray.init(**ray_options(config))
         dashboard = getattr(ctx, "dashboard_url", "") or ""
-    else:
-        dashboard = ""
     try:
         return asyncio.run(_serve(config, dashboard, sidecars))
     finally:
@@ -346,7 +357,7 @@ async def _serve(config: EngineConfig, dashboard: str, sidecars: Sequence[Sideca
         )
     started = []
     for sidecar in sidecars:
-        started.append(await sidecar(f"unix:{local_socket}"))
+        started.append(await sidecar(engine))
     await stop.wait()
     print("lineage: stopping", flush=True)
     for handle in reversed(started):

@@ -55,16 +55,20 @@ class LayerRun:
 
     @property
     def per_stream_tps(self) -> float:
+        if self.generation_tps:  # mlx_lm.generate's own figure (one stream)
+            return self.generation_tps
         values = [s.tps for s in self.streams if s.tps > 0]
-        return sum(values) / len(values) if values else self.generation_tps
+        return sum(values) / len(values) if values else 0.0
 
     @property
     def aggregate_tps(self) -> float:
         """Tokens after each stream's first, over the span from the first of them to the last
         token of all."""
+        if self.generation_tps:
+            return self.generation_tps
         ok = [s for s in self.streams if s.tokens > 1]
         if not ok:
-            return self.generation_tps
+            return 0.0
         span = max(s.last for s in ok) - min(s.first for s in ok)
         return sum(s.tokens - 1 for s in ok) / span if span > 0 else 0.0
 

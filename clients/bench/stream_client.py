@@ -49,10 +49,11 @@ def prompt_text(index: int) -> str:
 
 
 def http_stream(url: str, index: int, max_tokens: int, model: str, out: list) -> None:
-    """One streaming /v1/completions call (greedy, usage included) into `out[index]`."""
+    """One streaming /v1/completions call (greedy, usage included) into `out[index]`; no
+    model named unless `model` (each server then serves the one it loaded)."""
     parts = urllib.parse.urlsplit(url)
     body = {
-        "model": model,
+        **({"model": model} if model else {}),
         "prompt": prompt_text(index),
         "max_tokens": max_tokens,
         "temperature": 0.0,
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("address", help="http://host:port, or host:port for gRPC")
     p.add_argument("--streams", type=int, default=1)
     p.add_argument("--tokens", type=int, default=256)
-    p.add_argument("--model", default="default", help="the HTTP body's model name")
+    p.add_argument("--model", default="", help="the HTTP body's model name (default: none)")
     args = p.parse_args(argv)
     if args.protocol == "http":
         result = run_http(args.address, args.streams, args.tokens, args.model)

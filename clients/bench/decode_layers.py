@@ -62,22 +62,22 @@ class LayerRun:
 
     @property
     def aggregate_tps(self) -> float:
-        """Tokens after each stream's first, over the span from the first of them to the last
-        token of all."""
+        """Every stream's tokens over the span from the requests' sending to the last token of
+        all (what the burst of requests got from the server, prefill included)."""
         if self.generation_tps:
             return self.generation_tps
-        ok = [s for s in self.streams if s.tokens > 1]
+        ok = [s for s in self.streams if s.tokens > 0]
         if not ok:
             return 0.0
-        span = max(s.last for s in ok) - min(s.first for s in ok)
-        return sum(s.tokens - 1 for s in ok) / span if span > 0 else 0.0
+        span = max(s.last for s in ok) - min(s.sent for s in ok)
+        return sum(s.tokens for s in ok) / span if span > 0 else 0.0
 
 
 # --------------------------------------------------------------- the loop ----
 
 
-def loop_layer(engine, streams: int, tokens: int) -> LayerRun:
-    """K requests on a LocalEngine's Generator, stepped on this thread until all end."""
+def loop_layer(engine, prompts: list[int], tokens: int) -> LayerRun:
+    """One request per prompt on a LocalEngine's Generator, stepped here until all end."""
     import numpy as np
 
     from engine.cache.messages import PlanRequest
@@ -85,11 +85,12 @@ def loop_layer(engine, streams: int, tokens: int) -> LayerRun:
     from engine.runtime.requests import GenerationRequest, SamplingParams
 
     g = engine.generator
+    streams = len(prompts)
     times: list[list[float]] = [[] for _ in range(streams)]
     counts = [0] * streams
     since = time.perf_counter()
-    for i in range(streams):
-        ids = engine.tokenizer.encode(prompt_text(i), add_special_tokens=False)
+    for i, prompt in enumerate(prompts):
+        ids = engine.tokenizer.encode(prompt_text(prompt), add_special_tokens=False)
         rid = f"decode-{time.monotonic_ns()}-{i}"
         plan = engine.manager.plan(PlanRequest(rid, np.asarray(ids, dtype=np.int32), 0, rid))
 
@@ -100,21 +101,21 @@ def loop_layer(engine, streams: int, tokens: int) -> LayerRun:
 
         sampling = SamplingParams(max_tokens=tokens)
         g.submit(GenerationRequest(rid, rid, tuple(ids), plan, sampling, time.time()), emit)
-    t0 = time.perf_counter()
     while g.busy or g.pending:
         g.step()
-    wall = time.perf_counter() - t0
-    figures = [StreamFigures(counts[i], times[i][0], times[i][-1]) for i in range(streams)]
+    wall = time.perf_counter() - since
+    figures = [StreamFigures(counts[i], times[i][0], times[i][-1], since) for i in range(streams)]
     return LayerRun("loop", figures, wall_s=wall, steps=g.profile.summary(since))
 
 
 # ---------------------------------------------------------- mlx_lm.generate ----
 
 
-def generate_layer(model_dir: str, tokens: int) -> LayerRun:
-    """`mlx_lm generate` on the first stream's prompt, in a process of its own."""
+def generate_layer(model_dir: str, prompt: int, tokens: int) -> LayerRun:
+    """`mlx_lm generate` on one stream's prompt, in a process of its own."""
     argv = [sys.executable, "-m", "mlx_lm", "generate", "--model", model_dir]
-    argv += ["--prompt", prompt_text(0), "--max-tokens", str(tokens), "--ignore-chat-template"]
+    argv += ["--prompt", prompt_text(prompt), "--max-tokens", str(tokens)]
+    argv += ["--ignore-chat-template"]
     t0 = time.perf_counter()
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     wall = time.perf_counter() - t0
@@ -130,12 +131,12 @@ def generate_layer(model_dir: str, tokens: int) -> LayerRun:
 
 
 def client_layer(
-    layer: str, protocol: str, address: str, streams: int, tokens: int, watch=None
+    layer: str, protocol: str, address: str, prompts: list[int], tokens: int, watch=None
 ) -> LayerRun:
-    """K streams from a client process against `address`; `watch` (a ProcessWatch) reads the
-    CPU of the server's processes over the run."""
+    """A stream per prompt from a client process against `address`; `watch` (a
+    ProcessWatch) reads the CPU of the server's processes over the run."""
     argv = [sys.executable, "-m", "clients.bench.stream_client", protocol, address]
-    argv += ["--streams", str(streams), "--tokens", str(tokens)]
+    argv += ["--prompts", ",".join(map(str, prompts)), "--tokens", str(tokens)]
     before = watch.sample() if watch else {}
     t0 = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ))
@@ -215,3 +216,18 @@ def process_kind(p, me: int) -> str:
         if daemon in cmd:
             return f"ray {daemon.removesuffix('.py')}"
     return name
+
+
+def long_prompts(engine, count: int, tokens: int, candidates: int = 64) -> list[int]:
+    """`count` prompt indexes whose greedy reply runs `tokens` tokens without meeting an end
+    token (decoded here, 8 at a time), so every layer decodes the same long replies; the
+    longest ones found when fewer do."""
+    runs: list[tuple[int, int]] = []  # (tokens decoded, prompt)
+    for start in range(0, candidates, 8):
+        batch = list(range(start, start + 8))
+        run = loop_layer(engine, batch, tokens)
+        runs += [(s.tokens, p) for s, p in zip(run.streams, batch)]
+        whole = [p for n, p in runs if n >= tokens]
+        if len(whole) >= count:
+            return whole[:count]
+    return [p for _, p in sorted(runs, key=lambda r: (-r[0], r[1]))[:count]]

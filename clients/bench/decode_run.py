@@ -19,6 +19,7 @@ from clients.bench.decode_layers import (
     ProcessWatch,
     client_layer,
     generate_layer,
+    long_prompts,
     loop_layer,
 )
 from clients.bench.harness import engine_config, model_path
@@ -31,19 +32,22 @@ def measure(args: argparse.Namespace) -> dict:
     layers = args.layers
     runs: list[LayerRun] = []
     with contextlib.ExitStack() as stack:
+        local = _local_engine(config)
+        # Prompts whose greedy replies run the longest length asked: the same for every layer.
+        prompts = long_prompts(local, max(args.streams), max(args.tokens))
+        print(f"prompts {prompts}", flush=True)
         servers = stack.enter_context(_servers(config, layers))
-        local = _local_engine(config) if "loop" in layers else None
         for n in args.tokens:
             for k in args.streams:
                 for layer in layers:
-                    run = _one(layer, k, n, local, servers, model_dir)
+                    run = _one(layer, prompts[:k], n, local, servers, model_dir)
                     if run is not None:
                         runs.append((k, n, run))
                         print(
                             f"  {layer:<16} {k} x {n}: {run.aggregate_tps:.0f} tok/s aggregate",
                             flush=True,
                         )
-    return _figures(model_dir, runs)
+    return _figures(model_dir, prompts, runs)
 
 
 @dataclasses.dataclass
@@ -109,24 +113,24 @@ def _local_engine(config):
     return LocalEngine(config)
 
 
-def _one(layer: str, k: int, n: int, local, servers: Servers, model_dir: str):
+def _one(layer: str, prompts: list[int], n: int, local, servers: Servers, model_dir: str):
     if layer == "loop":
-        return loop_layer(local, k, n)
+        return loop_layer(local, prompts, n)
     if layer == "mlx_lm.generate":
-        return generate_layer(model_dir, n) if k == 1 else None
+        return generate_layer(model_dir, prompts[0], n) if len(prompts) == 1 else None
     if layer == "mlx_lm.server":
         url = f"http://127.0.0.1:{servers.peer.port}"
-        return client_layer(layer, "http", url, k, n, servers.watch)
+        return client_layer(layer, "http", url, prompts, n, servers.watch)
     since = time.perf_counter()
     if layer == "grpc":
-        run = client_layer(layer, "grpc", servers.engine.address, k, n, servers.watch)
+        run = client_layer(layer, "grpc", servers.engine.address, prompts, n, servers.watch)
     else:
-        run = client_layer(layer, "http", servers.bridge_url, k, n, servers.watch)
+        run = client_layer(layer, "http", servers.bridge_url, prompts, n, servers.watch)
     run.steps = servers.engine.step_profile(since)
     return run
 
 
-def _figures(model_dir: str, runs: list) -> dict:
+def _figures(model_dir: str, prompts: list[int], runs: list) -> dict:
     rows = []
     for k, n, run in runs:
         tokens = sum(s.tokens for s in run.streams)
@@ -156,4 +160,9 @@ def _figures(model_dir: str, runs: list) -> dict:
         generate = by.get(("mlx_lm.generate", 1, r["tokens"]))
         if generate and generate["per_stream_tps"]:
             r["vs_generate"] = round(r["per_stream_tps"] / generate["per_stream_tps"], 3)
-    return {"model": model_dir, "date": time.strftime("%Y-%m-%d %H:%M"), "runs": rows}
+    return {
+        "model": model_dir,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "prompts": prompts,
+        "runs": rows,
+    }

@@ -1,7 +1,7 @@
 """Streaming clients for `bench decode`, run in a process of their own.
 
-`python -m clients.bench.stream_client http URL --streams K --tokens N` sends K
-greedy streaming completions at once to an OpenAI-compatible server (ours
+`python -m clients.bench.stream_client http URL --prompts 0,3,5 --tokens N` sends
+one greedy streaming completion per prompt, all at once, to an OpenAI-compatible server (ours
 through its bridge, or `mlx_lm.server`: the same client for both), and
 `... grpc ADDRESS ...` the same through our gRPC client library. Each stream
 records when its chunks arrived and how many tokens it got; the JSON on
@@ -48,9 +48,9 @@ def prompt_text(index: int) -> str:
 # ------------------------------------------------------------------ HTTP ----
 
 
-def http_stream(url: str, index: int, max_tokens: int, model: str, out: list) -> None:
-    """One streaming /v1/completions call (greedy, usage included) into `out[index]`; no
-    model named unless `model` (each server then serves the one it loaded)."""
+def http_stream(url: str, index: int, max_tokens: int, model: str, out: list, slot: int) -> None:
+    """One streaming /v1/completions call of prompt `index` (greedy, usage included) into
+    `out[slot]`; no model named unless `model` (each server serves the one it loaded)."""
     parts = urllib.parse.urlsplit(url)
     body = {
         **({"model": model} if model else {}),
@@ -61,7 +61,7 @@ def http_stream(url: str, index: int, max_tokens: int, model: str, out: list) ->
         "stream_options": {"include_usage": True},
     }
     s = Stream(sent=time.perf_counter())
-    out[index] = s
+    out[slot] = s
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=600)
     try:
         conn.request(
@@ -94,11 +94,11 @@ def http_stream(url: str, index: int, max_tokens: int, model: str, out: list) ->
         conn.close()
 
 
-def run_http(url: str, streams: int, max_tokens: int, model: str) -> list[Stream]:
-    out: list = [None] * streams
+def run_http(url: str, prompts: list[int], max_tokens: int, model: str) -> list[Stream]:
+    out: list = [None] * len(prompts)
     threads = [
-        threading.Thread(target=http_stream, args=(url, i, max_tokens, model, out))
-        for i in range(streams)
+        threading.Thread(target=http_stream, args=(url, p, max_tokens, model, out, i))
+        for i, p in enumerate(prompts)
     ]
     for t in threads:
         t.start()
@@ -132,14 +132,12 @@ async def grpc_stream(client, index: int, max_tokens: int) -> Stream:
     return s
 
 
-async def run_grpc(address: str, streams: int, max_tokens: int) -> list[Stream]:
+async def run_grpc(address: str, prompts: list[int], max_tokens: int) -> list[Stream]:
     from clients.client import AsyncClient
 
     client = AsyncClient(address)
     try:
-        return list(
-            await asyncio.gather(*(grpc_stream(client, i, max_tokens) for i in range(streams)))
-        )
+        return list(await asyncio.gather(*(grpc_stream(client, p, max_tokens) for p in prompts)))
     finally:
         await client.close()
 
@@ -148,14 +146,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m clients.bench.stream_client")
     p.add_argument("protocol", choices=("http", "grpc"))
     p.add_argument("address", help="http://host:port, or host:port for gRPC")
-    p.add_argument("--streams", type=int, default=1)
+    p.add_argument("--prompts", default="0", help="comma-separated prompt indexes, one stream each")
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--model", default="", help="the HTTP body's model name (default: none)")
     args = p.parse_args(argv)
+    prompts = [int(i) for i in args.prompts.split(",")]
     if args.protocol == "http":
-        result = run_http(args.address, args.streams, args.tokens, args.model)
+        result = run_http(args.address, prompts, args.tokens, args.model)
     else:
-        result = asyncio.run(run_grpc(args.address, args.streams, args.tokens))
+        result = asyncio.run(run_grpc(args.address, prompts, args.tokens))
     json.dump([asdict(s) for s in result], sys.stdout)
     return 0
 

@@ -1,8 +1,11 @@
-"""The bridge's FastAPI app: the gate, the error handlers, and the routes of each wire format.
+"""The bridge's FastAPI app: the gate, the error handlers, and the routes of each
+wire format.
 
-`create_app(grpc_address, security)` builds it as a client of the engine at that
-address: the body cap and the token check run first (clients.openai.guard), every
-failure is answered OpenAI-shaped (clients.openai.errors), and chat completions
+`create_app(engine, security)` builds it as a client of the engine: a gRPC
+address (a `Backend` over the client library), or a backend already made (the
+in-process one of `lineage serve --http-port`, clients.openai.in_process). The
+body cap and the token check run first (clients.openai.guard), every failure is
+answered OpenAI-shaped (clients.openai.errors), and chat completions
 (clients.openai.chat_completions), `/v1/models` and `/health` are served.
 FastAPI loads only here, when an app is built.
 """
@@ -13,8 +16,8 @@ from clients.openai.errors import add_error_handlers
 from clients.openai.guard import BearerAuth, BodyLimit, BridgeSecurity, bearer_token
 
 
-def create_app(grpc_address: str, security: BridgeSecurity | None = None):
-    """The FastAPI app, a client of the engine at `grpc_address`; app.state.backend.
+def create_app(engine, security: BridgeSecurity | None = None):
+    """The FastAPI app, a client of `engine` (a gRPC address, or a backend); app.state.backend.
 
     A caller's bearer token goes on to the engine with its calls, so the engine
     decides the namespace; with `security.tokens` the bridge also refuses
@@ -24,7 +27,7 @@ def create_app(grpc_address: str, security: BridgeSecurity | None = None):
     from fastapi.responses import JSONResponse
 
     security = security or BridgeSecurity()
-    backend = Backend(grpc_address)
+    backend = Backend(engine) if isinstance(engine, str) else engine
     app = FastAPI(title="lineage OpenAI-compatible bridge", docs_url=None, redoc_url=None)
     app.state.backend = backend
     add_error_handlers(app)

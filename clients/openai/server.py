@@ -47,9 +47,10 @@ class BridgeHandle:
 
 
 async def start_bridge(
-    grpc_address: str, host: str, port: int, security: BridgeSecurity | None = None
+    engine, host: str, port: int, security: BridgeSecurity | None = None
 ) -> BridgeHandle:
-    """Serve the bridge on host:port (0: any free port) inside the running loop.
+    """Serve the bridge on host:port (0: any free port) inside the running loop, in front of
+    `engine` (a gRPC address, or a backend: clients.openai.app.create_app).
 
     The socket is bound here, so a taken port raises OSError to the caller.
     Signals stay with the caller's loop (`lineage serve` owns SIGINT/SIGTERM).
@@ -58,7 +59,7 @@ async def start_bridge(
     import uvicorn
 
     security = security or BridgeSecurity()
-    app = create_app(grpc_address, security)
+    app = create_app(engine, security)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.create_server((host, port), family=family)
     config = uvicorn.Config(

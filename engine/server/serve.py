@@ -54,6 +54,8 @@ class RunningEngine:
     memory: object = None  # the MemoryPlan the actors were given
     sampler: object = None  # the metrics sampling task
     local_socket: str | None = None  # gRPC on this Unix socket too (a sidecar's way in)
+    auth: object = None  # the Authenticator the gRPC server checks tokens with
+    exact_figures: bool = True  # cached-token figures sent to clients unrounded
 
     @property
     def model(self):
@@ -117,6 +119,7 @@ async def start_engine(
     from engine.actors.model import ModelActor
     from engine.actors.names import CACHE_MANAGER, model_actor_name
     from engine.config import plan_memory, with_memory
+    from engine.server.auth import Authenticator
     from engine.server.frontend import Frontend
     from engine.server.metrics import EngineMetrics
     from engine.server.prompt import PromptBuilder
@@ -208,6 +211,8 @@ async def start_engine(
         supervisor,
         memory,
         local_socket=local_socket,
+        auth=Authenticator(config.server.tokens),
+        exact_figures=config.server.exact_cache_figures,
     )
     engine.sampler = asyncio.ensure_future(sample_metrics(engine))
     return engine

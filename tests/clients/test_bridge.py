@@ -18,11 +18,19 @@ from engine.server.background import BackgroundLoop
 
 
 class BridgeThread:
-    """A bridge serving on a free port from a background event loop."""
+    """A bridge serving on a free port: a client of the engine's gRPC address from an event
+    loop of its own (`lineage bridge`), or in the engine's own process and loop, calling its
+    front end (`lineage serve --http-port`)."""
 
-    def __init__(self, grpc_address: str):
-        self.background = BackgroundLoop("bridge-loop")
-        self.handle = self.call(start_bridge(grpc_address, "127.0.0.1", 0))
+    def __init__(self, engine, in_process: bool = False):
+        if in_process:
+            from clients.openai.in_process import InProcessBackend
+
+            self.background, self.owned = engine.background, False
+            self.handle = self.call(start_bridge(InProcessBackend(engine.engine), "127.0.0.1", 0))
+        else:
+            self.background, self.owned = BackgroundLoop("bridge-loop"), True
+            self.handle = self.call(start_bridge(engine.address, "127.0.0.1", 0))
         self.url = self.handle.url
 
     def call(self, coro, timeout: float = 60):
@@ -37,12 +45,14 @@ class BridgeThread:
         try:
             self.call(self.handle.stop(grace=1.0))
         finally:
-            self.background.close()
+            if self.owned:
+                self.background.close()
 
 
-@pytest.fixture(scope="module")
-def bridge(engine):
-    b = BridgeThread(engine.address)
+@pytest.fixture(scope="module", params=["grpc", "in_process"])
+def bridge(engine, request):
+    """Every bridge test runs on both ways to the engine."""
+    b = BridgeThread(engine, in_process=request.param == "in_process")
     yield b
     b.stop()
 

@@ -60,6 +60,11 @@ class ServerConfig:
     metrics_port: int | None = setting(
         None, "serve Prometheus metrics at http://127.0.0.1:P/metrics", metavar="P", shown="off"
     )
+    ray_dashboard: bool = setting(
+        False,
+        "start Ray's dashboard with a local Ray (its head and ~10 module processes, ~1 GiB); "
+        "metrics, `lineage top` and `lineage stats` do not need it",
+    )
     replicas: int | str = setting(
         1,
         "model replicas; auto: one per `mlx` resource of the Ray cluster",

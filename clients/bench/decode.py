@@ -102,7 +102,12 @@ def format_table(figures: dict) -> str:
         if r["cpu_ms_per_token"]:
             parts = ", ".join(f"{k} {v:.3f}" for k, v in r["cpu_ms_per_token"].items())
             lines.append(f"  {r['layer']:<16} {r['streams']}x{r['tokens']}: {parts}")
-    lines += ["", "model loop step (mean ms by phase; steps that decoded):"]
+    lines += [
+        "",
+        "model loop step (mean ms by phase; `decode` is mlx-lm's step: the forward and the",
+        "sampling; `emit` hands the events over; detokenizing and stop strings are the front",
+        "end's CPU above):",
+    ]
     for r in figures["runs"]:
         steps = r.get("steps") or {}
         if steps.get("steps"):
@@ -111,6 +116,12 @@ def format_table(figures: dict) -> str:
                 f"  {r['layer']:<16} {r['streams']}x{r['tokens']}: p50 "
                 f"{steps['total_ms_p50']:.3f} ms over {steps['steps']} steps; {phases}"
             )
+            bare = steps.get("bare_ms")
+            if bare:
+                lines.append(
+                    f"  {'':<16} bare, in process: forward {bare['forward']:.3f} ms, "
+                    f"sampling {bare['sample']:.3f} ms"
+                )
     return "\n".join(lines)
 
 

@@ -105,7 +105,45 @@ def loop_layer(engine, prompts: list[int], tokens: int) -> LayerRun:
         g.step()
     wall = time.perf_counter() - since
     figures = [StreamFigures(counts[i], times[i][0], times[i][-1], since) for i in range(streams)]
-    return LayerRun("loop", figures, wall_s=wall, steps=g.profile.summary(since))
+    steps = g.profile.summary(since)
+    if steps.get("steps"):
+        steps["bare_ms"] = bare_step_ms(engine, streams)
+    return LayerRun("loop", figures, wall_s=wall, steps=steps)
+
+
+def bare_step_ms(engine, rows: int, context: int = 128, repeats: int = 24) -> dict:
+    """A decode step's parts without the engine around them, on `rows` rows of `context`
+    tokens: the model's forward of one token each, then the sampling (log-softmax and
+    argmax over the vocabulary), each evaluated alone (median ms)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from clients.bench.figures import median_ms
+    from engine.runtime.batch import merge_with_room
+
+    model = engine.model
+    caches = []
+    for r in range(rows):
+        cache = make_prompt_cache(model)
+        model(mx.array([[(r * 7 + i) % 1000 + 3 for i in range(context)]]), cache=cache)
+        caches.append(cache)
+    batch = merge_with_room(caches, room=repeats + 8)
+    token = mx.array([[5]] * rows)
+    mx.eval([c.state for c in batch])
+    logits = model(token, cache=batch)
+    mx.eval(logits)
+
+    def forward():
+        mx.eval(model(token, cache=batch))
+
+    def sample():
+        last = logits[:, -1, :]
+        mx.eval(mx.argmax(last - mx.logsumexp(last, axis=-1, keepdims=True), axis=-1))
+
+    return {
+        "forward": round(median_ms(forward, repeats), 3),
+        "sample": round(median_ms(sample, repeats), 3),
+    }
 
 
 # ---------------------------------------------------------- mlx_lm.generate ----

@@ -41,7 +41,11 @@ class _SettingAction(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         try:
-            setattr(namespace, self.dest, self.setting.parse_value(values))
+            if self.setting.repeat:  # each time the flag is given, one more value
+                given = getattr(namespace, self.dest) or ()
+                setattr(namespace, self.dest, given + self.setting.parse_value((values,)))
+            else:
+                setattr(namespace, self.dest, self.setting.parse_value(values))
         except ValueError as error:
             parser.error(str(error))
 
@@ -51,7 +55,8 @@ def add_settings(parser: argparse.ArgumentParser, settings: Iterable[Setting]) -
     for s in settings:
         if s.flag is None:
             continue
-        help = f"{s.help} (default: {s.default_text()}; ${s.var})".replace("%", "%%")
+        again = "; repeatable" if s.repeat else ""
+        help = f"{s.help} (default: {s.default_text()}; ${s.var}{again})".replace("%", "%%")
         if s.switch:
             parser.add_argument(s.flag, dest=s.name, action="store_true", default=None, help=help)
         else:

@@ -205,6 +205,56 @@ def test_namespace_comes_from_the_header_else_user(client):
     assert cached(extra_headers={"X-Cache-Namespace": "bridge-ns-b"}, user="bridge-ns-c") > 0
 
 
+def test_session_keys_come_from_headers_then_the_body():
+    from types import SimpleNamespace
+
+    from clients.openai.chat_completions import session_of
+
+    body = SimpleNamespace(prompt_cache_key="pck", user="u")
+    assert session_of({"x-session-id": "h1", "session_id": "h2"}, body) == "h1"
+    assert session_of({"session_id": "h2"}, body) == "h2"
+    assert session_of({}, body) == "pck"
+    assert session_of({}, SimpleNamespace(prompt_cache_key=None, user="u")) == "u"
+    assert session_of({}, SimpleNamespace(prompt_cache_key=None, user=None)) == ""
+    odd = session_of({"x-session-id": "Zoë's session #1"}, body)
+    assert odd.startswith("h:") and len(odd) == 34  # hashed: a routing hint never fails
+
+
+def test_an_odd_session_key_is_served(client):
+    reply = client.chat.completions.create(
+        model="lineage",
+        messages=USER,
+        max_tokens=2,
+        temperature=0,
+        user="someone@example.com",
+        extra_body={"prompt_cache_key": "a key with spaces and ✓"},
+        extra_headers={"X-Cache-Namespace": "bridge-sessions"},
+    )
+    assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+def test_reasoning_sent_back_reaches_the_template(client):
+    """An assistant turn's reasoning_content is rendered again (the embedded template takes
+    it), so its tokens are those the model generated and the cache holds."""
+
+    def prompt_tokens(assistant: dict) -> int:
+        messages = USER + [assistant, {"role": "user", "content": "Go on."}]
+        reply = client.chat.completions.create(
+            model="lineage", messages=messages, max_tokens=1, temperature=0
+        )
+        return reply.usage.prompt_tokens
+
+    plain = prompt_tokens({"role": "assistant", "content": "Caches keep prefixes."})
+    reasoned = prompt_tokens(
+        {
+            "role": "assistant",
+            "content": "Caches keep prefixes.",
+            "reasoning_content": "The user asks about caches; say what they keep.",
+        }
+    )
+    assert reasoned > plain + 8
+
+
 def test_tool_call_round_trip_renders_and_runs(client):
     turn = [
         {"role": "developer", "content": "You are terse."},  # the system role's new name

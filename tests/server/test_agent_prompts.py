@@ -40,6 +40,8 @@ def test_requests_differing_only_in_the_billing_line_hit_the_cache(engine, caplo
         ask = dict(max_tokens=2, namespace="claude-code", temperature=0.0)
         first = client.generate(claude_code(billing("71fea"), "Read setup.py"), **ask)
         second = client.generate(claude_code(billing("0aaa9"), "Read setup.py"), **ask)
+        info = client.model_info()
+    assert info["output_format"] == "qwen"  # the embedded template's markup
     assert first.usage.cached_tokens == 0 and first.usage.prompt_tokens > 100
     # The same prompt once the line is gone: the second restores all of it.
     assert second.usage.prompt_tokens == first.usage.prompt_tokens

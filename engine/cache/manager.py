@@ -51,6 +51,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import numpy as np
 
@@ -73,7 +74,7 @@ from engine.cache.messages import (
     Replanned,
     RestorePlan,
 )
-from engine.cache.misses import MissLog
+from engine.cache.misses import MissLog, shared_prefix
 from engine.cache.orders import OrderBook
 from engine.cache.tokens import as_tokens
 from engine.config import CacheConfig
@@ -215,14 +216,8 @@ class CacheManager:
 
     def _explain(self, req: PlanRequest, prompt: np.ndarray, restored: int):
         """Why the prompt restores less than an earlier one offered (None: it does not)."""
-
-        def stored() -> int:  # the longest prefix any entry in RAM or on disk shares
-            found = self.index.lookup(req.namespace, prompt, self.has_state_layers)
-            if self.disk_index is None:
-                return found.sibling_lcp
-            disk = self.disk_index.lookup(req.namespace, prompt, self.has_state_layers)
-            return max(found.sibling_lcp, disk.sibling_lcp)
-
+        tiers = (self.index, self.disk_index) if self.disk_index is not None else (self.index,)
+        stored = partial(shared_prefix, tiers, req.namespace, prompt, self.has_state_layers)
         miss = self.misses.explain(req.namespace, prompt, req.layout, restored, stored)
         if miss is not None:
             self._miss_kinds[miss.kind] += 1

@@ -101,6 +101,12 @@ def _differs(now: PromptLayout, before: PromptLayout, k: int) -> bool:
     return (now.digests[k], now.roles[k]) != (before.digests[k], before.roles[k])
 
 
+def shared_prefix(tiers, namespace: str, prompt: np.ndarray, has_state_layers: bool) -> int:
+    """The longest prefix any stored entry of `namespace` shares with `prompt`, over the
+    tiers' indexes (each with `lookup`: engine.cache.index.Index, the DiskIndex)."""
+    return max(t.lookup(namespace, prompt, has_state_layers).sibling_lcp for t in tiers)
+
+
 class MissLog:
     """The earlier prompts of each namespace, bounded; `explain` for a new one."""
 
@@ -114,8 +120,7 @@ class MissLog:
 
     def record(self, namespace: str, tokens: np.ndarray, layout: PromptLayout) -> None:
         """Keep a committed request's tokens; the records it extends go."""
-        mine = self.by_namespace.setdefault(namespace, {})
-        for rid, r in list(mine.items()):
+        for rid, r in list(self.by_namespace.get(namespace, {}).items()):
             n = len(r.tokens)
             if n <= len(tokens) and np.array_equal(r.tokens, tokens[:n]):
                 self._forget(namespace, rid)

@@ -74,10 +74,12 @@ def _text_hash(text: str) -> bytes:
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
+# (messages, tools) -> the chat template's text, without the generation prompt.
+Render = Callable[[list, object], str]
+
+
 class Layouts:
     """Builds PromptLayouts; one per front end (its prompt thread), memo included."""
-
-    Render = Callable[[list, object], str]  # (messages, tools) -> text, no generation prompt
 
     def __init__(self, render: Render, memo_entries: int = MEMO_ENTRIES):
         self.render = render

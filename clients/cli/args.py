@@ -138,6 +138,12 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
         "--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)"
     )
     p.add_argument("--namespace", default="", help="cache namespace")
+    p.add_argument(
+        "--session",
+        default="",
+        metavar="KEY",
+        help="the conversation's key: with several replicas its turns stay on one",
+    )
 
 
 def sampling_from_args(args: argparse.Namespace) -> dict:
@@ -150,6 +156,7 @@ def sampling_from_args(args: argparse.Namespace) -> dict:
         "seed": args.seed,
         "stop": args.stop,
         "namespace": args.namespace,
+        "session": args.session,
     }
 
 

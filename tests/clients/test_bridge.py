@@ -4,6 +4,7 @@ the real gRPC server, Ray and MLX (plus the tool-call parser on plain text)."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 import httpx
@@ -143,6 +144,26 @@ def test_a_tool_call_becomes_tool_calls_whole_and_streamed():
         ).usage.total_tokens
         == 70
     )
+
+
+def test_a_malformed_tool_call_is_content_with_a_warning(caplog):
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    info = {"id": "tiny", "fingerprint": "fp"}
+    text, usage = "Try.<tool_call>\n{nope}\n</tool_call>", Usage(10, 0, 5)
+    with caplog.at_level(logging.WARNING, logger="lineage.bridge"):
+        whole = ChatShape("r3", info, make_parser("qwen")).whole(Result(text, (), "stop", usage))
+        shape = ChatShape("r4", info, make_parser("qwen"))
+        chunks = [c for i in range(len(text)) for c in shape.delta(text[i])]
+        chunks += shape.finish(Final("stop", usage, Restore(), Timing(), "r4"))
+    choice = ChatCompletion.model_validate(whole).choices[0]
+    assert (choice.message.content, choice.finish_reason) == (text, "stop")
+    assert not choice.message.tool_calls
+    deltas = [ChatCompletionChunk.model_validate(c).choices[0].delta for c in chunks]
+    assert "".join(d.content or "" for d in deltas) == text
+    assert not any(d.tool_calls for d in deltas)
+    warned = [r for r in caplog.records if "did not parse" in r.getMessage()]
+    assert [r.getMessage().split()[1] for r in warned] == ["r3:", "r4:"]
 
 
 # --------------------------------------------------------- chat, served ----

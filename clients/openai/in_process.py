@@ -126,9 +126,11 @@ class InProcessBackend:
         self.client = InProcessClient(engine)
 
     async def model_info(self, auth_token: str | None = None) -> dict:
-        """ModelInfo as {"id", "max_context", "fingerprint", "reply"}, as Backend gives it."""
+        """ModelInfo as {"id", "max_context", "fingerprint", "output_format", "reply"}, as
+        Backend gives it."""
         i = self.engine.frontend.info
         model = PurePath(i.path).name
+        output_format = self.engine.frontend.builder.output_format
         reply = {
             "model": model,
             "model_type": i.model_type,
@@ -138,11 +140,13 @@ class InProcessBackend:
             "cache_mode": self.engine.frontend.cache_mode,
             "has_state_layers": i.has_state_layers,
             "kernels": list(i.kernels),
+            "output_format": output_format,
         }
         return {
             "id": model,
             "max_context": i.max_context,
             "fingerprint": i.fingerprint,
+            "output_format": output_format,
             "reply": reply,
         }
 

@@ -92,6 +92,7 @@ class Frontend:
         self.metrics = metrics  # EngineMetrics, or None
         self.request_ids: set[str] = set()  # every id from acceptance to the end of its stream
         self.calls: set[asyncio.Task] = set()  # the tasks iterating generate(), for close()
+        self.volatile: dict[str, int] = {}  # request id -> volatile lines removed (its log line)
         # Template rendering and tokenization run here, off the event loop; one
         # thread, so the builder's memo needs no lock.
         self.prompt_thread = concurrent.futures.ThreadPoolExecutor(1, "prompt-builder")
@@ -147,7 +148,12 @@ class Frontend:
             log.exception("cancelling a request failed")
 
     async def generate(
-        self, inp: PromptInput, sampling: SamplingParams, namespace: str = "", request_id: str = ""
+        self,
+        inp: PromptInput,
+        sampling: SamplingParams,
+        namespace: str = "",
+        request_id: str = "",
+        session: str = "",
     ):
         """Yield lists of events (Progress, Tokens, Finished) for one request.
 
@@ -164,7 +170,7 @@ class Frontend:
         if request_id in self.request_ids:
             raise InvalidRequest(f"request_id {request_id!r} is already in flight")
         self.request_ids.add(request_id)
-        events = self._generate(inp, sampling, namespace, request_id, received)
+        events = self._generate(inp, sampling, namespace, request_id, received, session)
         task = asyncio.current_task()
         self.calls.add(task)
         try:
@@ -178,8 +184,11 @@ class Frontend:
             self.calls.discard(task)
             await events.aclose()  # its cleanup (the cancel) runs now, not when collected
             self.request_ids.discard(request_id)
+            self.volatile.pop(request_id, None)
 
-    async def _generate(self, inp, sampling, namespace: str, request_id: str, received: float):
+    async def _generate(
+        self, inp, sampling, namespace: str, request_id: str, received: float, session: str = ""
+    ):
         if self.queued >= self.max_queue:
             raise Overloaded(
                 f"{self.queued} requests are in flight (the limit is {self.max_queue}); retry later"
@@ -187,6 +196,8 @@ class Frontend:
         self.queued += 1
         try:
             prompt, sampling = await self._prepare(inp, sampling)
+            if prompt.volatile:
+                self.volatile[request_id] = prompt.volatile
             tokens = np.asarray(prompt.tokens, dtype=np.int32)
             await self._await_superseded(namespace, tokens, request_id)
             epoch = await self._ready(0)
@@ -202,7 +213,7 @@ class Frontend:
                     planned = self.supervisor.manager_epoch if self.supervisor is not None else 0
                     req = None
                     req = await self._plan(
-                        request_id, namespace, prompt, tokens, sampling, received, exclude
+                        request_id, namespace, prompt, tokens, sampling, received, exclude, session
                     )
                     async for batch in self._run(req, planned, streamed):
                         yield batch
@@ -351,7 +362,15 @@ class Frontend:
         return prompt, sampling
 
     async def _plan(
-        self, request_id: str, namespace: str, prompt, tokens, sampling, received: float, exclude=()
+        self,
+        request_id: str,
+        namespace: str,
+        prompt,
+        tokens,
+        sampling,
+        received: float,
+        exclude=(),
+        session: str = "",
     ) -> GenerationRequest:
         """Ask the cache manager for the restore plan; the request the model actor runs.
 
@@ -365,6 +384,8 @@ class Frontend:
             anchor_len=prompt.anchor_len,
             namespace=namespace,
             exclude=tuple(exclude),
+            session=session,
+            layout=prompt.layout,
         )
         planning = asyncio.ensure_future(_resolve(self.manager.plan.remote(request)))
         try:
@@ -399,9 +420,9 @@ class Frontend:
 
     def _finished(self, f: Finished, req: GenerationRequest) -> None:
         """Log the request, keep its record, count it."""
-        log_request(f, req.plan.captures)
+        log_request(f, req.plan.captures, req.plan.miss, self.volatile.get(req.request_id, 0))
         tag = namespace_tag(req.namespace, self.namespaces)
-        self.activity.record(f, tag)
+        self.activity.record(f, tag, miss=req.plan.miss)
         if self.metrics is not None:
             self.metrics.request(f, tag, req.plan.captures, req.plan.length)
 
@@ -474,15 +495,19 @@ def _clip_max_tokens(s: SamplingParams, room: int) -> SamplingParams:
     return replace(s, max_tokens=max(1, room))
 
 
-def log_request(f: Finished, captures) -> None:
-    """One key=value line per request (the cost of each turn is visible in the log)."""
+def log_request(f: Finished, captures, miss=None, volatile: int = 0) -> None:
+    """One key=value line per request (the cost of each turn is visible in the log).
+
+    `miss`: why it restored less than an earlier prompt offered (`kind@token/m<message>`);
+    `volatile`: system-prompt lines the volatile-line rules removed.
+    """
     timing = " ".join(
         f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
         for k, v in dataclasses.asdict(f.timing).items()
     )
     log.info(
         "request id=%s replica=%s finish=%s prompt=%d cached=%d completion=%d "
-        "restore=%s@%d lost=%s captures=%s %s",
+        "restore=%s@%d lost=%s captures=%s miss=%s volatile=%d %s",
         f.request_id,
         f.replica or "-",
         f.finish_reason,
@@ -493,5 +518,7 @@ def log_request(f: Finished, captures) -> None:
         f.restore_length,
         f.restore_lost or "-",
         ",".join(f"{c.kind}@{c.length}" for c in captures) or "-",
+        miss or "-",
+        volatile,
         timing,
     )

@@ -172,6 +172,7 @@ async def start_engine(
         info.max_context,
         config.cache.anchor_slack,
         limits=config.limits,
+        prompt=config.prompt,
     )
     budgets = {
         "ram": config.cache.ram_budget,
@@ -346,7 +347,8 @@ async def _serve(config: EngineConfig, dashboard: str, sidecars: Sequence[Sideca
     print(
         f"lineage: serving {engine.info.model_type} ({engine.info.path}) "
         f"on {config.server.host}:{engine.port}, cache mode {config.cache.mode}, "
-        f"kernels {', '.join(engine.info.kernels) or 'none'}",
+        f"kernels {', '.join(engine.info.kernels) or 'none'}, "
+        f"output format {engine.frontend.builder.output_format}",
         flush=True,
     )
     if dashboard:

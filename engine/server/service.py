@@ -47,6 +47,7 @@ def check_request(req: engine_pb2.GenerateRequest, limits=DEFAULT_LIMITS) -> Non
     check_request_bytes(req.ByteSize(), limits)
     check_identifier("request_id", req.request_id, limits)
     check_identifier("namespace", req.namespace, limits)
+    check_identifier("session", req.session, limits)
 
 
 def to_prompt_input(req: engine_pb2.GenerateRequest, limits=DEFAULT_LIMITS) -> PromptInput:
@@ -85,6 +86,8 @@ def _message(m: engine_pb2.Message) -> dict:
         out["tool_call_id"] = m.tool_call_id
     if m.name:
         out["name"] = m.name
+    if m.reasoning_content:
+        out["reasoning_content"] = m.reasoning_content
     return out
 
 
@@ -225,6 +228,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             cache_mode=self.frontend.cache_mode,
             has_state_layers=i.has_state_layers,
             kernels=list(i.kernels),
+            output_format=self.frontend.builder.output_format,
         )
 
 
@@ -240,6 +244,7 @@ def generate_events(frontend: Frontend, auth: Authenticator, request, metadata):
         to_sampling(request.sampling),
         namespace=auth.namespace(identity, request.namespace),
         request_id=request.request_id,
+        session=request.session,
     )
 
 

@@ -33,6 +33,9 @@ def _branch(setting) -> str:
 
 def _sample(s, k: int = 0) -> tuple[str, object]:
     """(text, parsed value) of a valid value; k=0: other than the default; k=1: another."""
+    if s.repeat:  # one value given: a tuple of it
+        text, value = _sample(dataclasses.replace(s, repeat=False), k)
+        return text, (value,)
     if s.choices:
         choice = [c for c in s.choices if c != s.default][0] if k == 0 else s.default
         return choice, choice
@@ -114,6 +117,16 @@ def test_any_other_boolean_is_refused(text):
         parse_bool(text)
     with pytest.raises(ValueError, match=r"--prefill-overlap \(LINEAGE_PREFILL_OVERLAP\)"):
         EngineConfig.from_sources({"prefill_overlap": text}, {})
+
+
+def test_a_repeatable_setting_takes_each_use_of_its_flag_or_commas_in_its_variable():
+    args = cli.build_parser().parse_args(
+        ["serve", "--model-alias", "claude-*", "--model-alias", "gpt-*"]
+    )
+    assert config_from_args(args, {}).server.model_alias == ("claude-*", "gpt-*")
+    env = {"LINEAGE_MODEL_ALIAS": "claude-*, gpt-*,"}
+    assert EngineConfig.from_sources({}, env).server.model_alias == ("claude-*", "gpt-*")
+    assert config_from_args(args, {"LINEAGE_MODEL_ALIAS": "o*"}).server.model_alias[0] == "claude-*"
 
 
 def test_a_switch_takes_no_value_on_the_command_line_and_on_off_in_its_variable():

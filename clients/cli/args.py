@@ -41,9 +41,12 @@ class _SettingAction(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         try:
-            setattr(namespace, self.dest, self.setting.parse_value(values))
+            value = self.setting.parse_value(values)
         except ValueError as error:
             parser.error(str(error))
+        if self.setting.repeat:  # each use adds one value
+            value = [*(getattr(namespace, self.dest, None) or ()), value]
+        setattr(namespace, self.dest, value)
 
 
 def add_settings(parser: argparse.ArgumentParser, settings: Iterable[Setting]) -> None:
@@ -51,7 +54,8 @@ def add_settings(parser: argparse.ArgumentParser, settings: Iterable[Setting]) -
     for s in settings:
         if s.flag is None:
             continue
-        help = f"{s.help} (default: {s.default_text()}; ${s.var})".replace("%", "%%")
+        again = "; repeatable" if s.repeat else ""
+        help = f"{s.help} (default: {s.default_text()}; ${s.var}{again})".replace("%", "%%")
         if s.switch:
             parser.add_argument(s.flag, dest=s.name, action="store_true", default=None, help=help)
         else:

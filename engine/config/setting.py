@@ -89,6 +89,9 @@ class Setting:
     default: Any = UNSET  # what from_sources gives when neither flag nor variable is set
     shown: str = ""  # the default as people read it (help, docs)
     switch: bool = False  # a flag without a value (on when given); its variable reads on/off
+    # A flag given once per value, whose variable separates its values with commas: the
+    # field holds a tuple of values, each parsed and checked.
+    repeat: bool = False
 
     @property
     def label(self) -> str:
@@ -101,7 +104,14 @@ class Setting:
         given = flags.get(self.name)
         if given is None:
             given = env.get(self.var) or None
-        return UNSET if given is None else self.parse_value(given)
+            if given is not None and self.repeat:
+                given = [v.strip() for v in given.split(",") if v.strip()]
+        if given is None:
+            return UNSET
+        if self.repeat:
+            values = [given] if isinstance(given, str) else given
+            return tuple(self.parse_value(v) for v in values)
+        return self.parse_value(given)
 
     def parse_value(self, value):
         """One value, parsed and checked; ValueError naming the flag and the variable."""

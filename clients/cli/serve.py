@@ -34,13 +34,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _bridge_sidecar(config: EngineConfig):
     """Start the OpenAI bridge in front of the engine once it serves (`--http-port`)."""
-    from clients.openai.server import bridge_security, start_bridge
+    from clients.openai.server import bridge_options, bridge_security, start_bridge
 
     host, port = config.server.host, config.server.http_port
     security = bridge_security(config.server, config.limits)
+    options = bridge_options(config)
 
     async def start(grpc_address: str):
-        handle = await start_bridge(grpc_address, host, port, security)
+        handle = await start_bridge(grpc_address, host, port, security, options)
         print(f"lineage: OpenAI-compatible bridge on {handle.url}/v1", flush=True)
         return handle
 

@@ -4,7 +4,8 @@ Translates their bodies into the engine's Generate call (clients.client.AsyncCli
 and its events back into OpenAI's objects: a whole response, or server-sent
 events when `stream` is set (chunks, the finish chunk, the usage chunk when
 asked, `[DONE]`). With `tools`, the model's `<tool_call>` text becomes
-`tool_calls` (clients.openai.tool_calls). The cache namespace is the
+`tool_calls` (clients.openai.tool_calls). The model name must be served
+(clients.openai.models; replies carry the name asked for). The cache namespace is the
 `X-Cache-Namespace` header, else the request's `user`; the caller's bearer
 token goes on to the engine, which decides the tenant. No `from __future__
 import annotations`: FastAPI reads the annotations of the routes defined
@@ -269,6 +270,7 @@ def add_routes(app, backend) -> None:
     async def chat_completions(body: s.Chat, request: Request):
         token = bearer_token(request.headers)
         info, rid = await backend.model_info(token), uuid.uuid4().hex
+        info = dict(info, id=request.app.state.served.resolve(body.model, info["id"]))
         kwargs = _sampling(body, info, namespace(request, body), rid, token)
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
         for m in messages:  # OpenAI's newer name for the system role
@@ -281,6 +283,7 @@ def add_routes(app, backend) -> None:
     async def completions(body: s.Completion, request: Request):
         token = bearer_token(request.headers)
         info, rid = await backend.model_info(token), uuid.uuid4().hex
+        info = dict(info, id=request.app.state.served.resolve(body.model, info["id"]))
         kwargs = _sampling(body, info, namespace(request, body), rid, token)
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):

@@ -233,7 +233,9 @@ class ResponseShape:
         status = self.status(final)
         return [self.event(f"response.{status}", response=self.response(status, final))]
 
-    def failed(self, message: str, code: str = "server_error") -> list[tuple[str, dict]]:
+    def failed(self, message: str, engine_code: str = "") -> list[tuple[str, dict]]:
+        """`response.failed`, its error code one of the documented (by the engine's status)."""
+        code = "rate_limit_exceeded" if engine_code == "RESOURCE_EXHAUSTED" else "server_error"
         error = {"code": code, "message": message}
         return [self.event("response.failed", response=self.response("failed", error=error))]
 
@@ -289,7 +291,7 @@ async def _events_as_sse(first, stream, turn: Turn):
                     yield _sse(kind, data)
             event = await anext(stream, None)
     except LineageError as error:
-        for kind, data in turn.shape.failed(error.message, error.code.lower()):
+        for kind, data in turn.shape.failed(error.message, error.code):
             yield _sse(kind, data)
     finally:
         stream.cancel()

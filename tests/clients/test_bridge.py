@@ -20,9 +20,9 @@ from engine.server.background import BackgroundLoop
 class BridgeThread:
     """A bridge serving on a free port from a background event loop."""
 
-    def __init__(self, grpc_address: str):
+    def __init__(self, grpc_address: str, security=None, options=None):
         self.background = BackgroundLoop("bridge-loop")
-        self.handle = self.call(start_bridge(grpc_address, "127.0.0.1", 0))
+        self.handle = self.call(start_bridge(grpc_address, "127.0.0.1", 0, security, options))
         self.url = self.handle.url
 
     def call(self, coro, timeout: float = 60):
@@ -393,8 +393,8 @@ def test_completions_models_and_health(bridge, client):
     assert streamed == whole.choices[0].text
     by_ids = client.completions.create(model="lineage", prompt=[5, 17, 300, 42], max_tokens=2)
     assert by_ids.usage.prompt_tokens == 4
-    models = client.models.list().data
-    assert len(models) == 1 and models[0].id == whole.model
+    models = client.models.list().data  # the served names: "lineage", the model's own
+    assert [m.id for m in models] == ["lineage", models[1].root] and whole.model == "lineage"
     health = httpx.get(f"{bridge.url}/health", timeout=10)
     assert health.status_code == 200 and health.json() == {"status": "SERVING"}
     missing = httpx.get(f"{bridge.url}/v1/nothing", timeout=10)

@@ -222,7 +222,10 @@ def tool_call_to_proto(call: Mapping[str, Any], where: str = "tool call") -> eng
 
 
 def message_to_proto(message: Mapping[str, Any], index: int = 0) -> engine_pb2.Message:
-    """One {role, content, tool_calls?, tool_call_id?, name?} dict -> Message."""
+    """One {role, content, tool_calls?, tool_call_id?, name?} dict -> Message; a Message
+    already built (a caller that keeps a conversation's) is taken as it is."""
+    if isinstance(message, engine_pb2.Message):
+        return message
     where = f"messages[{index}]"
     if not isinstance(message, Mapping) or not message.get("role"):
         raise InvalidInput(f"{where} must be a dict with a role, got {message!r}")

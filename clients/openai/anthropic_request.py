@@ -82,10 +82,12 @@ def tools_of(tools: Any) -> tuple[dict, ...]:
             _fail(f"tools[{i}].type", f"{kind!r} is a tool this engine cannot run")
         if not isinstance(tool.get("name"), str) or not tool["name"]:
             _fail(f"tools[{i}].name", "a tool needs a name")
-        schema = tool.get("input_schema", {"type": "object"})
-        function = {"name": tool["name"], "parameters": _object(schema, f"tools[{i}].input_schema")}
+        schema = _object(tool.get("input_schema", {"type": "object"}), f"tools[{i}].input_schema")
+        # OpenAI's key order: the template renders each tool as JSON, as it comes
+        function = {"name": tool["name"]}
         if tool.get("description"):
             function["description"] = str(tool["description"])
+        function["parameters"] = schema
         out.append({"type": "function", "function": function})
     return tuple(out)
 

@@ -28,7 +28,7 @@ import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,8 @@ class Record:
     response: dict
     conversation: tuple[dict, ...]  # engine messages, input and reply, no instructions
     calls: tuple[str, ...] = ()  # the ids of the reply's tool calls (its text holds them)
+    # The conversation as the engine call takes it, built once: kept in memory, never on disk.
+    prepared: tuple = field(default=(), compare=False, repr=False)
 
 
 def tenant_key(tenant: str) -> str:
@@ -103,6 +105,16 @@ class ResponseStore:
         with self._lock:
             self._remember(record, known[1])
         return record
+
+    def held(self, tenant: str, response_id: str) -> Record | None:
+        """The tenant's record of that id when it is in memory (no disk read), else None."""
+        with self._lock:
+            known, held = self._sizes.get(response_id), self._memory.get(response_id)
+            if known is None or held is None or known[0] != tenant_key(tenant):
+                return None
+            self._sizes.move_to_end(response_id)
+            self._memory.move_to_end(response_id)
+            return held[0]
 
     def _read(self, response_id: str, head_only: bool = False) -> Record | None:
         """The record's file (its first line alone: `head_only`); None when unreadable."""

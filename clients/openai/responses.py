@@ -36,11 +36,12 @@ from clients.openai.output_parts import make_parser
 from clients.openai.response_store import ID, Record, StoredNotFound, tenant_key
 from clients.openai.responses_input import (
     call_ids,
+    join_turns,
     messages_of,
     tool_choice_parses,
     tools_of,
 )
-from clients.wire import InvalidInput
+from clients.wire import InvalidInput, message_to_proto
 
 # Request fields the engine cannot honour: refused, never ignored.
 UNSUPPORTED = {
@@ -244,12 +245,23 @@ def _sse(kind: str, data: dict) -> str:
     return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
+def _prepared(record: Record | None, history, conversation: list[dict]) -> list:
+    """The conversation as engine messages: the stored part as built for its turn (so a
+    turn converts only its new messages), the rest converted now."""
+    kept = list(record.prepared) if record is not None else []
+    if len(kept) != len(history):
+        kept = []
+    elif kept and conversation[len(history) - 1] is not history[-1]:
+        kept = kept[:-1]  # the stored reply took the calls that open this input
+    return kept + [message_to_proto(m) for m in conversation[len(kept) :]]
+
+
 class Turn:
     """One request's run: its shape, what it sends the engine, and what it stores."""
 
-    def __init__(self, shape: ResponseShape, store, caller, conversation: list[dict]):
+    def __init__(self, shape: ResponseShape, store, caller, conversation: list[dict], prepared):
         self.shape, self.store, self.caller = shape, store, caller
-        self.conversation, self.reply = conversation, ""
+        self.conversation, self.prepared, self.reply = conversation, prepared, ""
 
     def feed(self, text: str, ids: int) -> list[tuple[str, dict]]:
         self.reply += text
@@ -269,6 +281,7 @@ class Turn:
                 response,
                 tuple(self.conversation) + (reply,),
                 calls,
+                tuple(self.prepared) + (message_to_proto(reply),),
             )
             self.store.put(record)
         return events + self.shape.finish(final)
@@ -349,6 +362,10 @@ def add_routes(app, backend, served, store) -> None:
     s = _schemas()
 
     async def stored(tenant: str, response_id: str, field: str | None = None) -> Record:
+        """The tenant's record: from memory at once, else read off the event loop."""
+        held = store.held(tenant, response_id)
+        if held is not None:
+            return held
         try:
             if not ID.fullmatch(response_id or ""):
                 raise StoredNotFound(response_id)
@@ -363,13 +380,15 @@ def add_routes(app, backend, served, store) -> None:
         caller = caller_of(request, body.user or "")
         info = await backend.model_info(caller.token)
         model = served.resolve(body.model, info["id"])
+        # 1) the prompt: the instructions, the stored conversation, the new items
+        started = time.perf_counter()
         history, known = (), set()
         if body.previous_response_id:
             record = await stored(caller.tenant, body.previous_response_id, "previous_response_id")
             history, known = record.conversation, set(record.calls)
-        started = time.perf_counter()
-        # 1) the prompt: the instructions, the stored conversation, the new items
-        conversation = list(history) + messages_of(body.input, known | call_ids(history))
+        new = messages_of(body.input, known | call_ids(history))
+        conversation = join_turns(list(history), new)
+        prepared = _prepared(record if history else None, history, conversation)
         system = [{"role": "system", "content": body.instructions}] if body.instructions else []
         tools = tools_of(body.tools)
         # 2) the engine call
@@ -377,16 +396,14 @@ def add_routes(app, backend, served, store) -> None:
         max_tokens = body.max_output_tokens or info["max_context"]
         session = body.previous_response_id or body.prompt_cache_key
         kwargs = engine_call(caller, rid, max_tokens, body.temperature, body.top_p, session=session)
-        stream = backend.client.stream(
-            messages=system + conversation, tools=tools or None, **kwargs
-        )
+        stream = backend.client.stream(messages=system + prepared, tools=tools or None, **kwargs)
         build_ms = f"{(time.perf_counter() - started) * 1000:.3f}"
         # 3) the answer, whole or streamed
         parser = make_parser(info["reply"].get("output_format", ""))
         parser = parser if tool_choice_parses(body.tool_choice) else TextOnly(parser)
         cache_on = info["reply"].get("cache_mode", "lineage") != "off"
         shape = ResponseShape(rid, model, body, Blocks(parser), cache_on)
-        turn = Turn(shape, store, caller, conversation)
+        turn = Turn(shape, store, caller, conversation, prepared)
         headers = {"X-Lineage-Prompt-Build-Ms": build_ms}
         if not body.stream:
             result = await unless_disconnected(request, stream.result())

@@ -7,7 +7,8 @@ the assistant message before it (one turn: its text, reasoning and calls), as
 the chat template renders a turn; a reasoning item becomes the next assistant
 turn's reasoning, in the model's own `<think>` markup; a call's output is a
 `tool` message, whose `call_id` must answer a call made before it (in this
-input or the stored conversation). `instructions` are the system message, never
+input or the stored conversation); calls that open a follow-up's input join the
+stored reply's turn (`join_turns`). `instructions` are the system message, never
 stored: a follow-up gives its own. Function `tools` become the engine's; a
 built-in tool type the engine cannot run (web search, file search, computer
 use, ...) is refused, naming it. Every refusal is an `InvalidInput` naming the
@@ -140,12 +141,11 @@ def tools_of(tools: Any) -> list[dict]:
             _fail(f"tools[{i}].type", f"{kind!r} is a built-in tool this engine cannot run")
         if not isinstance(tool.get("name"), str) or not tool["name"]:
             _fail(f"tools[{i}].name", "a function tool needs a name")
-        function = {
-            "name": tool["name"],
-            "parameters": tool.get("parameters") or {"type": "object"},
-        }
+        # OpenAI's key order: the template renders each tool as JSON, as it comes
+        function = {"name": tool["name"]}
         if tool.get("description"):
             function["description"] = str(tool["description"])
+        function["parameters"] = tool.get("parameters") or {"type": "object"}
         out.append({"type": "function", "function": function})
     return out
 
@@ -160,3 +160,16 @@ def tool_choice_parses(choice: Any) -> bool:
     if isinstance(choice, dict) and choice.get("type") in ("function", "allowed_tools", "auto"):
         return True
     _fail("tool_choice", f"expected auto, none, required or a function, got {choice!r}")
+
+
+def join_turns(history: list[dict], new: list[dict]) -> list[dict]:
+    """`history` + `new`, where calls that open `new` (function_call items sent after the
+    stored reply) join the reply's turn, as the model made them in it."""
+    if not (history and new and history[-1]["role"] == "assistant"):
+        return history + new
+    first = new[0]
+    if first["role"] != "assistant" or first.get("content") or not first.get("tool_calls"):
+        return history + new
+    reply = dict(history[-1])
+    reply["tool_calls"] = list(reply.get("tool_calls", ())) + list(first["tool_calls"])
+    return history[:-1] + [reply] + new[1:]

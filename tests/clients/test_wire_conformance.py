@@ -15,11 +15,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from clients.client import Final, Restore, Result, Timing, Usage
+from clients.client import Chunk, Final, LineageError, Progress, Restore, Result, Timing, Usage
+from clients.openai import anthropic_messages, responses
 from clients.openai.anthropic_messages import MessageShape
 from clients.openai.blocks import Blocks
+from clients.openai.callers import Caller
 from clients.openai.output_parts import make_parser
-from clients.openai.responses import ResponseShape
+from clients.openai.response_store import ResponseStore
+from clients.openai.responses import ResponseShape, Turn
 
 CALL = '<tool_call>\n{"name": "read_file", "arguments": {"path": "setup.py"}}\n</tool_call>'
 OUTPUTS = {
@@ -56,11 +59,49 @@ DELTA_OF = {"text": "text_delta", "thinking": "thinking_delta", "tool_use": "inp
 
 def _anthropic_stream(text: str, reason: str = "stop") -> list[tuple[str, dict]]:
     shape = MessageShape("r1", "claude-test", True, Blocks(make_parser("qwen")))
-    events = shape.start()
-    for piece in _pieces(text):
-        events += shape.events(shape.blocks.feed(piece, 1))
-    events += shape.events(shape.blocks.close())
-    return events + shape.finish(_final(reason))
+    return _sse_events(anthropic_messages._events_as_sse, shape, text, reason)
+
+
+class ScriptedStream:
+    """The engine's events for one request, as the client library's AsyncStream yields them."""
+
+    def __init__(self, events):
+        self.events, self.cancelled = list(events), False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if not self.events:
+            raise StopAsyncIteration
+        event = self.events.pop(0)
+        if isinstance(event, Exception):
+            raise event
+        return event
+
+    def cancel(self):
+        self.cancelled = True
+
+
+def _sse_events(events_as_sse, shape, text: str, reason: str = "stop", error=None):
+    """The SSE body the route sends for `text` (as the engine's chunks), parsed back."""
+    import asyncio
+
+    events = [Progress(10, 400)] + [Chunk((1,), piece) for piece in _pieces(text)]
+    events.append(error if error is not None else _final(reason))
+    stream = ScriptedStream(events)
+
+    async def body():
+        first = await anext(stream)
+        return [piece async for piece in events_as_sse(first, stream, shape)]
+
+    out = []
+    for piece in asyncio.run(body()):
+        lines = dict(line.split(": ", 1) for line in piece.strip().splitlines() if ": " in line)
+        if "data" in lines:
+            out.append((lines.get("event", ""), json.loads(lines["data"])))
+    assert stream.cancelled, "the stream was not closed"
+    return out
 
 
 @pytest.mark.parametrize("name", OUTPUTS)
@@ -73,8 +114,11 @@ def test_anthropic_events_follow_the_documented_sequence(name):
     assert ANTHROPIC_ORDER.fullmatch("".join(kind + " " for kind, _ in events))
     adapter = TypeAdapter(RawMessageStreamEvent)
     snapshot, buffers, open_type = None, {}, None
+    assert ("ping", {"type": "ping"}) in events, "the prefill's progress sent no ping"
     for index, (kind, data) in enumerate(events):
         assert data["type"] == kind
+        if kind == "ping":  # the SDK skips pings: not one of its message events
+            continue
         event = adapter.validate_python(data)  # every field the SDK requires
         if kind == "content_block_start":
             assert data["index"] == sum(k == "content_block_start" for k, _ in events[:index])
@@ -145,13 +189,11 @@ def _body(**fields):
     return SimpleNamespace(**(base | fields))
 
 
-def _responses_stream(text: str, reason: str = "stop") -> list[tuple[str, dict]]:
+def _responses_stream(text: str, reason: str = "stop", error=None) -> list[tuple[str, dict]]:
     shape = ResponseShape("0" * 32, "gpt-test", _body(), Blocks(make_parser("qwen")), True)
-    events = shape.start()
-    for piece in _pieces(text):
-        events += shape.events(shape.blocks.feed(piece, 1))
-    events += shape.events(shape.blocks.close())
-    return events + shape.finish(_final(reason))
+    store = ResponseStore(None, 10, 1 << 20)
+    turn = Turn(shape, store, Caller(None, "t", ""), [{"role": "user", "content": "q"}], [])
+    return _sse_events(responses._events_as_sse, turn, text, reason, error)
 
 
 @pytest.mark.parametrize("name", OUTPUTS)
@@ -194,13 +236,20 @@ def test_responses_events_follow_the_documented_sequence(name):
 
 
 def test_responses_max_output_tokens_is_incomplete_and_a_failure_is_failed():
+    from openai.types.responses import ResponseFailedEvent
+
     events = _responses_stream("Partial answer", "length")
     assert events[-1][0] == "response.incomplete"
     assert events[-1][1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
-    shape = ResponseShape("0" * 32, "m", _body(), Blocks(make_parser("qwen")), True)
-    kind, data = shape.failed("the engine went away", "UNAVAILABLE")[0]
-    from openai.types.responses import ResponseFailedEvent
-
+    gone = LineageError("UNAVAILABLE", "the engine went away")
+    kind, data = _responses_stream("Partial", error=gone)[-1]
     failed = ResponseFailedEvent.model_validate(data)
     assert kind == "response.failed" and failed.response.status == "failed"
     assert failed.response.error.message == "the engine went away"
+
+
+def test_an_anthropic_failure_mid_stream_is_an_error_event():
+    gone = LineageError("UNAVAILABLE", "the engine went away")
+    shape = MessageShape("r1", "claude-test", True, Blocks(make_parser("qwen")))
+    kind, data = _sse_events(anthropic_messages._events_as_sse, shape, "Partial", error=gone)[-1]
+    assert kind == "error" and data["error"]["type"] == "overloaded_error"

@@ -29,7 +29,16 @@ import uuid
 from types import SimpleNamespace
 
 from clients.client import Chunk, Final, LineageError, Progress
-from clients.openai.blocks import REASONING, TEXT, Blocks, Closed, Grew, Opened, TextOnly
+from clients.openai.blocks import (
+    REASONING,
+    TEXT,
+    TOOL_CALL,
+    Blocks,
+    Closed,
+    Grew,
+    Opened,
+    TextOnly,
+)
 from clients.openai.callers import caller_of, engine_call
 from clients.openai.errors import WireError, unless_disconnected
 from clients.openai.output_parts import make_parser
@@ -63,6 +72,15 @@ def usage_of(final: Final, blocks: Blocks, cache_on: bool) -> dict:
         "output_tokens_details": {"reasoning_tokens": blocks.reasoning_tokens},
         "total_tokens": u.prompt_tokens + u.completion_tokens,
     }
+
+
+def _part(block) -> dict | None:
+    """The content part a text or reasoning item opens with; None for a function call."""
+    if block.kind == TEXT:
+        return {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+    if block.kind == REASONING:
+        return {"type": "reasoning_text", "text": ""}
+    return None
 
 
 class ResponseShape:
@@ -149,86 +167,53 @@ class ResponseShape:
         ]
 
     def events(self, block_events) -> list[tuple[str, dict]]:
+        """The stream events of the completion's block events, numbered."""
         out = []
         for e in block_events:
-            block, where = e.block, {"output_index": e.block.index}
-            item_id = self.item_id(block)
-            part = {
-                TEXT: {"type": "output_text", "text": "", "annotations": [], "logprobs": []},
-                REASONING: {"type": "reasoning_text", "text": ""},
-            }.get(block.kind)
-            text_kind = {TEXT: "output_text", REASONING: "reasoning_text"}.get(block.kind)
             if isinstance(e, Opened):
-                out.append(
-                    self.event(
-                        "response.output_item.added", **where, item=self.item(block, "in_progress")
-                    )
-                )
-                if part is not None:
-                    out.append(
-                        self.event(
-                            "response.content_part.added",
-                            **where,
-                            item_id=item_id,
-                            content_index=0,
-                            part=part,
-                        )
-                    )
-            elif isinstance(e, Grew) and text_kind is not None:
-                extra = {"logprobs": []} if block.kind == TEXT else {}
-                out.append(
-                    self.event(
-                        f"response.{text_kind}.delta",
-                        **where,
-                        item_id=item_id,
-                        content_index=0,
-                        delta=e.delta,
-                        **extra,
-                    )
-                )
+                out += self._opened(e.block)
             elif isinstance(e, Grew):
-                out.append(
-                    self.event(
-                        "response.function_call_arguments.delta",
-                        **where,
-                        item_id=item_id,
-                        delta=e.delta,
-                    )
-                )
-            elif isinstance(e, Closed) and part is not None:
-                extra = {"logprobs": []} if block.kind == TEXT else {}
-                out.append(
-                    self.event(
-                        f"response.{text_kind}.done",
-                        **where,
-                        item_id=item_id,
-                        content_index=0,
-                        text=block.text,
-                        **extra,
-                    )
-                )
-                out.append(
-                    self.event(
-                        "response.content_part.done",
-                        **where,
-                        item_id=item_id,
-                        content_index=0,
-                        part=dict(part, text=block.text),
-                    )
-                )
-                out.append(self.event("response.output_item.done", **where, item=self.item(block)))
+                out += self._grew(e.block, e.delta)
             elif isinstance(e, Closed):
-                out.append(
-                    self.event(
-                        "response.function_call_arguments.done",
-                        **where,
-                        item_id=item_id,
-                        name=block.name,
-                        arguments=block.text,
-                    )
-                )
-                out.append(self.event("response.output_item.done", **where, item=self.item(block)))
+                out += self._closed(e.block)
         return out
+
+    def _on(self, kind: str, block, in_part: bool = False, **fields) -> tuple[str, dict]:
+        """An event about `block`'s item (and its one content part: `in_part`)."""
+        where = {"output_index": block.index}
+        if kind not in ("response.output_item.added", "response.output_item.done"):
+            where["item_id"] = self.item_id(block)
+        if in_part:
+            where["content_index"] = 0
+        return self.event(kind, **where, **fields)
+
+    def _opened(self, block) -> list[tuple[str, dict]]:
+        out = [self._on("response.output_item.added", block, item=self.item(block, "in_progress"))]
+        part = _part(block)
+        if part is not None:
+            out.append(self._on("response.content_part.added", block, True, part=part))
+        return out
+
+    def _grew(self, block, delta: str) -> list[tuple[str, dict]]:
+        if block.kind == TEXT:
+            return [self._on("response.output_text.delta", block, True, delta=delta, logprobs=[])]
+        if block.kind == REASONING:
+            return [self._on("response.reasoning_text.delta", block, True, delta=delta)]
+        return [self._on("response.function_call_arguments.delta", block, delta=delta)]
+
+    def _closed(self, block) -> list[tuple[str, dict]]:
+        if block.kind == TOOL_CALL:
+            arguments = {"name": block.name, "arguments": block.text}
+            out = [self._on("response.function_call_arguments.done", block, **arguments)]
+        else:
+            text = {"text": block.text} | ({"logprobs": []} if block.kind == TEXT else {})
+            kind = "output_text" if block.kind == TEXT else "reasoning_text"
+            part = dict(_part(block), text=block.text)
+            out = [
+                self._on(f"response.{kind}.done", block, True, **text),
+                self._on("response.content_part.done", block, True, part=part),
+            ]
+        return out + [self._on("response.output_item.done", block, item=self.item(block))]
 
     def finish(self, final: Final) -> list[tuple[str, dict]]:
         status = self.status(final)

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 from clients.client import Chunk, Final, LineageError, Progress
 from clients.openai.anthropic_request import Prompt, prompt_of
 from clients.openai.blocks import REASONING, TEXT, Blocks, Closed, Grew, Opened, TextOnly
-from clients.openai.callers import caller_of, engine_call
+from clients.openai.callers import caller_of, drain, engine_call
 from clients.openai.errors import (
     engine_status,
     error_json,
@@ -89,10 +89,9 @@ class MessageShape:
             "usage": usage_of(final, self.cache_on, self.blocks if done else None),
         }
 
-    def whole(self, result) -> dict:
-        self.blocks.feed(result.text, len(result.token_ids))
+    def whole(self, final: Final) -> dict:
+        """The message, once `blocks` were fed the whole completion."""
         self.blocks.close()
-        final = Final(result.finish_reason, result.usage, result.restore, result.timing, "")
         return self.message(final, [content_block(b) for b in self.blocks.blocks])
 
     def start(self) -> list[tuple[str, dict]]:
@@ -234,7 +233,8 @@ def add_routes(app, backend, served) -> None:
         cache_on = info["reply"].get("cache_mode", "lineage") != "off"
         shape = MessageShape(rid, model, cache_on, Blocks(parser))
         if not body.stream:
-            return shape.whole(await unless_disconnected(request, stream.result()))
+            final = await unless_disconnected(request, drain(stream, shape.blocks.feed))
+            return shape.whole(final)
         # Waiting for the first event turns an INVALID_ARGUMENT into a 400, not an SSE error.
         first = await unless_disconnected(request, anext(stream, None))
         events = _events_as_sse(first, stream, shape)

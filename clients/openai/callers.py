@@ -4,7 +4,8 @@
 take it, so a change to how the bridge accepts tokens covers every endpoint),
 the tenant it stands for (the identity the bridge's token check found, else a
 digest of the token, else "" on a server without tokens), and the cache
-namespace. `engine_call` gives the keyword arguments of `AsyncClient.stream`.
+namespace. `engine_call` gives the keyword arguments of `AsyncClient.stream`, `drain` runs a
+whole (not streamed) request chunk by chunk.
 It knows HTTP headers and the engine call; nothing of any wire's shapes.
 """
 
@@ -60,3 +61,22 @@ def engine_call(
         "request_id": request_id,
         "auth_token": caller.token,
     }
+
+
+async def drain(stream, feed):
+    """Run `stream` to its end, each chunk to `feed(text, ids)` (so a reply's reasoning
+    tokens are counted as when it streams); its Final. A failure raises LineageError."""
+    from clients.client import Chunk, Final, LineageError
+
+    final = None
+    try:
+        async for event in stream:
+            if isinstance(event, Chunk):
+                feed(event.text, len(event.ids))
+            elif isinstance(event, Final):
+                final = event
+    finally:
+        stream.cancel()
+    if final is None:
+        raise LineageError("INTERNAL", "the stream ended without a final event")
+    return final

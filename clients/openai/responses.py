@@ -39,7 +39,7 @@ from clients.openai.blocks import (
     Opened,
     TextOnly,
 )
-from clients.openai.callers import caller_of, engine_call
+from clients.openai.callers import caller_of, drain, engine_call
 from clients.openai.errors import WireError, unless_disconnected
 from clients.openai.output_parts import make_parser
 from clients.openai.response_store import ID, Record, StoredNotFound, tenant_key
@@ -391,9 +391,7 @@ def add_routes(app, backend, served, store) -> None:
         turn = Turn(shape, store, caller, conversation, prepared)
         headers = {"X-Lineage-Prompt-Build-Ms": build_ms}
         if not body.stream:
-            result = await unless_disconnected(request, stream.result())
-            turn.feed(result.text, len(result.token_ids))
-            final = Final(result.finish_reason, result.usage, result.restore, result.timing, rid)
+            final = await unless_disconnected(request, drain(stream, turn.feed))
             turn.finish(final)
             from fastapi.responses import JSONResponse
 

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from clients.client import Chunk, Final, LineageError, Progress, Restore, Result, Timing, Usage
+from clients.client import Chunk, Final, LineageError, Progress, Restore, Timing, Usage
 from clients.openai import anthropic_messages, responses
 from clients.openai.anthropic_messages import MessageShape
 from clients.openai.blocks import Blocks
@@ -127,9 +127,10 @@ def test_anthropic_events_follow_the_documented_sequence(name):
             assert data["delta"]["type"] == DELTA_OF[open_type]
         snapshot = accumulate_event(event=event, current_snapshot=snapshot, json_bufs=buffers)
     streamed = Message.model_validate(snapshot.model_dump())
-    whole = MessageShape("r1", "claude-test", True, Blocks(make_parser("qwen"))).whole(
-        Result(OUTPUTS[name], tuple(range(30)), "stop", USAGE)
-    )
+    whole_shape = MessageShape("r1", "claude-test", True, Blocks(make_parser("qwen")))
+    for piece in _pieces(OUTPUTS[name], 5):
+        whole_shape.blocks.feed(piece, 1)
+    whole = whole_shape.whole(_final())
     assert _without_ids(streamed) == _without_ids(Message.model_validate(whole))
     assert streamed.stop_reason == ("tool_use" if "tool" in name else "end_turn")
     usage = streamed.usage
@@ -148,7 +149,8 @@ def test_anthropic_events_follow_the_documented_sequence(name):
 
 def test_anthropic_stop_reasons_and_usage_without_a_cache():
     shape = MessageShape("r", "m", False, Blocks(make_parser("qwen")))
-    whole = shape.whole(Result("cut", (1,), "length", USAGE))
+    shape.blocks.feed("cut", 1)
+    whole = shape.whole(_final("length"))
     assert whole["stop_reason"] == "max_tokens"
     assert (
         whole["usage"]["input_tokens"] == 72 and whole["usage"]["cache_creation_input_tokens"] == 0

@@ -12,12 +12,12 @@ against the one rendered here, token for token, so the three carry the same
 traffic and share the same oracle. Responses chains a session's turns by
 `previous_response_id`, sending only the items after the stored reply.
 
-`chain_figures` runs one 40-turn conversation through Responses twice, chained
-by `previous_response_id` and sending the whole input every turn, and records
-per turn the request's bytes, the bridge's time to build the engine's prompt
-(the `X-Lineage-Prompt-Build-Ms` header) and the engine's time to render and
-tokenize it (its prompt builder, timed here). MLX, Ray and the bridge load
-inside the functions.
+`chain_figures` runs one 40-turn conversation through Responses, chained by
+`previous_response_id` and sending the whole input every turn, three times each,
+and records per turn the request's bytes and the medians of the bridge's time
+to build the engine's prompt (the `X-Lineage-Prompt-Build-Ms` header) and of
+the engine's time to render and tokenize it (its prompt builder, timed here).
+MLX, Ray and the bridge load inside the functions.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ APIS = ("chat", "messages", "responses")
 PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
 CHAIN_TURNS = 40
 CHAIN_REPORTED = (1, 10, 40)
+CHAIN_REPEATS = 3  # the timings reported are medians over this many runs of the chain
 
 
 # ------------------------------------------------------------ the bodies ----
@@ -288,57 +289,75 @@ def run_api(api: str, traffic, ids, config, store_dir: str) -> PolicyRun:
         served.close()
 
 
-def chain_figures(traffic, ids, config, store_dir: str, turns: int = CHAIN_TURNS) -> dict:
-    """One conversation of `turns` turns through Responses, chained and whole; per reported
-    turn: request bytes, the bridge's prompt-building ms, the engine's render+tokenize ms."""
-    import random
-
-    import httpx
-
-    from clients.bench.agent_text import user_text
+def chain_figures(
+    traffic, ids, config, store_dir: str, turns: int = CHAIN_TURNS, repeats: int = CHAIN_REPEATS
+) -> dict:
+    """One conversation of `turns` turns through Responses, chained by previous_response_id
+    and sending the whole input, `repeats` times each (the same conversation: greedy
+    replies); per reported turn: request bytes, and the medians of the bridge's
+    prompt-building ms and of the engine's render+tokenize ms."""
+    import statistics
 
     served = Served(config, store_dir)
     out = {}
     try:
-        with httpx.Client(base_url=served.url, timeout=600) as http:
+        with httpx_client(served.url) as http:
             for mode in ("previous_response_id", "whole_input"):
-                rng, chains = random.Random(7), Chains()
-                messages = [{"role": "system", "content": traffic.systems["main"]}]
+                runs = [_chain(http, ids, traffic, mode, turns) for _ in range(repeats)]
                 rows = []
-                for turn in range(1, turns + 1):
-                    messages.append({"role": "user", "content": user_text(rng, 0, 0, turn)})
-                    body = chains.body(mode, messages, traffic.tools, 16, store=True)
-                    if mode == "whole_input":
-                        body.pop("previous_response_id", None)
-                        body["input"] = response_items(messages[1:])
-                    raw = json.dumps(body).encode()
-                    with http.stream(
-                        "POST",
-                        "/v1/responses",
-                        content=raw,
-                        headers={"content-type": "application/json"},
-                    ) as reply:
-                        build_ms = float(reply.headers["x-lineage-prompt-build-ms"])
-                        got = read_stream("responses", reply)
-                    t0 = time.perf_counter()
-                    ids.encode(messages, traffic.tools)
-                    engine_ms = (time.perf_counter() - t0) * 1000
-                    chains.record(mode, messages, got["text"], got["response_id"])
-                    messages.append({"role": "assistant", "content": got["text"]})
-                    rows.append(
-                        {
-                            "turn": turn,
-                            "request_bytes": len(raw),
-                            "bridge_build_ms": build_ms,
-                            "engine_render_tokenize_ms": round(engine_ms, 3),
-                            "prompt_tokens": got["prompt"],
-                            "cached_tokens": got["cached"],
-                        }
-                    )
+                for turn_rows in zip(*runs):
+                    row = dict(turn_rows[0])
+                    for key in ("bridge_build_ms", "engine_render_tokenize_ms"):
+                        row[key] = round(statistics.median(r[key] for r in turn_rows), 3)
+                    rows.append(row)
                 out[mode] = [r for r in rows if r["turn"] in CHAIN_REPORTED or r["turn"] == turns]
     finally:
         served.close()
     return out
+
+
+def httpx_client(url: str):
+    import httpx
+
+    return httpx.Client(base_url=url, timeout=600)
+
+
+def _chain(http, ids, traffic, mode: str, turns: int) -> list[dict]:
+    """One run of the conversation in `mode`: a row per turn."""
+    import random
+
+    from clients.bench.agent_text import user_text
+
+    rng, chains = random.Random(7), Chains()
+    messages = [{"role": "system", "content": traffic.systems["main"]}]
+    rows = []
+    for turn in range(1, turns + 1):
+        messages.append({"role": "user", "content": user_text(rng, 0, 0, turn)})
+        body = chains.body(mode, messages, traffic.tools, 16, store=True)
+        if mode == "whole_input":
+            body.pop("previous_response_id", None)
+            body["input"] = response_items(messages[1:])
+        raw = json.dumps(body).encode()
+        headers = {"content-type": "application/json"}
+        with http.stream("POST", "/v1/responses", content=raw, headers=headers) as reply:
+            build_ms = float(reply.headers["x-lineage-prompt-build-ms"])
+            got = read_stream("responses", reply)
+        t0 = time.perf_counter()
+        ids.encode(messages, traffic.tools)
+        engine_ms = (time.perf_counter() - t0) * 1000
+        chains.record(mode, messages, got["text"], got["response_id"])
+        messages.append({"role": "assistant", "content": got["text"]})
+        rows.append(
+            {
+                "turn": turn,
+                "request_bytes": len(raw),
+                "bridge_build_ms": build_ms,
+                "engine_render_tokenize_ms": engine_ms,
+                "prompt_tokens": got["prompt"],
+                "cached_tokens": got["cached"],
+            }
+        )
+    return rows
 
 
 CHAIN_COLUMNS = (
@@ -371,5 +390,8 @@ def format_chain(chain: dict) -> str:
         for mode, found in chain.items()
         for r in found
     ]
-    head = "Responses, one conversation of 40 turns: what a turn sends and costs to build"
+    head = (
+        "Responses, one conversation of 40 turns: what a turn sends, and the medians of "
+        f"{CHAIN_REPEATS} runs of what it costs to build"
+    )
     return "\n".join([head, *table(columns, rows, "  ")])

@@ -226,7 +226,10 @@ def tool_call_to_proto(call: Mapping[str, Any], where: str = "tool call") -> eng
 def message_to_proto(message: Mapping[str, Any], index: int = 0) -> engine_pb2.Message:
     """One {role, content, tool_calls?, tool_call_id?, name?, reasoning_content?} dict ->
     Message. `reasoning_content` (an assistant turn's reasoning, as the parsers split it
-    off) goes back to the chat template, which renders it where it takes it."""
+    off) goes back to the chat template, which renders it where it takes it. A Message
+    already built (a caller that keeps a conversation's) is taken as it is."""
+    if isinstance(message, engine_pb2.Message):
+        return message
     where = f"messages[{index}]"
     if not isinstance(message, Mapping) or not message.get("role"):
         raise InvalidInput(f"{where} must be a dict with a role, got {message!r}")

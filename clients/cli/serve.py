@@ -36,13 +36,15 @@ def bridge_sidecar(config: EngineConfig, quiet: bool = False):
     """Start the OpenAI bridge in front of the engine once it serves (`--http-port`): in the
     engine's process, calling its front end directly (no gRPC loopback)."""
     from clients.openai.in_process import InProcessBackend
-    from clients.openai.server import bridge_security, start_bridge
+    from clients.openai.server import bridge_options, bridge_security, start_bridge
 
     host, port = config.server.host, config.server.http_port
     security = bridge_security(config.server, config.limits)
+    options = bridge_options(config)
 
     async def start(engine):
-        handle = await start_bridge(InProcessBackend(engine), host, port, security)
+        backend = InProcessBackend(engine)
+        handle = await start_bridge(backend, host, port, security, options)
         if not quiet:
             print(f"lineage: OpenAI-compatible bridge on {handle.url}/v1", flush=True)
         return handle

@@ -9,6 +9,8 @@ reasoning becomes `reasoning_content`, and with `tools` (unless `tool_choice`
 is "none") its tool calls become `tool_calls`, streamed as `delta.tool_calls`
 (a first chunk with the call's index, id and name, then its arguments). A call
 whose markup does not parse is returned as content, with a warning in the log.
+The model name must be served (clients.openai.models; replies carry the name
+asked for).
 An assistant message sent back with `reasoning_content` has it rendered by the
 chat template again, so its tokens match what the cache holds.
 
@@ -346,6 +348,7 @@ def add_routes(app, backend) -> None:
     async def chat_completions(body: s.Chat, request: Request):
         token = bearer_token(request.headers)
         info, rid = await backend.model_info(token), uuid.uuid4().hex
+        info = dict(info, id=request.app.state.served.resolve(body.model, info["id"]))
         kwargs = _sampling(body, info, namespace(request, body), rid, token)
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
         for m in messages:  # OpenAI's newer name for the system role
@@ -367,6 +370,7 @@ def add_routes(app, backend) -> None:
     async def completions(body: s.Completion, request: Request):
         token = bearer_token(request.headers)
         info, rid = await backend.model_info(token), uuid.uuid4().hex
+        info = dict(info, id=request.app.state.served.resolve(body.model, info["id"]))
         kwargs = _sampling(body, info, namespace(request, body), rid, token)
         kwargs["session"] = session_of(request.headers, body)
         prompt = body.prompt

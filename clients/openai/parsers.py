@@ -233,6 +233,7 @@ class OutputParser:
         self.state = _REASONING if reasoning and markup.think else _TEXT
         self.held = ""  # fed text not handled yet: it may end with part of a marker
         self.space = ""  # whitespace at the end of the text or reasoning, held
+        self.lead = self.call_lead = ""  # the whitespace before the last marker, the call's
         self.strip = self.state == _REASONING  # drop leading whitespace (after a marker)
         self.opened = reasoning  # the template opened the reasoning: a leading <think> repeats it
         self.in_section = False
@@ -320,17 +321,23 @@ class OutputParser:
             self._content(text, TextPart, out)
 
     def _act(self, action: str, marker: str, out: list[Part]) -> None:
-        self.space = ""  # whitespace beside markup is layout
+        # Whitespace beside markup is layout; before a call it is kept aside, the call's
+        # if it does not parse (then its raw text is returned as it was written).
+        self.lead, self.space = self.space, ""
         if action == "think":
             self.state, self.strip = _REASONING, True
         elif action == "call":
             self.in_section = self.state == _SECTION
             self.state, self.opener, self.body = _CALL, marker, ""
+            self.call_lead = self.lead
         elif action == "section":
             self.state = _SECTION
         elif action == "end":
-            self._end_call(out, self.opener + self.body + marker)
+            parsed = self._end_call(out, self.opener + self.body + marker)
             self.state = _SECTION if self.in_section else _TEXT
+            if not parsed:  # its text stands as written, the whitespace after it too
+                self.strip = False
+                return
         elif action == "text":
             self.state = _TEXT
         self.strip = True
@@ -351,11 +358,13 @@ class OutputParser:
         if body:
             out.append(kind(body))
 
-    def _end_call(self, out: list[Part], raw: str) -> None:
+    def _end_call(self, out: list[Part], raw: str) -> bool:
+        """The open call's parts; False when it does not parse (one ToolCallEnd, its raw
+        text with the whitespace before it)."""
         call = self.markup.parse(self.body, self.tools) if self.markup.parse else None
         if call is None:
-            out.append(ToolCallEnd(self.index, None, raw))
-            return
+            out.append(ToolCallEnd(self.index, None, self.call_lead + raw))
+            return False
         i = self.index
         self.index += 1
         out += [
@@ -363,6 +372,7 @@ class OutputParser:
             ToolCallDelta(i, call.arguments_text),
             ToolCallEnd(i, call.arguments, raw),
         ]
+        return True
 
 
 def _partial(text: str, markers) -> int:

@@ -52,7 +52,10 @@ def _row(s: Setting) -> str:
         flag = f"`{s.flag}`"
     else:
         flag = f"`{s.flag} {s.metavar or s.name.upper()}`"
-    cells = (flag, f"`{s.var}`", s.default_text(), s.help)
+    var = f"`{s.var}`"
+    if s.repeat:
+        flag, var = f"{flag} (repeatable)", f"{var} (comma-separated)"
+    cells = (flag, var, s.default_text(), s.help)
     return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
 

@@ -23,15 +23,18 @@ class BridgeThread:
     loop of its own (`lineage bridge`), or in the engine's own process and loop, calling its
     front end (`lineage serve --http-port`)."""
 
-    def __init__(self, engine, in_process: bool = False):
+    def __init__(self, engine, security=None, options=None, in_process: bool = False):
+        """`engine`: a BackgroundEngine, or a gRPC address (for the gRPC way alone)."""
         if in_process:
             from clients.openai.in_process import InProcessBackend
 
             self.background, self.owned = engine.background, False
-            self.handle = self.call(start_bridge(InProcessBackend(engine.engine), "127.0.0.1", 0))
+            backend = InProcessBackend(engine.engine)
+            self.handle = self.call(start_bridge(backend, "127.0.0.1", 0, security, options))
         else:
+            address = engine if isinstance(engine, str) else engine.address
             self.background, self.owned = BackgroundLoop("bridge-loop"), True
-            self.handle = self.call(start_bridge(engine.address, "127.0.0.1", 0))
+            self.handle = self.call(start_bridge(address, "127.0.0.1", 0, security, options))
         self.url = self.handle.url
 
     def call(self, coro, timeout: float = 60):
@@ -419,8 +422,8 @@ def test_completions_models_and_health(bridge, client):
     assert streamed == whole.choices[0].text
     by_ids = client.completions.create(model="lineage", prompt=[5, 17, 300, 42], max_tokens=2)
     assert by_ids.usage.prompt_tokens == 4
-    models = client.models.list().data
-    assert len(models) == 1 and models[0].id == whole.model
+    models = client.models.list().data  # the served names: "lineage", the model's own
+    assert [m.id for m in models] == ["lineage", models[1].root] and whole.model == "lineage"
     health = httpx.get(f"{bridge.url}/health", timeout=10)
     assert health.status_code == 200 and health.json() == {"status": "SERVING"}
     missing = httpx.get(f"{bridge.url}/v1/nothing", timeout=10)

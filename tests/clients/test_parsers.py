@@ -66,10 +66,10 @@ CASES = [
         "bad json is text",
         "qwen",
         "Try: <tool_call>\n{nope}\n</tool_call> done",
-        "Try:<tool_call>\n{nope}\n</tool_call>done",
+        "Try: <tool_call>\n{nope}\n</tool_call> done",  # as written
         "",
         [],
-        ["<tool_call>\n{nope}\n</tool_call>"],
+        [" <tool_call>\n{nope}\n</tool_call>"],  # with the whitespace before it
     ),
     ("cut off", "qwen", QWEN_CALL[:30], QWEN_CALL[:30], "", [], [QWEN_CALL[:30]]),
     (

@@ -144,7 +144,7 @@ def test_openai_client_through_the_bridge_over_tls(secured, certs):
         with openai.OpenAI(
             base_url=f"{handle.url}/v1", api_key="alice-token", max_retries=0, http_client=https()
         ) as oa:
-            reply = oa.completions.create(model="m", prompt=[5, 6, 7], max_tokens=2)
+            reply = oa.completions.create(model="lineage", prompt=[5, 6, 7], max_tokens=2)
             assert reply.usage.completion_tokens >= 1
             cached = reply.usage.prompt_tokens_details
             assert cached is None or (cached.cached_tokens or 0) % CACHE_BLOCK == 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 
 import httpx
 import openai
@@ -233,10 +234,11 @@ def test_namespace_comes_from_the_header_else_user(client):
         )
         return reply.usage.prompt_tokens_details.cached_tokens
 
-    cached(extra_headers={"X-Cache-Namespace": "bridge-ns-a"})
-    assert cached(user="bridge-ns-b") == 0, "another namespace reused bridge-ns-a's entries"
-    assert cached(user="bridge-ns-b") > 0
-    assert cached(extra_headers={"X-Cache-Namespace": "bridge-ns-b"}, user="bridge-ns-c") > 0
+    a, b, c = (f"bridge-ns-{x}-{uuid.uuid4().hex[:8]}" for x in "abc")  # fresh per bridge
+    cached(extra_headers={"X-Cache-Namespace": a})
+    assert cached(user=b) == 0, "another namespace reused the first one's entries"
+    assert cached(user=b) > 0
+    assert cached(extra_headers={"X-Cache-Namespace": b}, user=c) > 0
 
 
 def test_session_keys_come_from_headers_then_the_body():

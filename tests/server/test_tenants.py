@@ -187,13 +187,13 @@ def test_the_in_process_bridge_takes_the_namespace_from_the_token(in_process_bri
 
     prompt = [(i * 29 + 5) % 400 + 3 for i in range(400)]
     with oa("alice-token") as alice:
-        alice.completions.create(model="m", prompt=prompt, max_tokens=1)
-        again = alice.completions.create(model="m", prompt=prompt + [9], max_tokens=1)
+        alice.completions.create(model="lineage", prompt=prompt, max_tokens=1)
+        again = alice.completions.create(model="lineage", prompt=prompt + [9], max_tokens=1)
         cached = again.usage.prompt_tokens_details.cached_tokens
         assert cached >= CACHE_BLOCK and cached % CACHE_BLOCK == 0  # hers, rounded
     with oa("bob-token") as bob:  # asking for alice's namespace lands in bob's own
         reply = bob.completions.create(
-            model="m",
+            model="lineage",
             prompt=prompt + [9],
             max_tokens=1,
             extra_headers={"X-Cache-Namespace": "alice"},
@@ -201,4 +201,4 @@ def test_the_in_process_bridge_takes_the_namespace_from_the_token(in_process_bri
         assert (reply.usage.prompt_tokens_details.cached_tokens or 0) == 0
     with oa("wrong") as nobody:
         with pytest.raises(openai.AuthenticationError):
-            nobody.completions.create(model="m", prompt=[5, 6], max_tokens=1)
+            nobody.completions.create(model="lineage", prompt=[5, 6], max_tokens=1)

@@ -40,6 +40,7 @@ from engine.cache.messages import (
     LostRestore,
     Orders,
     PlanRequest,
+    PromptLayout,
     Release,
     RestorePlan,
 )
@@ -324,13 +325,21 @@ class Driver:
         return [orders for orders, _ in self.link.in_transit]
 
     def plan(
-        self, prompt, anchor_len: int = 0, namespace: str = "", request_id: str | None = None
+        self,
+        prompt,
+        anchor_len: int = 0,
+        namespace: str = "",
+        request_id: str | None = None,
+        layout: PromptLayout | None = None,
     ) -> RestorePlan:
         if request_id is None:
             self._serial += 1
             request_id = f"r{self._serial}"
         prompt = tokens(prompt)
-        plan = self.manager.plan(PlanRequest(request_id, prompt, anchor_len, namespace))
+        layout = layout or PromptLayout()
+        plan = self.manager.plan(
+            PlanRequest(request_id, prompt, anchor_len, namespace, layout=layout)
+        )
         self._requests[request_id] = (plan, prompt, namespace)
         self.check()
         return plan

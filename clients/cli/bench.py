@@ -39,6 +39,10 @@ BENCHES = {
         "clients.bench.concurrency",
         "concurrent sub-agents plus long cold prompts: TTFT, ITL and prefill rate per schedule",
     ),
+    "decode": (
+        "clients.bench.decode",
+        "decode tokens/s layer by layer (loop, gRPC, bridge) beside mlx_lm.generate and .server",
+    ),
     "load": (
         "clients.bench.load",
         "load: concurrent sessions on a small RAM budget, then a burst past the queue",

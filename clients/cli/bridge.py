@@ -1,7 +1,8 @@
 """`lineage bridge`: the OpenAI-compatible HTTP bridge in front of a running engine.
 
-Parses the bridge's address and its security settings (tokens, TLS, body cap:
-the same settings `lineage serve` declares, engine.config.server and .limits),
+Parses the bridge's address, its security settings (tokens, TLS, body cap), its
+model names and its response store (the same settings `lineage serve` declares,
+engine.config.server, .cache and .limits),
 refuses an exposed bind without a token, and serves clients.openai until
 SIGINT/SIGTERM. FastAPI and uvicorn load only when it runs.
 """
@@ -25,6 +26,11 @@ BRIDGE_SETTINGS = (
     "tls_client_ca",
     "insecure",
     "max_body_bytes",
+    "served_model_name",
+    "model_alias",
+    "responses_max",
+    "responses_max_bytes",
+    "cache_dir",
 )
 
 
@@ -41,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from clients.openai.server import bridge_security, run_bridge
+    from clients.openai.server import bridge_options, bridge_security, run_bridge
 
     try:
         config = config_from_args(args, args.env, BRIDGE_SETTINGS)
@@ -52,4 +58,5 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as error:
         raise UsageError(str(error))
     security = bridge_security(server, config.limits)
-    return run_bridge(args.server or DEFAULT_SERVER, args.host, args.port, security)
+    options = bridge_options(config)
+    return run_bridge(args.server or DEFAULT_SERVER, args.host, args.port, security, options)

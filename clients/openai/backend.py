@@ -17,13 +17,15 @@ class Backend:
         self._info: dict | None = None
 
     async def model_info(self, auth_token: str | None = None) -> dict:
-        """ModelInfo as {"id", "max_context", "fingerprint", "reply"}, fetched once."""
+        """ModelInfo as {"id", "max_context", "fingerprint", "output_format", "reply"}, fetched
+        once."""
         if self._info is None:
             reply = await self.client.model_info(auth_token)
             self._info = {
                 "id": PurePath(reply["model"]).name or reply["model"],
                 "max_context": reply["max_context"],
                 "fingerprint": reply["fingerprint"],
+                "output_format": reply.get("output_format") or "plain",
                 "reply": reply,
             }
         return self._info

@@ -1,8 +1,10 @@
 """The HTTP bridge's gate: request body size and bearer-token checks, as ASGI middleware.
 
 Both run before FastAPI reads a byte of the body. A body over the limit is
-answered 413, a missing or wrong `Authorization: Bearer` token 401, each with an
-OpenAI-shaped error body. It knows HTTP and ASGI, and the body cap's setting;
+answered 413, a missing or wrong token 401, each with an error body in the shape
+of the path's wire format (clients.openai.errors). The token comes as
+`Authorization: Bearer`, or as Anthropic's `x-api-key` when there is no
+Authorization header. It knows HTTP and ASGI, and the body cap's setting;
 nothing else of the engine.
 """
 
@@ -10,7 +12,7 @@ import hmac
 import json
 from dataclasses import dataclass, field
 
-from clients.openai.errors import error_body
+from clients.openai.errors import error_json, wire_of
 from engine.config import Limits
 
 # The default cap (--max-body-bytes): a 128k-token prompt as JSON token ids is ~1 MB.
@@ -47,8 +49,17 @@ def bearer_token(headers) -> str | None:
     return value[7:].strip() or None
 
 
-def _error(status: int, message: str, type_: str) -> tuple[int, bytes]:
-    return status, json.dumps(error_body(message, type_)).encode()
+def api_key(headers) -> str | None:
+    """The caller's token: `Authorization: Bearer`, else Anthropic's `x-api-key` header."""
+    token = bearer_token(headers)
+    if token is None and headers is not None and headers.get("authorization") is None:
+        token = (headers.get("x-api-key") or "").strip() or None
+    return token
+
+
+def _error(scope, status: int, message: str) -> tuple[int, bytes]:
+    body = error_json(wire_of(scope.get("path") or ""), status, message)
+    return status, json.dumps(body).encode()
 
 
 async def _answer(send, status: int, body: bytes, headers: tuple = ()) -> None:
@@ -77,7 +88,7 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
-            return await _answer(send, *self._refusal())
+            return await _answer(send, *self._refusal(scope))
         chunks, seen = [], 0
         while True:
             message = await receive()
@@ -86,7 +97,7 @@ class BodyLimit:
             chunks.append(message.get("body", b""))
             seen += len(chunks[-1])
             if seen > self.limit:
-                return await _answer(send, *self._refusal())
+                return await _answer(send, *self._refusal(scope))
             if not message.get("more_body", False):
                 break
         body, replayed = b"".join(chunks), False
@@ -100,12 +111,13 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    def _refusal(self) -> tuple[int, bytes]:
-        return _error(413, f"the request body exceeds {self.limit} bytes", "invalid_request_error")
+    def _refusal(self, scope) -> tuple[int, bytes]:
+        return _error(scope, 413, f"the request body exceeds {self.limit} bytes")
 
 
 class BearerAuth:
-    """Answer 401 unless `Authorization: Bearer <token>` names one of `tokens`.
+    """Answer 401 unless the caller's token (`Authorization: Bearer <token>`, or
+    `x-api-key: <token>` without an Authorization header) names one of `tokens`.
 
     `tokens` maps a token to its identity (the cache namespace the bridge then
     uses); the identity lands in scope["state"]["identity"].
@@ -114,7 +126,9 @@ class BearerAuth:
     def __init__(self, app, tokens: dict[str, str], open_paths=OPEN_PATHS):
         self.app, self.tokens, self.open_paths = app, dict(tokens), tuple(open_paths)
 
-    def identity(self, header: bytes | None) -> str | None:
+    def identity(self, header: bytes | None, api_key: bytes | None = None) -> str | None:
+        if header is None and api_key:
+            header = b"Bearer " + api_key.strip()
         if not header or not header[:7].lower() == b"bearer ":
             return None
         given = header[7:].strip()
@@ -127,10 +141,11 @@ class BearerAuth:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope.get("path") in self.open_paths:
             return await self.app(scope, receive, send)
-        who = self.identity(dict(scope.get("headers") or ()).get(b"authorization"))
+        headers = dict(scope.get("headers") or ())
+        who = self.identity(headers.get(b"authorization"), headers.get(b"x-api-key"))
         if who is None:
             status, body = _error(
-                401, "missing or invalid bearer token (Authorization: Bearer ...)", "auth_error"
+                scope, 401, "missing or invalid bearer token (Authorization: Bearer ...)"
             )
             return await _answer(send, status, body, ((b"www-authenticate", b"Bearer"),))
         scope.setdefault("state", {})["identity"] = who

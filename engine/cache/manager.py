@@ -51,6 +51,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import numpy as np
 
@@ -68,10 +69,12 @@ from engine.cache.messages import (
     LostRestore,
     Orders,
     PlanRequest,
+    PromptLayout,
     Release,
     Replanned,
     RestorePlan,
 )
+from engine.cache.misses import MissLog, shared_prefix
 from engine.cache.orders import OrderBook
 from engine.cache.tokens import as_tokens
 from engine.config import CacheConfig
@@ -90,6 +93,8 @@ class _InFlight:
     plan: RestorePlan
     anchor: np.ndarray | None = None  # tokens of the anchor this request captures
     committed: set = field(default_factory=set)  # anchor ids indexed early (commit_anchor)
+    layout: PromptLayout = field(default_factory=PromptLayout)
+    session: str = ""
 
     @property
     def allocated(self) -> tuple[int, ...]:
@@ -138,6 +143,8 @@ class CacheManager:
         self._pending = OrderBook()  # evictions made at a plan, ordered with the next Orders
         self._pending_entries: dict[int, Entry] = {}  # the entries `_pending` frees
         self._unread: set[int] = set()  # entries indexed from a file no commit has restored yet
+        self.misses = MissLog()  # the earlier prompts, to explain a miss (engine.cache.misses)
+        self._miss_kinds: Counter[str] = Counter()
         policy = _POLICIES.get(config.mode)
         self._policy = None
         if policy is not None:
@@ -182,7 +189,7 @@ class CacheManager:
             self._unread.add(plan.entry_id)
         elif plan.entry_id in self._unread:
             plan = replace(plan, load_from_disk=True)
-        plan = replace(plan, after_orders=self._seq)
+        plan = replace(plan, after_orders=self._seq, miss=self._explain(req, prompt, plan.length))
         source = self.index.get(plan.entry_id)
         if source is not None:
             self.index.touch(source)
@@ -194,12 +201,27 @@ class CacheManager:
             self._evictions += len(victims)
             self._hold(victims)
         self._in_flight[req.request_id] = _InFlight(
-            req.namespace, prompt.copy(), req.anchor_len, plan, anchor
+            req.namespace,
+            prompt.copy(),
+            req.anchor_len,
+            plan,
+            anchor,
+            layout=req.layout,
+            session=req.session,
         )
         self._hits[plan.kind] += 1
         self._cached_tokens += plan.length
         self._prompt_tokens += len(prompt)
         return plan
+
+    def _explain(self, req: PlanRequest, prompt: np.ndarray, restored: int):
+        """Why the prompt restores less than an earlier one offered (None: it does not)."""
+        tiers = (self.index, self.disk_index) if self.disk_index is not None else (self.index,)
+        stored = partial(shared_prefix, tiers, req.namespace, prompt, self.has_state_layers)
+        miss = self.misses.explain(req.namespace, prompt, req.layout, restored, stored)
+        if miss is not None:
+            self._miss_kinds[miss.kind] += 1
+        return miss
 
     def _capturing(self, namespace: str, anchor: np.ndarray) -> int | None:
         """The id of an anchor with these tokens that an in-flight request will capture."""
@@ -287,6 +309,7 @@ class CacheManager:
         elif flight.plan.load_from_disk:
             self._unread.discard(flight.plan.entry_id)
         self._policy.commit(c, tokens, orders)
+        self.misses.record(c.namespace, tokens, flight.layout)
         for point in c.captures:
             self._pin_waiters(point.entry_id)
         taken = {p.entry_id for p in c.captures} | flight.committed
@@ -320,6 +343,8 @@ class CacheManager:
         del self._in_flight[lost.request_id]
         self.index.unpin(lost.request_id)
         self._hits[plan.kind] -= 1  # the request is counted once, by its new plan
+        if plan.miss is not None:
+            self._miss_kinds[plan.miss.kind] -= 1
         self._cached_tokens -= plan.length
         self._prompt_tokens -= flight.prompt_len
         self._lost(plan, self._pending, file_failed=lost.load_failed)
@@ -327,7 +352,14 @@ class CacheManager:
             self._pending.free(entry_id)
         self._hold(self.index.flush(self._pending))
         self._forget_unread()
-        request = PlanRequest(lost.request_id, flight.prompt, flight.anchor_len, flight.namespace)
+        request = PlanRequest(
+            lost.request_id,
+            flight.prompt,
+            flight.anchor_len,
+            flight.namespace,
+            session=flight.session,
+            layout=flight.layout,
+        )
         new = self.plan(request)  # may take back the source's free: its file is read again
         orders = self._hand_out(self._take_pending())
         new = replace(new, after_orders=orders.seq)
@@ -447,6 +479,7 @@ class CacheManager:
             prompt_tokens=self._prompt_tokens,
             restores_lost=self._restores_lost,
             disk_writes_lost=self._writes_lost,
+            misses=dict(sorted((k, n) for k, n in self._miss_kinds.items() if n)),
         )
 
     def anchors(self) -> list[AnchorUse]:
@@ -469,6 +502,7 @@ class CacheManager:
     def check_invariants(self) -> None:
         """Assert the index's, the policy's and the in-flight requests' invariants."""
         self.index.check()
+        self.misses.check()
         if self._policy is None:
             assert not self.index.entries() and not self._in_flight
             return

@@ -7,6 +7,9 @@ each replica is, measured in queued prefill tokens, not requests. It routes a
 plan to the replica holding its restore point unless that replica is busier
 than the least loaded one by more than `threshold` tokens; the least loaded
 one then fetches the restore point from a holder (`RestorePlan.fetch_from`).
+A request that names its session (engine.cache.sessions) goes to the replica
+that served that session last, under the same threshold, fetching its restore
+point there if that replica lacks it.
 The manager decides and the replicas obey: a replica never asks another what
 it holds.
 
@@ -38,6 +41,7 @@ from engine.cache.messages import (
     RestorePlan,
 )
 from engine.cache.orders import OrderBook
+from engine.cache.sessions import Sessions
 
 DEFAULT_THRESHOLD = 4096  # queued prefill tokens
 
@@ -77,6 +81,7 @@ class Replicas:
         self.machines: list[str] = [""] * count
         self.home = ""
         self.flights: dict[str, _Flight] = {}
+        self.sessions = Sessions()
 
     @property
     def count(self) -> int:
@@ -103,16 +108,24 @@ class Replicas:
     # -- routing -------------------------------------------------------------
 
     def route(
-        self, request_id: str, plan: RestorePlan, prompt_len: int, exclude=(), nbytes: int = 0
+        self,
+        request_id: str,
+        plan: RestorePlan,
+        prompt_len: int,
+        exclude=(),
+        nbytes: int = 0,
+        session: tuple[str, str] | None = None,
     ) -> RestorePlan:
         """Place a planned request; the plan with `replica` (and `fetch_from`) set.
 
-        Affinity when balanced: the least loaded holder of the restore source,
-        unless it is busier than the least loaded replica by more than the
-        threshold; then the least loaded replica, which fetches the source from
-        the holder. A source read from disk has no holder: any replica on this
-        machine reads the shared directory. Raises LookupError when no replica
-        is left to run it.
+        Affinity when balanced: the replica that served the request's session
+        (`session`: (namespace, key)) last, else the least loaded holder of the
+        restore source, unless that one is busier than the least loaded
+        replica by more than the threshold; then the least loaded replica.
+        Whichever runs it fetches the source from a holder when it has none. A
+        source read from disk is held by every replica of the file's machine:
+        each reads the shared directory. Raises LookupError when no replica is
+        left to run it.
         """
         candidates = [r for r in self.alive() if r not in exclude]
         if not candidates:
@@ -123,11 +136,17 @@ class Replicas:
         else:
             holders = [] if plan.entry_id is None else self.held_by(plan.entry_id)
         near = [r for r in holders if r in candidates]
-        chosen, fetch = least, None
-        if near and self.replicas[near[0]].load - self.replicas[least].load <= self.threshold:
+        home = self.sessions.get(*session) if session else None
+        if home in candidates and self._balanced(home, least):
+            chosen = home
+        elif near and self._balanced(near[0], least):
             chosen = near[0]
-        elif holders:
-            fetch = holders[0]  # a dead or excluded holder answers no fetch: holders are live
+        else:
+            chosen = least
+        # A dead or excluded holder answers no fetch: holders are live.
+        fetch = holders[0] if holders and chosen not in holders else None
+        if session:
+            self.sessions.served(*session, chosen)
         rep = self.replicas[chosen]
         queued = max(0, prompt_len - plan.length)
         rep.load += queued
@@ -143,6 +162,9 @@ class Replicas:
         plan = replace(plan, replica=chosen, fetch_from=fetch)
         self.flights[request_id] = _Flight(chosen, queued, plan)
         return plan
+
+    def _balanced(self, replica: int, least: int) -> bool:
+        return self.replicas[replica].load - self.replicas[least].load <= self.threshold
 
     def prefilled(self, request_id: str) -> None:
         """The request's prefill is done: its tokens leave its replica's queue.
@@ -238,6 +260,7 @@ class Replicas:
     def stats(self, nbytes) -> tuple[ReplicaStats, ...]:
         """Figures per replica; `nbytes(entry_id)` gives an indexed entry's bytes (None: not)."""
         out = []
+        sessions = self.sessions.counts()
         for r, rep in enumerate(self.replicas):
             held = [n for e, h in self.holders.items() if r in h for n in [nbytes(e)] if n]
             out.append(
@@ -252,6 +275,8 @@ class Replicas:
                     restores=dict(sorted(rep.restores.items())),
                     handovers=rep.handovers,
                     handover_bytes=rep.handover_bytes,
+                    sessions=sessions[r],
+                    session_moves=self.sessions.moves[r],
                 )
             )
         return tuple(out)
@@ -279,7 +304,10 @@ class ReplicatedCache:
         plan = self.manager.plan(req)
         source = self.manager.index.get(plan.entry_id)
         nbytes = source.nbytes if source is not None else 0
-        return self.replicas.route(req.request_id, plan, len(req.tokens), req.exclude, nbytes)
+        session = (req.namespace, req.session) if req.session else None
+        return self.replicas.route(
+            req.request_id, plan, len(req.tokens), req.exclude, nbytes, session
+        )
 
     def prefilled(self, request_id: str) -> None:
         self.replicas.prefilled(request_id)

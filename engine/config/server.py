@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config.setting import Setting, label_of, parse_str, setting, sourced
+from engine.config.units import GB, parse_bytes
 
 # How a request's cache namespace shows in metrics and `lineage top`: a short hash
 # (default: namespaces can name tenants), as it is (opt-in), or not at all.
@@ -59,6 +60,11 @@ class ServerConfig:
     ray_namespace: str = setting("lineage", "the Ray namespace the actors are named in")
     metrics_port: int | None = setting(
         None, "serve Prometheus metrics at http://127.0.0.1:P/metrics", metavar="P", shown="off"
+    )
+    ray_dashboard: bool = setting(
+        False,
+        "start Ray's dashboard with a local Ray (its head and ~10 module processes, ~1 GiB); "
+        "metrics, `lineage top` and `lineage stats` do not need it",
     )
     replicas: int | str = setting(
         1,
@@ -134,6 +140,29 @@ class ServerConfig:
     max_concurrent_rpcs: int | None = setting(
         None, "gRPC's limit on concurrent calls", shown="max-queue + 64"
     )
+    # The names the HTTP bridge answers to (clients.openai.models); () means "lineage" and
+    # the model directory's name.
+    served_model_name: tuple[str, ...] = setting(
+        (),
+        "a model name the HTTP bridge serves and /v1/models lists",
+        parse=parse_str,
+        repeat=True,
+        metavar="NAME",
+        shown="lineage and the model directory's name",
+    )
+    model_alias: tuple[str, ...] = setting(
+        (),
+        "a model-name pattern (fnmatch: claude-*, gpt-*) the HTTP bridge also serves",
+        parse=parse_str,
+        repeat=True,
+        metavar="PATTERN",
+        shown="none",
+    )
+    # The HTTP bridge's stored Responses (`store`), under <cache dir>/responses.
+    responses_max: int = setting(10_000, "stored Responses kept; the oldest go first")
+    responses_max_bytes: int = setting(
+        1 * GB, "bytes of stored Responses kept; the oldest go first", parse=parse_bytes
+    )
 
     def __post_init__(self):
         if self.metrics_namespace not in METRICS_NAMESPACE_TAGS:
@@ -158,6 +187,9 @@ class ServerConfig:
         if bool(self.tls_cert) != bool(self.tls_key):
             cert, key = label_of(ServerConfig, "tls_cert"), label_of(ServerConfig, "tls_key")
             raise ValueError(f"{cert} and {key} go together")
+        for name in ("responses_max", "responses_max_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{label_of(ServerConfig, name)}: must be >= 1")
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError(
                 f"{label_of(ServerConfig, 'tls_client_ca')} needs --tls-cert and --tls-key"

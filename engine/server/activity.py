@@ -52,9 +52,13 @@ class RequestRecord:
     completion_tokens: int
     timing: Timing
     finished_at: float  # unix seconds
+    # Why it restored less than an earlier prompt offered ("": it did not); engine.cache.misses.
+    miss_kind: str = ""
+    miss_token: int = 0
+    miss_message: int = 0
 
     @classmethod
-    def of(cls, f: Finished, namespace: str, at: float) -> "RequestRecord":
+    def of(cls, f: Finished, namespace: str, at: float, miss=None) -> "RequestRecord":
         return cls(
             f.request_id,
             f.replica,
@@ -66,6 +70,9 @@ class RequestRecord:
             f.completion_tokens,
             f.timing,
             at,
+            str(miss.kind) if miss else "",
+            miss.token if miss else 0,
+            miss.message if miss else 0,
         )
 
 
@@ -117,8 +124,11 @@ class Activity:
         self.records: deque[RequestRecord] = deque(maxlen=keep)
         self.window_s = window_s
 
-    def record(self, f: Finished, namespace: str, at: float | None = None) -> RequestRecord:
-        r = RequestRecord.of(f, namespace, time.time() if at is None else at)
+    def record(
+        self, f: Finished, namespace: str, at: float | None = None, miss=None
+    ) -> RequestRecord:
+        """Keep a finished request; `miss`: its plan's Miss, if any."""
+        r = RequestRecord.of(f, namespace, time.time() if at is None else at, miss)
         self.records.append(r)
         return r
 

@@ -1,10 +1,19 @@
-"""Prompts from requests: validation, the chat template, and the anchor boundary.
+"""Prompts from requests: validation, volatile lines, the chat template, the anchor boundary.
+
+Before the template renders a chat request, the volatile-line rules remove the
+lines of its system messages that change on every request (engine.server.volatile),
+and `Prompt.volatile` counts them for the request's log line.
 
 The anchor is where (system messages + tools) ends and the first user message
 begins: the chat template rendered on the leading system messages plus the
 tools, without the generation prompt, tokenized once per distinct text
 (memoized), and its common prefix with the prompt, minus a few tokens of slack
 for BPE merges at the boundary (docs/architecture.md, "The cache contract").
+
+`Prompt.layout` says where each message starts in the tokens and what each said
+(engine.server.layout), for the cache manager's miss explanations. The model's
+output format (ModelInfo.output_format) is decided here at load, from the same
+template and tokenizer (engine.server.output_format).
 """
 
 from __future__ import annotations
@@ -14,8 +23,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.cache.messages import PromptLayout
+from engine.config import PromptConfig
 from engine.server.errors import InvalidRequest
+from engine.server.layout import Layouts, encode_with_offsets
 from engine.server.limits import DEFAULT_LIMITS, Limits, parse_json, printable
+from engine.server.output_format import output_format
+from engine.server.volatile import VolatileLines
 
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")  # roles of chat messages
 
@@ -36,6 +50,8 @@ class PromptInput:
 class Prompt:
     tokens: tuple[int, ...]
     anchor_len: int
+    layout: PromptLayout = PromptLayout()  # empty for raw tokens or text
+    volatile: int = 0  # system-prompt lines the volatile-line rules removed
 
 
 def parse_tools(tools_json: str, limits: Limits = DEFAULT_LIMITS) -> tuple[dict, ...] | None:
@@ -74,7 +90,9 @@ class PromptBuilder:
         anchor_slack: int = 2,
         memo_size: int = 256,
         limits: Limits = DEFAULT_LIMITS,
+        prompt: PromptConfig | None = None,
     ):
+        prompt = prompt or PromptConfig()
         self.tokenizer = tokenizer
         self.limits = limits
         self.vocab_size = vocab_size
@@ -84,8 +102,14 @@ class PromptBuilder:
         self._memo_size = memo_size
         self._memo_bytes = limits.max_memo_bytes  # text plus ids, over every memoized render
         self.memo_nbytes = 0
+        self.volatile = VolatileLines(prompt.volatile_lines)
+        self.layouts = Layouts(lambda messages, tools: self.render(messages, tools, False))
+        self.output_format = output_format(
+            prompt.output_format, tokenizer, lambda messages: self.render(messages, None, True)
+        )
 
     def build(self, inp: PromptInput) -> Prompt:
+        layout, volatile = PromptLayout(), 0
         if inp.prompt_ids is not None:
             tokens = tuple(int(t) for t in inp.prompt_ids)
             bad = [t for t in tokens if not 0 <= t < self.vocab_size]
@@ -99,18 +123,21 @@ class PromptBuilder:
             anchor = 0
         else:
             self._check_messages(inp.messages, self.limits)
+            messages, volatile = self.volatile.apply(inp.messages)
             text = self.render(
-                list(inp.messages), inp.tools, inp.add_generation_prompt, inp.continue_final_message
+                list(messages), inp.tools, inp.add_generation_prompt, inp.continue_final_message
             )
-            tokens = tuple(self.tokenizer.encode(text, add_special_tokens=False))
-            anchor = self.anchor_length(inp.messages, inp.tools, tokens)
+            ids, starts = encode_with_offsets(self.tokenizer, text)
+            tokens = tuple(ids)
+            anchor = self.anchor_length(messages, inp.tools, tokens)
+            layout = self.layouts.layout(messages, inp.tools, text, starts, tokens)
         if not tokens:
             raise InvalidRequest("the prompt is empty")
         if len(tokens) >= self.max_context:
             raise InvalidRequest(
                 f"the prompt has {len(tokens)} tokens; the model's context is {self.max_context}"
             )
-        return Prompt(tokens=tokens, anchor_len=anchor)
+        return Prompt(tokens=tokens, anchor_len=anchor, layout=layout, volatile=volatile)
 
     def render(
         self,

@@ -47,6 +47,7 @@ def check_request(req: engine_pb2.GenerateRequest, limits=DEFAULT_LIMITS) -> Non
     check_request_bytes(req.ByteSize(), limits)
     check_identifier("request_id", req.request_id, limits)
     check_identifier("namespace", req.namespace, limits)
+    check_identifier("session", req.session, limits)
 
 
 def to_prompt_input(req: engine_pb2.GenerateRequest, limits=DEFAULT_LIMITS) -> PromptInput:
@@ -85,6 +86,8 @@ def _message(m: engine_pb2.Message) -> dict:
         out["tool_call_id"] = m.tool_call_id
     if m.name:
         out["name"] = m.name
+    if m.reasoning_content:
+        out["reasoning_content"] = m.reasoning_content
     return out
 
 
@@ -178,33 +181,18 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
     async def Generate(self, request, context):
         try:
-            limits = self.frontend.limits
-            check_request(request, limits)
-            identity = self.auth.identity(context.invocation_metadata())
-            events = self.frontend.generate(
-                to_prompt_input(request, limits),
-                to_sampling(request.sampling),
-                namespace=self.auth.namespace(identity, request.namespace),
-                request_id=request.request_id,
+            events = generate_events(
+                self.frontend, self.auth, request, context.invocation_metadata()
             )
-            async for batch in _until_closing(events, self.frontend.closing):
-                chunks = _coalesce(batch)
-                for event in chunks:
+            async for batch in events:
+                for event in _coalesce(batch):
                     yield to_event(event, self.exact_figures)
                     if isinstance(event, Finished) and event.finish_reason == FinishReason.ERROR:
                         await self._abort(
                             context, grpc.StatusCode.INTERNAL, event.error or "generation failed"
                         )
-        except InvalidRequest as e:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except Unavailable as e:
-            await self._abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
-        except Overloaded as e:
-            await self._abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
-        except ActorGone as e:
-            await self._abort(
-                context, grpc.StatusCode.UNAVAILABLE, f"the model actor is unavailable: {e}"
-            )
+        except DOMAIN_ERRORS as e:
+            await self._abort(context, *status_of(e))
 
     async def _abort(self, context, code: grpc.StatusCode, message: str) -> None:
         """End the call with `code` (counted in the metrics)."""
@@ -240,7 +228,40 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             cache_mode=self.frontend.cache_mode,
             has_state_layers=i.has_state_layers,
             kernels=list(i.kernels),
+            output_format=self.frontend.builder.output_format,
         )
+
+
+def generate_events(frontend: Frontend, auth: Authenticator, request, metadata):
+    """A Generate call's events (lists of them, a step's at a time), from its proto request:
+    checked against the limits, its namespace the caller's identity's. What the gRPC
+    servicer and the in-process bridge both run; raises the domain errors (`status_of`)."""
+    limits = frontend.limits
+    check_request(request, limits)
+    identity = auth.identity(metadata)
+    return frontend.generate(
+        to_prompt_input(request, limits),
+        to_sampling(request.sampling),
+        namespace=auth.namespace(identity, request.namespace),
+        request_id=request.request_id,
+        session=request.session,
+    )
+
+
+# The domain errors a call can end with, and their status codes (one place).
+DOMAIN_ERRORS = (InvalidRequest, Unavailable, Overloaded, ActorGone)
+
+
+def status_of(error: Exception) -> tuple[grpc.StatusCode, str]:
+    """A domain error's gRPC status code and message."""
+    if isinstance(error, InvalidRequest):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(error)
+    if isinstance(error, Overloaded):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(error)
+    if isinstance(error, ActorGone):
+        return grpc.StatusCode.UNAVAILABLE, f"the model actor is unavailable: {error}"
+    assert isinstance(error, Unavailable), error
+    return grpc.StatusCode.UNAVAILABLE, str(error)
 
 
 def _coalesce(batch: list) -> list:
@@ -254,38 +275,6 @@ def _coalesce(batch: list) -> list:
         else:
             out.append(e)
     return out
-
-
-async def _until_closing(events, closing: asyncio.Event):
-    """Iterate `events` until it ends, or raise Unavailable once `closing` is set."""
-    it = events.__aiter__()
-    stop = asyncio.ensure_future(closing.wait())
-    try:
-        while True:
-            nxt = asyncio.ensure_future(it.__anext__())
-            try:
-                done, _ = await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
-            except asyncio.CancelledError:  # the client cancelled the call
-                await _cancel_task(nxt)
-                raise
-            if nxt not in done:
-                await _cancel_task(nxt)
-                raise Unavailable("the server is shutting down")
-            try:
-                yield nxt.result()
-            except StopAsyncIteration:
-                return
-    finally:
-        stop.cancel()
-
-
-async def _cancel_task(task: asyncio.Task) -> None:
-    """Cancel the task running the event stream: its cleanup cancels the request."""
-    task.cancel()
-    try:
-        await task
-    except (asyncio.CancelledError, StopAsyncIteration):
-        pass
 
 
 async def create_server(
@@ -357,7 +346,7 @@ async def set_serving(health_servicer: health.aio.HealthServicer, up: bool) -> N
 async def stop_server(server, health_servicer, frontend: Frontend, grace: float = 2.0) -> None:
     """Health NOT_SERVING, in-flight streams end with UNAVAILABLE, then the server stops."""
     await set_serving(health_servicer, False)
-    frontend.closing.set()
-    await asyncio.sleep(0.2)  # let streams see `closing` and end with UNAVAILABLE
+    frontend.close()
+    await asyncio.sleep(0.2)  # let the streams in flight end with UNAVAILABLE
     await server.stop(grace)
     frontend.prompt_thread.shutdown(wait=False)

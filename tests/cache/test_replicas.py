@@ -10,6 +10,7 @@ says it holds (what the index says, plus frees that wait for a pin).
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -36,14 +37,19 @@ class ReplicaDriver:
         self.cache = ReplicatedCache(manager, replicas, threshold)
         self.actors = [FakeModelActor() for _ in range(replicas)]
         self.requests: dict[str, tuple[RestorePlan, np.ndarray]] = {}
+        self.namespaces: dict[str, str] = {}
         self.serial = 0
 
-    def plan(self, prompt, anchor_len: int = 0, exclude=()) -> RestorePlan:
+    def plan(
+        self, prompt, anchor_len: int = 0, exclude=(), session: str = "", namespace: str = ""
+    ) -> RestorePlan:
         self.serial += 1
         rid = f"r{self.serial}"
         prompt = tokens(prompt)
-        plan = self.cache.plan(PlanRequest(rid, prompt, anchor_len, "", tuple(exclude)))
+        request = PlanRequest(rid, prompt, anchor_len, namespace, tuple(exclude), session)
+        plan = self.cache.plan(request)
         self.requests[rid] = (plan, prompt)
+        self.namespaces[rid] = namespace
         if plan.fetch_from is not None:  # the handover: the peer's arrays, copied
             held = self.actors[plan.fetch_from].stored.get(plan.entry_id)
             if held is not None:
@@ -57,6 +63,7 @@ class ReplicaDriver:
         actor.restore(plan, prompt)
         self.cache.prefilled(rid)
         commit = actor.prefill(plan, prompt, tokens(reply))
+        commit = dataclasses.replace(commit, namespace=self.namespaces.pop(rid, ""))
         actor.enter(rid)  # its commit's Orders come back now
         self.deliver(self.cache.commit(commit))
 

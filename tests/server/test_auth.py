@@ -43,7 +43,12 @@ def serving(**security):
         has_state_layers=False,
         kernels=(),
     )
-    frontend = SimpleNamespace(info=info, cache_mode="lineage", limits=Limits())
+    frontend = SimpleNamespace(
+        info=info,
+        cache_mode="lineage",
+        limits=Limits(),
+        builder=SimpleNamespace(output_format="qwen"),
+    )
     cfg = ServerConfig(**security)
     server, port, _ = loop.call(create_server(frontend, "127.0.0.1", 0, security=cfg))
     try:

@@ -8,6 +8,7 @@ that learns nothing finer than a 64-token block about a prompt it shares.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 
@@ -143,7 +144,7 @@ def test_openai_client_through_the_bridge_over_tls(secured, certs):
         with openai.OpenAI(
             base_url=f"{handle.url}/v1", api_key="alice-token", max_retries=0, http_client=https()
         ) as oa:
-            reply = oa.completions.create(model="m", prompt=[5, 6, 7], max_tokens=2)
+            reply = oa.completions.create(model="lineage", prompt=[5, 6, 7], max_tokens=2)
             assert reply.usage.completion_tokens >= 1
             cached = reply.usage.prompt_tokens_details
             assert cached is None or (cached.cached_tokens or 0) % CACHE_BLOCK == 0
@@ -159,3 +160,45 @@ def test_openai_client_through_the_bridge_over_tls(secured, certs):
     finally:
         loop.call(handle.stop(grace=1.0))
         loop.close()
+
+
+@pytest.fixture(scope="module")
+def in_process_bridge(secured):
+    """The bridge as `lineage serve --http-port` starts it: in the engine's own process,
+    calling its front end (clients.openai.in_process), with the engine's tokens and TLS."""
+    from clients.cli.serve import bridge_sidecar
+
+    server = dataclasses.replace(secured.config.server, host="127.0.0.1", http_port=0)
+    start = bridge_sidecar(dataclasses.replace(secured.config, server=server), quiet=True)
+    handle = secured.call(start(secured.engine))
+    yield handle
+    secured.call(handle.stop(grace=1.0))
+
+
+def test_the_in_process_bridge_takes_the_namespace_from_the_token(in_process_bridge, certs):
+    from clients.openai.in_process import InProcessBackend
+
+    assert isinstance(in_process_bridge.backend, InProcessBackend)  # no gRPC hop
+    url = f"{in_process_bridge.url}/v1"
+
+    def oa(token: str) -> openai.OpenAI:
+        http = httpx.Client(verify=certs.ca, timeout=120)
+        return openai.OpenAI(base_url=url, api_key=token, max_retries=0, http_client=http)
+
+    prompt = [(i * 29 + 5) % 400 + 3 for i in range(400)]
+    with oa("alice-token") as alice:
+        alice.completions.create(model="lineage", prompt=prompt, max_tokens=1)
+        again = alice.completions.create(model="lineage", prompt=prompt + [9], max_tokens=1)
+        cached = again.usage.prompt_tokens_details.cached_tokens
+        assert cached >= CACHE_BLOCK and cached % CACHE_BLOCK == 0  # hers, rounded
+    with oa("bob-token") as bob:  # asking for alice's namespace lands in bob's own
+        reply = bob.completions.create(
+            model="lineage",
+            prompt=prompt + [9],
+            max_tokens=1,
+            extra_headers={"X-Cache-Namespace": "alice"},
+        )
+        assert (reply.usage.prompt_tokens_details.cached_tokens or 0) == 0
+    with oa("wrong") as nobody:
+        with pytest.raises(openai.AuthenticationError):
+            nobody.completions.create(model="lineage", prompt=[5, 6], max_tokens=1)

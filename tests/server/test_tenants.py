@@ -8,50 +8,19 @@ that learns nothing finer than a 64-token block about a prompt it shares.
 
 from __future__ import annotations
 
-import os
-import tempfile
-
 import httpx
 import openai
 import pytest
 
 from clients.client import Client, Final, LineageError, Progress
 from clients.openai.server import bridge_security, start_bridge
-from engine.config import CACHE_BLOCK, Identity
-from engine.server.background import BackgroundEngine, BackgroundLoop
-from tests.certs import make_certs
-from tests.engines import make_config
+from engine.config import CACHE_BLOCK
+from engine.server.background import BackgroundLoop
 
-TOKENS = (
-    Identity("op-token", "", admin=True),
-    Identity("alice-token", "alice"),
-    Identity("bob-token", "bob"),
-)
 SECRET = [(i * 37 + 11) % 500 + 3 for i in range(600)]  # alice's prompt (token ids)
 # Common prefixes the probes try. On a hybrid model the first probe at k plants a
 # divergence checkpoint at k and the second restores there: exactly k, unrounded.
 PREFIXES = (300, 331, 390)
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory):
-    return make_certs(tmp_path_factory.mktemp("certs"))
-
-
-@pytest.fixture(scope="module")
-def secured(ray_session, tmp_path_factory, certs):
-    config = make_config(tmp_path_factory.mktemp("tenants")).with_server(
-        tokens=TOKENS,
-        tls_cert=certs.server_cert,
-        tls_key=certs.server_key,
-        exact_cache_figures=False,
-    )
-    private = tempfile.mkdtemp(prefix="lineage-test-")
-    socket = os.path.join(private, "grpc.sock")
-    engine = BackgroundEngine(config, local_socket=socket)
-    engine.socket = socket
-    yield engine
-    engine.stop()
 
 
 def client(engine, token, certs) -> Client:

@@ -3,9 +3,10 @@
 Every domain error becomes a status code here, in one place:
 InvalidRequest -> INVALID_ARGUMENT, Unavailable (and a dead actor) -> UNAVAILABLE,
 a full queue -> RESOURCE_EXHAUSTED. Standard health checking is served
-beside the Engine service, and server reflection on loopback (or by flag).
-With tokens configured (engine.server.auth) every call but health needs a
-bearer token, and the namespace comes from the token. Unless the operator asks
+beside the Engine service (Check open, Watch capped: engine.server.health),
+and server reflection on loopback (or by flag). With tokens configured
+(engine.server.auth) every call but Health/Check needs a bearer token, and the
+namespace comes from the token. Unless the operator asks
 for exact figures, cached-token figures go out rounded down to a block
 (CACHE_BLOCK tokens), so a tenant cannot probe another's prompt token by token.
 """
@@ -29,6 +30,7 @@ from engine.server.activity import Inspection, RequestRecord
 from engine.server.auth import Authenticator, AuthInterceptor, server_credentials
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
 from engine.server.frontend import Frontend
+from engine.server.health import EngineSlots, HealthGate
 from engine.server.limits import (
     DEFAULT_LIMITS,
     check_identifier,
@@ -300,29 +302,34 @@ async def create_server(
     """(server, bound port, health servicer); the server is started.
 
     Health is SERVING unless `health_servicer` is given: then it says what its
-    owner (the supervisor) set.
+    owner (the supervisor) set. It is served through a HealthGate (Check open,
+    Watch streams capped and ended after a while; engine.server.health).
 
-    `security` brings tokens, TLS, reflection and the figures' rounding (its
-    host and port are not used); None serves as on loopback with none of them
-    and exact figures. `local_socket` also serves on that Unix socket, without
-    TLS (tokens still apply): the bridge sidecar's way in. Past
-    `max_concurrent_rpcs` calls at once, gRPC itself answers RESOURCE_EXHAUSTED.
+    `security` brings tokens, TLS, reflection, the figures' rounding and the
+    health watchers' limits (its host and port are not used); None serves as
+    on loopback with none of them and exact figures. `local_socket` also
+    serves on that Unix socket, without TLS (tokens still apply): the bridge
+    sidecar's way in. Past `max_concurrent_rpcs` Engine calls at once the
+    server answers RESOURCE_EXHAUSTED; health checks never count.
     """
     security = security or ServerConfig(host=host, exact_cache_figures=True)
     auth = Authenticator(security.tokens)
+    interceptors = [AuthInterceptor(auth)] if auth.enabled else []
+    if max_concurrent_rpcs is not None:
+        interceptors.append(EngineSlots(max_concurrent_rpcs, SERVICE))
     # gRPC itself refuses anything far past the limit; the servicer answers
     # INVALID_ARGUMENT, naming the limit, for what lies between.
     receive = frontend.limits.max_request_bytes + (1 << 20)
     server = grpc.aio.server(
         options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", receive)],
-        interceptors=[AuthInterceptor(auth)] if auth.enabled else None,
-        maximum_concurrent_rpcs=max_concurrent_rpcs,
+        interceptors=interceptors or None,
     )
     servicer = EngineServicer(frontend, auth, security.exact_cache_figures)
     engine_pb2_grpc.add_EngineServicer_to_server(servicer, server)
     own_health = health_servicer is None
     health_servicer = health_servicer or health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    gate = HealthGate(health_servicer, security.health_watchers, security.health_watch_seconds)
+    health_pb2_grpc.add_HealthServicer_to_server(gate, server)
     if security.reflection_on:
         reflection.enable_server_reflection(
             (

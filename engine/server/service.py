@@ -7,8 +7,9 @@ beside the Engine service (Check open, Watch capped: engine.server.health),
 and server reflection on loopback (or by flag). With tokens configured
 (engine.server.auth) every call but Health/Check needs a bearer token, and the
 namespace comes from the token. Unless the operator asks
-for exact figures, cached-token figures go out rounded down to a block
-(CACHE_BLOCK tokens), so a tenant cannot probe another's prompt token by token.
+for exact figures, every figure that depends on the restore length goes out
+from its block alone (engine.server.figures), so a caller cannot probe a
+prompt it shares token by token.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from engine.config import CACHE_BLOCK, ServerConfig
+from engine.config import ServerConfig
 from engine.proto import engine_pb2, engine_pb2_grpc
 from engine.runtime.events import Finished, FinishReason, Progress, Tokens
 from engine.runtime.requests import SamplingParams
 from engine.server.activity import Inspection, RequestRecord
 from engine.server.auth import Authenticator, AuthInterceptor, server_credentials
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
+from engine.server.figures import ClientFigures
 from engine.server.frontend import Frontend
 from engine.server.health import EngineSlots, HealthGate
 from engine.server.limits import (
@@ -102,32 +104,7 @@ def to_sampling(s: engine_pb2.Sampling) -> SamplingParams:
     )
 
 
-def _block(n: int) -> int:
-    return n - n % CACHE_BLOCK
-
-
-def rounded(event):
-    """The event with every figure that shows how much was cached rounded down to a block.
-
-    Byte counts of the restore scale with the rounded length, so they tell no more.
-    """
-    if isinstance(event, Progress) and event.done < event.total:
-        return dataclasses.replace(event, done=_block(event.done))
-    if not isinstance(event, Finished):
-        return event
-    length, cached = _block(event.restore_length), _block(event.cached_tokens)
-    n = event.restore_length
-    timing = dataclasses.replace(
-        event.timing,
-        restored_kv_bytes=event.timing.restored_kv_bytes * length // n if n else 0,
-        bytes_copied_restore=event.timing.bytes_copied_restore * length // n if n else 0,
-    )
-    return dataclasses.replace(event, restore_length=length, cached_tokens=cached, timing=timing)
-
-
-def to_event(event, exact: bool = True) -> engine_pb2.GenerateEvent:
-    if not exact:
-        event = rounded(event)
+def to_event(event) -> engine_pb2.GenerateEvent:
     if isinstance(event, Progress):
         return engine_pb2.GenerateEvent(
             progress=engine_pb2.PrefillProgress(done=event.done, total=event.total)
@@ -189,10 +166,12 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 namespace=self.auth.namespace(identity, request.namespace),
                 request_id=request.request_id,
             )
+            figures = ClientFigures(self.exact_figures)  # exact, or the block alone
             async for batch in _until_closing(events, self.frontend.closing):
                 chunks = _coalesce(batch)
                 for event in chunks:
-                    yield to_event(event, self.exact_figures)
+                    if (shown := figures.shown(event)) is not None:
+                        yield to_event(shown)
                     if isinstance(event, Finished) and event.finish_reason == FinishReason.ERROR:
                         await self._abort(
                             context, grpc.StatusCode.INTERNAL, event.error or "generation failed"

@@ -85,7 +85,9 @@ class Frontend:
         self.namespaces = namespaces  # how namespaces show (activity.namespace_tag)
         self.activity = Activity()
         self.metrics = metrics  # EngineMetrics, or None
-        self.request_ids: set[str] = set()  # every id from acceptance to the end of its stream
+        # Every (namespace, id) from acceptance to the end of its stream -> the id inside.
+        self.request_ids: dict[tuple[str, str], str] = {}
+        self.internal_ids: set[str] = set()
         # Template rendering and tokenization run here, off the event loop; one
         # thread, so the builder's memo needs no lock.
         self.prompt_thread = concurrent.futures.ThreadPoolExecutor(1, "prompt-builder")
@@ -142,17 +144,23 @@ class Frontend:
         if self.closing.is_set():
             raise Unavailable("the server is shutting down")
         received = time.time()
-        request_id = request_id or uuid.uuid4().hex
-        if request_id in self.request_ids:
-            raise InvalidRequest(f"request_id {request_id!r} is already in flight")
-        self.request_ids.add(request_id)
+        given = request_id or uuid.uuid4().hex
+        key = (namespace, given)  # ids are unique per namespace: no tenant sees another's
+        if key in self.request_ids:
+            raise InvalidRequest(f"request_id {given!r} is already in flight")
+        # Inside the engine an id names one request; one that another namespace has in
+        # flight runs under a suffix no client id can have ('~').
+        request_id = given if given not in self.internal_ids else f"{given}~{uuid.uuid4().hex}"
+        self.request_ids[key] = request_id
+        self.internal_ids.add(request_id)
         events = self._generate(inp, sampling, namespace, request_id, received)
         try:
             async for batch in events:
-                yield batch
+                yield batch if request_id == given else [_as_given(e, given) for e in batch]
         finally:
             await events.aclose()  # its cleanup (the cancel) runs now, not when collected
-            self.request_ids.discard(request_id)
+            del self.request_ids[key]
+            self.internal_ids.discard(request_id)
 
     async def _generate(self, inp, sampling, namespace: str, request_id: str, received: float):
         if self.queued >= self.max_queue:
@@ -381,6 +389,13 @@ def _extends(tokens: np.ndarray, namespace: str, prompts) -> bool:
         if ns == namespace and n <= len(tokens) and np.array_equal(tokens[:n], prompt):
             return True
     return False
+
+
+def _as_given(event, request_id: str):
+    """A Finished event under the id its client gave."""
+    if isinstance(event, Finished):
+        return dataclasses.replace(event, request_id=request_id)
+    return event
 
 
 def _clip_max_tokens(s: SamplingParams, room: int) -> SamplingParams:

@@ -128,3 +128,19 @@ def test_openai_client_through_the_bridge_over_tls(secured, certs):
     finally:
         loop.call(handle.stop(grace=1.0))
         loop.close()
+
+
+def test_request_ids_are_scoped_by_namespace(secured, certs):
+    """Bob can neither see nor block an id alice has in flight; alice cannot reuse hers."""
+    with client(secured, "alice-token", certs) as alice, client(secured, "bob-token", certs) as bob:
+        held = alice.stream(prompt_ids=[5, 6, 7], max_tokens=4000, request_id="shared-id")
+        assert not isinstance(next(held), Final)  # in flight
+        try:
+            result = bob.generate(prompt_ids=[5, 6, 7], max_tokens=2, request_id="shared-id")
+            assert result.request_id == "shared-id" and result.usage.completion_tokens >= 1
+            with pytest.raises(LineageError) as err:
+                alice.generate(prompt_ids=[5, 6], max_tokens=1, request_id="shared-id")
+            assert err.value.code == "INVALID_ARGUMENT"
+        finally:
+            held.cancel()
+

@@ -125,9 +125,10 @@ async def start_engine(
     mlx = ray.cluster_resources().get("mlx", 0) >= count or config.server.address
     options = {"resources": {"mlx": 1}} if mlx else {}
     restarts = {"max_restarts": config.server.max_restarts}
+    shipped = without_tokens(config)
     models = [
         ModelActor.options(name=names[r], namespace=namespace, **restarts, **options).remote(
-            config, r
+            shipped, r
         )
         for r in range(count)
     ]
@@ -217,6 +218,12 @@ async def sample_metrics(engine: "RunningEngine", every: float = 1.0) -> None:
             raise
         except Exception as e:  # an actor that is gone: the supervisor reports it
             log.debug("sampling metrics failed: %s", e)
+
+
+def without_tokens(config: EngineConfig) -> EngineConfig:
+    """The configuration an actor gets: no token. The actors check none, and Ray keeps an
+    actor's arguments in its GCS (to restart it), where every worker could read them."""
+    return config.with_server(tokens=())
 
 
 def measured_guard(cache, info):

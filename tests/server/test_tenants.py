@@ -144,3 +144,12 @@ def test_request_ids_are_scoped_by_namespace(secured, certs):
         finally:
             held.cancel()
 
+
+def test_tokens_never_reach_the_actors(secured):
+    """The model actor's configuration (also kept in Ray's GCS to restart it) has no token."""
+    import ray
+
+    def tokens_held(actor) -> list[str]:
+        return [i.token for i in actor.loop.generator.config.server.tokens]
+
+    assert ray.get(secured.engine.model.__ray_call__.remote(tokens_held), timeout=60) == []

@@ -226,6 +226,21 @@ def without_tokens(config: EngineConfig) -> EngineConfig:
     return config.with_server(tokens=())
 
 
+def loopback_ray() -> None:
+    """Have the Ray this process starts listen on 127.0.0.1 alone: its GCS, raylet,
+    workers, metrics exporter and dashboard agent, which otherwise listen on every
+    interface (the exporter serves each namespace's token counts; the GCS takes jobs).
+
+    Ray does this by itself where it allows no cluster (macOS, Windows); its
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 asks for the same on Linux. Ray reads the
+    variable once, when first imported, so its constant is set as well.
+    """
+    from ray._private import ray_constants
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # and for the processes it starts
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
 def measured_guard(cache, info):
     """The cache config with its guard threshold from the model's measured costs, unless
     one was given (--guard-min-suffix)."""
@@ -294,6 +309,8 @@ def run(config: EngineConfig, sidecars: Sequence[Sidecar] = ()) -> int:
     config.server.check_exposure()  # before anything starts
     started_ray = not ray.is_initialized()
     if started_ray:
+        if not config.server.address and not config.server.ray_public:
+            loopback_ray()
         metrics = {}
         if config.server.metrics_port:  # this node's metrics agent serves Prometheus text
             metrics = {"_metrics_export_port": config.server.metrics_port}

@@ -31,7 +31,7 @@ from engine.cache.messages import PlanRequest, Release
 from engine.config import EngineConfig
 from engine.runtime.events import Finished, FinishReason, Tokens
 from engine.runtime.requests import GenerationRequest, SamplingParams
-from engine.server.activity import Activity, Inspection, inspection, namespace_tag
+from engine.server.activity import Activity, Inspection, NamespaceTags, inspection
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
 from engine.server.limits import check_sampling
 from engine.server.prompt import PromptBuilder, PromptInput
@@ -62,7 +62,7 @@ class Frontend:
         config: EngineConfig,
         supervisor: Supervisor | None = None,
         budgets: Mapping[str, int] | None = None,
-        namespaces: str = "hash",
+        namespaces: NamespaceTags | None = None,
         metrics=None,
     ):
         self.models = list(models)  # ModelActor handles, by replica number
@@ -82,7 +82,7 @@ class Frontend:
         self.cancelling: dict = {}  # cancel task -> (namespace, prompt): a retry may wait on it
         self.in_flight: dict[str, tuple[str, np.ndarray]] = {}  # request_id -> (namespace, prompt)
         self.budgets = dict(budgets or {})  # tier -> bytes, for Inspect
-        self.namespaces = namespaces  # how namespaces show (activity.namespace_tag)
+        self.namespaces = namespaces or NamespaceTags()  # how namespaces show
         self.activity = Activity()
         self.metrics = metrics  # EngineMetrics, or None
         # Every (namespace, id) from acceptance to the end of its stream -> the id inside.
@@ -345,7 +345,7 @@ class Frontend:
     def _finished(self, f: Finished, req: GenerationRequest) -> None:
         """Log the request, keep its record, count it."""
         log_request(f, req.plan.captures)
-        tag = namespace_tag(req.namespace, self.namespaces)
+        tag = self.namespaces.tag(req.namespace)
         self.activity.record(f, tag)
         if self.metrics is not None:
             self.metrics.request(f, tag, req.plan.captures, req.plan.length)

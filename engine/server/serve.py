@@ -111,6 +111,7 @@ async def start_engine(
     from engine.actors.model import ModelActor
     from engine.actors.names import CACHE_MANAGER, model_actor_name
     from engine.config import plan_memory, with_memory
+    from engine.server.activity import NamespaceTags
     from engine.server.frontend import Frontend
     from engine.server.metrics import EngineMetrics
     from engine.server.prompt import PromptBuilder
@@ -178,7 +179,7 @@ async def start_engine(
         config,
         supervisor,
         budgets=budgets,
-        namespaces=config.server.metrics_namespace,
+        namespaces=NamespaceTags(config.server.metrics_namespace, config.server.metrics_namespaces),
         metrics=EngineMetrics(namespace, Path(info.path).name or info.model_type),
     )
     server, bound, _ = await create_server(

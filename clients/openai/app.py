@@ -1,24 +1,25 @@
 """The bridge's FastAPI app: the gate, the error handlers, and the routes of each wire format.
 
 `create_app(grpc_address, security)` builds it as a client of the engine at that
-address: the body cap and the token check run first (clients.openai.guard), every
-failure is answered OpenAI-shaped (clients.openai.errors), and chat completions
-(clients.openai.chat_completions), `/v1/models` and `/health` are served.
-FastAPI loads only here, when an app is built.
+address: the caller gate and the body cap run first (clients.openai.guard),
+every failure is answered OpenAI-shaped (clients.openai.errors), and chat
+completions (clients.openai.chat_completions), `/v1/models` and `/health` are
+served. FastAPI loads only here, when an app is built.
 """
 
 from clients.openai import chat_completions
 from clients.openai.backend import Backend
 from clients.openai.errors import add_error_handlers
-from clients.openai.guard import BearerAuth, BodyLimit, BridgeSecurity, bearer_token
+from clients.openai.guard import BodyLimit, BridgeSecurity, CallerGate, caller_of
 
 
 def create_app(grpc_address: str, security: BridgeSecurity | None = None):
     """The FastAPI app, a client of the engine at `grpc_address`; app.state.backend.
 
-    A caller's bearer token goes on to the engine with its calls, so the engine
-    decides the namespace; with `security.tokens` the bridge also refuses
-    unknown tokens itself (401) before it answers anything.
+    Each call to the engine carries the token its caller sent, exactly, and no
+    other; with `security.identities` the bridge also refuses unknown tokens
+    itself (401) before it answers anything, and places each tenant in its own
+    namespace.
     """
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
@@ -29,13 +30,12 @@ def create_app(grpc_address: str, security: BridgeSecurity | None = None):
     app.state.backend = backend
     add_error_handlers(app)
     app.add_middleware(BodyLimit, limit=security.max_body_bytes)
-    if security.tokens:
-        app.add_middleware(BearerAuth, tokens=security.tokens)  # outermost: runs first
+    app.add_middleware(CallerGate, identities=security.identities)  # outermost: runs first
     chat_completions.add_routes(app, backend)
 
     @app.get("/v1/models")
     async def models(request: Request):
-        info = await backend.model_info(bearer_token(request.headers))
+        info = await backend.model_info(caller_of(request), fresh=True)  # the engine checks
         return {
             "object": "list",
             "data": [

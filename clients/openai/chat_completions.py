@@ -5,8 +5,9 @@ and its events back into OpenAI's objects: a whole response, or server-sent
 events when `stream` is set (chunks, the finish chunk, the usage chunk when
 asked, `[DONE]`). With `tools`, the model's `<tool_call>` text becomes
 `tool_calls` (clients.openai.tool_calls). The cache namespace is the
-`X-Cache-Namespace` header, else the request's `user`; the caller's bearer
-token goes on to the engine, which decides the tenant. No `from __future__
+`X-Cache-Namespace` header, else the request's `user`; the call goes to the
+backend for the request's Caller (clients.openai.guard), whose token and
+identity decide the tenant. No `from __future__
 import annotations`: FastAPI reads the annotations of the routes defined
 inside `add_routes`.
 """
@@ -18,7 +19,7 @@ from types import SimpleNamespace
 
 from clients.client import Chunk, Final, LineageError, Progress
 from clients.openai.errors import lineage_error, unless_disconnected
-from clients.openai.guard import bearer_token
+from clients.openai.guard import caller_of
 from clients.openai.tool_calls import ToolCallStream, parse_tool_calls
 from clients.wire import InvalidInput
 
@@ -162,7 +163,7 @@ async def _events_as_sse(first, stream, shape: _Shape, include_usage: bool):
     yield "data: [DONE]\n\n"
 
 
-def _sampling(body, info: dict, namespace: str, rid: str, token: str | None = None) -> dict:
+def _sampling(body, info: dict, namespace: str, rid: str) -> dict:
     """The OpenAI sampling fields -> keyword arguments of AsyncClient.stream."""
     if body.n not in (None, 1):
         raise InvalidInput(f"n must be 1 (one choice per request), got {body.n}")
@@ -179,7 +180,6 @@ def _sampling(body, info: dict, namespace: str, rid: str, token: str | None = No
         "stop": stop,
         "namespace": namespace,
         "request_id": rid,
-        "auth_token": token,
     }
 
 
@@ -267,28 +267,28 @@ def add_routes(app, backend) -> None:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: s.Chat, request: Request):
-        token = bearer_token(request.headers)
-        info, rid = await backend.model_info(token), uuid.uuid4().hex
-        kwargs = _sampling(body, info, namespace(request, body), rid, token)
+        caller = caller_of(request)
+        info, rid = await backend.model_info(caller), uuid.uuid4().hex
+        kwargs = _sampling(body, info, namespace(request, body), rid)
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
         for m in messages:  # OpenAI's newer name for the system role
             m["role"] = "system" if m["role"] == "developer" else m["role"]
-        stream = backend.client.stream(messages=messages, tools=body.tools, **kwargs)
+        stream = backend.stream(caller, messages=messages, tools=body.tools, **kwargs)
         parse_tools = bool(body.tools) and body.tool_choice != "none"
         return await _respond(request, body, stream, ChatShape(rid, info, parse_tools))
 
     @app.post("/v1/completions")
     async def completions(body: s.Completion, request: Request):
-        token = bearer_token(request.headers)
-        info, rid = await backend.model_info(token), uuid.uuid4().hex
-        kwargs = _sampling(body, info, namespace(request, body), rid, token)
+        caller = caller_of(request)
+        info, rid = await backend.model_info(caller), uuid.uuid4().hex
+        kwargs = _sampling(body, info, namespace(request, body), rid)
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
-            stream = backend.client.stream(prompt_ids=prompt, **kwargs)
+            stream = backend.stream(caller, prompt_ids=prompt, **kwargs)
         else:
             if isinstance(prompt, list):
                 if len(prompt) != 1:
                     raise InvalidInput(f"prompt: one prompt per request, got {len(prompt)}")
                 prompt = prompt[0]
-            stream = backend.client.stream(prompt=prompt, **kwargs)
+            stream = backend.stream(caller, prompt=prompt, **kwargs)
         return await _respond(request, body, stream, TextShape(rid, info))

@@ -1,9 +1,16 @@
-"""The HTTP bridge's gate: request body size and bearer-token checks, as ASGI middleware.
+"""The HTTP bridge's gate: who calls, and how much it may send, as ASGI middleware.
 
-Both run before FastAPI reads a byte of the body. A body over the limit is
-answered 413, a missing or wrong `Authorization: Bearer` token 401, each with an
-OpenAI-shaped error body. It knows HTTP and ASGI, and the body cap's setting;
-nothing else of the engine.
+`CallerGate` runs first. It refuses a request that repeats `Authorization` or
+`X-Cache-Namespace` (400: a bridge that read one copy and forwarded another
+once let a tenant act as the admin), reads the one bearer token, and, when the
+bridge holds tokens of its own, refuses an unknown one (401). What it accepted
+becomes the request's `Caller` (`caller_of(request)`): the token forwarded to
+the engine, exactly that one and never another, and the identity it names.
+A route hands the Caller to its backend call; with the bridge's own tokens a
+tenant's namespace comes from its identity (`Identity.namespace_for`), as in
+the engine. `BodyLimit` then reads the body, at most `max_body_bytes` (413),
+before FastAPI parses a byte of it. It knows HTTP, ASGI and the
+configuration's `Identity`; nothing else of the engine.
 """
 
 import hmac
@@ -11,22 +18,28 @@ import json
 from dataclasses import dataclass, field
 
 from clients.openai.errors import error_body
-from engine.config import Limits
+from engine.config import Identity, Limits
 
 # The default cap (--max-body-bytes): a 128k-token prompt as JSON token ids is ~1 MB.
 MAX_BODY_BYTES = Limits.max_body_bytes
 OPEN_PATHS = ("/health",)  # answered without a token (a load balancer's probe)
+SINGLE_HEADERS = (b"authorization", b"x-cache-namespace")  # a second copy is refused
 
 
 @dataclass(frozen=True)
 class BridgeSecurity:
-    """The bridge's own gate: known tokens (token -> identity), and TLS files."""
+    """The bridge's gate: its tokens, TLS files and body cap."""
 
-    tokens: dict = field(default_factory=dict)  # empty: no token needed
+    identities: tuple[Identity, ...] = ()  # empty: the bridge checks no token (the engine may)
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None  # set: clients must present a certificate it signed
     max_body_bytes: int = MAX_BODY_BYTES  # larger bodies get 413
+    allow_open_engine: bool = False  # tenants in front of an engine that checks no token
+
+    @property
+    def tenants(self) -> bool:
+        return any(not i.admin for i in self.identities)
 
     def uvicorn_options(self) -> dict:
         if not self.tls_cert:
@@ -39,16 +52,35 @@ class BridgeSecurity:
         return options
 
 
-def bearer_token(headers) -> str | None:
-    """The token of an `Authorization: Bearer` header (Starlette headers or a dict)."""
-    value = headers.get("authorization") if headers is not None else None
+@dataclass(frozen=True)
+class Caller:
+    """Who a request comes from, as the gate accepted it."""
+
+    token: str | None = field(default=None, repr=False)  # forwarded as it is; None: no token
+    identity: Identity | None = None  # the bridge's own tokens name it; None: the engine decides
+
+    def namespace(self, requested: str) -> str:
+        """The namespace the backend call names: placed under the tenant's own when the
+        bridge knows the identity (the engine, given the token, places it the same way)."""
+        return self.identity.namespace_for(requested) if self.identity else requested
+
+
+def caller_of(request) -> Caller:
+    """The Caller the gate accepted for this request (a Starlette Request)."""
+    return request.scope.get("state", {}).get("caller") or Caller()
+
+
+def bearer_token(value: bytes | str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header value; None for anything else."""
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
     if not value or value[:7].lower() != "bearer ":
         return None
     return value[7:].strip() or None
 
 
-def _error(status: int, message: str, type_: str) -> tuple[int, bytes]:
-    return status, json.dumps(error_body(message, type_)).encode()
+def _error(status: int, message: str, type_: str, param: str | None = None) -> tuple[int, bytes]:
+    return status, json.dumps(error_body(message, type_, param)).encode()
 
 
 async def _answer(send, status: int, body: bytes, headers: tuple = ()) -> None:
@@ -60,6 +92,45 @@ async def _answer(send, status: int, body: bytes, headers: tuple = ()) -> None:
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+class CallerGate:
+    """Each request's Caller, or 400 (a repeated header) or 401 (a token the bridge does
+    not know, when it holds tokens)."""
+
+    def __init__(self, app, identities: tuple[Identity, ...] = (), open_paths=OPEN_PATHS):
+        self.app, self.identities, self.open_paths = app, tuple(identities), tuple(open_paths)
+
+    def identity(self, token: str | None) -> Identity | None:
+        if token is None:
+            return None
+        given, found = token.encode(), None
+        for ident in self.identities:  # compare every token in constant time
+            if hmac.compare_digest(given, ident.token.encode()):
+                found = ident
+        return found
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = scope.get("headers") or ()
+        for name in SINGLE_HEADERS:
+            if sum(1 for key, _ in headers if key == name) > 1:
+                text = name.decode()
+                message = f"send one {text} header, not several"
+                return await _answer(send, *_error(400, message, "invalid_request_error", text))
+        token = bearer_token(next((v for k, v in headers if k == b"authorization"), None))
+        caller = Caller(token)
+        if self.identities:
+            identity = self.identity(token)
+            if identity is None and scope.get("path") not in self.open_paths:
+                status, body = _error(
+                    401, "missing or invalid bearer token (Authorization: Bearer ...)", "auth_error"
+                )
+                return await _answer(send, status, body, ((b"www-authenticate", b"Bearer"),))
+            caller = Caller(token, identity)
+        scope.setdefault("state", {})["caller"] = caller
+        return await self.app(scope, receive, send)
 
 
 class BodyLimit:
@@ -102,36 +173,3 @@ class BodyLimit:
 
     def _refusal(self) -> tuple[int, bytes]:
         return _error(413, f"the request body exceeds {self.limit} bytes", "invalid_request_error")
-
-
-class BearerAuth:
-    """Answer 401 unless `Authorization: Bearer <token>` names one of `tokens`.
-
-    `tokens` maps a token to its identity (the cache namespace the bridge then
-    uses); the identity lands in scope["state"]["identity"].
-    """
-
-    def __init__(self, app, tokens: dict[str, str], open_paths=OPEN_PATHS):
-        self.app, self.tokens, self.open_paths = app, dict(tokens), tuple(open_paths)
-
-    def identity(self, header: bytes | None) -> str | None:
-        if not header or not header[:7].lower() == b"bearer ":
-            return None
-        given = header[7:].strip()
-        found = None
-        for token, who in self.tokens.items():  # compare every token in constant time
-            if hmac.compare_digest(given, token.encode()):
-                found = who
-        return found
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope.get("path") in self.open_paths:
-            return await self.app(scope, receive, send)
-        who = self.identity(dict(scope.get("headers") or ()).get(b"authorization"))
-        if who is None:
-            status, body = _error(
-                401, "missing or invalid bearer token (Authorization: Bearer ...)", "auth_error"
-            )
-            return await _answer(send, status, body, ((b"www-authenticate", b"Bearer"),))
-        scope.setdefault("state", {})["identity"] = who
-        return await self.app(scope, receive, send)

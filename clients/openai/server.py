@@ -4,16 +4,18 @@
 running loop (`lineage serve --http-port`); `run_bridge(...)` is the blocking
 job of `lineage bridge`, until SIGINT/SIGTERM. TLS and tokens come as a
 BridgeSecurity (clients.openai.guard), made from the engine's settings by
-`bridge_security`.
+`bridge_security`. With tenant tokens the bridge refuses to start in front of an
+engine that checks no token, unless told it may.
 """
 
 import asyncio
 import contextlib
 import signal
 import socket
+import time
 from dataclasses import dataclass
 
-from clients.client import DEFAULT_SERVER
+from clients.client import DEFAULT_SERVER, LineageError
 from clients.openai.app import create_app
 from clients.openai.guard import BridgeSecurity
 
@@ -59,10 +61,19 @@ async def start_bridge(
 
     security = security or BridgeSecurity()
     app = create_app(grpc_address, security)
+    try:
+        await _check_engine(app.state.backend, security)
+    except BaseException:
+        await app.state.backend.close()
+        raise
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.create_server((host, port), family=family)
     config = uvicorn.Config(
-        app, log_level="warning", access_log=False, lifespan="off", **security.uvicorn_options()
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        **security.uvicorn_options(),
     )
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # uvicorn would take over SIGINT/SIGTERM
@@ -77,15 +88,44 @@ async def start_bridge(
     return BridgeHandle(server, task, app.state.backend, host, port, bool(security.tls_cert))
 
 
+async def _check_engine(backend, security: BridgeSecurity, patience: float = 30.0) -> None:
+    """ValueError when tenants would stand in front of an engine that checks no token (the
+    engine would take any namespace from whoever reaches it) or the engine cannot be asked."""
+    if not security.tenants or security.allow_open_engine:
+        return
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            checks = await backend.checks_tokens()
+            break
+        except LineageError as error:
+            if time.monotonic() > deadline:
+                raise ValueError(
+                    f"the bridge has tenant tokens but cannot ask the engine at "
+                    f"{backend.address} whether it checks tokens: {error}"
+                ) from None
+            await asyncio.sleep(0.5)
+    if not checks:
+        raise ValueError(
+            f"the engine at {backend.address} checks no token, so a tenant of the bridge could "
+            "reach any namespace through it directly: give the engine the same tokens, or "
+            "--allow-open-engine (LINEAGE_ALLOW_OPEN_ENGINE) to serve anyway"
+        )
+
+
 def bridge_security(server, limits=None) -> BridgeSecurity:
-    """The bridge's gate from the engine's ServerConfig (tokens and TLS files) and Limits
-    (its body cap)."""
+    """The bridge's gate from the engine's ServerConfig (tokens, TLS files, the open-engine
+    switch) and Limits (its body cap)."""
+    body = {}
+    if limits is not None:
+        body["max_body_bytes"] = limits.max_body_bytes
     return BridgeSecurity(
-        {i.token: i.namespace for i in server.tokens},
+        server.tokens,
         server.tls_cert,
         server.tls_key,
         server.tls_client_ca,
-        **({"max_body_bytes": limits.max_body_bytes} if limits is not None else {}),
+        allow_open_engine=server.allow_open_engine,
+        **body,
     )
 
 

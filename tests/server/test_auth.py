@@ -211,7 +211,10 @@ def test_the_bridge_serves_mtls_and_checks_tokens_before_anything(certs):
 
     loop = BackgroundLoop("bridge-mtls")
     security = BridgeSecurity(
-        {"op-token": ""}, certs.server_cert, certs.server_key, tls_client_ca=certs.ca
+        (Identity("op-token", "", True),),
+        certs.server_cert,
+        certs.server_key,
+        tls_client_ca=certs.ca,
     )
     handle = loop.call(start_bridge("127.0.0.1:1", "127.0.0.1", 0, security))  # no engine
     try:
@@ -229,7 +232,7 @@ def test_the_bridge_serves_mtls_and_checks_tokens_before_anything(certs):
             r = http.post(
                 f"{handle.url}/v1/completions",
                 headers={"authorization": "Bearer op-token"},
-                content=b" " * ((16 << 20) + 1),
+                content=b" " * (security.max_body_bytes + 1),
             )
             assert r.status_code == 413
     finally:

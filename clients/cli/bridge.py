@@ -25,6 +25,11 @@ BRIDGE_SETTINGS = (
     "tls_client_ca",
     "insecure",
     "max_body_bytes",
+    "max_request_bytes",
+    "allow_open_engine",
+    "http_header_deadline",
+    "http_body_deadline",
+    "http_max_connections",
 )
 
 

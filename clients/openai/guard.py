@@ -8,11 +8,12 @@ becomes the request's `Caller` (`caller_of(request)`): the token forwarded to
 the engine, exactly that one and never another, and the identity it names.
 A route hands the Caller to its backend call; with the bridge's own tokens a
 tenant's namespace comes from its identity (`Identity.namespace_for`), as in
-the engine. `BodyLimit` then reads the body, at most `max_body_bytes` (413),
-before FastAPI parses a byte of it. It knows HTTP, ASGI and the
-configuration's `Identity`; nothing else of the engine.
+the engine. `BodyLimit` then reads the body, at most `max_body_bytes` (413)
+within `body_deadline` seconds (408), before FastAPI parses a byte of it. It
+knows HTTP, ASGI and the configuration's `Identity`; nothing else of the engine.
 """
 
+import asyncio
 import hmac
 import json
 from dataclasses import dataclass, field
@@ -20,21 +21,24 @@ from dataclasses import dataclass, field
 from clients.openai.errors import error_body
 from engine.config import Identity, Limits
 
-# The default cap (--max-body-bytes): a 128k-token prompt as JSON token ids is ~1 MB.
-MAX_BODY_BYTES = Limits.max_body_bytes
+# The default cap: the engine's own request cap (a 128k-token prompt as JSON ids is ~1 MB).
+MAX_BODY_BYTES = Limits.max_request_bytes
 OPEN_PATHS = ("/health",)  # answered without a token (a load balancer's probe)
 SINGLE_HEADERS = (b"authorization", b"x-cache-namespace")  # a second copy is refused
 
 
 @dataclass(frozen=True)
 class BridgeSecurity:
-    """The bridge's gate: its tokens, TLS files and body cap."""
+    """The bridge's gate and receive path: its tokens, TLS files, caps and deadlines."""
 
     identities: tuple[Identity, ...] = ()  # empty: the bridge checks no token (the engine may)
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None  # set: clients must present a certificate it signed
     max_body_bytes: int = MAX_BODY_BYTES  # larger bodies get 413
+    header_deadline: float = 10.0  # seconds for a request's headers, else the connection closes
+    body_deadline: float = 60.0  # seconds for its body, else 408
+    max_connections: int = 1024  # requests past it get 503; twice as many connections close
     allow_open_engine: bool = False  # tenants in front of an engine that checks no token
 
     @property
@@ -134,33 +138,35 @@ class CallerGate:
 
 
 class BodyLimit:
-    """Refuse bodies over `limit` bytes with 413, by Content-Length or as they stream in.
+    """Read the body before the app: 413 past `limit` bytes (by Content-Length, or as it
+    streams in), 408 when it has not all come within `deadline` seconds.
 
-    The body is read here (at most `limit` bytes held) and replayed to the app,
-    so an oversized chunked upload is cut off before the app parses anything.
+    The body is held here (at most `limit` bytes) and replayed to the app, so an
+    oversized or slow upload is cut off before the app parses anything.
     """
 
-    def __init__(self, app, limit: int = MAX_BODY_BYTES):
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: int = MAX_BODY_BYTES, deadline: float = 60.0):
+        self.app, self.limit, self.deadline = app, limit, deadline
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
-            return await _answer(send, *self._refusal())
-        chunks, seen = [], 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away
-                return
-            chunks.append(message.get("body", b""))
-            seen += len(chunks[-1])
-            if seen > self.limit:
-                return await _answer(send, *self._refusal())
-            if not message.get("more_body", False):
-                break
-        body, replayed = b"".join(chunks), False
+            return await _answer(send, *self._too_large())
+        try:
+            async with asyncio.timeout(self.deadline):
+                body = await self._read(receive)
+        except TimeoutError:
+            status, text = _error(
+                408, f"the request body did not arrive within {self.deadline:g} s", "timeout"
+            )
+            return await _answer(send, status, text, ((b"connection", b"close"),))
+        except _TooLarge:
+            return await _answer(send, *self._too_large())
+        if body is None:  # the client went away
+            return
+        replayed = False
 
         async def replay():
             nonlocal replayed
@@ -171,5 +177,23 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    def _refusal(self) -> tuple[int, bytes]:
+    async def _read(self, receive) -> bytes | None:
+        """The whole body; None when the client went away; _TooLarge past the limit."""
+        chunks, seen = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None
+            chunks.append(message.get("body", b""))
+            seen += len(chunks[-1])
+            if seen > self.limit:
+                raise _TooLarge
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    def _too_large(self) -> tuple[int, bytes]:
         return _error(413, f"the request body exceeds {self.limit} bytes", "invalid_request_error")
+
+
+class _TooLarge(Exception):
+    """A body past the limit (answered 413)."""

@@ -2,8 +2,9 @@
 
 Parses the bridge's address and its security settings (tokens, TLS, body cap:
 the same settings `lineage serve` declares, engine.config.server and .limits),
-refuses an exposed bind without a token, and serves clients.openai until
-SIGINT/SIGTERM. FastAPI and uvicorn load only when it runs.
+refuses an exposed bind without a token (and tenant tokens in front of an
+engine that checks none), and serves clients.openai until SIGINT/SIGTERM.
+FastAPI and uvicorn load only when it runs.
 """
 
 from __future__ import annotations
@@ -57,4 +58,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as error:
         raise UsageError(str(error))
     security = bridge_security(server, config.limits)
-    return run_bridge(args.server or DEFAULT_SERVER, args.host, args.port, security)
+    try:
+        return run_bridge(args.server or DEFAULT_SERVER, args.host, args.port, security)
+    except ValueError as error:  # tenants in front of an engine that checks no token
+        raise UsageError(str(error))

@@ -94,12 +94,19 @@ def test_the_bridge_never_sends_its_environments_token_for_a_caller(
         bridge.close()
 
 
-def test_tenant_tokens_in_front_of_an_open_engine_are_refused_at_start(engine):
+def test_tenant_tokens_in_front_of_an_open_engine_are_refused_at_start(engine, tmp_path, capsys):
     """The README's standalone bridge: tenants at the bridge, none at the engine, so the
     engine would take any namespace a tenant names."""
+    from clients.cli.main import main
+
     tenants = ServerConfig(tokens=TENANT_TOKENS)
     with pytest.raises(ValueError, match="allow-open-engine"):
         Bridge(engine.address, bridge_security(tenants))
+    tokens = tmp_path / "tokens"
+    tokens.write_text("op-token\nalice-token alice\n")
+    command = ["bridge", "--server", engine.address, "--port", "0"]
+    assert main([*command, "--auth-token-file", str(tokens)], env={}) == 2
+    assert "--allow-open-engine" in capsys.readouterr().err
 
 
 def test_with_tenant_tokens_the_bridge_takes_the_namespace_from_the_token(engine):

@@ -19,7 +19,8 @@ of its own:
 Figures: each phase's time to first token (the client's: request sent to the
 first streamed content) p50 and p90, the slow phase's against the mean of the
 two phases alone, failed requests, and what became of the slow connections
-(opened, cut while sending headers, answered 408, most open at once).
+(opened, cut while sending headers, answered 408, most open at once) and the
+CPU time their process took, on the engine's machine.
 Exit status 1 when an agent's request failed.
 """
 
@@ -187,6 +188,7 @@ def slow_clients(port: int, count: int, bodies: int, drip: float, stop, queue) -
     became of them on `queue`."""
     stats = {"opened": 0, "cut_in_headers": 0, "answered_408": 0, "answered_other": 0}
     stats.update(open_max=0, refused=0)
+    cpu0, wall0 = time.process_time(), time.monotonic()
     live = [0]
 
     async def one(k: int) -> None:
@@ -235,6 +237,8 @@ def slow_clients(port: int, count: int, bodies: int, drip: float, stop, queue) -
         await asyncio.gather(*(one(k) for k in range(count)))
 
     asyncio.run(main())
+    # The CPU they took: on one machine, the engine's cores pay for the attack too.
+    stats.update(cpu_s=time.process_time() - cpu0, wall_s=time.monotonic() - wall0)
     queue.put(stats)
 
 
@@ -258,7 +262,8 @@ def report(f: dict, args) -> str:
                 f"opened {s.get('opened', 0)}, most open at once {s.get('open_max', 0)}, "
                 f"cut in their headers {s.get('cut_in_headers', 0)}, "
                 f"408 {s.get('answered_408', 0)}, other {s.get('answered_other', 0)}, "
-                f"refused {s.get('refused', 0)}",
+                f"refused {s.get('refused', 0)}; their process took "
+                f"{s.get('cpu_s', 0):.1f} s of CPU in {s.get('wall_s', 0):.0f} s",
             ),
         ],
         width=18,

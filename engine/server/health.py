@@ -81,11 +81,13 @@ class EngineSlots(grpc.aio.ServerInterceptor):
             async def stream(request, context):
                 if not self._take():
                     await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self._full())
+                replies = inner_stream(request, context)
                 try:
-                    async for reply in inner_stream(request, context):
+                    async for reply in replies:
                         yield reply
                 finally:
                     self.busy -= 1
+                    await replies.aclose()  # its cleanup (a cancel) runs now, not when collected
 
             return grpc.unary_stream_rpc_method_handler(stream, **kw)
         if handler.unary_unary:

@@ -14,7 +14,10 @@ import argparse
 import importlib
 import importlib.util
 
-HELP = "benchmarks: warm turns, checkpoint bytes, agent traffic, warm restarts, concurrency"
+HELP = (
+    "benchmarks: warm turns, checkpoint bytes, agent traffic, warm restarts, concurrency, "
+    "slow clients"
+)
 EXTRA = "pip install 'lineage-engine[bench]'"
 # name -> (module, one line of help: the module's HELP)
 BENCHES = {
@@ -46,6 +49,10 @@ BENCHES = {
     "load": (
         "clients.bench.load",
         "load: concurrent sessions on a small RAM budget, then a burst past the queue",
+    ),
+    "slowloris": (
+        "clients.bench.slowloris",
+        "slow clients: slow connections to the bridge while agents run, TTFT beside none",
     ),
 }
 

@@ -1,10 +1,11 @@
 """`lineage bridge`: the OpenAI-compatible HTTP bridge in front of a running engine.
 
-Parses the bridge's address, its security settings (tokens, TLS, body cap), its
-model names and its response store (the same settings `lineage serve` declares,
-engine.config.server, .cache and .limits),
-refuses an exposed bind without a token, and serves clients.openai until
-SIGINT/SIGTERM. FastAPI and uvicorn load only when it runs.
+Parses the bridge's address, its security settings (tokens, TLS, body cap,
+deadlines), its model names and its response store (the same settings `lineage
+serve` declares, engine.config.server, .cache and .limits), refuses an exposed
+bind without a token (and tenant tokens in front of an engine that checks
+none), and serves clients.openai until SIGINT/SIGTERM. FastAPI and uvicorn
+load only when it runs.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ BRIDGE_SETTINGS = (
     "responses_max",
     "responses_max_bytes",
     "cache_dir",
+    "max_request_bytes",
+    "allow_open_engine",
+    "http_header_deadline",
+    "http_body_deadline",
+    "http_max_connections",
 )
 
 
@@ -59,4 +65,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(error))
     security = bridge_security(server, config.limits)
     options = bridge_options(config)
-    return run_bridge(args.server or DEFAULT_SERVER, args.host, args.port, security, options)
+    try:
+        return run_bridge(args.server or DEFAULT_SERVER, args.host, args.port, security, options)
+    except ValueError as error:  # tenants in front of an engine that checks no token
+        raise UsageError(str(error))

@@ -200,12 +200,13 @@ def add_routes(app, backend, served) -> None:
     async def begin(body, request: Request, max_tokens: int, **sampling):
         """(caller, model name, info, prompt, stream) of a request the engine runs."""
         caller = caller_of(request)
-        info = await backend.model_info(caller.token)
+        info = await backend.model_info(caller.gate)
         model = served.resolve(body.model, info["id"])
         prompt: Prompt = prompt_of(body)
         rid = uuid.uuid4().hex
         kwargs = engine_call(caller, rid, max_tokens, **sampling)
-        stream = backend.client.stream(
+        stream = backend.stream(
+            caller.gate,
             messages=list(prompt.messages),
             tools=list(prompt.tools) or None,
             continue_final_message=prompt.continue_final,

@@ -13,14 +13,48 @@ clients.openai.models) and `/health` are served. FastAPI loads only here, when
 an app is built.
 """
 
+import asyncio
+import json
 from dataclasses import dataclass, field
 
 from clients.openai import anthropic_messages, chat_completions, responses
 from clients.openai.backend import Backend
 from clients.openai.errors import add_error_handlers
-from clients.openai.guard import BearerAuth, BodyLimit, BridgeSecurity, api_key
+from clients.openai.guard import BodyLimit, BridgeSecurity, CallerGate, caller_of
 from clients.openai.models import ServedModels
 from clients.openai.response_store import ResponseStore
+
+# Bodies from this size on are parsed off the event loop (a thread's start costs less).
+OFF_LOOP_JSON_BYTES = 64 << 10
+
+
+def off_loop_json_route():
+    """A FastAPI route class whose large JSON bodies are parsed on a worker thread.
+
+    FastAPI parses a body with Starlette's `Request.json()`, on the event loop;
+    the request it hands the route keeps the parsed value (`_json`), so parsing
+    it here first, in a thread, leaves nothing for the loop to parse.
+    """
+    from fastapi.routing import APIRoute
+    from starlette.exceptions import HTTPException
+
+    class OffLoopJSONRoute(APIRoute):
+        def get_route_handler(self):
+            handler = super().get_route_handler()
+
+            async def parse_then_handle(request):
+                body = await request.body()
+                kind = request.headers.get("content-type", "json").split(";")[0].strip()
+                if len(body) >= OFF_LOOP_JSON_BYTES and kind.endswith("json"):
+                    try:
+                        request._json = await asyncio.to_thread(json.loads, body)
+                    except (ValueError, RecursionError) as error:  # parsed once, answered here
+                        raise HTTPException(400, f"the body is not JSON: {error}") from None
+                return await handler(request)
+
+            return parse_then_handle
+
+    return OffLoopJSONRoute
 
 
 @dataclass(frozen=True)
@@ -41,9 +75,10 @@ def create_app(
     """The FastAPI app, a client of `engine` (a gRPC address, or a backend);
     app.state.backend and app.state.store (close it when the app stops).
 
-    A caller's token goes on to the engine with its calls, so the engine decides
-    the namespace; with `security.tokens` the bridge also refuses unknown tokens
-    itself (401) before it answers anything.
+    Each call to the engine carries the token its caller sent, exactly, and no
+    other; with `security.identities` the bridge also refuses unknown tokens
+    itself (401) before it answers anything, and places each tenant in its own
+    namespace.
     """
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
@@ -53,18 +88,18 @@ def create_app(
     backend = Backend(engine) if isinstance(engine, str) else engine
     store = ResponseStore(options.store_dir, options.store_max, options.store_max_bytes)
     app = FastAPI(title="lineage OpenAI-compatible bridge", docs_url=None, redoc_url=None)
+    app.router.route_class = off_loop_json_route()
     app.state.backend, app.state.store, app.state.served = backend, store, options.served
     add_error_handlers(app)
-    app.add_middleware(BodyLimit, limit=security.max_body_bytes)
-    if security.tokens:
-        app.add_middleware(BearerAuth, tokens=security.tokens)  # outermost: runs first
+    app.add_middleware(BodyLimit, limit=security.max_body_bytes, deadline=security.body_deadline)
+    app.add_middleware(CallerGate, identities=security.identities)  # outermost: runs first
     chat_completions.add_routes(app, backend)
     anthropic_messages.add_routes(app, backend, options.served)
     responses.add_routes(app, backend, options.served, store)
 
     @app.get("/v1/models")
     async def models(request: Request):
-        info = await backend.model_info(api_key(request.headers))
+        info = await backend.model_info(caller_of(request), fresh=True)  # the engine checks
         return options.served.listing(info)
 
     @app.get("/health")

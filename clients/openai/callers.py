@@ -1,12 +1,13 @@
 """Who is calling the bridge, and the request to the engine every wire format makes.
 
-`Caller` is the token that goes on to the engine (taken where chat completions
-take it, so a change to how the bridge accepts tokens covers every endpoint),
-the tenant it stands for (the identity the bridge's token check found, else a
-digest of the token, else "" on a server without tokens), and the cache
-namespace. `engine_call` gives the keyword arguments of `AsyncClient.stream`, `drain` runs a
-whole (not streamed) request chunk by chunk.
-It knows HTTP headers and the engine call; nothing of any wire's shapes.
+`Caller` is what the gate accepted (clients.openai.guard's Caller: the token
+that goes on to the engine, exactly that one, and the identity the bridge's
+own tokens name), the tenant it stands for (that identity, else a digest of
+the token, else "" on a server without tokens: the response store's
+namespace), and the cache namespace asked for. `engine_call` gives the keyword
+arguments of the backend's `stream` (besides the Caller and the prompt),
+`drain` runs a whole (not streamed) request chunk by chunk. It knows HTTP
+headers and the engine call; nothing of any wire's shapes.
 """
 
 from __future__ import annotations
@@ -14,29 +15,28 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from clients.openai.guard import api_key
+from clients.openai import guard
 from clients.wire import session_key
 
 
 @dataclass(frozen=True)
 class Caller:
-    token: str | None
+    gate: guard.Caller  # as the gate accepted it: what the backend calls are made for
     tenant: str  # the response store's namespace; never shown
-    namespace: str  # the cache namespace asked for (the engine decides with the token)
+    namespace: str  # the cache namespace asked for (placed under the tenant's own)
 
 
 def caller_of(request, namespace: str = "") -> Caller:
     """The caller of a Starlette request; `namespace` when no X-Cache-Namespace header."""
-    token = api_key(request.headers)
-    identity = request.scope.get("state", {}).get("identity")
-    if identity is not None:
-        tenant = "identity:" + identity
-    elif token is not None:
-        tenant = "token:" + hashlib.sha256(token.encode()).hexdigest()
+    gate = guard.caller_of(request)
+    if gate.identity is not None:
+        tenant = "identity:" + gate.identity.namespace
+    elif gate.token is not None:
+        tenant = "token:" + hashlib.sha256(gate.token.encode()).hexdigest()
     else:
         tenant = ""
     namespace = request.headers.get("x-cache-namespace") or namespace or ""
-    return Caller(token, tenant, namespace)
+    return Caller(gate, tenant, namespace)
 
 
 def engine_call(
@@ -49,8 +49,9 @@ def engine_call(
     stop: list[str] | None = None,
     session: str | None = None,
 ) -> dict:
-    """Keyword arguments of `AsyncClient.stream` (besides the prompt); `session` keeps a
-    conversation on the replica that holds it (hashed when it is no identifier)."""
+    """Keyword arguments of the backend's `stream` (besides the Caller and the prompt);
+    `session` keeps a conversation on the replica that holds it (hashed when it is no
+    identifier)."""
     return {
         "session": session_key(session),
         "max_tokens": max_tokens,
@@ -60,7 +61,6 @@ def engine_call(
         "stop": stop or None,
         "namespace": caller.namespace,
         "request_id": request_id,
-        "auth_token": caller.token,
     }
 
 

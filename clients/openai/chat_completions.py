@@ -15,8 +15,9 @@ An assistant message sent back with `reasoning_content` has it rendered by the
 chat template again, so its tokens match what the cache holds.
 
 The cache namespace is the `X-Cache-Namespace` header, else the request's
-`user`; the caller's bearer token goes on to the engine, which decides the
-tenant. The session key (which replica keeps the conversation) is the
+`user`; the call goes to the backend for the request's Caller
+(clients.openai.guard), whose token and identity decide the tenant. The
+session key (which replica keeps the conversation) is the
 `x-session-id` or `session_id` header, else `prompt_cache_key`, else `user`.
 No `from __future__ import annotations`: FastAPI reads the annotations of the
 routes defined inside `add_routes`.
@@ -30,7 +31,7 @@ from types import SimpleNamespace
 
 from clients.client import Chunk, Final, LineageError, Progress
 from clients.openai.errors import lineage_error, unless_disconnected
-from clients.openai.guard import bearer_token
+from clients.openai.guard import caller_of
 from clients.openai.parsers import (
     OutputParser,
     ReasoningPart,
@@ -240,7 +241,7 @@ def session_of(headers, body) -> str:
     return ""
 
 
-def _sampling(body, info: dict, namespace: str, rid: str, token: str | None = None) -> dict:
+def _sampling(body, info: dict, namespace: str, rid: str) -> dict:
     """The OpenAI sampling fields -> keyword arguments of AsyncClient.stream."""
     if body.n not in (None, 1):
         raise InvalidInput(f"n must be 1 (one choice per request), got {body.n}")
@@ -257,7 +258,6 @@ def _sampling(body, info: dict, namespace: str, rid: str, token: str | None = No
         "stop": stop,
         "namespace": namespace,
         "request_id": rid,
-        "auth_token": token,
     }
 
 
@@ -346,14 +346,15 @@ def add_routes(app, backend) -> None:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: s.Chat, request: Request):
-        token = bearer_token(request.headers)
-        info, rid = await backend.model_info(token), uuid.uuid4().hex
+        caller = caller_of(request)
+        info, rid = await backend.model_info(caller), uuid.uuid4().hex
         info = dict(info, id=request.app.state.served.resolve(body.model, info["id"]))
-        kwargs = _sampling(body, info, namespace(request, body), rid, token)
+        kwargs = _sampling(body, info, namespace(request, body), rid)
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
         for m in messages:  # OpenAI's newer name for the system role
             m["role"] = "system" if m["role"] == "developer" else m["role"]
-        stream = backend.client.stream(
+        stream = backend.stream(
+            caller,
             messages=messages,
             tools=body.tools,
             session=session_of(request.headers, body),
@@ -368,18 +369,18 @@ def add_routes(app, backend) -> None:
 
     @app.post("/v1/completions")
     async def completions(body: s.Completion, request: Request):
-        token = bearer_token(request.headers)
-        info, rid = await backend.model_info(token), uuid.uuid4().hex
+        caller = caller_of(request)
+        info, rid = await backend.model_info(caller), uuid.uuid4().hex
         info = dict(info, id=request.app.state.served.resolve(body.model, info["id"]))
-        kwargs = _sampling(body, info, namespace(request, body), rid, token)
+        kwargs = _sampling(body, info, namespace(request, body), rid)
         kwargs["session"] = session_of(request.headers, body)
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
-            stream = backend.client.stream(prompt_ids=prompt, **kwargs)
+            stream = backend.stream(caller, prompt_ids=prompt, **kwargs)
         else:
             if isinstance(prompt, list):
                 if len(prompt) != 1:
                     raise InvalidInput(f"prompt: one prompt per request, got {len(prompt)}")
                 prompt = prompt[0]
-            stream = backend.client.stream(prompt=prompt, **kwargs)
+            stream = backend.stream(caller, prompt=prompt, **kwargs)
         return await _respond(request, body, stream, TextShape(rid, info))

@@ -1,14 +1,15 @@
 """The bridge's engine side when it runs in the engine's own process (`lineage serve
 --http-port`): the front end called directly, no gRPC loopback.
 
-`InProcessBackend(engine)` offers what the routes use of `Backend` (`client.stream`,
-`model_info`, `health`, `close`), over a RunningEngine (engine.server.serve). A
-call runs exactly the gRPC servicer's domain side (engine.server.service
-`generate_events`: the same limits, the token's identity and namespace, the
-same errors as status names), and its events become the client library's
-(clients.wire: Chunk, Progress, Final) without a proto in between, rounded as
-the gRPC server rounds them. A token the engine does not know is refused here
-as the gRPC interceptor refuses it.
+`InProcessBackend(engine)` offers what the routes use of `Backend` (`stream`
+for a Caller, `model_info`, `checks_tokens`, `health`, `close`), over a
+RunningEngine (engine.server.serve). A call runs exactly the gRPC servicer's
+domain side (engine.server.service `generate_events`: the same limits, the
+caller's token and the identity it names, its namespace, the same errors as
+status names), and its events become the client library's (clients.wire:
+Chunk, Progress, Final) without a proto in between, shown as the gRPC server
+shows them (engine.server.figures: exact, or the block alone). A token the
+engine does not know is refused here as the gRPC interceptor refuses it.
 
 It knows the engine's front end and the client library's types; it is imported
 only in the engine's process (a client process never loads it).
@@ -23,7 +24,8 @@ from clients.client import LineageError
 from clients.wire import Chunk, Final, Progress, Restore, ResultCollector, Usage, build_request
 from engine.runtime.events import Finished, Tokens
 from engine.runtime.events import Progress as EngineProgress
-from engine.server.service import DOMAIN_ERRORS, generate_events, rounded, status_of
+from engine.server.figures import ClientFigures
+from engine.server.service import DOMAIN_ERRORS, generate_events, status_of
 
 
 class InProcessStream:
@@ -32,7 +34,7 @@ class InProcessStream:
 
     def __init__(self, events, exact: bool):
         self._events = events  # the front end's async generator (lists of engine events)
-        self._exact = exact
+        self._figures = ClientFigures(exact)  # what the client is shown
         self._ready: list = []
         self._done = False
         self._collector = ResultCollector()
@@ -53,7 +55,8 @@ class InProcessStream:
                 self._done = True
                 code, message = status_of(error)
                 raise LineageError(code.name, message) from None
-            self._ready = [self._wire(e) for e in batch]
+            shown = (self._figures.shown(e) for e in batch)
+            self._ready = [self._wire(e) for e in shown if e is not None]
         event = self._ready.pop(0)
         self._collector.add(event)
         if isinstance(event, Final) and event.finish_reason == "error":
@@ -62,11 +65,9 @@ class InProcessStream:
         return event
 
     def _wire(self, event):
-        """An engine event as the client library's (figures rounded unless exact)."""
+        """An engine event (as the client is shown it) as the client library's."""
         if isinstance(event, Tokens):
             return Chunk(ids=event.ids, text=event.text)
-        if not self._exact:
-            event = rounded(event)
         if isinstance(event, EngineProgress):
             return Progress(done=event.done, total=event.total)
         assert isinstance(event, Finished), event
@@ -121,13 +122,27 @@ class InProcessClient:
 class InProcessBackend:
     """The bridge's engine side in the engine's process: its front end, health and model."""
 
+    address = "the engine in this process"
+
     def __init__(self, engine):
         self.engine = engine
         self.client = InProcessClient(engine)
 
-    async def model_info(self, auth_token: str | None = None) -> dict:
+    def stream(self, caller, namespace: str = "", **request) -> InProcessStream:
+        """A Generate call for `caller` (clients.openai.guard's Caller), in the namespace it
+        may use of the one it named."""
+        namespace = caller.namespace(namespace)
+        return self.client.stream(auth_token=caller.token, namespace=namespace, **request)
+
+    async def model_info(self, caller=None, fresh: bool = False) -> dict:
         """ModelInfo as {"id", "max_context", "fingerprint", "output_format", "reply"}, as
-        Backend gives it."""
+        Backend gives it; with `fresh`, the caller's token is checked as the engine would."""
+        auth = self.engine.auth
+        if fresh and auth.enabled:
+            token = getattr(caller, "token", None)
+            metadata = (("authorization", f"Bearer {token}"),) if token else ()
+            if auth.identity(metadata) is None:
+                raise LineageError("UNAUTHENTICATED", "a known bearer token is required")
         i = self.engine.frontend.info
         model = PurePath(i.path).name
         output_format = self.engine.frontend.builder.output_format
@@ -149,6 +164,10 @@ class InProcessBackend:
             "output_format": output_format,
             "reply": reply,
         }
+
+    async def checks_tokens(self) -> bool:
+        """Whether the engine refuses a call without a token."""
+        return self.engine.auth.enabled
 
     async def health(self) -> str:
         """The engine's health status name, as the gRPC health service reports it."""

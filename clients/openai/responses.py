@@ -362,7 +362,7 @@ def add_routes(app, backend, served, store) -> None:
     async def create(body: s.Create, request: Request):
         _check(body)
         caller = caller_of(request, body.user or "")
-        info = await backend.model_info(caller.token)
+        info = await backend.model_info(caller.gate)
         model = served.resolve(body.model, info["id"])
         # 1) the prompt: the instructions, the stored conversation, the new items
         started = time.perf_counter()
@@ -380,7 +380,9 @@ def add_routes(app, backend, served, store) -> None:
         max_tokens = body.max_output_tokens or info["max_context"]
         session = body.previous_response_id or body.prompt_cache_key
         kwargs = engine_call(caller, rid, max_tokens, body.temperature, body.top_p, session=session)
-        stream = backend.client.stream(messages=system + prepared, tools=tools or None, **kwargs)
+        stream = backend.stream(
+            caller.gate, messages=system + prepared, tools=tools or None, **kwargs
+        )
         build_ms = f"{(time.perf_counter() - started) * 1000:.3f}"
         # 3) the answer, whole or streamed
         parsing = bool(tools) and tool_choice_parses(body.tool_choice)

@@ -34,7 +34,7 @@ from engine.cache.messages import PlanRequest, Release
 from engine.config import EngineConfig
 from engine.runtime.events import Finished, FinishReason, Tokens
 from engine.runtime.requests import GenerationRequest, SamplingParams
-from engine.server.activity import Activity, Inspection, inspection, namespace_tag
+from engine.server.activity import Activity, Inspection, NamespaceTags, inspection
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
 from engine.server.limits import check_sampling
 from engine.server.prompt import PromptBuilder, PromptInput
@@ -67,7 +67,7 @@ class Frontend:
         config: EngineConfig,
         supervisor: Supervisor | None = None,
         budgets: Mapping[str, int] | None = None,
-        namespaces: str = "hash",
+        namespaces: NamespaceTags | None = None,
         metrics=None,
     ):
         self.models = list(models)  # ModelActor handles, by replica number
@@ -87,10 +87,12 @@ class Frontend:
         self.cancelling: dict = {}  # cancel task -> (namespace, prompt): a retry may wait on it
         self.in_flight: dict[str, tuple[str, np.ndarray]] = {}  # request_id -> (namespace, prompt)
         self.budgets = dict(budgets or {})  # tier -> bytes, for Inspect
-        self.namespaces = namespaces  # how namespaces show (activity.namespace_tag)
+        self.namespaces = namespaces or NamespaceTags()  # how namespaces show
         self.activity = Activity()
         self.metrics = metrics  # EngineMetrics, or None
-        self.request_ids: set[str] = set()  # every id from acceptance to the end of its stream
+        # Every (namespace, id) from acceptance to the end of its stream -> the id inside.
+        self.request_ids: dict[tuple[str, str], str] = {}
+        self.internal_ids: set[str] = set()
         self.calls: set[asyncio.Task] = set()  # the tasks iterating generate(), for close()
         self.volatile: dict[str, int] = {}  # request id -> volatile lines removed (its log line)
         # Template rendering and tokenization run here, off the event loop; one
@@ -166,16 +168,21 @@ class Frontend:
         if self.closing.is_set():
             raise Unavailable("the server is shutting down")
         received = time.time()
-        request_id = request_id or uuid.uuid4().hex
-        if request_id in self.request_ids:
-            raise InvalidRequest(f"request_id {request_id!r} is already in flight")
-        self.request_ids.add(request_id)
+        given = request_id or uuid.uuid4().hex
+        key = (namespace, given)  # ids are unique per namespace: no tenant sees another's
+        if key in self.request_ids:
+            raise InvalidRequest(f"request_id {given!r} is already in flight")
+        # Inside the engine an id names one request; one that another namespace has in
+        # flight runs under a suffix no client id can have ('~').
+        request_id = given if given not in self.internal_ids else f"{given}~{uuid.uuid4().hex}"
+        self.request_ids[key] = request_id
+        self.internal_ids.add(request_id)
         events = self._generate(inp, sampling, namespace, request_id, received, session)
         task = asyncio.current_task()
         self.calls.add(task)
         try:
             async for batch in events:
-                yield batch
+                yield batch if request_id == given else [_as_given(e, given) for e in batch]
         except asyncio.CancelledError:
             if self.closing.is_set():
                 raise Unavailable("the server is shutting down") from None
@@ -183,7 +190,8 @@ class Frontend:
         finally:
             self.calls.discard(task)
             await events.aclose()  # its cleanup (the cancel) runs now, not when collected
-            self.request_ids.discard(request_id)
+            del self.request_ids[key]
+            self.internal_ids.discard(request_id)
             self.volatile.pop(request_id, None)
 
     async def _generate(
@@ -421,7 +429,7 @@ class Frontend:
     def _finished(self, f: Finished, req: GenerationRequest) -> None:
         """Log the request, keep its record, count it."""
         log_request(f, req.plan.captures, req.plan.miss, self.volatile.get(req.request_id, 0))
-        tag = namespace_tag(req.namespace, self.namespaces)
+        tag = self.namespaces.tag(req.namespace)
         self.activity.record(f, tag, miss=req.plan.miss)
         if self.metrics is not None:
             self.metrics.request(f, tag, req.plan.captures, req.plan.length)
@@ -487,6 +495,13 @@ def _extends(tokens: np.ndarray, namespace: str, prompts) -> bool:
         if ns == namespace and n <= len(tokens) and np.array_equal(tokens[:n], prompt):
             return True
     return False
+
+
+def _as_given(event, request_id: str):
+    """A Finished event under the id its client gave."""
+    if isinstance(event, Finished):
+        return dataclasses.replace(event, request_id=request_id)
+    return event
 
 
 def _clip_max_tokens(s: SamplingParams, room: int) -> SamplingParams:

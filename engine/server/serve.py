@@ -119,6 +119,7 @@ async def start_engine(
     from engine.actors.model import ModelActor
     from engine.actors.names import CACHE_MANAGER, model_actor_name
     from engine.config import plan_memory, with_memory
+    from engine.server.activity import NamespaceTags
     from engine.server.auth import Authenticator
     from engine.server.frontend import Frontend
     from engine.server.metrics import EngineMetrics
@@ -134,9 +135,10 @@ async def start_engine(
     mlx = ray.cluster_resources().get("mlx", 0) >= count or config.server.address
     options = {"resources": {"mlx": 1}} if mlx else {}
     restarts = {"max_restarts": config.server.max_restarts}
+    shipped = without_tokens(config)
     models = [
         ModelActor.options(name=names[r], namespace=namespace, **restarts, **options).remote(
-            config, r
+            shipped, r
         )
         for r in range(count)
     ]
@@ -187,7 +189,7 @@ async def start_engine(
         config,
         supervisor,
         budgets=budgets,
-        namespaces=config.server.metrics_namespace,
+        namespaces=NamespaceTags(config.server.metrics_namespace, config.server.metrics_namespaces),
         metrics=EngineMetrics(namespace, Path(info.path).name or info.model_type),
     )
     server, bound, _ = await create_server(
@@ -230,6 +232,27 @@ async def sample_metrics(engine: "RunningEngine", every: float = 1.0) -> None:
             raise
         except Exception as e:  # an actor that is gone: the supervisor reports it
             log.debug("sampling metrics failed: %s", e)
+
+
+def without_tokens(config: EngineConfig) -> EngineConfig:
+    """The configuration an actor gets: no token. The actors check none, and Ray keeps an
+    actor's arguments in its GCS (to restart it), where every worker could read them."""
+    return config.with_server(tokens=())
+
+
+def loopback_ray() -> None:
+    """Have the Ray this process starts listen on 127.0.0.1 alone: its GCS, raylet,
+    workers, metrics exporter and dashboard agent, which otherwise listen on every
+    interface (the exporter serves each namespace's token counts; the GCS takes jobs).
+
+    Ray does this by itself where it allows no cluster (macOS, Windows); its
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 asks for the same on Linux. Ray reads the
+    variable once, when first imported, so its constant is set as well.
+    """
+    from ray._private import ray_constants
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # and for the processes it starts
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def measured_guard(cache, info):
@@ -325,6 +348,8 @@ def run(config: EngineConfig, sidecars: Sequence[Sidecar] = ()) -> int:
     started_ray = not ray.is_initialized()
     dashboard = ""
     if started_ray:
+        if not config.server.address and not config.server.ray_public:
+            loopback_ray()
         ctx = ray.init(**ray_options(config))
         dashboard = getattr(ctx, "dashboard_url", "") or ""
     try:

@@ -3,11 +3,13 @@
 Every domain error becomes a status code here, in one place:
 InvalidRequest -> INVALID_ARGUMENT, Unavailable (and a dead actor) -> UNAVAILABLE,
 a full queue -> RESOURCE_EXHAUSTED. Standard health checking is served
-beside the Engine service, and server reflection on loopback (or by flag).
-With tokens configured (engine.server.auth) every call but health needs a
-bearer token, and the namespace comes from the token. Unless the operator asks
-for exact figures, cached-token figures go out rounded down to a block
-(CACHE_BLOCK tokens), so a tenant cannot probe another's prompt token by token.
+beside the Engine service (Check open, Watch capped: engine.server.health),
+and server reflection on loopback (or by flag). With tokens configured
+(engine.server.auth) every call but Health/Check needs a bearer token, and the
+namespace comes from the token. Unless the operator asks
+for exact figures, every figure that depends on the restore length goes out
+from its block alone (engine.server.figures), so a caller cannot probe a
+prompt it shares token by token.
 """
 
 from __future__ import annotations
@@ -21,14 +23,16 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from engine.config import CACHE_BLOCK, ServerConfig
+from engine.config import ServerConfig
 from engine.proto import engine_pb2, engine_pb2_grpc
 from engine.runtime.events import Finished, FinishReason, Progress, Tokens
 from engine.runtime.requests import SamplingParams
 from engine.server.activity import Inspection, RequestRecord
 from engine.server.auth import Authenticator, AuthInterceptor, server_credentials
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
+from engine.server.figures import ClientFigures
 from engine.server.frontend import Frontend
+from engine.server.health import EngineSlots, HealthGate
 from engine.server.limits import (
     DEFAULT_LIMITS,
     check_identifier,
@@ -103,32 +107,7 @@ def to_sampling(s: engine_pb2.Sampling) -> SamplingParams:
     )
 
 
-def _block(n: int) -> int:
-    return n - n % CACHE_BLOCK
-
-
-def rounded(event):
-    """The event with every figure that shows how much was cached rounded down to a block.
-
-    Byte counts of the restore scale with the rounded length, so they tell no more.
-    """
-    if isinstance(event, Progress) and event.done < event.total:
-        return dataclasses.replace(event, done=_block(event.done))
-    if not isinstance(event, Finished):
-        return event
-    length, cached = _block(event.restore_length), _block(event.cached_tokens)
-    n = event.restore_length
-    timing = dataclasses.replace(
-        event.timing,
-        restored_kv_bytes=event.timing.restored_kv_bytes * length // n if n else 0,
-        bytes_copied_restore=event.timing.bytes_copied_restore * length // n if n else 0,
-    )
-    return dataclasses.replace(event, restore_length=length, cached_tokens=cached, timing=timing)
-
-
-def to_event(event, exact: bool = True) -> engine_pb2.GenerateEvent:
-    if not exact:
-        event = rounded(event)
+def to_event(event) -> engine_pb2.GenerateEvent:
     if isinstance(event, Progress):
         return engine_pb2.GenerateEvent(
             progress=engine_pb2.PrefillProgress(done=event.done, total=event.total)
@@ -184,9 +163,11 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             events = generate_events(
                 self.frontend, self.auth, request, context.invocation_metadata()
             )
+            figures = ClientFigures(self.exact_figures)  # exact, or the block alone
             async for batch in events:
                 for event in _coalesce(batch):
-                    yield to_event(event, self.exact_figures)
+                    if (shown := figures.shown(event)) is not None:
+                        yield to_event(shown)
                     if isinstance(event, Finished) and event.finish_reason == FinishReason.ERROR:
                         await self._abort(
                             context, grpc.StatusCode.INTERNAL, event.error or "generation failed"
@@ -289,29 +270,34 @@ async def create_server(
     """(server, bound port, health servicer); the server is started.
 
     Health is SERVING unless `health_servicer` is given: then it says what its
-    owner (the supervisor) set.
+    owner (the supervisor) set. It is served through a HealthGate (Check open,
+    Watch streams capped and ended after a while; engine.server.health).
 
-    `security` brings tokens, TLS, reflection and the figures' rounding (its
-    host and port are not used); None serves as on loopback with none of them
-    and exact figures. `local_socket` also serves on that Unix socket, without
-    TLS (tokens still apply): the bridge sidecar's way in. Past
-    `max_concurrent_rpcs` calls at once, gRPC itself answers RESOURCE_EXHAUSTED.
+    `security` brings tokens, TLS, reflection, the figures' rounding and the
+    health watchers' limits (its host and port are not used); None serves as
+    on loopback with none of them and exact figures. `local_socket` also
+    serves on that Unix socket, without TLS (tokens still apply): the bridge
+    sidecar's way in. Past `max_concurrent_rpcs` Engine calls at once the
+    server answers RESOURCE_EXHAUSTED; health checks never count.
     """
     security = security or ServerConfig(host=host, exact_cache_figures=True)
     auth = Authenticator(security.tokens)
+    interceptors = [AuthInterceptor(auth)] if auth.enabled else []
+    if max_concurrent_rpcs is not None:
+        interceptors.append(EngineSlots(max_concurrent_rpcs, SERVICE))
     # gRPC itself refuses anything far past the limit; the servicer answers
     # INVALID_ARGUMENT, naming the limit, for what lies between.
     receive = frontend.limits.max_request_bytes + (1 << 20)
     server = grpc.aio.server(
         options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", receive)],
-        interceptors=[AuthInterceptor(auth)] if auth.enabled else None,
-        maximum_concurrent_rpcs=max_concurrent_rpcs,
+        interceptors=interceptors or None,
     )
     servicer = EngineServicer(frontend, auth, security.exact_cache_figures)
     engine_pb2_grpc.add_EngineServicer_to_server(servicer, server)
     own_health = health_servicer is None
     health_servicer = health_servicer or health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    gate = HealthGate(health_servicer, security.health_watchers, security.health_watch_seconds)
+    health_pb2_grpc.add_HealthServicer_to_server(gate, server)
     if security.reflection_on:
         reflection.enable_server_reflection(
             (

@@ -205,15 +205,16 @@ def read_arrays(path: Path, fingerprint: str, entry_id: int):
     return drain(read_steps(path, fingerprint, entry_id))
 
 
-def read_steps(path: Path, fingerprint: str, entry_id: int):
+def read_steps(path: Path, fingerprint: str, entry_id: int, dir_fd: int | None = None):
     """`read_arrays` in steps (one array's allocation, one chunk of the body read): yields
     the bytes done so far after each (allocated, then read: twice the arrays' bytes at the
     end) and returns what `read_arrays` returns, so a reader
     can hand the rest of a load to another thread (`drain` there). Each step creates
     and evaluates its own arrays, so none is left on the stream of the thread that
-    ran the steps before."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    with os.fdopen(fd, "rb", buffering=0) as f:
+    ran the steps before. With `dir_fd` (the directory as opened at start) the file
+    is opened relative to it, whatever its path has become since."""
+    path = Path(path)
+    with file_format.open_entry(path.parent if dir_fd is None else dir_fd, path.name) as f:
         size = os.fstat(f.fileno()).st_size
         header = file_format.read_header_from(f, size)
         if header.fingerprint != fingerprint or header.entry_id != entry_id:

@@ -82,6 +82,9 @@ class DiskStore:
         self.directory = Path(directory)
         self.fingerprint = fingerprint
         self.writer = DiskWriter(self.directory, max_queued_bytes)
+        # Loads open files relative to the directory as it is now (checked by the
+        # writer's private_directory), never through a path swapped later.
+        self.dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         # The late thread reads what the idle-priority reader cannot get CPU for. It is
         # started here, on the constructing thread: a thread inherits its creator's
         # policy, and one born of the SCHED_IDLE reader could never leave it unprivileged.
@@ -165,7 +168,8 @@ class DiskStore:
         path = file_format.entry_path(self.directory, entry_id)
         t0 = time.perf_counter()
         try:
-            return entry_id, None, run(read_steps(path, self.fingerprint, entry_id)), t0
+            steps = read_steps(path, self.fingerprint, entry_id, self.dir_fd)
+            return entry_id, None, run(steps), t0
         except (file_format.DamagedFile, OSError) as e:
             return entry_id, None, e, t0
 
@@ -217,7 +221,8 @@ class DiskStore:
                 file_format.DAMAGED_SUFFIX,
             )
             try:
-                os.replace(path, path.with_suffix(file_format.DAMAGED_SUFFIX))
+                damaged = path.with_suffix(file_format.DAMAGED_SUFFIX).name
+                os.replace(path.name, damaged, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
             except OSError:
                 pass
         else:
@@ -225,7 +230,8 @@ class DiskStore:
             self.load_bytes += nbytes
             self.load_seconds += time.perf_counter() - t0
             try:
-                os.utime(path)  # the disk tier's LRU survives restarts through mtimes
+                # the disk tier's LRU survives restarts through mtimes
+                os.utime(path.name, dir_fd=self.dir_fd, follow_symlinks=False)
             except OSError:
                 pass
             return entry
@@ -242,7 +248,9 @@ class DiskStore:
         self._late.shutdown(wait=False)
         if self._reader is not None:
             self._reader.shutdown(wait=False)
-        return self.writer.close(timeout)
+        closed = self.writer.close(timeout)
+        os.close(self.dir_fd)
+        return closed
 
     def stats(self) -> dict:
         queued, queued_bytes = self.writer.backlog

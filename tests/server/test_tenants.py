@@ -9,8 +9,6 @@ that learns nothing finer than a 64-token block about a prompt it shares.
 from __future__ import annotations
 
 import dataclasses
-import os
-import tempfile
 
 import httpx
 import openai
@@ -18,41 +16,13 @@ import pytest
 
 from clients.client import Client, Final, LineageError, Progress
 from clients.openai.server import bridge_security, start_bridge
-from engine.config import CACHE_BLOCK, Identity
-from engine.server.background import BackgroundEngine, BackgroundLoop
-from tests.certs import make_certs
-from tests.engines import make_config
+from engine.config import CACHE_BLOCK
+from engine.server.background import BackgroundLoop
 
-TOKENS = (
-    Identity("op-token", "", admin=True),
-    Identity("alice-token", "alice"),
-    Identity("bob-token", "bob"),
-)
 SECRET = [(i * 37 + 11) % 500 + 3 for i in range(600)]  # alice's prompt (token ids)
 # Common prefixes the probes try. On a hybrid model the first probe at k plants a
 # divergence checkpoint at k and the second restores there: exactly k, unrounded.
 PREFIXES = (300, 331, 390)
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory):
-    return make_certs(tmp_path_factory.mktemp("certs"))
-
-
-@pytest.fixture(scope="module")
-def secured(ray_session, tmp_path_factory, certs):
-    config = make_config(tmp_path_factory.mktemp("tenants")).with_server(
-        tokens=TOKENS,
-        tls_cert=certs.server_cert,
-        tls_key=certs.server_key,
-        exact_cache_figures=False,
-    )
-    private = tempfile.mkdtemp(prefix="lineage-test-")
-    socket = os.path.join(private, "grpc.sock")
-    engine = BackgroundEngine(config, local_socket=socket)
-    engine.socket = socket
-    yield engine
-    engine.stop()
 
 
 def client(engine, token, certs) -> Client:
@@ -202,3 +172,28 @@ def test_the_in_process_bridge_takes_the_namespace_from_the_token(in_process_bri
     with oa("wrong") as nobody:
         with pytest.raises(openai.AuthenticationError):
             nobody.completions.create(model="lineage", prompt=[5, 6], max_tokens=1)
+
+
+def test_request_ids_are_scoped_by_namespace(secured, certs):
+    """Bob can neither see nor block an id alice has in flight; alice cannot reuse hers."""
+    with client(secured, "alice-token", certs) as alice, client(secured, "bob-token", certs) as bob:
+        held = alice.stream(prompt_ids=[5, 6, 7], max_tokens=4000, request_id="shared-id")
+        assert not isinstance(next(held), Final)  # in flight
+        try:
+            result = bob.generate(prompt_ids=[5, 6, 7], max_tokens=2, request_id="shared-id")
+            assert result.request_id == "shared-id" and result.usage.completion_tokens >= 1
+            with pytest.raises(LineageError) as err:
+                alice.generate(prompt_ids=[5, 6], max_tokens=1, request_id="shared-id")
+            assert err.value.code == "INVALID_ARGUMENT"
+        finally:
+            held.cancel()
+
+
+def test_tokens_never_reach_the_actors(secured):
+    """The model actor's configuration (also kept in Ray's GCS to restart it) has no token."""
+    import ray
+
+    def tokens_held(actor) -> list[str]:
+        return [i.token for i in actor.loop.generator.config.server.tokens]
+
+    assert ray.get(secured.engine.model.__ray_call__.remote(tokens_held), timeout=60) == []

@@ -168,7 +168,7 @@ class ModelActor:
             model, tokenizer, self.info_value = load_model(config)
             disk = open_disk_store(config, self.info_value.fingerprint)
             if disk is not None:
-                disk.on_lost = lambda: self._report_lost(disk)
+                disk.on_report = lambda: self._report_disk(disk)
             tier = RamTier(self.info_value.has_state_layers, disk)
             return Generator(model, tokenizer, config, tier, self.link)
 
@@ -177,13 +177,17 @@ class ModelActor:
         self.link.loop = self.loop
         log.info("model actor started: replica %s, cache mode %s", replica, config.cache.mode)
 
-    def _report_lost(self, disk) -> None:
-        """Writes the disk writer lost (on its thread): the manager's disk index forgets them.
-        Without a manager (not attached yet, restarting) its next scan finds no such file."""
-        lost = disk.take_lost()
+    def _report_disk(self, disk) -> None:
+        """Writes the disk writer lost or did (on its thread): the manager's disk index
+        forgets the lost ones, and lets the other replicas of the machine read the written
+        ones. Without a manager (not attached yet, restarting) its next scan finds the
+        directory as it is."""
+        lost, written = disk.take_lost(), disk.take_written()
         manager = self.link.manager
         if lost and manager is not None:
             manager.files_lost.remote(lost, self.replica)
+        if written and manager is not None:
+            manager.files_written.remote(written, self.replica)
 
     @ray.method(max_task_retries=3)
     def info(self) -> ModelInfo:
@@ -323,11 +327,13 @@ class ModelActor:
     async def generate(self, req: GenerationRequest, epoch: int = 0):
         """Stream lists of events (Progress, Tokens, Finished) for one request.
 
-        A request planned before this replica's last resync (or before its first,
-        after Ray restarted it) ends at once with reason UNAVAILABLE.
+        A request whose plan carries another epoch than this replica's (placed here
+        before its last reset, or before its first after Ray restarted it) ends at once
+        with reason UNAVAILABLE. `epoch` is the front end's; the plan's is the one checked.
         """
-        if self.epoch < 0 or epoch < self.epoch:
-            yield [_refused(req, f"planned in epoch {epoch}, the replica is in {self.epoch}")]
+        if self.epoch < 0 or req.plan.epoch != self.epoch:
+            why = f"planned in epoch {req.plan.epoch}, the replica is in {self.epoch}"
+            yield [_refused(req, why)]
             return
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()

@@ -89,6 +89,10 @@ class RestorePlan:
     # every Orders up to this one: a free, move or write decided before the plan
     # is never applied after the restore it would change.
     after_orders: int = 0
+    # The epoch of `replica` when the manager placed the plan there (the manager
+    # actor stamps it): a replica resynchronised since (reset, its RAM tier
+    # emptied) refuses the plan, and so does one that has not caught up with it.
+    epoch: int = 0
 
 
 @dataclass(frozen=True)
@@ -287,6 +291,21 @@ class ReplicaStats:
     restores: dict[str, int] = field(default_factory=dict)  # by restore kind
     handovers: int = 0  # restore sources fetched from a peer
     handover_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class CacheAudit:
+    """What the index counts, for a check against what the replicas hold and the disk has
+    (`lineage bench faults`, tests): entries by id, where they are, and whether the
+    manager's invariants hold."""
+
+    ram: dict[int, int]  # indexed entry id -> bytes, deferred frees included
+    holders: dict[int, tuple[int, ...]]  # entry id -> the replicas holding it
+    disk: tuple[int, ...]  # ids of the files in the disk index (damaged and foreign too)
+    machines: dict[int, str]  # file id -> its machine (its writer's, else the manager's)
+    unread: tuple[int, ...]  # entries indexed from a file a replica may not have read yet
+    in_flight: int  # requests planned and not committed or released
+    violation: str = ""  # the failed invariant's message; "" when they all hold
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from engine.cache.manager import CacheManager
 from engine.cache.messages import (
     AnchorCommit,
+    CacheAudit,
     CacheStats,
     Commit,
     LostRestore,
@@ -448,6 +449,27 @@ class ReplicatedCache:
         """The manager's invariants, and the placement's (Replicas.check)."""
         self.manager.check_invariants()
         self.replicas.check(e.id for e in self.manager.index.entries())
+
+    def audit(self) -> CacheAudit:
+        """What the index counts and where; `violation` says which invariant fails, if any."""
+        index, disk, reps = self.manager.index, self.manager.disk_index, self.replicas
+        entries = {e.id: e for e in index.entries()}
+        entries.update((i, index.deferred_entry(i)) for i in index.deferred)
+        try:
+            self.check_invariants()
+            violation = ""
+        except AssertionError as e:
+            violation = f"{e}" or "an invariant failed"
+        files = tuple(sorted(disk.files)) if disk is not None else ()
+        return CacheAudit(
+            ram={i: e.nbytes for i, e in entries.items()},
+            holders={i: tuple(sorted(reps.holders.get(i, ()))) for i in entries},
+            disk=files,
+            machines={i: reps.machine_of(i) for i in files},
+            unread=tuple(sorted(self.manager.unread)),
+            in_flight=len(reps.flights),
+            violation=violation,
+        )
 
     def place(self, machines, home: str) -> None:
         """The machine of each replica and of the manager (the files found at start)."""

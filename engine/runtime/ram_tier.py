@@ -56,6 +56,8 @@ class DiskTier(Protocol):
 
     def take_lost(self) -> list[int]: ...  # writes that never reached the disk
 
+    def take_written(self) -> list[int]: ...  # files written (durable) since the last call
+
     def load(
         self, entry_id: int, namespace: str | None = None, tokens=None
     ) -> StoredEntry | None: ...

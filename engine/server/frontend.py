@@ -27,6 +27,7 @@ from typing import Mapping
 
 import numpy as np
 
+from engine.actors.cache_manager import NotSynchronised
 from engine.cache.messages import PlanRequest, Release
 from engine.config import EngineConfig
 from engine.runtime.events import Finished, FinishReason, Tokens
@@ -311,7 +312,7 @@ class Frontend:
             if isinstance(e, asyncio.TimeoutError):
                 self._poke()
                 raise Unavailable(f"the cache manager did not plan within {self.deadline:.0f} s")
-            if isinstance(e, ActorGone):
+            if isinstance(e, (ActorGone, NotSynchronised)):  # restarted: wait for its resync
                 self._poke()
                 raise _Restarted(f"the cache manager is unavailable ({type(e).__name__})", False)
             if isinstance(e, LookupError):  # no replica alive

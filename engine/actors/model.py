@@ -293,8 +293,10 @@ class ModelActor:
         self.handovers.exported += 1
         return found
 
-    async def _fetch(self, plan) -> None:
-        """Handover: get the plan's restore source from the peer holding it, store it here."""
+    async def _fetch(self, plan, tokens=None) -> None:
+        """Handover: get the plan's restore source from the peer holding it, store it here,
+        unless it holds other tokens than the request's first `plan.length` (`tokens`,
+        when known; a restore checks them again)."""
         from engine.storage.handover import from_portable
 
         try:
@@ -311,8 +313,11 @@ class ModelActor:
             return
 
         def store(g) -> None:
+            entry = from_portable(portable)
+            if tokens is not None and not g.tier.matches(entry, tokens[: plan.length]):
+                return  # refused (counted, logged): the restore is lost and replanned
             if plan.entry_id not in g.tier.entries:
-                g.tier.put(plan.entry_id, from_portable(portable))
+                g.tier.put(plan.entry_id, entry)
 
         await asyncio.to_thread(self.loop.ask, store)
         seconds = max(0.0, time.time() - portable.exported_at)
@@ -343,7 +348,7 @@ class ModelActor:
 
         finished = False
         if req.plan.fetch_from is not None and req.plan.fetch_from != self.replica:
-            await self._fetch(req.plan)
+            await self._fetch(req.plan, req.tokens)
         self.loop.call(lambda g: g.submit(req, emit))
         try:
             while not finished:

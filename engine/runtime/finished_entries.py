@@ -59,16 +59,17 @@ def finished_entries(act: ActiveRequest, cache: list, all_tokens: list) -> Finis
         if point.entry_id is None:
             states[point.length] = state
         else:
-            entries.append(
-                (point.entry_id, StoredEntry(layers, point.length, {point.length: state}))
+            captured = StoredEntry(
+                layers, point.length, {point.length: state}, tokens=tokens[: point.length]
             )
+            entries.append((point.entry_id, captured))
         points.append(CapturedPoint(point.length, point.kind, point.entry_id))
     logits = {}
     # Kept where a resend can use them: a lineage entry's prompt end (exact mode's
     # snapshots are matched one token short, and its index does not count them).
     if act.prompt_end_logits is not None and L in states and plan.store_reply:
         logits = {L: act.prompt_end_logits}
-    entries.append((plan.new_entry_id, StoredEntry(layers, length, states, logits)))
+    entries.append((plan.new_entry_id, StoredEntry(layers, length, states, logits, tokens)))
     commit = Commit(
         request_id=act.req.request_id,
         namespace=act.req.namespace,

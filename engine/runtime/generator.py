@@ -358,14 +358,15 @@ class Generator:
         """
         layers, state = layer_caches.store_entry(extracted)
         key = _staging_key(act.req.request_id, point.entry_id)
-        anchor = StoredEntry(layers, point.length, {point.length: state})
+        tokens = np.asarray(act.req.tokens[: point.length], dtype=np.int32)
+        anchor = StoredEntry(layers, point.length, {point.length: state}, tokens=tokens)
         self.tier.stage(key, [(point.entry_id, anchor)], point.length)
         self.order_ledger.commit_anchor(
             AnchorCommit(
                 request_id=act.req.request_id,
                 namespace=act.req.namespace,
                 entry_id=point.entry_id,
-                tokens=np.asarray(act.req.tokens[: point.length], dtype=np.int32),
+                tokens=tokens,
                 kv_bytes_per_token=layer_caches.kv_bytes_per_token(layers),
                 state_bytes=state.nbytes,
             ),

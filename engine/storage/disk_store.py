@@ -29,6 +29,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
+
 from engine.cache.messages import EntryRecord
 from engine.config import EngineConfig
 from engine.runtime.ram_tier import StoredEntry
@@ -210,9 +212,15 @@ class DiskStore:
         """The entry of a `read`; None (logged, a damaged file renamed) when it failed or
         does not hold `namespace` and `tokens` (the plan's), when given."""
         entry_id, job, result, t0 = read
-        if job is not None:
+        if job is not None:  # still queued here: the write's record says what it holds
             held = job.entry
-            return StoredEntry(held.layers, held.length, dict(held.states))
+            if namespace is not None and job.meta["namespace"] != namespace:
+                log.error("disk tier: queued entry %d is of another namespace", entry_id)
+                return None
+            if tokens is not None and not np.array_equal(held.tokens[: len(tokens)], tokens):
+                log.error("disk tier: queued entry %d holds other tokens than planned", entry_id)
+                return None
+            return StoredEntry(held.layers, held.length, dict(held.states), tokens=held.tokens)
         path = file_format.entry_path(self.directory, entry_id)
         try:
             if isinstance(result, BaseException):

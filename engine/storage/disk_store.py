@@ -257,6 +257,10 @@ class DiskStore:
     def max_queued_id(self) -> int:
         return self.writer.max_queued_id()
 
+    def queued(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The writer's queued writes and deletes (DiskWriter.queued)."""
+        return self.writer.queued()
+
     def close(self, timeout: float | None = None) -> bool:
         self._late.shutdown(wait=False)
         if self._reader is not None:

@@ -261,6 +261,18 @@ class DiskWriter:
             current = self._current
         return job or (current if current is not None and current.entry_id == entry_id else None)
 
+    def queued(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(ids of the writes queued or under way, ids of the files to be deleted: queued
+        deletes, and the files those writes supersede): what the directory does not show
+        yet."""
+        with self._cond:
+            jobs = list(self._pending.values())
+            if self._current is not None:
+                jobs.append(self._current)
+            deletes = [i for op, i in self._queue if op == "delete"]
+        deletes += [old for job in jobs for old in job.supersedes]
+        return tuple(job.entry_id for job in jobs), tuple(deletes)
+
     def max_queued_id(self) -> int:
         """The largest entry id of a queued or running write (0: none)."""
         with self._cond:

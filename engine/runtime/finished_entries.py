@@ -19,7 +19,7 @@ import numpy as np
 from engine.cache.messages import CapturedPoint, Commit
 from engine.runtime import layer_caches
 from engine.runtime.active import ActiveRequest
-from engine.runtime.ram_tier import StoredEntry
+from engine.runtime.ram_tier import StoredEntry, digest
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,7 @@ def finished_entries(act: ActiveRequest, cache: list, all_tokens: list) -> Finis
             captured = StoredEntry(
                 layers, point.length, {point.length: state}, tokens=tokens[: point.length]
             )
+            captured.digests[point.length] = digest(all_tokens[: point.length])
             entries.append((point.entry_id, captured))
         points.append(CapturedPoint(point.length, point.kind, point.entry_id))
     logits = {}
@@ -69,7 +70,10 @@ def finished_entries(act: ActiveRequest, cache: list, all_tokens: list) -> Finis
     # snapshots are matched one token short, and its index does not count them).
     if act.prompt_end_logits is not None and L in states and plan.store_reply:
         logits = {L: act.prompt_end_logits}
-    entries.append((plan.new_entry_id, StoredEntry(layers, length, states, logits, tokens)))
+    entry = StoredEntry(layers, length, states, logits, tokens)
+    # Digests at its restore points, from the token list at hand (the next turn checks them).
+    entry.digests = {n: digest(all_tokens[:n]) for n in states}
+    entries.append((plan.new_entry_id, entry))
     commit = Commit(
         request_id=act.req.request_id,
         namespace=act.req.namespace,

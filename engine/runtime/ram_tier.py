@@ -16,12 +16,17 @@ tier is reached through the `DiskTier` protocol (the storage layer's
 DiskStore fills it), so this module never imports storage.
 
 Every entry carries the token ids its rows were computed on (`StoredEntry.tokens`,
-4 bytes a token beside the KV rows' hundreds). Before a restore, and before a
-file's or a handed-over entry enters the tier, `matches` compares them with
-the request's: an entry id that came to mean other tokens (a manager that
-reused an id, a file or a peer's entry under a wrong id) is refused, counted
-(`token_mismatches`) and logged, and the request's restore point is lost (a
-cache miss), never a continuation of another prompt.
+4 bytes a token beside the KV rows' hundreds) and a digest of their prefix at
+its restore points (`digests`, a 64-bit hash of the token tuple, taken where
+the entry is made). Before a restore, and before a file's or a handed-over
+entry enters the tier, `matches` compares the digest of the request's first
+tokens with the entry's: an entry id that came to mean other tokens (a
+manager that reused an id, a file or a peer's entry under a wrong id) is
+refused, counted (`token_mismatches`) and logged, and the request's restore
+point is lost (a cache miss), never a continuation of another prompt. The
+request's side hashes its own token tuple (a few ns a token); an entry's
+digest at a length it lacks (a model without state layers restores at any
+length; a loaded or handed-over entry) is taken from its tokens once.
 
 A file read off the loop (`start_load`) is shared by the requests that plan
 it and kept only while one of them waits: the first to restore takes it, a
@@ -31,7 +36,6 @@ of it, and a failed read is never handed to a later plan.
 
 from __future__ import annotations
 
-import array
 import logging
 import time
 from concurrent.futures import Future
@@ -58,6 +62,9 @@ class StoredEntry:
     # what a restore checks the request's tokens against. Not counted in `nbytes`
     # (the index counts the tensors), 4 bytes a token.
     tokens: np.ndarray | None = None
+    # length -> `digest(tokens[:length])`, taken where the entry is made (from the
+    # request's own token list) or at its first check there.
+    digests: dict[int, int] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
@@ -239,16 +246,17 @@ class RamTier:
 
     def matches(self, entry: StoredEntry | int | None, tokens) -> bool:
         """Whether `entry` (or the entry held under that id) was computed on `tokens` (the
-        request's first tokens, as many as it restores). A mismatch is counted and logged:
-        the entry is refused, the restore becomes a miss."""
+        request's first tokens, as many as it restores): their digests are equal. A
+        mismatch is counted and logged: the entry is refused, the restore becomes a miss."""
         held = self.entries.get(entry) if isinstance(entry, int) else entry
         if held is None:
             return False
         t0 = time.perf_counter()
         n = len(tokens)
-        stored = held.tokens
-        same = stored is not None and len(stored) >= n
-        same = same and np.array_equal(stored[:n], _int32(tokens))
+        own = held.digests.get(n)
+        if own is None and held.tokens is not None and len(held.tokens) >= n:
+            own = held.digests[n] = digest(held.tokens[:n])
+        same = own is not None and own == digest(tokens)
         self.token_check_seconds += time.perf_counter() - t0
         self.token_checks += 1
         if not same:
@@ -321,11 +329,12 @@ class RamTier:
         return self._held
 
 
-def _int32(tokens) -> np.ndarray:
-    """Token ids as an int32 array (a tuple of ints goes through `array`, twice as fast)."""
+def digest(tokens) -> int:
+    """A 64-bit digest of a token sequence (a tuple, list or array of ints): the hash of
+    its tuple. CPython hashes ints and tuples alike in every process, seeds aside."""
     if isinstance(tokens, np.ndarray):
-        return tokens
-    return np.frombuffer(array.array("i", tokens), np.int32)
+        tokens = tokens.tolist()
+    return hash(tokens if isinstance(tokens, tuple) else tuple(tokens))
 
 
 def _size(held) -> int:

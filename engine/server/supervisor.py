@@ -169,7 +169,10 @@ class Supervisor:
                 self._missed[r] = 0
                 restarted = h.incarnation != self._known[r] or h.epoch < 0
                 if restarted or not self._up[r] or r not in routed:
-                    await self._revive(r)  # lost, then answering: reset like a restart
+                    try:  # lost, then answering: reset like a restart
+                        await self._revive(r)
+                    except (RayActorError, asyncio.TimeoutError) as e:  # next round again
+                        log.error("replica %d did not resynchronise: %s", r, _first_line(e))
         if dead == len(self.models):
             self.gone = "every model replica is gone for good"
         if any(self._up):

@@ -40,22 +40,28 @@ class Holdings:
     deletes: tuple[int, ...] = ()  # files its writer is still to delete
 
 
-def read_holdings(actor) -> dict:
+def read_holdings(actor) -> dict | None:
     """Run on a model actor (`actor.__ray_call__.remote(read_holdings)`): its RAM tier and
-    its writer's queue, read on its loop thread, as plain values."""
+    its writer's queue, as plain values (None: its model is not loaded yet).
 
-    def look(g) -> dict:
-        disk = g.tier.disk_tier
-        writes, deletes = disk.queued() if disk is not None else ((), ())
-        return {
-            "entries": {i: e.nbytes for i, e in g.tier.entries.items()},
-            "tier_bytes": g.tier.nbytes,
-            "loads": g.tier.loads,
-            "writes": writes,
-            "deletes": deletes,
-        }
-
-    return actor.loop.ask(look, 10.0)
+    Read beside the loop thread, never waiting for it (a sync call blocks the actor's
+    event loop, and with it the supervisor's ping): the tier's table is copied in one
+    step under the GIL, so a read may fall between two changes of one loop call, which
+    `Lasting` tells from a lasting finding.
+    """
+    g = actor.loop.generator
+    if g is None:
+        return None
+    entries = dict(g.tier.entries)  # one C-level copy: no change of the table half-seen
+    disk = g.tier.disk_tier
+    writes, deletes = disk.queued() if disk is not None else ((), ())
+    return {
+        "entries": {i: e.nbytes for i, e in entries.items()},
+        "tier_bytes": g.tier.nbytes,
+        "loads": g.tier.loads,
+        "writes": writes,
+        "deletes": deletes,
+    }
 
 
 def entry_files(directory: str | Path) -> set[int]:

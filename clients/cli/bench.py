@@ -43,6 +43,10 @@ BENCHES = {
         "clients.bench.load",
         "load: concurrent sessions on a small RAM budget, then a burst past the queue",
     ),
+    "faults": (
+        "clients.bench.faults",
+        "faults: kill the manager and a replica, stall a loop, fill the disk, under agent traffic",
+    ),
 }
 
 

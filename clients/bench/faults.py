@@ -58,7 +58,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--agents", type=int, default=2, help="concurrent sub-agents")
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens per reply")
     parser.add_argument("--ram-budget", default="8M", help="the RAM tier's budget (small)")
-    parser.add_argument("--route-threshold", type=int, default=256, help="queued tokens")
+    parser.add_argument(
+        "--route-threshold", type=int, default=0, help="queued tokens (0: any imbalance hands over)"
+    )
     parser.add_argument("--loop-deadline", type=float, default=2.0, help="seconds")
     parser.add_argument("--gap", type=float, default=8.0, help="seconds between faults")
     parser.add_argument("--disk-full", type=float, default=6.0, help="seconds of ENOSPC")

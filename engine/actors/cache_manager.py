@@ -124,8 +124,8 @@ class CacheManagerActor:
             self.cache.place(*self.placed)
         self.epoch = epoch
         self.epochs = [epoch] * self.replicas
-        for replica in lost:
-            self.cache.lost(replica)  # nothing in flight, nothing indexed: no Orders
+        for replica in lost:  # nothing in flight, nothing indexed yet: no Orders to hand out
+            self.cache.replicas.lost(replica)
 
     @property
     def manager(self) -> CacheManager:

@@ -84,6 +84,7 @@ class Sent:
     max_tokens: int
     drop_after: int
     outcome: str = ""  # done | dropped | the error's code
+    errors: list = field(default_factory=list)  # the codes of the attempts that failed
     ids: list = field(default_factory=list)
     text: str = ""
     attempts: int = 0
@@ -151,7 +152,9 @@ def _faulted_run(config, faults: list[str], args) -> dict:
         injector = Injector(engine, c, faults, args)
         checker.start()
         injector.start()
+        t0 = time.monotonic()
         sent = _traffic(c, args, until=injector.done)
+        seconds = time.monotonic() - t0
         injector.join()
         checker.stop()
         final = _final_check(engine, config, c)
@@ -160,6 +163,7 @@ def _faulted_run(config, faults: list[str], args) -> dict:
         sup = engine.engine.supervisor
         return {
             "sent": sent,
+            "seconds": seconds,
             "faults": injector.results,
             "lasting": {
                 **lasting.figures(),
@@ -227,6 +231,7 @@ def _send(client, s: Sent, attempts: int) -> Sent:
             return s
         except LineageError as e:
             s.outcome, s.ids, s.text = e.code, [], ""
+            s.errors.append(e.code)
             time.sleep(1.0)
     return s
 
@@ -394,8 +399,11 @@ def _figures(faulted: dict, baseline: dict, args) -> dict:
             wrong += 1
             examples.append({"round": s.round, "rid": s.rid, "got": s.ids, "want": ref.ids})
     outcomes: dict[str, int] = {}
+    errors: dict[str, int] = {}
     for s in sent:
         outcomes[s.outcome] = outcomes.get(s.outcome, 0) + 1
+        for code in s.errors:
+            errors[code] = errors.get(code, 0) + 1
     checks = sum(t["token_checks"] for t in baseline["tiers"])
     check_s = sum(t["token_check_seconds"] for t in baseline["tiers"])
     restored = [r for r in replies.values() if r.outcome == "done" and r.cached]
@@ -405,7 +413,9 @@ def _figures(faulted: dict, baseline: dict, args) -> dict:
         "faults_survived": sum(f["survived"] for f in faulted["faults"]),
         "requests": len(sent),
         "rounds": 1 + max((s.round for s in sent), default=0),
+        "traffic_s": faulted["seconds"],
         "outcomes": dict(sorted(outcomes.items())),
+        "client_errors": dict(sorted(errors.items())),
         "retried_by_client": sum(s.attempts > 1 for s in sent),
         "retried_by_server": faulted["retried_by_server"],
         "compared_replies": compared,
@@ -450,12 +460,12 @@ def report(f: dict) -> str:
     of_ttft = check_ms / f["warm_ttft_ms_mean"] if f["warm_ttft_ms_mean"] else 0.0
     lines += [
         "",
-        f"checks               {c['checks']} read whole, skipped {c['skipped']} "
-        f"(the longest {c['longest_check_s']:.2f} s)",
+        f"checks               {c['checks']} read whole in {f['traffic_s']:.0f} s of traffic, "
+        f"skipped {c['skipped']} (the longest {c['longest_check_s']:.2f} s)",
         f"faults survived      {f['faults_survived']} of {len(f['faults'])}",
         f"requests             {f['requests']} in {f['rounds']} rounds: {f['outcomes']}",
-        f"retried              {f['retried_by_client']} by the client, "
-        f"{f['retried_by_server']} by the server",
+        f"retried              {f['retried_by_client']} by the client (errors seen: "
+        f"{f['client_errors']}), {f['retried_by_server']} by the server",
         f"replies compared     {f['compared_replies']} with the fault-free run's",
         f"wrong replies        {f['wrong_replies']}",
         f"leaked bytes         {f['leaked_bytes']} (lasting {c['lasting_after_checks']} checks"

@@ -171,7 +171,7 @@ class ModelActor:
             model, tokenizer, self.info_value = load_model(config)
             disk = open_disk_store(config, self.info_value.fingerprint)
             if disk is not None:
-                disk.on_lost = lambda: self._report_lost(disk)
+                disk.on_report = lambda: self._report_disk(disk)
             tier = RamTier(self.info_value.has_state_layers, disk)
             return Generator(model, tokenizer, config, tier, self.link)
 
@@ -182,13 +182,17 @@ class ModelActor:
         self.link.loop = self.loop
         log.info("model actor started: replica %s, cache mode %s", replica, config.cache.mode)
 
-    def _report_lost(self, disk) -> None:
-        """Writes the disk writer lost (on its thread): the manager's disk index forgets them.
-        Without a manager (not attached yet, restarting) its next scan finds no such file."""
-        lost = disk.take_lost()
+    def _report_disk(self, disk) -> None:
+        """Writes the disk writer lost or did (on its thread): the manager's disk index
+        forgets the lost ones, and lets the other replicas of the machine read the written
+        ones. Without a manager (not attached yet, restarting) its next scan finds the
+        directory as it is."""
+        lost, written = disk.take_lost(), disk.take_written()
         manager = self.link.manager
         if lost and manager is not None:
             manager.files_lost.remote(lost, self.replica)
+        if written and manager is not None:
+            manager.files_written.remote(written, self.replica)
 
     @ray.method(max_task_retries=3)
     def info(self) -> ModelInfo:
@@ -294,8 +298,10 @@ class ModelActor:
         self.handovers.exported += 1
         return found
 
-    async def _fetch(self, plan) -> None:
-        """Handover: get the plan's restore source from the peer holding it, store it here."""
+    async def _fetch(self, plan, tokens=None) -> None:
+        """Handover: get the plan's restore source from the peer holding it, store it here,
+        unless it holds other tokens than the request's first `plan.length` (`tokens`,
+        when known; a restore checks them again)."""
         from engine.storage.handover import from_portable
 
         try:
@@ -312,16 +318,19 @@ class ModelActor:
             return
 
         def store(g) -> None:
+            entry = from_portable(portable)
+            if tokens is not None and not g.tier.matches(entry, tokens[: plan.length]):
+                return  # refused (counted, logged): the restore is lost and replanned
             if plan.entry_id not in g.tier.entries:
-                g.tier.put(plan.entry_id, from_portable(portable))
+                g.tier.put(plan.entry_id, entry)
 
         await asyncio.to_thread(self.loop.ask, store)
         seconds = max(0.0, time.time() - portable.exported_at)
         self.handovers.add(portable.length, portable.nbytes, seconds)
 
-    async def _fetch_then(self, plan, then) -> None:
+    async def _fetch_then(self, plan, then, tokens=None) -> None:
         try:
-            await self._fetch(plan)
+            await self._fetch(plan, tokens)
         finally:
             then()
 
@@ -355,19 +364,21 @@ class ModelActor:
         for server in self.event_servers.values():
             server.flush()
 
-    async def submit(self, req: GenerationRequest, epoch: int, stream: str) -> str:
+    async def submit(self, req: GenerationRequest, stream: str) -> str:
         """Queue a request; its events go to event stream `stream`. Returns "" when taken,
-        else why not: planned before this replica's last resync, or an unknown stream (a
-        front end that has not connected to this incarnation)."""
-        if self.epoch < 0 or epoch < self.epoch:
-            return f"planned in epoch {epoch}, the replica is in {self.epoch}"
+        else why not: its plan carries another epoch than this replica's (placed here
+        before its last reset, or before its first after Ray restarted it), or an unknown
+        stream (a front end that has not connected to this incarnation)."""
+        if self.epoch < 0 or req.plan.epoch != self.epoch:
+            return f"planned in epoch {req.plan.epoch}, the replica is in {self.epoch}"
         server = next((s for s in self.event_servers.values() if s.connected(stream)), None)
         if server is None:
             return f"event stream {stream} is not connected to this replica"
         self.streams[req.request_id] = stream
         emit = self._stamped(server.emitter(stream, req.request_id), req.request_id)
         if req.plan.fetch_from is not None and req.plan.fetch_from != self.replica:
-            asyncio.ensure_future(self._fetch_then(req.plan, lambda: self._queue(req, emit)))
+            then = lambda: self._queue(req, emit)  # noqa: E731
+            asyncio.ensure_future(self._fetch_then(req.plan, then, req.tokens))
         else:
             self._queue(req, emit)
         return ""

@@ -445,15 +445,37 @@ class CacheManager:
         held = [i for i in r.stored if i in self.index or i in self.index.deferred]
         if held:
             raise ValueError(f"release {r.request_id!r} would free indexed entries {held}")
-        flight = self._in_flight.pop(r.request_id, None)
-        self.index.unpin(r.request_id)
         orders = self._take_pending()
-        allocated = [i for i in flight.allocated if i not in flight.committed] if flight else []
-        for entry_id in (*allocated, *r.stored):
+        self._give_back(r.request_id, orders)
+        for entry_id in r.stored:
             orders.free(entry_id)
         self.index.flush(orders)
         self._forget_unread()
         return self._hand_out(orders)
+
+    def forget(self, request_ids, entry_ids) -> Orders:
+        """A replica is gone (or will be reset): its requests are given back as if released
+        and the entries only it held leave the RAM index (their files stay). One numbered
+        Orders: the frees that waited for their pins, for the other holders."""
+        if self._policy is None:
+            return Orders()
+        orders = self._take_pending()
+        for request_id in request_ids:
+            self._give_back(request_id, orders)
+        for entry_id in entry_ids:
+            if entry_id in self.index:
+                self.index.free(entry_id, orders)
+        self.index.flush(orders)
+        self._forget_unread()
+        return self._hand_out(orders)
+
+    def _give_back(self, request_id: str, orders: OrderBook) -> None:
+        """A request in flight ends storing nothing: unpinned, its ids freed (none if unknown)."""
+        flight = self._in_flight.pop(request_id, None)
+        self.index.unpin(request_id)
+        allocated = [i for i in flight.allocated if i not in flight.committed] if flight else []
+        for entry_id in allocated:
+            orders.free(entry_id)
 
     def stats(self) -> CacheStats:
         """Counters for the CacheStats RPC (all zero when the cache is off)."""

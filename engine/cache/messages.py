@@ -142,6 +142,10 @@ class RestorePlan:
     # Why this prompt restores less than an earlier one of its namespace offered (None:
     # it does not, or it starts a conversation of its own): logged, shown by `lineage top`.
     miss: Miss | None = None
+    # The epoch of `replica` when the manager placed the plan there (the manager
+    # actor stamps it): a replica resynchronised since (reset, its RAM tier
+    # emptied) refuses the plan, and so does one that has not caught up with it.
+    epoch: int = 0
 
 
 @dataclass(frozen=True)
@@ -343,6 +347,21 @@ class ReplicaStats:
     handover_bytes: int = 0
     sessions: int = 0  # session keys routed here last
     session_moves: int = 0  # sessions moved off this replica because it was too busy
+
+
+@dataclass(frozen=True)
+class CacheAudit:
+    """What the index counts, for a check against what the replicas hold and the disk has
+    (`lineage bench faults`, tests): entries by id, where they are, and whether the
+    manager's invariants hold."""
+
+    ram: dict[int, int]  # indexed entry id -> bytes, deferred frees included
+    holders: dict[int, tuple[int, ...]]  # entry id -> the replicas holding it
+    disk: tuple[int, ...]  # ids of the files in the disk index (damaged and foreign too)
+    machines: dict[int, str]  # file id -> its machine (its writer's, else the manager's)
+    unread: tuple[int, ...]  # entries indexed from a file a replica may not have read yet
+    in_flight: int  # requests planned and not committed or released
+    violation: str = ""  # the failed invariant's message; "" when they all hold
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ from engine.runtime.finished_entries import finished_entries
 from engine.runtime.layer_timer import LayerTimer
 from engine.runtime.ordering import CacheLink, OrderLedger
 from engine.runtime.output import Copied, Stamps, final_event, unstarted_event
-from engine.runtime.ram_tier import RamTier, StoredEntry
+from engine.runtime.ram_tier import RamTier, StoredEntry, digest
 from engine.runtime.requests import GenerationRequest
 from engine.runtime.restore import Restorer
 from engine.runtime.sampling import make_sampler
@@ -365,14 +365,16 @@ class Generator:
         """
         layers, state = layer_caches.store_entry(extracted)
         key = _staging_key(act.req.request_id, point.entry_id)
-        anchor = StoredEntry(layers, point.length, {point.length: state})
+        tokens = np.asarray(act.req.tokens[: point.length], dtype=np.int32)
+        anchor = StoredEntry(layers, point.length, {point.length: state}, tokens=tokens)
+        anchor.digests[point.length] = digest(act.req.tokens[: point.length])
         self.tier.stage(key, [(point.entry_id, anchor)], point.length)
         self.order_ledger.commit_anchor(
             AnchorCommit(
                 request_id=act.req.request_id,
                 namespace=act.req.namespace,
                 entry_id=point.entry_id,
-                tokens=np.asarray(act.req.tokens[: point.length], dtype=np.int32),
+                tokens=tokens,
                 kv_bytes_per_token=layer_caches.kv_bytes_per_token(layers),
                 state_bytes=state.nbytes,
             ),

@@ -30,6 +30,7 @@ from typing import Mapping
 
 import numpy as np
 
+from engine.actors.cache_manager import NotSynchronised
 from engine.cache.messages import PlanRequest, Release
 from engine.config import EngineConfig
 from engine.runtime.events import Finished, FinishReason, Tokens
@@ -217,13 +218,11 @@ class Frontend:
                     raise Unavailable("the engine kept restarting under this request")
                 streamed: list = []  # becomes [True] once a token went to the client
                 try:
-                    # The manager's epoch when it plans: a replica resynchronised since refuses.
-                    planned = self.supervisor.manager_epoch if self.supervisor is not None else 0
                     req = None
                     req = await self._plan(
                         request_id, namespace, prompt, tokens, sampling, received, exclude, session
                     )
-                    async for batch in self._run(req, planned, streamed):
+                    async for batch in self._run(req, streamed):
                         yield batch
                     return
                 except _NoReplica as e:
@@ -259,7 +258,7 @@ class Frontend:
         except (TimeoutError, RuntimeError) as e:
             raise Unavailable(str(e))
 
-    async def _run(self, req: GenerationRequest, epoch: int, streamed: list):
+    async def _run(self, req: GenerationRequest, streamed: list):
         """The events of `req` on its replica, with their text; _Restarted when the replica
         went away or was reset under it. Tells the manager when its prefill ended."""
         model = self.models[req.plan.replica]
@@ -270,7 +269,7 @@ class Frontend:
         queue = events.register(rid)
         text = TextStream(self.builder.tokenizer.detokenizer, req.sampling.stop)
         try:
-            await self._submit(model, events, req, epoch)
+            await self._submit(model, events, req)
             while not finished:
                 batch = await queue.get()
                 if isinstance(batch, str):
@@ -305,18 +304,18 @@ class Frontend:
                 self._cancel(model, rid, *self.in_flight[rid])
             self.in_flight.pop(rid, None)
 
-    async def _submit(self, model, events: ReplicaEvents, req: GenerationRequest, epoch: int):
+    async def _submit(self, model, events: ReplicaEvents, req: GenerationRequest):
         """Hand the request to its replica (connecting to its event stream first)."""
         try:
             stream = await events.connect()
-            refused = await asyncio.wait_for(model.submit.remote(req, epoch, stream), self.deadline)
+            refused = await asyncio.wait_for(model.submit.remote(req, stream), self.deadline)
         except ActorGone as e:
             self._poke()
             raise _Restarted(f"model replica {req.plan.replica} died ({e!r:.200})", True)
         except (asyncio.TimeoutError, OSError) as e:
             self._poke()
             raise Unavailable(f"model replica {req.plan.replica} did not answer ({e!r:.200})")
-        if refused:  # planned before its last resync, or a stream of a former incarnation
+        if refused:  # planned in another epoch of the replica's, or a former incarnation's stream
             self._poke()
             raise _Restarted(refused, False)
 
@@ -403,7 +402,7 @@ class Frontend:
             if isinstance(e, asyncio.TimeoutError):
                 self._poke()
                 raise Unavailable(f"the cache manager did not plan within {self.deadline:.0f} s")
-            if isinstance(e, ActorGone):
+            if isinstance(e, (ActorGone, NotSynchronised)):  # restarted: wait for its resync
                 self._poke()
                 raise _Restarted(f"the cache manager is unavailable ({type(e).__name__})", False)
             if isinstance(e, LookupError):  # no replica alive

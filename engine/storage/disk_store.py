@@ -10,7 +10,13 @@ is done again on a niced thread) and finished on the loop's (`finish`: the store
 forms rebuilt), paid once per file.
 It obeys the cache manager's Orders; it decides nothing. Writes that never
 reach the disk (the writer's queue was full, the disk was) are `take_lost()`:
-whoever holds the store tells the cache manager, whose disk index forgets them.
+whoever holds the store tells the cache manager, whose disk index forgets them;
+files written are `take_written()`: the manager lets other replicas of the
+machine read them from then on.
+
+Every entry it hands back carries the token ids it covers, checked against
+the plan's (a file's header tokens, a queued write's record): a file or a
+queued write that holds other tokens than the plan's is never loaded.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+
+import numpy as np
 
 from engine.cache.messages import EntryRecord
 from engine.config import EngineConfig
@@ -109,14 +117,19 @@ class DiskStore:
         """Ids of writes lost since the last call (their files do not exist)."""
         return self.writer.take_lost()
 
-    @property
-    def on_lost(self):
-        return self.writer.on_lost
+    def take_written(self) -> list[int]:
+        """Ids of files written since the last call (durable)."""
+        return self.writer.take_written()
 
-    @on_lost.setter
-    def on_lost(self, callback) -> None:
-        """Runs (on the writer's thread, or the caller's) when a write is lost."""
-        self.writer.on_lost = callback
+    @property
+    def on_report(self):
+        return self.writer.on_report
+
+    @on_report.setter
+    def on_report(self, callback) -> None:
+        """Runs (on the writer's thread, or the caller's) when writes were lost or files
+        written (`take_lost`, `take_written`)."""
+        self.writer.on_report = callback
 
     def load(self, entry_id: int, namespace: str | None = None, tokens=None) -> StoredEntry | None:
         """The entry from its queued write or its file, read on the caller's thread at its
@@ -203,9 +216,15 @@ class DiskStore:
         """The entry of a `read`; None (logged, a damaged file renamed) when it failed or
         does not hold `namespace` and `tokens` (the plan's), when given."""
         entry_id, job, result, t0 = read
-        if job is not None:
+        if job is not None:  # still queued here: the write's record says what it holds
             held = job.entry
-            return StoredEntry(held.layers, held.length, dict(held.states))
+            if namespace is not None and job.meta["namespace"] != namespace:
+                log.error("disk tier: queued entry %d is of another namespace", entry_id)
+                return None
+            if tokens is not None and not np.array_equal(held.tokens[: len(tokens)], tokens):
+                log.error("disk tier: queued entry %d holds other tokens than planned", entry_id)
+                return None
+            return StoredEntry(held.layers, held.length, dict(held.states), tokens=held.tokens)
         path = file_format.entry_path(self.directory, entry_id)
         try:
             if isinstance(result, BaseException):
@@ -243,6 +262,10 @@ class DiskStore:
 
     def max_queued_id(self) -> int:
         return self.writer.max_queued_id()
+
+    def queued(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The writer's queued writes and deletes (DiskWriter.queued)."""
+        return self.writer.queued()
 
     def close(self, timeout: float | None = None) -> bool:
         self._late.shutdown(wait=False)

@@ -53,6 +53,7 @@ BENCHES = {
     "slowloris": (
         "clients.bench.slowloris",
         "slow clients: slow connections to the bridge while agents run, TTFT beside none",
+    ),
     "faults": (
         "clients.bench.faults",
         "faults: kill the manager and a replica, stall a loop, fill the disk, under agent traffic",

@@ -466,4 +466,7 @@ def test_the_bridge_reads_the_models_output_format(bridge, engine):
     with Client(engine.address) as c:
         engine_format = c.model_info()["output_format"]
     assert engine_format == "qwen"  # the embedded model marks <tool_call> and <think>
-    assert bridge.call(bridge.handle.backend.model_info())["output_format"] == engine_format
+    from clients.openai.guard import Caller
+
+    info = bridge.call(bridge.handle.backend.model_info(Caller()))
+    assert info["output_format"] == engine_format

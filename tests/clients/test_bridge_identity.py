@@ -33,7 +33,7 @@ class Bridge:
             raise
 
     def post(self, headers: list[tuple[str, str]], prompt: list[int], **body) -> httpx.Response:
-        body = {"model": "m", "prompt": prompt, "max_tokens": 1, **body}
+        body = {"model": "lineage", "prompt": prompt, "max_tokens": 1, **body}
         with httpx.Client(timeout=120, verify=self.verify) as http:
             return http.post(
                 f"{self.handle.url}/v1/completions", headers=httpx.Headers(headers), json=body

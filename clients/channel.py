@@ -2,8 +2,10 @@
 
 `Security.from_env(...)` takes explicit values first, then the environment
 (LINEAGE_AUTH_TOKEN, LINEAGE_TLS_CA, LINEAGE_TLS_CLIENT_CERT,
-LINEAGE_TLS_CLIENT_KEY); `channel(...)` opens a sync or asyncio gRPC channel
-with it. It knows grpc alone.
+LINEAGE_TLS_CLIENT_KEY); a client that calls for others (the bridge) takes no
+token from the environment (`env_token=False`): each of its calls carries its
+caller's, or none. `channel(...)` opens a sync or asyncio gRPC channel with
+it. It knows grpc alone.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Security:
         tls_cert: str | None = None,
         tls_key: str | None = None,
         env: Mapping[str, str] | None = None,
+        env_token: bool = True,
     ) -> "Security":
         env = os.environ if env is None else env
         ca = tls_ca or env.get("LINEAGE_TLS_CA") or None
@@ -40,7 +43,7 @@ class Security:
         if bool(cert) != bool(key):
             raise ValueError("a client certificate needs its key (LINEAGE_TLS_CLIENT_KEY)")
         on = bool(tls) or bool(ca) or bool(cert)
-        token = auth_token or env.get("LINEAGE_AUTH_TOKEN") or None
+        token = auth_token or (env.get("LINEAGE_AUTH_TOKEN") if env_token else None) or None
         return Security(token, on, ca, cert, key)
 
     @property

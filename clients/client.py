@@ -9,11 +9,18 @@ only, so a client process never loads MLX.
     for event in client.stream(prompt="Once", max_tokens=8):
         ...  # Progress | Chunk | Final
 
+A request may name its conversation (`session=`: an agent's session id): with
+several replicas, its turns go to the one that served it last, load permitting.
+`model_info()["output_format"]` says how the model marks reasoning and tool
+calls in its output (clients.openai.parsers reads them).
+
 Every gRPC failure surfaces as `LineageError(code, message)`; bad arguments
 raise `ValueError` before anything is sent. A client sends `auth_token` (else
 $LINEAGE_AUTH_TOKEN) as a bearer token, and speaks TLS when given a CA or a
 client certificate (else $LINEAGE_TLS_CA, $LINEAGE_TLS_CLIENT_CERT/_KEY), or
-`tls=True` for the system's roots (clients.channel).
+`tls=True` for the system's roots (clients.channel). An `AsyncClient(...,
+on_behalf=True)` calls for others (the bridge): it has no token of its own,
+not even the environment's, and each call sends the one it is given, or none.
 """
 
 from __future__ import annotations
@@ -339,7 +346,10 @@ class AsyncStream(_Call):
 
 
 class AsyncClient:
-    """asyncio client; the channel is opened on first use inside the running loop."""
+    """asyncio client; the channel is opened on first use inside the running loop.
+
+    `on_behalf`: it calls for others, so it sends no token but the one each call gives.
+    """
 
     def __init__(
         self,
@@ -352,10 +362,15 @@ class AsyncClient:
         tls_ca: str | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
+        on_behalf: bool = False,
     ):
+        if on_behalf and auth_token:
+            raise ValueError("a client that calls on behalf of others has no token of its own")
         self.server = server
         self.timeout = timeout
-        self.security = Security.from_env(auth_token, tls, tls_ca, tls_cert, tls_key)
+        self.security = Security.from_env(
+            auth_token, tls, tls_ca, tls_cert, tls_key, env_token=not on_behalf
+        )
         self._metadata = self.security.metadata
         self._options = list(options)
         self._channel = None

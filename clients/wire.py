@@ -8,8 +8,10 @@ holds those), and no MLX: a client process imports grpc and the generated code o
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import operator
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence, Union
 
@@ -222,7 +224,12 @@ def tool_call_to_proto(call: Mapping[str, Any], where: str = "tool call") -> eng
 
 
 def message_to_proto(message: Mapping[str, Any], index: int = 0) -> engine_pb2.Message:
-    """One {role, content, tool_calls?, tool_call_id?, name?} dict -> Message."""
+    """One {role, content, tool_calls?, tool_call_id?, name?, reasoning_content?} dict ->
+    Message. `reasoning_content` (an assistant turn's reasoning, as the parsers split it
+    off) goes back to the chat template, which renders it where it takes it. A Message
+    already built (a caller that keeps a conversation's) is taken as it is."""
+    if isinstance(message, engine_pb2.Message):
+        return message
     where = f"messages[{index}]"
     if not isinstance(message, Mapping) or not message.get("role"):
         raise InvalidInput(f"{where} must be a dict with a role, got {message!r}")
@@ -233,6 +240,9 @@ def message_to_proto(message: Mapping[str, Any], index: int = 0) -> engine_pb2.M
         tool_calls=[tool_call_to_proto(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(calls)],
         tool_call_id=str(message.get("tool_call_id") or ""),
         name=str(message.get("name") or ""),
+        reasoning_content=_content_text(
+            message.get("reasoning_content"), f"{where}.reasoning_content"
+        ),
     )
 
 
@@ -260,11 +270,14 @@ def build_request(
     namespace: str = "",
     request_id: str = "",
     continue_final_message: bool = False,
+    session: str = "",
 ) -> engine_pb2.GenerateRequest:
     """Arguments of generate()/stream() -> GenerateRequest.
 
     Exactly one of messages, prompt, prompt_ids; tools only with messages;
-    max_tokens > 0. Raises ValueError naming the bad argument.
+    max_tokens > 0. `session` names the conversation: with several replicas its
+    turns go to the one that served it last (scoped by the namespace). Raises
+    ValueError naming the bad argument.
     """
     given = [
         n
@@ -293,7 +306,7 @@ def build_request(
     if seed is not None:
         sampling.seed = wire_int(seed, "seed", 64)
     request = engine_pb2.GenerateRequest(
-        request_id=request_id, namespace=namespace, sampling=sampling
+        request_id=request_id, namespace=namespace, sampling=sampling, session=str(session or "")
     )
     if messages is not None:
         if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
@@ -309,6 +322,22 @@ def build_request(
     else:
         request.prompt_ids.CopyFrom(engine_pb2.TokenIds(ids=token_ids(prompt_ids)))
     return request
+
+
+_SESSION = re.compile(r"[A-Za-z0-9._:@+/=-]{1,128}")
+
+
+def session_key(value: Any) -> str:
+    """A client's conversation key (a header, `prompt_cache_key`, `user`, ...) as the wire
+    carries it: itself when the engine takes it as an identifier, else a hash of it
+    (`h:` and 32 hex digits), so an odd key still routes and never fails the request.
+    "" for none."""
+    if value is None or value == "":
+        return ""
+    text = str(value)
+    if _SESSION.fullmatch(text):
+        return text
+    return "h:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def wire_int(value: Any, name: str, bits: int) -> int:

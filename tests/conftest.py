@@ -10,6 +10,7 @@ import os
 
 import pytest
 
+from engine.config import Identity
 from engine.server.background import BackgroundEngine
 from tests.engines import make_config
 
@@ -82,3 +83,38 @@ def stub(engine):
     channel = grpc.insecure_channel(engine.address)
     yield engine_pb2_grpc.EngineStub(channel)
     channel.close()
+
+
+# The tenants' engine: tokens (an operator, alice, bob), TLS, rounded cache figures,
+# and a Unix socket for bridges (no TLS there; tokens still apply). Shared by the
+# tests of tenants, the bridge's identity and the figures a probe sees.
+TENANT_TOKENS = (
+    Identity("op-token", "", admin=True),
+    Identity("alice-token", "alice"),
+    Identity("bob-token", "bob"),
+)
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory):
+    from tests.certs import make_certs
+
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture(scope="session")
+def secured(ray_session, tmp_path_factory, certs):
+    import tempfile
+
+    config = make_config(tmp_path_factory.mktemp("tenants")).with_server(
+        tokens=TENANT_TOKENS,
+        tls_cert=certs.server_cert,
+        tls_key=certs.server_key,
+        exact_cache_figures=False,
+    )
+    private = tempfile.mkdtemp(prefix="lineage-test-")
+    socket = os.path.join(private, "grpc.sock")
+    engine = BackgroundEngine(config, local_socket=socket)
+    engine.socket = socket
+    yield engine
+    engine.stop()

@@ -40,6 +40,7 @@ from engine.cache.messages import (
     LostRestore,
     Orders,
     PlanRequest,
+    PromptLayout,
     Release,
     RestorePlan,
 )
@@ -329,15 +330,17 @@ class Driver:
         anchor_len: int = 0,
         namespace: str = "",
         request_id: str | None = None,
-        spans: tuple = (),
+        layout: PromptLayout | None = None,
     ) -> RestorePlan:
-        """Plan `prompt`; `spans`: its messages' token spans (PlanRequest.message_spans)."""
+        """Plan `prompt`; `layout`: where its messages start (PlanRequest.layout)."""
         if request_id is None:
             self._serial += 1
             request_id = f"r{self._serial}"
         prompt = tokens(prompt)
-        request = PlanRequest(request_id, prompt, anchor_len, namespace, message_spans=spans)
-        plan = self.manager.plan(request)
+        layout = layout or PromptLayout()
+        plan = self.manager.plan(
+            PlanRequest(request_id, prompt, anchor_len, namespace, layout=layout)
+        )
         self._requests[request_id] = (plan, prompt, namespace)
         self.check()
         return plan
@@ -484,9 +487,9 @@ class Driver:
         self.check()
         return self.link.last
 
-    def turn(self, prompt, reply=(), anchor_len: int = 0, namespace: str = "", spans=()):
+    def turn(self, prompt, reply=(), anchor_len: int = 0, namespace: str = "", layout=None):
         """One whole request: plan, restore, prefill, commit. Returns (plan, orders)."""
-        plan = self.plan(prompt, anchor_len, namespace, spans=spans)
+        plan = self.plan(prompt, anchor_len, namespace, layout=layout)
         return plan, self.commit(plan.request_id, reply)
 
     def entry(self, entry_id: int):
@@ -558,27 +561,47 @@ def write_fake_file(directory, record, fingerprint: str = "fake", body_bytes: in
 
 @dataclass
 class FakeDiskActor(FakeModelActor):
-    """A FakeModelActor that also writes, deletes and loads entry files (real headers)."""
+    """A FakeModelActor that also writes, deletes and loads entry files (real headers).
+
+    Like the real disk writer it keeps its operations in order behind a queue
+    that `paused` holds back until `flush()`: a delete drops a write not
+    started yet, and a load reads a queued write from the queue (only this
+    writer's own reader sees it), never from the directory.
+    """
 
     directory: object = None  # the entries directory
     fingerprint: str = "fake"
     loads: int = 0
+    paused: bool = False
+    queue: list = field(default_factory=list)  # ("write", EntryRecord) | ("delete", id)
+    written: list = field(default_factory=list)  # ids written since the last take_written()
 
     def load(self, plan: RestorePlan) -> bool:
-        """Read a plan's restore source from its file, unless the entry held serves the plan
-        (as RamTier.prepare); False when the file is missing or damaged."""
+        """Read a plan's restore source (`read`) and store it, unless the entry held serves
+        the plan (as RamTier.prepare); False when the file is missing or damaged."""
 
         if self.serves(plan):
             return True
-        try:
-            header = file_format.read_header(file_format.entry_path(self.directory, plan.entry_id))
-        except (FileNotFoundError, file_format.DamagedFile):
+        entry = self.read(plan.entry_id)
+        if entry is None:
             return False
-        assert header.fingerprint == self.fingerprint and header.entry_id == plan.entry_id
-        states = {n for n, _ in header.checkpoints} | {header.length}
-        self.stored[plan.entry_id] = Stored(header.tokens.copy(), states)
-        self.loads += 1
+        self.stored[plan.entry_id] = entry
         return True
+
+    def read(self, entry_id: int) -> Stored | None:
+        """An entry from its queued write or its file, not kept (None: missing or damaged)."""
+        queued = self._queued(entry_id)
+        if queued is not None:
+            found, length, points = queued.tokens, len(queued.tokens), queued.checkpoints
+        else:
+            try:
+                header = file_format.read_header(file_format.entry_path(self.directory, entry_id))
+            except (FileNotFoundError, file_format.DamagedFile):
+                return None
+            assert header.fingerprint == self.fingerprint and header.entry_id == entry_id
+            found, length, points = header.tokens, header.length, header.checkpoints
+        self.loads += 1
+        return Stored(np.array(found), {n for n, _ in points} | {length})
 
     def serves(self, plan: RestorePlan) -> bool:
         """Whether the entry held serves the plan's restore (no file read needed)."""
@@ -596,12 +619,39 @@ class FakeDiskActor(FakeModelActor):
             assert np.array_equal(held.tokens, record.tokens), record.entry_id
             lengths = {n for n, _ in record.checkpoints} | {len(record.tokens)}
             assert held.states == lengths, (record.entry_id, held.states, lengths)
-            write_fake_file(self.directory, record, self.fingerprint)
-            for superseded in record.supersedes:  # after the successor's file is durable
-                delete_files(self.directory, superseded)
+            self.queue.append(("write", record))
         super().apply(Orders(free=orders.free))
         for entry_id in orders.delete_files:
-            delete_files(self.directory, entry_id)
+            dropped = self._queued(entry_id)
+            if dropped is None:
+                self.queue.append(("delete", entry_id))
+                continue
+            # Not started: dropped, with the files it was to replace (as the real writer).
+            self.queue = [op for op in self.queue if op[1] is not dropped]
+            self.queue += [("delete", old) for old in dropped.supersedes]
+        if not self.paused:
+            self.flush()
+
+    def flush(self) -> list[int]:
+        """Carry out the queued writes and deletes in order; the ids written."""
+        done, self.queue = self.queue, []
+        for op, item in done:
+            if op == "delete":
+                delete_files(self.directory, item)
+                continue
+            write_fake_file(self.directory, item, self.fingerprint)
+            for superseded in item.supersedes:  # after the successor's file is durable
+                delete_files(self.directory, superseded)
+            self.written.append(item.entry_id)
+        return [item.entry_id for op, item in done if op == "write"]
+
+    def take_written(self) -> list[int]:
+        """Ids written since the last call (what the real writer reports durable)."""
+        written, self.written = self.written, []
+        return written
+
+    def _queued(self, entry_id: int):
+        return next((r for op, r in self.queue if op == "write" and r.entry_id == entry_id), None)
 
     def files(self, damaged: bool = False) -> set[int]:
         """Ids of the sound files of this fingerprint (or, `damaged`, of the damaged ones)."""

@@ -32,7 +32,12 @@ def _branch(setting) -> str:
 
 
 def _sample(s, k: int = 0) -> tuple[str, object]:
-    """(text, parsed value) of a valid value; k=0: other than the default; k=1: another."""
+    """(text, parsed value) of a valid value; k=0: other than the default; k=1: another.
+
+    A repeated setting's text holds two values, one a line; they add to its default."""
+    if s.repeat:
+        values = (f"^sample-{k}a", f"^sample-{k}b")
+        return "\n".join(values), tuple(s.default) + values
     if s.choices:
         choice = [c for c in s.choices if c != s.default][0] if k == 0 else s.default
         return choice, choice
@@ -72,6 +77,8 @@ def test_the_flag_gives_the_same_value_and_wins_over_the_variable(s):
     if s.switch:  # given: on
         text, expected = "", True
     argv = ["serve", s.flag] + ([text] if text else [])
+    if s.repeat:  # the flag once per value
+        argv = ["serve"] + [a for value in text.splitlines() for a in (s.flag, value)]
     env = {s.var: "off" if s.switch else _sample(s, 1)[0]}  # valid, and not the flag's value
     args = cli.build_parser().parse_args(argv)
     assert _value(config_from_args(args, env), s) == expected

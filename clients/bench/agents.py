@@ -13,6 +13,8 @@ In one run, the same seeded traffic (clients.bench.traffic) goes to
   (clients.bench.peer), fed the same messages and tools through its OpenAI
   HTTP API, one thread per lane (a dropped stream hangs up after its drop
   point, as ours is cancelled there);
+- with `--api chat,messages,responses`, instead of the above: the lineage engine
+  behind the HTTP bridge, once per wire format (clients.bench.wire_apis);
 - the oracle (clients.bench.observed): for each request, the longest prefix
   its prompt shares with the prompt of any request of an earlier step, or
   with prompt + completion of any earlier completed one (capped at the prompt
@@ -38,11 +40,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from clients.bench.drive import drive
 from clients.bench.figures import emit, plot_ready
 from clients.bench.harness import model_path, own_ray
 from clients.bench.observed import POLICIES, Observed, PolicyRun
 from clients.bench.report import format_table, plot, summarize
-from clients.bench.traffic import Sessions, Traffic, build_traffic
+from clients.bench.traffic import Traffic, build_traffic
 
 HELP = "agent traffic against lineage, exact, off and mlx-lm's prompt cache, beside the oracle"
 
@@ -62,6 +65,7 @@ class BenchOptions:
     variants: int = 4  # system-prompt-variant sessions at the end of the traffic
     message_edits: int = 4  # long-message sessions (an edit, a truncation) before them
     message_interval: int | None = None  # the engines' --message-interval; None: its default
+    apis: tuple = ()  # wire formats (clients.bench.wire_apis): the traffic through each instead
 
 
 # -------------------------------------------------------------- prompt ids ----
@@ -178,7 +182,7 @@ def run_engine(
                 "disk_bytes_written": s.get("disk_bytes_written", files.written()),
             }
 
-        run = _drive(mode, traffic, ids, serve, sample)
+        run = drive(mode, traffic, ids, serve, sample)
         if replicas > 1:
             from clients.bench.replicas import replica_figures
 
@@ -244,26 +248,6 @@ class _FilesSeen:
         return sum(self.sizes.values())
 
 
-def _drive(name: str, traffic: Traffic, ids: PromptIds, serve, sample) -> PolicyRun:
-    """Run the traffic step by step: `serve(batch)` yields (Observed, reply text) per request
-    of the step, in order; `sample()` gives the cache figures after each step."""
-    out = PolicyRun(name)
-    sessions = Sessions(traffic)
-    t0 = time.perf_counter()
-    for step in traffic.steps():
-        batch = []
-        for spec in step:
-            messages = sessions.messages(spec)
-            batch.append((spec, messages, ids.encode(messages, traffic.tools)))
-        for (spec, messages, _), (ob, text) in zip(batch, serve(batch)):
-            sessions.record(spec, messages, text, ob.completed)
-            out.observed.append(ob)
-        out.stats.append(sample())
-    out.wall_s = time.perf_counter() - t0
-    out.evictions = out.stats[-1]["evictions"] if out.stats else 0
-    return out
-
-
 # ------------------------------------------------------------------ mlx-lm ----
 
 
@@ -295,7 +279,7 @@ def run_mlx_lm_server(traffic: Traffic, opts: BenchOptions, ids: PromptIds) -> P
         def sample():  # its cache figures are not exposed: only the replies' usage
             return {"ram_bytes": 0, "disk_bytes": 0, "evictions": 0, "disk_bytes_written": 0}
 
-        return _drive("mlx_lm_server", traffic, ids, serve, sample)
+        return drive("mlx_lm_server", traffic, ids, serve, sample)
 
 
 def run_mlx_lm(traffic: Traffic, opts: BenchOptions, ids: PromptIds) -> PolicyRun:
@@ -308,7 +292,7 @@ def run_mlx_lm(traffic: Traffic, opts: BenchOptions, ids: PromptIds) -> PolicyRu
     def system_end(messages, prompt):
         return ids.system_end(messages, traffic.tools, prompt)
 
-    return _drive("mlx_lm", traffic, ids, lambda b: policy.serve(b, system_end), policy.sample)
+    return drive("mlx_lm", traffic, ids, lambda b: policy.serve(b, system_end), policy.sample)
 
 
 # --------------------------------------------------------------------- run ----
@@ -319,17 +303,32 @@ def run_bench(opts: BenchOptions) -> dict:
     when an engine policy is asked for."""
     import shutil
 
+    from clients.bench import wire_apis
     from clients.bench.replicas import parse
 
     unknown = [p for p in opts.policies if p not in POLICIES and not parse(p)]
+    unknown += [a for a in opts.apis if a not in wire_apis.APIS]
     if unknown:
-        raise ValueError(f"unknown policies {unknown} (use some of {', '.join(POLICIES)})")
+        raise ValueError(
+            f"unknown policies or APIs {unknown} (use some of {', '.join(POLICIES)}; "
+            f"--api: {', '.join(wire_apis.APIS)})"
+        )
     traffic = build_traffic(opts.seed, opts.scale, opts.agents, opts.variants, opts.message_edits)
     ids = PromptIds(opts.model)
-    runs = {}
+    runs, chain = {}, None
     work = tempfile.mkdtemp(prefix="lineage-bench-agents-", dir=opts.work_dir)
     try:
-        for name in opts.policies:
+        for api in opts.apis:  # one fresh engine and bridge per wire format
+            path = os.path.join(work, api)
+            config = _engine_config("lineage", opts, path, 1)
+            runs[f"lineage_{api}"] = wire_apis.run_api(
+                api, traffic, ids, config, os.path.join(path, "responses")
+            )
+        if "responses" in opts.apis:
+            path = os.path.join(work, "chain")
+            config = _engine_config("lineage", opts, path, 1)
+            chain = wire_apis.chain_figures(traffic, ids, config, os.path.join(path, "responses"))
+        for name in () if opts.apis else opts.policies:
             if name == "mlx_lm":
                 runs[name] = run_mlx_lm(traffic, opts, ids)
             elif name == "mlx_lm_server":
@@ -348,6 +347,11 @@ def run_bench(opts: BenchOptions) -> dict:
         for name, run in runs.items()
     }
     base = next(iter(replies.values()))
+    apis = {}
+    if opts.apis:
+        shares = {api: policies[f"lineage_{api}"]["oracle_fraction"] for api in opts.apis}
+        apis = {"oracle_fraction": shares, "spread": max(shares.values()) - min(shares.values())}
+        apis |= {"chain": chain} if chain else {}
     return {
         "traffic": traffic.summary(),
         "model": opts.model,
@@ -361,6 +365,7 @@ def run_bench(opts: BenchOptions) -> dict:
             ],
         },
         "policies": policies,
+        **({"apis": apis} if apis else {}),
     }
 
 
@@ -426,6 +431,14 @@ def add_arguments(parser) -> None:
         metavar="TOKENS",
         help="the engines' --message-interval (default: the engine's)",
     )
+    parser.add_argument(
+        "--api",
+        metavar="LIST",
+        help="instead of the policies: the traffic through the HTTP bridge in each of these "
+        "wire formats (comma-separated: chat,messages,responses), the cached share of each "
+        "against the oracle, and with responses a 40-turn previous_response_id chain's bytes "
+        "and prompt-building time per turn",
+    )
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="write the figure (matplotlib)")
 
@@ -455,6 +468,7 @@ def options_from_args(args) -> BenchOptions:
         variants=getattr(args, "variants", 4),
         message_edits=getattr(args, "message_edits", 4),
         message_interval=getattr(args, "message_interval", None),
+        apis=tuple(a.strip() for a in (getattr(args, "api", None) or "").split(",") if a.strip()),
     )
 
 
@@ -463,9 +477,23 @@ def run(args) -> int:
     if not plot_ready(args, "lineage bench agents"):
         return 1
     opts = options_from_args(args)
-    with own_ray(needed=any(p not in ("mlx_lm", "mlx_lm_server") for p in opts.policies)):
+    engines = opts.apis or [p for p in opts.policies if p not in ("mlx_lm", "mlx_lm_server")]
+    with own_ray(needed=bool(engines)):
         report = run_bench(opts)
-    return emit(report, args, format_table, plot)
+    return emit(report, args, format_report, plot)
+
+
+def format_report(report: dict) -> str:
+    """The policies' table, then with --api the wire formats' spread and the chain's turns."""
+    text = format_table(report)
+    apis = report.get("apis")
+    if not apis:
+        return text
+    from clients.bench.wire_apis import format_chain
+
+    shares = ", ".join(f"{a} {f:.2%}" for a, f in apis["oracle_fraction"].items())
+    text += f"\ncached share of the oracle by wire format: {shares}; spread {apis['spread']:.2%}"
+    return text + ("\n" + format_chain(apis["chain"]) if apis.get("chain") else "")
 
 
 def main(argv=None) -> int:

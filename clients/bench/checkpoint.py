@@ -76,16 +76,16 @@ def capture_cost(config, length: int = 4096, counts=(0, 8, 64), rounds: int = 7)
     info = loaded[2]
     rng = np.random.default_rng(11)
     tokens = [int(t) for t in rng.integers(10, info.vocab_size - 10, size=length)]
-    engines, spans = {}, {}
+    engines, starts = {}, {}
     for k in counts:
         part = (length - 32) // k if k else 0  # k messages; a floor of part - 1: a point each
-        spans[k] = tuple((i * part, (i + 1) * part) for i in range(k))
+        starts[k] = tuple(i * part for i in range(k + 1)) if k else ()  # and a short tail
         cache = dataclasses.replace(config.cache, message_interval=max(part - 1, 0), message_max=k)
         engines[k] = LocalEngine(dataclasses.replace(config, cache=cache), loaded)
     ttft: dict[int, list[float]] = {k: [] for k in counts}
     for round_ in range(rounds + 1):  # round 0 warms each engine up
         for k, engine in engines.items():
-            ms, plan = cold_prefill(engine, tokens, spans[k], f"capture-{k}-{round_}")
+            ms, plan = cold_prefill(engine, tokens, starts[k], f"capture-{k}-{round_}")
             got = sum(1 for c in plan.captures if c.kind == "message")
             assert got == k, f"{got} message points planned, {k} asked"
             if round_:
@@ -103,19 +103,20 @@ def capture_cost(config, length: int = 4096, counts=(0, 8, 64), rounds: int = 7)
     }
 
 
-def cold_prefill(engine, tokens: list, spans: tuple, rid: str):
-    """One request in a namespace of its own whose plan has these message spans, through
+def cold_prefill(engine, tokens: list, starts: tuple, rid: str):
+    """One request in a namespace of its own whose messages start at `starts`, through
     the engine's own manager and generator: (time to first token in ms, its plan)."""
     import time
 
     import numpy as np
 
-    from engine.cache.messages import PlanRequest
+    from engine.cache.messages import PlanRequest, PromptLayout
     from engine.runtime.events import Tokens
     from engine.runtime.requests import GenerationRequest, SamplingParams
 
     t0 = time.perf_counter()
-    request = PlanRequest(rid, np.asarray(tokens, np.int32), namespace=rid, message_spans=spans)
+    layout = PromptLayout(starts, roles=("user",) * len(starts))
+    request = PlanRequest(rid, np.asarray(tokens, np.int32), namespace=rid, layout=layout)
     plan = engine.manager.plan(request)
     events: list = []
     run = GenerationRequest(

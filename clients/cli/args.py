@@ -41,7 +41,11 @@ class _SettingAction(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         try:
-            setattr(namespace, self.dest, self.setting.parse_value(values))
+            if self.setting.repeat:  # each time the flag is given, one more value
+                given = getattr(namespace, self.dest) or ()
+                setattr(namespace, self.dest, given + self.setting.parse_value((values,)))
+            else:
+                setattr(namespace, self.dest, self.setting.parse_value(values))
         except ValueError as error:
             parser.error(str(error))
 
@@ -51,7 +55,8 @@ def add_settings(parser: argparse.ArgumentParser, settings: Iterable[Setting]) -
     for s in settings:
         if s.flag is None:
             continue
-        help = f"{s.help} (default: {s.default_text()}; ${s.var})".replace("%", "%%")
+        again = "; repeatable" if s.repeat else ""
+        help = f"{s.help} (default: {s.default_text()}; ${s.var}{again})".replace("%", "%%")
         if s.switch:
             parser.add_argument(s.flag, dest=s.name, action="store_true", default=None, help=help)
         else:
@@ -133,6 +138,12 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
         "--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)"
     )
     p.add_argument("--namespace", default="", help="cache namespace")
+    p.add_argument(
+        "--session",
+        default="",
+        metavar="KEY",
+        help="the conversation's key: with several replicas its turns stay on one",
+    )
 
 
 def sampling_from_args(args: argparse.Namespace) -> dict:
@@ -145,6 +156,7 @@ def sampling_from_args(args: argparse.Namespace) -> dict:
         "seed": args.seed,
         "stop": args.stop,
         "namespace": args.namespace,
+        "session": args.session,
     }
 
 

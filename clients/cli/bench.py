@@ -14,7 +14,10 @@ import argparse
 import importlib
 import importlib.util
 
-HELP = "benchmarks: warm turns, checkpoint bytes, agent traffic, warm restarts, concurrency"
+HELP = (
+    "benchmarks: warm turns, checkpoint bytes, agent traffic, warm restarts, concurrency, "
+    "slow clients"
+)
 EXTRA = "pip install 'lineage-engine[bench]'"
 # name -> (module, one line of help: the module's HELP)
 BENCHES = {
@@ -39,9 +42,21 @@ BENCHES = {
         "clients.bench.concurrency",
         "concurrent sub-agents plus long cold prompts: TTFT, ITL and prefill rate per schedule",
     ),
+    "decode": (
+        "clients.bench.decode",
+        "decode tokens/s layer by layer (loop, gRPC, bridge) beside mlx_lm.generate and .server",
+    ),
     "load": (
         "clients.bench.load",
         "load: concurrent sessions on a small RAM budget, then a burst past the queue",
+    ),
+    "slowloris": (
+        "clients.bench.slowloris",
+        "slow clients: slow connections to the bridge while agents run, TTFT beside none",
+    ),
+    "faults": (
+        "clients.bench.faults",
+        "faults: kill the manager and a replica, stall a loop, fill the disk, under agent traffic",
     ),
 }
 

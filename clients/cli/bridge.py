@@ -1,9 +1,11 @@
 """`lineage bridge`: the OpenAI-compatible HTTP bridge in front of a running engine.
 
-Parses the bridge's address and its security settings (tokens, TLS, body cap:
-the same settings `lineage serve` declares, engine.config.server and .limits),
-refuses an exposed bind without a token, and serves clients.openai until
-SIGINT/SIGTERM. FastAPI and uvicorn load only when it runs.
+Parses the bridge's address, its security settings (tokens, TLS, body cap,
+deadlines), its model names and its response store (the same settings `lineage
+serve` declares, engine.config.server, .cache and .limits), refuses an exposed
+bind without a token (and tenant tokens in front of an engine that checks
+none), and serves clients.openai until SIGINT/SIGTERM. FastAPI and uvicorn
+load only when it runs.
 """
 
 from __future__ import annotations
@@ -25,6 +27,16 @@ BRIDGE_SETTINGS = (
     "tls_client_ca",
     "insecure",
     "max_body_bytes",
+    "served_model_name",
+    "model_alias",
+    "responses_max",
+    "responses_max_bytes",
+    "cache_dir",
+    "max_request_bytes",
+    "allow_open_engine",
+    "http_header_deadline",
+    "http_body_deadline",
+    "http_max_connections",
 )
 
 
@@ -41,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from clients.openai.server import bridge_security, run_bridge
+    from clients.openai.server import bridge_options, bridge_security, run_bridge
 
     try:
         config = config_from_args(args, args.env, BRIDGE_SETTINGS)
@@ -52,4 +64,8 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as error:
         raise UsageError(str(error))
     security = bridge_security(server, config.limits)
-    return run_bridge(args.server or DEFAULT_SERVER, args.host, args.port, security)
+    options = bridge_options(config)
+    try:
+        return run_bridge(args.server or DEFAULT_SERVER, args.host, args.port, security, options)
+    except ValueError as error:  # tenants in front of an engine that checks no token
+        raise UsageError(str(error))

@@ -28,20 +28,25 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(error))
     from engine.server import serve  # MLX and Ray load here, and only here
 
-    sidecars = [_bridge_sidecar(config)] if config.server.http_port else []
+    sidecars = [bridge_sidecar(config)] if config.server.http_port else []
     return int(serve.run(config, sidecars) or 0)
 
 
-def _bridge_sidecar(config: EngineConfig):
-    """Start the OpenAI bridge in front of the engine once it serves (`--http-port`)."""
-    from clients.openai.server import bridge_security, start_bridge
+def bridge_sidecar(config: EngineConfig, quiet: bool = False):
+    """Start the OpenAI bridge in front of the engine once it serves (`--http-port`): in the
+    engine's process, calling its front end directly (no gRPC loopback)."""
+    from clients.openai.in_process import InProcessBackend
+    from clients.openai.server import bridge_options, bridge_security, start_bridge
 
     host, port = config.server.host, config.server.http_port
     security = bridge_security(config.server, config.limits)
+    options = bridge_options(config)
 
-    async def start(grpc_address: str):
-        handle = await start_bridge(grpc_address, host, port, security)
-        print(f"lineage: OpenAI-compatible bridge on {handle.url}/v1", flush=True)
+    async def start(engine):
+        backend = InProcessBackend(engine)
+        handle = await start_bridge(backend, host, port, security, options)
+        if not quiet:
+            print(f"lineage: OpenAI-compatible bridge on {handle.url}/v1", flush=True)
         return handle
 
     return start

@@ -3,8 +3,10 @@
 One Inspect call per frame: per replica its queue, running sequences, tokens
 per second and median time to first token; the cache's entries, anchors with
 the sessions built on them, bytes per tier against budget bars, hit rates by
-restore kind over the last minute; the latest requests with their restore
-kind and timings. `--once` prints one frame and exits (scripts, tests). Knows
+restore kind over the last minute, misses by why; the latest requests with
+their restore kind, timings, and why one restored less than an earlier prompt
+offered (`system@812 m0`: its system prompt changed at token 812, in message
+0). `--once` prints one frame and exits (scripts, tests). Knows
 the server only through the client library; rich loads only when it runs, so
 the command stays cheap to import.
 """
@@ -71,15 +73,17 @@ def _cache(snap: dict):
 
     c = snap["cache"]
     t = Table(title=f"cache ({c['mode']})", expand=True)
-    for name in ("entries", "anchors", "checkpoints", "on disk", "evictions RAM/disk"):
+    for name in ("entries", "anchors", "checkpoints", "on disk", "evictions RAM/disk", "misses"):
         t.add_column(name, justify="right")
     checkpoints = ", ".join(f"{k} {v}" for k, v in sorted(c["checkpoints"].items())) or "-"
+    misses = ", ".join(f"{k} {v}" for k, v in sorted(c.get("misses", {}).items())) or "-"
     t.add_row(
         str(c["entries"]),
         str(c["anchors"]),
         checkpoints,
         str(c["disk_entries"]),
         f"{c['evictions']} / {c['disk_evictions']}",
+        misses,
     )
     return t
 
@@ -124,8 +128,8 @@ def _requests(snap: dict):
 
     t = Table(title="latest requests", expand=True)
     cols = ("request", "replica", "ns", "finish", "restore", "prompt", "cached", "out")
-    for name in cols + ("queue", "TTFT", "prefill", "tok/s"):
-        t.add_column(name, justify="left" if name in cols[:5] else "right")
+    for name in cols + ("queue", "TTFT", "prefill", "tok/s", "miss"):
+        t.add_column(name, justify="left" if name in cols[:5] + ("miss",) else "right")
     for r in snap["recent"]:
         tm = r["timing"]
         t.add_row(
@@ -141,8 +145,18 @@ def _requests(snap: dict):
             f"{tm['ttft_ms']:.0f} ms",
             f"{tm['prefill_ms']:.0f} ms",
             f"{tm['decode_tps']:.1f}",
+            miss_text(r),
         )
     return t
+
+
+def miss_text(record: dict) -> str:
+    """`kind@token m<message>` (head: before the first message), or - when it did not miss."""
+    if not record.get("miss_kind"):
+        return "-"
+    message = record["miss_message"]
+    where = f"m{message}" if message >= 0 else "head"
+    return f"{record['miss_kind']}@{record['miss_token']} {where}"
 
 
 def render(snap: dict, server: str):

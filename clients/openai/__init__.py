@@ -1,16 +1,25 @@
-"""The OpenAI-compatible HTTP bridge (FastAPI on uvicorn), a client of the gRPC API.
+"""The HTTP bridge (FastAPI on uvicorn): three wire formats over one engine call.
 
-It knows the OpenAI wire format and the model's `<tool_call>` text; it knows
-nothing of models, caches or Ray, and never loads MLX. Its modules:
+It knows OpenAI chat completions, Anthropic Messages and OpenAI Responses, and
+the model's own reasoning and tool-call markup; it knows nothing of models,
+caches or Ray, and never loads MLX. Its modules:
 
-- `app`: the FastAPI app (`create_app`): the gate, the error handlers, the
-  routes of each wire format, `/v1/models` and `/health`;
-- `chat_completions`: `/v1/chat/completions` and `/v1/completions`, OpenAI's
-  shapes to the engine's Generate call and back (other wire formats go beside it);
-- `tool_calls`: the model's `<tool_call>` text as OpenAI tool calls;
+- `app`: the FastAPI app (`create_app`, `BridgeOptions`): the gate, the error
+  handlers, the routes of each wire format, `/v1/models` and `/health`;
+- `chat_completions`: `/v1/chat/completions` and `/v1/completions`;
+- `anthropic_messages`, `anthropic_request`: `/v1/messages` and its
+  `count_tokens`, Anthropic's shapes to the engine's Generate call and back;
+- `responses`, `responses_input`, `response_store`: `/v1/responses` and the
+  stored responses a follow-up continues from (`previous_response_id`);
+- `parsers`, `blocks`: the completion's text as text, reasoning and tool calls
+  (per model family, streamed), and as the newer wires' content blocks;
+- `models`: the served model names and alias patterns;
+- `callers`: who calls (token, tenant, namespace) and the engine call's arguments;
 - `backend`: the engine side (an AsyncClient, health, the served model);
-- `errors`: failures as OpenAI error bodies and HTTP statuses;
-- `guard`: the body cap and the bearer-token check, as ASGI middleware;
+  `in_process`: the same in the engine's own process (`lineage serve
+  --http-port`), calling its front end with no gRPC hop;
+- `errors`: failures as each wire's error bodies and HTTP statuses;
+- `guard`: the body cap and the token check, as ASGI middleware;
 - `server`: the app served by uvicorn (`start_bridge`, `run_bridge`).
 
 `lineage bridge` (clients.cli.bridge) and `lineage serve --http-port` start it.

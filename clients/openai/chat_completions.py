@@ -3,24 +3,48 @@
 Translates their bodies into the engine's Generate call (clients.client.AsyncClient)
 and its events back into OpenAI's objects: a whole response, or server-sent
 events when `stream` is set (chunks, the finish chunk, the usage chunk when
-asked, `[DONE]`). With `tools`, the model's `<tool_call>` text becomes
-`tool_calls` (clients.openai.tool_calls). The cache namespace is the
-`X-Cache-Namespace` header, else the request's `user`; the caller's bearer
-token goes on to the engine, which decides the tenant. No `from __future__
-import annotations`: FastAPI reads the annotations of the routes defined
-inside `add_routes`.
+asked, `[DONE]`). The model's own markup is parsed out of its output by the
+parser of its family (clients.openai.parsers, `output_format` from ModelInfo):
+reasoning becomes `reasoning_content`, and with `tools` (unless `tool_choice`
+is "none") its tool calls become `tool_calls`, streamed as `delta.tool_calls`
+(a first chunk with the call's index, id and name, then its arguments). A call
+whose markup does not parse is returned as content, with a warning in the log.
+The model name must be served (clients.openai.models; replies carry the name
+asked for).
+An assistant message sent back with `reasoning_content` has it rendered by the
+chat template again, so its tokens match what the cache holds.
+
+The cache namespace is the `X-Cache-Namespace` header, else the request's
+`user`; the call goes to the backend for the request's Caller
+(clients.openai.guard), whose token and identity decide the tenant. The
+session key (which replica keeps the conversation) is the
+`x-session-id` or `session_id` header, else `prompt_cache_key`, else `user`.
+No `from __future__ import annotations`: FastAPI reads the annotations of the
+routes defined inside `add_routes`.
 """
 
 import json
+import logging
 import time
 import uuid
 from types import SimpleNamespace
 
 from clients.client import Chunk, Final, LineageError, Progress
 from clients.openai.errors import lineage_error, unless_disconnected
-from clients.openai.guard import bearer_token
-from clients.openai.tool_calls import ToolCallStream, parse_tool_calls
-from clients.wire import InvalidInput
+from clients.openai.guard import caller_of
+from clients.openai.parsers import (
+    OutputParser,
+    ReasoningPart,
+    TextPart,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    joined,
+    make_parser,
+)
+from clients.wire import InvalidInput, session_key
+
+log = logging.getLogger("lineage.bridge")
 
 
 def _usage(usage) -> dict:
@@ -56,14 +80,19 @@ class _Shape:
         return self.envelope(self.object_chunk, [], usage=_usage(final.usage))
 
 
+def malformed_call(rid: str, raw: str) -> None:
+    """A tool call whose markup did not parse goes out as text: say so in the log."""
+    log.warning("request %s: a tool call did not parse; returned as text: %.300r", rid, raw)
+
+
 class ChatShape(_Shape):
-    """chat.completion and chat.completion.chunk objects; tool calls parsed when `tools`."""
+    """chat.completion and chat.completion.chunk objects, the output parsed by `parser`."""
 
     object_whole, object_chunk = "chat.completion", "chat.completion.chunk"
 
-    def __init__(self, rid: str, info: dict, tools: bool):
+    def __init__(self, rid: str, info: dict, parser: OutputParser):
         super().__init__(f"chatcmpl-{rid}", info)
-        self.stream = ToolCallStream() if tools else None
+        self.rid, self.parser, self.calls = rid, parser, 0
 
     def _chunk(self, delta: dict, finish_reason: str | None = None) -> dict:
         return self.envelope(
@@ -74,23 +103,53 @@ class ChatShape(_Shape):
     def head(self) -> list[dict]:
         return [self._chunk({"role": "assistant", "content": ""})]
 
+    def _deltas(self, parts) -> list[dict]:
+        """Parts -> chunks: content, reasoning_content, tool_calls (OpenAI's streaming)."""
+        out = []
+        for p in parts:
+            if isinstance(p, TextPart):
+                out.append(self._chunk({"content": p.text}))
+            elif isinstance(p, ReasoningPart):
+                out.append(self._chunk({"reasoning_content": p.text}))
+            elif isinstance(p, ToolCallStart):
+                self.calls += 1
+                fn = {"name": p.name, "arguments": ""}
+                call = {"index": p.index, "id": p.call_id, "type": "function", "function": fn}
+                out.append(self._chunk({"tool_calls": [call]}))
+            elif isinstance(p, ToolCallDelta):
+                call = {"index": p.index, "function": {"arguments": p.arguments_text}}
+                out.append(self._chunk({"tool_calls": [call]}))
+            elif isinstance(p, ToolCallEnd) and p.arguments is None:
+                malformed_call(self.rid, p.raw)
+                out.append(self._chunk({"content": p.raw}))
+        return out
+
     def delta(self, text: str) -> list[dict]:
-        text = self.stream.feed(text) if self.stream else text
-        return [self._chunk({"content": text})] if text else []
+        return self._deltas(self.parser.feed(text))
 
     def finish(self, final: Final) -> list[dict]:
-        content, calls = self.stream.finish() if self.stream else ("", [])
-        out = [self._chunk({"content": content})] if content else []
-        if calls:
-            out.append(self._chunk({"tool_calls": [dict(c, index=i) for i, c in enumerate(calls)]}))
-        out.append(self._chunk({}, "tool_calls" if calls else final.finish_reason))
+        out = self._deltas(self.parser.close())
+        out.append(self._chunk({}, "tool_calls" if self.calls else final.finish_reason))
         return out
 
     def whole(self, result) -> dict:
-        content, calls = parse_tool_calls(result.text) if self.stream else (result.text, [])
+        parts = self.parser.feed(result.text) + self.parser.close()
+        content, reasoning, calls = joined(parts)
+        for p in parts:
+            if isinstance(p, ToolCallEnd) and p.arguments is None:
+                malformed_call(self.rid, p.raw)
         message = {"role": "assistant", "content": content or (None if calls else "")}
+        if reasoning:
+            message["reasoning_content"] = reasoning
         if calls:
-            message["tool_calls"] = calls
+            message["tool_calls"] = [
+                {
+                    "id": start.call_id,
+                    "type": "function",
+                    "function": {"name": start.name, "arguments": _arguments_text(parts, start)},
+                }
+                for start, _ in calls
+            ]
         choice = {
             "index": 0,
             "message": message,
@@ -98,6 +157,12 @@ class ChatShape(_Shape):
             "finish_reason": "tool_calls" if calls else result.finish_reason,
         }
         return self.envelope(self.object_whole, [choice], usage=_usage(result.usage))
+
+
+def _arguments_text(parts, start: ToolCallStart) -> str:
+    return "".join(
+        p.arguments_text for p in parts if isinstance(p, ToolCallDelta) and p.index == start.index
+    )
 
 
 class TextShape(_Shape):
@@ -162,7 +227,21 @@ async def _events_as_sse(first, stream, shape: _Shape, include_usage: bool):
     yield "data: [DONE]\n\n"
 
 
-def _sampling(body, info: dict, namespace: str, rid: str, token: str | None = None) -> dict:
+def session_of(headers, body) -> str:
+    """The conversation's session key: `x-session-id` or `session_id` header, else the
+    body's `prompt_cache_key`, else its `user` (clients.wire.session_key's form)."""
+    for value in (
+        headers.get("x-session-id"),
+        headers.get("session_id"),
+        getattr(body, "prompt_cache_key", None),
+        getattr(body, "user", None),
+    ):
+        if value:
+            return session_key(value)
+    return ""
+
+
+def _sampling(body, info: dict, namespace: str, rid: str) -> dict:
     """The OpenAI sampling fields -> keyword arguments of AsyncClient.stream."""
     if body.n not in (None, 1):
         raise InvalidInput(f"n must be 1 (one choice per request), got {body.n}")
@@ -179,7 +258,6 @@ def _sampling(body, info: dict, namespace: str, rid: str, token: str | None = No
         "stop": stop,
         "namespace": namespace,
         "request_id": rid,
-        "auth_token": token,
     }
 
 
@@ -243,6 +321,7 @@ def _schemas() -> SimpleNamespace:
         stream: bool = False
         stream_options: StreamOptions | None = None
         user: str | None = None
+        prompt_cache_key: str | None = None
 
     class Chat(Sampling):
         messages: list[Message]
@@ -267,28 +346,41 @@ def add_routes(app, backend) -> None:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: s.Chat, request: Request):
-        token = bearer_token(request.headers)
-        info, rid = await backend.model_info(token), uuid.uuid4().hex
-        kwargs = _sampling(body, info, namespace(request, body), rid, token)
+        caller = caller_of(request)
+        info, rid = await backend.model_info(caller), uuid.uuid4().hex
+        info = dict(info, id=request.app.state.served.resolve(body.model, info["id"]))
+        kwargs = _sampling(body, info, namespace(request, body), rid)
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
         for m in messages:  # OpenAI's newer name for the system role
             m["role"] = "system" if m["role"] == "developer" else m["role"]
-        stream = backend.client.stream(messages=messages, tools=body.tools, **kwargs)
-        parse_tools = bool(body.tools) and body.tool_choice != "none"
-        return await _respond(request, body, stream, ChatShape(rid, info, parse_tools))
+        stream = backend.stream(
+            caller,
+            messages=messages,
+            tools=body.tools,
+            session=session_of(request.headers, body),
+            **kwargs,
+        )
+        parser = make_parser(
+            info.get("output_format") or "plain",
+            tool_calls=bool(body.tools) and body.tool_choice != "none",
+            tools=body.tools,
+        )
+        return await _respond(request, body, stream, ChatShape(rid, info, parser))
 
     @app.post("/v1/completions")
     async def completions(body: s.Completion, request: Request):
-        token = bearer_token(request.headers)
-        info, rid = await backend.model_info(token), uuid.uuid4().hex
-        kwargs = _sampling(body, info, namespace(request, body), rid, token)
+        caller = caller_of(request)
+        info, rid = await backend.model_info(caller), uuid.uuid4().hex
+        info = dict(info, id=request.app.state.served.resolve(body.model, info["id"]))
+        kwargs = _sampling(body, info, namespace(request, body), rid)
+        kwargs["session"] = session_of(request.headers, body)
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
-            stream = backend.client.stream(prompt_ids=prompt, **kwargs)
+            stream = backend.stream(caller, prompt_ids=prompt, **kwargs)
         else:
             if isinstance(prompt, list):
                 if len(prompt) != 1:
                     raise InvalidInput(f"prompt: one prompt per request, got {len(prompt)}")
                 prompt = prompt[0]
-            stream = backend.client.stream(prompt=prompt, **kwargs)
+            stream = backend.stream(caller, prompt=prompt, **kwargs)
         return await _respond(request, body, stream, TextShape(rid, info))

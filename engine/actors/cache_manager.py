@@ -10,14 +10,25 @@ replicas (frees of entries they hold too) it sends them itself, without
 waiting.
 
 Supervision: Ray restarts the actor when its process dies (it rescans the
-directory then). `resync(epoch, first_id)` rebuilds the manager from a fresh
-scan of the directory, allocating ids from `first_id` on, so no id a model
-replica still holds or writes is given out twice; `hello` reports the
-incarnation and the epoch of the last resync. A model replica that Ray restarted
-took its writer's queue with it: at `revived` (`reconcile`), the files it was
-to write and did not leave the disk index (as do the writes a live replica
-reports lost, `files_lost`), and the files it was to delete and did not leave
-the directory, so the index stays true to the directory.
+directory then). Until `resync(epoch, first_id)` it plans nothing
+(`NotSynchronised`): a new incarnation allocates ids from 1 and indexes none
+of what the replicas still hold, so a plan made before the replicas are reset
+could reuse an id a replica holds, or restore another prompt's rows. `resync`
+rebuilds the manager from a fresh scan of the directory, allocating ids from
+`first_id` on, so no id a model replica still holds or writes is given out
+twice; `hello` reports the incarnation and the epoch of the last resync.
+
+Each replica has an epoch of its own (the last one it was reset in: the
+whole engine's at `resync`, its own at `revived`), and every plan carries
+the epoch of the replica it is placed on (`RestorePlan.epoch`): a replica
+refuses a plan of another epoch, so nothing planned before its reset runs
+after it. A model replica that was reset (restarted by Ray, or lost and
+answering again) took its writer's queue with it or flushed it: at `revived`
+(`reconcile`), the files it was to write and did not leave the disk index
+(as do the writes a live replica reports lost, `files_lost`), and the files it
+was to delete and did not leave the directory, so the index stays true to
+the directory. Its writer reports the files it made durable (`files_written`):
+until then only it reads them (engine.cache.replicas).
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from dataclasses import replace
 
 import ray
 
@@ -34,6 +46,7 @@ from engine.cache.manager import CacheManager
 from engine.cache.messages import (
     AnchorCommit,
     AnchorUse,
+    CacheAudit,
     CacheStats,
     Commit,
     LostRestore,
@@ -48,6 +61,11 @@ from engine.config import CacheConfig
 from engine.storage.directory import open_cache_directory
 
 log = logging.getLogger(__name__)
+
+
+class NotSynchronised(RuntimeError):
+    """The cache manager (re)started and the replicas are not synchronised with it yet: it
+    plans nothing until `resync`. The front end waits for the next epoch and asks again."""
 
 
 @ray.remote(num_cpus=0)
@@ -67,7 +85,9 @@ class CacheManagerActor:
         self.replicas = replicas
         self.threshold = threshold
         self.incarnation = uuid.uuid4().hex
-        self.epoch = -1
+        self.epoch = -1  # no plan before the first resync
+        self.epochs = [-1] * replicas  # each replica's epoch: the plans placed there carry it
+        self.placed: tuple[list[str], str] | None = None  # the replicas' machines, and ours
         self.directory = open_cache_directory(config, fingerprint)
         self.cache = self._build(first_id=1)
         log.info(
@@ -90,15 +110,22 @@ class CacheManagerActor:
     def hello(self, loop_deadline: float = 0.0) -> Hello:
         return Hello(self.incarnation, self.epoch, os.getpid())
 
-    def resync(self, epoch: int, first_id: int, rescan: bool = True) -> None:
-        """Forget every plan and RAM entry; index the directory as it is now."""
+    def resync(self, epoch: int, first_id: int, rescan: bool = True, lost=()) -> None:
+        """Forget every plan and RAM entry; index the directory as it is now; plan in `epoch`
+        from now on. `lost`: the replicas that were not reset with the others (nothing is
+        placed on them until they are revived)."""
         if self.directory is not None and rescan:
             c = self.config
             self.directory.rescan(
                 self.fingerprint, c.disk_budget, (c.anchor_max_entries, c.anchor_max_bytes)
             )
         self.cache = self._build(first_id)
+        if self.placed is not None:
+            self.cache.place(*self.placed)
         self.epoch = epoch
+        self.epochs = [epoch] * self.replicas
+        for replica in lost:  # nothing in flight, nothing indexed yet: no Orders to hand out
+            self.cache.replicas.lost(replica)
 
     @property
     def manager(self) -> CacheManager:
@@ -109,8 +136,9 @@ class CacheManagerActor:
         first all on this one)."""
         self.models = list(models)
         home = ray.util.get_node_ip_address()
-        if machines is not None or not self.cache.replicas.home:
-            self.cache.place(machines or [home] * len(self.models), home)
+        if machines is not None or self.placed is None:
+            self.placed = (list(machines or [home] * len(self.models)), home)
+            self.cache.place(*self.placed)
 
     def _deliver(self, per_replica: dict[int, Orders], caller: int | None) -> Orders:
         """The caller's Orders; the others' are sent to their replicas now."""
@@ -121,7 +149,14 @@ class CacheManagerActor:
         return own
 
     def plan(self, req: PlanRequest) -> RestorePlan:
-        return self.cache.plan(req)
+        """The request's plan, placed on a replica and stamped with that replica's epoch.
+        NotSynchronised before the first resync of this incarnation."""
+        if self.epoch < 0:
+            raise NotSynchronised("the cache manager restarted; the replicas are resyncing")
+        return self._stamped(self.cache.plan(req))
+
+    def _stamped(self, plan: RestorePlan) -> RestorePlan:
+        return replace(plan, epoch=self.epochs[plan.replica])
 
     def prefilled(self, request_id: str) -> None:
         """The request's prefill ended (or it ended): its tokens leave its replica's queue."""
@@ -144,12 +179,23 @@ class CacheManagerActor:
         log.warning("replica %d lost: its RAM entries leave the index", replica)
         self._deliver(self.cache.lost(replica), None)
 
-    def revived(self, replica: int, restarted: bool = False) -> None:
-        """Route to `replica` again. `restarted`: its old process is gone, and with it what
-        its writer had queued: the directory and the disk index are reconciled."""
+    def revived(
+        self,
+        replica: int,
+        restarted: bool = False,
+        epoch: int | None = None,
+        machine: str | None = None,
+    ) -> None:
+        """Route to `replica` again, reset in `epoch` (plans placed there carry it), on
+        `machine` if it moved. `restarted`: it was reset, and its writer's queue is gone
+        (a dead process) or flushed: the directory and the disk index are reconciled."""
         if restarted:
             reconcile(self.directory, self.cache, replica)
-        self.cache.revived(replica)
+        self.cache.revived(replica, machine)
+        if machine and self.placed is not None:
+            self.placed[0][replica] = machine
+        if epoch is not None:
+            self.epochs[replica] = epoch
 
     def files_lost(self, entry_ids: list[int], replica: int = 0, why: str = "") -> None:
         """Writes of a replica that never reached the disk (its queue or the disk was full,
@@ -161,12 +207,21 @@ class CacheManagerActor:
                 "replica %d lost %d file writes (%s): %s", replica, len(forgotten), why, forgotten
             )
 
+    def files_written(self, entry_ids: list[int], replica: int = 0) -> None:
+        """Files `replica`'s writer made durable: any replica of its machine may read them."""
+        self.cache.files_written(entry_ids, replica)
+
     def alive(self) -> list[int]:
         return self.cache.replicas.alive()
 
     def replan(self, lost: LostRestore, replica: int = 0) -> Replanned:
         replanned, per_replica = self.cache.replan(lost, replica)
-        return Replanned(replanned.plan, self._deliver(per_replica, replica))
+        plan = replanned.plan and self._stamped(replanned.plan)
+        return Replanned(plan, self._deliver(per_replica, replica))
+
+    def audit(self) -> CacheAudit:
+        """What the index counts and where, and whether the invariants hold (read-only)."""
+        return self.cache.audit()
 
     @ray.method(max_task_retries=3)
     def stats(self) -> CacheStats:

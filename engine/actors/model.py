@@ -8,11 +8,13 @@ before the request is admitted. Orders that concern a replica other than the
 caller arrive through `apply_orders`.
 
 It builds the loop (engine.runtime.loop) with the model, the RAM tier and the
-disk tier's store (engine.storage.disk_store), and forwards calls to it. Events
-leave through per-request asyncio queues that the streaming `generate` method
-drains, several events per Ray yield, never one round trip per token. The
-cache manager is reached through `RayCacheLink`: its Orders come back on a
-Ray future and are handed to the loop thread, never waited for there.
+disk tier's store (engine.storage.disk_store), and forwards calls to it. A
+request comes as a Ray call (`submit`); its events leave on the front end's
+event stream (engine.actors.event_stream): every event a step of the loop
+emits, for every request of that front end, in one frame after the step,
+never a Ray round trip per token. The cache manager is reached through
+`RayCacheLink`: its Orders come back on a Ray future and are handed to the
+loop thread, never waited for there.
 
 Supervision (engine.server.supervisor drives it): Ray restarts the actor when
 its process dies. Each incarnation has an id that `hello` reports with the
@@ -36,6 +38,7 @@ from dataclasses import dataclass, field
 
 import ray
 
+from engine.actors.event_stream import EventAddress, EventServer
 from engine.actors.hello import Hello
 from engine.cache.messages import AnchorCommit, Commit, LostRestore, Orders, Release, Replanned
 from engine.config import EngineConfig
@@ -168,22 +171,28 @@ class ModelActor:
             model, tokenizer, self.info_value = load_model(config)
             disk = open_disk_store(config, self.info_value.fingerprint)
             if disk is not None:
-                disk.on_lost = lambda: self._report_lost(disk)
+                disk.on_report = lambda: self._report_disk(disk)
             tier = RamTier(self.info_value.has_state_layers, disk)
             return Generator(model, tokenizer, config, tier, self.link)
 
         log_to_stderr()
-        self.loop = ModelLoop(build)
+        self.event_servers: dict[str, EventServer] = {}  # listening host -> server
+        self.streams: dict[str, str] = {}  # request id -> the event stream it answers on
+        self.loop = ModelLoop(build, flush=self._flush_events)
         self.link.loop = self.loop
         log.info("model actor started: replica %s, cache mode %s", replica, config.cache.mode)
 
-    def _report_lost(self, disk) -> None:
-        """Writes the disk writer lost (on its thread): the manager's disk index forgets them.
-        Without a manager (not attached yet, restarting) its next scan finds no such file."""
-        lost = disk.take_lost()
+    def _report_disk(self, disk) -> None:
+        """Writes the disk writer lost or did (on its thread): the manager's disk index
+        forgets the lost ones, and lets the other replicas of the machine read the written
+        ones. Without a manager (not attached yet, restarting) its next scan finds the
+        directory as it is."""
+        lost, written = disk.take_lost(), disk.take_written()
         manager = self.link.manager
         if lost and manager is not None:
             manager.files_lost.remote(lost, self.replica)
+        if written and manager is not None:
+            manager.files_written.remote(written, self.replica)
 
     @ray.method(max_task_retries=3)
     def info(self) -> ModelInfo:
@@ -289,8 +298,10 @@ class ModelActor:
         self.handovers.exported += 1
         return found
 
-    async def _fetch(self, plan) -> None:
-        """Handover: get the plan's restore source from the peer holding it, store it here."""
+    async def _fetch(self, plan, tokens=None) -> None:
+        """Handover: get the plan's restore source from the peer holding it, store it here,
+        unless it holds other tokens than the request's first `plan.length` (`tokens`,
+        when known; a restore checks them again)."""
         from engine.storage.handover import from_portable
 
         try:
@@ -307,55 +318,90 @@ class ModelActor:
             return
 
         def store(g) -> None:
+            entry = from_portable(portable)
+            if tokens is not None and not g.tier.matches(entry, tokens[: plan.length]):
+                return  # refused (counted, logged): the restore is lost and replanned
             if plan.entry_id not in g.tier.entries:
-                g.tier.put(plan.entry_id, from_portable(portable))
+                g.tier.put(plan.entry_id, entry)
 
         await asyncio.to_thread(self.loop.ask, store)
         seconds = max(0.0, time.time() - portable.exported_at)
         self.handovers.add(portable.length, portable.nbytes, seconds)
 
-    async def _fetch_then(self, plan, then) -> None:
+    async def _fetch_then(self, plan, then, tokens=None) -> None:
         try:
-            await self._fetch(plan)
+            await self._fetch(plan, tokens)
         finally:
             then()
 
-    async def generate(self, req: GenerationRequest, epoch: int = 0):
-        """Stream lists of events (Progress, Tokens, Finished) for one request.
+    # ---- requests and their events ----------------------------------------------
 
-        A request planned before this replica's last resync (or before its first,
-        after Ray restarted it) ends at once with reason UNAVAILABLE.
-        """
-        if self.epoch < 0 or epoch < self.epoch:
-            yield [_refused(req, f"planned in epoch {epoch}, the replica is in {self.epoch}")]
-            return
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
+    def open_events(self, front_end_ip: str) -> EventAddress:
+        """Where a front end on `front_end_ip` connects for this replica's events: on the
+        loopback from this machine, else on this node's address."""
+        here = ray.util.get_node_ip_address()
+        host = "127.0.0.1" if front_end_ip in (here, "127.0.0.1") else here
+        server = self.event_servers.get(host)
+        if server is None:
+            server = self.event_servers[host] = EventServer(host, self._stream_lost)
+        return server.address
 
-        def emit(event) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, event)
+    def _stream_lost(self, stream: str) -> None:
+        """A front end went (its connection closed): its requests stop and free their slots."""
+        gone = [rid for rid, s in list(self.streams.items()) if s == stream]
+        for rid in gone:
+            self.loop.call(lambda g, rid=rid: g.cancel(rid))
 
-        finished = False
+    def event_stats(self) -> dict:
+        """Frames and events sent on the event streams so far."""
+        servers = list(self.event_servers.values())
+        return {
+            "frames": sum(s.frames for s in servers),
+            "events": sum(s.events for s in servers),
+        }
+
+    def _flush_events(self) -> None:  # on the loop thread, after each step
+        for server in self.event_servers.values():
+            server.flush()
+
+    async def submit(self, req: GenerationRequest, stream: str) -> str:
+        """Queue a request; its events go to event stream `stream`. Returns "" when taken,
+        else why not: its plan carries another epoch than this replica's (placed here
+        before its last reset, or before its first after Ray restarted it), or an unknown
+        stream (a front end that has not connected to this incarnation)."""
+        if self.epoch < 0 or req.plan.epoch != self.epoch:
+            return f"planned in epoch {req.plan.epoch}, the replica is in {self.epoch}"
+        server = next((s for s in self.event_servers.values() if s.connected(stream)), None)
+        if server is None:
+            return f"event stream {stream} is not connected to this replica"
+        self.streams[req.request_id] = stream
+        emit = self._stamped(server.emitter(stream, req.request_id), req.request_id)
         if req.plan.fetch_from is not None and req.plan.fetch_from != self.replica:
-            await self._fetch(req.plan)
-        self.loop.call(lambda g: g.submit(req, emit))
-        try:
-            while not finished:
-                batch = [await events.get()]
-                while not events.empty():
-                    batch.append(events.get_nowait())
-                finished = any(isinstance(e, Finished) for e in batch)
-                if finished:
-                    batch = [self._stamp(e) for e in batch]
-                yield batch
-        finally:
-            if not finished:  # the consumer went away: free the slot
-                self.loop.call(lambda g: g.cancel(req.request_id))
+            then = lambda: self._queue(req, emit)  # noqa: E731
+            asyncio.ensure_future(self._fetch_then(req.plan, then, req.tokens))
+        else:
+            self._queue(req, emit)
+        return ""
 
-    def _stamp(self, event):
-        if isinstance(event, Finished):
-            return dataclasses.replace(event, replica=str(self.replica))
-        return event
+    def _queue(self, req: GenerationRequest, emit) -> None:
+        self.loop.call(lambda g: g.submit(req, emit))
+
+    def _stamped(self, emit, request_id: str):
+        """The request's Emit, its Finished stamped with this replica (and its books closed)."""
+        replica = str(self.replica)
+
+        def stamped(event) -> None:
+            if isinstance(event, Finished):
+                self.streams.pop(request_id, None)
+                event = dataclasses.replace(event, replica=replica)
+            emit(event)
+
+        return stamped
+
+    def stop(self, request_id: str) -> None:
+        """The front end found a stop string in the request's text: it ends as at a stop token
+        (its entry committed as usual) before the next decode step."""
+        self.loop.call(lambda g: g.cancel(request_id, reason=FinishReason.STOP))
 
     async def cancel(self, request_id: str) -> None:
         """Returns once the cancelled request's cache is committed (or released)."""
@@ -392,18 +438,3 @@ class ModelActor:
 def _settle(future: asyncio.Future) -> None:
     if not future.done():
         future.set_result(None)
-
-
-def _refused(req: GenerationRequest, why: str) -> Finished:
-    from engine.cache.kinds import RestoreKind
-
-    return Finished(
-        request_id=req.request_id,
-        finish_reason=FinishReason.UNAVAILABLE,
-        prompt_tokens=len(req.tokens),
-        cached_tokens=0,
-        completion_tokens=0,
-        restore_kind=RestoreKind.NONE,
-        restore_length=0,
-        error=why,
-    )

@@ -176,6 +176,10 @@ class Index:
         """Ids out of the index whose free waits for a pin to go."""
         return tuple(self._deferred_free)
 
+    def deferred_entry(self, entry_id: int) -> Entry | None:
+        """The entry out of the index whose free waits for a pin (None: not one)."""
+        return self._deferred_free.get(entry_id)
+
     @property
     def deferred_bytes(self) -> int:
         """What the deferred frees a pin still holds keep in RAM (the RAM budget counts it;

@@ -75,6 +75,24 @@ class CaptureKind(TextEnum):
     SYSTEM = "system"
 
 
+class MissKind(TextEnum):
+    """Why a request restored less than an earlier prompt of its namespace offered
+    (engine.cache.misses).
+
+    SYSTEM: a system message changed; TOOLS: the tools changed; HISTORY: an
+    earlier message was edited (or dropped); TEMPLATE: the messages are the
+    same but the chat template rendered them to other tokens (a past reply
+    re-rendered otherwise than it was generated, a date in the template);
+    EVICTED: the prompt continues an earlier one whose cache is gone.
+    """
+
+    SYSTEM = "system"
+    TOOLS = "tools"
+    HISTORY = "history"
+    TEMPLATE = "template"
+    EVICTED = "evicted"
+
+
 class Role(TextEnum):
     """What an entry is for.
 

@@ -86,7 +86,7 @@ class LineagePolicy:
         """The restore point and capture points for `prompt`; allocates the new entry's id first.
 
         `message_spans`: the prompt's messages after the (system + tools) block,
-        as token spans (PlanRequest.message_spans), where long-message points go.
+        as token spans (PromptLayout.spans), where long-message points go.
 
         Changes no index: a restore point on the disk tier comes back with
         load_from_disk, and enters the RAM index only when the caller keeps

@@ -51,6 +51,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import numpy as np
 
@@ -60,7 +61,7 @@ from engine.cache.exact import ExactPolicy
 from engine.cache.index import Index
 from engine.cache.kinds import CaptureKind, RestoreKind, Role
 from engine.cache.lineage import LineagePolicy
-from engine.cache.message_points import check_spans
+from engine.cache.message_points import check_starts
 from engine.cache.messages import (
     AnchorCommit,
     AnchorUse,
@@ -69,10 +70,12 @@ from engine.cache.messages import (
     LostRestore,
     Orders,
     PlanRequest,
+    PromptLayout,
     Release,
     Replanned,
     RestorePlan,
 )
+from engine.cache.misses import MissLog, shared_prefix
 from engine.cache.orders import OrderBook
 from engine.cache.tokens import as_tokens
 from engine.config import CacheConfig
@@ -90,8 +93,9 @@ class _InFlight:
     anchor_len: int
     plan: RestorePlan
     anchor: np.ndarray | None = None  # tokens of the anchor this request captures
-    message_spans: tuple = ()  # PlanRequest.message_spans, for a replan
     committed: set = field(default_factory=set)  # anchor ids indexed early (commit_anchor)
+    layout: PromptLayout = field(default_factory=PromptLayout)
+    session: str = ""
 
     @property
     def allocated(self) -> tuple[int, ...]:
@@ -140,6 +144,8 @@ class CacheManager:
         self._pending = OrderBook()  # evictions made at a plan, ordered with the next Orders
         self._pending_entries: dict[int, Entry] = {}  # the entries `_pending` frees
         self._unread: set[int] = set()  # entries indexed from a file no commit has restored yet
+        self.misses = MissLog()  # the earlier prompts, to explain a miss (engine.cache.misses)
+        self._miss_kinds: Counter[str] = Counter()
         policy = _POLICIES.get(config.mode)
         self._policy = None
         if policy is not None:
@@ -154,7 +160,7 @@ class CacheManager:
         """Choose the restore point and capture points for a prompt; pins the restore source.
 
         Raises ValueError for an empty prompt, an anchor_len outside [0, len],
-        message spans out of order or outside the prompt, or a request id already
+        message starts out of order or outside the prompt, or a request id already
         in flight.
         """
         prompt = as_tokens(req.tokens, "prompt")
@@ -162,12 +168,18 @@ class CacheManager:
             raise ValueError(
                 f"anchor_len {req.anchor_len} is outside the prompt's {len(prompt)} tokens"
             )
-        spans = check_spans(req.message_spans, len(prompt))
+        check_starts(req.layout.starts, len(prompt))
         if self._policy is None:
             return RestorePlan(req.request_id, None, 0, RestoreKind.NONE, (), new_entry_id=None)
         if req.request_id in self._in_flight:
             raise ValueError(f"request {req.request_id!r} is already planned")
-        plan = self._policy.plan(req.request_id, req.namespace, prompt, req.anchor_len, spans)
+        plan = self._policy.plan(
+            req.request_id,
+            req.namespace,
+            prompt,
+            req.anchor_len,
+            req.layout.spans(len(prompt)),
+        )
         anchor = None
         if any(c.kind == CaptureKind.ANCHOR for c in plan.captures):
             anchor = prompt[: req.anchor_len].copy()
@@ -186,7 +198,7 @@ class CacheManager:
             self._unread.add(plan.entry_id)
         elif plan.entry_id in self._unread:
             plan = replace(plan, load_from_disk=True)
-        plan = replace(plan, after_orders=self._seq)
+        plan = replace(plan, after_orders=self._seq, miss=self._explain(req, prompt, plan.length))
         source = self.index.get(plan.entry_id)
         if source is not None:
             self.index.touch(source)
@@ -198,12 +210,27 @@ class CacheManager:
             self._evictions += len(victims)
             self._hold(victims)
         self._in_flight[req.request_id] = _InFlight(
-            req.namespace, prompt.copy(), req.anchor_len, plan, anchor, message_spans=spans
+            req.namespace,
+            prompt.copy(),
+            req.anchor_len,
+            plan,
+            anchor,
+            layout=req.layout,
+            session=req.session,
         )
         self._hits[plan.kind] += 1
         self._cached_tokens += plan.length
         self._prompt_tokens += len(prompt)
         return plan
+
+    def _explain(self, req: PlanRequest, prompt: np.ndarray, restored: int):
+        """Why the prompt restores less than an earlier one offered (None: it does not)."""
+        tiers = (self.index, self.disk_index) if self.disk_index is not None else (self.index,)
+        stored = partial(shared_prefix, tiers, req.namespace, prompt, self.has_state_layers)
+        miss = self.misses.explain(req.namespace, prompt, req.layout, restored, stored)
+        if miss is not None:
+            self._miss_kinds[miss.kind] += 1
+        return miss
 
     def _capturing(self, namespace: str, anchor: np.ndarray) -> int | None:
         """The id of an anchor with these tokens that an in-flight request will capture."""
@@ -291,6 +318,7 @@ class CacheManager:
         elif flight.plan.load_from_disk:
             self._unread.discard(flight.plan.entry_id)
         self._policy.commit(c, tokens, orders)
+        self.misses.record(c.namespace, tokens, flight.layout)
         for point in c.captures:
             self._pin_waiters(point.entry_id)
         taken = {p.entry_id for p in c.captures} | flight.committed
@@ -324,6 +352,8 @@ class CacheManager:
         del self._in_flight[lost.request_id]
         self.index.unpin(lost.request_id)
         self._hits[plan.kind] -= 1  # the request is counted once, by its new plan
+        if plan.miss is not None:
+            self._miss_kinds[plan.miss.kind] -= 1
         self._cached_tokens -= plan.length
         self._prompt_tokens -= flight.prompt_len
         self._lost(plan, self._pending, file_failed=lost.load_failed)
@@ -336,7 +366,8 @@ class CacheManager:
             flight.prompt,
             flight.anchor_len,
             flight.namespace,
-            message_spans=flight.message_spans,
+            session=flight.session,
+            layout=flight.layout,
         )
         new = self.plan(request)  # may take back the source's free: its file is read again
         orders = self._hand_out(self._take_pending())
@@ -423,15 +454,37 @@ class CacheManager:
         held = [i for i in r.stored if i in self.index or i in self.index.deferred]
         if held:
             raise ValueError(f"release {r.request_id!r} would free indexed entries {held}")
-        flight = self._in_flight.pop(r.request_id, None)
-        self.index.unpin(r.request_id)
         orders = self._take_pending()
-        allocated = [i for i in flight.allocated if i not in flight.committed] if flight else []
-        for entry_id in (*allocated, *r.stored):
+        self._give_back(r.request_id, orders)
+        for entry_id in r.stored:
             orders.free(entry_id)
         self.index.flush(orders)
         self._forget_unread()
         return self._hand_out(orders)
+
+    def forget(self, request_ids, entry_ids) -> Orders:
+        """A replica is gone (or will be reset): its requests are given back as if released
+        and the entries only it held leave the RAM index (their files stay). One numbered
+        Orders: the frees that waited for their pins, for the other holders."""
+        if self._policy is None:
+            return Orders()
+        orders = self._take_pending()
+        for request_id in request_ids:
+            self._give_back(request_id, orders)
+        for entry_id in entry_ids:
+            if entry_id in self.index:
+                self.index.free(entry_id, orders)
+        self.index.flush(orders)
+        self._forget_unread()
+        return self._hand_out(orders)
+
+    def _give_back(self, request_id: str, orders: OrderBook) -> None:
+        """A request in flight ends storing nothing: unpinned, its ids freed (none if unknown)."""
+        flight = self._in_flight.pop(request_id, None)
+        self.index.unpin(request_id)
+        allocated = [i for i in flight.allocated if i not in flight.committed] if flight else []
+        for entry_id in allocated:
+            orders.free(entry_id)
 
     def stats(self) -> CacheStats:
         """Counters for the CacheStats RPC (all zero when the cache is off)."""
@@ -457,6 +510,7 @@ class CacheManager:
             prompt_tokens=self._prompt_tokens,
             restores_lost=self._restores_lost,
             disk_writes_lost=self._writes_lost,
+            misses=dict(sorted((k, n) for k, n in self._miss_kinds.items() if n)),
         )
 
     def anchors(self) -> list[AnchorUse]:
@@ -479,6 +533,7 @@ class CacheManager:
     def check_invariants(self) -> None:
         """Assert the index's, the policy's and the in-flight requests' invariants."""
         self.index.check()
+        self.misses.check()
         if self._policy is None:
             assert not self.index.entries() and not self._in_flight
             return

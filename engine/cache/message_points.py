@@ -2,8 +2,10 @@
 
 A message is a span of prompt tokens with the spacing of its points,
 `(start, end, spacing)`: the (system + tools) block, `[0, anchor_len)`, and
-each message the front end located (`PlanRequest.message_spans`: a user
-message, a tool result, an assistant message). Inside each span a point falls
+each message after it (a user message, a tool result, an assistant message),
+from where the chat template starts it to where the next one starts
+(`PromptLayout.spans`, from the starts the front end found by rendering the
+template per message prefix). Inside each span a point falls
 every `spacing` tokens from the span's own start, strictly before its end, so
 a message holds the same points wherever it sits in the conversation and a
 short message holds none.
@@ -31,6 +33,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
+import numpy as np
+
 Span = tuple[int, int]
 MESSAGE_SLICES = 8  # a message's points cut it into at most this many parts
 SYSTEM_SLICES = 3  # and the system block's
@@ -57,20 +61,14 @@ def message_points(
     return sorted(points)[-most:] if most > 0 else []
 
 
-def check_spans(spans, size: int) -> tuple[Span, ...]:
-    """`spans` as a tuple of int pairs; ValueError unless each is a non-empty (start, end)
-    within [0, size], in ascending order and not overlapping."""
-    out, last = [], 0
-    for i, span in enumerate(spans):
-        try:
-            start, end = (int(n) for n in span)
-        except (TypeError, ValueError):
-            raise ValueError(f"message_spans[{i}] is {span!r}, not a (start, end) pair") from None
-        if not last <= start < end <= size:
+def check_starts(starts, size: int) -> None:
+    """ValueError unless `starts` (PromptLayout.starts) are ints in ascending order (equal
+    ones allowed: a message the template renders empty) within [0, size]."""
+    last = 0
+    for i, start in enumerate(starts):
+        if not isinstance(start, (int, np.integer)) or not last <= start <= size:
             raise ValueError(
-                f"message_spans[{i}] = ({start}, {end}) must lie within [0, {size}] (the "
-                f"prompt's tokens), after the span before it and be non-empty"
+                f"layout.starts[{i}] is {start!r}: message starts must be ascending token "
+                f"indexes within [0, {size}] (the prompt's tokens)"
             )
-        out.append((start, end))
-        last = end
-    return tuple(out)
+        last = start

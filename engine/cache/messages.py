@@ -16,11 +16,44 @@ decides what to keep.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.cache.kinds import CaptureKind, CheckpointKind, RestoreKind, Role
+from engine.cache.kinds import CaptureKind, CheckpointKind, MissKind, RestoreKind, Role
+
+
+@dataclass(frozen=True)
+class PromptLayout:
+    """A chat prompt's messages as the cache sees them (engine.server.layout builds it):
+    where each starts in the tokens, a digest of each, their roles, a digest of the
+    tools. Empty for a prompt of raw tokens or text."""
+
+    starts: tuple[int, ...] = ()  # token index where message k starts, ascending
+    digests: tuple[str, ...] = ()  # per message: a hash of the message as sent
+    roles: tuple[str, ...] = ()
+    tools: str = ""  # a hash of the tools list; "" when none
+
+    @property
+    def head(self) -> int:
+        """How many messages lead as system messages."""
+        n = 0
+        while n < len(self.roles) and self.roles[n] == "system":
+            n += 1
+        return n
+
+    def spans(self, size: int) -> tuple[tuple[int, int], ...]:
+        """Token spans (start, end) of the messages after the leading system messages, in a
+        prompt of `size` tokens: each ends where the next starts, the last at `size` (its
+        generation prompt included); empty spans left out."""
+        bounds = self.starts[self.head :] + (size,)
+        return tuple((a, b) for a, b in zip(bounds, bounds[1:]) if a < b)
+
+    def message_at(self, token: int) -> int:
+        """The message whose tokens hold `token`; -1 before the first (the template's
+        header and, where it renders them first, the tools); -1 without starts."""
+        return bisect.bisect_right(self.starts, token) - 1
 
 
 @dataclass(frozen=True)
@@ -33,12 +66,32 @@ class PlanRequest:
     namespace: str = ""
     # Replicas this request must not run on (a retry after its replica died).
     exclude: tuple[int, ...] = ()
-    # The messages after the (system + tools) block that the front end located, as
-    # token spans (start, end), ascending: long-message points fall inside them,
-    # every `message_interval` tokens from each one's start
-    # (engine.cache.message_points). Short messages may be left out; () places
-    # points in the (system + tools) block only.
-    message_spans: tuple[tuple[int, int], ...] = ()
+    # The conversation's session key (x-session-id, prompt_cache_key, ...): its turns go
+    # to the replica that served it last, load permitting. Scoped by the namespace.
+    session: str = ""
+    # Where each message starts (the miss explanations; the long-message points inside
+    # each message after the system block, engine.cache.message_points).
+    layout: PromptLayout = field(default_factory=PromptLayout)
+
+
+@dataclass(frozen=True)
+class Miss:
+    """Why a prompt restored less than an earlier prompt of its namespace offered.
+
+    `token`: where it stopped matching that prompt (EVICTED: how far it matched, the
+    cache no longer holding it); `message`: the message of this prompt holding that
+    token (-1: before the first message, in the template's header or tools);
+    `earlier`: that earlier prompt's length (with its reply, where the cache stored it).
+    """
+
+    kind: MissKind
+    token: int
+    message: int
+    earlier: int
+
+    def __str__(self) -> str:
+        where = f"m{self.message}" if self.message >= 0 else "head"
+        return f"{self.kind}@{self.token}/{where}"
 
 
 @dataclass(frozen=True)
@@ -95,6 +148,13 @@ class RestorePlan:
     # every Orders up to this one: a free, move or write decided before the plan
     # is never applied after the restore it would change.
     after_orders: int = 0
+    # Why this prompt restores less than an earlier one of its namespace offered (None:
+    # it does not, or it starts a conversation of its own): logged, shown by `lineage top`.
+    miss: Miss | None = None
+    # The epoch of `replica` when the manager placed the plan there (the manager
+    # actor stamps it): a replica resynchronised since (reset, its RAM tier
+    # emptied) refuses the plan, and so does one that has not caught up with it.
+    epoch: int = 0
 
 
 @dataclass(frozen=True)
@@ -277,6 +337,7 @@ class CacheStats:
     # File writes that never reached the disk (the writer's queue was full, or the
     # disk): the disk index forgot them.
     disk_writes_lost: int = 0
+    misses: dict[str, int] = field(default_factory=dict)  # explained misses, by MissKind
 
 
 @dataclass(frozen=True)
@@ -293,6 +354,23 @@ class ReplicaStats:
     restores: dict[str, int] = field(default_factory=dict)  # by restore kind
     handovers: int = 0  # restore sources fetched from a peer
     handover_bytes: int = 0
+    sessions: int = 0  # session keys routed here last
+    session_moves: int = 0  # sessions moved off this replica because it was too busy
+
+
+@dataclass(frozen=True)
+class CacheAudit:
+    """What the index counts, for a check against what the replicas hold and the disk has
+    (`lineage bench faults`, tests): entries by id, where they are, and whether the
+    manager's invariants hold."""
+
+    ram: dict[int, int]  # indexed entry id -> bytes, deferred frees included
+    holders: dict[int, tuple[int, ...]]  # entry id -> the replicas holding it
+    disk: tuple[int, ...]  # ids of the files in the disk index (damaged and foreign too)
+    machines: dict[int, str]  # file id -> its machine (its writer's, else the manager's)
+    unread: tuple[int, ...]  # entries indexed from a file a replica may not have read yet
+    in_flight: int  # requests planned and not committed or released
+    violation: str = ""  # the failed invariant's message; "" when they all hold
 
 
 @dataclass(frozen=True)

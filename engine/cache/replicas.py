@@ -7,6 +7,9 @@ each replica is, measured in queued prefill tokens, not requests. It routes a
 plan to the replica holding its restore point unless that replica is busier
 than the least loaded one by more than `threshold` tokens; the least loaded
 one then fetches the restore point from a holder (`RestorePlan.fetch_from`).
+A request that names its session (engine.cache.sessions) goes to the replica
+that served that session last, under the same threshold, fetching its restore
+point there if that replica lacks it.
 The manager decides and the replicas obey: a replica never asks another what
 it holds.
 
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from engine.cache.manager import CacheManager
 from engine.cache.messages import (
     AnchorCommit,
+    CacheAudit,
     CacheStats,
     Commit,
     LostRestore,
@@ -37,7 +41,7 @@ from engine.cache.messages import (
     ReplicaStats,
     RestorePlan,
 )
-from engine.cache.orders import OrderBook
+from engine.cache.sessions import Sessions
 
 DEFAULT_THRESHOLD = 4096  # queued prefill tokens
 
@@ -71,12 +75,15 @@ class Replicas:
         self.replicas = [_Replica() for _ in range(count)]
         self.holders: dict[int, set[int]] = {}  # entry id -> replicas holding it in RAM
         self.writers: dict[int, int] = {}  # entry id -> replica whose writer owns its file
+        self.durable: set[int] = set()  # files their writer reported written (`written`)
+        self.unwritten: list[int] = []  # writes no replica could do (`split`), not taken yet
         # The machine of each replica, and of the files found at start (the manager's):
         # replicas of one machine share its cache directory; another machine's file is
         # fetched from a replica there, like a RAM entry.
         self.machines: list[str] = [""] * count
         self.home = ""
         self.flights: dict[str, _Flight] = {}
+        self.sessions = Sessions()
 
     @property
     def count(self) -> int:
@@ -89,11 +96,21 @@ class Replicas:
         return self.replicas[replica].load
 
     def readers(self, entry_id: int) -> list[int]:
-        """Live replicas on the machine of the entry's file, least loaded first."""
+        """Live replicas that may read the entry's file, least loaded first: its writer alone
+        while the write is not reported durable (it may still be queued there, and only the
+        writer's own reader sees that queue), else every live replica of the file's machine
+        (a dead writer's queue is gone: the file is there or it never will be)."""
         writer = self.writers.get(entry_id)
-        machine = self.machines[writer] if writer is not None else self.home
+        if writer is not None and entry_id not in self.durable and self.replicas[writer].alive:
+            return [writer]
+        machine = self.machine_of(entry_id)
         live = [r for r in self.alive() if self.machines[r] == machine]
         return sorted(live, key=lambda r: (self.replicas[r].load, r))
+
+    def machine_of(self, entry_id: int) -> str:
+        """The machine of the entry's file: its writer's, else this one (found at start)."""
+        writer = self.writers.get(entry_id)
+        return self.machines[writer] if writer is not None else self.home
 
     def held_by(self, entry_id: int | None) -> list[int]:
         """Live replicas holding `entry_id` in RAM, least loaded first."""
@@ -103,16 +120,24 @@ class Replicas:
     # -- routing -------------------------------------------------------------
 
     def route(
-        self, request_id: str, plan: RestorePlan, prompt_len: int, exclude=(), nbytes: int = 0
+        self,
+        request_id: str,
+        plan: RestorePlan,
+        prompt_len: int,
+        exclude=(),
+        nbytes: int = 0,
+        session: tuple[str, str] | None = None,
     ) -> RestorePlan:
         """Place a planned request; the plan with `replica` (and `fetch_from`) set.
 
-        Affinity when balanced: the least loaded holder of the restore source,
-        unless it is busier than the least loaded replica by more than the
-        threshold; then the least loaded replica, which fetches the source from
-        the holder. A source read from disk has no holder: any replica on this
-        machine reads the shared directory. Raises LookupError when no replica
-        is left to run it.
+        Affinity when balanced: the replica that served the request's session
+        (`session`: (namespace, key)) last, else the least loaded holder of the
+        restore source, unless that one is busier than the least loaded
+        replica by more than the threshold; then the least loaded replica.
+        Whichever runs it fetches the source from a holder when it has none. A
+        source read from disk is held by every replica of the file's machine:
+        each reads the shared directory. Raises LookupError when no replica is
+        left to run it.
         """
         candidates = [r for r in self.alive() if r not in exclude]
         if not candidates:
@@ -123,11 +148,17 @@ class Replicas:
         else:
             holders = [] if plan.entry_id is None else self.held_by(plan.entry_id)
         near = [r for r in holders if r in candidates]
-        chosen, fetch = least, None
-        if near and self.replicas[near[0]].load - self.replicas[least].load <= self.threshold:
+        home = self.sessions.get(*session) if session else None
+        if home in candidates and self._balanced(home, least):
+            chosen = home
+        elif near and self._balanced(near[0], least):
             chosen = near[0]
-        elif holders:
-            fetch = holders[0]  # a dead or excluded holder answers no fetch: holders are live
+        else:
+            chosen = least
+        # A dead or excluded holder answers no fetch: holders are live.
+        fetch = holders[0] if holders and chosen not in holders else None
+        if session:
+            self.sessions.served(*session, chosen)
         rep = self.replicas[chosen]
         queued = max(0, prompt_len - plan.length)
         rep.load += queued
@@ -144,6 +175,9 @@ class Replicas:
         self.flights[request_id] = _Flight(chosen, queued, plan)
         return plan
 
+    def _balanced(self, replica: int, least: int) -> bool:
+        return self.replicas[replica].load - self.replicas[least].load <= self.threshold
+
     def prefilled(self, request_id: str) -> None:
         """The request's prefill is done: its tokens leave its replica's queue.
 
@@ -156,26 +190,30 @@ class Replicas:
             if flight.plan.new_entry_id is None:
                 del self.flights[request_id]
 
-    def finish(self, request_id: str, restored: bool) -> int | None:
+    def finish(self, request_id: str) -> int | None:
         """The request committed or was released; its replica (None: unknown request).
 
-        A request that restored nothing did not hold its source: a fetch that
-        failed or a restore point that was gone.
+        The holders stay as routed: a replica that fetched the source stored it,
+        whatever became of the request (a cancel, a release at its first token),
+        and only a free that reaches it takes it out of its tier. A fetch that
+        failed leaves a holder listed that holds nothing, which is harmless: its
+        restore is lost and replanned, and a free of an entry it lacks does nothing.
         """
         flight = self.flights.pop(request_id, None)
         if flight is None:
             return None
         self.replicas[flight.replica].load -= flight.queued
-        source = flight.plan.entry_id
-        if not restored and source is not None and flight.plan.fetch_from is not None:
-            self.holders.get(source, set()).discard(flight.replica)
         return flight.replica
 
     # -- orders ----------------------------------------------------------------
 
     def split(self, orders: Orders, caller: int | None) -> dict[int, Orders]:
         """The Orders each replica must apply: frees and drops to every holder, a file's
-        write to one holder (its writer from then on), its delete to that writer."""
+        write to one holder (its writer from then on), its delete to that writer.
+
+        A write nobody can do (no replica holds the entry) goes to `unwritten`
+        (the caller forgets its file) and the files it superseded are deleted now.
+        """
         books: dict[int, dict[str, list]] = {}
 
         def book(r: int) -> dict[str, list]:
@@ -190,33 +228,75 @@ class Replicas:
         for entry_id, length in orders.drop_checkpoints:
             for r in self.holders.get(entry_id, ()):
                 book(r)["drop_checkpoints"].append((entry_id, length))
+        deletes = list(orders.delete_files)
         for record in orders.records:
             held = self.holders.get(record.entry_id, set())
             live = [r for r in sorted(held) if self.replicas[r].alive]
             writer = caller if caller in held else (live or sorted(held) or [None])[0]
-            if writer is None:
-                continue  # nobody holds it: nothing to write
+            if writer is None:  # nobody holds it: its file will never exist
+                self.unwritten.append(record.entry_id)
+                deletes += record.supersedes
+                continue
+            kept, now = self._superseded(record.supersedes, writer)
+            deletes += now
             self.writers[record.entry_id] = writer
+            self.durable.discard(record.entry_id)
             book(writer)["write"].append(record.entry_id)
-            book(writer)["records"].append(record)
+            book(writer)["records"].append(replace(record, supersedes=kept))
         for entry_id in orders.free:
             for r in self.holders.pop(entry_id, ()):
                 book(r)["free"].append(entry_id)
-        for entry_id in orders.delete_files:
-            writer = self.writers.pop(entry_id, None)
-            if writer is None or not self.replicas[writer].alive:  # any replica of its machine
-                machine = self.machines[writer] if writer is not None else self.home
-                writer = next((r for r in self.alive() if self.machines[r] == machine), fallback)
-            book(writer)["delete_files"].append(entry_id)
+        for entry_id in deletes:
+            book(self._deleter(entry_id, fallback))["delete_files"].append(entry_id)
         return {
             r: Orders(**{k: tuple(v) for k, v in b.items()}, seq=orders.seq)
             for r, b in books.items()
         }
 
+    def _superseded(self, old: tuple[int, ...], writer: int) -> tuple[tuple[int, ...], list[int]]:
+        """The files a new file of `writer` replaces: (those its writer deletes once the new
+        file is durable, those deleted now by their own writer).
+
+        `writer` deletes a file only in its own directory, and only when no other
+        live writer may still have that file's write queued (it is its own, or
+        durable, or its writer is dead). Any other goes to its own writer now,
+        whose queue drops the write if it has not started, so no file is left
+        behind in another directory or written after its delete.
+        """
+        kept, now = [], []
+        for entry_id in old:
+            owner = self.writers.get(entry_id)
+            settled = owner is None or entry_id in self.durable or not self.replicas[owner].alive
+            here = self.machine_of(entry_id) == self.machines[writer]
+            if owner == writer or (settled and here):
+                kept.append(entry_id)
+                self.writers.pop(entry_id, None)
+                self.durable.discard(entry_id)
+            else:
+                now.append(entry_id)
+        return tuple(kept), now
+
+    def _deleter(self, entry_id: int, fallback: int) -> int:
+        """The replica that deletes the entry's file: its writer, else (dead or unknown) a
+        live replica of the file's machine; it owns the file no more."""
+        machine = self.machine_of(entry_id)
+        writer = self.writers.pop(entry_id, None)
+        self.durable.discard(entry_id)
+        if writer is not None and self.replicas[writer].alive:
+            return writer
+        return next((r for r in self.alive() if self.machines[r] == machine), fallback)
+
+    def written(self, entry_ids, replica: int) -> None:
+        """`replica`'s writer reports these files durable: any replica of the machine may read
+        them now."""
+        self.durable.update(i for i in entry_ids if self.writers.get(i) == replica)
+
     # -- faults ----------------------------------------------------------------
 
-    def lost(self, replica: int) -> list[int]:
-        """A replica died: what it held is gone. Returns the entry ids no replica holds now."""
+    def lost(self, replica: int) -> tuple[list[int], list[str]]:
+        """A replica died or stopped answering: what it held is gone (it is reset before it
+        serves again). Returns (the entry ids no replica holds now, the requests that
+        were running there: the caller gives them back)."""
         rep = self.replicas[replica]
         rep.alive, rep.load = False, 0
         orphans = []
@@ -226,18 +306,30 @@ class Replicas:
                 if not held:
                     del self.holders[entry_id]
                     orphans.append(entry_id)
-        for flight in self.flights.values():
-            if flight.replica == replica:
-                flight.queued = 0
-        return orphans
+        requests = [rid for rid, flight in self.flights.items() if flight.replica == replica]
+        for request_id in requests:
+            del self.flights[request_id]
+        return orphans, requests
 
-    def revived(self, replica: int) -> None:
-        """A replica is back (restarted empty)."""
+    def revived(self, replica: int, machine: str | None = None) -> None:
+        """A replica is back, reset (empty); `machine`: where it runs now, if it moved."""
         self.replicas[replica].alive = True
+        if machine:
+            self.machines[replica] = machine
+
+    def check(self, indexed) -> None:
+        """Assert the placement's invariants: every indexed entry (`indexed`, ids) has a live
+        holder, and every request in flight runs on a live replica."""
+        for entry_id in indexed:
+            held = self.holders.get(entry_id, set())
+            assert any(self.replicas[r].alive for r in held), f"entry {entry_id} has no holder"
+        for request_id, flight in self.flights.items():
+            assert self.replicas[flight.replica].alive, (request_id, flight.replica)
 
     def stats(self, nbytes) -> tuple[ReplicaStats, ...]:
         """Figures per replica; `nbytes(entry_id)` gives an indexed entry's bytes (None: not)."""
         out = []
+        sessions = self.sessions.counts()
         for r, rep in enumerate(self.replicas):
             held = [n for e, h in self.holders.items() if r in h for n in [nbytes(e)] if n]
             out.append(
@@ -252,6 +344,8 @@ class Replicas:
                     restores=dict(sorted(rep.restores.items())),
                     handovers=rep.handovers,
                     handover_bytes=rep.handover_bytes,
+                    sessions=sessions[r],
+                    session_moves=self.sessions.moves[r],
                 )
             )
         return tuple(out)
@@ -279,39 +373,49 @@ class ReplicatedCache:
         plan = self.manager.plan(req)
         source = self.manager.index.get(plan.entry_id)
         nbytes = source.nbytes if source is not None else 0
-        return self.replicas.route(req.request_id, plan, len(req.tokens), req.exclude, nbytes)
+        session = (req.namespace, req.session) if req.session else None
+        return self.replicas.route(
+            req.request_id, plan, len(req.tokens), req.exclude, nbytes, session
+        )
 
     def prefilled(self, request_id: str) -> None:
         self.replicas.prefilled(request_id)
 
     def commit(self, c: Commit) -> dict[int, Orders]:
         orders = self.manager.commit(c)
-        caller = self.replicas.finish(c.request_id, c.restored_from is not None)
-        return self.replicas.split(orders, caller)
+        return self._split(orders, self.replicas.finish(c.request_id))
 
     def commit_anchor(self, a: AnchorCommit) -> dict[int, Orders]:
         orders = self.manager.commit_anchor(a)
         flight = self.replicas.flights.get(a.request_id)
-        return self.replicas.split(orders, flight.replica if flight else None)
+        return self._split(orders, flight.replica if flight else None)
 
     def room(self, request_id: str, replica: int) -> dict[int, Orders]:
         """The Orders that make room for a file `replica` is about to load, per replica."""
-        return self.replicas.split(self.manager.room(request_id), replica)
+        return self._split(self.manager.room(request_id), replica)
 
     def release(self, r: Release) -> dict[int, Orders]:
         orders = self.manager.release(r)
-        caller = self.replicas.finish(r.request_id, restored=False)
-        return self.replicas.split(orders, caller)
+        return self._split(orders, self.replicas.finish(r.request_id))
+
+    def _split(self, orders: Orders, caller: int | None) -> dict[int, Orders]:
+        """Orders per replica; the disk index forgets the writes nobody could do."""
+        per_replica = self.replicas.split(orders, caller)
+        unwritten, self.replicas.unwritten = self.replicas.unwritten, []
+        self.manager.files_lost(unwritten)
+        return per_replica
 
     def replan(self, lost: LostRestore, replica: int) -> tuple[Replanned, dict[int, Orders]]:
         """A replica found a plan's restore point gone: the manager plans the request again,
-        and it stays on that replica (fetching the new source from a holder if need be)."""
-        self.replicas.holders.get(lost.entry_id, set()).discard(replica)
+        and it stays on that replica (fetching the new source from a holder if need be).
+
+        The replica stays a holder of the lost entry until its free (it may hold the
+        entry without the state the plan named, or with other tokens)."""
         flight = self.replicas.flights.pop(lost.request_id, None)
         if flight is not None:
             self.replicas.replicas[flight.replica].load -= flight.queued
         replanned = self.manager.replan(lost)
-        per_replica = self.replicas.split(replanned.orders, replica)
+        per_replica = self._split(replanned.orders, replica)
         if replanned.plan is None:
             return replanned, per_replica
         plan = replanned.plan
@@ -323,16 +427,14 @@ class ReplicatedCache:
         return replace(replanned, plan=plan), per_replica
 
     def lost(self, replica: int) -> dict[int, Orders]:
-        """A replica died: the entries only it held leave the RAM index (their files stay).
+        """A replica died or stopped answering: the entries only it held leave the RAM index
+        (their files stay), and the requests planned on it are given back (unpinned, their
+        ids freed), as if released: it is reset before it serves again.
 
         Returns the Orders for the others (frees of entries whose free waited).
         """
-        book = OrderBook()
-        for entry_id in self.replicas.lost(replica):
-            if entry_id in self.manager.index:
-                self.manager.index.free(entry_id, book)
-        self.manager.index.flush(book)
-        return self.replicas.split(book.build(), None)
+        orphans, requests = self.replicas.lost(replica)
+        return self._split(self.manager.forget(requests, orphans), None)
 
     def files_of(self, replica: int) -> list[int]:
         """The indexed files whose write was ordered to `replica`'s writer."""
@@ -361,10 +463,41 @@ class ReplicatedCache:
         """Writes a replica reports lost: the disk index forgets them, and their writer."""
         for entry_id in entry_ids:
             self.replicas.writers.pop(entry_id, None)
+            self.replicas.durable.discard(entry_id)
         return self.manager.files_lost(entry_ids)
 
-    def revived(self, replica: int) -> None:
-        self.replicas.revived(replica)
+    def revived(self, replica: int, machine: str | None = None) -> None:
+        self.replicas.revived(replica, machine)
+
+    def files_written(self, entry_ids, replica: int) -> None:
+        """`replica`'s writer made these files durable (Replicas.written)."""
+        self.replicas.written(entry_ids, replica)
+
+    def check_invariants(self) -> None:
+        """The manager's invariants, and the placement's (Replicas.check)."""
+        self.manager.check_invariants()
+        self.replicas.check(e.id for e in self.manager.index.entries())
+
+    def audit(self) -> CacheAudit:
+        """What the index counts and where; `violation` says which invariant fails, if any."""
+        index, disk, reps = self.manager.index, self.manager.disk_index, self.replicas
+        entries = {e.id: e for e in index.entries()}
+        entries.update((i, index.deferred_entry(i)) for i in index.deferred)
+        try:
+            self.check_invariants()
+            violation = ""
+        except AssertionError as e:
+            violation = f"{e}" or "an invariant failed"
+        files = tuple(sorted(disk.files)) if disk is not None else ()
+        return CacheAudit(
+            ram={i: e.nbytes for i, e in entries.items()},
+            holders={i: tuple(sorted(reps.holders.get(i, ()))) for i in entries},
+            disk=files,
+            machines={i: reps.machine_of(i) for i in files},
+            unread=tuple(sorted(self.manager.unread)),
+            in_flight=len(reps.flights),
+            violation=violation,
+        )
 
     def place(self, machines, home: str) -> None:
         """The machine of each replica and of the manager (the files found at start)."""

@@ -4,7 +4,7 @@ Frozen dataclasses, built once in ``main()`` from CLI flags and the environment
 (``EngineConfig.from_sources``) and passed down. Each branch lives in a module
 of its own with its operator settings declared beside their fields
 (engine.config.setting; all of them listed by engine.config.settings): `model`,
-`cache`, `server`, `kernels`, `limits`. Beside them: byte sizes (`units`), what
+`cache`, `server`, `prompt`, `kernels`, `limits`. Beside them: byte sizes (`units`), what
 the machine offers (`machine`) and the memory plan made once the model is loaded
 (`memory`). This module only re-exports their names.
 """
@@ -15,6 +15,7 @@ from engine.config.limits import CACHE_BLOCK, MAX_JSON_DEPTH, MAX_REQUEST_BYTES,
 from engine.config.machine import machine_memory
 from engine.config.memory import POOL_MAX, MemoryPlan, plan_memory, with_memory
 from engine.config.model import PREFILL_EVALS, SCHEDULES, ModelConfig
+from engine.config.prompt import OUTPUT_FORMATS, PromptConfig
 from engine.config.server import (
     METRICS_NAMESPACE_TAGS,
     Identity,
@@ -34,6 +35,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "MAX_REQUEST_BYTES",
     "METRICS_NAMESPACE_TAGS",
+    "OUTPUT_FORMATS",
     "POOL_MAX",
     "PREFILL_EVALS",
     "SCHEDULES",
@@ -44,6 +46,7 @@ __all__ = [
     "Limits",
     "MemoryPlan",
     "ModelConfig",
+    "PromptConfig",
     "ServerConfig",
     "default_cache_dir",
     "format_bytes",

@@ -31,7 +31,11 @@ class Limits:
     max_json_depth: int = setting(32, "nesting of tools_json and tool-call arguments")
     max_id_length: int = setting(128, "characters of a request_id or a namespace")
     max_messages: int = setting(4096, "messages per request")
-    max_body_bytes: int = setting(16 << 20, "an HTTP body at the OpenAI bridge", parse=parse_bytes)
+    max_body_bytes: int = setting(
+        4 << 20,
+        "an HTTP body at the OpenAI bridge (never more than --max-request-bytes)",
+        parse=parse_bytes,
+    )
     max_memo_bytes: int = setting(
         32 << 20,
         "the anchor memo: rendered (system + tools) texts and their ids",

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config.setting import Setting, label_of, parse_str, setting, sourced
+from engine.config.units import GB, parse_bytes
 
 # How a request's cache namespace shows in metrics and `lineage top`: a short hash
 # (default: namespaces can name tenants), as it is (opt-in), or not at all.
@@ -27,6 +28,35 @@ class Identity:
 
     def __repr__(self) -> str:  # the token never reaches a log line
         return f"Identity(namespace={self.namespace!r}, admin={self.admin})"
+
+    def namespace_for(self, requested: str) -> str:
+        """The cache namespace a request of this caller runs in, whatever it names.
+
+        An admin's is the one it names. A tenant's is its own, and a name it gives
+        becomes a sub-namespace (`tenant/name`); a name already inside its own
+        stays as it is, so the engine and a bridge in front of it may both apply
+        this and agree. Namespaces of tenants never nest (`nested`), so no name
+        reaches another tenant's.
+        """
+        if self.admin:
+            return requested
+        own = self.namespace
+        if not requested or requested == own or requested.startswith(own + "/"):
+            return requested or own
+        return f"{own}/{requested}"
+
+
+def nested(identities) -> tuple[str, str] | None:
+    """Two tenant namespaces one of which lies inside the other (`acme`, `acme/dev`), if any.
+
+    With both, `acme` naming `dev` would run in `acme/dev`'s namespace.
+    """
+    tenants = sorted({i.namespace for i in identities if not i.admin})
+    for outer in tenants:
+        for inner in tenants:
+            if inner.startswith(outer + "/"):
+                return outer, inner
+    return None
 
 
 def parse_replicas(value) -> int | str:
@@ -59,6 +89,11 @@ class ServerConfig:
     ray_namespace: str = setting("lineage", "the Ray namespace the actors are named in")
     metrics_port: int | None = setting(
         None, "serve Prometheus metrics at http://127.0.0.1:P/metrics", metavar="P", shown="off"
+    )
+    ray_dashboard: bool = setting(
+        False,
+        "start Ray's dashboard with a local Ray (its head and ~10 module processes, ~1 GiB); "
+        "metrics, `lineage top` and `lineage stats` do not need it",
     )
     replicas: int | str = setting(
         1,
@@ -132,7 +167,62 @@ class ServerConfig:
         10.0, "seconds: the model loop answers a health ping within it", metavar="S"
     )
     max_concurrent_rpcs: int | None = setting(
-        None, "gRPC's limit on concurrent calls", shown="max-queue + 64"
+        None,
+        "Engine calls at once (more: RESOURCE_EXHAUSTED); health checks never count",
+        shown="max-queue + 64",
+    )
+    health_watchers: int = setting(16, "grpc.health.v1 Watch streams at once")
+    health_watch_seconds: float = setting(
+        300.0, "seconds: a Watch stream ends after it (the client watches again)", metavar="S"
+    )
+    allow_open_engine: bool = setting(
+        False,
+        "let a bridge with tenant tokens front an engine that checks no token (whoever "
+        "reaches the engine then names any namespace)",
+        switch=True,
+        shown="off",
+    )
+    http_header_deadline: float = setting(
+        10.0, "seconds: a bridge request's headers arrive within it, else it is cut", metavar="S"
+    )
+    http_body_deadline: float = setting(
+        60.0, "seconds: a bridge request's body arrives within it, else 408", metavar="S"
+    )
+    http_max_connections: int = setting(
+        1024, "connections the bridge holds at once (one more is closed at once)"
+    )
+    metrics_namespaces: int = setting(
+        32, "tenants (root namespaces) the metrics tag apart; the rest share `other`"
+    )
+    ray_public: bool = setting(
+        False,
+        "let the Ray `lineage serve` starts listen beyond 127.0.0.1 (its GCS, workers, "
+        "metrics exporter and dashboard agent)",
+        switch=True,
+        shown="off",
+    )
+    # The names the HTTP bridge answers to (clients.openai.models); () means "lineage" and
+    # the model directory's name.
+    served_model_name: tuple[str, ...] = setting(
+        (),
+        "a model name the HTTP bridge serves and /v1/models lists",
+        parse=parse_str,
+        repeat=True,
+        metavar="NAME",
+        shown="lineage and the model directory's name",
+    )
+    model_alias: tuple[str, ...] = setting(
+        (),
+        "a model-name pattern (fnmatch: claude-*, gpt-*) the HTTP bridge also serves",
+        parse=parse_str,
+        repeat=True,
+        metavar="PATTERN",
+        shown="none",
+    )
+    # The HTTP bridge's stored Responses (`store`), under <cache dir>/responses.
+    responses_max: int = setting(10_000, "stored Responses kept; the oldest go first")
+    responses_max_bytes: int = setting(
+        1 * GB, "bytes of stored Responses kept; the oldest go first", parse=parse_bytes
     )
 
     def __post_init__(self):
@@ -158,10 +248,25 @@ class ServerConfig:
         if bool(self.tls_cert) != bool(self.tls_key):
             cert, key = label_of(ServerConfig, "tls_cert"), label_of(ServerConfig, "tls_key")
             raise ValueError(f"{cert} and {key} go together")
+        for name in ("responses_max", "responses_max_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{label_of(ServerConfig, name)}: must be >= 1")
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError(
                 f"{label_of(ServerConfig, 'tls_client_ca')} needs --tls-cert and --tls-key"
             )
+        pair = nested(self.tokens)
+        if pair is not None:
+            raise ValueError(
+                f"tenant namespaces must not nest: {pair[1]!r} lies inside {pair[0]!r}, whose "
+                f"tenant would reach it by naming {pair[1][len(pair[0]) + 1 :]!r}"
+            )
+        for name in ("health_watchers", "http_max_connections", "metrics_namespaces"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{label_of(ServerConfig, name)} must be at least 1")
+        for name in ("health_watch_seconds", "http_header_deadline", "http_body_deadline"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{label_of(ServerConfig, name)} must be positive")
 
     @property
     def loopback(self) -> bool:
@@ -208,4 +313,9 @@ def read_token_file(path: str) -> tuple[Identity, ...]:
         out.append(Identity(words[0], namespace, admin=len(words) == 1 or len(words) == 3))
     if len({i.token for i in out}) != len(out):
         raise ValueError(f"{path}: a token is listed twice")
+    pair = nested(out)
+    if pair is not None:
+        raise ValueError(
+            f"{path}: tenant namespaces must not nest: {pair[1]!r} lies inside {pair[0]!r}"
+        )
     return tuple(out)

@@ -89,6 +89,10 @@ class Setting:
     default: Any = UNSET  # what from_sources gives when neither flag nor variable is set
     shown: str = ""  # the default as people read it (help, docs)
     switch: bool = False  # a flag without a value (on when given); its variable reads on/off
+    # A flag given once per value; its variable holds one value a line. The field is the
+    # tuple of its default's values followed by the given ones (given values add, never
+    # replace).
+    repeat: bool = False
 
     @property
     def label(self) -> str:
@@ -104,7 +108,14 @@ class Setting:
         return UNSET if given is None else self.parse_value(given)
 
     def parse_value(self, value):
-        """One value, parsed and checked; ValueError naming the flag and the variable."""
+        """One value, parsed and checked (a repeated setting: a tuple of them, from a sequence
+        or from text with one a line); ValueError naming the flag and the variable."""
+        if self.repeat:
+            items = value.splitlines() if isinstance(value, str) else list(value)
+            return tuple(self._parse_one(v) for v in items if v != "")
+        return self._parse_one(value)
+
+    def _parse_one(self, value):
         try:
             parsed = self.parse(value)
         except (TypeError, ValueError) as error:
@@ -116,6 +127,8 @@ class Setting:
     def default_text(self) -> str:
         if self.shown:
             return self.shown
+        if self.repeat:
+            return ", ".join(f"`{v}`" for v in self.default) or "none"
         if isinstance(self.default, bool):
             return "on" if self.default else "off"
         if self.parse is parse_bytes:
@@ -184,6 +197,8 @@ def read_settings(cls: type, flags: Mapping[str, object], env: Mapping[str, str]
     for s in settings_of(cls):
         if counts[s.field] == 1:
             value = s.read(flags, env)
+            if s.repeat and value is not UNSET:
+                value = tuple(s.default) + value  # given values add to the default's
             values[s.field] = s.default if value is UNSET else value
     return values
 

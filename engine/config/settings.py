@@ -1,7 +1,7 @@
 """Every operator setting of the engine in one list, and docs/serving.md's table made from it.
 
 The settings are declared beside their fields (engine.config.setting); this module
-walks the tree's branches in order (model, cache, server, kernels, limits) and
+walks the tree's branches in order (model, cache, server, prompt, kernels, limits) and
 lists them, and writes them as the table between the markers in docs/serving.md:
 
     python -m engine.config.settings --write docs/serving.md   # or --markdown: print it
@@ -52,7 +52,10 @@ def _row(s: Setting) -> str:
         flag = f"`{s.flag}`"
     else:
         flag = f"`{s.flag} {s.metavar or s.name.upper()}`"
-    cells = (flag, f"`{s.var}`", s.default_text(), s.help)
+    var = f"`{s.var}`"
+    if s.repeat:
+        flag, var = f"{flag} (repeatable)", f"{var} (comma-separated)"
+    cells = (flag, var, s.default_text(), s.help)
     return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
 

@@ -1,6 +1,6 @@
 """The configuration tree, and its one builder from flags and the environment.
 
-`EngineConfig` holds the branches: model, cache, server, kernels and limits, each
+`EngineConfig` holds the branches: model, cache, server, prompt, kernels and limits, each
 a frozen dataclass in a module of its own with its settings declared beside their
 fields. `EngineConfig.from_sources(flags, env)` reads every setting (a flag wins
 over its variable, which wins over its default) and applies what depends on the
@@ -20,6 +20,7 @@ from engine.config.kernels import KernelConfig
 from engine.config.limits import Limits
 from engine.config.machine import disk_room, machine_memory
 from engine.config.model import ModelConfig
+from engine.config.prompt import PromptConfig
 from engine.config.server import Identity, ServerConfig, read_token_file
 from engine.config.setting import UNSET, read_settings, setting_named
 
@@ -29,6 +30,7 @@ class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    prompt: PromptConfig = field(default_factory=PromptConfig)
     kernels: KernelConfig = field(default_factory=KernelConfig)
     limits: Limits = field(default_factory=Limits)
 
@@ -49,6 +51,7 @@ class EngineConfig:
             model=ModelConfig(**read_settings(ModelConfig, flags, env)),
             cache=_cache(flags, env),
             server=_server(flags, env),
+            prompt=PromptConfig(**read_settings(PromptConfig, flags, env)),
             kernels=KernelConfig(**read_settings(KernelConfig, flags, env)),
             limits=Limits(**read_settings(Limits, flags, env)),
         )
@@ -61,6 +64,9 @@ class EngineConfig:
 
     def with_server(self, **changes) -> "EngineConfig":
         return replace(self, server=replace(self.server, **changes))
+
+    def with_prompt(self, **changes) -> "EngineConfig":
+        return replace(self, prompt=replace(self.prompt, **changes))
 
     def with_kernels(self, **changes) -> "EngineConfig":
         return replace(self, kernels=replace(self.kernels, **changes))

@@ -17,18 +17,20 @@ class ToolCall(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
 
 class Message(_message.Message):
-    __slots__ = ("role", "content", "tool_calls", "tool_call_id", "name")
+    __slots__ = ("role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    REASONING_CONTENT_FIELD_NUMBER: _ClassVar[int]
     role: str
     content: str
     tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
     tool_call_id: str
     name: str
-    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+    reasoning_content: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ..., reasoning_content: _Optional[str] = ...) -> None: ...
 
 class Sampling(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "seed", "max_tokens", "stop", "stop_token_ids")
@@ -55,7 +57,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "namespace", "messages", "tools_json", "prompt_ids", "prompt_text", "sampling", "add_generation_prompt", "continue_final_message")
+    __slots__ = ("request_id", "namespace", "messages", "tools_json", "prompt_ids", "prompt_text", "sampling", "add_generation_prompt", "continue_final_message", "session")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +67,7 @@ class GenerateRequest(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
     CONTINUE_FINAL_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     namespace: str
     messages: _containers.RepeatedCompositeFieldContainer[Message]
@@ -74,7 +77,8 @@ class GenerateRequest(_message.Message):
     sampling: Sampling
     add_generation_prompt: bool
     continue_final_message: bool
-    def __init__(self, request_id: _Optional[str] = ..., namespace: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., tools_json: _Optional[str] = ..., prompt_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ...) -> None: ...
+    session: str
+    def __init__(self, request_id: _Optional[str] = ..., namespace: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., tools_json: _Optional[str] = ..., prompt_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ..., session: _Optional[str] = ...) -> None: ...
 
 class PrefillProgress(_message.Message):
     __slots__ = ("done", "total")
@@ -167,7 +171,7 @@ class CacheStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class CacheStatsReply(_message.Message):
-    __slots__ = ("mode", "entries", "anchors", "checkpoints", "ram_bytes", "anchor_bytes", "disk_bytes", "disk_entries", "hits", "evictions", "disk_evictions", "damaged_files", "cached_tokens", "prompt_tokens", "replicas", "restores_lost", "disk_writes_lost")
+    __slots__ = ("mode", "entries", "anchors", "checkpoints", "ram_bytes", "anchor_bytes", "disk_bytes", "disk_entries", "hits", "evictions", "disk_evictions", "damaged_files", "cached_tokens", "prompt_tokens", "replicas", "restores_lost", "disk_writes_lost", "misses")
     class CheckpointsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +180,13 @@ class CacheStatsReply(_message.Message):
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     class HitsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class MissesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -199,6 +210,7 @@ class CacheStatsReply(_message.Message):
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     RESTORES_LOST_FIELD_NUMBER: _ClassVar[int]
     DISK_WRITES_LOST_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
     mode: str
     entries: int
     anchors: int
@@ -216,10 +228,11 @@ class CacheStatsReply(_message.Message):
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStats]
     restores_lost: int
     disk_writes_lost: int
-    def __init__(self, mode: _Optional[str] = ..., entries: _Optional[int] = ..., anchors: _Optional[int] = ..., checkpoints: _Optional[_Mapping[str, int]] = ..., ram_bytes: _Optional[int] = ..., anchor_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., disk_entries: _Optional[int] = ..., hits: _Optional[_Mapping[str, int]] = ..., evictions: _Optional[int] = ..., disk_evictions: _Optional[int] = ..., damaged_files: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStats, _Mapping]]] = ..., restores_lost: _Optional[int] = ..., disk_writes_lost: _Optional[int] = ...) -> None: ...
+    misses: _containers.ScalarMap[str, int]
+    def __init__(self, mode: _Optional[str] = ..., entries: _Optional[int] = ..., anchors: _Optional[int] = ..., checkpoints: _Optional[_Mapping[str, int]] = ..., ram_bytes: _Optional[int] = ..., anchor_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., disk_entries: _Optional[int] = ..., hits: _Optional[_Mapping[str, int]] = ..., evictions: _Optional[int] = ..., disk_evictions: _Optional[int] = ..., damaged_files: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStats, _Mapping]]] = ..., restores_lost: _Optional[int] = ..., disk_writes_lost: _Optional[int] = ..., misses: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ReplicaStats(_message.Message):
-    __slots__ = ("replica", "alive", "entries", "ram_bytes", "queued_prefill_tokens", "in_flight", "requests", "restores", "handovers", "handover_bytes")
+    __slots__ = ("replica", "alive", "entries", "ram_bytes", "queued_prefill_tokens", "in_flight", "requests", "restores", "handovers", "handover_bytes", "sessions", "session_moves")
     class RestoresEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -237,6 +250,8 @@ class ReplicaStats(_message.Message):
     RESTORES_FIELD_NUMBER: _ClassVar[int]
     HANDOVERS_FIELD_NUMBER: _ClassVar[int]
     HANDOVER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_MOVES_FIELD_NUMBER: _ClassVar[int]
     replica: int
     alive: bool
     entries: int
@@ -247,7 +262,9 @@ class ReplicaStats(_message.Message):
     restores: _containers.ScalarMap[str, int]
     handovers: int
     handover_bytes: int
-    def __init__(self, replica: _Optional[int] = ..., alive: _Optional[bool] = ..., entries: _Optional[int] = ..., ram_bytes: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., in_flight: _Optional[int] = ..., requests: _Optional[int] = ..., restores: _Optional[_Mapping[str, int]] = ..., handovers: _Optional[int] = ..., handover_bytes: _Optional[int] = ...) -> None: ...
+    sessions: int
+    session_moves: int
+    def __init__(self, replica: _Optional[int] = ..., alive: _Optional[bool] = ..., entries: _Optional[int] = ..., ram_bytes: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., in_flight: _Optional[int] = ..., requests: _Optional[int] = ..., restores: _Optional[_Mapping[str, int]] = ..., handovers: _Optional[int] = ..., handover_bytes: _Optional[int] = ..., sessions: _Optional[int] = ..., session_moves: _Optional[int] = ...) -> None: ...
 
 class InspectRequest(_message.Message):
     __slots__ = ("recent",)
@@ -318,7 +335,7 @@ class AnchorFigures(_message.Message):
     def __init__(self, entry_id: _Optional[int] = ..., namespace: _Optional[str] = ..., length: _Optional[int] = ..., nbytes: _Optional[int] = ..., sessions: _Optional[int] = ...) -> None: ...
 
 class RequestRecord(_message.Message):
-    __slots__ = ("request_id", "replica", "namespace", "finish_reason", "restore_kind", "prompt_tokens", "cached_tokens", "completion_tokens", "timing", "finished_at")
+    __slots__ = ("request_id", "replica", "namespace", "finish_reason", "restore_kind", "prompt_tokens", "cached_tokens", "completion_tokens", "timing", "finished_at", "miss_kind", "miss_token", "miss_message")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
@@ -329,6 +346,9 @@ class RequestRecord(_message.Message):
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    MISS_KIND_FIELD_NUMBER: _ClassVar[int]
+    MISS_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    MISS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     replica: str
     namespace: str
@@ -339,7 +359,10 @@ class RequestRecord(_message.Message):
     completion_tokens: int
     timing: Timing
     finished_at: float
-    def __init__(self, request_id: _Optional[str] = ..., replica: _Optional[str] = ..., namespace: _Optional[str] = ..., finish_reason: _Optional[str] = ..., restore_kind: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., finished_at: _Optional[float] = ...) -> None: ...
+    miss_kind: str
+    miss_token: int
+    miss_message: int
+    def __init__(self, request_id: _Optional[str] = ..., replica: _Optional[str] = ..., namespace: _Optional[str] = ..., finish_reason: _Optional[str] = ..., restore_kind: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., finished_at: _Optional[float] = ..., miss_kind: _Optional[str] = ..., miss_token: _Optional[int] = ..., miss_message: _Optional[int] = ...) -> None: ...
 
 class InspectReply(_message.Message):
     __slots__ = ("cache", "replicas", "tiers", "window_s", "window", "anchors", "recent")
@@ -364,7 +387,7 @@ class ModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfoReply(_message.Message):
-    __slots__ = ("model", "model_type", "vocab_size", "max_context", "fingerprint", "cache_mode", "has_state_layers", "kernels")
+    __slots__ = ("model", "model_type", "vocab_size", "max_context", "fingerprint", "cache_mode", "has_state_layers", "kernels", "output_format")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_TYPE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -373,6 +396,7 @@ class ModelInfoReply(_message.Message):
     CACHE_MODE_FIELD_NUMBER: _ClassVar[int]
     HAS_STATE_LAYERS_FIELD_NUMBER: _ClassVar[int]
     KERNELS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FORMAT_FIELD_NUMBER: _ClassVar[int]
     model: str
     model_type: str
     vocab_size: int
@@ -381,4 +405,5 @@ class ModelInfoReply(_message.Message):
     cache_mode: str
     has_state_layers: bool
     kernels: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, model: _Optional[str] = ..., model_type: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., fingerprint: _Optional[str] = ..., cache_mode: _Optional[str] = ..., has_state_layers: _Optional[bool] = ..., kernels: _Optional[_Iterable[str]] = ...) -> None: ...
+    output_format: str
+    def __init__(self, model: _Optional[str] = ..., model_type: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., fingerprint: _Optional[str] = ..., cache_mode: _Optional[str] = ..., has_state_layers: _Optional[bool] = ..., kernels: _Optional[_Iterable[str]] = ..., output_format: _Optional[str] = ...) -> None: ...

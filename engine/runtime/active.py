@@ -3,7 +3,7 @@
 Its request and where its events go, its uid in the batch, the restore it
 started from, the capture points its prefill is yet to reach and the state
 snapshots taken at the ones it reached, the prompt end's state and
-log-probabilities, its text (`TextOutput`), timestamps (`Stamps`) and the
+log-probabilities, the tokens it generated, timestamps (`Stamps`) and the
 bytes it copied. A mutable record the Generator fills in step by step; it
 decides nothing.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from engine.cache.kinds import RestoreKind
 from engine.runtime.admission import Emit
-from engine.runtime.output import Stamps, TextOutput
+from engine.runtime.output import Stamps
 from engine.runtime.requests import GenerationRequest
 
 
@@ -30,9 +30,9 @@ class ActiveRequest:
     captures: list  # pending CapturePoints, ascending
     stop_ids: frozenset
     stamps: Stamps
-    text: TextOutput
     restored_kv_bytes: int
     copied_restore: int = 0
+    generated: int = 0  # completion tokens emitted (a stop token is not one)
     copied_commit: int = 0
     progress_sent: int = 0  # prompt tokens done at the last Progress event
     taken: dict = field(default_factory=dict)  # length -> (CapturePoint, StateSnapshot)

@@ -104,6 +104,7 @@ class Admission:
         for i, (req, emit) in enumerate(self.pending):
             if req.request_id == request_id:
                 del self.pending[i]
+                self.tier.forget_load(req.plan)  # its file's read, unless another waits too
                 self._rooms.pop(_room_key(req), None)
                 self.waits.pop(request_id, None)
                 return req, emit

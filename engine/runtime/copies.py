@@ -145,7 +145,7 @@ class CopyLedger:
         if both:
             for a, b in zip(caches, other):
                 for la, lb in zip(_leaves(a), _leaves(b)):
-                    if type(la) is BatchKVCache and type(lb) is BatchKVCache:
+                    if isinstance(la, BatchKVCache) and isinstance(lb, BatchKVCache):
                         pads += _pad_copies(la, lb)
         out = run()
         if both:

@@ -19,7 +19,7 @@ import numpy as np
 from engine.cache.messages import CapturedPoint, Commit
 from engine.runtime import layer_caches
 from engine.runtime.active import ActiveRequest
-from engine.runtime.ram_tier import StoredEntry
+from engine.runtime.ram_tier import StoredEntry, digest
 
 
 @dataclass(frozen=True)
@@ -59,16 +59,21 @@ def finished_entries(act: ActiveRequest, cache: list, all_tokens: list) -> Finis
         if point.entry_id is None:
             states[point.length] = state
         else:
-            entries.append(
-                (point.entry_id, StoredEntry(layers, point.length, {point.length: state}))
+            captured = StoredEntry(
+                layers, point.length, {point.length: state}, tokens=tokens[: point.length]
             )
+            captured.digests[point.length] = digest(all_tokens[: point.length])
+            entries.append((point.entry_id, captured))
         points.append(CapturedPoint(point.length, point.kind, point.entry_id))
     logits = {}
     # Kept where a resend can use them: a lineage entry's prompt end (exact mode's
     # snapshots are matched one token short, and its index does not count them).
     if act.prompt_end_logits is not None and L in states and plan.store_reply:
         logits = {L: act.prompt_end_logits}
-    entries.append((plan.new_entry_id, StoredEntry(layers, length, states, logits)))
+    entry = StoredEntry(layers, length, states, logits, tokens)
+    # Digests at its restore points, from the token list at hand (the next turn checks them).
+    entry.digests = {n: digest(all_tokens[:n]) for n in states}
+    entries.append((plan.new_entry_id, entry))
     commit = Commit(
         request_id=act.req.request_id,
         namespace=act.req.namespace,

@@ -11,8 +11,12 @@ It is the step loop that composes three parts:
 - `OrderLedger` (engine.runtime.ordering): every call to the cache manager
   goes through it, which counts the calls until answered and numbers the
   Orders applied, so a plan restores only after the Orders it follows;
-- `TextOutput` and `final_event` (engine.runtime.output): the text of the
-  tokens, stop strings, and the Finished event.
+- `final_event` (engine.runtime.output): the Finished event.
+
+It emits token ids only. Detokenizing and stop strings are the front end's
+(engine.server.text), which handles a whole step's tokens at once: the loop
+only computes, samples and stops at a stop token, max_tokens, or when the
+front end says a stop string ended the text (`cancel(..., reason=STOP)`).
 
 Capture points: the prompt is split into segments at each capture point, so
 prefill stops exactly there (BatchGenerator's segments) and the state layers
@@ -49,12 +53,12 @@ from engine.runtime.active import ActiveRequest
 from engine.runtime.admission import Admission, Emit
 from engine.runtime.batch import bound_pool
 from engine.runtime.chunked import ChunkedBatchGenerator
-from engine.runtime.events import Finished, FinishReason, Progress
+from engine.runtime.events import Finished, FinishReason, Progress, Tokens
 from engine.runtime.finished_entries import finished_entries
 from engine.runtime.layer_timer import LayerTimer
 from engine.runtime.ordering import CacheLink, OrderLedger
-from engine.runtime.output import Copied, Stamps, TextOutput, final_event, unstarted_event
-from engine.runtime.ram_tier import RamTier, StoredEntry
+from engine.runtime.output import Copied, Stamps, final_event, unstarted_event
+from engine.runtime.ram_tier import RamTier, StoredEntry, digest
 from engine.runtime.requests import GenerationRequest
 from engine.runtime.restore import Restorer
 from engine.runtime.sampling import make_sampler
@@ -127,11 +131,17 @@ class Generator:
     def submit(self, req: GenerationRequest, emit: Emit) -> None:
         self.admission.submit(req, self.profile.timed("emit", emit))
 
-    def cancel(self, request_id: str, on_done: Callable[[], None] | None = None) -> None:
+    def cancel(
+        self,
+        request_id: str,
+        on_done: Callable[[], None] | None = None,
+        reason: FinishReason = FinishReason.CANCELLED,
+    ) -> None:
         """Stop a request now: its slot is freed before the next decode step.
 
         `on_done` runs once what the request leaves behind is committed (or
-        released): a retry planned after it sees that entry.
+        released): a retry planned after it sees that entry. `reason` STOP: the
+        front end found a stop string in its text; it ends as if at a stop token.
         """
         done = on_done or (lambda: None)
         # Waiting for its new plan (then that one is released), or pending.
@@ -155,7 +165,7 @@ class Generator:
             return
         # In prefill, the prefix prefilled so far (and its captures) is still worth
         # keeping: a retry of a dropped long prompt resumes there.
-        self._complete(act, FinishReason.CANCELLED, cache, list(tokens))
+        self._complete(act, reason, cache, list(tokens))
 
     @property
     def busy(self) -> bool:
@@ -230,7 +240,7 @@ class Generator:
         # 4) Prefill: progress, capture points (an anchor commits at once), the prompt end.
         for r in prompt_responses:
             self._on_prompt(r)
-        # 5) Decode: each token's text out; a finished request stores and commits.
+        # 5) Decode: each token's id out; a finished request stores and commits.
         for r in gen_responses:
             self._on_token(r)
 
@@ -282,7 +292,6 @@ class Generator:
                 admitted=time.time(),
                 restore_ms=(time.perf_counter() - t0) * 1000,
             ),
-            text=TextOutput(self.tokenizer.detokenizer, req.sampling.stop),
             restored_kv_bytes=restored.restored_kv,
             copied_restore=restored.copied,
             restore_lost=self.restorer.lost_point(req.request_id),
@@ -305,16 +314,14 @@ class Generator:
 
     def _first_token(self, act: ActiveRequest, token: int, left: int) -> bool:
         """Emit a resend's first token, sampled at admission; True when it ends the request
-        (a stop token or string, or max_tokens 1): then it is released, storing nothing."""
+        (a stop token, or max_tokens 1): then it is released, storing nothing."""
         act.stamps.token(time.time())
         stopped = token in act.stop_ids
         if not stopped:
-            event, stopped = act.text.add(token)
-            act.emit(event)
+            act.generated += 1
+            act.emit(Tokens(ids=(token,), text=""))
         if not (stopped or left <= 0):
             return False
-        if not stopped:
-            self._emit_tail(act)
         self.timer.on_finish(act.req.request_id)
         self._release(act.req)
         reason = FinishReason.STOP if stopped else FinishReason.LENGTH
@@ -358,14 +365,16 @@ class Generator:
         """
         layers, state = layer_caches.store_entry(extracted)
         key = _staging_key(act.req.request_id, point.entry_id)
-        anchor = StoredEntry(layers, point.length, {point.length: state})
+        tokens = np.asarray(act.req.tokens[: point.length], dtype=np.int32)
+        anchor = StoredEntry(layers, point.length, {point.length: state}, tokens=tokens)
+        anchor.digests[point.length] = digest(act.req.tokens[: point.length])
         self.tier.stage(key, [(point.entry_id, anchor)], point.length)
         self.order_ledger.commit_anchor(
             AnchorCommit(
                 request_id=act.req.request_id,
                 namespace=act.req.namespace,
                 entry_id=point.entry_id,
-                tokens=np.asarray(act.req.tokens[: point.length], dtype=np.int32),
+                tokens=tokens,
                 kv_bytes_per_token=layer_caches.kv_bytes_per_token(layers),
                 state_bytes=state.nbytes,
             ),
@@ -380,25 +389,11 @@ class Generator:
             return
         token = int(r.token)
         act.stamps.token(time.time())
-        stopped = False
-        if not (r.finish_reason == "stop" and token in act.stop_ids):  # a stop token: no text
-            event, stopped = act.text.add(token)
-            act.emit(event)
-        if stopped:  # by a stop string
-            if r.finish_reason is None:  # still in the batch: take it out with its cache
-                cache, tokens = self.bg.remove([r.uid], return_prompt_caches=True)[r.uid]
-            else:  # the batch ended it on this very token (max_tokens): it is gone from there
-                cache, tokens = r.prompt_cache, r.all_tokens
-            self._complete(act, FinishReason.STOP, cache, list(tokens))
-        elif r.finish_reason is not None:
-            self._emit_tail(act)
+        if not (r.finish_reason == "stop" and token in act.stop_ids):  # a stop token: not sent
+            act.generated += 1
+            act.emit(Tokens(ids=(token,), text=""))
+        if r.finish_reason is not None:
             self._complete(act, FinishReason(r.finish_reason), r.prompt_cache, list(r.all_tokens))
-
-    def _emit_tail(self, act: ActiveRequest) -> None:
-        """The text held back at the end of a completion no stop string ended."""
-        tail = act.text.close()
-        if tail is not None:
-            act.emit(tail)
 
     # ---- completion: store, commit, final event ------------------------------
 
@@ -487,7 +482,7 @@ class Generator:
             act.req.request_id,
             reason,
             prompt_tokens=act.prompt_len,
-            completion_tokens=len(act.text.ids),
+            completion_tokens=act.generated,
             restore_kind=act.restore_kind,
             restore_length=act.restore_length,
             stamps=act.stamps,

@@ -55,7 +55,7 @@ def layer_kind(cache: Any) -> str:
     """The kind of a layer cache: "append" (rows [:n] are the cache at n),
     "list" (a CacheList: classify its parts) or "state" (everything else)."""
     kind = type(cache)
-    if kind in _APPEND_TYPES:
+    if kind in _APPEND_TYPES or isinstance(cache, BatchKVCache):  # the engine's batch kind too
         return APPEND
     if kind is CacheList:
         return LIST
@@ -306,7 +306,7 @@ def _length(c: Any, idx: Optional[int]) -> Optional[int]:
         return None
     if type(c) in (KVCache, QuantizedKVCache, RotatingKVCache):
         return int(c.offset)
-    if type(c) in (BatchKVCache, BatchRotatingKVCache):
+    if isinstance(c, (BatchKVCache, BatchRotatingKVCache)):
         return int(c.offset[0 if idx is None else idx].item())
     return None
 
@@ -348,7 +348,7 @@ def _store_layer(c: Any, counter: CopyCounter) -> EntryLayer:
         return StoredList(tuple(_store_layer(p, counter) for p in c.caches))
     if kind == STATE:
         return None
-    if type(c) is BatchKVCache:
+    if isinstance(c, BatchKVCache):
         raise ValueError("store_entry takes an extracted (single-sequence) cache")
     n = int(c.offset)
     if c.keys is None:

@@ -33,9 +33,19 @@ T = TypeVar("T")
 class ModelLoop:
     """A Generator on a thread of its own, reached through an inbox of callables."""
 
-    def __init__(self, build: Callable[[], Generator], idle_release_s: float = IDLE_RELEASE_S):
-        """Start the thread and build the Generator on it; re-raises what `build` raised."""
+    def __init__(
+        self,
+        build: Callable[[], Generator],
+        idle_release_s: float = IDLE_RELEASE_S,
+        flush: Callable[[], None] = lambda: None,
+    ):
+        """Start the thread and build the Generator on it; re-raises what `build` raised.
+
+        `flush` runs on the loop thread after every step and after every batch of inbox
+        calls: the events emitted meanwhile leave together (one hand-off per step, not
+        one per token)."""
         self.idle_release_s = idle_release_s
+        self.flush = flush
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.generator: Generator | None = None
         self.pool_releases = 0
@@ -96,6 +106,7 @@ class ModelLoop:
         idle_since: float | None = None
         while not self._stopped:
             self._drain(block=not gen.busy)
+            self._flush()
             if not gen.busy:
                 idle_since = idle_since or time.monotonic()
                 if time.monotonic() - idle_since > self.idle_release_s:
@@ -108,6 +119,13 @@ class ModelLoop:
             except Exception as e:  # a failed batch must not take the server down
                 log.exception("batch step failed")
                 gen.fail_all(f"{type(e).__name__}: {e}")
+            self._flush()
+
+    def _flush(self) -> None:
+        try:
+            self.flush()
+        except Exception:  # the events' way out failed: the loop still runs
+            log.exception("flushing the step's events failed")
 
     def _drain(self, block: bool) -> None:
         """Run the queued calls: wait briefly for the first when `block`, then all that came."""

@@ -1,16 +1,12 @@
-"""A request's output: its text as tokens come, and its final event.
+"""A request's final event, from plain values.
 
-`TextOutput` turns one request's completion token ids into text as they come
-(the tokenizer's streaming detokenizer) and watches its stop strings, holding
-back text that may begin one: it says when a stop string ends the text.
-`final_event` and `unstarted_event` build the Finished event from plain
-values: counts, the request's timestamps (`Stamps`) and the bytes its
-restore, commit and batch copied (`Copied`).
+`final_event` and `unstarted_event` build the Finished event from counts, the
+request's timestamps (`Stamps`) and the bytes its restore, commit and batch
+copied (`Copied`). The text of the tokens is not made here: the front end
+detokenizes (engine.server.text), a whole step's tokens at once (DESIGN.md 8).
 
-It knows token ids, text and numbers. It knows nothing of the batch, the
-cache, MLX arrays or where events go: the Generator feeds it and emits what
-it returns, so it can leave the model loop for the front end, which would
-handle a whole step's tokens at once (DESIGN.md 8).
+It knows numbers and the events' dataclasses; nothing of the batch, the
+cache, MLX arrays or where events go.
 """
 
 from __future__ import annotations
@@ -19,34 +15,7 @@ import time
 from dataclasses import dataclass
 
 from engine.cache.kinds import RestoreKind
-from engine.runtime.events import Finished, FinishReason, Timing, Tokens
-from engine.runtime.sampling import StopMatcher
-
-
-class TextOutput:
-    """One request's completion: its ids, their text, and its stop strings."""
-
-    def __init__(self, detokenizer, stop: tuple[str, ...]):
-        """`detokenizer`: a streaming detokenizer of this request's own (mlx-lm's
-        `TokenizerWrapper.detokenizer` hands out a fresh one each time)."""
-        self.ids: list[int] = []
-        self._detokenizer = detokenizer
-        self._stop = StopMatcher(stop)
-
-    def add(self, token: int) -> tuple[Tokens, bool]:
-        """One completion token: its event (the text safe to show so far), and whether a
-        stop string ended the text there."""
-        self.ids.append(token)
-        self._detokenizer.add_token(token)
-        text, stopped = self._stop.feed(self._detokenizer.last_segment)
-        return Tokens(ids=(token,), text=text), stopped
-
-    def close(self) -> Tokens | None:
-        """The text held back at the end of a completion no stop string ended (the
-        detokenizer's last piece, a prefix of a stop string): its event, or None."""
-        self._detokenizer.finalize()
-        tail = self._stop.feed(self._detokenizer.last_segment)[0] + self._stop.flush()
-        return Tokens(ids=(), text=tail) if tail else None
+from engine.runtime.events import Finished, FinishReason, Timing
 
 
 @dataclass

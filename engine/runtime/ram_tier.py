@@ -14,11 +14,30 @@ room for it, so the tier never holds more than the manager's budget allows
 (the manager keeps its index plus pinned frees within the budget). The disk
 tier is reached through the `DiskTier` protocol (the storage layer's
 DiskStore fills it), so this module never imports storage.
+
+Every entry carries the token ids its rows were computed on (`StoredEntry.tokens`,
+4 bytes a token beside the KV rows' hundreds) and a digest of their prefix at
+its restore points (`digests`, a 64-bit hash of the token tuple, taken where
+the entry is made). Before a restore, and before a file's or a handed-over
+entry enters the tier, `matches` compares the digest of the request's first
+tokens with the entry's: an entry id that came to mean other tokens (a
+manager that reused an id, a file or a peer's entry under a wrong id) is
+refused, counted (`token_mismatches`) and logged, and the request's restore
+point is lost (a cache miss), never a continuation of another prompt. The
+request's side hashes its own token tuple (a few ns a token); an entry's
+digest at a length it lacks (a model without state layers restores at any
+length; a loaded or handed-over entry) is taken from its tokens once.
+
+A file read off the loop (`start_load`) is shared by the requests that plan
+it and kept only while one of them waits: the first to restore takes it, a
+request that leaves before (`forget_load`: cancelled while pending) lets go
+of it, and a failed read is never handed to a later plan.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -39,6 +58,13 @@ class StoredEntry:
     # The prompt end's log-probabilities (what the sampler reads), by length:
     # a resend of that prompt samples its first token here. RAM only.
     logits: dict[int, object] = field(default_factory=dict)
+    # The token ids the rows were computed on (int32, at least `length` of them):
+    # what a restore checks the request's tokens against. Not counted in `nbytes`
+    # (the index counts the tensors), 4 bytes a token.
+    tokens: np.ndarray | None = None
+    # length -> `digest(tokens[:length])`, taken where the entry is made (from the
+    # request's own token list) or at its first check there.
+    digests: dict[int, int] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
@@ -56,6 +82,8 @@ class DiskTier(Protocol):
 
     def take_lost(self) -> list[int]: ...  # writes that never reached the disk
 
+    def take_written(self) -> list[int]: ...  # files written (durable) since the last call
+
     def load(
         self, entry_id: int, namespace: str | None = None, tokens=None
     ) -> StoredEntry | None: ...
@@ -67,6 +95,14 @@ class DiskTier(Protocol):
     ) -> StoredEntry | None: ...  # on the loop thread
 
 
+@dataclass
+class _Load:
+    """A file read under way or done, and the requests waiting to restore from it."""
+
+    future: Future
+    waiting: set[str]
+
+
 class RamTier:
     """Entry id -> StoredEntry, plus the orders that change it (and the disk tier's files)."""
 
@@ -75,7 +111,10 @@ class RamTier:
         self.entries: dict[int, StoredEntry] = {}
         self.disk_tier = disk_tier
         self.max_id = 0  # the largest id ever held (a restarted manager allocates above it)
-        self._loads: dict[int, Future] = {}  # entry id -> its read under way or done
+        self._loads: dict[int, _Load] = {}  # entry id -> its read, while a request waits for it
+        self.token_checks = 0  # restores and entries coming in whose tokens were checked
+        self.token_check_seconds = 0.0  # what those checks cost
+        self.token_mismatches = 0  # entries refused: their tokens were not the request's
         # Entries waiting for the Orders of their commit, by staging key (one per commit:
         # "request id#entry id"): (entry id, entry) pairs and the tokens they cover.
         self._staged: dict[str, tuple[list[tuple[int, StoredEntry]], int]] = {}
@@ -91,13 +130,28 @@ class RamTier:
             return None
         if self.can_restore(plan.entry_id, plan.length):
             return None
-        future = self._loads.get(plan.entry_id)
-        if future is None:
-            future = self.disk_tier.start_read(plan.entry_id)
-            self._loads[plan.entry_id] = future
+        load = self._loads.get(plan.entry_id)
+        if load is None:
+            load = _Load(self.disk_tier.start_read(plan.entry_id), set())
+            self._loads[plan.entry_id] = load
             if done is not None:
-                future.add_done_callback(lambda f: done())
-        return future
+                load.future.add_done_callback(lambda f: done())
+        load.waiting.add(plan.request_id)
+        return load.future
+
+    def forget_load(self, plan: RestorePlan) -> None:
+        """The request of `plan` no longer waits for its file (cancelled while pending): a
+        read nobody else waits for is let go (its buffers with it)."""
+        load = self._loads.get(plan.entry_id) if plan.load_from_disk else None
+        if load is not None:
+            load.waiting.discard(plan.request_id)
+            if not load.waiting:  # the read ends unheeded; its buffers go with it
+                del self._loads[plan.entry_id]
+
+    @property
+    def loads(self) -> int:
+        """File reads held for waiting requests (under way or done)."""
+        return len(self._loads)
 
     def put(self, entry_id: int, entry: StoredEntry) -> None:
         self._put(entry_id, entry)
@@ -105,6 +159,7 @@ class RamTier:
 
     def _put(self, entry_id: int, entry: StoredEntry) -> None:
         assert entry_id not in self.entries, f"entry {entry_id} stored twice"
+        assert entry.tokens is not None and len(entry.tokens) >= entry.length, entry_id
         self.entries[entry_id] = entry
         self._held += entry.nbytes
         self.max_id = max(self.max_id, entry_id)
@@ -162,27 +217,57 @@ class RamTier:
 
         A load started on the reader thread (`start_read`, while the request waited in
         admission) leaves only its finish to the loop thread; a plan whose read was
-        never started loads here, synchronously. A file that fails is logged and left
-        out. The file must hold the request's `namespace` and its first `plan.length`
-        `tokens`, when given.
+        never started loads here, synchronously. The read is the request's no longer
+        (`forget_load`), and one that failed is dropped for every request: a later plan
+        reads the file again. A file that fails is logged and left out. The file must
+        hold the request's `namespace` and its first `plan.length` `tokens`, when given.
         """
         if not plan.load_from_disk or self.disk_tier is None:
             return True
+        load = self._loads.get(plan.entry_id)
+        self.forget_load(plan)
         if self.can_restore(plan.entry_id, plan.length):
             return True
         expected = None if tokens is None else np.asarray(tokens[: plan.length], np.int32)
-        future = self._loads.pop(plan.entry_id, None)
-        if future is not None:  # read on the reader thread: only the finish is left
-            entry = self.disk_tier.finish(future.result(), namespace, expected)
+        if load is not None:  # read on the reader thread: only the finish is left
+            self._loads.pop(plan.entry_id, None)  # taken: the others restore from the tier
+            entry = self.disk_tier.finish(load.future.result(), namespace, expected)
         else:
             entry = self.disk_tier.load(plan.entry_id, namespace, expected)
         if entry is None:
+            return False
+        if expected is not None and not self.matches(entry, expected):
             return False
         # It replaces a held entry that could not serve.
         self._held -= _size(self.entries.pop(plan.entry_id, None))
         self._put(plan.entry_id, entry)
         self.note_peak()
         return True
+
+    def matches(self, entry: StoredEntry | int | None, tokens) -> bool:
+        """Whether `entry` (or the entry held under that id) was computed on `tokens` (the
+        request's first tokens, as many as it restores): their digests are equal. A
+        mismatch is counted and logged: the entry is refused, the restore becomes a miss."""
+        held = self.entries.get(entry) if isinstance(entry, int) else entry
+        if held is None:
+            return False
+        t0 = time.perf_counter()
+        n = len(tokens)
+        own = held.digests.get(n)
+        if own is None and held.tokens is not None and len(held.tokens) >= n:
+            own = held.digests[n] = digest(held.tokens[:n])
+        same = own is not None and own == digest(tokens)
+        self.token_check_seconds += time.perf_counter() - t0
+        self.token_checks += 1
+        if not same:
+            self.token_mismatches += 1
+            log.error(
+                "entry %s holds other tokens than the request's first %d: refused "
+                "(an id confusion; the restore is a cache miss)",
+                entry if isinstance(entry, int) else "coming in",
+                n,
+            )
+        return same
 
     def logits(self, entry_id: int | None, length: int):
         """The log-probabilities kept at `length` of an entry (its prompt end), or None."""
@@ -242,6 +327,14 @@ class RamTier:
     @property
     def nbytes(self) -> int:
         return self._held
+
+
+def digest(tokens) -> int:
+    """A 64-bit digest of a token sequence (a tuple, list or array of ints): the hash of
+    its tuple. CPython hashes ints and tuples alike in every process, seeds aside."""
+    if isinstance(tokens, np.ndarray):
+        tokens = tokens.tolist()
+    return hash(tokens if isinstance(tokens, tuple) else tuple(tokens))
 
 
 def _size(held) -> int:

@@ -5,7 +5,9 @@ loaded first when the plan says so) into single-sequence layer caches,
 without copying the KV rows. A point the tier no longer holds, nor can load,
 goes back to the cache manager as a LostRestore (`CacheLink.replan`); the
 request waits in `replanning` for its new plan and then goes back to the head
-of the pending requests. Found gone again, it prefills cold. Both are logged
+of the pending requests. So does a point whose entry holds other tokens than
+the request's first `length` (`RamTier.matches`: an id that came to mean
+another prompt is a cache miss, never its rows). Found gone again, it prefills cold. Both are logged
 and counted, and the request's final event names the lost point
 (`lost_point`).
 
@@ -66,6 +68,8 @@ class Restorer:
         gone = not self.tier.can_restore(plan.entry_id, n) or (
             whole and self.tier.logits(plan.entry_id, n) is None
         )
+        # The safety net: rows computed on other tokens are never restored (a miss instead).
+        gone = gone or (n > 0 and not self.tier.matches(plan.entry_id, req.tokens[:n]))
         if n and gone:
             first = req.request_id not in self.lost
             self.lost[req.request_id] = f"{plan.entry_id}@{n}"

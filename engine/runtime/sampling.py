@@ -1,4 +1,4 @@
-"""Per-request samplers and stop-string matching.
+"""Per-request samplers.
 
 A sampler maps a row of log-probabilities to a token. A seeded request owns its
 own PRNG key, so its output does not depend on what else is in the batch.
@@ -33,37 +33,3 @@ def make_sampler(params: SamplingParams, vocab_size: int):
         return mx.random.categorical(x * inv_temp, key=sub)
 
     return sample
-
-
-class StopMatcher:
-    """Finds the first stop string in streamed text, holding back a possible prefix.
-
-    `feed(text)` returns (text safe to emit, stopped). Text that could be the
-    start of a stop string is held until it is decided.
-    """
-
-    def __init__(self, stops: tuple[str, ...]):
-        self.stops = tuple(s for s in stops if s)
-        self.pending = ""
-
-    def feed(self, text: str) -> tuple[str, bool]:
-        if not self.stops:
-            return text, False
-        buf = self.pending + text
-        hits = [(buf.find(s), s) for s in self.stops if s in buf]
-        if hits:
-            at = min(h[0] for h in hits)
-            self.pending = ""
-            return buf[:at], True
-        hold = 0
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(buf)), 0, -1):
-                if buf.endswith(s[:k]):
-                    hold = max(hold, k)
-                    break
-        self.pending = buf[len(buf) - hold :] if hold else ""
-        return buf[: len(buf) - hold], False
-
-    def flush(self) -> str:
-        out, self.pending = self.pending, ""
-        return out

@@ -22,6 +22,10 @@ class TierStats:
     mlx_peak_bytes: int = 0  # and at its highest since the process started
     ram_peak_bytes: int = 0  # the most the RAM tier held after any change since it started
     staged_bytes: int = 0  # finished requests' entries waiting for their commit's Orders
+    loads_held: int = 0  # file reads held for requests waiting to restore from them
+    token_checks: int = 0  # restores and incoming entries whose token ids were checked
+    token_check_seconds: float = 0.0  # what those checks cost, in all
+    token_mismatches: int = 0  # entries refused: computed on other tokens than the request's
 
 
 def tier_stats(g) -> TierStats:
@@ -41,4 +45,8 @@ def tier_stats(g) -> TierStats:
         mlx_peak_bytes=mx.get_peak_memory(),
         ram_peak_bytes=g.tier.peak,
         staged_bytes=g.tier.staged_bytes,
+        loads_held=g.tier.loads,
+        token_checks=g.tier.token_checks,
+        token_check_seconds=g.tier.token_check_seconds,
+        token_mismatches=g.tier.token_mismatches,
     )

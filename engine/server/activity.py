@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
+import os
 import statistics
 import time
 from collections import deque
@@ -27,24 +29,47 @@ WINDOW_S = 60.0  # "the last minute" of `lineage top`
 KEEP = 512  # records kept
 
 
-def namespace_tag(namespace: str, how: str) -> str:
-    """A request's cache namespace as metrics and `lineage top` show it.
+OTHER_NAMESPACES = "other"  # the tag of every tenant past the cap
 
-    `hash` (the default: namespaces can name tenants) gives 8 hex digits of its
-    SHA-256, `plain` the namespace itself, `off` nothing. The empty namespace stays empty.
+
+class NamespaceTags:
+    """A request's cache namespace as metrics, Inspect and `lineage top` show it.
+
+    Only its root tenant shows (`acme` for `acme/dev`). `hash` (the default:
+    namespaces can name tenants) gives 8 hex digits of an HMAC-SHA256 of it,
+    keyed by a secret drawn when the server starts, so a dictionary of tenant
+    names does not reverse it (the tags change with each start); `plain` the
+    root as it is; `off` nothing. The empty namespace stays empty. At most
+    `cap` roots get a tag of their own; later ones share OTHER_NAMESPACES, so
+    the metrics' series stay few however many namespaces come.
     """
-    if how == "off" or not namespace:
-        return ""
-    if how == "plain":
-        return namespace
-    return hashlib.sha256(namespace.encode()).hexdigest()[:8]
+
+    def __init__(self, how: str = "hash", cap: int = 32, key: bytes | None = None):
+        self.how, self.cap = how, cap
+        self.key = os.urandom(16) if key is None else key
+        self.tags: dict[str, str] = {}  # root -> tag, in the order roots came
+
+    def tag(self, namespace: str) -> str:
+        if self.how == "off" or not namespace:
+            return ""
+        root = namespace.split("/", 1)[0]
+        tag = self.tags.get(root)
+        if tag is None:
+            if len(self.tags) >= self.cap:
+                return OTHER_NAMESPACES
+            tag = root if self.how == "plain" else self._hash(root)
+            self.tags[root] = tag
+        return tag
+
+    def _hash(self, root: str) -> str:
+        return hmac.new(self.key, root.encode(), hashlib.sha256).hexdigest()[:8]
 
 
 @dataclass(frozen=True)
 class RequestRecord:
     request_id: str
     replica: str
-    namespace: str  # as namespace_tag shows it
+    namespace: str  # as NamespaceTags shows it
     finish_reason: str
     restore_kind: str
     prompt_tokens: int
@@ -52,9 +77,13 @@ class RequestRecord:
     completion_tokens: int
     timing: Timing
     finished_at: float  # unix seconds
+    # Why it restored less than an earlier prompt offered ("": it did not); engine.cache.misses.
+    miss_kind: str = ""
+    miss_token: int = 0
+    miss_message: int = 0
 
     @classmethod
-    def of(cls, f: Finished, namespace: str, at: float) -> "RequestRecord":
+    def of(cls, f: Finished, namespace: str, at: float, miss=None) -> "RequestRecord":
         return cls(
             f.request_id,
             f.replica,
@@ -66,6 +95,9 @@ class RequestRecord:
             f.completion_tokens,
             f.timing,
             at,
+            str(miss.kind) if miss else "",
+            miss.token if miss else 0,
+            miss.message if miss else 0,
         )
 
 
@@ -117,8 +149,11 @@ class Activity:
         self.records: deque[RequestRecord] = deque(maxlen=keep)
         self.window_s = window_s
 
-    def record(self, f: Finished, namespace: str, at: float | None = None) -> RequestRecord:
-        r = RequestRecord.of(f, namespace, time.time() if at is None else at)
+    def record(
+        self, f: Finished, namespace: str, at: float | None = None, miss=None
+    ) -> RequestRecord:
+        """Keep a finished request; `miss`: its plan's Miss, if any."""
+        r = RequestRecord.of(f, namespace, time.time() if at is None else at, miss)
         self.records.append(r)
         return r
 
@@ -172,7 +207,7 @@ def inspection(
     tiers: Mapping[str, TierStats],
     budgets: Mapping[str, int],
     activity: Activity,
-    namespaces: str,
+    namespaces: NamespaceTags,
     recent: int = 20,
 ) -> Inspection:
     """The Inspect RPC's figures. `budgets`: tier name -> bytes (ram, anchors, disk)."""
@@ -184,8 +219,7 @@ def inspection(
         window_s=activity.window_s,
         window=activity.by_kind(),
         anchors=tuple(
-            dataclasses.replace(a, namespace=namespace_tag(a.namespace, namespaces))
-            for a in anchors
+            dataclasses.replace(a, namespace=namespaces.tag(a.namespace)) for a in anchors
         ),
         recent=activity.latest(recent),
     )

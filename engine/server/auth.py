@@ -1,12 +1,13 @@
 """Who is calling: bearer tokens, the gRPC interceptor that checks them, TLS credentials.
 
 A token maps to an `Identity` (engine.config): its cache namespace, and whether
-it is an admin. With tokens configured every call but the health checks needs
-`authorization: Bearer <token>` metadata, else UNAUTHENTICATED. A tenant's
-namespace comes from its token, never from the request: a namespace the
-request names becomes a sub-namespace of the tenant's (`tenant/sub`), so no
-tenant reaches another's cache entries. An admin (the operator's token, or a
-file entry marked `admin`) names any namespace, as every caller does when
+it is an admin. With tokens configured every call but the health check
+(`Health/Check`; `Health/Watch` needs a token too) needs `authorization:
+Bearer <token>` metadata, else UNAUTHENTICATED. A tenant's namespace comes
+from its token, never from the request (`Identity.namespace_for`): a namespace
+the request names becomes a sub-namespace of the tenant's (`tenant/sub`), so
+no tenant reaches another's cache entries. An admin (the operator's token, or
+a file entry marked `admin`) names any namespace, as every caller does when
 authentication is off. It knows gRPC and the config; nothing of the engine.
 """
 
@@ -19,7 +20,9 @@ import grpc
 
 from engine.config import Identity, ServerConfig
 
-OPEN_PREFIXES = ("/grpc.health.v1.Health/",)  # probes answer without a token
+# A load balancer's probe answers without a token; a Watch stream stays open, so it
+# needs one (engine.server.health caps them).
+OPEN_METHODS = ("/grpc.health.v1.Health/Check",)
 DENIED = "missing or invalid bearer token (send `authorization: Bearer <token>` metadata)"
 
 
@@ -49,22 +52,20 @@ class Authenticator:
 
     def namespace(self, identity: Identity | None, requested: str) -> str:
         """The cache namespace a request runs in."""
-        if not self.enabled or identity is None or identity.admin:
+        if not self.enabled or identity is None:
             return requested
-        if not requested or requested == identity.namespace:
-            return identity.namespace
-        return f"{identity.namespace}/{requested}"
+        return identity.namespace_for(requested)
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
-    """UNAUTHENTICATED for every call without a known bearer token (health stays open)."""
+    """UNAUTHENTICATED for every call without a known bearer token (Health/Check stays open)."""
 
     def __init__(self, auth: Authenticator):
         self.auth = auth
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
-        if handler is None or details.method.startswith(OPEN_PREFIXES):
+        if handler is None or details.method in OPEN_METHODS:
             return handler
         if self.auth.identity(details.invocation_metadata) is not None:
             return handler

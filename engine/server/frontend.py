@@ -1,9 +1,12 @@
 """The front end's domain side: prompt, plan, run, stream. No gRPC types here.
 
 It tokenizes and renders the chat template (engine.server.prompt), asks the cache
-manager for a RestorePlan, runs the request on the model replica the plan
-names through a Ray streaming generator and yields the actor's events. The
-gRPC servicer (engine.server.service) only translates.
+manager for a RestorePlan, submits the request to the model replica the plan
+names and yields its events, which come on that replica's event stream
+(engine.server.replica_events: a step's events of every request in one frame).
+The model sends token ids: their text and the stop strings are made here
+(engine.server.text), and a stop string found tells the replica to stop. The
+gRPC servicer (engine.server.service) and the in-process bridge only translate.
 
 Admission: a queue slot is taken at the first check (`max_queue`), a request
 that alone needs more tokens than the batch holds (`max_batch_tokens`) is
@@ -27,15 +30,18 @@ from typing import Mapping
 
 import numpy as np
 
+from engine.actors.cache_manager import NotSynchronised
 from engine.cache.messages import PlanRequest, Release
 from engine.config import EngineConfig
 from engine.runtime.events import Finished, FinishReason, Tokens
 from engine.runtime.requests import GenerationRequest, SamplingParams
-from engine.server.activity import Activity, Inspection, inspection, namespace_tag
+from engine.server.activity import Activity, Inspection, NamespaceTags, inspection
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
 from engine.server.limits import check_sampling
 from engine.server.prompt import PromptBuilder, PromptInput
+from engine.server.replica_events import LOST, SILENT, ReplicaEvents
 from engine.server.supervisor import Supervisor
+from engine.server.text import TextStream
 
 log = logging.getLogger("lineage.request")
 
@@ -62,7 +68,7 @@ class Frontend:
         config: EngineConfig,
         supervisor: Supervisor | None = None,
         budgets: Mapping[str, int] | None = None,
-        namespaces: str = "hash",
+        namespaces: NamespaceTags | None = None,
         metrics=None,
     ):
         self.models = list(models)  # ModelActor handles, by replica number
@@ -82,13 +88,29 @@ class Frontend:
         self.cancelling: dict = {}  # cancel task -> (namespace, prompt): a retry may wait on it
         self.in_flight: dict[str, tuple[str, np.ndarray]] = {}  # request_id -> (namespace, prompt)
         self.budgets = dict(budgets or {})  # tier -> bytes, for Inspect
-        self.namespaces = namespaces  # how namespaces show (activity.namespace_tag)
+        self.namespaces = namespaces or NamespaceTags()  # how namespaces show
         self.activity = Activity()
         self.metrics = metrics  # EngineMetrics, or None
-        self.request_ids: set[str] = set()  # every id from acceptance to the end of its stream
+        # Every (namespace, id) from acceptance to the end of its stream -> the id inside.
+        self.request_ids: dict[tuple[str, str], str] = {}
+        self.internal_ids: set[str] = set()
+        self.calls: set[asyncio.Task] = set()  # the tasks iterating generate(), for close()
+        self.volatile: dict[str, int] = {}  # request id -> volatile lines removed (its log line)
         # Template rendering and tokenization run here, off the event loop; one
         # thread, so the builder's memo needs no lock.
         self.prompt_thread = concurrent.futures.ThreadPoolExecutor(1, "prompt-builder")
+        ip = _node_ip()
+        self.events = [
+            ReplicaEvents(m, ip, lambda: self.stream_deadline, self.deadline) for m in self.models
+        ]
+
+    def close(self) -> None:
+        """Shutting down: every call in flight ends UNAVAILABLE, no new one starts."""
+        self.closing.set()
+        for task in list(self.calls):
+            task.cancel()  # generate() turns it into Unavailable
+        for events in self.events:
+            events.close()
 
     async def _await_superseded(
         self, namespace: str, tokens: np.ndarray, request_id: str = "", patience: float = 0.5
@@ -129,7 +151,12 @@ class Frontend:
             log.exception("cancelling a request failed")
 
     async def generate(
-        self, inp: PromptInput, sampling: SamplingParams, namespace: str = "", request_id: str = ""
+        self,
+        inp: PromptInput,
+        sampling: SamplingParams,
+        namespace: str = "",
+        request_id: str = "",
+        session: str = "",
     ):
         """Yield lists of events (Progress, Tokens, Finished) for one request.
 
@@ -142,19 +169,35 @@ class Frontend:
         if self.closing.is_set():
             raise Unavailable("the server is shutting down")
         received = time.time()
-        request_id = request_id or uuid.uuid4().hex
-        if request_id in self.request_ids:
-            raise InvalidRequest(f"request_id {request_id!r} is already in flight")
-        self.request_ids.add(request_id)
-        events = self._generate(inp, sampling, namespace, request_id, received)
+        given = request_id or uuid.uuid4().hex
+        key = (namespace, given)  # ids are unique per namespace: no tenant sees another's
+        if key in self.request_ids:
+            raise InvalidRequest(f"request_id {given!r} is already in flight")
+        # Inside the engine an id names one request; one that another namespace has in
+        # flight runs under a suffix no client id can have ('~').
+        request_id = given if given not in self.internal_ids else f"{given}~{uuid.uuid4().hex}"
+        self.request_ids[key] = request_id
+        self.internal_ids.add(request_id)
+        events = self._generate(inp, sampling, namespace, request_id, received, session)
+        task = asyncio.current_task()
+        self.calls.add(task)
         try:
             async for batch in events:
-                yield batch
+                yield batch if request_id == given else [_as_given(e, given) for e in batch]
+        except asyncio.CancelledError:
+            if self.closing.is_set():
+                raise Unavailable("the server is shutting down") from None
+            raise
         finally:
+            self.calls.discard(task)
             await events.aclose()  # its cleanup (the cancel) runs now, not when collected
-            self.request_ids.discard(request_id)
+            del self.request_ids[key]
+            self.internal_ids.discard(request_id)
+            self.volatile.pop(request_id, None)
 
-    async def _generate(self, inp, sampling, namespace: str, request_id: str, received: float):
+    async def _generate(
+        self, inp, sampling, namespace: str, request_id: str, received: float, session: str = ""
+    ):
         if self.queued >= self.max_queue:
             raise Overloaded(
                 f"{self.queued} requests are in flight (the limit is {self.max_queue}); retry later"
@@ -162,6 +205,8 @@ class Frontend:
         self.queued += 1
         try:
             prompt, sampling = await self._prepare(inp, sampling)
+            if prompt.volatile:
+                self.volatile[request_id] = prompt.volatile
             tokens = np.asarray(prompt.tokens, dtype=np.int32)
             await self._await_superseded(namespace, tokens, request_id)
             epoch = await self._ready(0)
@@ -173,13 +218,11 @@ class Frontend:
                     raise Unavailable("the engine kept restarting under this request")
                 streamed: list = []  # becomes [True] once a token went to the client
                 try:
-                    # The manager's epoch when it plans: a replica resynchronised since refuses.
-                    planned = self.supervisor.manager_epoch if self.supervisor is not None else 0
                     req = None
                     req = await self._plan(
-                        request_id, namespace, prompt, tokens, sampling, received, exclude
+                        request_id, namespace, prompt, tokens, sampling, received, exclude, session
                     )
-                    async for batch in self._run(req, planned, streamed):
+                    async for batch in self._run(req, streamed):
                         yield batch
                     return
                 except _NoReplica as e:
@@ -215,48 +258,86 @@ class Frontend:
         except (TimeoutError, RuntimeError) as e:
             raise Unavailable(str(e))
 
-    async def _run(self, req: GenerationRequest, epoch: int, streamed: list):
-        """The events of `req` on its replica; _Restarted when the replica went away or was
-        reset under it. Tells the manager when its prefill ended."""
+    async def _run(self, req: GenerationRequest, streamed: list):
+        """The events of `req` on its replica, with their text; _Restarted when the replica
+        went away or was reset under it. Tells the manager when its prefill ended."""
         model = self.models[req.plan.replica]
+        events = self.events[req.plan.replica]
+        rid = req.request_id
         finished = prefilled = False
-        self.in_flight[req.request_id] = (req.namespace, np.asarray(req.tokens, dtype=np.int32))
+        self.in_flight[rid] = (req.namespace, np.asarray(req.tokens, dtype=np.int32))
+        queue = events.register(rid)
+        text = TextStream(self.builder.tokenizer.detokenizer, req.sampling.stop)
         try:
-            stream = model.generate.options(num_returns="streaming").remote(req, epoch)
-            while True:
-                try:
-                    ref = await asyncio.wait_for(stream.__anext__(), self.stream_deadline)
-                    batch = await ref
-                except StopAsyncIteration:
-                    if finished:
-                        return
-                    self._poke()  # Ray ends the stream of an actor that died
-                    raise _Restarted("the model stream ended without a final event", True)
-                except asyncio.TimeoutError:
-                    self._poke()
-                    raise Unavailable(f"the model sent nothing for {self.stream_deadline:.0f} s")
-                except ActorGone as e:
-                    self._poke()
-                    raise _Restarted(f"model replica {req.plan.replica} died ({e!r:.200})", True)
+            await self._submit(model, events, req)
+            while not finished:
+                batch = await queue.get()
+                if isinstance(batch, str):
+                    self._ended(batch, req)
+                out = []
                 for event in batch:
-                    if isinstance(event, Finished):
+                    if isinstance(event, Tokens):
+                        event = self._text_of(event, text, model, rid)
+                        if event is None:
+                            continue
+                    elif isinstance(event, Finished):
                         finished = True
                         if event.finish_reason == FinishReason.UNAVAILABLE:
                             self._poke()
                             raise _Restarted(event.error, False)
+                        out += _tail(text)
+                        event = _as_stopped(event, text)
                         self._finished(event, req)
                     if not prefilled and isinstance(event, (Tokens, Finished)):
                         prefilled = True
-                        self.manager.prefilled.remote(req.request_id)
-                if any(isinstance(e, Tokens) for e in batch):
+                        self.manager.prefilled.remote(rid)
+                    out.append(event)
+                if any(isinstance(e, Tokens) for e in out):
                     streamed[:] = [True]
-                yield batch
+                if out:
+                    yield out
         finally:
+            events.unregister(rid)
             if not prefilled:
-                self.manager.prefilled.remote(req.request_id)
+                self.manager.prefilled.remote(rid)
             if not finished:
-                self._cancel(model, req.request_id, *self.in_flight[req.request_id])
-            self.in_flight.pop(req.request_id, None)
+                self._cancel(model, rid, *self.in_flight[rid])
+            self.in_flight.pop(rid, None)
+
+    async def _submit(self, model, events: ReplicaEvents, req: GenerationRequest):
+        """Hand the request to its replica (connecting to its event stream first)."""
+        try:
+            stream = await events.connect()
+            refused = await asyncio.wait_for(model.submit.remote(req, stream), self.deadline)
+        except ActorGone as e:
+            self._poke()
+            raise _Restarted(f"model replica {req.plan.replica} died ({e!r:.200})", True)
+        except (asyncio.TimeoutError, OSError) as e:
+            self._poke()
+            raise Unavailable(f"model replica {req.plan.replica} did not answer ({e!r:.200})")
+        if refused:  # planned in another epoch of the replica's, or a former incarnation's stream
+            self._poke()
+            raise _Restarted(refused, False)
+
+    def _ended(self, signal: str, req: GenerationRequest) -> None:
+        """A request's stream ended without its final event: say why, as the caller expects."""
+        self._poke()
+        if signal == LOST:
+            raise _Restarted("the model stream ended without a final event", True)
+        assert signal == SILENT, signal
+        raise Unavailable(f"the model sent nothing for {self.stream_deadline:.0f} s")
+
+    def _text_of(self, event: Tokens, text: TextStream, model, rid: str) -> Tokens | None:
+        """The tokens with their text; None once a stop string ended the text (the replica
+        is told to stop when it is found)."""
+        if text.stopped:
+            return None
+        before = text.count
+        shown = text.feed(event.ids)
+        if text.stopped:
+            model.stop.remote(rid)
+            return Tokens(ids=event.ids[: text.count - before], text=shown)
+        return Tokens(ids=event.ids, text=shown)
 
     async def _replica_gone(self, replica: int | None, request_id: str) -> None:
         """Tell the manager: this request ended (and the replica's RAM is gone, if given)."""
@@ -288,7 +369,15 @@ class Frontend:
         return prompt, sampling
 
     async def _plan(
-        self, request_id: str, namespace: str, prompt, tokens, sampling, received: float, exclude=()
+        self,
+        request_id: str,
+        namespace: str,
+        prompt,
+        tokens,
+        sampling,
+        received: float,
+        exclude=(),
+        session: str = "",
     ) -> GenerationRequest:
         """Ask the cache manager for the restore plan; the request the model actor runs.
 
@@ -302,7 +391,8 @@ class Frontend:
             anchor_len=prompt.anchor_len,
             namespace=namespace,
             exclude=tuple(exclude),
-            message_spans=prompt.message_spans,
+            session=session,
+            layout=prompt.layout,
         )
         planning = asyncio.ensure_future(_resolve(self.manager.plan.remote(request)))
         try:
@@ -312,7 +402,7 @@ class Frontend:
             if isinstance(e, asyncio.TimeoutError):
                 self._poke()
                 raise Unavailable(f"the cache manager did not plan within {self.deadline:.0f} s")
-            if isinstance(e, ActorGone):
+            if isinstance(e, (ActorGone, NotSynchronised)):  # restarted: wait for its resync
                 self._poke()
                 raise _Restarted(f"the cache manager is unavailable ({type(e).__name__})", False)
             if isinstance(e, LookupError):  # no replica alive
@@ -337,9 +427,9 @@ class Frontend:
 
     def _finished(self, f: Finished, req: GenerationRequest) -> None:
         """Log the request, keep its record, count it."""
-        log_request(f, req.plan.captures)
-        tag = namespace_tag(req.namespace, self.namespaces)
-        self.activity.record(f, tag)
+        log_request(f, req.plan.captures, req.plan.miss, self.volatile.get(req.request_id, 0))
+        tag = self.namespaces.tag(req.namespace)
+        self.activity.record(f, tag, miss=req.plan.miss)
         if self.metrics is not None:
             self.metrics.request(f, tag, req.plan.captures, req.plan.length)
 
@@ -375,6 +465,28 @@ async def _resolve(ref):
     return await ref
 
 
+def _node_ip() -> str:
+    """This process's node address as Ray knows it (replicas on it listen on the loopback)."""
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+def _tail(text: TextStream) -> list:
+    """The text held back at the end (no stop string ended it), as a last Tokens event."""
+    tail = text.close()
+    return [Tokens(ids=(), text=tail)] if tail else []
+
+
+def _as_stopped(f: Finished, text: TextStream) -> Finished:
+    """A request whose text a stop string ended: reason STOP, its tokens up to that string."""
+    if not text.stopped:
+        return f
+    return dataclasses.replace(
+        f, finish_reason=FinishReason.STOP, completion_tokens=min(f.completion_tokens, text.count)
+    )
+
+
 def _extends(tokens: np.ndarray, namespace: str, prompts) -> bool:
     """Whether `tokens` extends (or equals) one of the (namespace, prompt) pairs."""
     for ns, prompt in prompts:
@@ -384,21 +496,32 @@ def _extends(tokens: np.ndarray, namespace: str, prompts) -> bool:
     return False
 
 
+def _as_given(event, request_id: str):
+    """A Finished event under the id its client gave."""
+    if isinstance(event, Finished):
+        return dataclasses.replace(event, request_id=request_id)
+    return event
+
+
 def _clip_max_tokens(s: SamplingParams, room: int) -> SamplingParams:
     from dataclasses import replace
 
     return replace(s, max_tokens=max(1, room))
 
 
-def log_request(f: Finished, captures) -> None:
-    """One key=value line per request (the cost of each turn is visible in the log)."""
+def log_request(f: Finished, captures, miss=None, volatile: int = 0) -> None:
+    """One key=value line per request (the cost of each turn is visible in the log).
+
+    `miss`: why it restored less than an earlier prompt offered (`kind@token/m<message>`);
+    `volatile`: system-prompt lines the volatile-line rules removed.
+    """
     timing = " ".join(
         f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
         for k, v in dataclasses.asdict(f.timing).items()
     )
     log.info(
         "request id=%s replica=%s finish=%s prompt=%d cached=%d completion=%d "
-        "restore=%s@%d lost=%s captures=%s %s",
+        "restore=%s@%d lost=%s captures=%s miss=%s volatile=%d %s",
         f.request_id,
         f.replica or "-",
         f.finish_reason,
@@ -409,5 +532,7 @@ def log_request(f: Finished, captures) -> None:
         f.restore_length,
         f.restore_lost or "-",
         ",".join(f"{c.kind}@{c.length}" for c in captures) or "-",
+        miss or "-",
+        volatile,
         timing,
     )

@@ -5,7 +5,9 @@ P`: http://127.0.0.1:P/metrics) and its dashboard shows them; each name starts
 `lineage_` (Ray prefixes `ray_`). Every metric is tagged `engine` (the Ray
 namespace its actors are named in), `model`, `replica` and `namespace`;
 cache-wide figures carry an empty replica and namespace, and the namespace is
-a short hash unless the operator opts in (`namespace_tag`).
+its root tenant's salted short hash unless the operator opts in, one of at
+most `--metrics-namespaces` tags (engine.server.activity.NamespaceTags), so
+the series stay few.
 
 Two sources: `request(...)` at each request's end (the Finished event: counts,
 tokens, timings), and `sample(inspection)` about once a second from the cache
@@ -82,7 +84,7 @@ class EngineMetrics:
         }
 
     def request(self, f: Finished, namespace: str, captures, planned_length: int) -> None:
-        """One finished request; `namespace` already tagged (namespace_tag)."""
+        """One finished request; `namespace` already tagged (NamespaceTags)."""
         tags = self._tags(f.replica, namespace)
         self.requests.inc(1, {**tags, "reason": str(f.finish_reason)})
         for kind, n in (

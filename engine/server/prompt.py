@@ -1,26 +1,35 @@
-"""Prompts from requests: validation, the chat template, the anchor boundary, the long messages.
+"""Prompts from requests: validation, volatile lines, the chat template, the anchor boundary.
+
+Before the template renders a chat request, the volatile-line rules remove the
+lines of its system messages that change on every request (engine.server.volatile),
+and `Prompt.volatile` counts them for the request's log line.
 
 The anchor is where (system messages + tools) ends and the first user message
 begins: the chat template rendered on the leading system messages plus the
 tools, without the generation prompt, tokenized once per distinct text
 (memoized), and its common prefix with the prompt, minus a few tokens of slack
 for BPE merges at the boundary (docs/architecture.md, "The cache contract").
-The messages after it that may be longer than `message_min_tokens` are
-located among the prompt's tokens (engine.server.message_spans), for the
-cache's long-message points.
+
+`Prompt.layout` says where each message starts in the tokens and what each said
+(engine.server.layout), for the cache manager's miss explanations. The model's
+output format (ModelInfo.output_format) is decided here at load, from the same
+template and tokenizer (engine.server.output_format).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
+from engine.cache.messages import PromptLayout
+from engine.config import PromptConfig
 from engine.server.errors import InvalidRequest
+from engine.server.layout import Layouts, encode_with_offsets
 from engine.server.limits import DEFAULT_LIMITS, Limits, parse_json, printable
-from engine.server.message_spans import candidates, char_spans, common_prefix, token_spans
+from engine.server.output_format import output_format
+from engine.server.volatile import VolatileLines
 
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")  # roles of chat messages
 
@@ -41,9 +50,8 @@ class PromptInput:
 class Prompt:
     tokens: tuple[int, ...]
     anchor_len: int
-    # Token spans (start, end) of the messages after the system block that may hold
-    # long-message points (PlanRequest.message_spans).
-    message_spans: tuple[tuple[int, int], ...] = ()
+    layout: PromptLayout = PromptLayout()  # empty for raw tokens or text
+    volatile: int = 0  # system-prompt lines the volatile-line rules removed
 
 
 def parse_tools(tools_json: str, limits: Limits = DEFAULT_LIMITS) -> tuple[dict, ...] | None:
@@ -82,12 +90,10 @@ class PromptBuilder:
         anchor_slack: int = 2,
         memo_size: int = 256,
         limits: Limits = DEFAULT_LIMITS,
-        message_min_tokens: int = 0,
+        prompt: PromptConfig | None = None,
     ):
-        """`message_min_tokens`: locate the messages that may be longer than this (the
-        cache's `message_interval`); 0 locates none."""
+        prompt = prompt or PromptConfig()
         self.tokenizer = tokenizer
-        self.message_min_tokens = message_min_tokens
         self.limits = limits
         self.vocab_size = vocab_size
         self.max_context = max_context
@@ -96,9 +102,14 @@ class PromptBuilder:
         self._memo_size = memo_size
         self._memo_bytes = limits.max_memo_bytes  # text plus ids, over every memoized render
         self.memo_nbytes = 0
+        self.volatile = VolatileLines(prompt.volatile_lines)
+        self.layouts = Layouts(lambda messages, tools: self.render(messages, tools, False))
+        self.output_format = output_format(
+            prompt.output_format, tokenizer, lambda messages: self.render(messages, None, True)
+        )
 
     def build(self, inp: PromptInput) -> Prompt:
-        spans = ()
+        layout, volatile = PromptLayout(), 0
         if inp.prompt_ids is not None:
             tokens = tuple(int(t) for t in inp.prompt_ids)
             bad = [t for t in tokens if not 0 <= t < self.vocab_size]
@@ -112,55 +123,21 @@ class PromptBuilder:
             anchor = 0
         else:
             self._check_messages(inp.messages, self.limits)
-            messages = list(inp.messages)
+            messages, volatile = self.volatile.apply(inp.messages)
             text = self.render(
-                messages, inp.tools, inp.add_generation_prompt, inp.continue_final_message
+                list(messages), inp.tools, inp.add_generation_prompt, inp.continue_final_message
             )
-            head = _system_head(messages)
-            system = self.render(head, inp.tools, False) if head or inp.tools else ""
-            long = candidates(messages, len(head), self.message_min_tokens)
-            offsets = self._offsets(text) if long else None
-            if offsets is None:
-                tokens = tuple(self.tokenizer.encode(text, add_special_tokens=False))
-            else:
-                tokens, first_token_from = offsets
-                located = char_spans(
-                    text,
-                    messages,
-                    long,
-                    common_prefix(system, text),
-                    lambda prefix: self.render(prefix, inp.tools, False),
-                )
-                spans = token_spans(located, first_token_from, self.message_min_tokens)
-            anchor = self.anchor_length(messages, inp.tools, tokens, system)
+            ids, starts = encode_with_offsets(self.tokenizer, text)
+            tokens = tuple(ids)
+            anchor = self.anchor_length(messages, inp.tools, tokens)
+            layout = self.layouts.layout(messages, inp.tools, text, starts, tokens)
         if not tokens:
             raise InvalidRequest("the prompt is empty")
         if len(tokens) >= self.max_context:
             raise InvalidRequest(
                 f"the prompt has {len(tokens)} tokens; the model's context is {self.max_context}"
             )
-        return Prompt(tokens=tokens, anchor_len=anchor, message_spans=spans)
-
-    def _offsets(self, text: str) -> tuple[tuple[int, ...], Callable[[int], int]] | None:
-        """The prompt's token ids, from one tokenization (the fast tokenizer's own, as
-        `encode` runs it), and the index of the first token that starts at or after a
-        given character; None without a fast tokenizer."""
-        backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        if backend is None:
-            return None
-        encoding = backend.encode(text, add_special_tokens=False)
-        count = len(encoding.ids)
-
-        def first_token_from(char: int) -> int:
-            token, at = None, char
-            while token is None and at < len(text):  # a character no token covers: the next
-                token = encoding.char_to_token(at)
-                at += 1
-            if token is None:
-                return count
-            return token if encoding.token_to_chars(token)[0] >= char else token + 1
-
-        return tuple(encoding.ids), first_token_from
+        return Prompt(tokens=tokens, anchor_len=anchor, layout=layout, volatile=volatile)
 
     def render(
         self,
@@ -186,16 +163,18 @@ class PromptBuilder:
         except Exception as e:  # a template error is the request's fault
             raise InvalidRequest(f"the chat template failed on these messages: {e}")
 
-    def anchor_length(self, messages, tools, tokens, text: str | None = None) -> int:
-        """Tokens the prompt shares with the render of its system messages plus tools
-        (`text`, when the caller rendered it)."""
-        head = _system_head(messages)
+    def anchor_length(self, messages, tools, tokens) -> int:
+        """Tokens the prompt shares with the render of its system messages plus tools."""
+        head = []
+        for m in messages:
+            if m.get("role") != "system":
+                break
+            head.append(m)
         if not head and not tools:
             return 0
         if len(head) == len(messages) and not tools:
             return 0  # nothing after the system block: no boundary to pin
-        if text is None:
-            text = self.render(head, tools, add_generation_prompt=False)
+        text = self.render(head, tools, add_generation_prompt=False)
         prefix = self._tokens(text)
         prompt = np.asarray(tokens, dtype=np.int64)
         n = min(len(prefix), len(prompt))
@@ -232,16 +211,6 @@ class PromptBuilder:
                     f"messages[{i}].role {printable(str(role))} is unknown "
                     f"(use one of {', '.join(MESSAGE_ROLES)})"
                 )
-
-
-def _system_head(messages) -> list:
-    """The leading system messages."""
-    head = []
-    for m in messages:
-        if m.get("role") != "system":
-            break
-        head.append(m)
-    return head
 
 
 def _memo_cost(text: str, ids: np.ndarray) -> int:

@@ -35,8 +35,8 @@ class Stoppable(Protocol):
     async def stop(self) -> None: ...
 
 
-# Started beside the engine with its gRPC address; stopped before it.
-Sidecar = Callable[[str], Awaitable[Stoppable]]
+# Started beside the engine once it serves (handed the RunningEngine); stopped before it.
+Sidecar = Callable[["RunningEngine"], Awaitable[Stoppable]]
 
 
 @dataclass
@@ -53,6 +53,9 @@ class RunningEngine:
     supervisor: object = None  # engine.server.supervisor.Supervisor
     memory: object = None  # the MemoryPlan the actors were given
     sampler: object = None  # the metrics sampling task
+    local_socket: str | None = None  # gRPC on this Unix socket too (a sidecar's way in)
+    auth: object = None  # the Authenticator the gRPC server checks tokens with
+    exact_figures: bool = True  # cached-token figures sent to clients unrounded
 
     @property
     def model(self):
@@ -62,6 +65,11 @@ class RunningEngine:
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def local_address(self) -> str:
+        """The gRPC address a sidecar in this process takes: the Unix socket when there is one."""
+        return f"unix:{self.local_socket}" if self.local_socket else self.address
 
     async def stop(self, grace: float = 2.0) -> None:
         from engine.server.service import stop_server
@@ -111,6 +119,8 @@ async def start_engine(
     from engine.actors.model import ModelActor
     from engine.actors.names import CACHE_MANAGER, model_actor_name
     from engine.config import plan_memory, with_memory
+    from engine.server.activity import NamespaceTags
+    from engine.server.auth import Authenticator
     from engine.server.frontend import Frontend
     from engine.server.metrics import EngineMetrics
     from engine.server.prompt import PromptBuilder
@@ -125,9 +135,10 @@ async def start_engine(
     mlx = ray.cluster_resources().get("mlx", 0) >= count or config.server.address
     options = {"resources": {"mlx": 1}} if mlx else {}
     restarts = {"max_restarts": config.server.max_restarts}
+    shipped = without_tokens(config)
     models = [
         ModelActor.options(name=names[r], namespace=namespace, **restarts, **options).remote(
-            config, r
+            shipped, r
         )
         for r in range(count)
     ]
@@ -163,7 +174,7 @@ async def start_engine(
         info.max_context,
         config.cache.anchor_slack,
         limits=config.limits,
-        message_min_tokens=config.cache.message_interval,
+        prompt=config.prompt,
     )
     budgets = {
         "ram": config.cache.ram_budget,
@@ -178,7 +189,7 @@ async def start_engine(
         config,
         supervisor,
         budgets=budgets,
-        namespaces=config.server.metrics_namespace,
+        namespaces=NamespaceTags(config.server.metrics_namespace, config.server.metrics_namespaces),
         metrics=EngineMetrics(namespace, Path(info.path).name or info.model_type),
     )
     server, bound, _ = await create_server(
@@ -202,6 +213,9 @@ async def start_engine(
         names,
         supervisor,
         memory,
+        local_socket=local_socket,
+        auth=Authenticator(config.server.tokens),
+        exact_figures=config.server.exact_cache_figures,
     )
     engine.sampler = asyncio.ensure_future(sample_metrics(engine))
     return engine
@@ -218,6 +232,27 @@ async def sample_metrics(engine: "RunningEngine", every: float = 1.0) -> None:
             raise
         except Exception as e:  # an actor that is gone: the supervisor reports it
             log.debug("sampling metrics failed: %s", e)
+
+
+def without_tokens(config: EngineConfig) -> EngineConfig:
+    """The configuration an actor gets: no token. The actors check none, and Ray keeps an
+    actor's arguments in its GCS (to restart it), where every worker could read them."""
+    return config.with_server(tokens=())
+
+
+def loopback_ray() -> None:
+    """Have the Ray this process starts listen on 127.0.0.1 alone: its GCS, raylet,
+    workers, metrics exporter and dashboard agent, which otherwise listen on every
+    interface (the exporter serves each namespace's token counts; the GCS takes jobs).
+
+    Ray does this by itself where it allows no cluster (macOS, Windows); its
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 asks for the same on Linux. Ray reads the
+    variable once, when first imported, so its constant is set as well.
+    """
+    from ray._private import ray_constants
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # and for the processes it starts
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def measured_guard(cache, info):
@@ -275,35 +310,48 @@ def replica_count(config: EngineConfig) -> int:
     return max(1, int(ray.cluster_resources().get("mlx", 0)))
 
 
+def ray_options(config: EngineConfig) -> dict:
+    """`ray.init`'s keyword arguments for `lineage serve` (a local Ray, or the cluster's).
+
+    A local Ray starts only what the engine uses: no dashboard unless asked
+    (`--ray-dashboard`; the metrics agent runs without it), and no idle
+    workers started ahead for tasks (the engine runs actors only, each in a
+    process of its own). On 2 cores these took ~3% of a core and ~1 GiB idle.
+    """
+    options = dict(
+        address=config.server.address,
+        num_cpus=config.server.num_cpus,
+        include_dashboard=config.server.ray_dashboard,
+        dashboard_host="127.0.0.1",
+        configure_logging=False,
+        log_to_driver=True,
+        namespace=config.server.ray_namespace,
+    )
+    if config.server.metrics_port:  # this node's metrics agent serves Prometheus text
+        options["_metrics_export_port"] = config.server.metrics_port
+    if config.server.address is None:  # a cluster we join keeps its own settings
+        options["_system_config"] = {"prestart_worker_first_driver": False}
+    return options
+
+
 def run(config: EngineConfig, sidecars: Sequence[Sidecar] = ()) -> int:
     """The main job. Returns the process exit code.
 
     `sidecars` start beside the engine once it serves (each is handed the
-    engine's gRPC address) and stop before it: `lineage serve --http-port`
-    runs the OpenAI bridge this way, from the client side.
+    RunningEngine) and stop before it: `lineage serve --http-port` runs the
+    OpenAI bridge this way, from the client side.
     """
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr
     )
     config.server.check_exposure()  # before anything starts
     started_ray = not ray.is_initialized()
+    dashboard = ""
     if started_ray:
-        metrics = {}
-        if config.server.metrics_port:  # this node's metrics agent serves Prometheus text
-            metrics = {"_metrics_export_port": config.server.metrics_port}
-        ctx = ray.init(
-            address=config.server.address,
-            num_cpus=config.server.num_cpus,
-            include_dashboard=True,
-            dashboard_host="127.0.0.1",
-            configure_logging=False,
-            log_to_driver=True,
-            namespace=config.server.ray_namespace,
-            **metrics,
-        )
+        if not config.server.address and not config.server.ray_public:
+            loopback_ray()
+        ctx = ray.init(**ray_options(config))
         dashboard = getattr(ctx, "dashboard_url", "") or ""
-    else:
-        dashboard = ""
     try:
         return asyncio.run(_serve(config, dashboard, sidecars))
     finally:
@@ -324,7 +372,8 @@ async def _serve(config: EngineConfig, dashboard: str, sidecars: Sequence[Sideca
     print(
         f"lineage: serving {engine.info.model_type} ({engine.info.path}) "
         f"on {config.server.host}:{engine.port}, cache mode {config.cache.mode}, "
-        f"kernels {', '.join(engine.info.kernels) or 'none'}",
+        f"kernels {', '.join(engine.info.kernels) or 'none'}, "
+        f"output format {engine.frontend.builder.output_format}",
         flush=True,
     )
     if dashboard:
@@ -347,7 +396,7 @@ async def _serve(config: EngineConfig, dashboard: str, sidecars: Sequence[Sideca
         )
     started = []
     for sidecar in sidecars:
-        started.append(await sidecar(f"unix:{local_socket}"))
+        started.append(await sidecar(engine))
     await stop.wait()
     print("lineage: stopping", flush=True)
     for handle in reversed(started):

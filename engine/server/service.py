@@ -3,11 +3,13 @@
 Every domain error becomes a status code here, in one place:
 InvalidRequest -> INVALID_ARGUMENT, Unavailable (and a dead actor) -> UNAVAILABLE,
 a full queue -> RESOURCE_EXHAUSTED. Standard health checking is served
-beside the Engine service, and server reflection on loopback (or by flag).
-With tokens configured (engine.server.auth) every call but health needs a
-bearer token, and the namespace comes from the token. Unless the operator asks
-for exact figures, cached-token figures go out rounded down to a block
-(CACHE_BLOCK tokens), so a tenant cannot probe another's prompt token by token.
+beside the Engine service (Check open, Watch capped: engine.server.health),
+and server reflection on loopback (or by flag). With tokens configured
+(engine.server.auth) every call but Health/Check needs a bearer token, and the
+namespace comes from the token. Unless the operator asks
+for exact figures, every figure that depends on the restore length goes out
+from its block alone (engine.server.figures), so a caller cannot probe a
+prompt it shares token by token.
 """
 
 from __future__ import annotations
@@ -21,14 +23,16 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from engine.config import CACHE_BLOCK, ServerConfig
+from engine.config import ServerConfig
 from engine.proto import engine_pb2, engine_pb2_grpc
 from engine.runtime.events import Finished, FinishReason, Progress, Tokens
 from engine.runtime.requests import SamplingParams
 from engine.server.activity import Inspection, RequestRecord
 from engine.server.auth import Authenticator, AuthInterceptor, server_credentials
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
+from engine.server.figures import ClientFigures
 from engine.server.frontend import Frontend
+from engine.server.health import EngineSlots, HealthGate
 from engine.server.limits import (
     DEFAULT_LIMITS,
     check_identifier,
@@ -47,6 +51,7 @@ def check_request(req: engine_pb2.GenerateRequest, limits=DEFAULT_LIMITS) -> Non
     check_request_bytes(req.ByteSize(), limits)
     check_identifier("request_id", req.request_id, limits)
     check_identifier("namespace", req.namespace, limits)
+    check_identifier("session", req.session, limits)
 
 
 def to_prompt_input(req: engine_pb2.GenerateRequest, limits=DEFAULT_LIMITS) -> PromptInput:
@@ -85,6 +90,8 @@ def _message(m: engine_pb2.Message) -> dict:
         out["tool_call_id"] = m.tool_call_id
     if m.name:
         out["name"] = m.name
+    if m.reasoning_content:
+        out["reasoning_content"] = m.reasoning_content
     return out
 
 
@@ -100,32 +107,7 @@ def to_sampling(s: engine_pb2.Sampling) -> SamplingParams:
     )
 
 
-def _block(n: int) -> int:
-    return n - n % CACHE_BLOCK
-
-
-def rounded(event):
-    """The event with every figure that shows how much was cached rounded down to a block.
-
-    Byte counts of the restore scale with the rounded length, so they tell no more.
-    """
-    if isinstance(event, Progress) and event.done < event.total:
-        return dataclasses.replace(event, done=_block(event.done))
-    if not isinstance(event, Finished):
-        return event
-    length, cached = _block(event.restore_length), _block(event.cached_tokens)
-    n = event.restore_length
-    timing = dataclasses.replace(
-        event.timing,
-        restored_kv_bytes=event.timing.restored_kv_bytes * length // n if n else 0,
-        bytes_copied_restore=event.timing.bytes_copied_restore * length // n if n else 0,
-    )
-    return dataclasses.replace(event, restore_length=length, cached_tokens=cached, timing=timing)
-
-
-def to_event(event, exact: bool = True) -> engine_pb2.GenerateEvent:
-    if not exact:
-        event = rounded(event)
+def to_event(event) -> engine_pb2.GenerateEvent:
     if isinstance(event, Progress):
         return engine_pb2.GenerateEvent(
             progress=engine_pb2.PrefillProgress(done=event.done, total=event.total)
@@ -178,33 +160,20 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
     async def Generate(self, request, context):
         try:
-            limits = self.frontend.limits
-            check_request(request, limits)
-            identity = self.auth.identity(context.invocation_metadata())
-            events = self.frontend.generate(
-                to_prompt_input(request, limits),
-                to_sampling(request.sampling),
-                namespace=self.auth.namespace(identity, request.namespace),
-                request_id=request.request_id,
+            events = generate_events(
+                self.frontend, self.auth, request, context.invocation_metadata()
             )
-            async for batch in _until_closing(events, self.frontend.closing):
-                chunks = _coalesce(batch)
-                for event in chunks:
-                    yield to_event(event, self.exact_figures)
+            figures = ClientFigures(self.exact_figures)  # exact, or the block alone
+            async for batch in events:
+                for event in _coalesce(batch):
+                    if (shown := figures.shown(event)) is not None:
+                        yield to_event(shown)
                     if isinstance(event, Finished) and event.finish_reason == FinishReason.ERROR:
                         await self._abort(
                             context, grpc.StatusCode.INTERNAL, event.error or "generation failed"
                         )
-        except InvalidRequest as e:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except Unavailable as e:
-            await self._abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
-        except Overloaded as e:
-            await self._abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
-        except ActorGone as e:
-            await self._abort(
-                context, grpc.StatusCode.UNAVAILABLE, f"the model actor is unavailable: {e}"
-            )
+        except DOMAIN_ERRORS as e:
+            await self._abort(context, *status_of(e))
 
     async def _abort(self, context, code: grpc.StatusCode, message: str) -> None:
         """End the call with `code` (counted in the metrics)."""
@@ -240,7 +209,40 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             cache_mode=self.frontend.cache_mode,
             has_state_layers=i.has_state_layers,
             kernels=list(i.kernels),
+            output_format=self.frontend.builder.output_format,
         )
+
+
+def generate_events(frontend: Frontend, auth: Authenticator, request, metadata):
+    """A Generate call's events (lists of them, a step's at a time), from its proto request:
+    checked against the limits, its namespace the caller's identity's. What the gRPC
+    servicer and the in-process bridge both run; raises the domain errors (`status_of`)."""
+    limits = frontend.limits
+    check_request(request, limits)
+    identity = auth.identity(metadata)
+    return frontend.generate(
+        to_prompt_input(request, limits),
+        to_sampling(request.sampling),
+        namespace=auth.namespace(identity, request.namespace),
+        request_id=request.request_id,
+        session=request.session,
+    )
+
+
+# The domain errors a call can end with, and their status codes (one place).
+DOMAIN_ERRORS = (InvalidRequest, Unavailable, Overloaded, ActorGone)
+
+
+def status_of(error: Exception) -> tuple[grpc.StatusCode, str]:
+    """A domain error's gRPC status code and message."""
+    if isinstance(error, InvalidRequest):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(error)
+    if isinstance(error, Overloaded):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(error)
+    if isinstance(error, ActorGone):
+        return grpc.StatusCode.UNAVAILABLE, f"the model actor is unavailable: {error}"
+    assert isinstance(error, Unavailable), error
+    return grpc.StatusCode.UNAVAILABLE, str(error)
 
 
 def _coalesce(batch: list) -> list:
@@ -256,38 +258,6 @@ def _coalesce(batch: list) -> list:
     return out
 
 
-async def _until_closing(events, closing: asyncio.Event):
-    """Iterate `events` until it ends, or raise Unavailable once `closing` is set."""
-    it = events.__aiter__()
-    stop = asyncio.ensure_future(closing.wait())
-    try:
-        while True:
-            nxt = asyncio.ensure_future(it.__anext__())
-            try:
-                done, _ = await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
-            except asyncio.CancelledError:  # the client cancelled the call
-                await _cancel_task(nxt)
-                raise
-            if nxt not in done:
-                await _cancel_task(nxt)
-                raise Unavailable("the server is shutting down")
-            try:
-                yield nxt.result()
-            except StopAsyncIteration:
-                return
-    finally:
-        stop.cancel()
-
-
-async def _cancel_task(task: asyncio.Task) -> None:
-    """Cancel the task running the event stream: its cleanup cancels the request."""
-    task.cancel()
-    try:
-        await task
-    except (asyncio.CancelledError, StopAsyncIteration):
-        pass
-
-
 async def create_server(
     frontend: Frontend,
     host: str = "127.0.0.1",
@@ -300,29 +270,34 @@ async def create_server(
     """(server, bound port, health servicer); the server is started.
 
     Health is SERVING unless `health_servicer` is given: then it says what its
-    owner (the supervisor) set.
+    owner (the supervisor) set. It is served through a HealthGate (Check open,
+    Watch streams capped and ended after a while; engine.server.health).
 
-    `security` brings tokens, TLS, reflection and the figures' rounding (its
-    host and port are not used); None serves as on loopback with none of them
-    and exact figures. `local_socket` also serves on that Unix socket, without
-    TLS (tokens still apply): the bridge sidecar's way in. Past
-    `max_concurrent_rpcs` calls at once, gRPC itself answers RESOURCE_EXHAUSTED.
+    `security` brings tokens, TLS, reflection, the figures' rounding and the
+    health watchers' limits (its host and port are not used); None serves as
+    on loopback with none of them and exact figures. `local_socket` also
+    serves on that Unix socket, without TLS (tokens still apply): the bridge
+    sidecar's way in. Past `max_concurrent_rpcs` Engine calls at once the
+    server answers RESOURCE_EXHAUSTED; health checks never count.
     """
     security = security or ServerConfig(host=host, exact_cache_figures=True)
     auth = Authenticator(security.tokens)
+    interceptors = [AuthInterceptor(auth)] if auth.enabled else []
+    if max_concurrent_rpcs is not None:
+        interceptors.append(EngineSlots(max_concurrent_rpcs, SERVICE))
     # gRPC itself refuses anything far past the limit; the servicer answers
     # INVALID_ARGUMENT, naming the limit, for what lies between.
     receive = frontend.limits.max_request_bytes + (1 << 20)
     server = grpc.aio.server(
         options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", receive)],
-        interceptors=[AuthInterceptor(auth)] if auth.enabled else None,
-        maximum_concurrent_rpcs=max_concurrent_rpcs,
+        interceptors=interceptors or None,
     )
     servicer = EngineServicer(frontend, auth, security.exact_cache_figures)
     engine_pb2_grpc.add_EngineServicer_to_server(servicer, server)
     own_health = health_servicer is None
     health_servicer = health_servicer or health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    gate = HealthGate(health_servicer, security.health_watchers, security.health_watch_seconds)
+    health_pb2_grpc.add_HealthServicer_to_server(gate, server)
     if security.reflection_on:
         reflection.enable_server_reflection(
             (
@@ -357,7 +332,7 @@ async def set_serving(health_servicer: health.aio.HealthServicer, up: bool) -> N
 async def stop_server(server, health_servicer, frontend: Frontend, grace: float = 2.0) -> None:
     """Health NOT_SERVING, in-flight streams end with UNAVAILABLE, then the server stops."""
     await set_serving(health_servicer, False)
-    frontend.closing.set()
-    await asyncio.sleep(0.2)  # let streams see `closing` and end with UNAVAILABLE
+    frontend.close()
+    await asyncio.sleep(0.2)  # let the streams in flight end with UNAVAILABLE
     await server.stop(grace)
     frontend.prompt_thread.shutdown(wait=False)

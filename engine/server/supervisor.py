@@ -11,9 +11,13 @@ model replica also says whether its loop thread answered a ping within
   answers the largest entry id it held or queued; then the manager rebuilds
   its index from a fresh scan of the cache directory and allocates ids above
   that one;
-- of one replica: the manager forgets what it held (`lost`), the replica
-  resyncs empty, and the manager routes to it again (`revived`), forgetting
-  the files the dead process's writer never wrote.
+- of one replica, or a replica that answers again after it was lost (a
+  missed ping, a call that failed, a stream the front end saw die): the
+  manager forgets what it held and gives back its requests (`lost`), the
+  replica resyncs empty in an epoch of its own (the plans placed on it
+  before are refused), and the manager routes to it again (`revived`),
+  forgetting the files its writer never wrote and deleting the ones it was
+  to delete.
 
 So no stale RAM entry and no reused id survives a restart, and the next
 request restores from the disk tier (or a peer). A model loop that misses its
@@ -65,6 +69,7 @@ class Supervisor:
         self._manager_known: str | None = None  # the manager incarnation of this epoch
         self.manager_epoch = 0  # the epoch of the last whole resync: requests carry it
         self._known: list[str | None] = [None] * len(self.models)  # replica incarnations
+        self._machines: list[str | None] = [None] * len(self.models)  # where each one runs
         self._up = [False] * len(self.models)  # replicas the manager routes to
         self._missed = [0] * len(self.models)  # loop pings missed in a row
         self._healthy = True
@@ -140,6 +145,11 @@ class Supervisor:
             await self._health(False, "the cache manager restarted")
             await self._sync(rescan=True)
         hellos = await asyncio.gather(*(self._hello(m) for m in self.models))
+        # The replicas the manager routes to: the front end may have reported one lost.
+        try:
+            routed = set(await asyncio.wait_for(self.manager.alive.remote(), self.deadline))
+        except (RayActorError, asyncio.TimeoutError):  # the next round looks again
+            routed = set(range(len(self.models)))
         dead = 0
         for r, h in enumerate(hellos):
             if isinstance(h, ActorDiedError):
@@ -157,11 +167,12 @@ class Supervisor:
                     ray.kill(self.models[r], no_restart=False)
             else:
                 self._missed[r] = 0
-                if h.incarnation != self._known[r] or h.epoch < 0:
-                    await self._revive(r)
-                elif not self._up[r]:
-                    await self.manager.revived.remote(r)
-                    self._up[r] = True
+                restarted = h.incarnation != self._known[r] or h.epoch < 0
+                if restarted or not self._up[r] or r not in routed:
+                    try:  # lost, then answering: reset like a restart
+                        await self._revive(r)
+                    except (RayActorError, asyncio.TimeoutError) as e:  # next round again
+                        log.error("replica %d did not resynchronise: %s", r, _first_line(e))
         if dead == len(self.models):
             self.gone = "every model replica is gone for good"
         if any(self._up):
@@ -187,25 +198,26 @@ class Supervisor:
             await asyncio.wait_for(self.manager.lost.remote(r), self.deadline)
 
     async def _revive(self, r: int) -> None:
-        """Replica `r` restarted (empty): it joins the manager's epoch (the manager is the
-        same, so requests it planned stay valid), then the manager routes to it again."""
+        """Replica `r` restarted (empty), or answers again after it was lost (holding what
+        the manager forgot): it is reset in an epoch of its own (the manager is the same,
+        so requests on other replicas stay valid; the plans placed on `r` before are
+        refused there), then the manager reconciles its files and routes to it again."""
         self._up[r] = True  # _down tells the manager, once
-        await self._down(r, f"replica {r} restarted")
+        await self._down(r, f"replica {r} restarted or answers again")
         epoch = self.epoch + 1
         model = self.models[r]
         await asyncio.wait_for(
             model.resync.remote(
-                self.manager_epoch,
-                self.manager,
-                self.models,
-                *self.limits,
-                flush_timeout=self.deadline,
+                epoch, self.manager, self.models, *self.limits, flush_timeout=self.deadline
             ),
             3 * self.deadline,
         )
-        await asyncio.wait_for(self.manager.revived.remote(r, restarted=True), self.deadline)
         h = await asyncio.wait_for(model.hello.remote(self.loop_deadline), 2 * self.deadline)
+        machine = await asyncio.wait_for(model.machine.remote(), self.deadline)
+        revived = self.manager.revived.remote(r, restarted=True, epoch=epoch, machine=machine)
+        await asyncio.wait_for(revived, self.deadline)
         self.epoch, self._known[r], self._up[r] = epoch, h.incarnation, True
+        self._machines[r] = machine
         self.restarts += 1
         log.warning("epoch %d: replica %d is resynchronised", epoch, r)
 
@@ -223,6 +235,7 @@ class Supervisor:
                 h = await asyncio.wait_for(m.hello.remote(self.loop_deadline), 2 * d)
                 limits = (epoch, self.manager, self.models, *self.limits)
                 max_id = await asyncio.wait_for(m.resync.remote(*limits, flush_timeout=d), 3 * d)
+                self._machines[r] = await asyncio.wait_for(m.machine.remote(), d)
                 return h.incarnation, max_id
             except (RayActorError, asyncio.TimeoutError) as e:
                 log.error("replica %d did not resynchronise: %s", r, _first_line(e))
@@ -230,12 +243,13 @@ class Supervisor:
 
         synced = await asyncio.gather(*(one(r) for r in range(len(self.models))))
         max_id = max(m for _, m in synced)
-        await asyncio.wait_for(self.manager.resync.remote(epoch, max_id + 1, rescan), d)
-        await asyncio.wait_for(self.manager.attach.remote(self.models), d)
+        lost = [r for r, (incarnation, _) in enumerate(synced) if incarnation is None]
+        await asyncio.wait_for(self.manager.resync.remote(epoch, max_id + 1, rescan, lost), d)
+        known = [m for m in self._machines if m]
+        machines = [m or known[0] for m in self._machines] if known else None
+        await asyncio.wait_for(self.manager.attach.remote(self.models, machines), d)
         for r, (incarnation, _) in enumerate(synced):
             self._known[r], self._up[r] = incarnation, incarnation is not None
-            if incarnation is None:
-                await asyncio.wait_for(self.manager.lost.remote(r), d)
         if self._manager_known is not None:
             self.restarts += 1
             log.warning("epoch %d: the actors are resynchronised", epoch)

@@ -87,7 +87,9 @@ def to_write_job(entry: StoredEntry, record: EntryRecord, fingerprint: str) -> W
     """The entry as a write job: numpy views over its arrays (bfloat16 as uint16 bits).
 
     Runs on the loop thread and copies nothing. ValueError when the entry does
-    not hold the record's length or a state at each of its lengths.
+    not hold the record's length or a state at each of its lengths, or was
+    computed on other tokens than the record's (a file that passes every check
+    must never carry another prompt's rows).
     """
     length = len(record.tokens)
     lengths = sorted({n for n, _ in record.checkpoints} | {length})
@@ -96,6 +98,8 @@ def to_write_job(entry: StoredEntry, record: EntryRecord, fingerprint: str) -> W
             f"entry {record.entry_id} holds {entry.length} tokens and states at "
             f"{sorted(entry.states)}; its record says {length} and {lengths}"
         )
+    if entry.tokens is not None and not np.array_equal(entry.tokens[:length], record.tokens):
+        raise ValueError(f"entry {record.entry_id} holds other tokens than its record's")
     states = {n: entry.states[n] for n in lengths}
     enc = Encoder()
     layers = enc.tree(list(entry.layers), rows=length)
@@ -123,11 +127,12 @@ def to_write_job(entry: StoredEntry, record: EntryRecord, fingerprint: str) -> W
         "layers": layers,
         "states": state_tree,
     }
-    held = StoredEntry(entry.layers, length, states)
+    tokens = np.asarray(record.tokens, np.int32)
+    held = StoredEntry(entry.layers, length, states, tokens=tokens)
     return WriteJob(
         record.entry_id,
         meta,
-        np.asarray(record.tokens, np.int32),
+        tokens,
         views,
         dtypes,
         held,
@@ -205,15 +210,16 @@ def read_arrays(path: Path, fingerprint: str, entry_id: int):
     return drain(read_steps(path, fingerprint, entry_id))
 
 
-def read_steps(path: Path, fingerprint: str, entry_id: int):
+def read_steps(path: Path, fingerprint: str, entry_id: int, dir_fd: int | None = None):
     """`read_arrays` in steps (one array's allocation, one chunk of the body read): yields
     the bytes done so far after each (allocated, then read: twice the arrays' bytes at the
     end) and returns what `read_arrays` returns, so a reader
     can hand the rest of a load to another thread (`drain` there). Each step creates
     and evaluates its own arrays, so none is left on the stream of the thread that
-    ran the steps before."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    with os.fdopen(fd, "rb", buffering=0) as f:
+    ran the steps before. With `dir_fd` (the directory as opened at start) the file
+    is opened relative to it, whatever its path has become since."""
+    path = Path(path)
+    with file_format.open_entry(path.parent if dir_fd is None else dir_fd, path.name) as f:
         size = os.fstat(f.fileno()).st_size
         header = file_format.read_header_from(f, size)
         if header.fingerprint != fingerprint or header.entry_id != entry_id:
@@ -287,4 +293,4 @@ def finish_entry(
     ):
         raise file_format.DamagedFile("states do not match the header")
     mx.eval(arrays)
-    return StoredEntry(layers, header.length, states), size
+    return StoredEntry(layers, header.length, states, tokens=header.tokens), size

@@ -3,9 +3,10 @@
 It reads headers (engine.storage.file_format) and file metadata; it never
 reads a body and never decides which files go: the cache policy's disk index
 does, from the files `open_directory` hands it. The entries directory is
-private: created 0700, refused when another user owns it, its mode tightened
-when looser; the scan reads regular files only (never a link) and tightens a
-loose file to 0600.
+private: created 0700, refused when another user owns it or when a directory
+above it is open to others, its mode tightened when looser; the scan reads
+regular files only (never a link), opened relative to the directory
+(file_format.open_entry), and tightens a loose file to 0600.
 """
 
 from __future__ import annotations
@@ -65,14 +66,48 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def check_parents(path: Path) -> None:
+    """PermissionError naming the first existing directory above `path` that another user
+    could change: one owned by neither this user nor root, or one others may write
+    without the sticky bit (which keeps them from renaming what is ours, as in /tmp).
+
+    Such a user could swap the cache directory for one of theirs. The path is
+    checked as given and as resolved: a link's own directory and its target's.
+    """
+    path = Path(path).absolute()
+    uid = os.getuid()
+    for chain in (path.parents, path.resolve().parents):
+        for parent in chain:
+            try:
+                st = os.stat(parent)
+            except FileNotFoundError:
+                continue
+            if st.st_uid not in (0, uid):
+                raise PermissionError(
+                    f"{parent} belongs to uid {st.st_uid}, not to uid {uid} or root: its "
+                    "owner could replace the cache directory below it"
+                )
+            if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+                raise PermissionError(
+                    f"{parent} has mode {stat.S_IMODE(st.st_mode):o}: other users may write "
+                    "it, and so replace the cache directory below it"
+                )
+
+
 def private_directory(path: Path) -> Path:
-    """Create `path` (mode 0700); PermissionError when it is a link or another user's.
+    """Create `path` (mode 0700); PermissionError when it is a link or another user's, or
+    when a directory above it is open to others (`check_parents`).
 
     A mode looser than 0700 is tightened, with a warning: entry files hold
-    every tenant's prompts.
+    every tenant's prompts. Missing directories above it are made 0700 too.
     """
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    check_parents(path)
+    for missing in reversed([p for p in (path, *path.parents) if not p.exists()]):
+        try:
+            os.mkdir(missing, 0o700)
+        except FileExistsError:
+            pass
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
         raise PermissionError(f"{path} is not a directory (a symbolic link?)")

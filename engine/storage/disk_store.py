@@ -10,7 +10,13 @@ is done again on a niced thread) and finished on the loop's (`finish`: the store
 forms rebuilt), paid once per file.
 It obeys the cache manager's Orders; it decides nothing. Writes that never
 reach the disk (the writer's queue was full, the disk was) are `take_lost()`:
-whoever holds the store tells the cache manager, whose disk index forgets them.
+whoever holds the store tells the cache manager, whose disk index forgets them;
+files written are `take_written()`: the manager lets other replicas of the
+machine read them from then on.
+
+Every entry it hands back carries the token ids it covers, checked against
+the plan's (a file's header tokens, a queued write's record): a file or a
+queued write that holds other tokens than the plan's is never loaded.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+
+import numpy as np
 
 from engine.cache.messages import EntryRecord
 from engine.config import EngineConfig
@@ -82,6 +90,9 @@ class DiskStore:
         self.directory = Path(directory)
         self.fingerprint = fingerprint
         self.writer = DiskWriter(self.directory, max_queued_bytes)
+        # Loads open files relative to the directory as it is now (checked by the
+        # writer's private_directory), never through a path swapped later.
+        self.dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         # The late thread reads what the idle-priority reader cannot get CPU for. It is
         # started here, on the constructing thread: a thread inherits its creator's
         # policy, and one born of the SCHED_IDLE reader could never leave it unprivileged.
@@ -106,14 +117,19 @@ class DiskStore:
         """Ids of writes lost since the last call (their files do not exist)."""
         return self.writer.take_lost()
 
-    @property
-    def on_lost(self):
-        return self.writer.on_lost
+    def take_written(self) -> list[int]:
+        """Ids of files written since the last call (durable)."""
+        return self.writer.take_written()
 
-    @on_lost.setter
-    def on_lost(self, callback) -> None:
-        """Runs (on the writer's thread, or the caller's) when a write is lost."""
-        self.writer.on_lost = callback
+    @property
+    def on_report(self):
+        return self.writer.on_report
+
+    @on_report.setter
+    def on_report(self, callback) -> None:
+        """Runs (on the writer's thread, or the caller's) when writes were lost or files
+        written (`take_lost`, `take_written`)."""
+        self.writer.on_report = callback
 
     def load(self, entry_id: int, namespace: str | None = None, tokens=None) -> StoredEntry | None:
         """The entry from its queued write or its file, read on the caller's thread at its
@@ -165,7 +181,8 @@ class DiskStore:
         path = file_format.entry_path(self.directory, entry_id)
         t0 = time.perf_counter()
         try:
-            return entry_id, None, run(read_steps(path, self.fingerprint, entry_id)), t0
+            steps = read_steps(path, self.fingerprint, entry_id, self.dir_fd)
+            return entry_id, None, run(steps), t0
         except (file_format.DamagedFile, OSError) as e:
             return entry_id, None, e, t0
 
@@ -199,9 +216,15 @@ class DiskStore:
         """The entry of a `read`; None (logged, a damaged file renamed) when it failed or
         does not hold `namespace` and `tokens` (the plan's), when given."""
         entry_id, job, result, t0 = read
-        if job is not None:
+        if job is not None:  # still queued here: the write's record says what it holds
             held = job.entry
-            return StoredEntry(held.layers, held.length, dict(held.states))
+            if namespace is not None and job.meta["namespace"] != namespace:
+                log.error("disk tier: queued entry %d is of another namespace", entry_id)
+                return None
+            if tokens is not None and not np.array_equal(held.tokens[: len(tokens)], tokens):
+                log.error("disk tier: queued entry %d holds other tokens than planned", entry_id)
+                return None
+            return StoredEntry(held.layers, held.length, dict(held.states), tokens=held.tokens)
         path = file_format.entry_path(self.directory, entry_id)
         try:
             if isinstance(result, BaseException):
@@ -217,7 +240,8 @@ class DiskStore:
                 file_format.DAMAGED_SUFFIX,
             )
             try:
-                os.replace(path, path.with_suffix(file_format.DAMAGED_SUFFIX))
+                damaged = path.with_suffix(file_format.DAMAGED_SUFFIX).name
+                os.replace(path.name, damaged, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
             except OSError:
                 pass
         else:
@@ -225,7 +249,8 @@ class DiskStore:
             self.load_bytes += nbytes
             self.load_seconds += time.perf_counter() - t0
             try:
-                os.utime(path)  # the disk tier's LRU survives restarts through mtimes
+                # the disk tier's LRU survives restarts through mtimes
+                os.utime(path.name, dir_fd=self.dir_fd, follow_symlinks=False)
             except OSError:
                 pass
             return entry
@@ -238,11 +263,17 @@ class DiskStore:
     def max_queued_id(self) -> int:
         return self.writer.max_queued_id()
 
+    def queued(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The writer's queued writes and deletes (DiskWriter.queued)."""
+        return self.writer.queued()
+
     def close(self, timeout: float | None = None) -> bool:
         self._late.shutdown(wait=False)
         if self._reader is not None:
             self._reader.shutdown(wait=False)
-        return self.writer.close(timeout)
+        closed = self.writer.close(timeout)
+        os.close(self.dir_fd)
+        return closed
 
     def stats(self) -> dict:
         queued, queued_bytes = self.writer.backlog

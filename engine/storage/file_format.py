@@ -15,7 +15,9 @@ One file per entry (a conversation with its checkpoints, or an anchor), named
     trailer  20 bytes  "LNGEND\\0\\0", u64 body_bytes, u32 body_crc (crc32 of the body)
 
 This module knows bytes and numpy arrays, never MLX: the cache manager's
-start-up scan and `lineage cache` read headers with it. Writing a file
+start-up scan and `lineage cache` read headers with it, and every read opens
+its file with `open_entry` (relative to the directory, no link, this user's
+own file: checked on the open file). Writing a file
 atomically is engine.storage.writer's; reading the directory is
 engine.storage.directory's; turning a stored entry into arrays and back is
 engine.storage.codec's. It decides nothing.
@@ -27,6 +29,7 @@ import json
 import logging
 import os
 import re
+import stat
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -166,9 +169,41 @@ def parse_header(head: bytes | memoryview, file_bytes: int | None = None) -> Hea
     return header
 
 
+def open_entry(directory: Path | int, name: str):
+    """The file `name` of `directory` (its path, or an open descriptor of it), opened for
+    reading, unbuffered, relative to the directory and never through a link.
+
+    DamagedFile unless the open file (fstat) is a regular file of this user that
+    no one else may read: another user's file, or one swapped in after the scan,
+    is never loaded.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    if isinstance(directory, int):
+        fd = os.open(name, flags, dir_fd=directory)
+    else:
+        parent = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fd = os.open(name, flags, dir_fd=parent)
+        finally:
+            os.close(parent)
+    st = os.fstat(fd)
+    problem = None
+    if not stat.S_ISREG(st.st_mode):
+        problem = "not a regular file"
+    elif st.st_uid != os.getuid():
+        problem = f"owned by uid {st.st_uid}"
+    elif st.st_mode & 0o077:
+        problem = f"mode {stat.S_IMODE(st.st_mode):o}: others may read it"
+    if problem is not None:
+        os.close(fd)
+        raise DamagedFile(f"{name}: {problem}")
+    return os.fdopen(fd, "rb", buffering=0)
+
+
 def read_header(path: Path) -> Header:
     """Read and check one file's header (prefix, meta, tokens) only."""
-    with open(path, "rb") as f:
+    path = Path(path)
+    with open_entry(path.parent, path.name) as f:
         header = read_header_from(f, os.fstat(f.fileno()).st_size)
     if header.entry_id != file_id(path):
         raise DamagedFile(f"header names entry {header.entry_id}")

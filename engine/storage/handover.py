@@ -34,6 +34,7 @@ class PortableEntry:
     dtypes: tuple  # each array's MLX dtype name
     exported_at: float = 0.0  # time.time() when the holder had it ready (handover timing)
     logits: tuple = ()  # ((length, structure tree), ...): the prompt end's log-probabilities
+    tokens: np.ndarray | None = None  # int32: the token ids its rows were computed on
 
     @property
     def nbytes(self) -> int:
@@ -55,11 +56,15 @@ def to_portable(entry: StoredEntry) -> PortableEntry:
             view = view[..., :rows, :]
         views.append(view)
     dtypes = tuple(dtype_name(a) for a, _ in enc.arrays)
-    return PortableEntry(entry.length, layers, states, tuple(views), dtypes, time.time(), logits)
+    tokens = entry.tokens[: entry.length] if entry.tokens is not None else None
+    return PortableEntry(
+        entry.length, layers, states, tuple(views), dtypes, time.time(), logits, tokens
+    )
 
 
 def from_portable(p: PortableEntry) -> StoredEntry:
-    """The entry in MLX arrays again (one copy of each array)."""
+    """The entry in MLX arrays again (one copy of each array), with the token ids it came
+    with (the receiver checks them against its request's before storing it)."""
     arrays = []
     for view, dtype in zip(p.arrays, p.dtypes):
         a = mx.array(view)
@@ -68,4 +73,4 @@ def from_portable(p: PortableEntry) -> StoredEntry:
     layers = decode_tree(p.layers, arrays)
     states = {int(n): decode_tree(tree, arrays) for n, tree in p.states}
     logits = {int(n): decode_tree(tree, arrays) for n, tree in p.logits}
-    return StoredEntry(layers, p.length, states, logits)
+    return StoredEntry(layers, p.length, states, logits, p.tokens)

@@ -146,6 +146,7 @@ def lower_priority() -> None:
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 BACKOFF_S = (1.0, 60.0)  # the first and the longest pause of writing after a full disk
+REPORT_EVERY = 16  # written files reported at once while the queue stays busy
 
 
 class DiskWriter:
@@ -164,8 +165,11 @@ class DiskWriter:
     given up, and deletes still run (they free space). A write that does not
     reach the disk (refused, given up, failed) is *lost*: the files it
     superseded go too (the index forgot them when it ordered the write), and
-    its id is reported by `take_lost()` (`on_lost` runs when there is one), so
-    the disk index forgets a file that does not exist.
+    its id is reported by `take_lost()`, so the disk index forgets a file that
+    does not exist. A written file is reported by `take_written()` (durable:
+    any reader of the directory finds it now), a few at a time: when the queue
+    runs dry, or every REPORT_EVERY files. `on_report` runs when there is
+    something to take.
     """
 
     def __init__(
@@ -173,18 +177,19 @@ class DiskWriter:
         directory: Path,
         max_queued_bytes: int | None = None,
         backoff: tuple[float, float] = BACKOFF_S,
-        on_lost: Callable[[], None] | None = None,
+        on_report: Callable[[], None] | None = None,
     ) -> None:
         self.directory = private_directory(Path(directory))
         self.max_queued_bytes = max_queued_bytes
         self.backoff = backoff
-        self.on_lost = on_lost
+        self.on_report = on_report
         self.stats = WriterStats()
         self._cond = threading.Condition()
         self._queue: deque[tuple[str, int]] = deque()
         self._pending: dict[int, WriteJob] = {}
         self._queued_bytes = 0  # of the writes in _pending
         self._lost: list[int] = []  # ids whose write did not reach the disk, not taken yet
+        self._written: list[int] = []  # ids whose file is durable, not taken yet
         self._pause = backoff[0]  # the next pause after a full disk
         self._paused_until = 0.0  # monotonic time: writes before it are given up
         self._current: WriteJob | None = None  # the write under way
@@ -243,12 +248,30 @@ class DiskWriter:
             lost, self._lost = self._lost, []
         return lost
 
+    def take_written(self) -> list[int]:
+        """Ids whose file was written (and is durable) since the last call."""
+        with self._cond:
+            written, self._written = self._written, []
+        return written
+
     def held(self, entry_id: int) -> WriteJob | None:
         """The queued or running write of this entry, if any."""
         with self._cond:
             job = self._pending.get(entry_id)
             current = self._current
         return job or (current if current is not None and current.entry_id == entry_id else None)
+
+    def queued(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(ids of the writes queued or under way, ids of the files to be deleted: queued
+        deletes, and the files those writes supersede): what the directory does not show
+        yet."""
+        with self._cond:
+            jobs = list(self._pending.values())
+            if self._current is not None:
+                jobs.append(self._current)
+            deletes = [i for op, i in self._queue if op == "delete"]
+        deletes += [old for job in jobs for old in job.supersedes]
+        return tuple(job.entry_id for job in jobs), tuple(deletes)
 
     def max_queued_id(self) -> int:
         """The largest entry id of a queued or running write (0: none)."""
@@ -293,7 +316,7 @@ class DiskWriter:
                 if job is not None:
                     self._queued_bytes -= job.nbytes
                 self._current, self._busy = job, True
-            lost = False
+            lost = wrote = False
             try:
                 if op == "delete":
                     delete_files(self.directory, entry_id)
@@ -303,6 +326,7 @@ class DiskWriter:
                     lost = True
                 elif job is not None:
                     self._write(job)
+                    wrote = True
             except OSError as e:
                 lost = op == "write"
                 if lost and e.errno in NO_SPACE:
@@ -327,9 +351,13 @@ class DiskWriter:
             with self._cond:
                 if lost:
                     self._lose(job)
+                if wrote:
+                    self._written.append(job.entry_id)
+                batch = not self._queue or len(self._written) >= REPORT_EVERY
+                report = lost or (bool(self._written) and batch)
                 self._current, self._busy = None, False
                 self._cond.notify_all()
-            if lost:
+            if report:
                 self._report()
 
     def _write(self, job: WriteJob) -> None:
@@ -355,8 +383,8 @@ class DiskWriter:
         self._lost.append(job.entry_id)
 
     def _report(self) -> None:
-        if self.on_lost is not None:
+        if self.on_report is not None:
             try:
-                self.on_lost()
+                self.on_report()
             except Exception:
-                log.exception("disk tier: reporting lost writes failed")
+                log.exception("disk tier: reporting lost or written files failed")

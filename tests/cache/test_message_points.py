@@ -2,8 +2,9 @@
 
 Token ids are plain ranges (seq(a, n)), so common prefixes are exact by
 construction. A conversation here is a (system + tools) block of 500 tokens
-(the anchor), then messages given as token spans (PlanRequest.message_spans),
-as the front end locates them.
+(the anchor), then messages given as token spans; a message's span runs from
+its start to the next one's (PromptLayout.spans of the starts the front end
+finds, PlanRequest.layout).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from engine.cache.message_points import MESSAGE_SLICES, SYSTEM_SLICES, message_points, spacing
-from engine.cache.messages import PlanRequest
+from engine.cache.messages import PlanRequest, PromptLayout
 from tests.fakes import Driver, tokens
 
 
@@ -25,6 +26,13 @@ def caps(plan) -> list[tuple]:
 
 
 R1 = seq(5000, 20)  # a reply
+
+
+def layout(*spans) -> PromptLayout:
+    """The layout of a system message at 0, then a message at each span's start and
+    one at each span's end (the template's tail or the next message)."""
+    starts = sorted({0, *(n for span in spans for n in span)})
+    return PromptLayout(tuple(starts), roles=("system",) + ("user",) * (len(starts) - 1))
 
 
 # -- placement -------------------------------------------------------------------
@@ -115,7 +123,7 @@ TURN = tokens(seq(1000, 3530))  # the block, the message, 20 tokens of template
 )
 def test_a_long_message_gets_points_relative_to_its_start(spans, captures, checkpoints):
     d = Driver(message_interval=1024)
-    plan, _ = d.turn(TURN, R1, anchor_len=500, spans=spans)
+    plan, _ = d.turn(TURN, R1, anchor_len=500, layout=layout(*spans))
     assert caps(plan) == captures + [(3514, "guard", None)]
     assert d.checkpoints(1) == checkpoints
 
@@ -140,9 +148,9 @@ def test_an_edit_inside_a_long_message_restores_at_the_last_point_before_it(
     edit, spans, restore, captures
 ):
     d = Driver(message_interval=1024)
-    d.turn(TURN, R1, anchor_len=500, spans=spans)
+    d.turn(TURN, R1, anchor_len=500, layout=layout(*spans))
     edited = tokens(seq(1000, edit), seq(9000, 3530 - edit))
-    plan, orders = d.turn(edited, R1, anchor_len=500, spans=spans)
+    plan, orders = d.turn(edited, R1, anchor_len=500, layout=layout(*spans))
     assert (plan.entry_id, plan.length, plan.kind) == restore
     assert [c[:2] for c in caps(plan)] == captures
     assert not orders.free, "restored before the prompt end: the first lineage stays"
@@ -161,7 +169,7 @@ def test_points_in_a_later_turn_outlive_the_turn_boundaries_and_not_the_guard():
     d = Driver(message_interval=1024)
     d.turn(P1, R1, anchor_len=500)
     assert d.checkpoints(1) == {584: "guard", 600: "reply"}
-    plan, orders = d.turn(TURN2, seq(6000, 20), anchor_len=500, spans=(TOOL,))
+    plan, orders = d.turn(TURN2, seq(6000, 20), anchor_len=500, layout=layout(TOOL))
     assert (plan.entry_id, plan.length, plan.kind) == (1, 620, "entry")
     assert caps(plan) == [(1654, "message", None), (2678, "message", None), (3634, "guard", None)]
     assert d.checkpoints(3) == {1654: "message", 2678: "message", 3634: "guard", 3650: "reply"}
@@ -169,7 +177,7 @@ def test_points_in_a_later_turn_outlive_the_turn_boundaries_and_not_the_guard():
     assert orders.moves == () and orders.free == (1,)
     # the next turn truncates the tool result at 2/3 (an agent trimming its context)
     truncated = tokens(P1, R1, seq(20000, 2010), seq(40000, 60))
-    plan, _ = d.turn(truncated, seq(7000, 20), anchor_len=500, spans=((630, 2640),))
+    plan, _ = d.turn(truncated, seq(7000, 20), anchor_len=500, layout=layout((630, 2640)))
     assert (plan.entry_id, plan.length, plan.kind) == (3, 1654, "message")
 
 
@@ -198,13 +206,13 @@ def test_the_default_spacing_of_a_message_and_of_the_system_block():
     d = Driver()
     system = tokens(seq(10_000, 7200))
     prompt = tokens(system, seq(20_000, 4800), seq(7000, 40))  # a 4800-token message at 7200
-    plan, _ = d.turn(prompt, R1, anchor_len=7200, spans=((7200, 12_000),))
+    plan, _ = d.turn(prompt, R1, anchor_len=7200, layout=layout((7200, 12_000)))
     points = [c[:2] for c in caps(plan) if c[1] in ("system", "message")]
     assert points == [(2400, "system"), (4800, "system"), (10_800, "message"), (11_400, "message")]
     # the lineage that prefilled the system block keeps its points over its own message's
     assert d.checkpoints(1) == {2400: "system", 4800: "system", 12_024: "guard", 12_040: "reply"}
     paste = tokens(system, seq(40_000, 4800), seq(7000, 40))
-    plan, _ = d.turn(paste, R1, anchor_len=7200, spans=((7200, 12_000),))
+    plan, _ = d.turn(paste, R1, anchor_len=7200, layout=layout((7200, 12_000)))
     assert (plan.length, plan.kind) == (7200, "anchor")
     assert d.checkpoints(3) == {
         10_800: "message",
@@ -213,35 +221,49 @@ def test_the_default_spacing_of_a_message_and_of_the_system_block():
         12_040: "reply",
     }
     short = tokens(system, seq(30_000, 350))  # a 250-token message, under the floor: none
-    plan, _ = d.turn(short, R1, anchor_len=7200, spans=((7200, 7450),))
+    plan, _ = d.turn(short, R1, anchor_len=7200, layout=layout((7200, 7450)))
     assert (plan.length, plan.kind) == (7200, "anchor") and caps(plan) == [(7534, "guard", None)]
 
 
 def test_no_points_on_a_model_without_state_layers():
     d = Driver(state_layers=False)
-    plan, _ = d.turn(TURN, R1, anchor_len=500, spans=(PASTE,))
+    plan, _ = d.turn(TURN, R1, anchor_len=500, layout=layout(PASTE))
     assert caps(plan) == [(500, "anchor", 2)]
 
 
-# -- bad spans ----------------------------------------------------------------------
+# -- the spans of a layout, and bad starts ------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    "spans, message",
+    "starts, roles, size, spans",
     [
-        (((600, 500),), r"message_spans\[0\] = \(600, 500\)"),  # backwards
-        (((500, 500),), r"message_spans\[0\] = \(500, 500\)"),  # empty
-        (((-1, 500),), r"message_spans\[0\] = \(-1, 500\)"),
-        (((510, 3531),), r"message_spans\[0\] = \(510, 3531\) must lie within \[0, 3530\]"),
-        (((510, 2000), (1900, 3000)), r"message_spans\[1\] = \(1900, 3000\)"),  # overlap
-        (((2000, 3000), (510, 1000)), r"message_spans\[1\]"),  # out of order
-        (((510,),), r"message_spans\[0\] is \(510,\), not a \(start, end\) pair"),
-        ((5,), r"message_spans\[0\] is 5"),
+        # each message after the leading system messages, to the next one's start
+        ((0, 500, 3510), ("system", "user", "assistant"), 3530, ((500, 3510), (3510, 3530))),
+        ((0, 300, 500), ("system", "system", "user"), 900, ((500, 900),)),
+        ((0, 500, 500, 700), ("system", "user", "user", "tool"), 900, ((500, 700), (700, 900))),
+        ((0, 500), ("user", "assistant"), 900, ((0, 500), (500, 900))),  # no system message
+        ((0,), ("system",), 900, ()),
+        ((), (), 900, ()),  # raw tokens: no messages
     ],
 )
-def test_bad_spans_are_refused_naming_the_span(spans, message):
+def test_a_layout_spans_each_message_after_the_system_block(starts, roles, size, spans):
+    assert PromptLayout(starts, roles=roles).spans(size) == spans
+
+
+@pytest.mark.parametrize(
+    "starts, message",
+    [
+        ((0, 600, 500), r"layout.starts\[2\] is 500: message starts must be ascending"),
+        ((-1, 500), r"layout.starts\[0\] is -1"),
+        ((0, 3531), r"layout.starts\[1\] is 3531: .* within \[0, 3530\]"),
+        ((0, "510"), r"layout.starts\[1\] is '510'"),
+        ((0, 1.5), r"layout.starts\[1\] is 1.5"),
+    ],
+)
+def test_bad_starts_are_refused_naming_the_field(starts, message):
     d = Driver()
-    request = PlanRequest("bad", np.asarray(TURN, np.int32), 500, message_spans=spans)
+    bad = PromptLayout(starts, roles=("system",) + ("user",) * (len(starts) - 1))
+    request = PlanRequest("bad", np.asarray(TURN, np.int32), 500, layout=bad)
     with pytest.raises(ValueError, match=message):
         d.manager.plan(request)
-    d.turn(TURN, R1, anchor_len=500, spans=(PASTE,))  # and the manager keeps serving
+    d.turn(TURN, R1, anchor_len=500, layout=layout(PASTE))  # and the manager keeps serving

@@ -10,6 +10,7 @@ says it holds (what the index says, plus frees that wait for a pin).
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -36,14 +37,19 @@ class ReplicaDriver:
         self.cache = ReplicatedCache(manager, replicas, threshold)
         self.actors = [FakeModelActor() for _ in range(replicas)]
         self.requests: dict[str, tuple[RestorePlan, np.ndarray]] = {}
+        self.namespaces: dict[str, str] = {}
         self.serial = 0
 
-    def plan(self, prompt, anchor_len: int = 0, exclude=()) -> RestorePlan:
+    def plan(
+        self, prompt, anchor_len: int = 0, exclude=(), session: str = "", namespace: str = ""
+    ) -> RestorePlan:
         self.serial += 1
         rid = f"r{self.serial}"
         prompt = tokens(prompt)
-        plan = self.cache.plan(PlanRequest(rid, prompt, anchor_len, "", tuple(exclude)))
+        request = PlanRequest(rid, prompt, anchor_len, namespace, tuple(exclude), session)
+        plan = self.cache.plan(request)
         self.requests[rid] = (plan, prompt)
+        self.namespaces[rid] = namespace
         if plan.fetch_from is not None:  # the handover: the peer's arrays, copied
             held = self.actors[plan.fetch_from].stored.get(plan.entry_id)
             if held is not None:
@@ -57,6 +63,7 @@ class ReplicaDriver:
         actor.restore(plan, prompt)
         self.cache.prefilled(rid)
         commit = actor.prefill(plan, prompt, tokens(reply))
+        commit = dataclasses.replace(commit, namespace=self.namespaces.pop(rid, ""))
         actor.enter(rid)  # its commit's Orders come back now
         self.deliver(self.cache.commit(commit))
 
@@ -118,6 +125,24 @@ def test_a_busy_holder_sheds_to_the_least_loaded_replica_which_fetches():
     # the anchor now lives on both replicas: each holds it, and a free reaches both
     anchor = next(e for e in d.cache.manager.index.entries() if e.role == "anchor")
     assert d.cache.replicas.holders[anchor.id] == {0, 1}
+
+
+def test_a_handover_copy_released_unused_is_still_freed_on_the_replica_that_fetched_it():
+    """Cancelled while pending after its fetch: the fetched copy stays in that replica's tier,
+    so it stays a holder, and the anchor's free reaches it."""
+    d = ReplicaDriver(threshold=100, anchor_max_entries=1)
+    first = d.turn(convo(range(5000, 5100)), reply=range(7000, 7010), anchor_len=300)
+    home = first.replica
+    anchor = first.captures[0].entry_id
+    busy = d.plan(convo(range(9000, 9500)), anchor_len=300)
+    shed = d.plan(convo(range(6000, 6050)), anchor_len=300)
+    assert (shed.replica, shed.fetch_from, shed.entry_id) == (1 - home, home, anchor)
+    assert anchor in d.actors[1 - home].stored  # the handover stored it
+    d.release(shed.request_id)  # cancelled before it ran: nothing restored
+    d.commit(busy.request_id)
+    d.turn(tokens(range(30_000, 30_300), range(31_000, 31_100)), anchor_len=300)  # a new anchor
+    assert anchor not in d.cache.manager.index  # the cap of one anchor evicted it
+    assert all(anchor not in actor.stored for actor in d.actors), "the copy leaked"
 
 
 def test_within_the_threshold_affinity_wins():
@@ -206,6 +231,7 @@ def test_a_file_on_another_machine_is_fetched_from_a_replica_there():
     reps = Replicas(3, threshold=100)
     reps.machines, reps.home = ["a", "b", "b"], "a"
     reps.writers[7] = 2  # written on machine b
+    reps.written([7], replica=2)  # and durable there: any replica of b reads it
 
     def disk_plan(rid: str, entry_id: int = 7) -> RestorePlan:
         return RestorePlan(rid, entry_id, 400, "entry", new_entry_id=None, load_from_disk=True)

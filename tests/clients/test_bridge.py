@@ -4,7 +4,9 @@ the real gRPC server, Ray and MLX (plus the tool-call parser on plain text)."""
 from __future__ import annotations
 
 import json
+import logging
 import time
+import uuid
 
 import httpx
 import openai
@@ -12,17 +14,28 @@ import pytest
 
 from clients.client import Final, Restore, Result, Timing, Usage
 from clients.openai.chat_completions import ChatShape
+from clients.openai.parsers import make_parser
 from clients.openai.server import start_bridge
-from clients.openai.tool_calls import TOOL_CALL_START, ToolCallStream, parse_tool_calls
 from engine.server.background import BackgroundLoop
 
 
 class BridgeThread:
-    """A bridge serving on a free port from a background event loop."""
+    """A bridge serving on a free port: a client of the engine's gRPC address from an event
+    loop of its own (`lineage bridge`), or in the engine's own process and loop, calling its
+    front end (`lineage serve --http-port`)."""
 
-    def __init__(self, grpc_address: str):
-        self.background = BackgroundLoop("bridge-loop")
-        self.handle = self.call(start_bridge(grpc_address, "127.0.0.1", 0))
+    def __init__(self, engine, security=None, options=None, in_process: bool = False):
+        """`engine`: a BackgroundEngine, or a gRPC address (for the gRPC way alone)."""
+        if in_process:
+            from clients.openai.in_process import InProcessBackend
+
+            self.background, self.owned = engine.background, False
+            backend = InProcessBackend(engine.engine)
+            self.handle = self.call(start_bridge(backend, "127.0.0.1", 0, security, options))
+        else:
+            address = engine if isinstance(engine, str) else engine.address
+            self.background, self.owned = BackgroundLoop("bridge-loop"), True
+            self.handle = self.call(start_bridge(address, "127.0.0.1", 0, security, options))
         self.url = self.handle.url
 
     def call(self, coro, timeout: float = 60):
@@ -37,12 +50,14 @@ class BridgeThread:
         try:
             self.call(self.handle.stop(grace=1.0))
         finally:
-            self.background.close()
+            if self.owned:
+                self.background.close()
 
 
-@pytest.fixture(scope="module")
-def bridge(engine):
-    b = BridgeThread(engine.address)
+@pytest.fixture(scope="module", params=["grpc", "in_process"])
+def bridge(engine, request):
+    """Every bridge test runs on both ways to the engine."""
+    b = BridgeThread(engine, in_process=request.param == "in_process")
     yield b
     b.stop()
 
@@ -95,71 +110,9 @@ def stream_text(stream) -> tuple[str, str | None, object]:
     return text, reason, usage
 
 
-# ---------------------------------------------------------------- parser ----
+# ------------------------------------------------------------ chat shape ----
 
 CALL = '<tool_call>\n{"name": "read_file", "arguments": {"path": "setup.py"}}\n</tool_call>'
-NAMELESS = '<tool_call>{"arguments": {}}</tool_call>'
-PARSE_CASES = [
-    ("plain text", "hello there", "hello there", []),
-    ("one call", CALL, "", [("read_file", {"path": "setup.py"})]),
-    (
-        "content first",
-        "Let me look.\n" + CALL,
-        "Let me look.",
-        [("read_file", {"path": "setup.py"})],
-    ),
-    (
-        "two calls",
-        CALL + "\n" + CALL.replace("read_file", "run_tests"),
-        "",
-        [("read_file", {"path": "setup.py"}), ("run_tests", {"path": "setup.py"})],
-    ),
-    (
-        "string arguments",
-        '<tool_call>\n{"name": "f", "arguments": "{\\"a\\": 1}"}\n</tool_call>',
-        "",
-        [("f", {"a": 1})],
-    ),
-    (
-        "unterminated but whole",
-        CALL[: -len("</tool_call>")],
-        "",
-        [("read_file", {"path": "setup.py"})],
-    ),
-    ("bad json", "<tool_call>\n{nope}\n</tool_call>", "<tool_call>\n{nope}\n</tool_call>", []),
-    ("cut off", CALL[:30], CALL[:30], []),
-    ("no name", NAMELESS, NAMELESS, []),
-]
-
-
-@pytest.mark.parametrize(
-    "text,content,calls", [c[1:] for c in PARSE_CASES], ids=[c[0] for c in PARSE_CASES]
-)
-def test_parse_tool_calls(text, content, calls):
-    got_content, got = parse_tool_calls(text)
-    assert got_content == content
-    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in got] == calls
-    assert all(c["type"] == "function" and c["id"].startswith("call_") for c in got)
-    assert len({c["id"] for c in got}) == len(got)
-
-
-@pytest.mark.parametrize(
-    "text",
-    [c[1] for c in PARSE_CASES] + ["a <tool b <tool_c", "x <"],
-    ids=[c[0] for c in PARSE_CASES] + ["near misses", "trailing <"],
-)
-def test_tool_call_stream_matches_the_whole_text_parse(text):
-    """Any split of the text into chunks streams the same content and calls."""
-    want_content, want_calls = parse_tool_calls(text)
-    for size in (1, 2, 3, 7, len(text) or 1):
-        s = ToolCallStream()
-        sent = "".join(s.feed(text[i : i + size]) for i in range(0, len(text), size))
-        rest, calls = s.finish()
-        assert [c["function"] for c in calls] == [c["function"] for c in want_calls]
-        if want_calls:
-            assert TOOL_CALL_START not in sent and (sent + rest).strip() == want_content
-        else:
-            assert sent + rest == text
 
 
 def test_a_tool_call_becomes_tool_calls_whole_and_streamed():
@@ -168,29 +121,36 @@ def test_a_tool_call_becomes_tool_calls_whole_and_streamed():
 
     info = {"id": "tiny", "fingerprint": "fp"}
     text, usage = (
-        "Checking.\n" + CALL,
+        "<think>The file first.</think>\n\nChecking.\n" + CALL,
         Usage(prompt_tokens=40, cached_tokens=32, completion_tokens=30),
     )
     whole = ChatCompletion.model_validate(
-        ChatShape("r1", info, tools=True).whole(Result(text, (), "stop", usage))
+        ChatShape("r1", info, make_parser("qwen")).whole(Result(text, (), "stop", usage))
     )
     choice = whole.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking."
+    assert choice.message.reasoning_content == "The file first."
     calls = choice.message.tool_calls
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
         ("read_file", {"path": "setup.py"})
     ]
     assert whole.usage.prompt_tokens_details.cached_tokens == 32
 
-    shape = ChatShape("r2", info, tools=True)
+    shape = ChatShape("r2", info, make_parser("qwen"))
     chunks = shape.head() + [
         c for i in range(0, len(text), 4) for c in shape.delta(text[i : i + 4])
     ]
     chunks += shape.finish(Final("stop", usage, Restore(), Timing(), "r2"))
     chunks = [ChatCompletionChunk.model_validate(c) for c in chunks]
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Checking.\n"
-    calls = [t for c in chunks for t in c.choices[0].delta.tool_calls or ()]
-    assert [(t.index, t.function.name) for t in calls] == [(0, "read_file")]
+    deltas = [c.choices[0].delta for c in chunks]
+    assert "".join(d.content or "" for d in deltas) == "Checking."
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == (
+        "The file first."
+    )
+    calls = [t for d in deltas for t in d.tool_calls or ()]
+    assert [(t.index, t.function.name) for t in calls if t.function.name] == [(0, "read_file")]
+    assert json.loads("".join(t.function.arguments or "" for t in calls)) == {"path": "setup.py"}
+    assert calls[0].id.startswith("call_") and calls[0].type == "function"
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     assert (
         ChatCompletionChunk.model_validate(
@@ -198,6 +158,26 @@ def test_a_tool_call_becomes_tool_calls_whole_and_streamed():
         ).usage.total_tokens
         == 70
     )
+
+
+def test_a_malformed_tool_call_is_content_with_a_warning(caplog):
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    info = {"id": "tiny", "fingerprint": "fp"}
+    text, usage = "Try.<tool_call>\n{nope}\n</tool_call>", Usage(10, 0, 5)
+    with caplog.at_level(logging.WARNING, logger="lineage.bridge"):
+        whole = ChatShape("r3", info, make_parser("qwen")).whole(Result(text, (), "stop", usage))
+        shape = ChatShape("r4", info, make_parser("qwen"))
+        chunks = [c for i in range(len(text)) for c in shape.delta(text[i])]
+        chunks += shape.finish(Final("stop", usage, Restore(), Timing(), "r4"))
+    choice = ChatCompletion.model_validate(whole).choices[0]
+    assert (choice.message.content, choice.finish_reason) == (text, "stop")
+    assert not choice.message.tool_calls
+    deltas = [ChatCompletionChunk.model_validate(c).choices[0].delta for c in chunks]
+    assert "".join(d.content or "" for d in deltas) == text
+    assert not any(d.tool_calls for d in deltas)
+    warned = [r for r in caplog.records if "did not parse" in r.getMessage()]
+    assert [r.getMessage().split()[1] for r in warned] == ["r3:", "r4:"]
 
 
 # --------------------------------------------------------- chat, served ----
@@ -254,10 +234,61 @@ def test_namespace_comes_from_the_header_else_user(client):
         )
         return reply.usage.prompt_tokens_details.cached_tokens
 
-    cached(extra_headers={"X-Cache-Namespace": "bridge-ns-a"})
-    assert cached(user="bridge-ns-b") == 0, "another namespace reused bridge-ns-a's entries"
-    assert cached(user="bridge-ns-b") > 0
-    assert cached(extra_headers={"X-Cache-Namespace": "bridge-ns-b"}, user="bridge-ns-c") > 0
+    a, b, c = (f"bridge-ns-{x}-{uuid.uuid4().hex[:8]}" for x in "abc")  # fresh per bridge
+    cached(extra_headers={"X-Cache-Namespace": a})
+    assert cached(user=b) == 0, "another namespace reused the first one's entries"
+    assert cached(user=b) > 0
+    assert cached(extra_headers={"X-Cache-Namespace": b}, user=c) > 0
+
+
+def test_session_keys_come_from_headers_then_the_body():
+    from types import SimpleNamespace
+
+    from clients.openai.chat_completions import session_of
+
+    body = SimpleNamespace(prompt_cache_key="pck", user="u")
+    assert session_of({"x-session-id": "h1", "session_id": "h2"}, body) == "h1"
+    assert session_of({"session_id": "h2"}, body) == "h2"
+    assert session_of({}, body) == "pck"
+    assert session_of({}, SimpleNamespace(prompt_cache_key=None, user="u")) == "u"
+    assert session_of({}, SimpleNamespace(prompt_cache_key=None, user=None)) == ""
+    odd = session_of({"x-session-id": "Zoë's session #1"}, body)
+    assert odd.startswith("h:") and len(odd) == 34  # hashed: a routing hint never fails
+
+
+def test_an_odd_session_key_is_served(client):
+    reply = client.chat.completions.create(
+        model="lineage",
+        messages=USER,
+        max_tokens=2,
+        temperature=0,
+        user="someone@example.com",
+        extra_body={"prompt_cache_key": "a key with spaces and ✓"},
+        extra_headers={"X-Cache-Namespace": "bridge-sessions"},
+    )
+    assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+def test_reasoning_sent_back_reaches_the_template(client):
+    """An assistant turn's reasoning_content is rendered again (the embedded template takes
+    it), so its tokens are those the model generated and the cache holds."""
+
+    def prompt_tokens(assistant: dict) -> int:
+        messages = USER + [assistant, {"role": "user", "content": "Go on."}]
+        reply = client.chat.completions.create(
+            model="lineage", messages=messages, max_tokens=1, temperature=0
+        )
+        return reply.usage.prompt_tokens
+
+    plain = prompt_tokens({"role": "assistant", "content": "Caches keep prefixes."})
+    reasoned = prompt_tokens(
+        {
+            "role": "assistant",
+            "content": "Caches keep prefixes.",
+            "reasoning_content": "The user asks about caches; say what they keep.",
+        }
+    )
+    assert reasoned > plain + 8
 
 
 def test_tool_call_round_trip_renders_and_runs(client):
@@ -393,8 +424,8 @@ def test_completions_models_and_health(bridge, client):
     assert streamed == whole.choices[0].text
     by_ids = client.completions.create(model="lineage", prompt=[5, 17, 300, 42], max_tokens=2)
     assert by_ids.usage.prompt_tokens == 4
-    models = client.models.list().data
-    assert len(models) == 1 and models[0].id == whole.model
+    models = client.models.list().data  # the served names: "lineage", the model's own
+    assert [m.id for m in models] == ["lineage", models[1].root] and whole.model == "lineage"
     health = httpx.get(f"{bridge.url}/health", timeout=10)
     assert health.status_code == 200 and health.json() == {"status": "SERVING"}
     missing = httpx.get(f"{bridge.url}/v1/nothing", timeout=10)
@@ -426,3 +457,16 @@ def test_engine_unavailable_is_503():
         assert httpx.get(f"{b.url}/health", timeout=10).status_code == 503
     finally:
         b.stop()
+
+
+def test_the_bridge_reads_the_models_output_format(bridge, engine):
+    """The parser family the routes use is the one the engine decided for its model."""
+    from clients.client import Client
+
+    with Client(engine.address) as c:
+        engine_format = c.model_info()["output_format"]
+    assert engine_format == "qwen"  # the embedded model marks <tool_call> and <think>
+    from clients.openai.guard import Caller
+
+    info = bridge.call(bridge.handle.backend.model_info(Caller()))
+    assert info["output_format"] == engine_format

@@ -422,7 +422,9 @@ def test_build_request():
         seed=0,
         namespace="ns",
         request_id="r1",
+        session="agent-7",
     )
+    assert r.session == "agent-7" and lc.build_request(prompt="p").session == ""
     assert json.loads(r.tools_json) == tools and r.add_generation_prompt
     assert (r.sampling.max_tokens, list(r.sampling.stop), r.sampling.seed) == (5, ["END"], 0)
     assert r.sampling.HasField("seed") and (r.namespace, r.request_id) == ("ns", "r1")

@@ -93,7 +93,7 @@ def _unwritten(caches) -> int:
     """Bytes of BatchKVCache rows no sequence holds (merge room, left padding)."""
     out = 0
     for c in caches:
-        if type(c) is BatchKVCache and c.keys is not None:
+        if isinstance(c, BatchKVCache) and c.keys is not None:
             B, H, cap, D = c.keys.shape
             row = H * (D + c.values.shape[3]) * c.keys.itemsize
             held = sum(c._idx - p for p in c.left_padding.tolist())
@@ -157,7 +157,7 @@ def test_sequences_joining_charge_the_new_buffers_and_the_padded_copies(model, e
     # The padded copies are freed as the concatenation consumes them: how many live at
     # once depends on MLX's order of evaluation, so the peak sees one (a layer's keys
     # or values) to all of them.
-    one = padded // (2 * sum(type(c) is BatchKVCache for c in batch.prompt_cache))
+    one = padded // (2 * sum(isinstance(c, BatchKVCache) for c in batch.prompt_cache))
     assert active + one - TOL <= peak <= active + padded + TOL, (active, peak, padded)
 
 
@@ -175,7 +175,7 @@ def test_a_copying_extraction_counts_its_rows(model, entry):
 def test_a_buffer_that_outgrows_its_room_charges_its_old_rows(model, entry):
     gen = _decoding(model, entry, 2)
     batch = gen._generation_batch
-    kv = [c for c in batch.prompt_cache if type(c) is BatchKVCache]
+    kv = [c for c in batch.prompt_cache if isinstance(c, BatchKVCache)]
     while kv[0]._idx < kv[0].keys.shape[2]:  # decode until the buffers are full
         gen.next()
     old = sum(c.keys.nbytes + c.values.nbytes for c in kv)

@@ -197,7 +197,7 @@ def test_a_disk_load_runs_on_the_reader_thread_while_others_decode(model_cache_d
     )
     engine.generator.submit(req, loading.append)
     engine.generator.step()
-    future = engine.tier._loads[entry]
+    future = engine.tier._loads[entry].future
     tokens_before = sum(isinstance(e, Tokens) for e in decoding)
     while not future.done():
         engine.generator.step()

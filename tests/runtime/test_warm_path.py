@@ -11,6 +11,7 @@ import logging
 import mlx.core as mx
 import numpy as np
 import pytest
+from mlx_lm.models.cache import BatchKVCache
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.runtime.local import LocalEngine
@@ -114,7 +115,7 @@ def test_merge_leaves_room_so_prefill_writes_in_place(local):
     entry_id, entry = max(local.tier.entries.items(), key=lambda kv: kv[1].length)
     n = max(entry.states)
     merged = merge_with_room([local.tier.restore(entry_id, n)], room=100)
-    kv = [c for c in merged if type(c).__name__ == "BatchKVCache"]
+    kv = [c for c in merged if isinstance(c, BatchKVCache)]
     assert kv and all(c.keys.shape[2] >= n + 100 and c._idx == n for c in kv)
 
 
@@ -165,7 +166,7 @@ def test_a_sequence_finishing_alone_leaves_with_views_of_its_rows(local, sequenc
     while bg.generating < sequences:
         bg.next()
     gen = bg._generation_batch
-    kv = next(c for c in gen.prompt_cache if type(c).__name__ == "BatchKVCache")
+    kv = next(c for c in gen.prompt_cache if isinstance(c, BatchKVCache))
     mx.eval(kv.keys, kv.values)
     before = mx.get_active_memory()
     extracted = gen.extract_cache(0)

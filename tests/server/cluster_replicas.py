@@ -8,6 +8,8 @@ that): the cluster's driver cannot share a process with the session's Ray.
 - a new session on the second replica restores the shared system prompt's
   anchor handed over from the first (restore kind anchor);
 - a replica saturated with long prefills sheds new sessions to the other;
+- a session key keeps its conversation's turns on its replica when nothing
+  cached says where they belong, and the same key from another tenant does not;
 - a replica killed mid-stream: the stream ends UNAVAILABLE, the session's next
   turn is served warm elsewhere, health stays SERVING, the replica comes back.
 """
@@ -174,6 +176,32 @@ def test_saturated_replica_sheds_new_sessions(client):
         t.join(120)
     assert after[1 - busy] - before[1 - busy] == 3
     assert after[busy] == before[busy]
+
+
+def test_a_session_key_keeps_its_conversation_on_its_replica(client):
+    ns = f"session-{next(_ns)}"
+
+    def turn(minute: int, namespace: str = ns) -> int:
+        # A time on the system prompt's first line: no restore point anywhere for it.
+        messages = [
+            {"role": "system", "content": f"Time: 10:0{minute}.\nYou are a careful agent."},
+            {"role": "user", "content": "What does setup.py do?"},
+        ]
+        before = requests_by_replica(client)
+        client.generate(messages=messages, max_tokens=2, namespace=namespace, session="agent-1")
+        return routed(client, before)
+
+    threads = _saturate(client, f"{ns}-load", [4])  # idle replicas: it goes to replica 0
+    busy = _wait_queued(client, THRESHOLD * 2)
+    home = turn(0)
+    for t in threads:
+        t.join(120)
+    assert (busy, home) == (0, 1)
+    # Idle again: without its key a turn goes to replica 0 (the tie); with it, home.
+    assert [turn(m) for m in (1, 2)] == [home, home]
+    assert client.cache_stats()["replicas"][home]["sessions"] >= 1
+    # The same key from another tenant is a session of its own: not steered home.
+    assert turn(3, namespace=f"{ns}-other") == 0
 
 
 def test_replica_killed_mid_stream(engine, client):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from engine.cache.kinds import RestoreKind
 from engine.runtime.events import Finished, FinishReason, Timing
-from engine.server.activity import Activity, namespace_tag
+from engine.server.activity import OTHER_NAMESPACES, Activity, NamespaceTags
 
 
 def finished(rid: str, kind: str, prompt: int, cached: int, out: int, ttft: float, replica="0"):
@@ -28,13 +30,23 @@ def finished(rid: str, kind: str, prompt: int, cached: int, out: int, ttft: floa
     [
         ("", "hash", ""),
         ("acme", "plain", "acme"),
+        ("acme/dev", "plain", "acme"),  # the root tenant only
         ("acme", "off", ""),
-        ("acme", "hash", "822b33ad"),
     ],
 )
 def test_namespace_tag(namespace, how, shown):
-    assert namespace_tag(namespace, how).startswith(shown)
-    assert how != "hash" or not namespace or len(namespace_tag(namespace, how)) == 8
+    assert NamespaceTags(how).tag(namespace) == shown
+
+
+def test_hashed_tags_are_keyed_per_server_and_capped():
+    a, b = NamespaceTags(cap=2), NamespaceTags(cap=2)
+    assert len(a.tag("acme")) == 8 and a.tag("acme") == a.tag("acme/dev")
+    assert a.tag("acme") != b.tag("acme")  # another server, another key
+    assert a.tag("acme") != hashlib.sha256(b"acme").hexdigest()[:8]
+    assert NamespaceTags(key=b"k").tag("acme") == NamespaceTags(key=b"k").tag("acme")
+    a.tag("beta")
+    assert a.tag("gamma") == a.tag("delta") == OTHER_NAMESPACES  # past the cap
+    assert a.tag("beta/x") == a.tag("beta") != OTHER_NAMESPACES
 
 
 def test_window_by_kind_and_replica_rates():

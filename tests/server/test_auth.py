@@ -43,7 +43,12 @@ def serving(**security):
         has_state_layers=False,
         kernels=(),
     )
-    frontend = SimpleNamespace(info=info, cache_mode="lineage", limits=Limits())
+    frontend = SimpleNamespace(
+        info=info,
+        cache_mode="lineage",
+        limits=Limits(),
+        builder=SimpleNamespace(output_format="qwen"),
+    )
     cfg = ServerConfig(**security)
     server, port, _ = loop.call(create_server(frontend, "127.0.0.1", 0, security=cfg))
     try:
@@ -211,7 +216,10 @@ def test_the_bridge_serves_mtls_and_checks_tokens_before_anything(certs):
 
     loop = BackgroundLoop("bridge-mtls")
     security = BridgeSecurity(
-        {"op-token": ""}, certs.server_cert, certs.server_key, tls_client_ca=certs.ca
+        (Identity("op-token", "", True),),
+        certs.server_cert,
+        certs.server_key,
+        tls_client_ca=certs.ca,
     )
     handle = loop.call(start_bridge("127.0.0.1:1", "127.0.0.1", 0, security))  # no engine
     try:
@@ -229,9 +237,28 @@ def test_the_bridge_serves_mtls_and_checks_tokens_before_anything(certs):
             r = http.post(
                 f"{handle.url}/v1/completions",
                 headers={"authorization": "Bearer op-token"},
-                content=b" " * ((16 << 20) + 1),
+                content=b" " * (security.max_body_bytes + 1),
             )
             assert r.status_code == 413
     finally:
         loop.call(handle.stop(grace=0.5))
         loop.close()
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [["t1 acme", "t2 acme/dev"], ["t2 acme/dev", "t1 acme"], ["t1 a/b", "t2 a/b/c"]],
+    ids=["parent first", "child first", "deeper"],
+)
+def test_tenant_namespaces_that_nest_are_refused_at_start(tmp_path, lines, capsys):
+    """With `acme` and `acme/dev`, acme asking for `dev` would run in acme/dev's namespace."""
+    from clients.cli.main import main
+
+    f = tmp_path / "tokens"
+    f.write_text("op-token\n" + "\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match="nest"):
+        EngineConfig.from_sources({"auth_token_file": str(f)}, {})
+    assert main(["serve", "--auth-token-file", str(f), "--port", "0"], env={}) == 2
+    assert "nest" in capsys.readouterr().err
+    f.write_text("op-token\nt1 acme\nt2 acme\nt3 acme-dev\n")  # two tokens of one tenant: fine
+    assert len(read_token_file(str(f))) == 4

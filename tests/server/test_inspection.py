@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from engine.actors.names import CACHE_MANAGER, model_actor_name
-from engine.server.activity import namespace_tag
 
 
 def _address() -> str:
@@ -170,7 +169,7 @@ def test_lineage_top_once_renders_against_a_real_server(engine):
         assert heading in frame
     assert "latest requests" in frame and "tenant-a" not in frame  # namespaces are hashed
     assert top.format_bytes(engine.config.cache.ram_budget) in frame  # the RAM budget bar
-    tag = namespace_tag("tenant-a", "hash")
+    tag = engine.engine.frontend.namespaces.tag("tenant-a")
     anchor_rows = [line for line in frame.splitlines() if tag in line and "KiB" in line]
     assert anchor_rows  # the tenant's anchor, with its bytes and sessions
     warm = [line for line in frame.splitlines() if tag in line and " none " not in line]

@@ -18,7 +18,8 @@ from tests.server.test_server import PROMPTS, collect, request
 def test_the_defaults_are_the_old_constants():
     assert Limits() == DEFAULT_LIMITS == EngineConfig.from_sources({}, {}).limits
     assert (Limits().max_stop_strings, Limits().max_request_bytes) == (16, 4 << 20)
-    assert (Limits().max_body_bytes, Limits().max_memo_bytes) == (16 << 20, 32 << 20)
+    # The body cap is the request cap: the bridge never parses what the engine refuses.
+    assert (Limits().max_body_bytes, Limits().max_memo_bytes) == (4 << 20, 32 << 20)
 
 
 def test_every_limit_comes_from_its_flag_or_its_variable():

@@ -40,9 +40,7 @@ def client(engine):
 
 @pytest.fixture(scope="module")
 def builder():
-    tokenizer = load_tokenizer(tm.TOKENIZER_DIR)
-    floor = CacheConfig().message_interval  # what the session's engine serves
-    return PromptBuilder(tokenizer, tm.VOCAB_SIZE, 1 << 20, message_min_tokens=floor)
+    return PromptBuilder(load_tokenizer(tm.TOKENIZER_DIR), tm.VOCAB_SIZE, 1 << 20)
 
 
 def pasted(rng: random.Random) -> str:
@@ -98,8 +96,10 @@ def test_a_change_near_the_end_of_a_long_message_restores_near_it(client, builde
 
     one, two = build(first), build(changed)
     change = common_prefix(np.asarray(one.tokens), np.asarray(two.tokens))  # where they part
-    (start, end), *_ = [s for s in one.message_spans if s[0] < change < s[1]]
-    step = spacing(end - start, builder.message_min_tokens, MESSAGE_SLICES)
+    spans = one.layout.spans(len(one.tokens))
+    (start, end), *_ = [s for s in spans if s[0] < change < s[1]]
+    floor = CacheConfig().message_interval  # what the session's engine serves
+    step = spacing(end - start, floor, MESSAGE_SLICES)
     assert change - start > 4 * step  # deep inside the long message
     assert r2.restore.kind == "message"
     assert change - step < r2.usage.cached_tokens == r2.restore.length <= change

@@ -31,3 +31,16 @@ def test_the_log_line_names_a_lost_restore_point(caplog):
         log_request(final, ())
     (line,) = [r.getMessage() for r in caplog.records if r.name == "lineage.request"]
     assert " restore=none@0 lost=7@64 " in line
+
+
+def test_the_log_line_says_why_it_missed_and_which_volatile_lines_went(caplog):
+    from engine.cache.kinds import MissKind
+    from engine.cache.messages import Miss
+
+    final = Finished("r3", FinishReason.STOP, 100, 0, 5, RestoreKind.NONE, 0)
+    with caplog.at_level(logging.INFO, logger="lineage.request"):
+        log_request(final, (), Miss(MissKind.SYSTEM, 17, 0, 340), volatile=1)
+        log_request(final, (), Miss(MissKind.TOOLS, 9, -1, 340))
+    first, second = [r.getMessage() for r in caplog.records if r.name == "lineage.request"]
+    assert " miss=system@17/m0 volatile=1 " in first
+    assert " miss=tools@9/head volatile=0 " in second

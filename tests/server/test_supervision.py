@@ -136,6 +136,47 @@ def test_kill_9_of_the_cache_manager_mid_stream_then_served_warm(engine, client)
     assert stats["disk_entries"] >= 1
 
 
+def test_a_replica_that_misses_one_ping_is_reset_and_holds_only_what_is_placed(engine, client):
+    """A loop stalled past --loop-deadline once (not twice: it is not killed) is reported
+    lost, then answers: it is reset like a restarted replica (its old tier emptied, a new
+    epoch), and afterwards its tier holds exactly what the manager places there and every
+    file the disk index holds is on disk (issue 29, item 2)."""
+    import ray
+
+    from clients.bench.fault_checks import Holdings, compare, entry_files, read_holdings
+    from engine.storage.file_format import entries_dir
+
+    ns, sup = "missed-ping", engine.engine.supervisor
+    model, manager = engine.engine.model, engine.engine.manager
+    r1 = chat(client, convo(user_message(20, 0)), ns)
+    before = ray.get(model.__ray_call__.remote(read_holdings), timeout=30)["entries"]
+    assert before
+    restarts, wedged = sup.restarts, sup.wedged_restarts
+    ray.get(model.__ray_call__.remote(_stall, 3.0), timeout=30)  # 1.5 x the 2 s deadline
+    stalled = time.monotonic()
+    while sup.restarts == restarts:
+        assert time.monotonic() - stalled < RECOVERY_S, "the replica was never reset"
+        time.sleep(0.2)
+    assert sup.wedged_restarts == wedged, "one missed ping: reset, not killed"
+    after = ray.get(model.__ray_call__.remote(read_holdings), timeout=30)["entries"]
+    assert not set(after) & set(before), "the tier kept what the manager forgot"
+    msgs = convo(user_message(20, 0)) + [
+        {"role": "assistant", "content": r1.text},
+        {"role": "user", "content": user_message(20, 1)},
+    ]
+    served_warm_after(client, msgs, ns, r1, time.monotonic())  # from the entry's file
+    assert ray.get(model.flush_disk.remote(60), timeout=70)
+    held = ray.get(model.__ray_call__.remote(read_holdings), timeout=30)
+    audit = ray.get(manager.audit.remote(), timeout=30)
+    files = entry_files(entries_dir(engine.config.cache.cache_dir))
+    found = compare(audit, [Holdings(0, **held)], files)
+    assert not found, found
+
+
+def _stall(actor, seconds: float) -> None:
+    actor.loop.call(lambda g: time.sleep(seconds))
+
+
 def test_a_wedged_loop_goes_not_serving_and_the_actor_restarts(engine, client):
     """The loop thread sleeps; health turns NOT_SERVING, the actor is restarted, and a
     request sent into the wedged loop (it streamed nothing) is run again and served."""

@@ -8,8 +8,7 @@ that learns nothing finer than a 64-token block about a prompt it shares.
 
 from __future__ import annotations
 
-import os
-import tempfile
+import dataclasses
 
 import httpx
 import openai
@@ -17,41 +16,13 @@ import pytest
 
 from clients.client import Client, Final, LineageError, Progress
 from clients.openai.server import bridge_security, start_bridge
-from engine.config import CACHE_BLOCK, Identity
-from engine.server.background import BackgroundEngine, BackgroundLoop
-from tests.certs import make_certs
-from tests.engines import make_config
+from engine.config import CACHE_BLOCK
+from engine.server.background import BackgroundLoop
 
-TOKENS = (
-    Identity("op-token", "", admin=True),
-    Identity("alice-token", "alice"),
-    Identity("bob-token", "bob"),
-)
 SECRET = [(i * 37 + 11) % 500 + 3 for i in range(600)]  # alice's prompt (token ids)
 # Common prefixes the probes try. On a hybrid model the first probe at k plants a
 # divergence checkpoint at k and the second restores there: exactly k, unrounded.
 PREFIXES = (300, 331, 390)
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory):
-    return make_certs(tmp_path_factory.mktemp("certs"))
-
-
-@pytest.fixture(scope="module")
-def secured(ray_session, tmp_path_factory, certs):
-    config = make_config(tmp_path_factory.mktemp("tenants")).with_server(
-        tokens=TOKENS,
-        tls_cert=certs.server_cert,
-        tls_key=certs.server_key,
-        exact_cache_figures=False,
-    )
-    private = tempfile.mkdtemp(prefix="lineage-test-")
-    socket = os.path.join(private, "grpc.sock")
-    engine = BackgroundEngine(config, local_socket=socket)
-    engine.socket = socket
-    yield engine
-    engine.stop()
 
 
 def client(engine, token, certs) -> Client:
@@ -143,7 +114,7 @@ def test_openai_client_through_the_bridge_over_tls(secured, certs):
         with openai.OpenAI(
             base_url=f"{handle.url}/v1", api_key="alice-token", max_retries=0, http_client=https()
         ) as oa:
-            reply = oa.completions.create(model="m", prompt=[5, 6, 7], max_tokens=2)
+            reply = oa.completions.create(model="lineage", prompt=[5, 6, 7], max_tokens=2)
             assert reply.usage.completion_tokens >= 1
             cached = reply.usage.prompt_tokens_details
             assert cached is None or (cached.cached_tokens or 0) % CACHE_BLOCK == 0
@@ -159,3 +130,70 @@ def test_openai_client_through_the_bridge_over_tls(secured, certs):
     finally:
         loop.call(handle.stop(grace=1.0))
         loop.close()
+
+
+@pytest.fixture(scope="module")
+def in_process_bridge(secured):
+    """The bridge as `lineage serve --http-port` starts it: in the engine's own process,
+    calling its front end (clients.openai.in_process), with the engine's tokens and TLS."""
+    from clients.cli.serve import bridge_sidecar
+
+    server = dataclasses.replace(secured.config.server, host="127.0.0.1", http_port=0)
+    start = bridge_sidecar(dataclasses.replace(secured.config, server=server), quiet=True)
+    handle = secured.call(start(secured.engine))
+    yield handle
+    secured.call(handle.stop(grace=1.0))
+
+
+def test_the_in_process_bridge_takes_the_namespace_from_the_token(in_process_bridge, certs):
+    from clients.openai.in_process import InProcessBackend
+
+    assert isinstance(in_process_bridge.backend, InProcessBackend)  # no gRPC hop
+    url = f"{in_process_bridge.url}/v1"
+
+    def oa(token: str) -> openai.OpenAI:
+        http = httpx.Client(verify=certs.ca, timeout=120)
+        return openai.OpenAI(base_url=url, api_key=token, max_retries=0, http_client=http)
+
+    prompt = [(i * 29 + 5) % 400 + 3 for i in range(400)]
+    with oa("alice-token") as alice:
+        alice.completions.create(model="lineage", prompt=prompt, max_tokens=1)
+        again = alice.completions.create(model="lineage", prompt=prompt + [9], max_tokens=1)
+        cached = again.usage.prompt_tokens_details.cached_tokens
+        assert cached >= CACHE_BLOCK and cached % CACHE_BLOCK == 0  # hers, rounded
+    with oa("bob-token") as bob:  # asking for alice's namespace lands in bob's own
+        reply = bob.completions.create(
+            model="lineage",
+            prompt=prompt + [9],
+            max_tokens=1,
+            extra_headers={"X-Cache-Namespace": "alice"},
+        )
+        assert (reply.usage.prompt_tokens_details.cached_tokens or 0) == 0
+    with oa("wrong") as nobody:
+        with pytest.raises(openai.AuthenticationError):
+            nobody.completions.create(model="lineage", prompt=[5, 6], max_tokens=1)
+
+
+def test_request_ids_are_scoped_by_namespace(secured, certs):
+    """Bob can neither see nor block an id alice has in flight; alice cannot reuse hers."""
+    with client(secured, "alice-token", certs) as alice, client(secured, "bob-token", certs) as bob:
+        held = alice.stream(prompt_ids=[5, 6, 7], max_tokens=4000, request_id="shared-id")
+        assert not isinstance(next(held), Final)  # in flight
+        try:
+            result = bob.generate(prompt_ids=[5, 6, 7], max_tokens=2, request_id="shared-id")
+            assert result.request_id == "shared-id" and result.usage.completion_tokens >= 1
+            with pytest.raises(LineageError) as err:
+                alice.generate(prompt_ids=[5, 6], max_tokens=1, request_id="shared-id")
+            assert err.value.code == "INVALID_ARGUMENT"
+        finally:
+            held.cancel()
+
+
+def test_tokens_never_reach_the_actors(secured):
+    """The model actor's configuration (also kept in Ray's GCS to restart it) has no token."""
+    import ray
+
+    def tokens_held(actor) -> list[str]:
+        return [i.token for i in actor.loop.generator.config.server.tokens]
+
+    assert ray.get(secured.engine.model.__ray_call__.remote(tokens_held), timeout=60) == []

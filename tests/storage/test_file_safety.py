@@ -19,6 +19,7 @@ from engine.storage.codec import CACHE_CLASSES, _class
 from engine.storage.codec import read_entry as load_entry
 from engine.storage.codec import to_write_job as capture
 from engine.storage.directory import open_directory, private_directory, scan_directory
+from engine.storage.disk_store import DiskStore
 from tests.storage.test_disk_files import _entry, _record
 
 
@@ -109,3 +110,49 @@ def test_a_file_naming_another_class_is_damaged_not_imported(tmp_path):
     writer.write_file(tmp_path, job)
     with pytest.raises(file_format.DamagedFile, match="refusing"):
         load_entry(tmp_path / "6.entry", "fp", 6)
+
+
+def test_every_parent_of_the_cache_directory_is_checked(tmp_path):
+    """A parent others may write lets them swap the entries directory for their own."""
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    os.chmod(loose, 0o777)
+    with pytest.raises(PermissionError, match="loose"):
+        private_directory(loose / "cache" / "entries")
+    assert open_directory(loose / "cache" / "entries", "fp", 1 << 30) is None  # disk tier off
+    sticky = tmp_path / "sticky"  # like /tmp: others may not rename what is ours
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)
+    private_directory(sticky / "entries")
+    if os.getuid() != 0:
+        pytest.skip("changing a directory's owner needs root")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, 12345, 12345)
+    with pytest.raises(PermissionError, match="uid 12345"):
+        private_directory(theirs / "entries")
+
+
+def test_a_load_refuses_a_file_another_user_owns(tmp_path):
+    if os.getuid() != 0:
+        pytest.skip("changing a file's owner needs root")
+    record = _record(8, 30)
+    writer.write_file(tmp_path, capture(_entry("bfloat16"), record, "fp"))
+    os.chown(tmp_path / "8.entry", 12345, 12345)  # replaced after the scan, say
+    with pytest.raises(file_format.DamagedFile, match="uid 12345"):
+        load_entry(tmp_path / "8.entry", "fp", 8)
+
+
+def test_loads_read_the_directory_opened_at_start_not_a_swapped_path(tmp_path):
+    """Entry files are opened relative to the directory's descriptor, held from the start."""
+    d = tmp_path / "entries"
+    store = DiskStore(d, "fp")
+    store.write(_entry("bfloat16", 30), _record(9, 30))
+    assert store.flush(30)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    writer.write_file(elsewhere, capture(_entry("bfloat16", 20), _record(9, 20), "fp"))
+    d.rename(tmp_path / "moved")
+    d.symlink_to(elsewhere)
+    loaded = store.load(9)
+    assert loaded is not None and loaded.length == 30

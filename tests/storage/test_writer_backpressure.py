@@ -59,7 +59,7 @@ def test_a_full_disk_loses_writes_pauses_them_keeps_deleting_and_resumes(tmp_pat
     store.writer.backoff = (1.0, 2.0)
     store.writer._pause = 1.0
     reported = []
-    store.on_lost = lambda: reported.append(True)
+    store.on_report = lambda: reported.append(True)
     entry = _entry("hybrid-float32")
     store.write(entry, _record(1, 30))
     store.write(entry, _record(5, 30))
@@ -71,7 +71,7 @@ def test_a_full_disk_loses_writes_pauses_them_keeps_deleting_and_resumes(tmp_pat
     store.delete(1)  # deletes still run: they free space
     assert store.flush(10)
     assert store.take_lost() == [2, 3] and store.take_lost() == []
-    assert reported, "on_lost was not called"
+    assert reported, "on_report was not called"
     assert disk.calls == 3, "the write due during the pause was tried"
     # 5's file was superseded by 2: the index forgot it, so it goes with the lost write.
     assert _files(tmp_path) == []

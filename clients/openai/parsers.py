@@ -1,0 +1,433 @@
+"""Reasoning and tool calls in a model's own output text, per model family, as typed parts.
+
+A model writes its reasoning and its tool calls as markup inside the completion,
+each family its own way. `make_parser(family)` returns an `OutputParser`: fed the
+completion's text as it streams, it answers frozen parts (`TextPart`,
+`ReasoningPart`, `ToolCallStart`, `ToolCallDelta`, `ToolCallEnd`) that the wire
+formats turn into their own fields. Markup never reaches a TextPart: a marker
+split across feeds at any position is held back until it is whole, or until the
+output ends and shows it was text after all.
+
+Families (`ModelInfo.output_format`, which the engine decides at load from the
+chat template and the tokenizer; engine.server.output_format):
+
+- `qwen`: `<think>…</think>`, and `<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>`
+  (Qwen, Hermes-style models, the embedded model);
+- `glm`: `<think>…</think>`, and
+  `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>…</tool_call>`;
+- `kimi`: `<think>…</think>`, and `<|tool_calls_section_begin|>` around calls
+  `<|tool_call_begin|>functions.NAME:I<|tool_call_argument_begin|>{…}<|tool_call_end|>`;
+- `plain`: no markup: everything is text.
+
+A `-thinking` suffix (`qwen-thinking`, ...) says the template's generation
+prompt opens the reasoning block itself, so the output starts inside it.
+
+A tool call comes whole, once its closing marker arrives (or the output ends):
+ToolCallStart, one ToolCallDelta carrying its arguments as JSON text, then
+ToolCallEnd. Nothing of a call is streamed before it parses, because what was
+streamed cannot be taken back: a call whose markup does not parse comes as a
+ToolCallEnd alone, with `arguments` None and its `raw` markup, which the
+endpoint returns as text (with a warning in its log). Indexes count the calls
+that parsed, from 0. The arguments text is the model's own where the format
+has one (qwen, kimi), so a client that sends it back re-renders the same tokens.
+Whitespace that the markup's layout puts around reasoning and calls (the
+newline after `<think>` or `</tool_call>`) is not text; text without markup
+comes through unchanged.
+
+Plain Python, no MLX: a client process imports it.
+"""
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence, Union
+
+FAMILIES = ("qwen", "glm", "kimi", "plain")
+THINKING = "-thinking"  # suffix: the output starts inside the reasoning block
+
+
+@dataclass(frozen=True)
+class TextPart:
+    text: str
+
+
+@dataclass(frozen=True)
+class ReasoningPart:
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallStart:
+    index: int
+    call_id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    index: int
+    arguments_text: str
+
+
+@dataclass(frozen=True)
+class ToolCallEnd:
+    index: int
+    arguments: dict | None  # None: the markup did not parse; `raw` goes out as text
+    raw: str
+
+
+Part = Union[TextPart, ReasoningPart, ToolCallStart, ToolCallDelta, ToolCallEnd]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One parsed tool call: its name, arguments, their JSON text, and its id."""
+
+    name: str
+    arguments: dict
+    arguments_text: str
+    call_id: str
+
+
+# A call's body (the text between its markers) -> Call, or None when malformed.
+CallParser = Callable[[str, Sequence[Mapping] | None], Union[Call, None]]
+
+
+@dataclass(frozen=True)
+class Markup:
+    """How one family marks reasoning and tool calls."""
+
+    think: tuple[str, str] | None
+    call: tuple[str, str] | None
+    parse: CallParser | None = None
+    section: tuple[str, str] | None = None  # a wrapper around a run of calls (kimi)
+
+
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+# `{"name": "...", "arguments": ` as the templates render it: the arguments' own text follows.
+_QWEN_HEAD = re.compile(
+    r'\{\s*"name"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*"(?:arguments|parameters)"\s*:\s*'
+)
+
+
+def parse_qwen_call(body: str, tools=None) -> Call | None:
+    """`{"name": ..., "arguments": {...}}` (arguments may be a JSON string of an object)."""
+    text = body.strip()
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    args_text = None
+    if isinstance(args, str):
+        args_text = args
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    elif (head := _QWEN_HEAD.match(text)) is not None:
+        try:  # the model's own text of the arguments, when they come right after the name
+            value, end = json.JSONDecoder().raw_decode(text, head.end())
+            if value == args and text[end:].strip() == "}":
+                args_text = text[head.end() : end]
+        except json.JSONDecodeError:
+            pass
+    if not isinstance(args, dict):
+        return None
+    if args_text is None:
+        args_text = json.dumps(args, ensure_ascii=False)
+    return Call(obj["name"], args, args_text, _call_id())
+
+
+_GLM_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+
+
+def _string_arguments(name: str, tools) -> set[str]:
+    """The parameters a tool declares as strings (their values are never JSON-decoded)."""
+    for tool in tools or ():
+        fn = tool.get("function", tool) if isinstance(tool, Mapping) else None
+        if isinstance(fn, Mapping) and fn.get("name") == name:
+            props = (fn.get("parameters") or {}).get("properties") or {}
+            return {
+                k for k, v in props.items() if isinstance(v, Mapping) and v.get("type") == "string"
+            }
+    return set()
+
+
+def parse_glm_call(body: str, tools=None) -> Call | None:
+    """`NAME<arg_key>K</arg_key><arg_value>V</arg_value>...`: a value is JSON unless the tool
+    declares it a string or it does not decode."""
+    name, _, rest = body.partition("<arg_key>")
+    name = name.strip()
+    if not name or any(c in name for c in "<>\n{"):
+        return None
+    rest = "<arg_key>" + rest if rest else ""
+    strings = _string_arguments(name, tools)
+    args = {}
+    for m in _GLM_PAIR.finditer(rest):
+        key, value = m.group(1).strip(), m.group(2).strip()
+        if key not in strings:
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                pass
+        args[key] = value
+    if _GLM_PAIR.sub("", rest).strip():  # something besides the pairs: not this format
+        return None
+    return Call(name, args, json.dumps(args, ensure_ascii=False), _call_id())
+
+
+_KIMI_ARGS = "<|tool_call_argument_begin|>"
+_KIMI_ID = re.compile(r"(?:functions\.)?([^\s:]+):\d+")
+
+
+def parse_kimi_call(body: str, tools=None) -> Call | None:
+    """`functions.NAME:I<|tool_call_argument_begin|>{...}`; the id stays `functions.NAME:I`
+    (the template renders it back)."""
+    head, marker, args_text = body.partition(_KIMI_ARGS)
+    call_id, args_text = head.strip(), args_text.strip()
+    m = _KIMI_ID.fullmatch(call_id)
+    if not marker or m is None:
+        return None
+    try:
+        args = json.loads(args_text)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(args, dict):
+        return None
+    return Call(m.group(1), args, args_text, call_id)
+
+
+THINK = ("<think>", "</think>")
+MARKUPS: dict[str, Markup] = {
+    "qwen": Markup(THINK, ("<tool_call>", "</tool_call>"), parse_qwen_call),
+    "glm": Markup(THINK, ("<tool_call>", "</tool_call>"), parse_glm_call),
+    "kimi": Markup(
+        THINK,
+        ("<|tool_call_begin|>", "<|tool_call_end|>"),
+        parse_kimi_call,
+        section=("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
+    ),
+    "plain": Markup(None, None),
+}
+
+_TEXT, _REASONING, _SECTION, _CALL = "text", "reasoning", "section", "call"
+
+
+class OutputParser:
+    """A completion's text, fed as it streams, as parts (see the module docstring).
+
+    Invariant: with no markup in the text, the TextParts of every feed plus
+    close() join to exactly the text fed, however it was split.
+    """
+
+    def __init__(self, markup: Markup, reasoning: bool = False, tools=None):
+        self.markup = markup
+        self.tools = tools
+        self.state = _REASONING if reasoning and markup.think else _TEXT
+        self.held = ""  # fed text not handled yet: it may end with part of a marker
+        self.space = ""  # whitespace at the end of the text or reasoning, held
+        self.lead = self.call_lead = ""  # the whitespace before the last marker, the call's
+        self.strip = self.state == _REASONING  # drop leading whitespace (after a marker)
+        self.opened = reasoning  # the template opened the reasoning: a leading <think> repeats it
+        self.in_section = False
+        self.opener = ""  # the open call's marker
+        self.body = ""  # the open call's text
+        self.index = 0  # calls that parsed
+
+    def feed(self, text: str) -> list[Part]:
+        self.held += text
+        out: list[Part] = []
+        while self._step(out):
+            pass
+        return _merged(out)
+
+    def close(self) -> list[Part]:
+        """The parts the end of the output settles: held text, an unterminated call."""
+        out: list[Part] = []
+        rest, self.held = self.held, ""
+        if self.state == _CALL:
+            self.body += rest
+            self._end_call(out, self.opener + self.body)
+        elif self.state == _REASONING:
+            self._content(rest, ReasoningPart, out)
+        else:
+            self._content(rest, TextPart, out)
+            if self.state == _TEXT and self.space:
+                out.append(TextPart(self.space))
+        self.space = ""
+        return _merged(out)
+
+    # -- the state machine ---------------------------------------------------
+
+    def _markers(self) -> dict[str, str]:
+        """Marker -> what it does, in the current state."""
+        m, out = self.markup, {}
+        if self.state == _TEXT:
+            if m.think:
+                out[m.think[0]] = "think"
+                out[m.think[1]] = "drop"  # a stray closer is markup too
+            if m.call:
+                out[m.call[0]] = "call"
+                out[m.call[1]] = "drop"
+            if m.section:
+                out[m.section[0]] = "section"
+                out[m.section[1]] = "drop"
+        elif self.state == _REASONING:
+            out[m.think[1]] = "text"
+            if self.opened:
+                out[m.think[0]] = "reopen"
+        elif self.state == _SECTION:
+            out[m.call[0]] = "call"
+            out[m.section[1]] = "text"
+        else:
+            out[m.call[1]] = "end"
+        return out
+
+    def _step(self, out: list[Part]) -> bool:
+        """Handle the held text up to the next marker; False when none is whole yet."""
+        markers = self._markers()
+        found = [(self.held.find(k), -len(k), k) for k in markers]
+        found = [f for f in found if f[0] >= 0]
+        if not found:
+            keep = _partial(self.held, markers)
+            self._handle(self.held[: len(self.held) - keep], out)
+            self.held = self.held[len(self.held) - keep :]
+            return False
+        at, _, marker = min(found)
+        self._handle(self.held[:at], out)
+        self.held = self.held[at + len(marker) :]
+        self._act(markers[marker], marker, out)
+        return True
+
+    def _handle(self, text: str, out: list[Part]) -> None:
+        if not text:
+            return
+        if self.state == _CALL:
+            self.body += text
+        elif self.state == _REASONING:
+            self.opened = self.opened and not text.strip()
+            self._content(text, ReasoningPart, out)
+        elif self.state == _SECTION:
+            if text.strip():  # not markup, so it is text
+                out.append(TextPart(text))
+        else:
+            self._content(text, TextPart, out)
+
+    def _act(self, action: str, marker: str, out: list[Part]) -> None:
+        # Whitespace beside markup is layout; before a call it is kept aside, the call's
+        # if it does not parse (then its raw text is returned as it was written).
+        self.lead, self.space = self.space, ""
+        if action == "think":
+            self.state, self.strip = _REASONING, True
+        elif action == "call":
+            self.in_section = self.state == _SECTION
+            self.state, self.opener, self.body = _CALL, marker, ""
+            self.call_lead = self.lead
+        elif action == "section":
+            self.state = _SECTION
+        elif action == "end":
+            parsed = self._end_call(out, self.opener + self.body + marker)
+            self.state = _SECTION if self.in_section else _TEXT
+            if not parsed:  # its text stands as written, the whitespace after it too
+                self.strip = False
+                return
+        elif action == "text":
+            self.state = _TEXT
+        self.strip = True
+        if action == "reopen":
+            self.opened = False
+
+    def _content(self, text: str, kind, out: list[Part]) -> None:
+        """Text or reasoning, its leading whitespace dropped after a marker and its
+        trailing whitespace held until more comes (markup may follow it)."""
+        if self.strip:
+            text = text.lstrip()
+            if not text:
+                return
+            self.strip = False
+        text = self.space + text
+        body = text.rstrip()
+        self.space = text[len(body) :]
+        if body:
+            out.append(kind(body))
+
+    def _end_call(self, out: list[Part], raw: str) -> bool:
+        """The open call's parts; False when it does not parse (one ToolCallEnd, its raw
+        text with the whitespace before it)."""
+        call = self.markup.parse(self.body, self.tools) if self.markup.parse else None
+        if call is None:
+            out.append(ToolCallEnd(self.index, None, self.call_lead + raw))
+            return False
+        i = self.index
+        self.index += 1
+        out += [
+            ToolCallStart(i, call.call_id, call.name),
+            ToolCallDelta(i, call.arguments_text),
+            ToolCallEnd(i, call.arguments, raw),
+        ]
+        return True
+
+
+def _partial(text: str, markers) -> int:
+    """Length of the longest end of `text` that begins one of `markers` (held back)."""
+    best = 0
+    for marker in markers:
+        for k in range(min(len(marker) - 1, len(text)), best, -1):
+            if text.endswith(marker[:k]):
+                best = k
+                break
+    return best
+
+
+def _merged(parts: list[Part]) -> list[Part]:
+    """Adjacent text parts joined, adjacent reasoning parts joined."""
+    out: list[Part] = []
+    for p in parts:
+        if out and type(p) is type(out[-1]) and isinstance(p, (TextPart, ReasoningPart)):
+            out[-1] = type(p)(out[-1].text + p.text)
+        else:
+            out.append(p)
+    return out
+
+
+def make_parser(family: str, *, tool_calls: bool = True, tools=None) -> OutputParser:
+    """A parser for one completion of a model of `family` (see FAMILIES; `-thinking` may
+    follow). `tool_calls` False leaves call markup as text (the request gave no tools);
+    `tools` (OpenAI-style definitions) tell glm which values are strings.
+    ValueError names an unknown family."""
+    name = family.removesuffix(THINKING)
+    if name not in MARKUPS:
+        raise ValueError(
+            f"output format {family!r} is not one of {', '.join(FAMILIES)} "
+            f"(each may end in {THINKING})"
+        )
+    markup = MARKUPS[name]
+    if not tool_calls:
+        markup = Markup(markup.think, None)
+    return OutputParser(markup, reasoning=family.endswith(THINKING), tools=tools)
+
+
+def joined(parts: Sequence[Part]) -> tuple[str, str, list[tuple[ToolCallStart, ToolCallEnd]]]:
+    """Parts of a whole completion -> (text, reasoning, [(start, end)] of the calls that
+    parsed). A call that did not parse is in the text, as its raw markup."""
+    text, reasoning, calls, starts = [], [], [], {}
+    for p in parts:
+        if isinstance(p, TextPart):
+            text.append(p.text)
+        elif isinstance(p, ReasoningPart):
+            reasoning.append(p.text)
+        elif isinstance(p, ToolCallStart):
+            starts[p.index] = p
+        elif isinstance(p, ToolCallEnd):
+            if p.arguments is None:
+                text.append(p.raw)
+            else:
+                calls.append((starts[p.index], p))
+    return "".join(text), "".join(reasoning), calls

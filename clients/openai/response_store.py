@@ -1,0 +1,291 @@
+"""Stored Responses (`store`): each response's conversation, per tenant, bounded, on disk.
+
+A stored response keeps the Response object `GET /v1/responses/{id}` returns and
+its conversation as the engine renders it (the input's messages and the reply,
+without the instructions), so a follow-up naming it as `previous_response_id`
+sends only its new items. Each record is self-contained (evicting one never
+breaks another) and is one file `<id>.json` in a private directory (0700, files
+0600) under the cache directory, written atomically (a temporary name, fsync,
+rename) by one writer thread, so a restart keeps them. The bounds are a count
+and bytes; the least recently used record goes first, and leaves a tombstone
+(`<id>.evicted`, bounded as well) so that its tenant's next look-up says it was
+evicted. A file's first line names its id and tenant (a digest), so a start reads
+only that line of each. A record is read only by its own tenant: another tenant's id, like an
+unknown one, is a `StoredNotFound` that says nothing more. Recently used
+records are also kept in memory, so a conversation that goes on is read from
+disk only after a restart. Without a directory the store lives in memory only.
+It knows files and JSON; nothing of HTTP or the engine.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import logging
+import os
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ID = re.compile(r"resp_[0-9a-f]{32}")
+MEMORY_BYTES = 64 << 20  # records kept parsed in memory (a small share of the bound)
+
+
+class StoredNotFound(LookupError):
+    """No stored response of that id for this tenant (or it was evicted: `evicted`)."""
+
+    def __init__(self, response_id: str, evicted: bool = False):
+        reason = (
+            "was evicted from the response store (its bounds: --responses-max, "
+            "--responses-max-bytes)"
+            if evicted
+            else "was not found"
+        )
+        super().__init__(f"response {response_id!r} {reason}")
+        self.evicted = evicted
+
+
+@dataclass(frozen=True)
+class Record:
+    """One stored response: the object GET returns, and its conversation."""
+
+    id: str
+    tenant: str  # a digest of the tenant, never the tenant itself
+    response: dict
+    conversation: tuple[dict, ...]  # engine messages, input and reply, no instructions
+    calls: tuple[str, ...] = ()  # the ids of the reply's tool calls (its text holds them)
+    # The conversation as the engine call takes it, built once: kept in memory, never on disk.
+    prepared: tuple = field(default=(), compare=False, repr=False)
+
+
+def tenant_key(tenant: str) -> str:
+    return hashlib.sha256(("lineage-responses\0" + tenant).encode()).hexdigest()
+
+
+class ResponseStore:
+    """Records by id, bounded by count and bytes, in a directory or in memory."""
+
+    def __init__(self, directory: str | Path | None, max_count: int, max_bytes: int):
+        self.directory = Path(directory) if directory else None
+        self.max_count, self.max_bytes = max_count, max_bytes
+        self._lock = threading.Lock()
+        self._sizes: collections.OrderedDict[str, tuple[str, int]] = collections.OrderedDict()
+        self._tombstones: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._memory: collections.OrderedDict[str, tuple[Record, int]] = collections.OrderedDict()
+        self._memory_bytes = 0
+        self.bytes = 0
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="response-store")
+        if self.directory is not None:
+            self._open()
+
+    # ------------------------------------------------------------ reading ----
+
+    def get(self, tenant: str, response_id: str) -> Record:
+        """The tenant's record of that id; StoredNotFound otherwise."""
+        key = tenant_key(tenant)
+        with self._lock:
+            known = self._sizes.get(response_id)
+            if known is None or known[0] != key:
+                evicted = self._tombstones.get(response_id) == key
+                raise StoredNotFound(response_id, evicted)
+            self._sizes.move_to_end(response_id)
+            held = self._memory.get(response_id)
+            if held is not None:
+                self._memory.move_to_end(response_id)
+                return held[0]
+        record = self._read(response_id)
+        if record is None or record.tenant != key:
+            raise StoredNotFound(response_id)
+        with self._lock:
+            self._remember(record, known[1])
+        return record
+
+    def held(self, tenant: str, response_id: str) -> Record | None:
+        """The tenant's record of that id when it is in memory (no disk read), else None."""
+        with self._lock:
+            known, held = self._sizes.get(response_id), self._memory.get(response_id)
+            if known is None or held is None or known[0] != tenant_key(tenant):
+                return None
+            self._sizes.move_to_end(response_id)
+            self._memory.move_to_end(response_id)
+            return held[0]
+
+    def _read(self, response_id: str, head_only: bool = False) -> Record | None:
+        """The record's file (its first line alone: `head_only`); None when unreadable."""
+        if self.directory is None:
+            return None
+        try:
+            fd = os.open(self.directory / f"{response_id}.json", os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as f:
+                head = json.loads(f.readline())
+                if head.get("id") != response_id:
+                    raise ValueError(f"it names {head.get('id')!r}")
+                if head_only:
+                    return Record(response_id, head["tenant"], {}, ())
+                body = json.loads(f.read())
+            return Record(
+                response_id,
+                head["tenant"],
+                body["response"],
+                tuple(body["conversation"]),
+                tuple(body.get("calls", ())),
+            )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+            log.warning("response store: %s unreadable: %s", response_id, error)
+            return None
+
+    # ------------------------------------------------------------ writing ----
+
+    def put(self, record: Record) -> None:
+        """Keep `record` (its tenant already a digest: `tenant_key`); evict past the bounds."""
+        assert ID.fullmatch(record.id), record.id
+        head = {"id": record.id, "tenant": record.tenant, "created": time.time()}
+        body = {
+            "response": record.response,
+            "conversation": list(record.conversation),
+            "calls": list(record.calls),
+        }
+        data = (_json(head) + "\n" + _json(body)).encode()
+        with self._lock:
+            self._sizes[record.id] = (record.tenant, len(data))
+            self.bytes += len(data)
+            self._remember(record, len(data))
+            gone = self._evict()
+        if self.directory is not None:
+            self._writer.submit(self._write, record.id, data, gone)
+
+    def delete(self, tenant: str, response_id: str) -> None:
+        """Forget the tenant's record of that id; StoredNotFound if there is none."""
+        key = tenant_key(tenant)
+        with self._lock:
+            known = self._sizes.get(response_id)
+            if known is None or known[0] != key:
+                raise StoredNotFound(response_id)
+            self._forget(response_id)
+        if self.directory is not None:
+            self._writer.submit(self._unlink, f"{response_id}.json")
+
+    def close(self) -> None:
+        """Finish the writes asked for."""
+        self._writer.shutdown(wait=True)
+
+    def _remember(self, record: Record, nbytes: int) -> None:
+        if record.id in self._memory:
+            return
+        self._memory[record.id] = (record, nbytes)
+        self._memory_bytes += nbytes
+        while self._memory_bytes > MEMORY_BYTES and len(self._memory) > 1:
+            _, (_, n) = self._memory.popitem(last=False)
+            self._memory_bytes -= n
+
+    def _forget(self, response_id: str) -> None:
+        _, nbytes = self._sizes.pop(response_id)
+        self.bytes -= nbytes
+        held = self._memory.pop(response_id, None)
+        if held is not None:
+            self._memory_bytes -= held[1]
+
+    def _evict(self) -> list[tuple[str, str]]:
+        """Drop the least recently used records past the bounds: their (id, tenant)."""
+        gone = []
+        while len(self._sizes) > 1 and (
+            len(self._sizes) > self.max_count or self.bytes > self.max_bytes
+        ):
+            response_id, (tenant, _) = next(iter(self._sizes.items()))
+            self._forget(response_id)
+            self._tombstones[response_id] = tenant
+            gone.append((response_id, tenant))
+        while len(self._tombstones) > self.max_count:
+            old, _ = self._tombstones.popitem(last=False)
+            if self.directory is not None:
+                self._writer.submit(self._unlink, f"{old}.evicted")
+        return gone
+
+    def _write(self, response_id: str, data: bytes, gone: list[tuple[str, str]]) -> None:
+        """On the writer thread: the record's file, then the evicted ones' tombstones."""
+        try:
+            _atomic_write(self.directory / f"{response_id}.json", data)
+        except OSError as error:
+            log.warning("response store: %s not written: %s", response_id, error)
+        for old, tenant in gone:
+            self._bury(old, tenant)
+
+    def _bury(self, response_id: str, tenant: str) -> None:
+        """An evicted record's file replaced by its tombstone."""
+        try:
+            _atomic_write(self.directory / f"{response_id}.evicted", tenant.encode())
+        except OSError as error:
+            log.warning("response store: tombstone of %s not written: %s", response_id, error)
+        self._unlink(f"{response_id}.json")
+
+    def _unlink(self, name: str) -> None:
+        try:
+            os.unlink(self.directory / name)
+        except FileNotFoundError:
+            pass
+        except OSError as error:
+            log.warning("response store: %s not removed: %s", name, error)
+
+    # ---------------------------------------------------------- starting ----
+
+    def _open(self) -> None:
+        """The directory's records and tombstones, oldest first; temporary files removed."""
+        from engine.storage.directory import private_directory
+
+        private_directory(self.directory)
+        found, tombstones = [], []
+        for entry in os.scandir(self.directory):
+            name = entry.name
+            if name.startswith(".tmp-"):
+                self._unlink(name)
+                continue
+            stem, _, suffix = name.partition(".")
+            if not ID.fullmatch(stem) or not entry.is_file(follow_symlinks=False):
+                continue
+            st = entry.stat(follow_symlinks=False)
+            if st.st_uid != os.getuid():
+                log.warning("response store: %s belongs to uid %d; skipped", name, st.st_uid)
+                continue
+            if st.st_mode & 0o077:
+                os.chmod(entry.path, 0o600)
+            if suffix == "json":
+                found.append((st.st_mtime, stem, st.st_size))
+            elif suffix == "evicted":
+                tombstones.append((st.st_mtime, stem))
+        for _, stem in sorted(tombstones):
+            self._tombstones[stem] = Path(self.directory / f"{stem}.evicted").read_text()
+        for _, stem, size in sorted(found):
+            record = self._read(stem, head_only=True)
+            if record is not None:
+                self._sizes[stem] = (record.tenant, size)
+                self.bytes += size
+        for old, tenant in self._evict():  # tighter bounds than the last run's
+            self._writer.submit(self._bury, old, tenant)
+
+
+def _json(value) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` at `path` (0600) under a temporary name, fsync it, rename it."""
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}-{threading.get_ident()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -1,0 +1,128 @@
+"""A chat prompt's layout: where each message starts in its tokens, and what each said.
+
+The cache manager explains a miss with it (engine.cache.misses): the token where
+a prompt left an earlier one falls in some message, and comparing that message
+(and the tools) with the earlier prompt's says why. Message k starts where the
+chat template's render of the messages before it (with the tools) stops
+matching the whole prompt's text, mapped to the token holding that character
+(the tokenizer's offsets); message 0 where the render of the tools alone stops
+matching, so a template that renders the tools first has them before message
+0. Renders are memoized by the digests of the messages they cover, so a
+conversation that grows by a turn renders only its new prefixes. A message's
+digest is a short hash of the message as the template receives it.
+
+It knows the template only through a render function and the tokenizer only
+through its offsets; nothing of the cache.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+from collections import OrderedDict
+from typing import Callable, Sequence
+
+from engine.cache.messages import PromptLayout
+
+MEMO_ENTRIES = 1 << 16  # message starts remembered, over every conversation
+
+
+def digest(value) -> str:
+    """16 hex digits of a JSON value's canonical text."""
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def encode_with_offsets(tokenizer, text: str) -> tuple[list[int], list[int] | None]:
+    """(token ids, each token's first character) of `text`; offsets None when the
+    tokenizer has no fast backend to give them."""
+    backend = getattr(getattr(tokenizer, "_tokenizer", tokenizer), "backend_tokenizer", None)
+    if backend is None:
+        return list(tokenizer.encode(text, add_special_tokens=False)), None
+    encoding = backend.encode(text, add_special_tokens=False)
+    return list(encoding.ids), [start for start, _ in encoding.offsets]
+
+
+def common_chars(a: str, b: str) -> int:
+    """Length of the longest common prefix of two strings (slice compares, in C)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if a[:mid] == b[:mid] else (lo, mid)
+    return lo
+
+
+def _token_at(starts: list[int], char: int) -> int:
+    """The first token whose text holds character `char` (or begins at it)."""
+    i = bisect.bisect_left(starts, char)
+    if i < len(starts) and starts[i] == char:
+        return i
+    if i == 0:
+        return 0
+    return bisect.bisect_left(starts, starts[i - 1])  # the first token of that character
+
+
+def _chain(previous: bytes, item: str) -> bytes:
+    return hashlib.blake2b(previous + item.encode(), digest_size=16).digest()
+
+
+def _text_hash(text: str) -> bytes:
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+# (messages, tools) -> the chat template's text, without the generation prompt.
+Render = Callable[[list, object], str]
+
+
+class Layouts:
+    """Builds PromptLayouts; one per front end (its prompt thread), memo included."""
+
+    def __init__(self, render: Render, memo_entries: int = MEMO_ENTRIES):
+        self.render = render
+        self.memo: OrderedDict[bytes, tuple[int, bytes]] = OrderedDict()
+        self.memo_entries = memo_entries
+        self.renders = 0  # prefix renders done (the memo's misses)
+
+    def layout(
+        self,
+        messages: Sequence[dict],
+        tools,
+        text: str,
+        token_starts: list[int] | None,
+        tokens: Sequence[int],
+    ) -> PromptLayout:
+        """The layout of a prompt whose rendered `text` tokenized to `tokens`, each
+        starting at character `token_starts[i]` (None: no offsets, no starts)."""
+        digests = tuple(digest(m) for m in messages)
+        roles = tuple(str(m.get("role", "")) for m in messages)
+        tools_digest = digest(list(tools)) if tools else ""
+        if token_starts is None or not messages:
+            return PromptLayout((), digests, roles, tools_digest)
+        key = _chain(b"", tools_digest)
+        # Message 0 starts after what the template renders of the tools alone (a header
+        # and, where the template puts them first, the tools).
+        first = self._start(key, [], tools, text) if tools else 0
+        starts = [_token_at(token_starts, first) if tokens and first else 0]
+        for k in range(1, len(messages)):
+            key = _chain(key, digests[k - 1])
+            char = self._start(key, messages[:k], tools, text)
+            starts.append(max(starts[-1], _token_at(token_starts, char) if tokens else 0))
+        return PromptLayout(tuple(starts), digests, roles, tools_digest)
+
+    def _start(self, key: bytes, head: Sequence[dict], tools, text: str) -> int:
+        """The character of `text` where the messages after `head` begin."""
+        hit = self.memo.get(key)
+        if hit is not None and hit[0] <= len(text) and _text_hash(text[: hit[0]]) == hit[1]:
+            self.memo.move_to_end(key)
+            return hit[0]
+        self.renders += 1
+        char = common_chars(self.render(list(head), tools), text)
+        self.memo[key] = (char, _text_hash(text[:char]))
+        self.memo.move_to_end(key)
+        while len(self.memo) > self.memo_entries:
+            self.memo.popitem(last=False)
+        return char

@@ -1,0 +1,85 @@
+"""A request's completion text, made in the front end from the token ids the model sends.
+
+The model loop emits token ids only (DESIGN.md 8: the busy loop computes and
+samples). Here each request's ids become text through the tokenizer's
+streaming detokenizer, and its stop strings are watched: text that may begin
+one is held back until decided, and a stop string ends the text at its start
+(the model is then told to stop; the tokens it decoded meanwhile are not
+shown). It knows a detokenizer and strings; nothing of the model, Ray or gRPC.
+"""
+
+from __future__ import annotations
+
+
+class StopMatcher:
+    """Finds the first stop string in streamed text, holding back a possible prefix.
+
+    `feed(text)` returns (text safe to emit, stopped). Text that could be the
+    start of a stop string is held until it is decided.
+    """
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops = tuple(s for s in stops if s)
+        self.pending = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        if not self.stops:
+            return text, False
+        buf = self.pending + text
+        hits = [(buf.find(s), s) for s in self.stops if s in buf]
+        if hits:
+            at = min(h[0] for h in hits)
+            self.pending = ""
+            return buf[:at], True
+        hold = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(buf)), 0, -1):
+                if buf.endswith(s[:k]):
+                    hold = max(hold, k)
+                    break
+        self.pending = buf[len(buf) - hold :] if hold else ""
+        return buf[: len(buf) - hold], False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+class TextStream:
+    """One request's completion: its ids, their text, and its stop strings."""
+
+    def __init__(self, detokenizer, stop: tuple[str, ...] = ()):
+        """`detokenizer`: a streaming detokenizer of this request's own (mlx-lm's
+        `TokenizerWrapper.detokenizer` hands out a fresh one each time)."""
+        self.count = 0  # ids taken in, up to the one that completed a stop string
+        self.stopped = False
+        self._detokenizer = detokenizer
+        self._stop = StopMatcher(stop)
+
+    def feed(self, ids) -> str:
+        """The text of more ids that is safe to show. Once a stop string ends the text
+        (`stopped`), the rest is ignored: `count` is the ids up to the one that completed it."""
+        if self.stopped:
+            return ""
+        if not self._stop.stops:  # no stop string: the step's ids at once
+            for token in ids:
+                self._detokenizer.add_token(token)
+            self.count += len(ids)
+            return self._detokenizer.last_segment
+        out = []
+        for token in ids:
+            self.count += 1
+            self._detokenizer.add_token(token)
+            text, self.stopped = self._stop.feed(self._detokenizer.last_segment)
+            out.append(text)
+            if self.stopped:
+                break
+        return "".join(out)
+
+    def close(self) -> str:
+        """The text held back at the end of a completion no stop string ended (the
+        detokenizer's last piece, a prefix of a stop string)."""
+        if self.stopped:
+            return ""
+        self._detokenizer.finalize()
+        return self._stop.feed(self._detokenizer.last_segment)[0] + self._stop.flush()

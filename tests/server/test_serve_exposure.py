@@ -1,0 +1,116 @@
+"""`lineage serve` listens on loopback alone (issue 28): its Ray included.
+
+A local `ray.init()` took the machine's network address, so Ray's Prometheus
+exporter (every namespace's exact token counts), its GCS, raylet and workers
+listened on every interface, even without `--metrics-port`. One real
+`lineage serve --http-port --metrics-port` in a process of its own; its
+process tree's listening sockets are read from /proc.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux /proc")
+
+
+def _address(hex_ip: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    raw = bytes.fromhex(hex_ip)
+    if len(raw) == 4:
+        return ipaddress.ip_address(raw[::-1])
+    address = ipaddress.ip_address(struct.pack(">4I", *struct.unpack("<4I", raw)))
+    return address.ipv4_mapped or address
+
+
+def _tree(root: int) -> set[int]:
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [p for p, pp in parents.items() if pp == parent and p not in tree]
+        tree.update(children)
+        frontier.extend(children)
+    return tree
+
+
+def listening(pids) -> list[tuple[str, object, int]]:
+    """(process name, address, port) of every listening TCP socket of `pids`."""
+    owners = {}
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                owners[link[8:-1]] = name
+    out = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in owners:  # LISTEN
+                ip, port = fields[1].split(":")
+                out.append((owners[fields[9]], _address(ip), int(port, 16)))
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_and_its_ray_listen_on_loopback_alone(model_cache_dir, tmp_path):
+    metrics, http = _free_port(), _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "LINEAGE_"))}
+    env.update(PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
+    command = [sys.executable, "-m", "clients.cli", "serve", "--port", "0"]
+    command += ["--cache-dir", str(model_cache_dir), "--ram-budget", "1G"]
+    command += ["--http-port", str(http), "--metrics-port", str(metrics)]
+    out = (tmp_path / "serve.out").open("w+")
+    serve = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 300
+        while "OpenAI-compatible bridge on" not in Path(out.name).read_text():
+            assert serve.poll() is None, Path(out.name).read_text()[-3000:]
+            assert time.monotonic() < deadline, Path(out.name).read_text()[-3000:]
+            time.sleep(0.5)
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=30) as r:
+            assert r.status == 200  # the exporter is up, on loopback
+        sockets = listening(_tree(serve.pid))
+        ports = {port for _, _, port in sockets}
+        assert {metrics, http} <= ports, sockets
+        exposed = [s for s in sockets if not s[1].is_loopback]
+        assert not exposed, exposed
+    finally:
+        serve.send_signal(signal.SIGINT)
+        try:
+            serve.wait(120)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+            serve.wait(30)
+        out.close()

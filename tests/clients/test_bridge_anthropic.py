@@ -13,6 +13,7 @@ import pytest
 from clients.openai.app import BridgeOptions
 from clients.openai.guard import BridgeSecurity
 from clients.openai.models import ServedModels
+from engine.config import Identity
 from tests.clients.test_bridge import SYSTEM, BridgeThread
 
 MODEL = "claude-sonnet-4-5"
@@ -218,7 +219,9 @@ def test_engine_failures_are_anthropics_429_and_529(engine, client):
 
 
 def test_the_token_comes_as_x_api_key_or_bearer_and_413_is_anthropic_shaped(engine):
-    security = BridgeSecurity({"tok-alice": "alice"}, max_body_bytes=4096)
+    security = BridgeSecurity(
+        (Identity("tok-alice", "alice"),), max_body_bytes=4096, allow_open_engine=True
+    )
     b = BridgeThread(engine.address, security=security)
     try:
         for kwargs in ({"api_key": "tok-alice"}, {"auth_token": "tok-alice"}):

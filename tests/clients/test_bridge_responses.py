@@ -11,6 +11,7 @@ import pytest
 from clients.openai.app import BridgeOptions
 from clients.openai.guard import BridgeSecurity
 from clients.openai.models import ServedModels
+from engine.config import Identity
 from tests.clients.test_bridge import SYSTEM, BridgeThread
 
 MODEL = "gpt-5-codex"
@@ -146,7 +147,9 @@ def test_a_stored_response_survives_a_bridge_restart(engine, tmp_path):
 
 
 def test_another_tenants_id_is_404_revealing_nothing_and_an_evicted_one_says_so(engine, tmp_path):
-    security = BridgeSecurity({"tok-alice": "alice", "tok-bob": "bob"})
+    security = BridgeSecurity(
+        (Identity("tok-alice", "alice"), Identity("tok-bob", "bob")), allow_open_engine=True
+    )
     b = BridgeThread(engine.address, security, _options(tmp_path / "r", store_max=2))
     try:
         with _client(b.url, "tok-alice") as alice, _client(b.url, "tok-bob") as bob:

@@ -14,6 +14,7 @@ offsets, paddings and log-probabilities beside tens of MB of KV.
 from __future__ import annotations
 
 import dataclasses
+import gc
 
 import mlx.core as mx
 import pytest
@@ -75,6 +76,10 @@ class Measure:
     """MLX memory around one operation, every array of `held` kept alive meanwhile."""
 
     def __init__(self, held):
+        # Garbage of earlier tests, collected mid-operation, would free MLX buffers inside
+        # the measured span (seen under load: active growth below zero).
+        gc.collect()
+        gc.disable()
         self.held = _arrays(held)
         mx.eval(self.held)
         mx.synchronize()
@@ -86,6 +91,7 @@ class Measure:
         """(active, peak) growth once `outputs` are evaluated."""
         mx.eval(_arrays(outputs))
         mx.synchronize()
+        gc.enable()
         return mx.get_active_memory() - self.active0, mx.get_peak_memory() - self.active0
 
 

@@ -46,7 +46,7 @@ def grpc_figures(c: Client, prompt: list[int], namespace: str) -> tuple:
 def bridge_figures(http: httpx.Client, url: str, prompt: list[int], namespace: str) -> tuple:
     """Everything a streamed OpenAI completion tells: its usage and the SSE comments."""
     body = {
-        "model": "m",
+        "model": "lineage",
         "prompt": prompt,
         "max_tokens": 1,
         "seed": 1,

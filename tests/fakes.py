@@ -332,6 +332,7 @@ class Driver:
         request_id: str | None = None,
         layout: PromptLayout | None = None,
     ) -> RestorePlan:
+        """Plan `prompt`; `layout`: where its messages start (PlanRequest.layout)."""
         if request_id is None:
             self._serial += 1
             request_id = f"r{self._serial}"
@@ -486,9 +487,9 @@ class Driver:
         self.check()
         return self.link.last
 
-    def turn(self, prompt, reply=(), anchor_len: int = 0, namespace: str = ""):
+    def turn(self, prompt, reply=(), anchor_len: int = 0, namespace: str = "", layout=None):
         """One whole request: plan, restore, prefill, commit. Returns (plan, orders)."""
-        plan = self.plan(prompt, anchor_len, namespace)
+        plan = self.plan(prompt, anchor_len, namespace, layout=layout)
         return plan, self.commit(plan.request_id, reply)
 
     def entry(self, entry_id: int):

@@ -276,6 +276,29 @@ def user_text(rng: random.Random, lane: int, session: int, turn: int) -> str:
     return f"Sub-agent {lane}, session {session}, step {turn + 1}: please {task}."
 
 
+def pasted_file(rng: random.Random, size: int) -> str:
+    """A user turn pasting a source file of about `size` estimated tokens, then asking."""
+    path = f"src/{rng.choice(WORDS)}/{rng.choice(WORDS)}.py"
+    code = tool_result(rng, "fs_read", size)
+    return f"Here is {path}:\n```python\n{code}\n```\nWhy does its last function fail?"
+
+
+def edit_line(text: str, depth: float) -> str:
+    """`text` with its line `depth` of the way in rewritten (a user fixing a paste)."""
+    lines = text.split("\n")
+    k = min(int(len(lines) * depth), len(lines) - 1)
+    indent = lines[k][: len(lines[k]) - len(lines[k].lstrip())]
+    lines[k] = f"{indent}return None  # fixed: was {lines[k].strip()[:24]!r}"
+    return "\n".join(lines)
+
+
+def truncated(text: str, keep: float) -> str:
+    """`text` cut at a line boundary `keep` of the way in, as an agent trims an old output."""
+    lines = text.split("\n")
+    kept = lines[: max(1, int(len(lines) * keep))]
+    return "\n".join(kept) + f"\n[... {len(lines) - len(kept)} more lines truncated]"
+
+
 def edited_user_text(rng: random.Random, text: str) -> str:
     """A user turn `text` as the user edits it: its tail rewritten."""
     return text.rsplit(" ", 2)[0] + f" {rng.choice(WORDS)} path, and keep the public API unchanged."

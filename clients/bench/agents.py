@@ -63,6 +63,8 @@ class BenchOptions:
     replicas: int = 1  # > 1: lineage on one replica against lineage on this many
     route_threshold: int = 4096  # the engine's --route-threshold (queued prefill tokens)
     variants: int = 4  # system-prompt-variant sessions at the end of the traffic
+    message_edits: int = 4  # long-message sessions (an edit, a truncation) before them
+    message_interval: int | None = None  # the engines' --message-interval; None: its default
     apis: tuple = ()  # wire formats (clients.bench.wire_apis): the traffic through each instead
 
 
@@ -192,9 +194,10 @@ def run_engine(
 def _engine_config(mode: str, opts: BenchOptions, cache_dir: str, replicas: int):
     from engine.config import CacheConfig, EngineConfig, ModelConfig, ServerConfig
 
+    interval = {} if opts.message_interval is None else {"message_interval": opts.message_interval}
     return EngineConfig(
         model=ModelConfig(path=opts.model, prefill_step_size=opts.prefill_step_size),
-        cache=CacheConfig(mode=mode, ram_budget=opts.ram_budget, cache_dir=cache_dir),
+        cache=CacheConfig(mode=mode, ram_budget=opts.ram_budget, cache_dir=cache_dir, **interval),
         server=ServerConfig(
             port=0,
             replicas=replicas,
@@ -310,7 +313,7 @@ def run_bench(opts: BenchOptions) -> dict:
             f"unknown policies or APIs {unknown} (use some of {', '.join(POLICIES)}; "
             f"--api: {', '.join(wire_apis.APIS)})"
         )
-    traffic = build_traffic(opts.seed, opts.scale, opts.agents, opts.variants)
+    traffic = build_traffic(opts.seed, opts.scale, opts.agents, opts.variants, opts.message_edits)
     ids = PromptIds(opts.model)
     runs, chain = {}, None
     work = tempfile.mkdtemp(prefix="lineage-bench-agents-", dir=opts.work_dir)
@@ -415,6 +418,20 @@ def add_arguments(parser) -> None:
         "the system prompt, a different word each), reported as their own phase",
     )
     parser.add_argument(
+        "--message-edits",
+        type=int,
+        default=4,
+        metavar="N",
+        help="long-message sessions before the variants (a pasted file fixed near its end, "
+        "a long tool result truncated in the next turn), reported as their own phase",
+    )
+    parser.add_argument(
+        "--message-interval",
+        type=int,
+        metavar="TOKENS",
+        help="the engines' --message-interval (default: the engine's)",
+    )
+    parser.add_argument(
         "--api",
         metavar="LIST",
         help="instead of the policies: the traffic through the HTTP bridge in each of these "
@@ -449,6 +466,8 @@ def options_from_args(args) -> BenchOptions:
         replicas=replicas,
         route_threshold=getattr(args, "route_threshold", 4096),
         variants=getattr(args, "variants", 4),
+        message_edits=getattr(args, "message_edits", 4),
+        message_interval=getattr(args, "message_interval", None),
         apis=tuple(a.strip() for a in (getattr(args, "api", None) or "").split(",") if a.strip()),
     )
 

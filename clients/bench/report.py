@@ -69,8 +69,9 @@ def summarize(run: PolicyRun, phases: dict | None = None) -> dict:
 
 
 def _phases(done: list, phases: dict) -> dict:
-    """Cached tokens against the oracle over each phase's completed requests, and over its
-    sessions' first requests alone (where nothing of the session is stored yet)."""
+    """Cached tokens against the oracle over each phase's completed requests, over its
+    sessions' first requests alone (where nothing of the session is stored yet), and per
+    request kind (the edits inside long messages are the message phase's own kinds)."""
     out = {}
     for name in sorted(set(phases.values())):
         rows = [(o, n) for o, n in done if phases.get(o.rid) == name]
@@ -85,9 +86,28 @@ def _phases(done: list, phases: dict) -> dict:
             "first_cached_tokens": cached_first,
             "first_oracle_cached_tokens": best_first,
             "first_oracle_fraction": cached_first / best_first if best_first else 1.0,
+            "kinds": _kinds(rows),
         }
     return out
 
+
+def _kinds(rows: list) -> dict:
+    """Per request kind: requests, cached tokens, the oracle's, their fraction."""
+    out = {}
+    for kind in sorted({o.kind for o, _ in rows}):
+        mine = [(o, n) for o, n in rows if o.kind == kind]
+        cached, best = sum(o.cached for o, _ in mine), sum(n for _, n in mine)
+        out[kind] = {
+            "requests": len(mine),
+            "cached_tokens": cached,
+            "oracle_cached_tokens": best,
+            "oracle_fraction": cached / best if best else 1.0,
+        }
+    return out
+
+
+# Request kinds a phase exists to show, printed on their own under its line.
+PHASE_KINDS = ("edit_inside", "truncate")
 
 POLICY_COLUMNS = (
     Column("policy", 13, align="<"),
@@ -141,6 +161,16 @@ def format_table(report: dict) -> str:
                 f"{f['requests']} requests; their first requests {f['first_cached_tokens']} of "
                 f"{f['first_oracle_cached_tokens']} ({f['first_oracle_fraction']:.1%})"
             )
+            own = {k: v for k, v in f.get("kinds", {}).items() if k in PHASE_KINDS}
+            if own:
+                lines.append(
+                    f"{'':<13}   "
+                    + "; ".join(
+                        f"{k} {v['cached_tokens']} of {v['oracle_cached_tokens']} "
+                        f"({v['oracle_fraction']:.1%}) over {v['requests']}"
+                        for k, v in own.items()
+                    )
+                )
     lineage = report["policies"].get("lineage")
     if lineage:
         short = [

@@ -13,6 +13,12 @@ varied size. The traffic also holds:
 - a user who edits the last message, regenerates a reply, and retries after a
   dropped stream (a request with `drop_after` chunks: the client cancels it);
 - a fresh session every few turns;
+- with `message_edits` > 0, a phase ("message_edits") of sessions whose
+  long message changes near its end: a user pastes a file, then re-sends it
+  with a line nine tenths of the way in fixed ("edit_inside"); or a tool
+  returns a long output, which the next turn sends truncated to its first
+  85% ("truncate"), as an agent trims its context. What they share with what
+  came before ends inside the long message;
 - with `variants` > 0, a last phase ("system_variants"): sessions whose
   system prompt is the main one with one word changed three quarters of the
   way into it, a different word per session (a sub-agent told another
@@ -38,12 +44,15 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from clients.bench.agent_text import (
+    edit_line,
     edited_user_text,
     make_systems,
     make_tools,
+    pasted_file,
     team_role,
     tool_call,
     tool_result,
+    truncated,
     user_text,
 )
 from clients.fanout import estimate_tokens
@@ -56,6 +65,10 @@ EVENTS = ("edit", "regenerate", "drop_retry")
 VARIANT_PHASE = "system_variants"
 VARIANT_DEPTH = 0.75  # where in the system text the changed word sits
 VARIANT_WORDS = ("staging", "nightly", "canary", "sandbox", "mirror", "archive", "preview")
+MESSAGE_PHASE = "message_edits"
+LONG_MESSAGE_TOKENS = 3000  # a pasted file or a long tool result at scale 1.0 (estimated)
+EDIT_DEPTH = 0.9  # where in the pasted file the user's fix falls
+TRUNCATE_KEEP = 0.85  # how much of the long tool result the next turn keeps
 
 
 @dataclass(frozen=True)
@@ -66,8 +79,10 @@ class RequestSpec:
     session (see `Sessions.messages`): "new" (system + `new_messages`),
     "extend" (previous messages + the previous reply, carrying
     `reply_tool_calls`, + `new_messages`), "same" (the previous messages
-    verbatim: regenerate, retry) or "edit" (the previous messages with the last
-    one replaced by `new_messages[0]`). The system message is re-rendered
+    verbatim: regenerate, retry), "edit" (the previous messages with the last
+    one replaced by `new_messages[0]`) or "truncate" (the previous messages with
+    the last one, a tool result, replaced by `new_messages[0]`, then the previous
+    reply and `new_messages[1:]`). The system message is re-rendered
     from `system` every time (the clock's timestamp changes).
     """
 
@@ -77,7 +92,7 @@ class RequestSpec:
     session: str
     kind: str  # first | user | tool_result | edit | regenerate | retry
     system: str  # key into Traffic.systems
-    base: str  # new | extend | same | edit
+    base: str  # new | extend | same | edit | truncate
     new_messages: tuple = ()
     reply_tool_calls: tuple = ()
     namespace: str = ""
@@ -146,6 +161,10 @@ class Sessions:
         elif spec.base == "edit":
             assert body and body[-1]["role"] == "user", spec
             body = body[:-1] + list(spec.new_messages)
+        elif spec.base == "truncate":
+            assert body and body[-1]["role"] == "tool", spec
+            assistant = {"role": "assistant", "content": reply}
+            body = body[:-1] + [spec.new_messages[0], assistant, *spec.new_messages[1:]]
         elif spec.base == "extend":
             assistant = {"role": "assistant", "content": reply}
             if spec.reply_tool_calls:
@@ -249,7 +268,11 @@ def _session(
 
 
 def build_traffic(
-    seed: int = 0, scale: float = 1.0, agents: int | None = None, variants: int = 0
+    seed: int = 0,
+    scale: float = 1.0,
+    agents: int | None = None,
+    variants: int = 0,
+    message_edits: int = 0,
 ) -> Traffic:
     """The traffic of `agents` lanes at `scale` (1.0: ~10k-token prefix, 3 sessions of 3 turns).
 
@@ -257,9 +280,10 @@ def build_traffic(
     sub-agents start together once the lead's first request is done. Session
     j of lane a is of kind KINDS[(a + j) % 3] and holds the user event
     EVENTS[(2a + j) % 3], so two lanes of two sessions hold every feature.
-    Then `variants` system-prompt-variant sessions (`variant_system`) of three
-    requests each, after every other request: one starts per step (a session
-    per lane at a time).
+    Then `message_edits` long-message sessions (`_message_session`), then
+    `variants` system-prompt-variant sessions (`variant_system`), three
+    requests each, each phase after every request before it: one session
+    starts per step (a session per lane at a time).
     """
     if scale <= 0:
         raise ValueError(f"scale must be > 0, got {scale}")
@@ -284,22 +308,57 @@ def build_traffic(
                 b, rng, j, turns, KINDS[(lane + j) % 3], EVENTS[(2 * lane + j) % 3], event_turn
             )
         specs += b.out
-    start = max((r.step for r in specs), default=-1) + 1
-    free = [start] * agents  # each lane's next step without a request
-    for v in range(variants):  # one new variant session per step, one per lane at a time
-        lane, key = v % agents, f"sysvar@{v}"
-        step = max(start + v, free[lane])
-        b = _Builder(scale, lane, tools, max_tokens, step, phase=VARIANT_PHASE)
+
+    def phase(count: int, name: str, session) -> None:
+        """`count` sessions of `session(builder, k)`, one new per step, a lane at a time."""
+        start = max((r.step for r in specs), default=-1) + 1
+        free = [start] * agents  # each lane's next step without a request
+        for k in range(count):
+            lane = k % agents
+            b = _Builder(scale, lane, tools, max_tokens, max(start + k, free[lane]), phase=name)
+            session(b, k)
+            free[lane] = b.step
+            specs.extend(b.out)
+
+    def variant(b: _Builder, v: int) -> None:
+        key = f"sysvar@{v}"
         systems[key] = variant_system(body, v) + team_role("implementer")
         _variant_session(b, random.Random(f"variant-{seed}-{v}"), v, key)
-        free[lane] = b.step
-        specs += b.out
+
+    phase(message_edits, MESSAGE_PHASE, lambda b, m: _message_session(b, seed, m))
+    phase(variants, VARIANT_PHASE, variant)
     for spec in specs:
         if spec.system.startswith("clock@"):
             systems.setdefault(spec.system, clock(int(spec.system.split("@")[1])))
     specs.sort(key=lambda r: (r.step, r.lane))
     requests = tuple(_with_rid(r, i) for i, r in enumerate(specs))
     return Traffic(seed, scale, agents, systems, tuple(tools), requests)
+
+
+def _message_session(b: _Builder, seed: int, m: int) -> None:
+    """Long-message session m of the main agent kind: a pasted file, then the same with a line
+    near its end fixed, then a next turn (even m); or a user turn, a long tool result, then a
+    next turn that sends it truncated (odd m)."""
+    rng = random.Random(f"message-{seed}-{m}")
+    sid, size = f"m{m}", max(60, int(LONG_MESSAGE_TOKENS * b.scale))
+    if m % 2 == 0:
+        text = pasted_file(rng, size)
+        b.add(sid, "first", "main", "new", [{"role": "user", "content": text}])
+        fixed = {"role": "user", "content": edit_line(text, EDIT_DEPTH)}
+        b.add(sid, "edit_inside", "main", "edit", [fixed])
+        later = {"role": "user", "content": user_text(rng, b.lane, 200 + m, 1)}
+        b.add(sid, "user", "main", "extend", [later])
+        return
+    user = {"role": "user", "content": user_text(rng, b.lane, 200 + m, 0)}
+    b.add(sid, "first", "main", "new", [user])
+    call = tool_call(rng, f"m{m}", b.tools)
+    name = call["function"]["name"]
+    output = tool_result(rng, name, size)
+    result = {"role": "tool", "tool_call_id": call["id"], "name": name, "content": output}
+    b.add(sid, "tool_result", "main", "extend", [result], calls=[call])
+    cut = dict(result, content=truncated(output, TRUNCATE_KEEP))
+    later = {"role": "user", "content": user_text(rng, b.lane, 200 + m, 1)}
+    b.add(sid, "truncate", "main", "truncate", [cut, later])
 
 
 def _variant_session(b: _Builder, rng: random.Random, v: int, key: str) -> None:

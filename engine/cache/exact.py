@@ -42,11 +42,17 @@ class ExactPolicy:
         self.disk_index = disk
 
     def plan(
-        self, request_id: str, namespace: str, prompt: np.ndarray, anchor_len: int
+        self,
+        request_id: str,
+        namespace: str,
+        prompt: np.ndarray,
+        anchor_len: int,
+        message_spans: tuple = (),
     ) -> RestorePlan:
         """Restore the longest snapshot within prompt[:-1]; capture prompt minus offset, and prompt.
 
-        `anchor_len` is ignored: exact mode has no anchors.
+        `anchor_len` and `message_spans` are ignored: exact mode has no anchors
+        and no checkpoints.
         """
         restore = self.index.lookup(namespace, prompt[:-1], has_state_layers=True).restore
         new_entry_id = self._new_id()

@@ -35,6 +35,7 @@ class RestoreKind(TextEnum):
     DIVERGENCE = "divergence"
     REPLY = "reply"
     MESSAGE = "message"
+    SYSTEM = "system"
     NONE = "none"
 
 
@@ -45,8 +46,10 @@ class CheckpointKind(TextEnum):
     carried over when an entry is absorbed; ANCHOR: an anchor entry's own
     state; DIVERGENCE: where a prompt left its closest sibling; REPLY: the
     prompt end kept when an entry extends over its reply; MESSAGE: a point
-    inside a long system block (every `message_interval` tokens), where a
-    variant of that block restores.
+    inside a long message after the system block, where an edit or a
+    truncation inside it restores; SYSTEM: a point inside the long (system +
+    tools) block, where another session's variant of it restores
+    (engine.cache.message_points places both).
     """
 
     GUARD = "guard"
@@ -55,6 +58,7 @@ class CheckpointKind(TextEnum):
     DIVERGENCE = "divergence"
     REPLY = "reply"
     MESSAGE = "message"
+    SYSTEM = "system"
 
 
 class CaptureKind(TextEnum):
@@ -68,6 +72,7 @@ class CaptureKind(TextEnum):
     DIVERGENCE = "divergence"
     SNAPSHOT = "snapshot"
     MESSAGE = "message"
+    SYSTEM = "system"
 
 
 class MissKind(TextEnum):

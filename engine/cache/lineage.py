@@ -2,8 +2,9 @@
 
 What it decides: where a prompt restores (the longest restore point in its
 namespace), which capture points its prefill takes (anchor, guard,
-divergence), what a commit stores (the new entry, its reply and captured
-checkpoints, anchors), which older entry it absorbs, what thinning drops and
+divergence, points inside long messages and the system block), what a
+commit stores (the new entry, its reply and captured checkpoints, anchors),
+which older entry it absorbs, what thinning drops and
 what the budgets evict; with a disk tier, which files to write (every entry it
 indexes, when it is indexed; an entry whose file was evicted is spilled again
 when it leaves RAM), which to delete (an absorbed source's, after its
@@ -22,6 +23,13 @@ from engine.cache.disk_index import DiskIndex, persist
 from engine.cache.entry import Checkpoint, Entry
 from engine.cache.index import Index, Lookup
 from engine.cache.kinds import CaptureKind, CheckpointKind, Role
+from engine.cache.message_points import (
+    MESSAGE_SLICES,
+    SYSTEM_SLICES,
+    Span,
+    message_points,
+    spacing,
+)
 from engine.cache.messages import CapturePoint, Commit, RestorePlan
 from engine.cache.orders import OrderBook
 from engine.cache.thinning import thin
@@ -68,9 +76,17 @@ class LineagePolicy:
     # -- plan ----------------------------------------------------------------
 
     def plan(
-        self, request_id: str, namespace: str, prompt: np.ndarray, anchor_len: int
+        self,
+        request_id: str,
+        namespace: str,
+        prompt: np.ndarray,
+        anchor_len: int,
+        message_spans: tuple[Span, ...] = (),
     ) -> RestorePlan:
         """The restore point and capture points for `prompt`; allocates the new entry's id first.
+
+        `message_spans`: the prompt's messages after the (system + tools) block,
+        as token spans (PromptLayout.spans), where long-message points go.
 
         Changes no index: a restore point on the disk tier comes back with
         load_from_disk, and enters the RAM index only when the caller keeps
@@ -90,7 +106,9 @@ class LineagePolicy:
         found, from_disk = self._restore(namespace, prompt[:-1])  # one uncached token
         restore = found.restore
         points: dict[int, str] = {}
-        for length, kind in self._capture_points(namespace, prompt, anchor_len, found):
+        for length, kind in self._capture_points(
+            namespace, prompt, anchor_len, message_spans, found
+        ):
             points.setdefault(length, kind)
         new_entry_id = self._new_id()
         captures = tuple(
@@ -147,8 +165,14 @@ class LineagePolicy:
             )
         )
 
-    def _capture_points(self, namespace: str, prompt: np.ndarray, anchor_len: int, found: Lookup):
+    def _capture_points(
+        self, namespace: str, prompt: np.ndarray, anchor_len: int, message_spans, found: Lookup
+    ):
         """Yield (length, kind) candidates, all strictly between the restore length and len(prompt).
+
+        Points inside the (system + tools) block and inside `message_spans`
+        (engine.cache.message_points), at most `message_max` of both, those
+        thinning would keep: the system block's first.
 
         When two fall on one length the first yielded wins: the anchor entry
         also serves that length, and a divergence point also serves a resend
@@ -162,26 +186,22 @@ class LineagePolicy:
                 yield anchor_len, CaptureKind.ANCHOR
         if not self.has_state_layers:
             return
-        yield from self._message_points(anchor_len, restored, size)
+        cfg = self.config
+        block = [(0, anchor_len, spacing(anchor_len, cfg.system_interval, SYSTEM_SLICES))]
+        system = message_points(block, cfg.message_max, restored, size)
+        spans = [
+            (start, end, spacing(end - start, cfg.message_interval, MESSAGE_SLICES))
+            for start, end in message_spans
+        ]
+        messages = message_points(spans, cfg.message_max - len(system), restored, size)
+        yield from ((n, CaptureKind.SYSTEM) for n in system)
+        yield from ((n, CaptureKind.MESSAGE) for n in messages)
         gain = found.sibling_lcp - restored
         if gain > 0 and gain >= self.config.divergence_min_gain:
             yield found.sibling_lcp, CaptureKind.DIVERGENCE
         guard = size - self.config.guard_offset
         if size - restored >= self.config.guard_min_suffix and restored < guard < size:
             yield guard, CaptureKind.GUARD
-
-    def _message_points(self, anchor_len: int, restored: int, size: int):
-        """Long-message points: every `message_interval` tokens inside the (system + tools)
-        block this prefill runs through, at most `message_max`."""
-        step, most = self.config.message_interval, self.config.message_max
-        if step <= 0:
-            return
-        for k in range(1, most + 1):
-            n = k * step
-            if n >= anchor_len or n >= size:
-                return
-            if n > restored:
-                yield n, CaptureKind.MESSAGE
 
     # -- commit --------------------------------------------------------------
 

@@ -61,6 +61,7 @@ from engine.cache.exact import ExactPolicy
 from engine.cache.index import Index
 from engine.cache.kinds import CaptureKind, RestoreKind, Role
 from engine.cache.lineage import LineagePolicy
+from engine.cache.message_points import check_starts
 from engine.cache.messages import (
     AnchorCommit,
     AnchorUse,
@@ -158,19 +159,27 @@ class CacheManager:
     def plan(self, req: PlanRequest) -> RestorePlan:
         """Choose the restore point and capture points for a prompt; pins the restore source.
 
-        Raises ValueError for an empty prompt, an anchor_len outside [0, len], or
-        a request id already in flight.
+        Raises ValueError for an empty prompt, an anchor_len outside [0, len],
+        message starts out of order or outside the prompt, or a request id already
+        in flight.
         """
         prompt = as_tokens(req.tokens, "prompt")
         if not 0 <= req.anchor_len <= len(prompt):
             raise ValueError(
                 f"anchor_len {req.anchor_len} is outside the prompt's {len(prompt)} tokens"
             )
+        check_starts(req.layout.starts, len(prompt))
         if self._policy is None:
             return RestorePlan(req.request_id, None, 0, RestoreKind.NONE, (), new_entry_id=None)
         if req.request_id in self._in_flight:
             raise ValueError(f"request {req.request_id!r} is already planned")
-        plan = self._policy.plan(req.request_id, req.namespace, prompt, req.anchor_len)
+        plan = self._policy.plan(
+            req.request_id,
+            req.namespace,
+            prompt,
+            req.anchor_len,
+            req.layout.spans(len(prompt)),
+        )
         anchor = None
         if any(c.kind == CaptureKind.ANCHOR for c in plan.captures):
             anchor = prompt[: req.anchor_len].copy()

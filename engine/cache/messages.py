@@ -43,6 +43,13 @@ class PromptLayout:
             n += 1
         return n
 
+    def spans(self, size: int) -> tuple[tuple[int, int], ...]:
+        """Token spans (start, end) of the messages after the leading system messages, in a
+        prompt of `size` tokens: each ends where the next starts, the last at `size` (its
+        generation prompt included); empty spans left out."""
+        bounds = self.starts[self.head :] + (size,)
+        return tuple((a, b) for a, b in zip(bounds, bounds[1:]) if a < b)
+
     def message_at(self, token: int) -> int:
         """The message whose tokens hold `token`; -1 before the first (the template's
         header and, where it renders them first, the tools); -1 without starts."""
@@ -62,6 +69,8 @@ class PlanRequest:
     # The conversation's session key (x-session-id, prompt_cache_key, ...): its turns go
     # to the replica that served it last, load permitting. Scoped by the namespace.
     session: str = ""
+    # Where each message starts (the miss explanations; the long-message points inside
+    # each message after the system block, engine.cache.message_points).
     layout: PromptLayout = field(default_factory=PromptLayout)
 
 

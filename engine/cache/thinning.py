@@ -8,12 +8,18 @@ docs/architecture.md, "The cache contract"):
    carried over by absorption served older prompts;
 2. turn boundaries carried over by absorption ("final"), oldest (shortest)
    first: they serve only edits and regenerates of older turns;
-3. divergence points and long-message points (inside a long system block),
-   shortest first: they serve other sessions that branch from this lineage
-   (system prompts that differ, a timestamp), so they outlive this lineage's
-   older turn boundaries;
-4. the newest guard;
-5. the current prompt end ("reply"), the newest turn boundary: the landing
+3. long-message points ("message"), shortest first: they serve edits and
+   truncations inside this lineage's own long messages, the latest ones
+   most;
+4. points inside the system block ("system"), shortest first: they serve
+   other sessions whose system prompt differs somewhere inside it (a
+   timestamp, a sub-agent's target), so they outlive this lineage's own
+   edit points;
+5. divergence points, shortest first: where another session did branch from
+   this lineage, a restore point already in use, so they outlive the
+   system block's points, which only guess where one will;
+6. the newest guard;
+7. the current prompt end ("reply"), the newest turn boundary: the landing
    point of a next turn whose template re-renders the reply.
 
 Anchors are separate entries and never reach here. In one lineage a longer
@@ -30,11 +36,12 @@ from engine.cache.kinds import CheckpointKind
 _RANK = {
     CheckpointKind.GUARD: 0,
     CheckpointKind.FINAL: 1,
-    CheckpointKind.DIVERGENCE: 2,
     CheckpointKind.MESSAGE: 2,
-    CheckpointKind.REPLY: 4,
+    CheckpointKind.SYSTEM: 3,
+    CheckpointKind.DIVERGENCE: 4,
+    CheckpointKind.REPLY: 6,
 }
-_NEWEST_GUARD_RANK = 3
+_NEWEST_GUARD_RANK = 5
 
 
 def drop_priority(checkpoint: Checkpoint, live_guard: int | None) -> tuple[int, int]:

@@ -64,11 +64,21 @@ class CacheConfig:
         default=None,
         shown="derived from the per-forward and per-token costs measured at load",
     )
-    # State-only checkpoints inside a long (system + tools) block: every this many
-    # tokens, at most message_max of them, so a variant of a long system prompt
-    # restores at the last one before its change.
-    message_interval: int = 2048
-    message_max: int = 4
+    # State-only checkpoints inside every long message (a user message, a tool result,
+    # an assistant message) from its start, every eighth of it, never closer than this:
+    # the floor chosen from a capture's and a checkpoint's measured costs
+    # (engine.cache.message_points; the figures: docs/benchmarks.md).
+    message_interval: int = setting(
+        256,
+        "the least spacing of the state checkpoints inside a long message, which get one "
+        "every eighth of their length from their start (0: none)",
+        metavar="TOKENS",
+    )
+    # Inside the (system + tools) block every third of it, never closer than this: the
+    # anchor restores the whole block, and these points only serve other sessions'
+    # variants of it, so they hold a lineage's slots only where they save thousands.
+    system_interval: int = 2048
+    message_max: int = 4  # points of both kinds a prefill captures, at most
     divergence_min_gain: int = 256
     anchor_slack: int = 2  # BPE merges at the anchor boundary
     exact_max_entries: int = 8  # exact mode: plain LRU by entry count and bytes
@@ -112,6 +122,11 @@ class CacheConfig:
             raise ValueError(
                 f"{label_of(CacheConfig, 'mode')}: cache mode {self.mode!r} is not one of "
                 f"{', '.join(CACHE_MODES)}"
+            )
+        if self.message_interval < 0:
+            raise ValueError(
+                f"{label_of(CacheConfig, 'message_interval')} must be 0 (no points) or "
+                f"positive, got {self.message_interval}"
             )
         if self.disk_queue_bytes is not None and self.disk_queue_bytes <= 0:
             raise ValueError(

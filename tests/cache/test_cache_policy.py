@@ -252,7 +252,14 @@ def test_no_divergence_point_for_a_small_gain():
 
 def cks(*specs: str) -> list[Checkpoint]:
     """'g584' -> Checkpoint(584, 'guard')."""
-    kinds = {"g": "guard", "f": "final", "d": "divergence", "r": "reply"}
+    kinds = {
+        "g": "guard",
+        "f": "final",
+        "d": "divergence",
+        "r": "reply",
+        "m": "message",
+        "s": "system",
+    }
     return [Checkpoint(int(s[1:]), kinds[s[0]]) for s in specs]
 
 
@@ -265,6 +272,11 @@ def cks(*specs: str) -> list[Checkpoint]:
         ("g584 f600 d700 g904 r920", None, 3, "g584 g904"),  # no live guard: both are old
         ("d50 g100 f200 g300 f400 g500 r520", 500, 3, "g100 g300 f200 f400"),
         ("f200 f400 r520", None, 4, ""),
+        # a lineage's own long-message points go after its turn boundaries, before the
+        # system block's points, which go before divergence points, shortest first
+        ("s100 s200 f300 m400 m500 d600 g700 r720", 700, 4, "f300 m400 m500 s100"),
+        ("s100 s200 f300 m400 m500 d600 g700 r720", 700, 6, "f300 m400"),
+        ("m400 s100 d50 m500", None, 1, "m400 m500 s100"),
     ],
 )
 def test_thinning_order(checkpoints, live_guard, limit, dropped):
@@ -329,31 +341,3 @@ def test_pure_attention_restores_anywhere_and_captures_only_anchors():
     plan, orders = d.turn(tokens(seq(1000, 590), seq(7000, 40)), R1, anchor_len=500)
     assert (plan.entry_id, plan.length, plan.kind) == (1, 590, "entry")
     assert orders == Orders()
-
-
-# -- long-message points ---------------------------------------------------------
-
-
-def test_a_variant_deep_inside_a_long_system_prompt_restores_at_the_last_message_point():
-    """A 5000-token system block gets state-only points at 2048 and 4096; a variant that
-    changes one token at 3000 restores 2048 of them instead of nothing."""
-    d = Driver()
-    system = tokens(seq(10_000, 5000))
-    plan, _ = d.turn(tokens(system, seq(7000, 100)), R1, anchor_len=5000)
-    assert caps(plan)[:3] == [(2048, "message", None), (4096, "message", None), (5000, "anchor", 2)]
-    assert d.checkpoints(1) == {2048: "message", 4096: "message", 5084: "guard", 5100: "reply"}
-    variant = system.copy()
-    variant[3000] = 1
-    other = d.plan(tokens(variant, seq(8000, 100)), anchor_len=5000)
-    assert (other.entry_id, other.length, other.kind) == (1, 2048, "message")
-    kinds = [c[:2] for c in caps(other)][:3]
-    assert kinds == [(3000, "divergence"), (4096, "message"), (5000, "anchor")]
-    d.commit(other.request_id, R1)
-
-
-def test_message_points_are_bounded_and_thinned_like_the_others():
-    d = Driver(message_interval=1000, message_max=4)
-    plan, _ = d.turn(tokens(seq(10_000, 9000), seq(7000, 100)), R1, anchor_len=9000)
-    assert [c[0] for c in caps(plan) if c[1] == "message"] == [1000, 2000, 3000, 4000]
-    # six candidates for four slots: the shortest message points go first
-    assert d.checkpoints(1) == {3000: "message", 4000: "message", 9084: "guard", 9100: "reply"}

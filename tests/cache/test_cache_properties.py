@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
+from engine.cache.messages import PromptLayout
 from engine.config import CacheConfig
 from tests.fakes import KVPT, STATE, Driver, tokens
 
@@ -39,6 +40,7 @@ CONFIG = dict(
     guard_offset=4,
     guard_min_suffix=24,
     divergence_min_gain=12,
+    message_interval=16,  # long-message points inside the drawn messages
     exact_max_entries=5,
 )
 # Derandomized: CI runs the same sequences every time (a red run is a real bug,
@@ -127,10 +129,12 @@ class CacheMachine(RuleBasedStateMachine):
         ]
         anchor_len = data.draw(st.sampled_from([0, *anchors]))
         namespace = data.draw(st.sampled_from(["", "", "", "tenant"]))
+        starts = data.draw(st.lists(st.integers(anchor_len, len(prompt)), max_size=6))
+        layout = PromptLayout((0, *sorted(starts)), roles=("system",) + ("user",) * len(starts))
         expected = self.expected(namespace, prompt[:-1])
         if self.prompt_end(namespace, prompt):
             expected = len(prompt)  # a verbatim resend restores whole
-        plan = self.driver.plan(prompt, anchor_len, namespace)
+        plan = self.driver.plan(prompt, anchor_len, namespace, layout=layout)
         lengths = [c.length for c in plan.captures]
         assert lengths == sorted(set(lengths))
         assert all(plan.length < n < len(prompt) for n in lengths)

@@ -104,6 +104,43 @@ def test_the_variant_phase_changes_one_word_deep_inside_the_system_prompt(agents
         assert kinds == ["first", "tool_result", "user"]
 
 
+@pytest.mark.parametrize("scale", [0.5, 1.0])
+def test_the_message_phase_changes_a_long_message_near_its_end(scale):
+    from clients.bench.traffic import LONG_MESSAGE_TOKENS, MESSAGE_PHASE, VARIANT_PHASE
+
+    plain = build_traffic(seed=0, scale=scale, variants=4)
+    t = build_traffic(seed=0, scale=scale, variants=4, message_edits=4)
+    main = [r for r in plain.requests if not r.phase]
+    assert t.requests[: len(main)] == tuple(main)  # the main traffic is as it was
+    phase = [r for r in t.requests if r.phase == MESSAGE_PHASE]
+    variants = [r for r in t.requests if r.phase == VARIANT_PHASE]
+    assert len(phase) == 12 and len(variants) == 12
+    assert max(r.step for r in main) < min(r.step for r in phase)
+    assert max(r.step for r in phase) < min(r.step for r in variants)
+    assert len({(r.step, r.lane) for r in t.requests}) == len(t.requests)  # a lane at a time
+    sessions = Sessions(t)
+    changed = {}
+    for spec in t.requests:
+        messages = sessions.messages(spec)
+        previous = sessions.previous(spec.session)
+        if spec.kind in ("edit_inside", "truncate"):
+            k = -1 if spec.kind == "edit_inside" else -3  # the long message, in `messages`
+            old, new = previous[0][-1]["content"], messages[k]["content"]
+            assert estimate_tokens(old) >= 0.9 * LONG_MESSAGE_TOKENS * scale
+            shared = next(i for i, (a, b) in enumerate(zip(old, new)) if a != b)
+            changed[spec.kind] = changed.get(spec.kind, []) + [shared / len(old)]
+            assert messages[:k] == previous[0][:-1]  # nothing before it changes
+        if spec.kind == "truncate":
+            assert messages[-2] == {"role": "assistant", "content": previous[1]}
+            assert messages[-1]["role"] == "user"
+        sessions.record(spec, messages, f"reply to {spec.rid}", completed=not spec.drop_after)
+    # a line nine tenths into the pasted file; the tool output kept to its first 85%
+    assert all(0.85 < x < 0.95 for x in changed["edit_inside"]), changed
+    assert all(0.8 < x < 0.9 for x in changed["truncate"]), changed
+    kinds = [[r.kind for r in phase if r.session == f"m{m}"] for m in range(4)]
+    assert kinds == [["first", "edit_inside", "user"], ["first", "tool_result", "truncate"]] * 2
+
+
 def test_scale_shrinks_the_traffic():
     full, small = build_traffic(scale=1.0), build_traffic(scale=0.05)
     f, s = full.summary(), small.summary()
@@ -205,11 +242,19 @@ def test_summarize_against_its_own_oracle():
     assert s["restore_kinds"] == {"none": 1, "reply": 1}
     assert (s["ram_bytes"], s["ram_bytes_peak"], s["disk_bytes"]) == (20, 30, 160)
     assert s["disk_bytes_per_turn"] == pytest.approx(250 / 2)
-    # The phase's figures: its completed requests only, and its sessions' first requests.
+    # The phase's figures: its completed requests only, its sessions' first requests, its kinds.
     later = s["phases"]["later"]
     assert (later["requests"], later["cached_tokens"], later["oracle_cached_tokens"]) == (1, 4, 5)
     assert later["oracle_fraction"] == pytest.approx(0.8)
     assert later["first_oracle_cached_tokens"] == 0 and later["first_oracle_fraction"] == 1.0
+    assert later["kinds"] == {
+        "user": {
+            "requests": 1,
+            "cached_tokens": 4,
+            "oracle_cached_tokens": 5,
+            "oracle_fraction": pytest.approx(0.8),
+        }
+    }
 
 
 # -------------------------------------------------------------- a real run ----
@@ -231,6 +276,8 @@ def test_small_run_against_every_policy(ray_session, model_cache_dir, tmp_path, 
         "--ram-budget",
         "2G",
         "--variants",
+        "2",
+        "--message-edits",
         "2",
         "--model",
         str(ensure_default_model(model_cache_dir)),
@@ -267,6 +314,8 @@ def test_small_run_against_every_policy(ray_session, model_cache_dir, tmp_path, 
         assert p["cached_tokens"] <= p["oracle_cached_tokens"], name
         variants = p["phases"]["system_variants"]
         assert variants["requests"] == 6 and variants["oracle_cached_tokens"] > 0, name
+        edits = p["phases"]["message_edits"]
+        assert set(edits["kinds"]) == {"first", "edit_inside", "user", "tool_result", "truncate"}
     cached = {name: p["cached_tokens"] for name, p in report["policies"].items()}
     assert cached["lineage"] >= cached["exact"] >= cached["off"] == 0
     assert report["oracle"]["cached_tokens"] >= cached["lineage"] > 0

@@ -150,13 +150,16 @@ def test_copies_a_heldout_snippet_from_its_prompt(loaded, corpus):
     model, _, _ = loaded
     snippets = tiny_corpus.heldout_snippets(corpus, 4, 10)
     accuracy = tiny_eval.copy_accuracy(model, tiny_corpus.load_tokenizer(), snippets)
-    assert accuracy > 0.8, accuracy
+    # docs/model.md: 0.30 over 16 snippets (0.34 over these 4); untrained, ~0.05.
+    assert accuracy > 0.2, accuracy
 
 
 def test_writes_python_shaped_text(loaded):
     model, tokenizer, _ = loaded
     prompt = tokenizer.encode("class Parser:\n    def __init__(self, path):\n")
-    text = mlx_lm.generate(model, tokenizer, prompt, max_tokens=40, verbose=False)
+    # Decoded whole: mlx-lm's streaming detokenizer drops the first token's leading space.
+    ids = [r.token for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=40)]
+    text = tokenizer.decode(ids)
     lines = [line for line in text.splitlines() if line.strip()]
     assert lines and lines[0].startswith("        "), text  # the method's body, indented
     assert "self" in text, text

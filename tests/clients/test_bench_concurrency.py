@@ -39,13 +39,17 @@ def _dropped_then_retried(sent: list, traffic) -> None:
         assert retry.kind == "retry" and by_key[f"r{retry.rid}"].completed
 
 
-def test_drops_are_cancelled_mid_stream_and_retried(ray_session, model_cache_dir, tmp_path):
-    """bench concurrency sends the traffic's dropped calls as the real thing: cancelled."""
+def test_drops_are_cancelled_mid_stream_and_retried(ray_session, tmp_path):
+    """bench concurrency sends the traffic's dropped calls as the real thing: cancelled.
+
+    On a random-weight model: a call is dropped after a few chunks, and the trained
+    embedded model may end its reply before that."""
     from clients.bench.concurrency import ConcurrencyOptions, EngineSender, drive
     from clients.bench.traffic import build_traffic
-    from engine.runtime.tiny_models import ensure_default_model
+    from engine.runtime.tiny_models import write_model_dir
 
-    opts = ConcurrencyOptions(model=str(ensure_default_model(model_cache_dir)), cold_every=0)
+    model = write_model_dir("qwen3_next", tmp_path / "random")
+    opts = ConcurrencyOptions(model=str(model), cold_every=0)
     traffic = build_traffic(0, 0.05, 2)
     sender = EngineSender(opts, "srpt", 1, str(tmp_path / "cache"))
     try:
@@ -55,13 +59,14 @@ def test_drops_are_cancelled_mid_stream_and_retried(ray_session, model_cache_dir
     _dropped_then_retried(sent, traffic)
 
 
-def test_the_peer_hangs_up_a_dropped_call(model_cache_dir):
-    """mlx_lm.server gets the same: the client closes the connection at the drop point."""
+def test_the_peer_hangs_up_a_dropped_call(tmp_path):
+    """mlx_lm.server gets the same: the client closes the connection at the drop point
+    (on a random-weight model, whose replies run to max_tokens)."""
     from clients.bench.peer import MlxLmServer
-    from engine.runtime.tiny_models import ensure_default_model
+    from engine.runtime.tiny_models import write_model_dir
 
     messages = [{"role": "user", "content": "Count to one hundred, slowly."}]
-    with MlxLmServer(str(ensure_default_model(model_cache_dir))) as server:
+    with MlxLmServer(str(write_model_dir("qwen3_next", tmp_path / "random"))) as server:
         dropped = server.stream(messages, max_tokens=64, drop_after=2)
         whole = server.stream(messages, max_tokens=8)
     assert not dropped.completed and len(dropped.chunk_times) == 2

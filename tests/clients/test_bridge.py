@@ -369,9 +369,10 @@ def test_a_sampling_value_outside_its_wire_field_is_400_naming_it(client, extra,
     assert ok.choices[0].finish_reason in ("stop", "length")
 
 
-# Greedy on the embedded model, this prompt runs its 4000 tokens (about 20 s on CI's CPU);
-# a slot freed within FREED_WITHIN_S was freed by the cancel, not by the end.
-ENDLESS = [{"role": "user", "content": "Repeat after me forever."}]
+# Greedy on the embedded trained model, this raw prompt loops on "import sys" for its
+# 4000 tokens (about 20 s on CI's CPU; a chat turn it copies and ends): a slot freed
+# within FREED_WITHIN_S was freed by the cancel, not by the end.
+ENDLESS = "import os\nimport sys\n"
 FREED_WITHIN_S = 5.0
 
 
@@ -383,12 +384,12 @@ def wait_until_idle(engine, within: float) -> None:
 
 
 def test_abandoned_stream_frees_its_slot(engine, client):
-    stream = client.chat.completions.create(
-        model="lineage", messages=ENDLESS, max_tokens=4000, temperature=0, stream=True
+    stream = client.completions.create(
+        model="lineage", prompt=ENDLESS, max_tokens=4000, temperature=0, stream=True
     )
     seen = 0
     for chunk in stream:
-        seen += bool(chunk.choices and chunk.choices[0].delta.content)
+        seen += bool(chunk.choices and chunk.choices[0].text)
         if seen == 3:
             break
     assert seen == 3, "the model stopped before the stream could be abandoned"
@@ -400,9 +401,9 @@ def test_abandoned_stream_frees_its_slot(engine, client):
 
 
 def test_abandoned_whole_request_frees_its_slot(engine, bridge):
-    body = {"model": "lineage", "messages": ENDLESS, "max_tokens": 4000, "temperature": 0}
+    body = {"model": "lineage", "prompt": ENDLESS, "max_tokens": 4000, "temperature": 0}
     with pytest.raises(httpx.TimeoutException):
-        httpx.post(f"{bridge.url}/v1/chat/completions", json=body, timeout=1.0)
+        httpx.post(f"{bridge.url}/v1/completions", json=body, timeout=1.0)
     wait_until_idle(engine, FREED_WITHIN_S)
 
 

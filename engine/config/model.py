@@ -14,6 +14,17 @@ from engine.config.setting import label_of, setting
 # padded prefill batch, kept as the baseline.
 SCHEDULES = ("srpt", "fifo", "batched")
 PREFILL_EVALS = ("auto", "module", "forward")  # how the prefill worker evaluates a chunk
+# Draft sources of speculative decoding (engine/runtime/speculation.py); auto: what the
+# model supports, each sequence's draft length adapted to its acceptance.
+SPECULATIVE = ("off", "auto", "lookup", "mtp", "draft")
+
+
+def _draft_tokens(value) -> str:
+    """`auto` or a positive integer, as text."""
+    text = str(value).strip().lower()
+    if text == "auto" or (text.isdigit() and int(text) >= 1):
+        return text
+    raise ValueError(f"{value!r} is neither auto nor a positive integer")
 
 
 @dataclass(frozen=True)
@@ -65,12 +76,37 @@ class ModelConfig:
         "queue stays short beside decode) or whole (forward); auto: module on the CPU",
         choices=PREFILL_EVALS,
     )
+    speculative: str = setting(
+        "off",
+        "speculative decoding: drafts verified in one forward inside the batch; lookup "
+        "(n-grams of the prompt and the reply), mtp (the model's MTP head), draft (a draft "
+        "model), auto (what the model supports, each sequence's draft length adapted)",
+        choices=SPECULATIVE,
+    )
+    num_draft_tokens: str = setting(
+        "auto",
+        "drafts verified per step and sequence: K, or auto (adapted to each sequence's "
+        "recent acceptance, off for a sequence whose drafts don't pay)",
+        parse=_draft_tokens,
+        metavar="K|auto",
+    )
+    draft_model: str | None = setting(
+        None,
+        "draft model directory (same tokenizer) for --speculative draft",
+        metavar="PATH",
+        shown="none",
+    )
     # TGI's --max-batch-total-tokens; None: sized by plan_memory.
     max_batch_tokens: int | None = setting(
         None,
         "prompt + max_tokens of the running sequences together",
         shown="sized from memory",
     )
+
+    @property
+    def draft_tokens(self) -> int | None:
+        """The fixed draft count, or None for auto."""
+        return None if self.num_draft_tokens == "auto" else int(self.num_draft_tokens)
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -94,6 +130,12 @@ class ModelConfig:
                 f"{label_of(ModelConfig, 'prefill_eval')}: {self.prefill_eval!r} is not one of "
                 f"{', '.join(PREFILL_EVALS)}"
             )
+        if self.speculative not in SPECULATIVE:
+            raise ValueError(
+                f"{label_of(ModelConfig, 'speculative')}: {self.speculative!r} is not one of "
+                f"{', '.join(SPECULATIVE)}"
+            )
+        _draft_tokens(self.num_draft_tokens)
         if not self.prefill_slice_ms > 0:
             raise ValueError(
                 f"{label_of(ModelConfig, 'prefill_slice_ms')} must be positive, "

@@ -38,6 +38,9 @@ class Timing:
     # Its rows copied when the batches changed shape around it (others joined or left,
     # a prompt batch split) or outgrew their buffers (engine.runtime.copies)
     bytes_copied_batch: int = 0
+    # Speculative decoding: draft tokens verified for it, and how many were accepted
+    drafted: int = 0
+    accepted: int = 0
 
 
 @dataclass(frozen=True)

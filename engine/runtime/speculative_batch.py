@@ -64,7 +64,11 @@ class SpeculationStats:
 
     verify_steps: int = 0
     plain_steps: int = 0
-    replayed: int = 0
+    replayed: int = 0  # positions the rollbacks replayed
+    # Rows that drafted and accepted every draft, some, none (the tests read them)
+    accepted_all: int = 0
+    accepted_some: int = 0
+    accepted_none: int = 0
     counts: dict = field(default_factory=dict)  # uid -> DraftCounts
 
 
@@ -215,6 +219,14 @@ class SpeculativeGenerationBatch(GenerationBatch):
         return len(emitted), None
 
     def _count(self, uid: int, drafted: int, accepted: int, kept: int) -> None:
+        if drafted:
+            stats = self.stats
+            if accepted == drafted:
+                stats.accepted_all += 1
+            elif accepted:
+                stats.accepted_some += 1
+            else:
+                stats.accepted_none += 1
         counts = self.stats.counts.setdefault(uid, DraftCounts())
         counts.verifies += 1 if drafted else 0
         counts.drafted += drafted

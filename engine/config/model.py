@@ -19,11 +19,15 @@ PREFILL_EVALS = ("auto", "module", "forward")  # how the prefill worker evaluate
 SPECULATIVE = ("off", "auto", "lookup", "mtp", "draft")
 
 
-def _draft_tokens(value) -> str:
-    """`auto` or a positive integer, as text."""
+def _draft_tokens(value) -> int | None:
+    """`auto` (None) or a positive integer."""
+    if value is None or isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
     text = str(value).strip().lower()
-    if text == "auto" or (text.isdigit() and int(text) >= 1):
-        return text
+    if text == "auto":
+        return None
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
     raise ValueError(f"{value!r} is neither auto nor a positive integer")
 
 
@@ -83,12 +87,13 @@ class ModelConfig:
         "model), auto (what the model supports, each sequence's draft length adapted)",
         choices=SPECULATIVE,
     )
-    num_draft_tokens: str = setting(
-        "auto",
+    num_draft_tokens: int | None = setting(
+        None,
         "drafts verified per step and sequence: K, or auto (adapted to each sequence's "
         "recent acceptance, off for a sequence whose drafts don't pay)",
         parse=_draft_tokens,
         metavar="K|auto",
+        shown="auto",
     )
     draft_model: str | None = setting(
         None,
@@ -102,11 +107,6 @@ class ModelConfig:
         "prompt + max_tokens of the running sequences together",
         shown="sized from memory",
     )
-
-    @property
-    def draft_tokens(self) -> int | None:
-        """The fixed draft count, or None for auto."""
-        return None if self.num_draft_tokens == "auto" else int(self.num_draft_tokens)
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:

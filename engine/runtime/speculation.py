@@ -29,4 +29,4 @@ def speculation_for(config: ModelConfig) -> Speculation | None:
             f"--speculative {mode}: this engine's verify step takes prompt-lookup drafts only "
             "so far; use lookup or auto"
         )
-    return Speculation(PromptLookup(), config.draft_tokens)
+    return Speculation(PromptLookup(), config.num_draft_tokens)

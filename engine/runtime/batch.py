@@ -403,11 +403,11 @@ class LineageBatchGenerator(BatchGenerator):
         batch = self._prompt_batch
         return batch.extract_cache(batch.uids.index(uid))
 
-    def draft_counts(self, uid: int) -> tuple[int, int]:
-        """(drafts verified, drafts accepted) of a sequence, taken once (speculation)."""
+    def draft_counts(self, uid: int) -> tuple[int, int, int]:
+        """(drafts verified, drafts accepted, verify steps) of a sequence, taken once."""
         stats = getattr(self._generation_batch, "stats", None)
         counts = None if stats is None else stats.counts.pop(uid, None)
-        return (0, 0) if counts is None else (counts.drafted, counts.accepted)
+        return (0, 0, 0) if counts is None else (counts.drafted, counts.accepted, counts.verifies)
 
     @property
     def generating(self) -> int:

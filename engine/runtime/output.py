@@ -60,7 +60,7 @@ def final_event(
     commit_ms: float = 0.0,
     error: str = "",
     restore_lost: str = "",
-    drafts: tuple[int, int] = (0, 0),
+    drafts: tuple[int, int, int] = (0, 0, 0),
 ) -> Finished:
     """The Finished event of a request that was admitted (restored, maybe prefilled)."""
     return Finished(
@@ -94,7 +94,7 @@ def unstarted_event(
 
 
 def _timing(
-    stamps: Stamps, completion_tokens: int, commit_ms: float, copied: Copied, drafts=(0, 0)
+    stamps: Stamps, completion_tokens: int, commit_ms: float, copied: Copied, drafts=(0, 0, 0)
 ) -> Timing:
     first, last, n = stamps.first, stamps.last, completion_tokens
     decode_tps = 0.0
@@ -114,4 +114,5 @@ def _timing(
         bytes_copied_batch=copied.batch,
         drafted=drafts[0],
         accepted=drafts[1],
+        draft_steps=drafts[2],
     )

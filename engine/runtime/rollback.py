@@ -75,6 +75,11 @@ def _restore(cache, saved, fed: int) -> None:
         cache.state, cache._lengths = list(saved[0]), saved[1]
 
 
+def replays(caches: list) -> bool:
+    """Whether a rollback of these caches replays (some layer holds state), or only trims."""
+    return not all(_kv_only(c) for c in caches)
+
+
 @dataclass
 class Snapshot:
     """The batch's caches before a verify forward of `fed` positions."""
@@ -82,14 +87,10 @@ class Snapshot:
     saved: list
     kv_only: bool  # no state cache: a rollback trims and replays nothing
 
-    @property
-    def state_layers(self) -> int:
-        return sum(1 for s in self.saved if s is not None)
-
 
 def take(caches: list) -> Snapshot:
     """Keep what a rollback needs (no copies: state arrays are held, KV is trimmed later)."""
-    kv_only = all(_kv_only(c) for c in caches)
+    kv_only = not replays(caches)
     return Snapshot([None if kv_only else _saved(c) for c in caches], kv_only)
 
 

@@ -28,6 +28,7 @@ It knows the batch's rows and mlx-lm's step; what to draft is the sources'.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -35,7 +36,7 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
 from engine.runtime import rollback, verification
-from engine.runtime.draft_length import DraftLength
+from engine.runtime.draft_length import DraftLength, StepCosts, batch_k
 from engine.runtime.drafts import DraftSource
 
 
@@ -85,6 +86,7 @@ class SpeculativeGenerationBatch(GenerationBatch):
         batch.speculation = speculation
         batch.stats = SpeculationStats()
         batch.lengths = {}  # uid -> DraftLength
+        batch.costs = StepCosts()  # a forward's ms by the tokens it feeds (auto's K)
         return batch
 
     def filter(self, keep):
@@ -103,7 +105,10 @@ class SpeculativeGenerationBatch(GenerationBatch):
             self.stats.plain_steps += 1
             for uid in self.uids:
                 self._length(uid).decoded(1)
-            return super().next()
+            tic = time.perf_counter()
+            out = super().next()
+            self.costs.record(len(out), (time.perf_counter() - tic) * 1000)
+            return out
         return self._verify(*drafts)
 
     # ---- 1) drafts ----------------------------------------------------------
@@ -119,7 +124,12 @@ class SpeculativeGenerationBatch(GenerationBatch):
         if any(self.logits_processors):
             return None
         source = self.speculation.source
-        wanted = [self._length(uid).wanted() for uid in self.uids]
+        lengths = [self._length(uid) for uid in self.uids]
+        wanted = [length.wanted() for length in lengths]
+        if self.speculation.draft_tokens is None and any(wanted):  # auto: K for speed
+            rates = [length.rate if k else None for length, k in zip(lengths, wanted)]
+            k = batch_k(rates, self.costs, rollback.replays(self.prompt_cache))
+            wanted = [min(w, k) for w in wanted]
         # Guesses from what each row has fed: one more token, to cover the one in flight.
         early = [
             source.propose(uid, self.tokens[r], k + 1) if k else []
@@ -152,13 +162,19 @@ class SpeculativeGenerationBatch(GenerationBatch):
         snapshot = rollback.take(self.prompt_cache)
 
         # 2) Verify: the whole batch in one forward.
+        tic = time.perf_counter()
         logits = self.model(mx.array(inputs), cache=self.prompt_cache)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         # A request's own sampler (engine.runtime.sampling) samples; any other row takes
         # the batch's argmax (mlx-lm's default sampler, the engine's greedy).
         samplers = [s if hasattr(s, "logits") else None for s in self.samplers or self.uids]
         greedy_rows = [r for r, s in enumerate(samplers) if s is None]
-        targets = mx.argmax(logprobs, axis=-1).tolist() if greedy_rows else None
+        if greedy_rows:
+            targets = mx.argmax(logprobs, axis=-1).tolist()
+        else:
+            mx.eval(logprobs)
+            targets = None
+        self.costs.record(len(inputs) * fed, (time.perf_counter() - tic) * 1000)
 
         # 3) Accept, then cut at a stop token or max_tokens.
         kept, nexts, finish = [], [], []

@@ -96,7 +96,17 @@ def format_table(figures: dict) -> str:
         )
         for r in figures["runs"]
     ]
-    return "\n".join(lines + table(COLUMNS, rows))
+    lines += table(COLUMNS, rows)
+    lines += ["", "steps (mean ms): verify forward, rollback replay, plain decode step"]
+    for r in figures["runs"]:
+        s = r.get("steps") or {}
+        if s:
+            lines.append(
+                f"  {r['traffic']:<9} {r['streams']} {r['mode']:<6}: {s['verify_steps']} verifies "
+                f"{s['verify_ms']:.2f}, {s['replays']} replays {s['replay_ms']:.2f}, "
+                f"{s['plain_steps']} plain {s['plain_ms']:.2f}"
+            )
+    return "\n".join(lines)
 
 
 def plot(figures: dict, path: str) -> None:

@@ -57,9 +57,12 @@ def _traffics(args: argparse.Namespace, tokenizer, engines: dict) -> list:
         for k in args.streams:
             replies = {}
             for mode, engine in engines.items():
+                before = _batch_stats(engine)
                 run, ids, drafts = _run(engine, prompts[:k], args.tokens)
                 replies[mode] = ids
-                rows.append(_row(traffic, k, mode, run, drafts, ids == replies["off"]))
+                row = _row(traffic, k, mode, run, drafts, ids == replies["off"])
+                row["steps"] = _steps(before, _batch_stats(engine))
+                rows.append(row)
                 print(
                     f"  {traffic:<9} {k} x {args.tokens} {mode:<6} "
                     f"{run.per_stream_tps:7.1f} tok/s/stream {run.aggregate_tps:7.1f} aggregate",
@@ -103,6 +106,30 @@ def _run(engine, prompts: list, tokens: int):
     accepted = sum(f.timing.accepted for f in finals)
     steps = sum(f.timing.draft_steps for f in finals)
     return LayerRun("loop", figures, wall_s=wall), ids, (drafted, accepted, steps)
+
+
+def _batch_stats(engine) -> dict:
+    """The speculating batch's counters now (empty under `off`)."""
+    stats = getattr(engine.generator.bg._generation_batch, "stats", None)
+    if stats is None:
+        return {}
+    keys = ("verify_steps", "plain_steps", "replays", "verify_ms", "replay_ms", "plain_ms")
+    return {key: getattr(stats, key) for key in keys}
+
+
+def _steps(before: dict, after: dict) -> dict:
+    """Mean ms of a verify forward, a rollback's replay and a plain step during one run."""
+    if not after:
+        return {}
+    d = {key: after[key] - before[key] for key in after}
+    return {
+        "verify_steps": d["verify_steps"],
+        "plain_steps": d["plain_steps"],
+        "replays": d["replays"],
+        "verify_ms": round(d["verify_ms"] / d["verify_steps"], 3) if d["verify_steps"] else 0.0,
+        "replay_ms": round(d["replay_ms"] / d["replays"], 3) if d["replays"] else 0.0,
+        "plain_ms": round(d["plain_ms"] / d["plain_steps"], 3) if d["plain_steps"] else 0.0,
+    }
 
 
 def _row(traffic: str, k: int, mode: str, run: LayerRun, drafts, identical: bool) -> dict:

@@ -66,6 +66,10 @@ class SpeculationStats:
     verify_steps: int = 0
     plain_steps: int = 0
     replayed: int = 0  # positions the rollbacks replayed
+    replays: int = 0  # rollbacks that replayed
+    verify_ms: float = 0.0  # the verify forwards' time (to their tokens on the host)
+    replay_ms: float = 0.0  # the rollbacks' time
+    plain_ms: float = 0.0  # the plain steps' time
     # Rows that drafted and accepted every draft, some, none (the tests read them)
     accepted_all: int = 0
     accepted_some: int = 0
@@ -107,7 +111,9 @@ class SpeculativeGenerationBatch(GenerationBatch):
                 self._length(uid).decoded(1)
             tic = time.perf_counter()
             out = super().next()
-            self.costs.record(len(out), (time.perf_counter() - tic) * 1000)
+            ms = (time.perf_counter() - tic) * 1000
+            self.costs.record(len(out), ms)
+            self.stats.plain_ms += ms
             return out
         return self._verify(*drafts)
 
@@ -174,7 +180,9 @@ class SpeculativeGenerationBatch(GenerationBatch):
         else:
             mx.eval(logprobs)
             targets = None
-        self.costs.record(len(inputs) * fed, (time.perf_counter() - tic) * 1000)
+        ms = (time.perf_counter() - tic) * 1000
+        self.costs.record(len(inputs) * fed, ms)
+        self.stats.verify_ms += ms
 
         # 3) Accept, then cut at a stop token or max_tokens.
         kept, nexts, finish = [], [], []
@@ -191,9 +199,11 @@ class SpeculativeGenerationBatch(GenerationBatch):
             self._count(uid, len(d), verdict.accepted, n)
 
         # 4) Roll back each row to its kept tokens.
-        self.stats.replayed += rollback.roll_back(
-            self.model, self.prompt_cache, snapshot, inputs, kept
-        )
+        tic = time.perf_counter()
+        replayed = rollback.roll_back(self.model, self.prompt_cache, snapshot, inputs, kept)
+        self.stats.replay_ms += (time.perf_counter() - tic) * 1000
+        self.stats.replayed += replayed
+        self.stats.replays += 1 if replayed else 0
 
         # 5) Emit: one response per kept token; the next step starts from the drawn ones.
         previous = self._next_logprobs

@@ -17,6 +17,7 @@ PREFILL_EVALS = ("auto", "module", "forward")  # how the prefill worker evaluate
 # Draft sources of speculative decoding (engine/runtime/speculation.py); auto: what the
 # model supports, each sequence's draft length adapted to its acceptance.
 SPECULATIVE = ("off", "auto", "lookup", "mtp", "draft")
+UNBUILT = ("mtp", "draft")  # declared, refused until their drafts reach the verify step
 
 
 def _draft_tokens(value) -> int | None:
@@ -135,7 +136,18 @@ class ModelConfig:
                 f"{label_of(ModelConfig, 'speculative')}: {self.speculative!r} is not one of "
                 f"{', '.join(SPECULATIVE)}"
             )
-        _draft_tokens(self.num_draft_tokens)
+        if self.speculative in UNBUILT:
+            raise ValueError(
+                f"{label_of(ModelConfig, 'speculative')}: {self.speculative} drafts do not reach "
+                "the verify step yet; use lookup or auto"
+            )
+        if self.num_draft_tokens is not None and not (
+            isinstance(self.num_draft_tokens, int) and self.num_draft_tokens >= 1
+        ):
+            raise ValueError(
+                f"{label_of(ModelConfig, 'num_draft_tokens')}: {self.num_draft_tokens!r} is "
+                "neither auto nor a positive integer"
+            )
         if not self.prefill_slice_ms > 0:
             raise ValueError(
                 f"{label_of(ModelConfig, 'prefill_slice_ms')} must be positive, "

@@ -6,8 +6,8 @@
   MTP head's drafts are not wired into the verify step yet), with each
   sequence's draft length adapted (engine.runtime.draft_length) unless
   `--num-draft-tokens` fixes it.
-- `mtp`, `draft`: refused at start with a message that says so: the MTP head
-  and the draft model do not feed the verify step yet.
+- `mtp`, `draft`: refused by the configuration (ModelConfig): the MTP head and
+  the draft model do not feed the verify step yet.
 
 It reads the config and builds; it keeps nothing.
 """
@@ -24,9 +24,5 @@ def speculation_for(config: ModelConfig) -> Speculation | None:
     mode = config.speculative
     if mode == "off":
         return None
-    if mode in ("mtp", "draft"):
-        raise ValueError(
-            f"--speculative {mode}: this engine's verify step takes prompt-lookup drafts only "
-            "so far; use lookup or auto"
-        )
+    assert mode in ("lookup", "auto"), mode
     return Speculation(PromptLookup(), config.num_draft_tokens)

@@ -61,3 +61,16 @@ def test_auto_k_follows_acceptance_and_cost():
     assert 1 <= batch_k([0.95] * 8, steep) < batch_k([0.95], cheap)
     assert batch_k([None, None], cheap) == 0
     assert batch_k([0.9], StepCosts()) == AUTO_MAX  # nothing measured yet
+
+
+def test_unbuilt_draft_sources_are_refused_naming_the_flag():
+    import pytest
+
+    from engine.config import ModelConfig
+
+    for mode in ("mtp", "draft"):
+        with pytest.raises(ValueError, match="--speculative"):
+            ModelConfig(speculative=mode)
+    with pytest.raises(ValueError, match="--num-draft-tokens"):
+        ModelConfig(num_draft_tokens=0)
+    assert ModelConfig(speculative="auto", num_draft_tokens=3).num_draft_tokens == 3

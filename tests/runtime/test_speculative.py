@@ -44,8 +44,13 @@ def _run(gen, prompts, late=()):
         uids[uid] = i
     out = {i: [] for i in range(len(prompts))}
     done, steps = set(), 0
+    stats = getattr(gen._generation_batch, "stats", None)
+    gen.beside = 0  # steps where a prefill chunk's responses came beside a verify
     while len(done) < len(prompts):
-        _, generated = gen.next()
+        verified = stats.verify_steps if stats else 0
+        prompt_responses, generated = gen.next()
+        if stats and prompt_responses and stats.verify_steps > verified:
+            gen.beside += 1
         steps += 1
         if steps == 3 and late:
             for i, uid in zip(late, gen.insert_segments([[prompts[i]] for i in late])):
@@ -97,6 +102,7 @@ def test_greedy_speculation_is_plain_decoding(arch, batch):
         spoken, _ = _run(gen, prompts, late)
         assert spoken == plain, (arch, batch, k)
         assert stats.verify_steps > 0
+        assert gen.beside > 0 or batch == 1  # prefill chunks interleaved with verify steps
         # Every acceptance length happened: all drafts, some (of more than one), none.
         assert stats.accepted_all and stats.accepted_none and (k == 1 or stats.accepted_some)
     # Prompt lookup on the same prompts: the same tokens again.

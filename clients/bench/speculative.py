@@ -15,7 +15,8 @@ import argparse
 from clients.bench.figures import Column, emit, plot_ready, table
 
 HELP = "speculative decoding: decode tokens/s per draft mode against off, three traffics"
-MODES = ("lookup", "auto")
+# lookup-whole: lookup whose rollbacks replay the whole model (the other way, for comparison)
+MODES = ("lookup", "auto", "lookup-whole")
 TRAFFICS = ("edit", "tool_json", "chat")
 
 
@@ -44,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--streams", type=_ints, default=[1, 4, 8], metavar="K,K", help="1,4,8")
     p.add_argument("--tokens", type=int, default=256, metavar="N", help="reply tokens (256)")
-    p.add_argument("--modes", type=_names(MODES), default=list(MODES), help=",".join(MODES))
+    p.add_argument("--modes", type=_names(MODES), default=["lookup", "auto"], help=",".join(MODES))
     p.add_argument(
         "--traffic", type=_names(TRAFFICS), default=list(TRAFFICS), help=",".join(TRAFFICS)
     )
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
 COLUMNS = (
     Column("traffic", 9, align="<"),
     Column("streams", 7),
-    Column("mode", 6, align="<"),
+    Column("mode", 12, align="<"),
     Column("tok/s/stream", 12, ".1f"),
     Column("aggregate", 9, ".1f"),
     Column("vs off", 6, ".2f"),
@@ -102,7 +103,7 @@ def format_table(figures: dict) -> str:
         s = r.get("steps") or {}
         if s:
             lines.append(
-                f"  {r['traffic']:<9} {r['streams']} {r['mode']:<6}: {s['verify_steps']} verifies "
+                f"  {r['traffic']:<9} {r['streams']} {r['mode']:<12}: {s['verify_steps']} verifies "
                 f"{s['verify_ms']:.2f}, {s['replays']} replays {s['replay_ms']:.2f}, "
                 f"{s['plain_steps']} plain {s['plain_ms']:.2f}"
             )

@@ -29,8 +29,11 @@ def measure(args: argparse.Namespace) -> dict:
     tokenizer = loaded[1]
     engines = {}
     for mode in ["off", *args.modes]:
-        model = dataclasses.replace(config.model, speculative=mode)
+        speculative = mode.removesuffix("-whole")
+        model = dataclasses.replace(config.model, speculative=speculative)
         engines[mode] = LocalEngine(dataclasses.replace(config, model=model), loaded=loaded)
+        if mode.endswith("-whole"):  # its rollbacks replay the whole model, not the mixers
+            engines[mode].generator.bg._generation_batch.taps = None
     try:
         rows = _traffics(args, tokenizer, engines)
     finally:
@@ -64,7 +67,7 @@ def _traffics(args: argparse.Namespace, tokenizer, engines: dict) -> list:
                 row["steps"] = _steps(before, _batch_stats(engine))
                 rows.append(row)
                 print(
-                    f"  {traffic:<9} {k} x {args.tokens} {mode:<6} "
+                    f"  {traffic:<9} {k} x {args.tokens} {mode:<12} "
                     f"{run.per_stream_tps:7.1f} tok/s/stream {run.aggregate_tps:7.1f} aggregate",
                     flush=True,
                 )

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, BatchKVCache, BatchRotatingKVCache, CacheList
 
+from engine.runtime.state_replay import MixerTaps
+
 
 def _kv_only(cache) -> bool:
     if type(cache) is CacheList:
@@ -86,12 +88,18 @@ class Snapshot:
 
     saved: list
     kv_only: bool  # no state cache: a rollback trims and replays nothing
+    taps: MixerTaps | None = None  # open during the verify: the mixers' inputs
 
 
-def take(caches: list) -> Snapshot:
-    """Keep what a rollback needs (no copies: state arrays are held, KV is trimmed later)."""
+def take(caches: list, taps: MixerTaps | None = None) -> Snapshot:
+    """Keep what a rollback needs (no copies: state arrays are held, KV is trimmed later);
+    with `taps`, the recurrent mixers keep their inputs during the verify forward."""
     kv_only = not replays(caches)
-    return Snapshot([None if kv_only else _saved(c) for c in caches], kv_only)
+    if kv_only:
+        return Snapshot([None] * len(caches), True)
+    if taps is not None:
+        taps.open()
+    return Snapshot([_saved(c) for c in caches], False, taps)
 
 
 def _prepare(cache, keep: list[int], padding: list[int]) -> None:
@@ -120,18 +128,25 @@ def roll_back(model, caches: list, snapshot: Snapshot, tokens: list[list[int]], 
     `tokens[r]` are the `fed` tokens the verify forward gave row r. Returns
     the number of positions replayed (0 when nothing needed it)."""
     fed = len(tokens[0])
+    mixed = snapshot.taps.close() if snapshot.taps is not None else None
     if all(k == fed for k in keep):
         return 0
     longest = max(keep)
     padding = [longest - k for k in keep]
-    if snapshot.kv_only:
-        for c in caches:
+    if snapshot.kv_only or mixed is not None:
+        state = set(mixed or ())  # the mixers' caches: restored and replayed alone
+        for i, c in enumerate(caches):
+            if i in state:
+                _restore(c, snapshot.saved[i], fed)
+                continue
             _trim(c, fed - longest)
             if any(padding):
                 _prepare(c, keep, padding)
                 _finalize(c)
+        if mixed:
+            snapshot.taps.replay(caches, mixed, keep)
         mx.eval([c.state for c in caches])
-        return 0
+        return longest if mixed else 0
     for c, s in zip(caches, snapshot.saved):
         _restore(c, s, fed)
     for c in caches:

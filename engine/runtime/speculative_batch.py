@@ -38,6 +38,7 @@ from mlx_lm.generate import GenerationBatch
 from engine.runtime import rollback, verification
 from engine.runtime.draft_length import DraftLength, StepCosts, batch_k
 from engine.runtime.drafts import DraftSource
+from engine.runtime.state_replay import MixerTaps
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ class Speculation:
     draft_tokens: int | None = None  # None: auto, per sequence
     # (uid, drafts) -> how many leading drafts a constraint allows; None: all.
     allowed: Optional[Callable[[int, list[int]], int]] = None
+    # A rollback replays the recurrent mixers alone where it can (else the whole model).
+    mixer_replay: bool = True
 
 
 @dataclass
@@ -91,6 +94,9 @@ class SpeculativeGenerationBatch(GenerationBatch):
         batch.stats = SpeculationStats()
         batch.lengths = {}  # uid -> DraftLength
         batch.costs = StepCosts()  # a forward's ms by the tokens it feeds (auto's K)
+        # The recurrent mixers, tapped so a rollback replays them alone (None: the model's
+        # state layers need the whole model replayed; engine.runtime.state_replay).
+        batch.taps = MixerTaps.of(model) if speculation.mixer_replay else None
         return batch
 
     def filter(self, keep):
@@ -165,7 +171,7 @@ class SpeculativeGenerationBatch(GenerationBatch):
         self.stats.verify_steps += 1
         fed = 1 + max(len(d) for d in drafts)
         inputs = [[t] + d + [0] * (fed - 1 - len(d)) for t, d in zip(current, drafts)]
-        snapshot = rollback.take(self.prompt_cache)
+        snapshot = rollback.take(self.prompt_cache, self.taps)
 
         # 2) Verify: the whole batch in one forward.
         tic = time.perf_counter()

@@ -22,6 +22,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from engine.runtime import rollback
 from engine.runtime.batch import LineageBatchGenerator
 from engine.runtime.layer_caches import store_entry
+from engine.runtime.state_replay import MixerTaps
 from engine.runtime.tiny_models import ARCHS, build_model
 
 REL_L2 = 1e-5
@@ -57,8 +58,12 @@ def _plain(model, tokens: list[int], fed: list[int]) -> list:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_rollback_leaves_each_row_as_plain_decoding(arch):
+@pytest.mark.parametrize("mixers", [False, True], ids=["whole-model", "mixers-alone"])
+def test_rollback_leaves_each_row_as_plain_decoding(arch, mixers):
     model = build_model(arch)
+    taps = MixerTaps.of(model) if mixers else None
+    if mixers:  # the recurrent archs replay their mixers alone; the others have none to
+        assert (taps is not None) == (arch in ("qwen3_next", "kimi_linear", "mamba2"))
     rng = np.random.default_rng(3)
     prompts = [rng.integers(3, 4000, size=n).tolist() for n in (21, 40, 33)]
     gen = LineageBatchGenerator(model, max_tokens=64, prefill_step_size=16)
@@ -72,9 +77,10 @@ def test_rollback_leaves_each_row_as_plain_decoding(arch):
     inputs = [[c] + rng.integers(3, 4000, size=K).tolist() for c in current]
     keep = [K + 1, 3, 1]  # all, the current token and two drafts, the current token alone
 
-    snapshot = rollback.take(batch.prompt_cache)
+    snapshot = rollback.take(batch.prompt_cache, taps)
     model(mx.array(inputs), cache=batch.prompt_cache)
-    rollback.roll_back(model, batch.prompt_cache, snapshot, inputs, keep)
+    replayed = rollback.roll_back(model, batch.prompt_cache, snapshot, inputs, keep)
+    assert replayed == (0 if arch in ("llama", "glm_moe_dsa") else K + 1)
 
     for r in range(len(prompts)):
         row = [c.extract(r) for c in batch.prompt_cache]

@@ -1,13 +1,17 @@
-"""Tiny random-weight models built with mlx-lm's own model classes.
+"""Tiny models built with mlx-lm's own model classes: seeded random ones and the embedded one.
 
-Used by the tests and as the embedded default model (``ensure_default_model``).
-Each architecture is one HF-style ``config.json`` dict that ``mlx_lm.load``
-accepts; weights come from the layer constructors under a fixed MLX seed, so
-the same (arch, size, seed) gives bit-identical weights in every process.
+Each architecture is one HF-style ``config.json`` dict that ``mlx_lm.load`` accepts.
+- Random weights (the architecture tests): from the layer constructors under a fixed
+  MLX seed, so the same (arch, size, seed) gives bit-identical weights in every process
+  (``build_model``, ``write_model_dir``).
+- The embedded default model (``ensure_default_model``, what ``lineage serve`` serves
+  without ``--model``): a qwen3_next of size "embedded" trained by
+  ``scripts/train_tiny.py``, shipped in ``engine/runtime/assets/model`` with its MTP
+  head (``mtp.safetensors``, see ``engine.runtime.mtp``), float32 as it is served.
 
-This module knows model shapes and files. It knows nothing about caches,
-serving or requests; the tokenizer it writes next to the weights is the
-committed one in ``engine/runtime/assets/tokenizer`` (see ``scripts/train_tokenizer.py``).
+This module knows model shapes and files. It knows nothing about caches, serving or
+requests; the tokenizer it writes next to the weights is the committed one in
+``engine/runtime/assets/tokenizer`` (see ``scripts/train_tokenizer.py``).
 """
 
 from __future__ import annotations
@@ -23,10 +27,13 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
+from engine.runtime.mtp import MTP_WEIGHTS_FILE
+
 ARCHS = ("qwen3_next", "kimi_linear", "mamba2", "llama", "glm_moe_dsa", "gemma3_text")
-SIZES = ("tiny", "bench")
+SIZES = ("tiny", "bench", "embedded")
 BENCH_ARCHS = ("qwen3_next", "glm_moe_dsa")  # the archs with a "bench" size
-DEFAULT_ARCH = "qwen3_next"
+# "embedded": the shape of the trained default model (scripts/train_tiny.py).
+EMBEDDED_ARCHS = ("qwen3_next",)
 DEFAULT_SEED = 0
 
 # The committed tokenizer has exactly this many ids, special tokens included.
@@ -37,12 +44,15 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 ENDOFTEXT_ID = 0
 IM_END_ID = 2
 
-# Bumped whenever the bytes written for the same config and seed would change.
-_BUILD_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"
+# The trained default model as shipped (scripts/train_tiny.py writes it).
+EMBEDDED_DIR = Path(__file__).parent / "assets" / "model"
+EMBEDDED_FILES = ("config.json", WEIGHTS_FILE, MTP_WEIGHTS_FILE)
 
 
 def _qwen3_next(size: str) -> dict:
+    if size == "embedded":
+        return _qwen3_next_embedded()
     bench = size == "bench"
     return {
         "hidden_size": 512 if bench else 64,
@@ -71,6 +81,21 @@ def _qwen3_next(size: str) -> dict:
         "max_position_embeddings": 131072 if bench else 32768,
         "tie_word_embeddings": False,
         "attention_bias": False,
+    }
+
+
+def _qwen3_next_embedded() -> dict:
+    """The trained default: twice the tiny width, the same 2 GDN + 2 GQA layers, and
+    one MTP layer (the Qwen3-Next config key; mlx-lm ignores it)."""
+    return {
+        **_qwen3_next("tiny"),
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "head_dim": 32,
+        "linear_key_head_dim": 32,
+        "linear_value_head_dim": 32,
+        "num_nextn_predict_layers": 1,
+        "tie_word_embeddings": True,
     }
 
 
@@ -218,12 +243,16 @@ _CONFIGS = {
 def config_for(arch: str, size: str = "tiny", vocab_size: int = VOCAB_SIZE) -> dict:
     """The HF-style config.json dict (with "model_type") of a tiny model.
 
-    "bench" exists for qwen3_next and glm_moe_dsa only. Raises ValueError for
-    an unknown arch or size.
+    "bench" exists for qwen3_next and glm_moe_dsa only, "embedded" for qwen3_next.
+    Raises ValueError for an unknown arch or size.
     """
     if arch not in _CONFIGS:
         raise ValueError(f"unknown arch {arch!r}; known: {', '.join(ARCHS)}")
-    if size not in SIZES or (size == "bench" and arch not in BENCH_ARCHS):
+    if (
+        size not in SIZES
+        or (size == "bench" and arch not in BENCH_ARCHS)
+        or (size == "embedded" and arch not in EMBEDDED_ARCHS)
+    ):
         raise ValueError(f"no size {size!r} for arch {arch!r}")
     return {
         "model_type": arch,
@@ -297,26 +326,49 @@ def write_model_dir(
     return path
 
 
-def default_model_key(
-    arch: str = DEFAULT_ARCH, size: str = "tiny", seed: int = DEFAULT_SEED
-) -> str:
-    """Directory name of a built model: arch, size and a hash of its inputs."""
+def write_embedded_model_dir(path: str | Path) -> Path:
+    """Copy the shipped trained model (config, weights, MTP head) and the tokenizer into
+    ``path`` (created if missing); ``mlx_lm.load(str(path))`` then loads it."""
+    _require_embedded_files()
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    for name in EMBEDDED_FILES:
+        shutil.copyfile(EMBEDDED_DIR / name, path / name)
+    copy_tokenizer(path)
+    return path
+
+
+def _require_embedded_files() -> None:
+    """Raise FileNotFoundError, saying how to make them, if a shipped file is missing."""
+    missing = [name for name in EMBEDDED_FILES if not (EMBEDDED_DIR / name).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"the embedded model's {', '.join(missing)} missing from {EMBEDDED_DIR}: "
+            "reinstall the package, or regenerate them with `python -m scripts.train_tiny`"
+        )
+
+
+def default_model_key() -> str:
+    """Directory name of the installed embedded model: a hash of the shipped bytes."""
+    _require_embedded_files()
     digest = hashlib.sha256()
-    digest.update(json.dumps(config_for(arch, size), sort_keys=True).encode())
-    digest.update(f"seed={seed};build={_BUILD_VERSION}".encode())
-    for name in TOKENIZER_FILES:
-        digest.update((TOKENIZER_DIR / name).read_bytes())
-    return f"{arch}-{size}-{digest.hexdigest()[:12]}"
+    for source in [EMBEDDED_DIR / n for n in EMBEDDED_FILES] + [
+        TOKENIZER_DIR / n for n in TOKENIZER_FILES
+    ]:
+        digest.update(source.name.encode())
+        digest.update(source.read_bytes())
+    return f"qwen3_next-embedded-{digest.hexdigest()[:12]}"
 
 
 def ensure_default_model(cache_dir: Path | None = None) -> Path:
-    """The embedded default model's directory, built on first use.
+    """The embedded default model's directory, installed from the package on first use.
 
-    Lives at ``<cache_dir>/models/qwen3_next-tiny-<hash>`` (cache_dir defaults to
-    ``engine.config.default_cache_dir()``). Built in a temporary sibling and
-    renamed into place, so a reader never sees a half-written directory and a
-    concurrent builder that loses the race just discards its copy. An existing
-    directory is returned untouched (its files' mtimes are part of the prompt
+    Lives at ``<cache_dir>/models/qwen3_next-embedded-<hash>`` (cache_dir defaults to
+    ``engine.config.default_cache_dir()``); the hash covers the shipped files, so new
+    weights get a new directory, new mtimes and so a new model fingerprint. Copied into
+    a temporary sibling and renamed into place, so a reader never sees a half-written
+    directory and a concurrent installer that loses the race just discards its copy. An
+    existing directory is returned untouched (its files' mtimes are part of the prompt
     cache's model fingerprint).
     """
     if cache_dir is None:
@@ -330,7 +382,7 @@ def ensure_default_model(cache_dir: Path | None = None) -> Path:
     models.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=models))
     try:
-        write_model_dir(DEFAULT_ARCH, tmp)
+        write_embedded_model_dir(tmp)
         os.rename(tmp, final)
     except OSError:
         if not final.is_dir():

@@ -1,4 +1,5 @@
-"""Tiny random-weight models, the committed tokenizer and its chat template.
+"""Tiny random-weight models, the embedded model's install, the committed tokenizer and its
+chat template (what the embedded model has learned: test_trained_model.py).
 
 Real MLX on tiny shapes: every test here runs in well under a second or two
 on a laptop CPU.
@@ -69,7 +70,7 @@ def test_archs_cover_every_config():
 
 @pytest.mark.parametrize(
     "arch, size",
-    [("nope", "tiny"), ("llama", "bench"), ("qwen3_next", "huge")],
+    [("nope", "tiny"), ("llama", "bench"), ("llama", "embedded"), ("qwen3_next", "huge")],
 )
 def test_config_for_rejects_unknown(arch, size):
     with pytest.raises(ValueError, match=repr(arch) if arch == "nope" else repr(size)):
@@ -171,7 +172,7 @@ def test_write_model_dir_round_trips_through_mlx_lm_load(models, tmp_path, arch)
 def test_ensure_default_model_builds_once_then_reuses(tmp_path):
     path = tm.ensure_default_model(tmp_path)
     assert path.parent == tmp_path / "models"
-    assert path.name.startswith("qwen3_next-tiny-")
+    assert path.name.startswith("qwen3_next-embedded-")
     stamps = {p.name: p.stat().st_mtime_ns for p in path.iterdir()}
     assert tm.ensure_default_model(tmp_path) == path
     assert {p.name: p.stat().st_mtime_ns for p in path.iterdir()} == stamps
@@ -179,16 +180,28 @@ def test_ensure_default_model_builds_once_then_reuses(tmp_path):
 
 
 def test_ensure_default_model_tolerates_losing_the_race(tmp_path, monkeypatch):
-    real_write = tm.write_model_dir
+    real_write = tm.write_embedded_model_dir
     final = tmp_path / "models" / tm.default_model_key()
 
-    def write_then_get_beaten(arch, path, *args, **kwargs):
-        real_write(arch, path, *args, **kwargs)
-        real_write(arch, final)  # another process finishes first
+    def write_then_get_beaten(path):
+        real_write(path)
+        real_write(final)  # another process finishes first
 
-    monkeypatch.setattr(tm, "write_model_dir", write_then_get_beaten)
+    monkeypatch.setattr(tm, "write_embedded_model_dir", write_then_get_beaten)
     assert tm.ensure_default_model(tmp_path) == final
     assert [p.name for p in (tmp_path / "models").iterdir()] == [final.name]
+
+
+def test_ensure_default_model_names_a_missing_shipped_file(tmp_path, monkeypatch):
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    for name in tm.EMBEDDED_FILES:
+        if name != tm.WEIGHTS_FILE:
+            (shipped / name).write_bytes((tm.EMBEDDED_DIR / name).read_bytes())
+    monkeypatch.setattr(tm, "EMBEDDED_DIR", shipped)
+    with pytest.raises(FileNotFoundError, match=f"{tm.WEIGHTS_FILE} missing.*train_tiny"):
+        tm.ensure_default_model(tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()  # nothing half-installed
 
 
 def test_default_model_generates(tmp_path):

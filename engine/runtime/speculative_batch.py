@@ -160,6 +160,8 @@ class SpeculativeGenerationBatch(GenerationBatch):
                 guess = source.propose(uid, self.tokens[r] + [current[r]], k)
             if guess and self.speculation.allowed is not None:
                 guess = guess[: self.speculation.allowed(uid, guess)]
+            if not guess:  # its guess missed the token in flight: a failed draft, waited for
+                lengths[r].verified(1, 0)
             drafts.append(guess[:k])
         if not any(drafts):
             return None

@@ -4,13 +4,13 @@ Raw prompts (text, tokenized by the bench with the served model's tokenizer)
 whose greedy replies are the decode being timed:
 
 - `edit`: a 200-line Python file from the standard library (the embedded
-  model's corpus ships with Python), then the instruction to re-emit it with
-  one name changed and the first lines of that re-emission: the reply copies
-  the rest, as an agent's edit does.
+  model's corpus ships with Python) in a user turn that asks for it back with
+  a fix, as an agent's edit does (the chat format the embedded model was
+  trained to copy in).
 - `tool_json`: tool definitions as JSON schemas and earlier tool calls, then
   the start of the next call: keys and paths repeat what is above.
-- `chat`: prose with no file to copy (the stdlib's own docs as text), then an
-  open continuation: little for a lookup to find.
+- `chat`: a user turn of prose (the stdlib's own docs) and an open question:
+  no file to copy, little for a lookup to find.
 
 Each prompt differs per stream (a different file, a different slice), so
 streams of one batch do not copy each other. It knows text, not tokens.
@@ -50,16 +50,15 @@ def _source_lines(name: str) -> list[str]:
     return lines[start : start + FILE_LINES]
 
 
+def _chat(user: str) -> str:
+    """A one-turn prompt as the embedded model's chat template renders it, the reply open."""
+    return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+
+
 def edit_prompt(stream: int) -> str:
     name = SOURCES[stream % len(SOURCES)]
-    lines = _source_lines(name)
-    text = "\n".join(lines)
-    head = "\n".join(lines[:6])
-    return (
-        f"# file: {name}.py\n{text}\n\n"
-        f"# The same file, re-emitted whole with `_` renamed nowhere else:\n"
-        f"# file: {name}.py\n{head}\n"
-    )
+    text = "\n".join(_source_lines(name)) + "\n"
+    return _chat(f"Apply the fix and show the whole file.\n\n# file: {name}.py\n{text}")
 
 
 TOOLS = [
@@ -108,7 +107,7 @@ def chat_prompt(stream: int) -> str:
         if callable(member) and getattr(member, "__module__", "") == name and member.__doc__:
             docs.append(inspect.getdoc(member))
     text = "\n\n".join(d for d in docs if d)[:2000]
-    return f"{text}\n\nIn short, the {name} module is useful because"
+    return _chat(f"{text}\n\nWhat is the {name} module good for, in your words?")
 
 
 PROMPTS = {"edit": edit_prompt, "tool_json": tool_json_prompt, "chat": chat_prompt}

@@ -3,7 +3,9 @@
 Three traffics (an edit that re-emits a 200-line file, tool-call JSON, free
 chat; clients.bench.speculative_traffic) at 1, 4 and 8 streams, greedy, on
 in-process engines that share one loaded model (the trained embedded model
-without --model): per draft mode, decode tokens/s per stream and aggregate,
+without --model): per draft mode (`lookup`: prompt lookup, K fixed; `auto`:
+the sources the model supports, K adapted; `lookup-whole`: lookup whose
+rollbacks replay the whole model), decode tokens/s per stream and aggregate,
 their ratio to `off` in the same run, the drafts' acceptance rate and mean
 accepted length, and whether the tokens equal `off`'s.
 """
@@ -49,6 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--traffic", type=_names(TRAFFICS), default=list(TRAFFICS), help=",".join(TRAFFICS)
     )
+    p.add_argument(
+        "--lookup-k", type=int, default=4, metavar="K", help="lookup's fixed draft count (4)"
+    )
     p.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="write the figure (matplotlib)")
     add_serve_arguments(p)
@@ -78,8 +83,8 @@ COLUMNS = (
 
 def format_table(figures: dict) -> str:
     lines = [
-        f"model {figures['model']}, {figures['tokens']}-token greedy replies, "
-        f"draft tokens {figures['num_draft_tokens']}",
+        f"model {figures['model']}, {figures['tokens']}-token greedy replies; lookup drafts "
+        f"{figures['lookup_k']} tokens a step, auto adapts",
         "",
     ]
     rows = [

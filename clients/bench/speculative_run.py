@@ -30,7 +30,9 @@ def measure(args: argparse.Namespace) -> dict:
     engines = {}
     for mode in ["off", *args.modes]:
         speculative = mode.removesuffix("-whole")
-        model = dataclasses.replace(config.model, speculative=speculative)
+        # lookup: K fixed (--lookup-k); auto: K adapted per sequence and step
+        k = args.lookup_k if speculative == "lookup" else None
+        model = dataclasses.replace(config.model, speculative=speculative, num_draft_tokens=k)
         engines[mode] = LocalEngine(dataclasses.replace(config, model=model), loaded=loaded)
         if mode.endswith("-whole"):  # its rollbacks replay the whole model, not the mixers
             engines[mode].generator.bg._generation_batch.taps = None
@@ -44,7 +46,7 @@ def measure(args: argparse.Namespace) -> dict:
         "model": model_dir,
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "tokens": args.tokens,
-        "num_draft_tokens": config.model.num_draft_tokens or "auto",
+        "lookup_k": args.lookup_k,
         "runs": rows,
     }
 

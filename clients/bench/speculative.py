@@ -126,10 +126,10 @@ def plot(figures: dict, path: str) -> None:
         for mode in dict.fromkeys(r["mode"] for r in rows):
             mine = [r for r in rows if r["mode"] == mode]
             xs = [r["streams"] for r in mine]
-            ax.plot(xs, [r["aggregate_tps"] for r in mine], marker="o", label=mode)
+            ax.plot(xs, [r["per_stream_tps"] for r in mine], marker="o", label=mode)
         ax.set_title(traffic)
         ax.set_xlabel("concurrent streams")
-        ax.set_ylabel("aggregate decode tokens/s")
+        ax.set_ylabel("decode tokens/s per stream")
         ax.grid(alpha=0.3)
         ax.legend()
     save_figure(fig, path)

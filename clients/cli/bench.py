@@ -46,6 +46,10 @@ BENCHES = {
         "clients.bench.decode",
         "decode tokens/s layer by layer (loop, gRPC, bridge) beside mlx_lm.generate and .server",
     ),
+    "speculative": (
+        "clients.bench.speculative",
+        "speculative decoding: decode tokens/s per draft mode against off, three traffics",
+    ),
     "load": (
         "clients.bench.load",
         "load: concurrent sessions on a small RAM budget, then a burst past the queue",

@@ -14,6 +14,22 @@ from engine.config.setting import label_of, setting
 # padded prefill batch, kept as the baseline.
 SCHEDULES = ("srpt", "fifo", "batched")
 PREFILL_EVALS = ("auto", "module", "forward")  # how the prefill worker evaluates a chunk
+# Draft sources of speculative decoding (engine/runtime/speculation.py); auto: what the
+# model supports, each sequence's draft length adapted to its acceptance.
+SPECULATIVE = ("off", "auto", "lookup", "mtp", "draft")
+UNBUILT = ("mtp", "draft")  # declared, refused until their drafts reach the verify step
+
+
+def _draft_tokens(value) -> int | None:
+    """`auto` (None) or a positive integer."""
+    if value is None or isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    text = str(value).strip().lower()
+    if text == "auto":
+        return None
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise ValueError(f"{value!r} is neither auto nor a positive integer")
 
 
 @dataclass(frozen=True)
@@ -65,6 +81,27 @@ class ModelConfig:
         "queue stays short beside decode) or whole (forward); auto: module on the CPU",
         choices=PREFILL_EVALS,
     )
+    speculative: str = setting(
+        "off",
+        "speculative decoding: drafts verified in one forward inside the batch; lookup "
+        "(n-grams of the prompt and the reply), mtp (the model's MTP head), draft (a draft "
+        "model), auto (what the model supports, each sequence's draft length adapted)",
+        choices=SPECULATIVE,
+    )
+    num_draft_tokens: int | None = setting(
+        None,
+        "drafts verified per step and sequence: K, or auto (adapted to each sequence's "
+        "recent acceptance, off for a sequence whose drafts don't pay)",
+        parse=_draft_tokens,
+        metavar="K|auto",
+        shown="auto",
+    )
+    draft_model: str | None = setting(
+        None,
+        "draft model directory (same tokenizer) for --speculative draft",
+        metavar="PATH",
+        shown="none",
+    )
     # TGI's --max-batch-total-tokens; None: sized by plan_memory.
     max_batch_tokens: int | None = setting(
         None,
@@ -93,6 +130,23 @@ class ModelConfig:
             raise ValueError(
                 f"{label_of(ModelConfig, 'prefill_eval')}: {self.prefill_eval!r} is not one of "
                 f"{', '.join(PREFILL_EVALS)}"
+            )
+        if self.speculative not in SPECULATIVE:
+            raise ValueError(
+                f"{label_of(ModelConfig, 'speculative')}: {self.speculative!r} is not one of "
+                f"{', '.join(SPECULATIVE)}"
+            )
+        if self.speculative in UNBUILT:
+            raise ValueError(
+                f"{label_of(ModelConfig, 'speculative')}: {self.speculative} drafts do not reach "
+                "the verify step yet; use lookup or auto"
+            )
+        if self.num_draft_tokens is not None and not (
+            isinstance(self.num_draft_tokens, int) and self.num_draft_tokens >= 1
+        ):
+            raise ValueError(
+                f"{label_of(ModelConfig, 'num_draft_tokens')}: {self.num_draft_tokens!r} is "
+                "neither auto nor a positive integer"
             )
         if not self.prefill_slice_ms > 0:
             raise ValueError(

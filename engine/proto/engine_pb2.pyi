@@ -115,7 +115,7 @@ class Restore(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., length: _Optional[int] = ...) -> None: ...
 
 class Timing(_message.Message):
-    __slots__ = ("queue_ms", "plan_ms", "restore_ms", "prefill_ms", "commit_ms", "ttft_ms", "decode_tps", "bytes_copied_restore", "bytes_copied_commit", "restored_kv_bytes", "bytes_copied_batch")
+    __slots__ = ("queue_ms", "plan_ms", "restore_ms", "prefill_ms", "commit_ms", "ttft_ms", "decode_tps", "bytes_copied_restore", "bytes_copied_commit", "restored_kv_bytes", "bytes_copied_batch", "drafted", "accepted", "draft_steps")
     QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
     PLAN_MS_FIELD_NUMBER: _ClassVar[int]
     RESTORE_MS_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +127,9 @@ class Timing(_message.Message):
     BYTES_COPIED_COMMIT_FIELD_NUMBER: _ClassVar[int]
     RESTORED_KV_BYTES_FIELD_NUMBER: _ClassVar[int]
     BYTES_COPIED_BATCH_FIELD_NUMBER: _ClassVar[int]
+    DRAFTED_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_STEPS_FIELD_NUMBER: _ClassVar[int]
     queue_ms: float
     plan_ms: float
     restore_ms: float
@@ -138,7 +141,10 @@ class Timing(_message.Message):
     bytes_copied_commit: int
     restored_kv_bytes: int
     bytes_copied_batch: int
-    def __init__(self, queue_ms: _Optional[float] = ..., plan_ms: _Optional[float] = ..., restore_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., commit_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., decode_tps: _Optional[float] = ..., bytes_copied_restore: _Optional[int] = ..., bytes_copied_commit: _Optional[int] = ..., restored_kv_bytes: _Optional[int] = ..., bytes_copied_batch: _Optional[int] = ...) -> None: ...
+    drafted: int
+    accepted: int
+    draft_steps: int
+    def __init__(self, queue_ms: _Optional[float] = ..., plan_ms: _Optional[float] = ..., restore_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., commit_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., decode_tps: _Optional[float] = ..., bytes_copied_restore: _Optional[int] = ..., bytes_copied_commit: _Optional[int] = ..., restored_kv_bytes: _Optional[int] = ..., bytes_copied_batch: _Optional[int] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., draft_steps: _Optional[int] = ...) -> None: ...
 
 class Final(_message.Message):
     __slots__ = ("finish_reason", "usage", "restore", "timing", "request_id", "replica")

@@ -32,6 +32,7 @@ from mlx_lm.models.cache import BatchKVCache, CacheList, KVCache
 
 from engine.runtime.copies import CopyLedger
 from engine.runtime.layer_caches import snapshot_state
+from engine.runtime.speculative_batch import SpeculativeGenerationBatch
 
 
 def merge_with_room(caches: list, room: int, copied: list | None = None) -> list:
@@ -328,8 +329,12 @@ def _extract_layer(c, idx: int):
 class LineageBatchGenerator(BatchGenerator):
     """BatchGenerator with the warm turn's copies and pool clears taken out (module doc)."""
 
-    def __init__(self, model, *, clear_pool_per_prefill: bool = False, **kwargs):
+    def __init__(self, model, *, clear_pool_per_prefill: bool = False, speculation=None, **kwargs):
         super().__init__(model, **kwargs)
+        if speculation is not None:  # its step verifies drafts (engine.runtime.speculative_batch)
+            self._generation_batch = SpeculativeGenerationBatch.speculating(
+                model, self.sampler, speculation
+            )
         # The one generation batch lives as long as the generator (others extend it).
         gen = self._generation_batch
         # Bytes copied per sequence uid, by the merge into a prompt batch (restore) and
@@ -397,6 +402,12 @@ class LineageBatchGenerator(BatchGenerator):
         counted in `commit_copies` by the batch)."""
         batch = self._prompt_batch
         return batch.extract_cache(batch.uids.index(uid))
+
+    def draft_counts(self, uid: int) -> tuple[int, int, int]:
+        """(drafts verified, drafts accepted, verify steps) of a sequence, taken once."""
+        stats = getattr(self._generation_batch, "stats", None)
+        counts = None if stats is None else stats.counts.pop(uid, None)
+        return (0, 0, 0) if counts is None else (counts.drafted, counts.accepted, counts.verifies)
 
     @property
     def generating(self) -> int:

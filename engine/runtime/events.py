@@ -38,6 +38,11 @@ class Timing:
     # Its rows copied when the batches changed shape around it (others joined or left,
     # a prompt batch split) or outgrew their buffers (engine.runtime.copies)
     bytes_copied_batch: int = 0
+    # Speculative decoding: draft tokens verified for it, how many were accepted, and the
+    # verify steps it drafted in
+    drafted: int = 0
+    accepted: int = 0
+    draft_steps: int = 0
 
 
 @dataclass(frozen=True)

@@ -490,6 +490,7 @@ class Generator:
             commit_ms=commit_ms,
             error=error,
             restore_lost=act.restore_lost,
+            drafts=self.bg.draft_counts(act.uid),
         )
 
     def _unstarted(self, req: GenerationRequest, reason: FinishReason, error: str = "") -> Finished:

@@ -60,6 +60,7 @@ def final_event(
     commit_ms: float = 0.0,
     error: str = "",
     restore_lost: str = "",
+    drafts: tuple[int, int, int] = (0, 0, 0),
 ) -> Finished:
     """The Finished event of a request that was admitted (restored, maybe prefilled)."""
     return Finished(
@@ -70,7 +71,7 @@ def final_event(
         completion_tokens=completion_tokens,
         restore_kind=restore_kind,
         restore_length=restore_length,
-        timing=_timing(stamps, completion_tokens, commit_ms, copied),
+        timing=_timing(stamps, completion_tokens, commit_ms, copied, drafts),
         error=error,
         restore_lost=restore_lost,
     )
@@ -92,7 +93,9 @@ def unstarted_event(
     )
 
 
-def _timing(stamps: Stamps, completion_tokens: int, commit_ms: float, copied: Copied) -> Timing:
+def _timing(
+    stamps: Stamps, completion_tokens: int, commit_ms: float, copied: Copied, drafts=(0, 0, 0)
+) -> Timing:
     first, last, n = stamps.first, stamps.last, completion_tokens
     decode_tps = 0.0
     if first is not None and last is not None and last > first and n > 1:
@@ -109,4 +112,7 @@ def _timing(stamps: Stamps, completion_tokens: int, commit_ms: float, copied: Co
         bytes_copied_commit=copied.commit,
         restored_kv_bytes=copied.restored_kv,
         bytes_copied_batch=copied.batch,
+        drafted=drafts[0],
+        accepted=drafts[1],
+        draft_steps=drafts[2],
     )

@@ -2,6 +2,10 @@
 
 A sampler maps a row of log-probabilities to a token. A seeded request owns its
 own PRNG key, so its output does not depend on what else is in the batch.
+Speculative verification (engine.runtime.verification) reads the same
+sampler's target distribution (`logits`) and draws from its key (`split`), so
+a request samples from one distribution whether or not its drafts are
+verified.
 """
 
 from __future__ import annotations
@@ -12,24 +16,37 @@ from mlx_lm.sample_utils import apply_top_k, apply_top_p
 from engine.runtime.requests import SamplingParams
 
 
+class RequestSampler:
+    """Temperature, top-k and top-p sampling for one request, with its own key if seeded."""
+
+    def __init__(self, params: SamplingParams, vocab_size: int):
+        self.key = mx.random.key(params.seed) if params.seed is not None else None
+        self.inv_temp = 1.0 / params.temperature
+        self.top_k = params.top_k if 0 < params.top_k < vocab_size else 0
+        self.top_p = params.top_p if 0 < params.top_p < 1 else 0.0
+
+    def logits(self, logprobs: mx.array) -> mx.array:
+        """The logits this request samples from (top-k, top-p, temperature applied)."""
+        x = logprobs
+        if self.top_k:
+            x = apply_top_k(x, self.top_k)
+        if self.top_p:
+            x = apply_top_p(x, self.top_p)
+        return x * self.inv_temp
+
+    def split(self):
+        """A key for one draw: the request's own stream if seeded, else MLX's global one."""
+        if self.key is None:
+            return None
+        self.key, sub = mx.random.split(self.key)
+        return sub
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        return mx.random.categorical(self.logits(logprobs), key=self.split())
+
+
 def make_sampler(params: SamplingParams, vocab_size: int):
     """A sampler for one request; None means greedy (the batch's shared argmax)."""
     if params.temperature == 0:
         return None
-    key = [mx.random.key(params.seed)] if params.seed is not None else None
-    inv_temp = 1.0 / params.temperature
-    top_k = params.top_k if 0 < params.top_k < vocab_size else 0
-    top_p = params.top_p if 0 < params.top_p < 1 else 0.0
-
-    def sample(logprobs: mx.array) -> mx.array:
-        x = logprobs
-        if top_k:
-            x = apply_top_k(x, top_k)
-        if top_p:
-            x = apply_top_p(x, top_p)
-        if key is None:
-            return mx.random.categorical(x * inv_temp)
-        key[0], sub = mx.random.split(key[0])
-        return mx.random.categorical(x * inv_temp, key=sub)
-
-    return sample
+    return RequestSampler(params, vocab_size)

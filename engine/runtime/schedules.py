@@ -15,6 +15,7 @@ from engine.runtime.batch import LineageBatchGenerator
 from engine.runtime.chunked import ChunkedBatchGenerator
 from engine.runtime.prefill_worker import module_eval_default
 from engine.runtime.scheduler import PrefillScheduler
+from engine.runtime.speculation import speculation_for
 from engine.runtime.step_profile import StepProfile
 
 
@@ -26,6 +27,7 @@ def new_batch_generator(model, config: EngineConfig, profile: StepProfile) -> Ba
         prefill_batch_size=m.max_batch,
         prefill_step_size=m.prefill_step_size,
         clear_pool_per_prefill=config.cache.clear_pool_per_prefill,
+        speculation=speculation_for(m),
     )
     if m.schedule == "batched":  # mlx-lm's padded prefill batch: the baseline
         return LineageBatchGenerator(model, **common)

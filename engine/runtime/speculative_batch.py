@@ -1,0 +1,270 @@
+"""mlx-lm's GenerationBatch with speculative decoding: drafts verified in one forward.
+
+Each step, every decoding sequence may bring drafts (engine.runtime.drafts):
+1. Drafts: each row whose draft length wants some (engine.runtime.draft_length)
+   asks its source. A row's source is first asked on the context it has fed
+   (no wait for the token being sampled); only when some row has a guess does
+   the step wait for the sampled tokens and ask again with them. With no
+   guess anywhere the step is mlx-lm's own, pipelined as before.
+2. Verify: one forward of the whole batch, each row its current token and its
+   drafts (padded to the batch's longest: padding is never accepted).
+3. Accept: greedy exact match or speculative sampling, per row
+   (engine.runtime.verification), then cut at a stop token or max_tokens, so
+   a row never keeps a token it would not have emitted.
+4. Roll back: every layer cache to the kept tokens of each row
+   (engine.runtime.rollback: trim the KV, restore and replay the state).
+5. Emit: one Response per kept token, in order; the last carries the finish.
+
+A row's tokens thus leave several per step; `tokens[r]` is always exactly
+what its caches hold, so a finished row's extraction (and the lineage
+cache's commit after it) holds accepted tokens only.
+
+A constraint (the structured-output matcher) composes through `allowed`: a
+callable (uid, drafts) -> how many leading drafts the matcher accepts, asked
+before the verify; rows with logits processors decode plainly meanwhile.
+
+It knows the batch's rows and mlx-lm's step; what to draft is the sources'.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import mlx.core as mx
+from mlx_lm.generate import GenerationBatch
+
+from engine.runtime import rollback, verification
+from engine.runtime.draft_length import DraftLength, StepCosts, batch_k
+from engine.runtime.drafts import DraftSource
+from engine.runtime.state_replay import MixerTaps
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """How the generation batch speculates: its draft source and draft length."""
+
+    source: DraftSource
+    draft_tokens: int | None = None  # None: auto, per sequence
+    # (uid, drafts) -> how many leading drafts a constraint allows; None: all.
+    allowed: Optional[Callable[[int, list[int]], int]] = None
+    # A rollback replays the recurrent mixers alone where it can (else the whole model).
+    mixer_replay: bool = True
+
+
+@dataclass
+class DraftCounts:
+    """What one sequence's drafts did (the bench and the final event read them)."""
+
+    verifies: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+
+@dataclass
+class SpeculationStats:
+    """The batch's totals: verify steps, positions replayed by rollbacks."""
+
+    verify_steps: int = 0
+    plain_steps: int = 0
+    replayed: int = 0  # positions the rollbacks replayed
+    replays: int = 0  # rollbacks that replayed
+    verify_ms: float = 0.0  # the verify forwards' time (to their tokens on the host)
+    replay_ms: float = 0.0  # the rollbacks' time
+    plain_ms: float = 0.0  # the plain steps' time
+    # Rows that drafted and accepted every draft, some, none (the tests read them)
+    accepted_all: int = 0
+    accepted_some: int = 0
+    accepted_none: int = 0
+    counts: dict = field(default_factory=dict)  # uid -> DraftCounts
+
+
+class SpeculativeGenerationBatch(GenerationBatch):
+    """A generation batch whose step verifies drafts (module doc)."""
+
+    speculation: Speculation
+    stats: SpeculationStats
+    lengths: dict
+
+    @classmethod
+    def speculating(cls, model, fallback_sampler, speculation: Speculation):
+        batch = cls.empty(model, fallback_sampler)
+        batch.speculation = speculation
+        batch.stats = SpeculationStats()
+        batch.lengths = {}  # uid -> DraftLength
+        batch.costs = StepCosts()  # a forward's ms by the tokens it feeds (auto's K)
+        # The recurrent mixers, tapped so a rollback replays them alone (None: the model's
+        # state layers need the whole model replayed; engine.runtime.state_replay).
+        batch.taps = MixerTaps.of(model) if speculation.mixer_replay else None
+        return batch
+
+    def filter(self, keep):
+        kept = {self.uids[i] for i in keep}
+        for uid in self.uids:
+            if uid not in kept:
+                self.speculation.source.forget(uid)
+                self.lengths.pop(uid, None)
+        super().filter(keep)
+
+    def next(self):
+        if not self.uids:
+            return []
+        drafts = self._drafts()
+        if drafts is None:
+            self.stats.plain_steps += 1
+            for uid in self.uids:
+                self._length(uid).decoded(1)
+            tic = time.perf_counter()
+            out = super().next()
+            ms = (time.perf_counter() - tic) * 1000
+            self.costs.record(len(out), ms)
+            self.stats.plain_ms += ms
+            return out
+        return self._verify(*drafts)
+
+    # ---- 1) drafts ----------------------------------------------------------
+
+    def _length(self, uid: int) -> DraftLength:
+        length = self.lengths.get(uid)
+        if length is None:
+            length = self.lengths[uid] = DraftLength(self.speculation.draft_tokens)
+        return length
+
+    def _drafts(self):
+        """(current tokens, drafts per row), or None when no row drafts this step."""
+        if any(self.logits_processors):
+            return None
+        source = self.speculation.source
+        lengths = [self._length(uid) for uid in self.uids]
+        wanted = [length.wanted() for length in lengths]
+        if self.speculation.draft_tokens is None and any(wanted):  # auto: K for speed
+            rates = [length.rate if k else None for length, k in zip(lengths, wanted)]
+            k = batch_k(rates, self.costs, rollback.replays(self.prompt_cache))
+            wanted = [min(w, k) for w in wanted]
+        # Guesses from what each row has fed: one more token, to cover the one in flight.
+        early = [
+            source.propose(uid, self.tokens[r], k + 1) if k else []
+            for r, (uid, k) in enumerate(zip(self.uids, wanted))
+        ]
+        if not any(early):
+            return None
+        current = self._next_tokens.tolist()
+        drafts = []
+        for r, (uid, k) in enumerate(zip(self.uids, wanted)):
+            if not early[r]:
+                drafts.append([])
+                continue
+            guess = early[r][1:] if early[r][0] == current[r] else None
+            if guess is None:
+                guess = source.propose(uid, self.tokens[r] + [current[r]], k)
+            if guess and self.speculation.allowed is not None:
+                guess = guess[: self.speculation.allowed(uid, guess)]
+            if not guess:  # its guess missed the token in flight: a failed draft, waited for
+                lengths[r].verified(1, 0)
+            drafts.append(guess[:k])
+        if not any(drafts):
+            return None
+        return current, drafts
+
+    # ---- 2) to 5) verify, accept, roll back, emit -----------------------------
+
+    def _verify(self, current: list[int], drafts: list[list[int]]):
+        self.stats.verify_steps += 1
+        fed = 1 + max(len(d) for d in drafts)
+        inputs = [[t] + d + [0] * (fed - 1 - len(d)) for t, d in zip(current, drafts)]
+        snapshot = rollback.take(self.prompt_cache, self.taps)
+
+        # 2) Verify: the whole batch in one forward.
+        tic = time.perf_counter()
+        logits = self.model(mx.array(inputs), cache=self.prompt_cache)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        # A request's own sampler (engine.runtime.sampling) samples; any other row takes
+        # the batch's argmax (mlx-lm's default sampler, the engine's greedy).
+        samplers = [s if hasattr(s, "logits") else None for s in self.samplers or self.uids]
+        greedy_rows = [r for r, s in enumerate(samplers) if s is None]
+        if greedy_rows:
+            targets = mx.argmax(logprobs, axis=-1).tolist()
+        else:
+            mx.eval(logprobs)
+            targets = None
+        ms = (time.perf_counter() - tic) * 1000
+        self.costs.record(len(inputs) * fed, ms)
+        self.stats.verify_ms += ms
+
+        # 3) Accept, then cut at a stop token or max_tokens.
+        kept, nexts, finish = [], [], []
+        for r, (uid, d) in enumerate(zip(self.uids, drafts)):
+            if samplers[r] is None:
+                verdict = verification.greedy(targets[r], d)
+            else:
+                verdict = verification.sample(samplers[r], logprobs[r], d)
+            emitted = [current[r]] + d[: verdict.accepted]
+            n, reason = self._cut(r, emitted)
+            kept.append(n)
+            nexts.append(verdict.next_token)
+            finish.append(reason)
+            self._count(uid, len(d), verdict.accepted, n)
+
+        # 4) Roll back each row to its kept tokens.
+        tic = time.perf_counter()
+        replayed = rollback.roll_back(self.model, self.prompt_cache, snapshot, inputs, kept)
+        self.stats.replay_ms += (time.perf_counter() - tic) * 1000
+        self.stats.replayed += replayed
+        self.stats.replays += 1 if replayed else 0
+
+        # 5) Emit: one response per kept token; the next step starts from the drawn ones.
+        previous = self._next_logprobs
+        self._next_tokens = mx.array(nexts, dtype=mx.uint32)
+        self._next_logprobs = [logprobs[r, kept[r] - 1] for r in range(len(self.uids))]
+        responses, keep = [], []
+        for r, uid in enumerate(self.uids):
+            tokens = inputs[r][: kept[r]]
+            self.tokens[r].extend(tokens)
+            for i, token in enumerate(tokens):
+                last = i == len(tokens) - 1
+                reason = finish[r] if last else None
+                responses.append(
+                    self.Response(
+                        uid=uid,
+                        token=token,
+                        logprobs=previous[r] if i == 0 else logprobs[r, i - 1],
+                        finish_reason=reason,
+                        prompt_cache=self.extract_cache(r) if reason else None,
+                        all_tokens=self.tokens[r] if reason else None,
+                    )
+                )
+            if finish[r] is None:
+                keep.append(r)
+        if len(keep) < len(self.uids):
+            self.filter(keep)
+        return responses
+
+    def _cut(self, r: int, emitted: list[int]) -> tuple[int, str | None]:
+        """How many of `emitted` row r keeps, and its finish reason (mlx-lm's checks, per
+        token: max_tokens, then its stop sequences)."""
+        for i, token in enumerate(emitted):
+            self._num_tokens[r] += 1
+            reason = "length" if self._num_tokens[r] >= self.max_tokens[r] else None
+            if self._matchers[r].advance(token):
+                reason = "stop"
+            if reason is not None:
+                return i + 1, reason
+        return len(emitted), None
+
+    def _count(self, uid: int, drafted: int, accepted: int, kept: int) -> None:
+        if drafted:
+            stats = self.stats
+            if accepted == drafted:
+                stats.accepted_all += 1
+            elif accepted:
+                stats.accepted_some += 1
+            else:
+                stats.accepted_none += 1
+        counts = self.stats.counts.setdefault(uid, DraftCounts())
+        counts.verifies += 1 if drafted else 0
+        counts.drafted += drafted
+        counts.accepted += min(accepted, kept - 1)
+        length = self._length(uid)
+        length.verified(drafted, accepted)
+        length.decoded(kept)

@@ -5,10 +5,30 @@ samples). Here each request's ids become text through the tokenizer's
 streaming detokenizer, and its stop strings are watched: text that may begin
 one is held back until decided, and a stop string ends the text at its start
 (the model is then told to stop; the tokens it decoded meanwhile are not
-shown). It knows a detokenizer and strings; nothing of the model, Ray or gRPC.
+shown). A reply's first space is kept: mlx-lm's byte-level BPE detokenizer
+drops it (`_maybe_trim_space`), which loses a column of indentation in code and
+the space an OpenAI completion keeps (" Paris"); Hugging Face's decode keeps it.
+It knows a detokenizer and strings; nothing of the model, Ray or gRPC.
 """
 
 from __future__ import annotations
+
+from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer
+
+
+class SpaceKeepingDetokenizer(BPEStreamingDetokenizer):
+    """mlx-lm's byte-level BPE detokenizer that keeps the first token's leading space."""
+
+    def _maybe_trim_space(self, current_text: str) -> str:
+        return current_text
+
+
+def keeping_spaces(detokenizer):
+    """The same detokenizer, its state included, without the first space's trim (one of
+    mlx-lm's byte-level BPE detokenizers only: other kinds' trims are their tokenizer's)."""
+    if type(detokenizer) is BPEStreamingDetokenizer:
+        detokenizer.__class__ = SpaceKeepingDetokenizer
+    return detokenizer
 
 
 class StopMatcher:
@@ -53,7 +73,7 @@ class TextStream:
         `TokenizerWrapper.detokenizer` hands out a fresh one each time)."""
         self.count = 0  # ids taken in, up to the one that completed a stop string
         self.stopped = False
-        self._detokenizer = detokenizer
+        self._detokenizer = keeping_spaces(detokenizer)
         self._stop = StopMatcher(stop)
 
     def feed(self, ids) -> str:

@@ -203,7 +203,9 @@ def test_bad_input_is_400_naming_the_field_and_the_bridge_keeps_serving(
     with pytest.raises(openai.BadRequestError) as error:
         client.responses.create(**args)
     assert needle in error.value.message and error.value.body["type"] == "invalid_request_error"
-    assert client.responses.create(model=MODEL, input="hi", max_output_tokens=2).output
+    served = client.responses.create(model=MODEL, input="hi", max_output_tokens=2)
+    # served, whatever it says: the trained model may end its reply at once
+    assert served.status in ("completed", "incomplete") and served.usage.input_tokens > 0
 
 
 def test_model_names_are_served_aliased_or_404_and_listed(client):

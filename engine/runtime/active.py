@@ -40,6 +40,7 @@ class ActiveRequest:
     prompt_end_logits: object = None  # what the first token was sampled from
     resent: bool = False  # restored at the prompt end: its first token came from stored logits
     restore_lost: str = ""  # "entry@length" of a planned restore found gone
+    constraint: object = None  # its grammar's matcher (engine.runtime.constraint), if held
 
     @property
     def prompt_len(self) -> int:

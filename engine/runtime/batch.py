@@ -32,6 +32,7 @@ from mlx_lm.models.cache import BatchKVCache, CacheList, KVCache
 
 from engine.runtime.copies import CopyLedger
 from engine.runtime.layer_caches import snapshot_state
+from engine.runtime.masked_batch import LineageGenerationBatch
 
 
 def merge_with_room(caches: list, room: int, copied: list | None = None) -> list:
@@ -240,6 +241,27 @@ class LineagePromptBatch(PromptProcessingBatch):
             self.filter([])
         return new
 
+    def generate(self, tokens):
+        """mlx-lm's move to generation, into a batch that masks constrained rows
+        (engine.runtime.masked_batch)."""
+        if any(len(t) > 1 for t in tokens):
+            self.prompt([t[:-1] for t in tokens])
+        generation = LineageGenerationBatch(
+            self.model,
+            self.uids,
+            mx.array([t[-1] for t in tokens]),
+            self.prompt_cache,
+            self.tokens,
+            self.samplers,
+            self.fallback_sampler,
+            self.logits_processors,
+            self.stop_sequences,
+            self.max_tokens,
+        )
+        self.uids, self.prompt_cache, self.tokens = [], [], []
+        self.samplers, self.logits_processors, self.max_tokens = [], [], []
+        return generation
+
     def prompt(self, tokens):
         """Run the prompt tokens through the model (mlx-lm's loop, minus the forced clears)."""
         self.forward(tokens)
@@ -330,7 +352,9 @@ class LineageBatchGenerator(BatchGenerator):
 
     def __init__(self, model, *, clear_pool_per_prefill: bool = False, **kwargs):
         super().__init__(model, **kwargs)
-        # The one generation batch lives as long as the generator (others extend it).
+        # The one generation batch lives as long as the generator (others extend it); its
+        # constrained rows are masked one by one (engine.runtime.masked_batch).
+        self._generation_batch = LineageGenerationBatch.empty(self.model, self.sampler)
         gen = self._generation_batch
         # Bytes copied per sequence uid, by the merge into a prompt batch (restore) and
         # by a copying extraction (commit); the generator takes them per request.
@@ -385,7 +409,8 @@ class LineageBatchGenerator(BatchGenerator):
         """The log-probabilities a sequence that just entered the generation batch samples its
         first token from (its prompt end's; mlx-lm keeps them for the next step)."""
         batch = self._generation_batch
-        return batch._next_logprobs[batch.uids.index(uid)]
+        unmasked = batch.unmasked.pop(uid, None)  # a constrained row's, before its mask
+        return unmasked if unmasked is not None else batch._next_logprobs[batch.uids.index(uid)]
 
     def prefill_state(self, uid: int):
         """The state snapshot of a sequence in prefill, at its current length."""

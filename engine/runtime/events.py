@@ -67,3 +67,6 @@ class Finished:
     # "entry@length" of the planned restore point the model actor found gone
     # (it asked for a new plan; "" when the plan's restore was done as planned)
     restore_lost: str = ""
+    # A constrained request that ended before its grammar was complete (max_tokens, a stop
+    # string, cancelled): its output is not valid for the constraint
+    incomplete: bool = False

@@ -53,9 +53,11 @@ from engine.runtime.active import ActiveRequest
 from engine.runtime.admission import Admission, Emit
 from engine.runtime.batch import bound_pool
 from engine.runtime.chunked import ChunkedBatchGenerator
+from engine.runtime.constraint import Grammars
 from engine.runtime.events import Finished, FinishReason, Progress, Tokens
 from engine.runtime.finished_entries import finished_entries
 from engine.runtime.layer_timer import LayerTimer
+from engine.runtime.masked_batch import mask_row
 from engine.runtime.ordering import CacheLink, OrderLedger
 from engine.runtime.output import Copied, Stamps, final_event, unstarted_event
 from engine.runtime.ram_tier import RamTier, StoredEntry, digest
@@ -115,6 +117,8 @@ class Generator:
         self.timer = LayerTimer(
             model, config.cache.layer_timer_flag, config.cache.layer_timer_requests
         )
+        # Compiled grammars by key; each constrained request gets its own matcher.
+        self.grammars = Grammars(tokenizer, self.vocab_size, self.eos_ids)
 
     def close(self) -> None:
         """Close the batch generator (its prefill worker, mlx-lm's wired limit): once the
@@ -273,10 +277,18 @@ class Generator:
         segments = [tokens[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
         stop_ids = self.eos_ids | frozenset(req.sampling.stop_token_ids)
         sampler = make_sampler(req.sampling, self.vocab_size)
+        constraint = None
+        if req.constraint is not None:  # matching starts at the first generated token
+            constraint = self.grammars.constraint(req.constraint, stop_ids)
         max_tokens, first, logits = req.sampling.max_tokens, None, None
         if n == len(tokens):  # a verbatim resend: the first token from the kept logits
             logits = self.tier.logits(req.plan.entry_id, n)
-            first = int((sampler or _greedy)(logits[None])[0].item())
+            row = logits[None]
+            if constraint is not None:  # held to the grammar like every later token
+                row = mask_row(row, constraint.mask())
+            first = int((sampler or _greedy)(row)[0].item())
+            if constraint is not None:
+                constraint.accept(first)
             segments, max_tokens = [[first]], max_tokens - 1
         act = ActiveRequest(
             req=req,
@@ -295,6 +307,7 @@ class Generator:
             restored_kv_bytes=restored.restored_kv,
             copied_restore=restored.copied,
             restore_lost=self.restorer.lost_point(req.request_id),
+            constraint=constraint,
         )
         if first is not None:
             act.resent, act.prompt_end_logits = True, logits
@@ -307,6 +320,8 @@ class Generator:
             caches=[cache] if cache is not None else None,
             all_tokens=[tokens[:n]],
             samplers=[sampler],
+            # The row's constraint rides in its processors slot (engine.runtime.masked_batch).
+            logits_processors=[[constraint] if constraint is not None else []],
             stop_sequences=[StopSequences([[t] for t in sorted(stop_ids)])],
         )[0]
         self.active[act.uid] = act
@@ -490,6 +505,7 @@ class Generator:
             commit_ms=commit_ms,
             error=error,
             restore_lost=act.restore_lost,
+            incomplete=act.constraint is not None and not act.constraint.accepting(),
         )
 
     def _unstarted(self, req: GenerationRequest, reason: FinishReason, error: str = "") -> Finished:

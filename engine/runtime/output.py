@@ -60,6 +60,7 @@ def final_event(
     commit_ms: float = 0.0,
     error: str = "",
     restore_lost: str = "",
+    incomplete: bool = False,
 ) -> Finished:
     """The Finished event of a request that was admitted (restored, maybe prefilled)."""
     return Finished(
@@ -73,6 +74,7 @@ def final_event(
         timing=_timing(stamps, completion_tokens, commit_ms, copied),
         error=error,
         restore_lost=restore_lost,
+        incomplete=incomplete,
     )
 
 

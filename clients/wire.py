@@ -98,6 +98,8 @@ class Final:
     timing: Timing
     request_id: str
     replica: str = ""  # the model replica that served it (with request_id: the trace)
+    # A constrained request that ended before its grammar was complete: not valid output
+    incomplete: bool = False
 
 
 Event = Union[Progress, Chunk, Final]
@@ -115,6 +117,7 @@ class Result:
     timing: Timing = field(default_factory=Timing)
     request_id: str = ""
     replica: str = ""
+    incomplete: bool = False  # constrained, and cut before its grammar was complete
 
     def to_json_dict(self) -> dict:
         """The stable JSON shape printed by `lineage generate --json`."""
@@ -131,6 +134,7 @@ class Result:
             "timing": {name: getattr(self.timing, name) for name in _JSON_TIMING},
             "request_id": self.request_id,
             "replica": self.replica,
+            "incomplete": self.incomplete,
         }
 
 
@@ -152,6 +156,7 @@ def event_from_proto(event: engine_pb2.GenerateEvent) -> Event:
             ),
             request_id=f.request_id,
             replica=f.replica,
+            incomplete=f.incomplete,
         )
     raise ValueError(f"generate event with no payload: {event!r}")
 
@@ -184,6 +189,7 @@ class ResultCollector:
             f.timing,
             f.request_id,
             f.replica,
+            f.incomplete,
         )
 
 
@@ -271,13 +277,19 @@ def build_request(
     request_id: str = "",
     continue_final_message: bool = False,
     session: str = "",
+    constraint: Any = None,
+    logprobs: bool = False,
+    top_logprobs: int = 0,
 ) -> engine_pb2.GenerateRequest:
     """Arguments of generate()/stream() -> GenerateRequest.
 
     Exactly one of messages, prompt, prompt_ids; tools only with messages;
     max_tokens > 0. `session` names the conversation: with several replicas its
-    turns go to the one that served it last (scoped by the namespace). Raises
-    ValueError naming the bad argument.
+    turns go to the one that served it last (scoped by the namespace).
+    `constraint` (clients.constraints.Constraint, or a proto Constraint) holds the
+    output to a JSON schema, a grammar or a tool choice; `logprobs` asks for each
+    token's log-probability, and `top_logprobs` (0-20) for the most likely tokens
+    at each position. Raises ValueError naming the bad argument.
     """
     given = [
         n
@@ -305,9 +317,15 @@ def build_request(
     )
     if seed is not None:
         sampling.seed = wire_int(seed, "seed", 64)
+    if logprobs or top_logprobs:
+        sampling.logprobs = True
+        sampling.top_logprobs = wire_int(top_logprobs or 0, "top_logprobs", 32)
     request = engine_pb2.GenerateRequest(
         request_id=request_id, namespace=namespace, sampling=sampling, session=str(session or "")
     )
+    if constraint is not None:
+        proto = constraint if isinstance(constraint, engine_pb2.Constraint) else None
+        request.constraint.CopyFrom(proto or constraint.to_proto())
     if messages is not None:
         if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
             raise InvalidInput("messages must be a list of dicts")

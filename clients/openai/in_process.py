@@ -78,6 +78,7 @@ class InProcessStream:
             timing=event.timing,
             request_id=event.request_id,
             replica=event.replica,
+            incomplete=event.incomplete,
         )
 
     def cancel(self) -> None:
@@ -112,7 +113,11 @@ class InProcessClient:
         e = self.engine
         if e.auth.enabled and e.auth.identity(metadata) is None:
             raise LineageError("UNAUTHENTICATED", "a known bearer token is required")
-        events = generate_events(e.frontend, e.auth, request, metadata)
+        try:  # the request's own checks (its prompt, its constraint) run here
+            events = generate_events(e.frontend, e.auth, request, metadata)
+        except DOMAIN_ERRORS as error:
+            code, message = status_of(error)
+            raise LineageError(code.name, message) from None
         return InProcessStream(events, e.exact_figures)
 
     async def close(self) -> None:

@@ -34,6 +34,7 @@ from engine.actors.cache_manager import NotSynchronised
 from engine.cache.messages import PlanRequest, Release
 from engine.config import EngineConfig
 from engine.runtime.events import Finished, FinishReason, Tokens
+from engine.runtime.grammar import Grammar
 from engine.runtime.requests import GenerationRequest, SamplingParams
 from engine.server.activity import Activity, Inspection, NamespaceTags, inspection
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
@@ -157,8 +158,10 @@ class Frontend:
         namespace: str = "",
         request_id: str = "",
         session: str = "",
+        constraint: Grammar | None = None,
     ):
-        """Yield lists of events (Progress, Tokens, Finished) for one request.
+        """Yield lists of events (Progress, Tokens, Finished) for one request; `constraint`
+        holds its output to a grammar (engine.server.constraints built it).
 
         Raises Overloaded when the queue is full (the slot is taken at this first
         check, so a burst cannot slip past it) or when the request alone needs more
@@ -178,7 +181,7 @@ class Frontend:
         request_id = given if given not in self.internal_ids else f"{given}~{uuid.uuid4().hex}"
         self.request_ids[key] = request_id
         self.internal_ids.add(request_id)
-        events = self._generate(inp, sampling, namespace, request_id, received, session)
+        events = self._generate(inp, sampling, namespace, request_id, received, session, constraint)
         task = asyncio.current_task()
         self.calls.add(task)
         try:
@@ -196,7 +199,14 @@ class Frontend:
             self.volatile.pop(request_id, None)
 
     async def _generate(
-        self, inp, sampling, namespace: str, request_id: str, received: float, session: str = ""
+        self,
+        inp,
+        sampling,
+        namespace: str,
+        request_id: str,
+        received: float,
+        session: str = "",
+        constraint: Grammar | None = None,
     ):
         if self.queued >= self.max_queue:
             raise Overloaded(
@@ -222,6 +232,7 @@ class Frontend:
                     req = await self._plan(
                         request_id, namespace, prompt, tokens, sampling, received, exclude, session
                     )
+                    req = dataclasses.replace(req, constraint=constraint)  # held in the loop
                     async for batch in self._run(req, streamed):
                         yield batch
                     return

@@ -29,6 +29,7 @@ from engine.runtime.events import Finished, FinishReason, Progress, Tokens
 from engine.runtime.requests import SamplingParams
 from engine.server.activity import Inspection, RequestRecord
 from engine.server.auth import Authenticator, AuthInterceptor, server_credentials
+from engine.server.constraints import to_constraint
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
 from engine.server.figures import ClientFigures
 from engine.server.frontend import Frontend
@@ -127,6 +128,7 @@ def to_event(event) -> engine_pb2.GenerateEvent:
             restore=engine_pb2.Restore(kind=event.restore_kind.value, length=event.restore_length),
             timing=engine_pb2.Timing(**dataclasses.asdict(event.timing)),
             replica=event.replica,
+            incomplete=event.incomplete,
         )
     )
 
@@ -220,12 +222,19 @@ def generate_events(frontend: Frontend, auth: Authenticator, request, metadata):
     limits = frontend.limits
     check_request(request, limits)
     identity = auth.identity(metadata)
+    inp = to_prompt_input(request, limits)
+    constraint = None
+    if request.HasField("constraint"):
+        constraint = to_constraint(
+            request.constraint, inp.tools, frontend.builder.output_format, limits
+        )
     return frontend.generate(
-        to_prompt_input(request, limits),
+        inp,
         to_sampling(request.sampling),
         namespace=auth.namespace(identity, request.namespace),
         request_id=request.request_id,
         session=request.session,
+        constraint=constraint,
     )
 
 

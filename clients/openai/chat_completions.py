@@ -30,6 +30,7 @@ import uuid
 from types import SimpleNamespace
 
 from clients.client import Chunk, Final, LineageError, Progress
+from clients.constraints import constraint_for
 from clients.openai.errors import lineage_error, unless_disconnected
 from clients.openai.guard import caller_of
 from clients.openai.parsers import (
@@ -327,6 +328,8 @@ def _schemas() -> SimpleNamespace:
         messages: list[Message]
         tools: list[dict] | None = None
         tool_choice: str | dict | None = None
+        parallel_tool_calls: bool | None = None
+        response_format: dict | None = None
         max_completion_tokens: int | None = None
 
     class Completion(Sampling):
@@ -353,6 +356,10 @@ def add_routes(app, backend) -> None:
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
         for m in messages:  # OpenAI's newer name for the system role
             m["role"] = "system" if m["role"] == "developer" else m["role"]
+        # The output held to the response format or the tool choice (the engine checks it).
+        kwargs["constraint"] = constraint_for(
+            body.response_format, body.tool_choice, body.parallel_tool_calls, body.tools
+        )
         stream = backend.stream(
             caller,
             messages=messages,

@@ -262,3 +262,48 @@ def test_constraint_for_reads_every_wire_shape():
     assert constraint_for(None, None, tools=None) is None
     with pytest.raises(InvalidInput, match="tool_choice"):
         constraint_for(chat, "required", tools=TOOLS)
+
+
+def test_responses_text_format_holds_the_output_to_its_schema(client):
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 8}, "n": {"enum": [1, 2]}},
+        "required": ["city", "n"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "name": "answer", "schema": schema, "strict": True}
+    for seed in range(2):
+        r = client.responses.create(
+            model="lineage",
+            input="Where?",
+            text={"format": fmt},
+            temperature=1.0,
+            max_output_tokens=120,
+            extra_body={"seed": seed},
+        )
+        assert r.status == "completed"
+        jsonschema.validate(json.loads(r.output_text), schema)
+
+
+def test_anthropic_any_and_tool_give_valid_tool_use(bridge):
+    import anthropic
+
+    tools = [
+        {"name": t["function"]["name"], "input_schema": t["function"]["parameters"]} for t in TOOLS
+    ]
+    with anthropic.Anthropic(base_url=bridge.url, api_key="unused", max_retries=0) as c:
+        one = {"disable_parallel_tool_use": True}  # one call: well within max_tokens
+        for choice in ({"type": "any"} | one, {"type": "tool", "name": "get_weather"} | one):
+            r = c.messages.create(
+                model="lineage",
+                max_tokens=200,
+                messages=USER,
+                tools=tools,
+                tool_choice=choice,
+                extra_body={"temperature": 1.0},
+            )
+            uses = [b for b in r.content if b.type == "tool_use"]
+            assert r.stop_reason == "tool_use" and len(uses) == 1, r.content
+            for use in uses:
+                assert choice["type"] == "any" or use.name == "get_weather"
+                jsonschema.validate(use.input, SCHEMAS[use.name])

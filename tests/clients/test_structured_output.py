@@ -307,3 +307,26 @@ def test_anthropic_any_and_tool_give_valid_tool_use(bridge):
             for use in uses:
                 assert choice["type"] == "any" or use.name == "get_weather"
                 jsonschema.validate(use.input, SCHEMAS[use.name])
+
+
+def test_a_tool_loop_under_auto_gets_only_valid_calls(client):
+    """`tool_choice: auto` (the lazy grammar): whatever the random model writes, every call it
+    opens parses and validates; each is answered and the loop goes on."""
+    messages = list(USER)
+    for turn in range(4):
+        r = client.chat.completions.create(
+            model="lineage",
+            messages=messages,
+            tools=TOOLS,
+            temperature=1.0,
+            seed=turn,
+            max_tokens=150,
+        )
+        message = r.choices[0].message
+        assert "<tool_call>" not in (message.content or "")  # a call that did not parse
+        for call in message.tool_calls or ():
+            jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls or ():
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": "ok"})
+        messages.append({"role": "user", "content": "And then?"})

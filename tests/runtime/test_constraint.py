@@ -315,3 +315,33 @@ def test_the_constraint_interface(loaded):
     again = grammars.constraint(schema_grammar(schema, strict=True))
     assert grammars.compiled == 1 and grammars.hits == 1 and not again.accepting()
     assert not again.accept(2)  # the end before the grammar is complete: refused
+
+
+def test_the_lazy_grammar_lets_text_run_and_holds_an_opened_call(loaded):
+    """`tool_choice: auto`: free text is free until the `<tool_call>` token; from there the
+    call is held to the tools' schemas; `parallel` false allows one call; `none` no call."""
+    config, (model, tokenizer, info) = loaded
+    from engine.runtime.constraint import Grammars
+
+    grammars = Grammars(tokenizer, info.vocab_size, {2})
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}\n</tool_call>'
+    bad = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "k"}}\n</tool_call>'
+    text = "Let me look that up.\n"
+
+    def walk(grammar, doc) -> bool:
+        c = grammars.constraint(grammar)
+        return all(c.accept(t) for t in tokenizer.encode(doc)) and c.accept(2)
+
+    auto = tool_grammar([WEATHER], "auto", output_format="qwen")
+    single = tool_grammar([WEATHER], "auto", parallel=False, output_format="qwen")
+    none = tool_grammar([WEATHER], "none", output_format="qwen")
+    assert walk(auto, text) and walk(auto, text + call) and walk(auto, text + call + "\n" + call)
+    assert not walk(auto, text + bad)
+    assert walk(single, text + call) and not walk(single, text + call + "\n" + call)
+    assert walk(none, text) and not walk(none, text + call)
+    c = grammars.constraint(auto)
+    for t in tokenizer.encode(text + "<tool_call>\n"):
+        assert c.accept(t)
+    opened = c.mask().view(np.uint32)
+    allowed = [t for t in range(info.vocab_size) if (int(opened[t // 32]) >> (t % 32)) & 1]
+    assert allowed and all(tokenizer.decode([t]).lstrip().startswith("{") for t in allowed)

@@ -324,8 +324,8 @@ def test_the_lazy_grammar_lets_text_run_and_holds_an_opened_call(loaded):
     from engine.runtime.constraint import Grammars
 
     grammars = Grammars(tokenizer, info.vocab_size, {2})
-    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}\n</tool_call>'
-    bad = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "k"}}\n</tool_call>'
+    markup = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "%s"}}\n'
+    call, bad = markup % "c" + "</tool_call>", markup % "k" + "</tool_call>"
     text = "Let me look that up.\n"
 
     def walk(grammar, doc) -> bool:

@@ -81,11 +81,23 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A token, its text (decoded alone) and log-probability; `top`: the most likely tokens
+    at its position, most likely first (with a constraint: after the grammar's mask)."""
+
+    token_id: int
+    token: str
+    logprob: float
+    top: tuple["TokenLogprob", ...] = ()
+
+
+@dataclass(frozen=True)
 class Chunk:
     """Newly generated tokens and their text."""
 
     ids: tuple[int, ...]
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per id, when asked
 
 
 @dataclass(frozen=True)
@@ -118,6 +130,7 @@ class Result:
     request_id: str = ""
     replica: str = ""
     incomplete: bool = False  # constrained, and cut before its grammar was complete
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token id, when asked
 
     def to_json_dict(self) -> dict:
         """The stable JSON shape printed by `lineage generate --json`."""
@@ -144,7 +157,20 @@ def event_from_proto(event: engine_pb2.GenerateEvent) -> Event:
     if which == "progress":
         return Progress(done=event.progress.done, total=event.progress.total)
     if which == "chunk":
-        return Chunk(ids=tuple(event.chunk.ids), text=event.chunk.text)
+        c = event.chunk
+        logprobs = tuple(
+            TokenLogprob(
+                token_id,
+                lp.token,
+                lp.logprob,
+                tuple(
+                    TokenLogprob(i, t, v)
+                    for i, t, v in zip(lp.top_ids, lp.top_tokens, lp.top_logprobs)
+                ),
+            )
+            for token_id, lp in zip(c.ids, c.logprobs)
+        )
+        return Chunk(ids=tuple(c.ids), text=c.text, logprobs=logprobs)
     if which == "final":
         f = event.final
         return Final(
@@ -167,12 +193,14 @@ class ResultCollector:
     def __init__(self):
         self.texts: list[str] = []
         self.ids: list[int] = []
+        self.logprobs: list[TokenLogprob] = []
         self.final: Final | None = None
 
     def add(self, event: Event) -> None:
         if isinstance(event, Chunk):
             self.texts.append(event.text)
             self.ids.extend(event.ids)
+            self.logprobs.extend(event.logprobs)
         elif isinstance(event, Final):
             self.final = event
 
@@ -190,6 +218,7 @@ class ResultCollector:
             f.request_id,
             f.replica,
             f.incomplete,
+            tuple(self.logprobs),
         )
 
 

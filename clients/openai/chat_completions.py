@@ -57,10 +57,36 @@ def _usage(usage) -> dict:
     }
 
 
+def _entry(lp) -> dict:
+    """One token's log-probability in chat-completions' shape (clients.wire.TokenLogprob)."""
+    return {"token": lp.token, "logprob": lp.logprob, "bytes": list(lp.token.encode())}
+
+
+def chat_logprobs(logprobs) -> dict:
+    """A choice's `logprobs`: each token's, with its top alternatives."""
+    content = [_entry(lp) | {"top_logprobs": [_entry(t) for t in lp.top]} for lp in logprobs]
+    return {"content": content, "refusal": None}
+
+
+def text_logprobs(logprobs, offset: int = 0) -> dict:
+    """A text_completion choice's `logprobs` (the legacy shape), text offsets from `offset`."""
+    offsets = []
+    for lp in logprobs:
+        offsets.append(offset)
+        offset += len(lp.token)
+    return {
+        "tokens": [lp.token for lp in logprobs],
+        "token_logprobs": [lp.logprob for lp in logprobs],
+        "top_logprobs": [{t.token: t.logprob for t in lp.top} for lp in logprobs],
+        "text_offset": offsets,
+    }
+
+
 class _Shape:
     """The envelope shared by the chunks and the whole response of one request."""
 
     object_whole = object_chunk = ""
+    logprobs = False  # the request asked for them
 
     def __init__(self, rid: str, info: dict):
         self.id, self.created = rid, int(time.time())
@@ -94,11 +120,15 @@ class ChatShape(_Shape):
     def __init__(self, rid: str, info: dict, parser: OutputParser):
         super().__init__(f"chatcmpl-{rid}", info)
         self.rid, self.parser, self.calls = rid, parser, 0
+        self.pending: list = []  # log-probabilities not sent yet
 
     def _chunk(self, delta: dict, finish_reason: str | None = None) -> dict:
+        logprobs = None
+        if self.logprobs and self.pending:  # the tokens' since the last chunk
+            logprobs, self.pending = chat_logprobs(self.pending), []
         return self.envelope(
             self.object_chunk,
-            [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+            [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
         )
 
     def head(self) -> list[dict]:
@@ -125,7 +155,8 @@ class ChatShape(_Shape):
                 out.append(self._chunk({"content": p.raw}))
         return out
 
-    def delta(self, text: str) -> list[dict]:
+    def delta(self, text: str, logprobs=()) -> list[dict]:
+        self.pending += logprobs
         return self._deltas(self.parser.feed(text))
 
     def finish(self, final: Final) -> list[dict]:
@@ -154,7 +185,7 @@ class ChatShape(_Shape):
         choice = {
             "index": 0,
             "message": message,
-            "logprobs": None,
+            "logprobs": chat_logprobs(result.logprobs) if self.logprobs else None,
             "finish_reason": "tool_calls" if calls else result.finish_reason,
         }
         return self.envelope(self.object_whole, [choice], usage=_usage(result.usage))
@@ -173,15 +204,21 @@ class TextShape(_Shape):
 
     def __init__(self, rid: str, info: dict):
         super().__init__(f"cmpl-{rid}", info)
+        self.offset = 0  # text sent so far (the logprobs' text offsets)
 
-    def _choice(self, text: str, finish_reason: str | None) -> dict:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def _choice(self, text: str, finish_reason: str | None, logprobs=()) -> dict:
+        shown = text_logprobs(logprobs, self.offset) if self.logprobs else None
+        return {"index": 0, "text": text, "logprobs": shown, "finish_reason": finish_reason}
 
     def head(self) -> list[dict]:
         return []
 
-    def delta(self, text: str) -> list[dict]:
-        return [self.envelope(self.object_chunk, [self._choice(text, None)])] if text else []
+    def delta(self, text: str, logprobs=()) -> list[dict]:
+        if not text and not logprobs:
+            return []
+        chunk = self.envelope(self.object_chunk, [self._choice(text, None, logprobs)])
+        self.offset += len(text)
+        return [chunk]
 
     def finish(self, final: Final) -> list[dict]:
         return [self.envelope(self.object_chunk, [self._choice("", final.finish_reason)])]
@@ -189,7 +226,7 @@ class TextShape(_Shape):
     def whole(self, result) -> dict:
         return self.envelope(
             self.object_whole,
-            [self._choice(result.text, result.finish_reason)],
+            [self._choice(result.text, result.finish_reason, result.logprobs)],
             usage=_usage(result.usage),
         )
 
@@ -213,7 +250,7 @@ async def _events_as_sse(first, stream, shape: _Shape, include_usage: bool):
             if isinstance(event, Progress):
                 yield f": prefill {event.done}/{event.total}\n\n"
             elif isinstance(event, Chunk):
-                for chunk in shape.delta(event.text):
+                for chunk in shape.delta(event.text, event.logprobs):
                     yield _sse(chunk)
             elif isinstance(event, Final) and event.finish_reason != "error":  # else: error next
                 for chunk in shape.finish(event):
@@ -259,7 +296,20 @@ def _sampling(body, info: dict, namespace: str, rid: str) -> dict:
         "stop": stop,
         "namespace": namespace,
         "request_id": rid,
+        **_logprobs_asked(body),
     }
+
+
+def _logprobs_asked(body) -> dict:
+    """`logprobs` / `top_logprobs` (chat) or `logprobs: k` (completions) -> the engine's."""
+    logprobs, top = body.logprobs, getattr(body, "top_logprobs", None)
+    if isinstance(logprobs, bool) or logprobs is None:  # chat-completions
+        if top is not None and not logprobs:
+            raise InvalidInput("top_logprobs: needs logprobs true")
+        return {"logprobs": bool(logprobs), "top_logprobs": top or 0}
+    if logprobs < 0:
+        raise InvalidInput(f"logprobs: must be >= 0, got {logprobs}")
+    return {"logprobs": True, "top_logprobs": logprobs}
 
 
 async def _respond(request, body, stream, shape: _Shape):
@@ -319,6 +369,7 @@ def _schemas() -> SimpleNamespace:
         stop: str | list[str] | None = None
         seed: int | None = None
         n: int | None = None
+        logprobs: bool | int | None = None  # chat: a bool; completions: how many top tokens
         stream: bool = False
         stream_options: StreamOptions | None = None
         user: str | None = None
@@ -331,6 +382,7 @@ def _schemas() -> SimpleNamespace:
         parallel_tool_calls: bool | None = None
         response_format: dict | None = None
         max_completion_tokens: int | None = None
+        top_logprobs: int | None = None
 
     class Completion(Sampling):
         prompt: str | list[int] | list[str]
@@ -372,7 +424,9 @@ def add_routes(app, backend) -> None:
             tool_calls=bool(body.tools) and body.tool_choice != "none",
             tools=body.tools,
         )
-        return await _respond(request, body, stream, ChatShape(rid, info, parser))
+        shape = ChatShape(rid, info, parser)
+        shape.logprobs = bool(body.logprobs)
+        return await _respond(request, body, stream, shape)
 
     @app.post("/v1/completions")
     async def completions(body: s.Completion, request: Request):
@@ -390,4 +444,6 @@ def add_routes(app, backend) -> None:
                     raise InvalidInput(f"prompt: one prompt per request, got {len(prompt)}")
                 prompt = prompt[0]
             stream = backend.stream(caller, prompt=prompt, **kwargs)
-        return await _respond(request, body, stream, TextShape(rid, info))
+        shape = TextShape(rid, info)
+        shape.logprobs = body.logprobs is not None
+        return await _respond(request, body, stream, shape)

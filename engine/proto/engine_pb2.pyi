@@ -119,14 +119,18 @@ class PrefillProgress(_message.Message):
     def __init__(self, done: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...
 
 class TokenLogprobs(_message.Message):
-    __slots__ = ("logprob", "top_ids", "top_logprobs")
+    __slots__ = ("logprob", "top_ids", "top_logprobs", "token", "top_tokens")
     LOGPROB_FIELD_NUMBER: _ClassVar[int]
     TOP_IDS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     logprob: float
     top_ids: _containers.RepeatedScalarFieldContainer[int]
     top_logprobs: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, logprob: _Optional[float] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
+    token: str
+    top_tokens: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, logprob: _Optional[float] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ..., token: _Optional[str] = ..., top_tokens: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
     __slots__ = ("ids", "text", "logprobs")

@@ -47,9 +47,21 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class TokenLogprobs:
+    """One token's log-probability, and the most likely tokens at its position (id, logprob),
+    most likely first; `token` / `top_tokens`: their text, once the front end decoded them."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+    token: str = ""
+    top_tokens: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Tokens:
     ids: tuple[int, ...]
     text: str
+    logprobs: tuple[TokenLogprobs, ...] = ()  # one per id, when the request asked
 
 
 @dataclass(frozen=True)

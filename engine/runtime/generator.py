@@ -57,6 +57,7 @@ from engine.runtime.constraint import Grammars
 from engine.runtime.events import Finished, FinishReason, Progress, Tokens
 from engine.runtime.finished_entries import finished_entries
 from engine.runtime.layer_timer import LayerTimer
+from engine.runtime.logprobs import token_logprobs
 from engine.runtime.masked_batch import mask_row
 from engine.runtime.ordering import CacheLink, OrderLedger
 from engine.runtime.output import Copied, Stamps, final_event, unstarted_event
@@ -289,6 +290,7 @@ class Generator:
             first = int((sampler or _greedy)(row)[0].item())
             if constraint is not None:
                 constraint.accept(first)
+            first_row = row  # its logprobs: the kept row, masked like every later one
             segments, max_tokens = [[first]], max_tokens - 1
         act = ActiveRequest(
             req=req,
@@ -312,7 +314,7 @@ class Generator:
         if first is not None:
             act.resent, act.prompt_end_logits = True, logits
             act.prompt_end_state = self.tier.entries[req.plan.entry_id].states.get(n)
-            if self._first_token(act, first, max_tokens):
+            if self._first_token(act, first, max_tokens, first_row):
                 return  # done at its first token: nothing new to store
         act.uid = self.bg.insert_segments(
             [segments],
@@ -327,14 +329,14 @@ class Generator:
         self.active[act.uid] = act
         self.by_request[req.request_id] = act.uid
 
-    def _first_token(self, act: ActiveRequest, token: int, left: int) -> bool:
-        """Emit a resend's first token, sampled at admission; True when it ends the request
-        (a stop token, or max_tokens 1): then it is released, storing nothing."""
+    def _first_token(self, act: ActiveRequest, token: int, left: int, row) -> bool:
+        """Emit a resend's first token, sampled at admission from `row`; True when it ends
+        the request (a stop token, or max_tokens 1): then it is released, storing nothing."""
         act.stamps.token(time.time())
         stopped = token in act.stop_ids
         if not stopped:
             act.generated += 1
-            act.emit(Tokens(ids=(token,), text=""))
+            act.emit(self._tokens(act, token, row))
         if not (stopped or left <= 0):
             return False
         self.timer.on_finish(act.req.request_id)
@@ -406,9 +408,18 @@ class Generator:
         act.stamps.token(time.time())
         if not (r.finish_reason == "stop" and token in act.stop_ids):  # a stop token: not sent
             act.generated += 1
-            act.emit(Tokens(ids=(token,), text=""))
+            act.emit(self._tokens(act, token, r.logprobs))
         if r.finish_reason is not None:
             self._complete(act, FinishReason(r.finish_reason), r.prompt_cache, list(r.all_tokens))
+
+    def _tokens(self, act: ActiveRequest, token: int, row) -> Tokens:
+        """The Tokens event of one sampled token; with its log-probabilities (read from the
+        row it was sampled from) when the request asked."""
+        sampling = act.req.sampling
+        if not sampling.logprobs:
+            return Tokens(ids=(token,), text="")
+        lp = token_logprobs(row, token, sampling.top_logprobs)
+        return Tokens(ids=(token,), text="", logprobs=(lp,))
 
     # ---- completion: store, commit, final event ------------------------------
 

@@ -21,6 +21,8 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    logprobs: bool = False  # each token's log-probability comes with it (Tokens.logprobs)
+    top_logprobs: int = 0  # and the most likely tokens at its position (0-20)
 
 
 @dataclass(frozen=True)

@@ -345,10 +345,24 @@ class Frontend:
             return None
         before = text.count
         shown = text.feed(event.ids)
+        logprobs = self._named(event.ids, event.logprobs)
         if text.stopped:
             model.stop.remote(rid)
-            return Tokens(ids=event.ids[: text.count - before], text=shown)
-        return Tokens(ids=event.ids, text=shown)
+            n = text.count - before
+            return Tokens(ids=event.ids[:n], text=shown, logprobs=logprobs[:n])
+        return Tokens(ids=event.ids, text=shown, logprobs=logprobs)
+
+    def _named(self, ids: tuple, logprobs: tuple) -> tuple:
+        """The log-probabilities with their tokens' text (each token decoded alone)."""
+        if not logprobs:
+            return ()
+        decode = self.builder.tokenizer.decode
+        return tuple(
+            dataclasses.replace(
+                lp, token=decode([t]), top_tokens=tuple(decode([i]) for i, _ in lp.top)
+            )
+            for t, lp in zip(ids, logprobs)
+        )
 
     async def _replica_gone(self, replica: int | None, request_id: str) -> None:
         """Tell the manager: this request ended (and the replica's RAM is gone, if given)."""

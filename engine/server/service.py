@@ -105,6 +105,8 @@ def to_sampling(s: engine_pb2.Sampling) -> SamplingParams:
         seed=s.seed if s.HasField("seed") else None,
         stop=tuple(s.stop),
         stop_token_ids=tuple(s.stop_token_ids),
+        logprobs=s.logprobs or s.top_logprobs > 0,
+        top_logprobs=s.top_logprobs,
     )
 
 
@@ -114,7 +116,18 @@ def to_event(event) -> engine_pb2.GenerateEvent:
             progress=engine_pb2.PrefillProgress(done=event.done, total=event.total)
         )
     if isinstance(event, Tokens):
-        return engine_pb2.GenerateEvent(chunk=engine_pb2.TokenChunk(ids=event.ids, text=event.text))
+        logprobs = [
+            engine_pb2.TokenLogprobs(
+                logprob=lp.logprob,
+                top_ids=[i for i, _ in lp.top],
+                top_logprobs=[v for _, v in lp.top],
+                token=lp.token,
+                top_tokens=lp.top_tokens,
+            )
+            for lp in event.logprobs
+        ]
+        chunk = engine_pb2.TokenChunk(ids=event.ids, text=event.text, logprobs=logprobs)
+        return engine_pb2.GenerateEvent(chunk=chunk)
     assert isinstance(event, Finished), event
     return engine_pb2.GenerateEvent(
         final=engine_pb2.Final(
@@ -259,7 +272,8 @@ def _coalesce(batch: list) -> list:
     out: list = []
     for e in batch:
         if isinstance(e, Tokens) and out and isinstance(out[-1], Tokens):
-            out[-1] = Tokens(ids=out[-1].ids + e.ids, text=out[-1].text + e.text)
+            last = out[-1]
+            out[-1] = Tokens(last.ids + e.ids, last.text + e.text, last.logprobs + e.logprobs)
         elif isinstance(e, Progress) and out and isinstance(out[-1], Progress):
             out[-1] = e
         else:

@@ -180,6 +180,7 @@ class LineagePromptBatch(PromptProcessingBatch):
     layer_timer = None  # set by the generator: callable(chunk_len) -> context manager
     ledger: CopyLedger | None = None  # set by the generator: reshuffles and growth, per uid
     extracted: dict | None = None  # set by the generator: uid -> KV bytes extractions copied
+    forks: dict | None = None  # set by the generator: uid -> its Branches (engine.runtime.branches)
 
     def __init__(self, *args, caches=None, room: int = 0, **kwargs):
         super().__init__(*args, caches=[], **kwargs)
@@ -190,7 +191,7 @@ class LineagePromptBatch(PromptProcessingBatch):
     def _copy(self):
         new = super()._copy()
         new.clear_pool, new.pool, new.layer_timer = self.clear_pool, self.pool, self.layer_timer
-        new.ledger, new.extracted = self.ledger, self.extracted
+        new.ledger, new.extracted, new.forks = self.ledger, self.extracted, self.forks
         return new
 
     def filter(self, keep):
@@ -246,10 +247,11 @@ class LineagePromptBatch(PromptProcessingBatch):
         (engine.runtime.masked_batch)."""
         if any(len(t) > 1 for t in tokens):
             self.prompt([t[:-1] for t in tokens])
+        last = self._branch_rows([t[-1] for t in tokens])
         generation = LineageGenerationBatch(
             self.model,
             self.uids,
-            mx.array([t[-1] for t in tokens]),
+            mx.array(last),
             self.prompt_cache,
             self.tokens,
             self.samplers,
@@ -261,6 +263,25 @@ class LineagePromptBatch(PromptProcessingBatch):
         self.uids, self.prompt_cache, self.tokens = [], [], []
         self.samplers, self.logits_processors, self.max_tokens = [], [], []
         return generation
+
+    def _branch_rows(self, last: list) -> list:
+        """The rows of sequences with branches (engine.runtime.branches) copied once per
+        branch, after every original row (mlx-lm reads the first rows as the sequences that
+        ended their prompts); `last`, the tokens each row feeds next, with them."""
+        forks = self.forks if self.forks is not None else {}
+        extra = [(i, b) for i, uid in enumerate(self.uids) for b in forks.pop(uid, ())]
+        if not extra:
+            return last
+        keep = list(range(len(self.uids))) + [i for i, _ in extra]
+        for c in self.prompt_cache:  # a gather: each branch's KV rows and state, copied
+            c.filter(keep)
+        self.uids = list(self.uids) + [b.uid for _, b in extra]
+        self.tokens = list(self.tokens) + [list(self.tokens[i]) for i, _ in extra]
+        self.samplers = list(self.samplers) + [b.sampler for _, b in extra]
+        self.logits_processors = list(self.logits_processors) + [b.processors for _, b in extra]
+        self.stop_sequences = list(self.stop_sequences) + [b.stop for _, b in extra]
+        self.max_tokens = list(self.max_tokens) + [b.max_tokens for _, b in extra]
+        return last + [last[i] for i, _ in extra]
 
     def prompt(self, tokens):
         """Run the prompt tokens through the model (mlx-lm's loop, minus the forced clears)."""
@@ -387,7 +408,9 @@ class LineageBatchGenerator(BatchGenerator):
         )
         batch.clear_pool = clear_pool_per_prefill
         batch.pool = self.pool
-        batch.ledger, batch.extracted = self.ledger, self.commit_copies
+        # uid -> the Branches it forks at its prompt end (engine.runtime.branches)
+        self.forks: dict[int, list] = {}
+        batch.ledger, batch.extracted, batch.forks = self.ledger, self.commit_copies, self.forks
         self._prompt_batch = batch
 
     def next(self):
@@ -422,6 +445,16 @@ class LineageBatchGenerator(BatchGenerator):
         counted in `commit_copies` by the batch)."""
         batch = self._prompt_batch
         return batch.extract_cache(batch.uids.index(uid))
+
+    def new_uids(self, k: int) -> list[int]:
+        """`k` uids for sequences the batch will add itself (branches)."""
+        uids = list(range(self._uid_count, self._uid_count + k))
+        self._uid_count += k
+        return uids
+
+    def fork(self, uid: int, branches: list) -> None:
+        """Sequence `uid` forks `branches` (engine.runtime.branches) when its prompt ends."""
+        self.forks[uid] = list(branches)
 
     @property
     def generating(self) -> int:
@@ -465,7 +498,7 @@ class LineageBatchGenerator(BatchGenerator):
             **fields,
         )
         batch.clear_pool, batch.pool = self._prompt_batch.clear_pool, self.pool
-        batch.ledger, batch.extracted = self.ledger, self.commit_copies
+        batch.ledger, batch.extracted, batch.forks = self.ledger, self.commit_copies, self.forks
         self.ledger.note(batch.prompt_cache)
         self.restore_copies.update(batch.copied)
         return batch, processing

@@ -62,6 +62,7 @@ class Tokens:
     ids: tuple[int, ...]
     text: str
     logprobs: tuple[TokenLogprobs, ...] = ()  # one per id, when the request asked
+    index: int = 0  # its branch (SamplingParams.n): 0 .. n-1
 
 
 @dataclass(frozen=True)
@@ -82,3 +83,4 @@ class Finished:
     # A constrained request that ended before its grammar was complete (max_tokens, a stop
     # string, cancelled): its output is not valid for the constraint
     incomplete: bool = False
+    index: int = 0  # its branch: a request of n branches ends with n Finished events

@@ -61,6 +61,7 @@ def final_event(
     error: str = "",
     restore_lost: str = "",
     incomplete: bool = False,
+    index: int = 0,
 ) -> Finished:
     """The Finished event of a request that was admitted (restored, maybe prefilled)."""
     return Finished(
@@ -75,6 +76,7 @@ def final_event(
         error=error,
         restore_lost=restore_lost,
         incomplete=incomplete,
+        index=index,
     )
 
 

@@ -23,6 +23,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     logprobs: bool = False  # each token's log-probability comes with it (Tokens.logprobs)
     top_logprobs: int = 0  # and the most likely tokens at its position (0-20)
+    n: int = 1  # branches: n sequences forked from one prefill (engine.runtime.branches)
 
 
 @dataclass(frozen=True)

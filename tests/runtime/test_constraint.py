@@ -1,4 +1,4 @@
-"""Grammar-constrained decoding in the model loop, on the embedded random-weight model.
+"""Grammar-constrained decoding in the model tiny_loop, on the embedded random-weight model.
 
 Without Ray: the ModelLoop the model actor wraps, with an in-process cache
 manager. At temperature 1 the random weights write garbage, so an output that
@@ -21,21 +21,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.cache.manager import CacheManager
 from engine.cache.messages import PlanRequest
-from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.runtime.events import Finished, FinishReason, Tokens
-from engine.runtime.generator import Generator
 from engine.runtime.grammar import (
     GrammarError,
     lark_grammar,
     schema_grammar,
     tool_grammar,
 )
-from engine.runtime.loader import load_model
-from engine.runtime.local import LocalLink
-from engine.runtime.loop import ModelLoop
-from engine.runtime.ram_tier import RamTier
 from engine.runtime.requests import GenerationRequest, SamplingParams
 
 WEATHER = {
@@ -66,47 +59,17 @@ SEARCH = {
 }
 
 
-@pytest.fixture(scope="module")
-def loaded(model_cache_dir):
-    config = EngineConfig(
-        model=ModelConfig(prefill_step_size=128),
-        cache=CacheConfig(cache_dir=str(model_cache_dir), ram_budget=1 << 30),
-    )
-    return config, load_model(config)
-
-
-@pytest.fixture(scope="module")
-def loop(loaded):
-    config, (model, tokenizer, info) = loaded
-    manager = CacheManager(config.cache, info.fingerprint, info.has_state_layers)
-
-    def build() -> Generator:
-        return Generator(
-            model, tokenizer, config, RamTier(info.has_state_layers), LocalLink(manager)
-        )
-
-    loop = ModelLoop(build, idle_release_s=5)
-    loop.manager = manager
-    yield loop
-    loop.stop()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(loaded):
-    return loaded[1][1]
-
-
 _ids = iter(range(1 << 30))
 
 
-def run(loop, tokens, grammar=None, temperature=1.0, seed=0, max_tokens=300):
-    """(generated ids, final event) of one request on the loop."""
+def run(tiny_loop, tokens, grammar=None, temperature=1.0, seed=0, max_tokens=300):
+    """(generated ids, final event) of one request on the tiny_loop."""
     rid = f"c{next(_ids)}"
-    plan = loop.manager.plan(PlanRequest(rid, np.asarray(tokens, np.int32)))
+    plan = tiny_loop.manager.plan(PlanRequest(rid, np.asarray(tokens, np.int32)))
     sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
     req = GenerationRequest(rid, "", tuple(tokens), plan, sampling, time.time(), constraint=grammar)
     events: queue.SimpleQueue = queue.SimpleQueue()
-    loop.call(lambda g: g.submit(req, events.put))
+    tiny_loop.call(lambda g: g.submit(req, events.put))
     ids = []
     while True:
         event = events.get(timeout=120)
@@ -171,35 +134,37 @@ SCHEMAS = st.recursive(_leaf, lambda c: st.one_of(_object(c), _array(c), _any_of
     schema=SCHEMAS.filter(lambda s: "type" not in s or s["type"] != "null"),
     seed=st.integers(0, 1 << 20),
 )
-def test_every_output_under_a_strict_schema_validates(loop, tokenizer, schema, seed):
+def test_every_output_under_a_strict_schema_validates(tiny_loop, tiny_tokenizer, schema, seed):
     grammar = schema_grammar(schema, strict=True)
-    ids, final = run(loop, [20 + seed % 50, 31, 47], grammar, temperature=1.0, seed=seed)
+    ids, final = run(tiny_loop, [20 + seed % 50, 31, 47], grammar, temperature=1.0, seed=seed)
     assert final.finish_reason == FinishReason.STOP and not final.incomplete, (schema, ids)
-    jsonschema.validate(json.loads(tokenizer.decode(ids)), schema)
+    jsonschema.validate(json.loads(tiny_tokenizer.decode(ids)), schema)
 
 
-def test_a_schema_cut_by_max_tokens_is_reported_incomplete(loop):
+def test_a_schema_cut_by_max_tokens_is_reported_incomplete(tiny_loop):
     schema = {"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]}
-    ids, final = run(loop, [22, 33, 44], schema_grammar(schema), max_tokens=3)
+    ids, final = run(tiny_loop, [22, 33, 44], schema_grammar(schema), max_tokens=3)
     assert final.finish_reason == FinishReason.LENGTH and final.incomplete and len(ids) == 3
 
 
-def test_unconstrained_requests_report_complete(loop):
-    _, final = run(loop, [22, 33, 44], None, max_tokens=3)
+def test_unconstrained_requests_report_complete(tiny_loop):
+    _, final = run(tiny_loop, [22, 33, 44], None, max_tokens=3)
     assert final.finish_reason == FinishReason.LENGTH and not final.incomplete
 
 
 @pytest.mark.parametrize("choice,name", [("required", ""), ("function", "search")])
-def test_tool_choice_required_and_named_give_schema_valid_calls(loop, tokenizer, choice, name):
+def test_tool_choice_required_and_named_give_schema_valid_calls(
+    tiny_loop, tiny_tokenizer, choice, name
+):
     tools = [WEATHER, SEARCH]
     grammar = tool_grammar(tools, choice, name, output_format="qwen")
     by_name = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
     for seed in range(4):
-        ids, final = run(loop, [25, 36, 48 + seed], grammar, seed=seed)
-        assert final.finish_reason == FinishReason.STOP and not final.incomplete, tokenizer.decode(
-            ids
+        ids, final = run(tiny_loop, [25, 36, 48 + seed], grammar, seed=seed)
+        assert final.finish_reason == FinishReason.STOP and not final.incomplete, (
+            tiny_tokenizer.decode(ids)
         )
-        text = tokenizer.decode(ids)
+        text = tiny_tokenizer.decode(ids)
         calls = [c.split("</tool_call>")[0].strip() for c in text.split("<tool_call>")[1:]]
         assert calls and text.startswith("<tool_call>"), text
         for call in map(json.loads, calls):
@@ -207,24 +172,24 @@ def test_tool_choice_required_and_named_give_schema_valid_calls(loop, tokenizer,
             jsonschema.validate(call["arguments"], by_name[call["name"]])
 
 
-def test_a_single_call_when_parallel_calls_are_off(loop, tokenizer):
+def test_a_single_call_when_parallel_calls_are_off(tiny_loop, tiny_tokenizer):
     grammar = tool_grammar([WEATHER, SEARCH], "required", parallel=False, output_format="qwen")
     for seed in range(3):
-        ids, _ = run(loop, [26, 37, 49], grammar, seed=seed)
-        assert tokenizer.decode(ids).count("<tool_call>") == 1
+        ids, _ = run(tiny_loop, [26, 37, 49], grammar, seed=seed)
+        assert tiny_tokenizer.decode(ids).count("<tool_call>") == 1
 
 
-def test_a_grammar_allowing_the_greedy_choice_changes_nothing(loop, tokenizer):
+def test_a_grammar_allowing_the_greedy_choice_changes_nothing(tiny_loop, tiny_tokenizer):
     """Temperature 0: free text under `tool_choice: none` (which allows any valid text) gives
     the unconstrained tokens, for prompts whose greedy output is valid text."""
     grammar = tool_grammar([WEATHER], "none", output_format="qwen")
     compared = 0
     for first in range(20, 60):
-        plain, _ = run(loop, [first, 30, 40], None, temperature=0.0, max_tokens=16)
-        text = tokenizer.decode(plain)
+        plain, _ = run(tiny_loop, [first, 30, 40], None, temperature=0.0, max_tokens=16)
+        text = tiny_tokenizer.decode(plain)
         if "\ufffd" in text or any(t < 3 or t >= 4092 for t in plain):
             continue  # a partial UTF-8 byte or markup: text grammars refuse it
-        held, _ = run(loop, [first, 30, 40], grammar, temperature=0.0, max_tokens=16)
+        held, _ = run(tiny_loop, [first, 30, 40], grammar, temperature=0.0, max_tokens=16)
         assert held == plain
         compared += 1
         if compared == 3:
@@ -232,15 +197,15 @@ def test_a_grammar_allowing_the_greedy_choice_changes_nothing(loop, tokenizer):
     assert compared == 3
 
 
-def test_a_resend_samples_its_first_token_under_the_grammar(loop, tokenizer):
+def test_a_resend_samples_its_first_token_under_the_grammar(tiny_loop, tiny_tokenizer):
     """A verbatim resend restores the prompt end and samples its first token from the kept
     logits at admission: that token is held to the grammar too."""
     prompt = [(i * 11) % 3000 + 20 for i in range(40)]
-    run(loop, prompt, None, temperature=0.0, max_tokens=2)  # stores the prompt's entry
+    run(tiny_loop, prompt, None, temperature=0.0, max_tokens=2)  # stores the prompt's entry
     schema = {"type": "object", "properties": {"k": {"enum": ["v"]}}, "required": ["k"]}
-    ids, final = run(loop, prompt, schema_grammar(schema, strict=True), temperature=0.0)
+    ids, final = run(tiny_loop, prompt, schema_grammar(schema, strict=True), temperature=0.0)
     assert final.cached_tokens == len(prompt), "not a resend"
-    assert json.loads(tokenizer.decode(ids)) == {"k": "v"} and not final.incomplete
+    assert json.loads(tiny_tokenizer.decode(ids)) == {"k": "v"} and not final.incomplete
 
 
 # ---------------------------------------------------------------- checks ----
@@ -287,10 +252,10 @@ def test_a_malformed_lark_grammar_is_refused():
         lark_grammar("start: (")
 
 
-def test_the_constraint_interface(loaded):
+def test_the_constraint_interface(tiny_loaded):
     """mask / accept / rollback / validate / stopped / accepting, as speculative decoding
     will call them."""
-    config, (model, tokenizer, info) = loaded
+    config, (model, tokenizer, info) = tiny_loaded
     from engine.runtime.constraint import Grammars
 
     grammars = Grammars(tokenizer, info.vocab_size, {2})
@@ -317,10 +282,10 @@ def test_the_constraint_interface(loaded):
     assert not again.accept(2)  # the end before the grammar is complete: refused
 
 
-def test_the_lazy_grammar_lets_text_run_and_holds_an_opened_call(loaded):
+def test_the_lazy_grammar_lets_text_run_and_holds_an_opened_call(tiny_loaded):
     """`tool_choice: auto`: free text is free until the `<tool_call>` token; from there the
     call is held to the tools' schemas; `parallel` false allows one call; `none` no call."""
-    config, (model, tokenizer, info) = loaded
+    config, (model, tokenizer, info) = tiny_loaded
     from engine.runtime.constraint import Grammars
 
     grammars = Grammars(tokenizer, info.vocab_size, {2})

@@ -98,6 +98,7 @@ class Chunk:
     ids: tuple[int, ...]
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()  # one per id, when asked
+    index: int = 0  # its branch (n > 1)
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,7 @@ class Final:
     replica: str = ""  # the model replica that served it (with request_id: the trace)
     # A constrained request that ended before its grammar was complete: not valid output
     incomplete: bool = False
+    index: int = 0  # the branch it ends (n > 1: a stream ends after n of them)
 
 
 Event = Union[Progress, Chunk, Final]
@@ -131,6 +133,9 @@ class Result:
     replica: str = ""
     incomplete: bool = False  # constrained, and cut before its grammar was complete
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token id, when asked
+    # n > 1: every branch's own Result, by index (this one's fields are branch 0's, its
+    # usage the request's: the prompt once, every branch's completion tokens)
+    choices: tuple["Result", ...] = ()
 
     def to_json_dict(self) -> dict:
         """The stable JSON shape printed by `lineage generate --json`."""
@@ -170,7 +175,7 @@ def event_from_proto(event: engine_pb2.GenerateEvent) -> Event:
             )
             for token_id, lp in zip(c.ids, c.logprobs)
         )
-        return Chunk(ids=tuple(c.ids), text=c.text, logprobs=logprobs)
+        return Chunk(ids=tuple(c.ids), text=c.text, logprobs=logprobs, index=c.index)
     if which == "final":
         f = event.final
         return Final(
@@ -183,43 +188,61 @@ def event_from_proto(event: engine_pb2.GenerateEvent) -> Event:
             request_id=f.request_id,
             replica=f.replica,
             incomplete=f.incomplete,
+            index=f.index,
         )
     raise ValueError(f"generate event with no payload: {event!r}")
 
 
 class ResultCollector:
-    """Accumulates a stream's events into a Result."""
+    """Accumulates a stream's events into a Result (one per branch when n > 1)."""
 
     def __init__(self):
-        self.texts: list[str] = []
-        self.ids: list[int] = []
-        self.logprobs: list[TokenLogprob] = []
-        self.final: Final | None = None
+        self.texts: dict[int, list[str]] = {}
+        self.ids: dict[int, list[int]] = {}
+        self.logprobs: dict[int, list[TokenLogprob]] = {}
+        self.finals: dict[int, Final] = {}
+
+    @property
+    def final(self) -> Final | None:
+        """Branch 0's final event (None before it came)."""
+        return self.finals.get(0)
 
     def add(self, event: Event) -> None:
         if isinstance(event, Chunk):
-            self.texts.append(event.text)
-            self.ids.extend(event.ids)
-            self.logprobs.extend(event.logprobs)
+            self.texts.setdefault(event.index, []).append(event.text)
+            self.ids.setdefault(event.index, []).extend(event.ids)
+            self.logprobs.setdefault(event.index, []).extend(event.logprobs)
         elif isinstance(event, Final):
-            self.final = event
+            self.finals[event.index] = event
 
-    def result(self) -> Result:
-        if self.final is None:
-            raise LineageError("INTERNAL", "the stream ended without a final event")
-        f = self.final
+    def _branch(self, index: int, usage: Usage) -> Result:
+        f = self.finals[index]
         return Result(
-            "".join(self.texts),
-            tuple(self.ids),
+            "".join(self.texts.get(index, ())),
+            tuple(self.ids.get(index, ())),
             f.finish_reason,
-            f.usage,
+            usage,
             f.restore,
             f.timing,
             f.request_id,
             f.replica,
             f.incomplete,
-            tuple(self.logprobs),
+            tuple(self.logprobs.get(index, ())),
         )
+
+    def result(self) -> Result:
+        if 0 not in self.finals:
+            raise LineageError("INTERNAL", "the stream ended without a final event")
+        if len(self.finals) == 1:
+            return self._branch(0, self.finals[0].usage)
+        u = self.finals[0].usage  # the prompt once, every branch's completion
+        usage = Usage(
+            u.prompt_tokens,
+            u.cached_tokens,
+            sum(f.usage.completion_tokens for f in self.finals.values()),
+        )
+        choices = tuple(self._branch(i, self.finals[i].usage) for i in sorted(self.finals))
+        return dataclasses.replace(self._branch(0, usage), choices=choices)
 
 
 # --------------------------------------------------------------- requests ----
@@ -309,6 +332,7 @@ def build_request(
     constraint: Any = None,
     logprobs: bool = False,
     top_logprobs: int = 0,
+    n: int = 1,
 ) -> engine_pb2.GenerateRequest:
     """Arguments of generate()/stream() -> GenerateRequest.
 
@@ -318,7 +342,8 @@ def build_request(
     `constraint` (clients.constraints.Constraint, or a proto Constraint) holds the
     output to a JSON schema, a grammar or a tool choice; `logprobs` asks for each
     token's log-probability, and `top_logprobs` (0-20) for the most likely tokens
-    at each position. Raises ValueError naming the bad argument.
+    at each position; `n` asks for that many branches from one prefill (their events
+    carry `index`). Raises ValueError naming the bad argument.
     """
     given = [
         n
@@ -346,6 +371,8 @@ def build_request(
     )
     if seed is not None:
         sampling.seed = wire_int(seed, "seed", 64)
+    if n != 1:
+        sampling.n = wire_int(n, "n", 32)
     if logprobs or top_logprobs:
         sampling.logprobs = True
         sampling.top_logprobs = wire_int(top_logprobs or 0, "top_logprobs", 32)

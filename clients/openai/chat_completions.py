@@ -29,7 +29,7 @@ import time
 import uuid
 from types import SimpleNamespace
 
-from clients.client import Chunk, Final, LineageError, Progress
+from clients.client import Chunk, Final, LineageError, Progress, Usage
 from clients.constraints import constraint_for
 from clients.openai.errors import lineage_error, unless_disconnected
 from clients.openai.guard import caller_of
@@ -83,14 +83,39 @@ def text_logprobs(logprobs, offset: int = 0) -> dict:
 
 
 class _Shape:
-    """The envelope shared by the chunks and the whole response of one request."""
+    """The envelope shared by the chunks and the whole response of one request; with n > 1,
+    one shape per branch (`branch`: each its own parser, offsets, logprobs), one envelope."""
 
     object_whole = object_chunk = ""
     logprobs = False  # the request asked for them
+    index, n = 0, 1  # this branch; the request's branches
 
     def __init__(self, rid: str, info: dict):
         self.id, self.created = rid, int(time.time())
         self.model, self.fingerprint = info["id"], info["fingerprint"]
+        self.make = None  # () -> a fresh shape for another branch
+        self.branches: dict[int, "_Shape"] = {0: self}
+
+    def branch(self, index: int) -> "_Shape":
+        """Branch `index`'s shape (0: this one)."""
+        if index not in self.branches:
+            shape = self.make()
+            shape.index, shape.logprobs, shape.created = index, self.logprobs, self.created
+            self.branches[index] = shape
+        return self.branches[index]
+
+    def head(self) -> list[dict]:
+        return [c for i in range(self.n) for c in self.branch(i).first()]
+
+    def first(self) -> list[dict]:
+        """The chunks that open this branch's stream."""
+        return []
+
+    def whole(self, result) -> dict:
+        """The whole response: every branch's choice; the usage counts the prompt once."""
+        results = result.choices or (result,)
+        choices = [self.branch(i).choice(r) for i, r in enumerate(results)]
+        return self.envelope(self.object_whole, choices, usage=_usage(result.usage))
 
     def envelope(self, kind: str, choices: list, **extra) -> dict:
         return {
@@ -103,8 +128,12 @@ class _Shape:
             **extra,
         }
 
-    def usage_chunk(self, final: Final) -> dict:
-        return self.envelope(self.object_chunk, [], usage=_usage(final.usage))
+    def usage_chunk(self, *finals: Final) -> dict:
+        """The usage of every branch's final: the prompt once, each branch's completion."""
+        u = finals[0].usage
+        completion = sum(f.usage.completion_tokens for f in finals)
+        usage = Usage(u.prompt_tokens, u.cached_tokens, completion)
+        return self.envelope(self.object_chunk, [], usage=_usage(usage))
 
 
 def malformed_call(rid: str, raw: str) -> None:
@@ -128,10 +157,17 @@ class ChatShape(_Shape):
             logprobs, self.pending = chat_logprobs(self.pending), []
         return self.envelope(
             self.object_chunk,
-            [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
+            [
+                {
+                    "index": self.index,
+                    "delta": delta,
+                    "logprobs": logprobs,
+                    "finish_reason": finish_reason,
+                }
+            ],
         )
 
-    def head(self) -> list[dict]:
+    def first(self) -> list[dict]:
         return [self._chunk({"role": "assistant", "content": ""})]
 
     def _deltas(self, parts) -> list[dict]:
@@ -164,7 +200,8 @@ class ChatShape(_Shape):
         out.append(self._chunk({}, "tool_calls" if self.calls else final.finish_reason))
         return out
 
-    def whole(self, result) -> dict:
+    def choice(self, result) -> dict:
+        """This branch's whole choice."""
         parts = self.parser.feed(result.text) + self.parser.close()
         content, reasoning, calls = joined(parts)
         for p in parts:
@@ -182,13 +219,12 @@ class ChatShape(_Shape):
                 }
                 for start, _ in calls
             ]
-        choice = {
-            "index": 0,
+        return {
+            "index": self.index,
             "message": message,
             "logprobs": chat_logprobs(result.logprobs) if self.logprobs else None,
             "finish_reason": "tool_calls" if calls else result.finish_reason,
         }
-        return self.envelope(self.object_whole, [choice], usage=_usage(result.usage))
 
 
 def _arguments_text(parts, start: ToolCallStart) -> str:
@@ -208,10 +244,12 @@ class TextShape(_Shape):
 
     def _choice(self, text: str, finish_reason: str | None, logprobs=()) -> dict:
         shown = text_logprobs(logprobs, self.offset) if self.logprobs else None
-        return {"index": 0, "text": text, "logprobs": shown, "finish_reason": finish_reason}
-
-    def head(self) -> list[dict]:
-        return []
+        return {
+            "index": self.index,
+            "text": text,
+            "logprobs": shown,
+            "finish_reason": finish_reason,
+        }
 
     def delta(self, text: str, logprobs=()) -> list[dict]:
         if not text and not logprobs:
@@ -223,12 +261,8 @@ class TextShape(_Shape):
     def finish(self, final: Final) -> list[dict]:
         return [self.envelope(self.object_chunk, [self._choice("", final.finish_reason)])]
 
-    def whole(self, result) -> dict:
-        return self.envelope(
-            self.object_whole,
-            [self._choice(result.text, result.finish_reason, result.logprobs)],
-            usage=_usage(result.usage),
-        )
+    def choice(self, result) -> dict:
+        return self._choice(result.text, result.finish_reason, result.logprobs)
 
 
 def _sse(obj: dict) -> str:
@@ -245,18 +279,19 @@ async def _events_as_sse(first, stream, shape: _Shape, include_usage: bool):
     try:
         for chunk in shape.head():
             yield _sse(chunk)
-        event = first
+        event, finals = first, []
         while event is not None:
             if isinstance(event, Progress):
                 yield f": prefill {event.done}/{event.total}\n\n"
             elif isinstance(event, Chunk):
-                for chunk in shape.delta(event.text, event.logprobs):
+                for chunk in shape.branch(event.index).delta(event.text, event.logprobs):
                     yield _sse(chunk)
             elif isinstance(event, Final) and event.finish_reason != "error":  # else: error next
-                for chunk in shape.finish(event):
+                for chunk in shape.branch(event.index).finish(event):
                     yield _sse(chunk)
-                if include_usage:
-                    yield _sse(shape.usage_chunk(event))
+                finals.append(event)
+                if include_usage and len(finals) == shape.n:  # the last branch's
+                    yield _sse(shape.usage_chunk(*finals))
             event = await anext(stream, None)
     except LineageError as error:
         yield _sse(lineage_error(error)[1])
@@ -281,8 +316,6 @@ def session_of(headers, body) -> str:
 
 def _sampling(body, info: dict, namespace: str, rid: str) -> dict:
     """The OpenAI sampling fields -> keyword arguments of AsyncClient.stream."""
-    if body.n not in (None, 1):
-        raise InvalidInput(f"n must be 1 (one choice per request), got {body.n}")
     max_tokens = getattr(body, "max_completion_tokens", None)
     max_tokens = max_tokens if max_tokens is not None else body.max_tokens
     stop = [body.stop] if isinstance(body.stop, str) else body.stop
@@ -296,6 +329,7 @@ def _sampling(body, info: dict, namespace: str, rid: str) -> dict:
         "stop": stop,
         "namespace": namespace,
         "request_id": rid,
+        "n": 1 if body.n is None else body.n,  # the engine refuses one past --max-n
         **_logprobs_asked(body),
     }
 
@@ -419,13 +453,15 @@ def add_routes(app, backend) -> None:
             session=session_of(request.headers, body),
             **kwargs,
         )
-        parser = make_parser(
-            info.get("output_format") or "plain",
-            tool_calls=bool(body.tools) and body.tool_choice != "none",
-            tools=body.tools,
-        )
-        shape = ChatShape(rid, info, parser)
-        shape.logprobs = bool(body.logprobs)
+        family = info.get("output_format") or "plain"
+        calls = bool(body.tools) and body.tool_choice != "none"
+
+        def parser() -> OutputParser:
+            return make_parser(family, tool_calls=calls, tools=body.tools)
+
+        shape = ChatShape(rid, info, parser())
+        shape.logprobs, shape.n = bool(body.logprobs), kwargs["n"]
+        shape.make = lambda: ChatShape(rid, info, parser())
         return await _respond(request, body, stream, shape)
 
     @app.post("/v1/completions")
@@ -445,5 +481,6 @@ def add_routes(app, backend) -> None:
                 prompt = prompt[0]
             stream = backend.stream(caller, prompt=prompt, **kwargs)
         shape = TextShape(rid, info)
-        shape.logprobs = body.logprobs is not None
+        shape.logprobs, shape.n = body.logprobs is not None, kwargs["n"]
+        shape.make = lambda: TextShape(rid, info)
         return await _respond(request, body, stream, shape)

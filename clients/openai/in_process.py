@@ -76,7 +76,7 @@ class InProcessStream:
     def _wire(self, event):
         """An engine event (as the client is shown it) as the client library's."""
         if isinstance(event, Tokens):
-            return Chunk(ids=event.ids, text=event.text, logprobs=_logprobs(event))
+            return Chunk(event.ids, event.text, logprobs=_logprobs(event), index=event.index)
         if isinstance(event, EngineProgress):
             return Progress(done=event.done, total=event.total)
         assert isinstance(event, Finished), event
@@ -88,6 +88,7 @@ class InProcessStream:
             request_id=event.request_id,
             replica=event.replica,
             incomplete=event.incomplete,
+            index=event.index,
         )
 
     def cancel(self) -> None:

@@ -33,6 +33,7 @@ import numpy as np
 from engine.actors.cache_manager import NotSynchronised
 from engine.cache.messages import PlanRequest, Release
 from engine.config import EngineConfig
+from engine.runtime.branches import branch_key
 from engine.runtime.events import Finished, FinishReason, Tokens
 from engine.runtime.grammar import Grammar
 from engine.runtime.requests import GenerationRequest, SamplingParams
@@ -278,7 +279,12 @@ class Frontend:
         finished = prefilled = False
         self.in_flight[rid] = (req.namespace, np.asarray(req.tokens, dtype=np.int32))
         queue = events.register(rid)
-        text = TextStream(self.builder.tokenizer.detokenizer, req.sampling.stop)
+        # One text per branch (SamplingParams.n); the request ends with its n-th Finished.
+        texts = [
+            TextStream(self.builder.tokenizer.detokenizer, req.sampling.stop)
+            for _ in range(req.sampling.n)
+        ]
+        ended = 0
         try:
             await self._submit(model, events, req)
             while not finished:
@@ -287,16 +293,18 @@ class Frontend:
                     self._ended(batch, req)
                 out = []
                 for event in batch:
+                    text = texts[event.index] if isinstance(event, (Tokens, Finished)) else None
                     if isinstance(event, Tokens):
-                        event = self._text_of(event, text, model, rid)
+                        event = self._text_of(event, text, model, branch_key(rid, event.index))
                         if event is None:
                             continue
                     elif isinstance(event, Finished):
-                        finished = True
+                        ended += 1
+                        finished = ended == len(texts)
                         if event.finish_reason == FinishReason.UNAVAILABLE:
                             self._poke()
                             raise _Restarted(event.error, False)
-                        out += _tail(text)
+                        out += _tail(text, event.index)
                         event = _as_stopped(event, text)
                         self._finished(event, req)
                     if not prefilled and isinstance(event, (Tokens, Finished)):
@@ -349,8 +357,8 @@ class Frontend:
         if text.stopped:
             model.stop.remote(rid)
             n = text.count - before
-            return Tokens(ids=event.ids[:n], text=shown, logprobs=logprobs[:n])
-        return Tokens(ids=event.ids, text=shown, logprobs=logprobs)
+            return dataclasses.replace(event, ids=event.ids[:n], text=shown, logprobs=logprobs[:n])
+        return dataclasses.replace(event, text=shown, logprobs=logprobs)
 
     def _named(self, ids: tuple, logprobs: tuple) -> tuple:
         """The log-probabilities with their tokens' text (each token decoded alone)."""
@@ -385,11 +393,12 @@ class Frontend:
         prompt = await loop.run_in_executor(self.prompt_thread, self.builder.build, inp)
         if len(prompt.tokens) + sampling.max_tokens > self.info.max_context:
             sampling = _clip_max_tokens(sampling, self.info.max_context - len(prompt.tokens))
-        need = len(prompt.tokens) + sampling.max_tokens
+        need = (len(prompt.tokens) + sampling.max_tokens) * sampling.n  # each branch holds both
         if self.max_batch_tokens is not None and need > self.max_batch_tokens:
             raise Overloaded(
-                f"the prompt and max_tokens need {need} tokens; the batch holds at most "
-                f"{self.max_batch_tokens} (--max-batch-tokens): shorten the prompt or max_tokens"
+                f"the prompt and max_tokens need {need} tokens (times n={sampling.n}); the batch "
+                f"holds at most {self.max_batch_tokens} (--max-batch-tokens): shorten the prompt "
+                "or max_tokens, or ask fewer branches"
             )
         return prompt, sampling
 
@@ -497,10 +506,10 @@ def _node_ip() -> str:
     return ray.util.get_node_ip_address()
 
 
-def _tail(text: TextStream) -> list:
+def _tail(text: TextStream, index: int = 0) -> list:
     """The text held back at the end (no stop string ended it), as a last Tokens event."""
     tail = text.close()
-    return [Tokens(ids=(), text=tail)] if tail else []
+    return [Tokens(ids=(), text=tail, index=index)] if tail else []
 
 
 def _as_stopped(f: Finished, text: TextStream) -> Finished:

@@ -75,6 +75,8 @@ def check_sampling(s, vocab_size: int, limits: Limits = DEFAULT_LIMITS) -> None:
         raise InvalidRequest(
             f"{len(s.stop_token_ids)} stop token ids; the limit is {limits.max_stop_token_ids}"
         )
+    if not 1 <= s.n <= limits.max_n:
+        raise InvalidRequest(f"n must be in [1, {limits.max_n}] (--max-n), got {s.n}")
     if not 0 <= s.top_logprobs <= MAX_TOP_LOGPROBS:
         raise InvalidRequest(
             f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {s.top_logprobs}"

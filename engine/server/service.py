@@ -107,6 +107,7 @@ def to_sampling(s: engine_pb2.Sampling) -> SamplingParams:
         stop_token_ids=tuple(s.stop_token_ids),
         logprobs=s.logprobs or s.top_logprobs > 0,
         top_logprobs=s.top_logprobs,
+        n=s.n or 1,
     )
 
 
@@ -126,7 +127,9 @@ def to_event(event) -> engine_pb2.GenerateEvent:
             )
             for lp in event.logprobs
         ]
-        chunk = engine_pb2.TokenChunk(ids=event.ids, text=event.text, logprobs=logprobs)
+        chunk = engine_pb2.TokenChunk(
+            ids=event.ids, text=event.text, logprobs=logprobs, index=event.index
+        )
         return engine_pb2.GenerateEvent(chunk=chunk)
     assert isinstance(event, Finished), event
     return engine_pb2.GenerateEvent(
@@ -142,6 +145,7 @@ def to_event(event) -> engine_pb2.GenerateEvent:
             timing=engine_pb2.Timing(**dataclasses.asdict(event.timing)),
             replica=event.replica,
             incomplete=event.incomplete,
+            index=event.index,
         )
     )
 
@@ -273,7 +277,15 @@ def _coalesce(batch: list) -> list:
     for e in batch:
         if isinstance(e, Tokens) and out and isinstance(out[-1], Tokens):
             last = out[-1]
-            out[-1] = Tokens(last.ids + e.ids, last.text + e.text, last.logprobs + e.logprobs)
+            if last.index != e.index:  # another branch's
+                out.append(e)
+                continue
+            out[-1] = dataclasses.replace(
+                last,
+                ids=last.ids + e.ids,
+                text=last.text + e.text,
+                logprobs=last.logprobs + e.logprobs,
+            )
         elif isinstance(e, Progress) and out and isinstance(out[-1], Progress):
             out[-1] = e
         else:

@@ -45,10 +45,11 @@ LOGPROBS = (TokenLogprobs(-0.5, ((3, -0.5), (9, -1.25))), TokenLogprobs(-2.0))
     [
         Tokens(ids=(1, 2, 3), text=""),
         Tokens(ids=(3, 4), text="", logprobs=LOGPROBS),
+        Tokens(ids=(5,), text="", index=2),
         Progress(done=256, total=1024),
         FINISHED,
     ],
-    ids=["tokens", "logprobs", "progress", "finished"],
+    ids=["tokens", "logprobs", "branch", "progress", "finished"],
 )
 def test_a_frame_carries_each_event_as_it_was(event):
     frame = encode([("r1", event), ("r2", event)])

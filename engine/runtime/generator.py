@@ -55,11 +55,11 @@ from engine.runtime.batch import bound_pool
 from engine.runtime.branches import Branch, branch_key, branch_request
 from engine.runtime.chunked import ChunkedBatchGenerator
 from engine.runtime.constraint import Grammars
-from engine.runtime.events import Finished, FinishReason, Progress, Tokens
+from engine.runtime.events import Finished, FinishReason, Progress
 from engine.runtime.finished_entries import finished_entries
 from engine.runtime.layer_timer import LayerTimer
-from engine.runtime.logprobs import token_logprobs
-from engine.runtime.masked_batch import mask_row
+from engine.runtime.logprobs import tokens_event
+from engine.runtime.masked_batch import sample_first
 from engine.runtime.ordering import CacheLink, OrderLedger
 from engine.runtime.output import Copied, Stamps, final_event, unstarted_event
 from engine.runtime.ram_tier import RamTier, StoredEntry, digest
@@ -327,7 +327,7 @@ class Generator:
             state = self.tier.entries[req.plan.entry_id].states.get(n)
             for act, sampler in acts:
                 act.resent, act.prompt_end_logits, act.prompt_end_state = True, logits, state
-                first, row = self._sample_first(logits, sampler, act.constraint)
+                first, row = sample_first(logits, sampler or _greedy, act.constraint)
                 if not self._first_token(act, first, max_tokens - 1, row):
                     self._insert(act, [[first]], max_tokens - 1, cache, tokens[:n], sampler, stops)
             return
@@ -341,17 +341,6 @@ class Generator:
                 forks.append(Branch(uid, sampler, held, stops, max_tokens))
                 self._enlist(act, uid)
             self.bg.fork(parent.uid, forks)
-
-    def _sample_first(self, logits, sampler, constraint) -> tuple[int, object]:
-        """A resend's first token, sampled from the kept logits (held to its grammar like
-        every later token), and the row it was sampled from (its logprobs)."""
-        row = logits[None]
-        if constraint is not None:
-            row = mask_row(row, constraint.mask())
-        first = int((sampler or _greedy)(row)[0].item())
-        if constraint is not None:
-            constraint.accept(first)
-        return first, row
 
     def _insert(self, act, segments, max_tokens, cache, prefix, sampler, stops) -> None:
         """One sequence into the batch: its segments after the restored `prefix`."""
@@ -379,7 +368,7 @@ class Generator:
         stopped = token in act.stop_ids
         if not stopped:
             act.generated += 1
-            act.emit(self._tokens(act, token, row))
+            act.emit(tokens_event(act, token, row))
         if not (stopped or left <= 0):
             return False
         self.timer.on_finish(act.req.request_id)
@@ -455,18 +444,9 @@ class Generator:
         act.stamps.token(time.time())
         if not (r.finish_reason == "stop" and token in act.stop_ids):  # a stop token: not sent
             act.generated += 1
-            act.emit(self._tokens(act, token, r.logprobs))
+            act.emit(tokens_event(act, token, r.logprobs))
         if r.finish_reason is not None:
             self._complete(act, FinishReason(r.finish_reason), r.prompt_cache, list(r.all_tokens))
-
-    def _tokens(self, act: ActiveRequest, token: int, row) -> Tokens:
-        """The Tokens event of one sampled token; with its log-probabilities (read from the
-        row it was sampled from) when the request asked."""
-        sampling = act.req.sampling
-        if not sampling.logprobs:
-            return Tokens(ids=(token,), text="", index=act.index)
-        lp = token_logprobs(row, token, sampling.top_logprobs)
-        return Tokens(ids=(token,), text="", logprobs=(lp,), index=act.index)
 
     # ---- completion: store, commit, final event ------------------------------
 

@@ -14,7 +14,7 @@ import math
 
 import mlx.core as mx
 
-from engine.runtime.events import TokenLogprobs
+from engine.runtime.events import TokenLogprobs, Tokens
 
 
 def token_logprobs(row: mx.array, token: int, top: int = 0) -> TokenLogprobs:
@@ -34,3 +34,13 @@ def token_logprobs(row: mx.array, token: int, top: int = 0) -> TokenLogprobs:
 def _finite(value: float) -> float:
     """JSON carries no -inf: a masked token's log-probability is the lowest finite float."""
     return value if math.isfinite(value) else -3.4e38
+
+
+def tokens_event(act, token: int, row: mx.array) -> Tokens:
+    """The Tokens event of one sampled token of `act` (an ActiveRequest), with its
+    log-probabilities read from `row` when the request asked."""
+    sampling = act.req.sampling
+    if not sampling.logprobs:
+        return Tokens(ids=(token,), text="", index=act.index)
+    lp = token_logprobs(row, token, sampling.top_logprobs)
+    return Tokens(ids=(token,), text="", logprobs=(lp,), index=act.index)

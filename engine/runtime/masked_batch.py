@@ -123,3 +123,15 @@ class LineageGenerationBatch(GenerationBatch):
         for sti, ti in zip(self.tokens, inputs):
             sti.append(ti)
         return inputs, self._current_logprobs
+
+
+def sample_first(logits: mx.array, sampler, constraint) -> tuple[int, mx.array]:
+    """A resend's first token, sampled at admission from the kept log-probabilities (V,),
+    held to its grammar like every later token; and the row it was sampled from."""
+    row = logits[None]
+    if constraint is not None:
+        row = mask_row(row, constraint.mask())
+    first = int(sampler(row)[0].item())
+    if constraint is not None:
+        constraint.accept(first)
+    return first, row

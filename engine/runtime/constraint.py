@@ -16,8 +16,8 @@ but the end may follow, only those tokens are allowed.
 
 `Grammars` compiles a Grammar against the model's tokenizer once and keeps
 the pristine matcher by the grammar's key (bounded, least recently used
-dropped); each sequence gets a deep copy (a few µs). Its counters (compiled,
-hits, bytes of grammar text kept) are what the figures and the memory plan read.
+dropped: `--grammar-cache`, which the memory plan counts); each sequence gets
+a deep copy (a few µs). Its counters: compiled, hits, compile time.
 
 llguidance and numpy only: no MLX (the mask is applied where the row is
 sampled, engine.runtime.masked_batch).
@@ -33,8 +33,6 @@ import numpy as np
 from engine.runtime.grammar import Grammar
 
 log = logging.getLogger(__name__)
-
-GRAMMAR_CACHE = 64  # compiled grammars kept per model (an agent's tool sets, its schemas)
 
 
 def words_of(vocab_size: int) -> int:
@@ -112,7 +110,7 @@ class Constraint:
 class Grammars:
     """The compiled grammars of one model (module doc)."""
 
-    def __init__(self, tokenizer, vocab_size: int, stop_ids, capacity: int = GRAMMAR_CACHE):
+    def __init__(self, tokenizer, vocab_size: int, stop_ids, capacity: int = 64):
         # An HF fast tokenizer, or mlx-lm's wrapper of one.
         inner = getattr(tokenizer, "_tokenizer", None)
         self.hf = inner if hasattr(inner, "backend_tokenizer") else tokenizer

@@ -120,7 +120,9 @@ class Generator:
             model, config.cache.layer_timer_flag, config.cache.layer_timer_requests
         )
         # Compiled grammars by key; each constrained request gets its own matcher.
-        self.grammars = Grammars(tokenizer, self.vocab_size, self.eos_ids)
+        self.grammars = Grammars(
+            tokenizer, self.vocab_size, self.eos_ids, config.model.grammar_cache
+        )
 
     def close(self) -> None:
         """Close the batch generator (its prefill worker, mlx-lm's wired limit): once the

@@ -305,7 +305,7 @@ class Frontend:
                             self._poke()
                             raise _Restarted(event.error, False)
                         out += _tail(text, event.index)
-                        event = _as_stopped(event, text)
+                        event = _as_stopped(event, text, req.constraint is not None)
                         self._finished(event, req)
                     if not prefilled and isinstance(event, (Tokens, Finished)):
                         prefilled = True
@@ -512,12 +512,16 @@ def _tail(text: TextStream, index: int = 0) -> list:
     return [Tokens(ids=(), text=tail, index=index)] if tail else []
 
 
-def _as_stopped(f: Finished, text: TextStream) -> Finished:
-    """A request whose text a stop string ended: reason STOP, its tokens up to that string."""
+def _as_stopped(f: Finished, text: TextStream, held: bool = False) -> Finished:
+    """A request whose text a stop string ended: reason STOP, its tokens up to that string;
+    `held` (constrained): its output, cut there, is incomplete for its grammar."""
     if not text.stopped:
         return f
     return dataclasses.replace(
-        f, finish_reason=FinishReason.STOP, completion_tokens=min(f.completion_tokens, text.count)
+        f,
+        finish_reason=FinishReason.STOP,
+        completion_tokens=min(f.completion_tokens, text.count),
+        incomplete=f.incomplete or held,
     )
 
 

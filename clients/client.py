@@ -44,6 +44,7 @@ from clients.wire import (  # noqa: F401  (re-exported: the client's public type
     Result,
     ResultCollector,
     Timing,
+    TokenLogprob,
     Usage,
     build_request,
     event_from_proto,

@@ -81,11 +81,24 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A token, its text (decoded alone) and log-probability; `top`: the most likely tokens
+    at its position, most likely first (with a constraint: after the grammar's mask)."""
+
+    token_id: int
+    token: str
+    logprob: float
+    top: tuple["TokenLogprob", ...] = ()
+
+
+@dataclass(frozen=True)
 class Chunk:
     """Newly generated tokens and their text."""
 
     ids: tuple[int, ...]
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per id, when asked
+    index: int = 0  # its branch (n > 1)
 
 
 @dataclass(frozen=True)
@@ -98,6 +111,9 @@ class Final:
     timing: Timing
     request_id: str
     replica: str = ""  # the model replica that served it (with request_id: the trace)
+    # A constrained request that ended before its grammar was complete: not valid output
+    incomplete: bool = False
+    index: int = 0  # the branch it ends (n > 1: a stream ends after n of them)
 
 
 Event = Union[Progress, Chunk, Final]
@@ -115,6 +131,11 @@ class Result:
     timing: Timing = field(default_factory=Timing)
     request_id: str = ""
     replica: str = ""
+    incomplete: bool = False  # constrained, and cut before its grammar was complete
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token id, when asked
+    # n > 1: every branch's own Result, by index (this one's fields are branch 0's, its
+    # usage the request's: the prompt once, every branch's completion tokens)
+    choices: tuple["Result", ...] = ()
 
     def to_json_dict(self) -> dict:
         """The stable JSON shape printed by `lineage generate --json`."""
@@ -131,6 +152,7 @@ class Result:
             "timing": {name: getattr(self.timing, name) for name in _JSON_TIMING},
             "request_id": self.request_id,
             "replica": self.replica,
+            "incomplete": self.incomplete,
         }
 
 
@@ -140,7 +162,20 @@ def event_from_proto(event: engine_pb2.GenerateEvent) -> Event:
     if which == "progress":
         return Progress(done=event.progress.done, total=event.progress.total)
     if which == "chunk":
-        return Chunk(ids=tuple(event.chunk.ids), text=event.chunk.text)
+        c = event.chunk
+        logprobs = tuple(
+            TokenLogprob(
+                token_id,
+                lp.token,
+                lp.logprob,
+                tuple(
+                    TokenLogprob(i, t, v)
+                    for i, t, v in zip(lp.top_ids, lp.top_tokens, lp.top_logprobs)
+                ),
+            )
+            for token_id, lp in zip(c.ids, c.logprobs)
+        )
+        return Chunk(ids=tuple(c.ids), text=c.text, logprobs=logprobs, index=c.index)
     if which == "final":
         f = event.final
         return Final(
@@ -152,39 +187,62 @@ def event_from_proto(event: engine_pb2.GenerateEvent) -> Event:
             ),
             request_id=f.request_id,
             replica=f.replica,
+            incomplete=f.incomplete,
+            index=f.index,
         )
     raise ValueError(f"generate event with no payload: {event!r}")
 
 
 class ResultCollector:
-    """Accumulates a stream's events into a Result."""
+    """Accumulates a stream's events into a Result (one per branch when n > 1)."""
 
     def __init__(self):
-        self.texts: list[str] = []
-        self.ids: list[int] = []
-        self.final: Final | None = None
+        self.texts: dict[int, list[str]] = {}
+        self.ids: dict[int, list[int]] = {}
+        self.logprobs: dict[int, list[TokenLogprob]] = {}
+        self.finals: dict[int, Final] = {}
+
+    @property
+    def final(self) -> Final | None:
+        """Branch 0's final event (None before it came)."""
+        return self.finals.get(0)
 
     def add(self, event: Event) -> None:
         if isinstance(event, Chunk):
-            self.texts.append(event.text)
-            self.ids.extend(event.ids)
+            self.texts.setdefault(event.index, []).append(event.text)
+            self.ids.setdefault(event.index, []).extend(event.ids)
+            self.logprobs.setdefault(event.index, []).extend(event.logprobs)
         elif isinstance(event, Final):
-            self.final = event
+            self.finals[event.index] = event
 
-    def result(self) -> Result:
-        if self.final is None:
-            raise LineageError("INTERNAL", "the stream ended without a final event")
-        f = self.final
+    def _branch(self, index: int, usage: Usage) -> Result:
+        f = self.finals[index]
         return Result(
-            "".join(self.texts),
-            tuple(self.ids),
+            "".join(self.texts.get(index, ())),
+            tuple(self.ids.get(index, ())),
             f.finish_reason,
-            f.usage,
+            usage,
             f.restore,
             f.timing,
             f.request_id,
             f.replica,
+            f.incomplete,
+            tuple(self.logprobs.get(index, ())),
         )
+
+    def result(self) -> Result:
+        if 0 not in self.finals:
+            raise LineageError("INTERNAL", "the stream ended without a final event")
+        if len(self.finals) == 1:
+            return self._branch(0, self.finals[0].usage)
+        u = self.finals[0].usage  # the prompt once, every branch's completion
+        usage = Usage(
+            u.prompt_tokens,
+            u.cached_tokens,
+            sum(f.usage.completion_tokens for f in self.finals.values()),
+        )
+        choices = tuple(self._branch(i, self.finals[i].usage) for i in sorted(self.finals))
+        return dataclasses.replace(self._branch(0, usage), choices=choices)
 
 
 # --------------------------------------------------------------- requests ----
@@ -271,13 +329,21 @@ def build_request(
     request_id: str = "",
     continue_final_message: bool = False,
     session: str = "",
+    constraint: Any = None,
+    logprobs: bool = False,
+    top_logprobs: int = 0,
+    n: int = 1,
 ) -> engine_pb2.GenerateRequest:
     """Arguments of generate()/stream() -> GenerateRequest.
 
     Exactly one of messages, prompt, prompt_ids; tools only with messages;
     max_tokens > 0. `session` names the conversation: with several replicas its
-    turns go to the one that served it last (scoped by the namespace). Raises
-    ValueError naming the bad argument.
+    turns go to the one that served it last (scoped by the namespace).
+    `constraint` (clients.constraints.Constraint, or a proto Constraint) holds the
+    output to a JSON schema, a grammar or a tool choice; `logprobs` asks for each
+    token's log-probability, and `top_logprobs` (0-20) for the most likely tokens
+    at each position; `n` asks for that many branches from one prefill (their events
+    carry `index`). Raises ValueError naming the bad argument.
     """
     given = [
         n
@@ -305,9 +371,17 @@ def build_request(
     )
     if seed is not None:
         sampling.seed = wire_int(seed, "seed", 64)
+    if n != 1:
+        sampling.n = wire_int(n, "n", 32)
+    if logprobs or top_logprobs:
+        sampling.logprobs = True
+        sampling.top_logprobs = wire_int(top_logprobs or 0, "top_logprobs", 32)
     request = engine_pb2.GenerateRequest(
         request_id=request_id, namespace=namespace, sampling=sampling, session=str(session or "")
     )
+    if constraint is not None:
+        proto = constraint if isinstance(constraint, engine_pb2.Constraint) else None
+        request.constraint.CopyFrom(proto or constraint.to_proto())
     if messages is not None:
         if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
             raise InvalidInput("messages must be a list of dicts")

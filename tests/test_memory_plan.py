@@ -31,7 +31,8 @@ def test_a_35g_model_on_a_64g_machine_does_not_over_commit():
     # What the weights leave is shared: a quarter for the running KV, the rest for the cache.
     free = plan.limit - plan.weights
     assert plan.running_kv <= free // 4
-    assert plan.ram_budget + plan.pool_limit <= free - plan.running_kv
+    assert plan.ram_budget + plan.pool_limit <= free - plan.running_kv - plan.grammars
+    assert plan.grammars == 64 * (2 << 20)  # --grammar-cache compiled grammars kept
     assert plan.ram_budget > 4 * GB and plan.pool_limit >= 0
 
 
@@ -77,7 +78,8 @@ def test_each_replica_on_a_machine_counts_its_weights_batch_and_pool(
     )
     k = plan.replicas
     assert k == replicas
-    spent = k * weights_gb * GB + plan.running_kv + plan.ram_budget + k * plan.pool_limit
+    per_replica = weights_gb * GB + plan.pool_limit + plan.grammars  # its compiled grammars
+    spent = k * per_replica + plan.running_kv + plan.ram_budget
     assert spent == plan.total <= plan.limit == machine * 3 // 4, plan
     assert plan.running_kv == k * plan.max_batch_tokens * (64 << 10)
     one = plan_memory(_config(), weights_gb * GB, 64 << 10, 32768, machine=machine)

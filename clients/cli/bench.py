@@ -62,6 +62,10 @@ BENCHES = {
         "clients.bench.faults",
         "faults: kill the manager and a replica, stall a loop, fill the disk, under agent traffic",
     ),
+    "structured": (
+        "clients.bench.structured",
+        "structured output: decode held to a tool schema vs free, mask and compile time, n=4 vs 4",
+    ),
 }
 
 

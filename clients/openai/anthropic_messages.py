@@ -22,6 +22,7 @@ import uuid
 from types import SimpleNamespace
 
 from clients.client import Chunk, Final, LineageError, Progress
+from clients.constraints import constraint_for
 from clients.openai.anthropic_request import Prompt, prompt_of
 from clients.openai.blocks import REASONING, TEXT, Blocks, Closed, Grew, Opened
 from clients.openai.callers import caller_of, drain, engine_call
@@ -197,14 +198,17 @@ def add_routes(app, backend, served) -> None:
 
     s = _schemas()
 
-    async def begin(body, request: Request, max_tokens: int, **sampling):
-        """(caller, model name, info, prompt, stream) of a request the engine runs."""
+    async def begin(body, request: Request, max_tokens: int, held: bool = False, **sampling):
+        """(caller, model name, info, prompt, stream) of a request the engine runs; `held`:
+        its output is held to its tool_choice (any, tool, none; auto with tools is lazy)."""
         caller = caller_of(request)
         info = await backend.model_info(caller.gate)
         model = served.resolve(body.model, info["id"])
         prompt: Prompt = prompt_of(body)
         rid = uuid.uuid4().hex
         kwargs = engine_call(caller, rid, max_tokens, **sampling)
+        if held:
+            kwargs["constraint"] = constraint_for(None, body.tool_choice, None, prompt.tools)
         stream = backend.stream(
             caller.gate,
             messages=list(prompt.messages),
@@ -223,6 +227,7 @@ def add_routes(app, backend, served) -> None:
             body,
             request,
             body.max_tokens,
+            held=True,
             temperature=body.temperature,
             top_p=body.top_p,
             top_k=body.top_k,

@@ -29,7 +29,8 @@ import time
 import uuid
 from types import SimpleNamespace
 
-from clients.client import Chunk, Final, LineageError, Progress
+from clients.client import Chunk, Final, LineageError, Progress, Usage
+from clients.constraints import constraint_for
 from clients.openai.errors import lineage_error, unless_disconnected
 from clients.openai.guard import caller_of
 from clients.openai.parsers import (
@@ -56,14 +57,65 @@ def _usage(usage) -> dict:
     }
 
 
+def _entry(lp) -> dict:
+    """One token's log-probability in chat-completions' shape (clients.wire.TokenLogprob)."""
+    return {"token": lp.token, "logprob": lp.logprob, "bytes": list(lp.token.encode())}
+
+
+def chat_logprobs(logprobs) -> dict:
+    """A choice's `logprobs`: each token's, with its top alternatives."""
+    content = [_entry(lp) | {"top_logprobs": [_entry(t) for t in lp.top]} for lp in logprobs]
+    return {"content": content, "refusal": None}
+
+
+def text_logprobs(logprobs, offset: int = 0) -> dict:
+    """A text_completion choice's `logprobs` (the legacy shape), text offsets from `offset`."""
+    offsets = []
+    for lp in logprobs:
+        offsets.append(offset)
+        offset += len(lp.token)
+    return {
+        "tokens": [lp.token for lp in logprobs],
+        "token_logprobs": [lp.logprob for lp in logprobs],
+        "top_logprobs": [{t.token: t.logprob for t in lp.top} for lp in logprobs],
+        "text_offset": offsets,
+    }
+
+
 class _Shape:
-    """The envelope shared by the chunks and the whole response of one request."""
+    """The envelope shared by the chunks and the whole response of one request; with n > 1,
+    one shape per branch (`branch`: each its own parser, offsets, logprobs), one envelope."""
 
     object_whole = object_chunk = ""
+    logprobs = False  # the request asked for them
+    index, n = 0, 1  # this branch; the request's branches
 
     def __init__(self, rid: str, info: dict):
         self.id, self.created = rid, int(time.time())
         self.model, self.fingerprint = info["id"], info["fingerprint"]
+        self.make = None  # () -> a fresh shape for another branch
+        self.branches: dict[int, "_Shape"] = {0: self}
+
+    def branch(self, index: int) -> "_Shape":
+        """Branch `index`'s shape (0: this one)."""
+        if index not in self.branches:
+            shape = self.make()
+            shape.index, shape.logprobs, shape.created = index, self.logprobs, self.created
+            self.branches[index] = shape
+        return self.branches[index]
+
+    def head(self) -> list[dict]:
+        return [c for i in range(self.n) for c in self.branch(i).first()]
+
+    def first(self) -> list[dict]:
+        """The chunks that open this branch's stream."""
+        return []
+
+    def whole(self, result) -> dict:
+        """The whole response: every branch's choice; the usage counts the prompt once."""
+        results = result.choices or (result,)
+        choices = [self.branch(i).choice(r) for i, r in enumerate(results)]
+        return self.envelope(self.object_whole, choices, usage=_usage(result.usage))
 
     def envelope(self, kind: str, choices: list, **extra) -> dict:
         return {
@@ -76,8 +128,12 @@ class _Shape:
             **extra,
         }
 
-    def usage_chunk(self, final: Final) -> dict:
-        return self.envelope(self.object_chunk, [], usage=_usage(final.usage))
+    def usage_chunk(self, *finals: Final) -> dict:
+        """The usage of every branch's final: the prompt once, each branch's completion."""
+        u = finals[0].usage
+        completion = sum(f.usage.completion_tokens for f in finals)
+        usage = Usage(u.prompt_tokens, u.cached_tokens, completion)
+        return self.envelope(self.object_chunk, [], usage=_usage(usage))
 
 
 def malformed_call(rid: str, raw: str) -> None:
@@ -93,14 +149,25 @@ class ChatShape(_Shape):
     def __init__(self, rid: str, info: dict, parser: OutputParser):
         super().__init__(f"chatcmpl-{rid}", info)
         self.rid, self.parser, self.calls = rid, parser, 0
+        self.pending: list = []  # log-probabilities not sent yet
 
     def _chunk(self, delta: dict, finish_reason: str | None = None) -> dict:
+        logprobs = None
+        if self.logprobs and self.pending:  # the tokens' since the last chunk
+            logprobs, self.pending = chat_logprobs(self.pending), []
         return self.envelope(
             self.object_chunk,
-            [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+            [
+                {
+                    "index": self.index,
+                    "delta": delta,
+                    "logprobs": logprobs,
+                    "finish_reason": finish_reason,
+                }
+            ],
         )
 
-    def head(self) -> list[dict]:
+    def first(self) -> list[dict]:
         return [self._chunk({"role": "assistant", "content": ""})]
 
     def _deltas(self, parts) -> list[dict]:
@@ -124,7 +191,8 @@ class ChatShape(_Shape):
                 out.append(self._chunk({"content": p.raw}))
         return out
 
-    def delta(self, text: str) -> list[dict]:
+    def delta(self, text: str, logprobs=()) -> list[dict]:
+        self.pending += logprobs
         return self._deltas(self.parser.feed(text))
 
     def finish(self, final: Final) -> list[dict]:
@@ -132,7 +200,8 @@ class ChatShape(_Shape):
         out.append(self._chunk({}, "tool_calls" if self.calls else final.finish_reason))
         return out
 
-    def whole(self, result) -> dict:
+    def choice(self, result) -> dict:
+        """This branch's whole choice."""
         parts = self.parser.feed(result.text) + self.parser.close()
         content, reasoning, calls = joined(parts)
         for p in parts:
@@ -150,13 +219,12 @@ class ChatShape(_Shape):
                 }
                 for start, _ in calls
             ]
-        choice = {
-            "index": 0,
+        return {
+            "index": self.index,
             "message": message,
-            "logprobs": None,
+            "logprobs": chat_logprobs(result.logprobs) if self.logprobs else None,
             "finish_reason": "tool_calls" if calls else result.finish_reason,
         }
-        return self.envelope(self.object_whole, [choice], usage=_usage(result.usage))
 
 
 def _arguments_text(parts, start: ToolCallStart) -> str:
@@ -172,25 +240,29 @@ class TextShape(_Shape):
 
     def __init__(self, rid: str, info: dict):
         super().__init__(f"cmpl-{rid}", info)
+        self.offset = 0  # text sent so far (the logprobs' text offsets)
 
-    def _choice(self, text: str, finish_reason: str | None) -> dict:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def _choice(self, text: str, finish_reason: str | None, logprobs=()) -> dict:
+        shown = text_logprobs(logprobs, self.offset) if self.logprobs else None
+        return {
+            "index": self.index,
+            "text": text,
+            "logprobs": shown,
+            "finish_reason": finish_reason,
+        }
 
-    def head(self) -> list[dict]:
-        return []
-
-    def delta(self, text: str) -> list[dict]:
-        return [self.envelope(self.object_chunk, [self._choice(text, None)])] if text else []
+    def delta(self, text: str, logprobs=()) -> list[dict]:
+        if not text and not logprobs:
+            return []
+        chunk = self.envelope(self.object_chunk, [self._choice(text, None, logprobs)])
+        self.offset += len(text)
+        return [chunk]
 
     def finish(self, final: Final) -> list[dict]:
         return [self.envelope(self.object_chunk, [self._choice("", final.finish_reason)])]
 
-    def whole(self, result) -> dict:
-        return self.envelope(
-            self.object_whole,
-            [self._choice(result.text, result.finish_reason)],
-            usage=_usage(result.usage),
-        )
+    def choice(self, result) -> dict:
+        return self._choice(result.text, result.finish_reason, result.logprobs)
 
 
 def _sse(obj: dict) -> str:
@@ -207,18 +279,19 @@ async def _events_as_sse(first, stream, shape: _Shape, include_usage: bool):
     try:
         for chunk in shape.head():
             yield _sse(chunk)
-        event = first
+        event, finals = first, []
         while event is not None:
             if isinstance(event, Progress):
                 yield f": prefill {event.done}/{event.total}\n\n"
             elif isinstance(event, Chunk):
-                for chunk in shape.delta(event.text):
+                for chunk in shape.branch(event.index).delta(event.text, event.logprobs):
                     yield _sse(chunk)
             elif isinstance(event, Final) and event.finish_reason != "error":  # else: error next
-                for chunk in shape.finish(event):
+                for chunk in shape.branch(event.index).finish(event):
                     yield _sse(chunk)
-                if include_usage:
-                    yield _sse(shape.usage_chunk(event))
+                finals.append(event)
+                if include_usage and len(finals) == shape.n:  # the last branch's
+                    yield _sse(shape.usage_chunk(*finals))
             event = await anext(stream, None)
     except LineageError as error:
         yield _sse(lineage_error(error)[1])
@@ -243,8 +316,6 @@ def session_of(headers, body) -> str:
 
 def _sampling(body, info: dict, namespace: str, rid: str) -> dict:
     """The OpenAI sampling fields -> keyword arguments of AsyncClient.stream."""
-    if body.n not in (None, 1):
-        raise InvalidInput(f"n must be 1 (one choice per request), got {body.n}")
     max_tokens = getattr(body, "max_completion_tokens", None)
     max_tokens = max_tokens if max_tokens is not None else body.max_tokens
     stop = [body.stop] if isinstance(body.stop, str) else body.stop
@@ -258,7 +329,21 @@ def _sampling(body, info: dict, namespace: str, rid: str) -> dict:
         "stop": stop,
         "namespace": namespace,
         "request_id": rid,
+        "n": 1 if body.n is None else body.n,  # the engine refuses one past --max-n
+        **_logprobs_asked(body),
     }
+
+
+def _logprobs_asked(body) -> dict:
+    """`logprobs` / `top_logprobs` (chat) or `logprobs: k` (completions) -> the engine's."""
+    logprobs, top = body.logprobs, getattr(body, "top_logprobs", None)
+    if isinstance(logprobs, bool) or logprobs is None:  # chat-completions
+        if top is not None and not logprobs:
+            raise InvalidInput("top_logprobs: needs logprobs true")
+        return {"logprobs": bool(logprobs), "top_logprobs": top or 0}
+    if logprobs < 0:
+        raise InvalidInput(f"logprobs: must be >= 0, got {logprobs}")
+    return {"logprobs": True, "top_logprobs": logprobs}
 
 
 async def _respond(request, body, stream, shape: _Shape):
@@ -318,6 +403,7 @@ def _schemas() -> SimpleNamespace:
         stop: str | list[str] | None = None
         seed: int | None = None
         n: int | None = None
+        logprobs: bool | int | None = None  # chat: a bool; completions: how many top tokens
         stream: bool = False
         stream_options: StreamOptions | None = None
         user: str | None = None
@@ -327,7 +413,10 @@ def _schemas() -> SimpleNamespace:
         messages: list[Message]
         tools: list[dict] | None = None
         tool_choice: str | dict | None = None
+        parallel_tool_calls: bool | None = None
+        response_format: dict | None = None
         max_completion_tokens: int | None = None
+        top_logprobs: int | None = None
 
     class Completion(Sampling):
         prompt: str | list[int] | list[str]
@@ -353,6 +442,10 @@ def add_routes(app, backend) -> None:
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
         for m in messages:  # OpenAI's newer name for the system role
             m["role"] = "system" if m["role"] == "developer" else m["role"]
+        # The output held to the response format or the tool choice (the engine checks it).
+        kwargs["constraint"] = constraint_for(
+            body.response_format, body.tool_choice, body.parallel_tool_calls, body.tools
+        )
         stream = backend.stream(
             caller,
             messages=messages,
@@ -360,12 +453,16 @@ def add_routes(app, backend) -> None:
             session=session_of(request.headers, body),
             **kwargs,
         )
-        parser = make_parser(
-            info.get("output_format") or "plain",
-            tool_calls=bool(body.tools) and body.tool_choice != "none",
-            tools=body.tools,
-        )
-        return await _respond(request, body, stream, ChatShape(rid, info, parser))
+        family = info.get("output_format") or "plain"
+        calls = bool(body.tools) and body.tool_choice != "none"
+
+        def parser() -> OutputParser:
+            return make_parser(family, tool_calls=calls, tools=body.tools)
+
+        shape = ChatShape(rid, info, parser())
+        shape.logprobs, shape.n = bool(body.logprobs), kwargs["n"]
+        shape.make = lambda: ChatShape(rid, info, parser())
+        return await _respond(request, body, stream, shape)
 
     @app.post("/v1/completions")
     async def completions(body: s.Completion, request: Request):
@@ -383,4 +480,7 @@ def add_routes(app, backend) -> None:
                     raise InvalidInput(f"prompt: one prompt per request, got {len(prompt)}")
                 prompt = prompt[0]
             stream = backend.stream(caller, prompt=prompt, **kwargs)
-        return await _respond(request, body, stream, TextShape(rid, info))
+        shape = TextShape(rid, info)
+        shape.logprobs, shape.n = body.logprobs is not None, kwargs["n"]
+        shape.make = lambda: TextShape(rid, info)
+        return await _respond(request, body, stream, shape)

@@ -21,7 +21,16 @@ import asyncio
 from pathlib import PurePath
 
 from clients.client import LineageError
-from clients.wire import Chunk, Final, Progress, Restore, ResultCollector, Usage, build_request
+from clients.wire import (
+    Chunk,
+    Final,
+    Progress,
+    Restore,
+    ResultCollector,
+    TokenLogprob,
+    Usage,
+    build_request,
+)
 from engine.runtime.events import Finished, Tokens
 from engine.runtime.events import Progress as EngineProgress
 from engine.server.figures import ClientFigures
@@ -67,7 +76,7 @@ class InProcessStream:
     def _wire(self, event):
         """An engine event (as the client is shown it) as the client library's."""
         if isinstance(event, Tokens):
-            return Chunk(ids=event.ids, text=event.text)
+            return Chunk(event.ids, event.text, logprobs=_logprobs(event), index=event.index)
         if isinstance(event, EngineProgress):
             return Progress(done=event.done, total=event.total)
         assert isinstance(event, Finished), event
@@ -78,6 +87,8 @@ class InProcessStream:
             timing=event.timing,
             request_id=event.request_id,
             replica=event.replica,
+            incomplete=event.incomplete,
+            index=event.index,
         )
 
     def cancel(self) -> None:
@@ -112,7 +123,11 @@ class InProcessClient:
         e = self.engine
         if e.auth.enabled and e.auth.identity(metadata) is None:
             raise LineageError("UNAUTHENTICATED", "a known bearer token is required")
-        events = generate_events(e.frontend, e.auth, request, metadata)
+        try:  # the request's own checks (its prompt, its constraint) run here
+            events = generate_events(e.frontend, e.auth, request, metadata)
+        except DOMAIN_ERRORS as error:
+            code, message = status_of(error)
+            raise LineageError(code.name, message) from None
         return InProcessStream(events, e.exact_figures)
 
     async def close(self) -> None:
@@ -178,3 +193,16 @@ class InProcessBackend:
 
     async def close(self) -> None:
         pass
+
+
+def _logprobs(event: Tokens) -> tuple:
+    """The engine's log-probabilities of a Tokens event as the client library's."""
+    return tuple(
+        TokenLogprob(
+            token_id,
+            lp.token,
+            lp.logprob,
+            tuple(TokenLogprob(i, t, v) for (i, v), t in zip(lp.top, lp.top_tokens)),
+        )
+        for token_id, lp in zip(event.ids, event.logprobs)
+    )

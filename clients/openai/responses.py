@@ -29,6 +29,7 @@ import uuid
 from types import SimpleNamespace
 
 from clients.client import Chunk, Final, LineageError, Progress
+from clients.constraints import constraint_for
 from clients.openai.blocks import (
     REASONING,
     TEXT,
@@ -328,8 +329,8 @@ def _check(body) -> None:
         if getattr(body, field, None):
             raise InvalidInput(f"{field}: {why}")
     kind = ((body.text or {}).get("format") or {}).get("type", "text")
-    if kind != "text":
-        raise InvalidInput(f"text.format: {kind!r} output is not enforced by this engine")
+    if kind not in ("text", "json_schema", "json_object"):
+        raise InvalidInput(f"text.format.type: {kind!r} is not text, json_schema or json_object")
     if body.max_output_tokens is not None and body.max_output_tokens < 1:
         raise InvalidInput(f"max_output_tokens: must be at least 1, got {body.max_output_tokens}")
 
@@ -380,6 +381,14 @@ def add_routes(app, backend, served, store) -> None:
         max_tokens = body.max_output_tokens or info["max_context"]
         session = body.previous_response_id or body.prompt_cache_key
         kwargs = engine_call(caller, rid, max_tokens, body.temperature, body.top_p, session=session)
+        # The output held to text.format or the tool choice (the engine checks the schema).
+        kwargs["constraint"] = constraint_for(
+            (body.text or {}).get("format"),
+            body.tool_choice,
+            body.parallel_tool_calls,
+            tools,
+            where="text.format",
+        )
         stream = backend.stream(
             caller.gate, messages=system + prepared, tools=tools or None, **kwargs
         )

@@ -45,7 +45,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 from engine.cache.kinds import RestoreKind
-from engine.runtime.events import Finished, FinishReason, Progress, Timing, Tokens
+from engine.runtime.events import (
+    Finished,
+    FinishReason,
+    Progress,
+    Timing,
+    TokenLogprobs,
+    Tokens,
+)
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +82,9 @@ def encode(pairs: list[tuple[str, object]]) -> bytes:
 
 def _event_row(rid: str, event) -> list:
     if isinstance(event, Tokens):
+        if event.logprobs or event.index:  # [logprob, [[id, logprob], ...]] per id; the branch
+            logprobs = [[lp.logprob, lp.top] for lp in event.logprobs]
+            return ["t", rid, list(event.ids), logprobs, event.index]
         return ["t", rid, list(event.ids)]
     if isinstance(event, Progress):
         return ["p", rid, event.done, event.total]
@@ -99,7 +109,12 @@ def decode(body: bytes) -> list[tuple[str, object]]:
 def _event_of(row: list):
     kind = row[0]
     if kind == "t":
-        return Tokens(ids=tuple(int(i) for i in row[2]), text="")
+        logprobs = tuple(
+            TokenLogprobs(float(lp), tuple((int(i), float(v)) for i, v in top))
+            for lp, top in (row[3] if len(row) > 3 else ())
+        )
+        index = int(row[4]) if len(row) > 4 else 0
+        return Tokens(ids=tuple(int(i) for i in row[2]), text="", logprobs=logprobs, index=index)
     if kind == "p":
         return Progress(done=int(row[2]), total=int(row[3]))
     if kind == "f":

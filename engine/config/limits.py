@@ -31,6 +31,7 @@ class Limits:
     max_json_depth: int = setting(32, "nesting of tools_json and tool-call arguments")
     max_id_length: int = setting(128, "characters of a request_id or a namespace")
     max_messages: int = setting(4096, "messages per request")
+    max_n: int = setting(8, "branches per request (n): each is a sequence of the batch")
     max_body_bytes: int = setting(
         4 << 20,
         "an HTTP body at the OpenAI bridge (never more than --max-request-bytes)",

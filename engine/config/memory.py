@@ -34,14 +34,19 @@ class MemoryPlan:
     ram_budget: int  # the cache's RAM tier
     pool_limit: int  # MLX's buffer pool, per replica
     replicas: int = 1
+    grammars: int = 0  # the compiled grammars kept, per replica (at most, estimated)
 
     @property
     def total(self) -> int:
         k = self.replicas
-        return self.weights * k + self.running_kv + self.ram_budget + self.pool_limit * k
+        per_replica = self.weights + self.pool_limit + self.grammars
+        return per_replica * k + self.running_kv + self.ram_budget
 
 
 POOL_MAX = 16 * GB
+# One compiled grammar kept (its pristine matcher and lexer tables): llguidance reports no
+# size; the process grew 1.4 MB over the first compile of a 10-tool set, at 4k and at 150k.
+GRAMMAR_BYTES = 2 << 20
 
 
 def plan_memory(
@@ -56,9 +61,10 @@ def plan_memory(
 
     What the user set is kept. Otherwise, of what the weights leave (each of the
     `replicas` on the machine loads its own): a quarter for the running
-    sequences' KV (at most max_batch full contexts per replica), and the rest
-    for the RAM tier (at most 48G) and the replicas' pools (at most 16G each),
-    so the defaults never over-commit the machine.
+    sequences' KV (at most max_batch full contexts per replica), the compiled
+    grammars each replica keeps (`--grammar-cache` of them), and the rest for
+    the RAM tier (at most 48G) and the replicas' pools (at most 16G each), so
+    the defaults never over-commit the machine.
     """
     cache, model = config.cache, config.model
     k = max(1, replicas)
@@ -70,8 +76,9 @@ def plan_memory(
         tokens = min(model.max_batch * max_context, free // 4 // k // per_token)
         tokens = max(tokens, min(max_context, 1024))
     running = tokens * per_token * k
+    grammars = model.grammar_cache * GRAMMAR_BYTES
     if cache.ram_budget_auto:
-        rest = max(0, free - running)
+        rest = max(0, free - running - grammars * k)
         ram = min(48 * GB, rest * 4 // 5)
         pool = min(POOL_MAX, (rest - ram) // k)
     else:
@@ -79,7 +86,7 @@ def plan_memory(
         pool = min(POOL_MAX, ram // 4 // k)
     if cache.pool_limit is not None:
         pool = cache.pool_limit
-    return MemoryPlan(limit, weights, kv_bytes_per_token, tokens, running, ram, pool, k)
+    return MemoryPlan(limit, weights, kv_bytes_per_token, tokens, running, ram, pool, k, grammars)
 
 
 def with_memory(config: EngineConfig, plan: MemoryPlan) -> EngineConfig:

@@ -43,6 +43,9 @@ class ModelConfig:
         512, "tokens per prefill chunk of mlx-lm's batch", var="LINEAGE_PREFILL_STEP"
     )
     max_batch: int = setting(8, "concurrent sequences in the batch generator")
+    grammar_cache: int = setting(
+        64, "compiled grammars (JSON schemas, tool sets) kept per replica, least recently used out"
+    )
     max_queue: int = setting(
         256, "requests in flight (batch + waiting); more get RESOURCE_EXHAUSTED"
     )

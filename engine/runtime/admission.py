@@ -242,8 +242,9 @@ class Admission:
 
 
 def tokens_needed(req: GenerationRequest) -> int:
-    """What one request takes of the batch's token bound: its prompt plus max_tokens."""
-    return len(req.tokens) + req.sampling.max_tokens
+    """What one request takes of the batch's token bound: its prompt plus max_tokens, per
+    branch (each of its n sequences holds the prompt's rows)."""
+    return (len(req.tokens) + req.sampling.max_tokens) * req.sampling.n
 
 
 def _room_key(req: GenerationRequest) -> tuple[str, int | None]:

@@ -32,6 +32,7 @@ from mlx_lm.models.cache import BatchKVCache, CacheList, KVCache
 
 from engine.runtime.copies import CopyLedger
 from engine.runtime.layer_caches import snapshot_state
+from engine.runtime.masked_batch import LineageGenerationBatch
 from engine.runtime.speculative_batch import SpeculativeGenerationBatch
 
 
@@ -180,6 +181,7 @@ class LineagePromptBatch(PromptProcessingBatch):
     layer_timer = None  # set by the generator: callable(chunk_len) -> context manager
     ledger: CopyLedger | None = None  # set by the generator: reshuffles and growth, per uid
     extracted: dict | None = None  # set by the generator: uid -> KV bytes extractions copied
+    forks: dict | None = None  # set by the generator: uid -> its Branches (engine.runtime.branches)
 
     def __init__(self, *args, caches=None, room: int = 0, **kwargs):
         super().__init__(*args, caches=[], **kwargs)
@@ -190,7 +192,7 @@ class LineagePromptBatch(PromptProcessingBatch):
     def _copy(self):
         new = super()._copy()
         new.clear_pool, new.pool, new.layer_timer = self.clear_pool, self.pool, self.layer_timer
-        new.ledger, new.extracted = self.ledger, self.extracted
+        new.ledger, new.extracted, new.forks = self.ledger, self.extracted, self.forks
         return new
 
     def filter(self, keep):
@@ -240,6 +242,47 @@ class LineagePromptBatch(PromptProcessingBatch):
             new.prompt_cache = caches  # every sequence leaves: nothing to gather
             self.filter([])
         return new
+
+    def generate(self, tokens):
+        """mlx-lm's move to generation, into a batch that masks constrained rows
+        (engine.runtime.masked_batch)."""
+        if any(len(t) > 1 for t in tokens):
+            self.prompt([t[:-1] for t in tokens])
+        last = self._branch_rows([t[-1] for t in tokens])
+        generation = LineageGenerationBatch(
+            self.model,
+            self.uids,
+            mx.array(last),
+            self.prompt_cache,
+            self.tokens,
+            self.samplers,
+            self.fallback_sampler,
+            self.logits_processors,
+            self.stop_sequences,
+            self.max_tokens,
+        )
+        self.uids, self.prompt_cache, self.tokens = [], [], []
+        self.samplers, self.logits_processors, self.max_tokens = [], [], []
+        return generation
+
+    def _branch_rows(self, last: list) -> list:
+        """The rows of sequences with branches (engine.runtime.branches) copied once per
+        branch, after every original row (mlx-lm reads the first rows as the sequences that
+        ended their prompts); `last`, the tokens each row feeds next, with them."""
+        forks = self.forks if self.forks is not None else {}
+        extra = [(i, b) for i, uid in enumerate(self.uids) for b in forks.pop(uid, ())]
+        if not extra:
+            return last
+        keep = list(range(len(self.uids))) + [i for i, _ in extra]
+        for c in self.prompt_cache:  # a gather: each branch's KV rows and state, copied
+            c.filter(keep)
+        self.uids = list(self.uids) + [b.uid for _, b in extra]
+        self.tokens = list(self.tokens) + [list(self.tokens[i]) for i, _ in extra]
+        self.samplers = list(self.samplers) + [b.sampler for _, b in extra]
+        self.logits_processors = list(self.logits_processors) + [b.processors for _, b in extra]
+        self.stop_sequences = list(self.stop_sequences) + [b.stop for _, b in extra]
+        self.max_tokens = list(self.max_tokens) + [b.max_tokens for _, b in extra]
+        return last + [last[i] for i, _ in extra]
 
     def prompt(self, tokens):
         """Run the prompt tokens through the model (mlx-lm's loop, minus the forced clears)."""
@@ -331,11 +374,15 @@ class LineageBatchGenerator(BatchGenerator):
 
     def __init__(self, model, *, clear_pool_per_prefill: bool = False, speculation=None, **kwargs):
         super().__init__(model, **kwargs)
-        if speculation is not None:  # its step verifies drafts (engine.runtime.speculative_batch)
+        # The one generation batch lives as long as the generator (others extend it); its
+        # constrained rows are masked one by one (engine.runtime.masked_batch), and with
+        # speculation its step verifies drafts (engine.runtime.speculative_batch).
+        if speculation is not None:
             self._generation_batch = SpeculativeGenerationBatch.speculating(
                 model, self.sampler, speculation
             )
-        # The one generation batch lives as long as the generator (others extend it).
+        else:
+            self._generation_batch = LineageGenerationBatch.empty(self.model, self.sampler)
         gen = self._generation_batch
         # Bytes copied per sequence uid, by the merge into a prompt batch (restore) and
         # by a copying extraction (commit); the generator takes them per request.
@@ -368,7 +415,9 @@ class LineageBatchGenerator(BatchGenerator):
         )
         batch.clear_pool = clear_pool_per_prefill
         batch.pool = self.pool
-        batch.ledger, batch.extracted = self.ledger, self.commit_copies
+        # uid -> the Branches it forks at its prompt end (engine.runtime.branches)
+        self.forks: dict[int, list] = {}
+        batch.ledger, batch.extracted, batch.forks = self.ledger, self.commit_copies, self.forks
         self._prompt_batch = batch
 
     def next(self):
@@ -390,7 +439,8 @@ class LineageBatchGenerator(BatchGenerator):
         """The log-probabilities a sequence that just entered the generation batch samples its
         first token from (its prompt end's; mlx-lm keeps them for the next step)."""
         batch = self._generation_batch
-        return batch._next_logprobs[batch.uids.index(uid)]
+        unmasked = batch.unmasked.pop(uid, None)  # a constrained row's, before its mask
+        return unmasked if unmasked is not None else batch._next_logprobs[batch.uids.index(uid)]
 
     def prefill_state(self, uid: int):
         """The state snapshot of a sequence in prefill, at its current length."""
@@ -408,6 +458,16 @@ class LineageBatchGenerator(BatchGenerator):
         stats = getattr(self._generation_batch, "stats", None)
         counts = None if stats is None else stats.counts.pop(uid, None)
         return (0, 0, 0) if counts is None else (counts.drafted, counts.accepted, counts.verifies)
+
+    def new_uids(self, k: int) -> list[int]:
+        """`k` uids for sequences the batch will add itself (branches)."""
+        uids = list(range(self._uid_count, self._uid_count + k))
+        self._uid_count += k
+        return uids
+
+    def fork(self, uid: int, branches: list) -> None:
+        """Sequence `uid` forks `branches` (engine.runtime.branches) when its prompt ends."""
+        self.forks[uid] = list(branches)
 
     @property
     def generating(self) -> int:
@@ -451,7 +511,7 @@ class LineageBatchGenerator(BatchGenerator):
             **fields,
         )
         batch.clear_pool, batch.pool = self._prompt_batch.clear_pool, self.pool
-        batch.ledger, batch.extracted = self.ledger, self.commit_copies
+        batch.ledger, batch.extracted, batch.forks = self.ledger, self.commit_copies, self.forks
         self.ledger.note(batch.prompt_cache)
         self.restore_copies.update(batch.copied)
         return batch, processing

@@ -52,9 +52,22 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class TokenLogprobs:
+    """One token's log-probability, and the most likely tokens at its position (id, logprob),
+    most likely first; `token` / `top_tokens`: their text, once the front end decoded them."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+    token: str = ""
+    top_tokens: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Tokens:
     ids: tuple[int, ...]
     text: str
+    logprobs: tuple[TokenLogprobs, ...] = ()  # one per id, when the request asked
+    index: int = 0  # its branch (SamplingParams.n): 0 .. n-1
 
 
 @dataclass(frozen=True)
@@ -72,3 +85,7 @@ class Finished:
     # "entry@length" of the planned restore point the model actor found gone
     # (it asked for a new plan; "" when the plan's restore was done as planned)
     restore_lost: str = ""
+    # A constrained request that ended before its grammar was complete (max_tokens, a stop
+    # string, cancelled): its output is not valid for the constraint
+    incomplete: bool = False
+    index: int = 0  # its branch: a request of n branches ends with n Finished events

@@ -52,10 +52,14 @@ from engine.runtime import layer_caches
 from engine.runtime.active import ActiveRequest
 from engine.runtime.admission import Admission, Emit
 from engine.runtime.batch import bound_pool
+from engine.runtime.branches import Branch, branch_key, branch_request
 from engine.runtime.chunked import ChunkedBatchGenerator
-from engine.runtime.events import Finished, FinishReason, Progress, Tokens
+from engine.runtime.constraint import Grammars
+from engine.runtime.events import Finished, FinishReason, Progress
 from engine.runtime.finished_entries import finished_entries
 from engine.runtime.layer_timer import LayerTimer
+from engine.runtime.logprobs import tokens_event
+from engine.runtime.masked_batch import sample_first
 from engine.runtime.ordering import CacheLink, OrderLedger
 from engine.runtime.output import Copied, Stamps, final_event, unstarted_event
 from engine.runtime.ram_tier import RamTier, StoredEntry, digest
@@ -115,6 +119,10 @@ class Generator:
         self.timer = LayerTimer(
             model, config.cache.layer_timer_flag, config.cache.layer_timer_requests
         )
+        # Compiled grammars by key; each constrained request gets its own matcher.
+        self.grammars = Grammars(
+            tokenizer, self.vocab_size, self.eos_ids, config.model.grammar_cache
+        )
 
     def close(self) -> None:
         """Close the batch generator (its prefill worker, mlx-lm's wired limit): once the
@@ -151,6 +159,7 @@ class Generator:
             self._release(req)
             emit(self._unstarted(req, FinishReason.CANCELLED))
             return done()
+        self._cancel_branches(request_id, reason)
         uid = self.by_request.get(request_id)
         if uid is None:
             return done()
@@ -166,6 +175,18 @@ class Generator:
         # In prefill, the prefix prefilled so far (and its captures) is still worth
         # keeping: a retry of a dropped long prompt resumes there.
         self._complete(act, reason, cache, list(tokens))
+
+    def _cancel_branches(self, request_id: str, reason: FinishReason) -> None:
+        """A request's other branches end with it: forked ones leave the batch; ones not forked
+        yet (its prompt still in prefill) were never in it."""
+        uid = self.by_request.get(request_id)
+        for branch in self.bg.forks.pop(uid, ()) if uid is not None else ():
+            act = self.active.get(branch.uid)
+            self._forget(branch.uid)
+            if act is not None:
+                act.emit(self._final_event(act, FinishReason.CANCELLED))
+        for key in [k for k in self.by_request if k.startswith(request_id + "#")]:
+            self.cancel(key, reason=reason)
 
     @property
     def busy(self) -> bool:
@@ -257,7 +278,8 @@ class Generator:
             emit(self._unstarted(req, FinishReason.ERROR, error=f"{type(e).__name__}: {e}"))
 
     def _admit(self, req: GenerationRequest, emit: Emit) -> None:
-        """Restore the plan's point and insert the prompt's remaining segments into the batch."""
+        """Restore the plan's point and insert the prompt's remaining segments into the batch;
+        a request of n branches forks the others at its prompt end (engine.runtime.branches)."""
         t0 = time.perf_counter()
         tokens = list(req.tokens)
         restored = self.restorer.restore(req, emit)
@@ -272,54 +294,83 @@ class Generator:
         cuts = [n] + [c.length for c in captures] + [len(tokens)]
         segments = [tokens[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
         stop_ids = self.eos_ids | frozenset(req.sampling.stop_token_ids)
-        sampler = make_sampler(req.sampling, self.vocab_size)
-        max_tokens, first, logits = req.sampling.max_tokens, None, None
-        if n == len(tokens):  # a verbatim resend: the first token from the kept logits
+        stops = StopSequences([[t] for t in sorted(stop_ids)])
+        lost = self.restorer.lost_point(req.request_id)
+        acts = []
+        for index in range(req.sampling.n):
+            breq = branch_request(req, index) if req.sampling.n > 1 else req
+            act = ActiveRequest(
+                req=breq,
+                emit=emit,
+                uid=-1,
+                restore_kind=restored.kind,
+                restore_length=n,
+                captures=captures if index == 0 else [],
+                stop_ids=stop_ids,
+                stamps=Stamps(
+                    received=req.received_at,
+                    plan_ms=req.plan_ms,
+                    admitted=time.time(),
+                    restore_ms=(time.perf_counter() - t0) * 1000,
+                ),
+                restored_kv_bytes=restored.restored_kv,
+                copied_restore=restored.copied if index == 0 else 0,
+                restore_lost=lost,
+                # Matching starts at the first generated token.
+                constraint=req.constraint and self.grammars.constraint(req.constraint, stop_ids),
+                index=index,
+                key=branch_key(req.request_id, index),
+                branches=req.sampling.n if index == 0 else 1,
+            )
+            acts.append((act, make_sampler(breq.sampling, self.vocab_size)))
+        max_tokens = req.sampling.max_tokens
+        if n == len(tokens):  # a verbatim resend: each first token from the kept logits
             logits = self.tier.logits(req.plan.entry_id, n)
-            first = int((sampler or _greedy)(logits[None])[0].item())
-            segments, max_tokens = [[first]], max_tokens - 1
-        act = ActiveRequest(
-            req=req,
-            emit=emit,
-            uid=-1,
-            restore_kind=restored.kind,
-            restore_length=n,
-            captures=captures,
-            stop_ids=stop_ids,
-            stamps=Stamps(
-                received=req.received_at,
-                plan_ms=req.plan_ms,
-                admitted=time.time(),
-                restore_ms=(time.perf_counter() - t0) * 1000,
-            ),
-            restored_kv_bytes=restored.restored_kv,
-            copied_restore=restored.copied,
-            restore_lost=self.restorer.lost_point(req.request_id),
-        )
-        if first is not None:
-            act.resent, act.prompt_end_logits = True, logits
-            act.prompt_end_state = self.tier.entries[req.plan.entry_id].states.get(n)
-            if self._first_token(act, first, max_tokens):
-                return  # done at its first token: nothing new to store
-        act.uid = self.bg.insert_segments(
+            state = self.tier.entries[req.plan.entry_id].states.get(n)
+            for act, sampler in acts:
+                act.resent, act.prompt_end_logits, act.prompt_end_state = True, logits, state
+                first, row = sample_first(logits, sampler or _greedy, act.constraint)
+                if not self._first_token(act, first, max_tokens - 1, row):
+                    self._insert(act, [[first]], max_tokens - 1, cache, tokens[:n], sampler, stops)
+            return
+        parent, sampler = acts[0]
+        self._insert(parent, segments, max_tokens, cache, tokens[:n], sampler, stops)
+        if len(acts) > 1:  # forked from the parent's rows when its prompt ends
+            uids = self.bg.new_uids(len(acts) - 1)
+            forks = []
+            for uid, (act, sampler) in zip(uids, acts[1:]):
+                held = (act.constraint,) if act.constraint is not None else ()
+                forks.append(Branch(uid, sampler, held, stops, max_tokens))
+                self._enlist(act, uid)
+            self.bg.fork(parent.uid, forks)
+
+    def _insert(self, act, segments, max_tokens, cache, prefix, sampler, stops) -> None:
+        """One sequence into the batch: its segments after the restored `prefix`."""
+        uid = self.bg.insert_segments(
             [segments],
             max_tokens=[max_tokens],
             caches=[cache] if cache is not None else None,
-            all_tokens=[tokens[:n]],
+            all_tokens=[prefix],
             samplers=[sampler],
-            stop_sequences=[StopSequences([[t] for t in sorted(stop_ids)])],
+            # The row's constraint rides in its processors slot (engine.runtime.masked_batch).
+            logits_processors=[[act.constraint] if act.constraint is not None else []],
+            stop_sequences=[stops],
         )[0]
-        self.active[act.uid] = act
-        self.by_request[req.request_id] = act.uid
+        self._enlist(act, uid)
 
-    def _first_token(self, act: ActiveRequest, token: int, left: int) -> bool:
-        """Emit a resend's first token, sampled at admission; True when it ends the request
-        (a stop token, or max_tokens 1): then it is released, storing nothing."""
+    def _enlist(self, act: ActiveRequest, uid: int) -> None:
+        act.uid = uid
+        self.active[uid] = act
+        self.by_request[act.key] = uid
+
+    def _first_token(self, act: ActiveRequest, token: int, left: int, row) -> bool:
+        """Emit a resend's first token, sampled at admission from `row`; True when it ends
+        the request (a stop token, or max_tokens 1): then it is released, storing nothing."""
         act.stamps.token(time.time())
         stopped = token in act.stop_ids
         if not stopped:
             act.generated += 1
-            act.emit(Tokens(ids=(token,), text=""))
+            act.emit(tokens_event(act, token, row))
         if not (stopped or left <= 0):
             return False
         self.timer.on_finish(act.req.request_id)
@@ -345,6 +396,10 @@ class Generator:
             act.emit(Progress(done=done, total=act.prompt_len))
         if r.end_of_prompt:
             act.stamps.prefill_end = time.time()
+            for index in range(1, act.branches):  # its branches, forked now
+                branch = self.active.get(self.by_request.get(branch_key(act.key, index), -1))
+                if branch is not None:
+                    branch.stamps.prefill_end = act.stamps.prefill_end
             act.copied_restore += self.bg.restore_copies.pop(r.uid, 0)  # the batch merge
             if not act.resent:  # a resend's batch "prompt" is its first token: state kept
                 act.prompt_end_state = self.bg.generation_state(r.uid)
@@ -391,7 +446,7 @@ class Generator:
         act.stamps.token(time.time())
         if not (r.finish_reason == "stop" and token in act.stop_ids):  # a stop token: not sent
             act.generated += 1
-            act.emit(Tokens(ids=(token,), text=""))
+            act.emit(tokens_event(act, token, r.logprobs))
         if r.finish_reason is not None:
             self._complete(act, FinishReason(r.finish_reason), r.prompt_cache, list(r.all_tokens))
 
@@ -446,7 +501,7 @@ class Generator:
         self.bg.restore_copies.pop(uid, None)
         act = self.active.pop(uid, None)
         if act is not None:
-            self.by_request.pop(act.req.request_id, None)
+            self.by_request.pop(act.key, None)
             self.timer.on_finish(act.req.request_id)
 
     # ---- Orders in -------------------------------------------------------------
@@ -491,6 +546,8 @@ class Generator:
             error=error,
             restore_lost=act.restore_lost,
             drafts=self.bg.draft_counts(act.uid),
+            incomplete=act.constraint is not None and not act.constraint.accepting(),
+            index=act.index,
         )
 
     def _unstarted(self, req: GenerationRequest, reason: FinishReason, error: str = "") -> Finished:

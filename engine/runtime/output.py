@@ -61,6 +61,8 @@ def final_event(
     error: str = "",
     restore_lost: str = "",
     drafts: tuple[int, int, int] = (0, 0, 0),
+    incomplete: bool = False,
+    index: int = 0,
 ) -> Finished:
     """The Finished event of a request that was admitted (restored, maybe prefilled)."""
     return Finished(
@@ -74,6 +76,8 @@ def final_event(
         timing=_timing(stamps, completion_tokens, commit_ms, copied, drafts),
         error=error,
         restore_lost=restore_lost,
+        incomplete=incomplete,
+        index=index,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.cache.messages import RestorePlan
+from engine.runtime.grammar import Grammar
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,9 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    logprobs: bool = False  # each token's log-probability comes with it (Tokens.logprobs)
+    top_logprobs: int = 0  # and the most likely tokens at its position (0-20)
+    n: int = 1  # branches: n sequences forked from one prefill (engine.runtime.branches)
 
 
 @dataclass(frozen=True)
@@ -33,3 +37,4 @@ class GenerationRequest:
     sampling: SamplingParams
     received_at: float  # time.time() when the front end got the call
     plan_ms: float = 0.0
+    constraint: Grammar | None = None  # the output held to this grammar (engine.runtime.grammar)

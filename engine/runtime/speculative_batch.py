@@ -1,4 +1,4 @@
-"""mlx-lm's GenerationBatch with speculative decoding: drafts verified in one forward.
+"""The lineage generation batch with speculative decoding: drafts verified in one forward.
 
 Each step, every decoding sequence may bring drafts (engine.runtime.drafts):
 1. Drafts: each row whose draft length wants some (engine.runtime.draft_length)
@@ -21,7 +21,9 @@ cache's commit after it) holds accepted tokens only.
 
 A constraint (the structured-output matcher) composes through `allowed`: a
 callable (uid, drafts) -> how many leading drafts the matcher accepts, asked
-before the verify; rows with logits processors decode plainly meanwhile.
+before the verify. Not wired yet: while any row is constrained, the whole
+batch's step is the masked plain step of engine.runtime.masked_batch, whose
+batch this one extends.
 
 It knows the batch's rows and mlx-lm's step; what to draft is the sources'.
 """
@@ -33,11 +35,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import mlx.core as mx
-from mlx_lm.generate import GenerationBatch
 
 from engine.runtime import rollback, verification
 from engine.runtime.draft_length import DraftLength, StepCosts, batch_k
 from engine.runtime.drafts import DraftSource
+from engine.runtime.masked_batch import LineageGenerationBatch
 from engine.runtime.state_replay import MixerTaps
 
 
@@ -80,7 +82,7 @@ class SpeculationStats:
     counts: dict = field(default_factory=dict)  # uid -> DraftCounts
 
 
-class SpeculativeGenerationBatch(GenerationBatch):
+class SpeculativeGenerationBatch(LineageGenerationBatch):
     """A generation batch whose step verifies drafts (module doc)."""
 
     speculation: Speculation

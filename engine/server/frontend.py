@@ -33,7 +33,9 @@ import numpy as np
 from engine.actors.cache_manager import NotSynchronised
 from engine.cache.messages import PlanRequest, Release
 from engine.config import EngineConfig
+from engine.runtime.branches import branch_key
 from engine.runtime.events import Finished, FinishReason, Tokens
+from engine.runtime.grammar import Grammar
 from engine.runtime.requests import GenerationRequest, SamplingParams
 from engine.server.activity import Activity, Inspection, NamespaceTags, inspection
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
@@ -157,8 +159,10 @@ class Frontend:
         namespace: str = "",
         request_id: str = "",
         session: str = "",
+        constraint: Grammar | None = None,
     ):
-        """Yield lists of events (Progress, Tokens, Finished) for one request.
+        """Yield lists of events (Progress, Tokens, Finished) for one request; `constraint`
+        holds its output to a grammar (engine.server.constraints built it).
 
         Raises Overloaded when the queue is full (the slot is taken at this first
         check, so a burst cannot slip past it) or when the request alone needs more
@@ -178,7 +182,7 @@ class Frontend:
         request_id = given if given not in self.internal_ids else f"{given}~{uuid.uuid4().hex}"
         self.request_ids[key] = request_id
         self.internal_ids.add(request_id)
-        events = self._generate(inp, sampling, namespace, request_id, received, session)
+        events = self._generate(inp, sampling, namespace, request_id, received, session, constraint)
         task = asyncio.current_task()
         self.calls.add(task)
         try:
@@ -196,7 +200,14 @@ class Frontend:
             self.volatile.pop(request_id, None)
 
     async def _generate(
-        self, inp, sampling, namespace: str, request_id: str, received: float, session: str = ""
+        self,
+        inp,
+        sampling,
+        namespace: str,
+        request_id: str,
+        received: float,
+        session: str = "",
+        constraint: Grammar | None = None,
     ):
         if self.queued >= self.max_queue:
             raise Overloaded(
@@ -222,6 +233,7 @@ class Frontend:
                     req = await self._plan(
                         request_id, namespace, prompt, tokens, sampling, received, exclude, session
                     )
+                    req = dataclasses.replace(req, constraint=constraint)  # held in the loop
                     async for batch in self._run(req, streamed):
                         yield batch
                     return
@@ -267,7 +279,12 @@ class Frontend:
         finished = prefilled = False
         self.in_flight[rid] = (req.namespace, np.asarray(req.tokens, dtype=np.int32))
         queue = events.register(rid)
-        text = TextStream(self.builder.tokenizer.detokenizer, req.sampling.stop)
+        # One text per branch (SamplingParams.n); the request ends with its n-th Finished.
+        texts = [
+            TextStream(self.builder.tokenizer.detokenizer, req.sampling.stop)
+            for _ in range(req.sampling.n)
+        ]
+        ended = 0
         try:
             await self._submit(model, events, req)
             while not finished:
@@ -276,17 +293,19 @@ class Frontend:
                     self._ended(batch, req)
                 out = []
                 for event in batch:
+                    text = texts[event.index] if isinstance(event, (Tokens, Finished)) else None
                     if isinstance(event, Tokens):
-                        event = self._text_of(event, text, model, rid)
+                        event = self._text_of(event, text, model, branch_key(rid, event.index))
                         if event is None:
                             continue
                     elif isinstance(event, Finished):
-                        finished = True
+                        ended += 1
+                        finished = ended == len(texts)
                         if event.finish_reason == FinishReason.UNAVAILABLE:
                             self._poke()
                             raise _Restarted(event.error, False)
-                        out += _tail(text)
-                        event = _as_stopped(event, text)
+                        out += _tail(text, event.index)
+                        event = _as_stopped(event, text, req.constraint is not None)
                         self._finished(event, req)
                     if not prefilled and isinstance(event, (Tokens, Finished)):
                         prefilled = True
@@ -334,10 +353,24 @@ class Frontend:
             return None
         before = text.count
         shown = text.feed(event.ids)
+        logprobs = self._named(event.ids, event.logprobs)
         if text.stopped:
             model.stop.remote(rid)
-            return Tokens(ids=event.ids[: text.count - before], text=shown)
-        return Tokens(ids=event.ids, text=shown)
+            n = text.count - before
+            return dataclasses.replace(event, ids=event.ids[:n], text=shown, logprobs=logprobs[:n])
+        return dataclasses.replace(event, text=shown, logprobs=logprobs)
+
+    def _named(self, ids: tuple, logprobs: tuple) -> tuple:
+        """The log-probabilities with their tokens' text (each token decoded alone)."""
+        if not logprobs:
+            return ()
+        decode = self.builder.tokenizer.decode
+        return tuple(
+            dataclasses.replace(
+                lp, token=decode([t]), top_tokens=tuple(decode([i]) for i, _ in lp.top)
+            )
+            for t, lp in zip(ids, logprobs)
+        )
 
     async def _replica_gone(self, replica: int | None, request_id: str) -> None:
         """Tell the manager: this request ended (and the replica's RAM is gone, if given)."""
@@ -360,11 +393,12 @@ class Frontend:
         prompt = await loop.run_in_executor(self.prompt_thread, self.builder.build, inp)
         if len(prompt.tokens) + sampling.max_tokens > self.info.max_context:
             sampling = _clip_max_tokens(sampling, self.info.max_context - len(prompt.tokens))
-        need = len(prompt.tokens) + sampling.max_tokens
+        need = (len(prompt.tokens) + sampling.max_tokens) * sampling.n  # each branch holds both
         if self.max_batch_tokens is not None and need > self.max_batch_tokens:
             raise Overloaded(
-                f"the prompt and max_tokens need {need} tokens; the batch holds at most "
-                f"{self.max_batch_tokens} (--max-batch-tokens): shorten the prompt or max_tokens"
+                f"the prompt and max_tokens need {need} tokens (times n={sampling.n}); the batch "
+                f"holds at most {self.max_batch_tokens} (--max-batch-tokens): shorten the prompt "
+                "or max_tokens, or ask fewer branches"
             )
         return prompt, sampling
 
@@ -472,18 +506,22 @@ def _node_ip() -> str:
     return ray.util.get_node_ip_address()
 
 
-def _tail(text: TextStream) -> list:
+def _tail(text: TextStream, index: int = 0) -> list:
     """The text held back at the end (no stop string ended it), as a last Tokens event."""
     tail = text.close()
-    return [Tokens(ids=(), text=tail)] if tail else []
+    return [Tokens(ids=(), text=tail, index=index)] if tail else []
 
 
-def _as_stopped(f: Finished, text: TextStream) -> Finished:
-    """A request whose text a stop string ended: reason STOP, its tokens up to that string."""
+def _as_stopped(f: Finished, text: TextStream, held: bool = False) -> Finished:
+    """A request whose text a stop string ended: reason STOP, its tokens up to that string;
+    `held` (constrained): its output, cut there, is incomplete for its grammar."""
     if not text.stopped:
         return f
     return dataclasses.replace(
-        f, finish_reason=FinishReason.STOP, completion_tokens=min(f.completion_tokens, text.count)
+        f,
+        finish_reason=FinishReason.STOP,
+        completion_tokens=min(f.completion_tokens, text.count),
+        incomplete=f.incomplete or held,
     )
 
 

@@ -26,6 +26,7 @@ from engine.server.errors import InvalidRequest
 # request_id and namespace: letters, digits and . _ : @ + / = - (no spaces,
 # no control characters), so they are safe in a log line and a file header.
 _IDENT = re.compile(r"[A-Za-z0-9._:@+/=-]*")
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit (engine.runtime.logprobs reads them)
 SEED_LIMIT = 1 << 63  # seeds are int64 on the wire; MLX keys take non-negative ones
 
 
@@ -73,6 +74,12 @@ def check_sampling(s, vocab_size: int, limits: Limits = DEFAULT_LIMITS) -> None:
     if len(s.stop_token_ids) > limits.max_stop_token_ids:
         raise InvalidRequest(
             f"{len(s.stop_token_ids)} stop token ids; the limit is {limits.max_stop_token_ids}"
+        )
+    if not 1 <= s.n <= limits.max_n:
+        raise InvalidRequest(f"n must be in [1, {limits.max_n}] (--max-n), got {s.n}")
+    if not 0 <= s.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise InvalidRequest(
+            f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {s.top_logprobs}"
         )
     bad = [t for t in s.stop_token_ids if not 0 <= t < vocab_size]
     if bad:

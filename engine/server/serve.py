@@ -272,7 +272,7 @@ def measured_guard(cache, info):
 def _log_memory(memory) -> None:
     log.info(
         "memory: limit %s = weights %s x %d + running KV %s (%d tokens per replica) "
-        "+ RAM tier %s + pool %s x %d",
+        "+ RAM tier %s + pool %s x %d + grammars %s x %d",
         format_bytes(memory.limit),
         format_bytes(memory.weights),
         memory.replicas,
@@ -280,6 +280,8 @@ def _log_memory(memory) -> None:
         memory.max_batch_tokens,
         format_bytes(memory.ram_budget),
         format_bytes(memory.pool_limit),
+        memory.replicas,
+        format_bytes(memory.grammars),
         memory.replicas,
     )
     if memory.total > memory.limit:

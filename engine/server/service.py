@@ -29,6 +29,7 @@ from engine.runtime.events import Finished, FinishReason, Progress, Tokens
 from engine.runtime.requests import SamplingParams
 from engine.server.activity import Inspection, RequestRecord
 from engine.server.auth import Authenticator, AuthInterceptor, server_credentials
+from engine.server.constraints import to_constraint
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
 from engine.server.figures import ClientFigures
 from engine.server.frontend import Frontend
@@ -104,6 +105,9 @@ def to_sampling(s: engine_pb2.Sampling) -> SamplingParams:
         seed=s.seed if s.HasField("seed") else None,
         stop=tuple(s.stop),
         stop_token_ids=tuple(s.stop_token_ids),
+        logprobs=s.logprobs or s.top_logprobs > 0,
+        top_logprobs=s.top_logprobs,
+        n=s.n or 1,
     )
 
 
@@ -113,7 +117,20 @@ def to_event(event) -> engine_pb2.GenerateEvent:
             progress=engine_pb2.PrefillProgress(done=event.done, total=event.total)
         )
     if isinstance(event, Tokens):
-        return engine_pb2.GenerateEvent(chunk=engine_pb2.TokenChunk(ids=event.ids, text=event.text))
+        logprobs = [
+            engine_pb2.TokenLogprobs(
+                logprob=lp.logprob,
+                top_ids=[i for i, _ in lp.top],
+                top_logprobs=[v for _, v in lp.top],
+                token=lp.token,
+                top_tokens=lp.top_tokens,
+            )
+            for lp in event.logprobs
+        ]
+        chunk = engine_pb2.TokenChunk(
+            ids=event.ids, text=event.text, logprobs=logprobs, index=event.index
+        )
+        return engine_pb2.GenerateEvent(chunk=chunk)
     assert isinstance(event, Finished), event
     return engine_pb2.GenerateEvent(
         final=engine_pb2.Final(
@@ -127,6 +144,8 @@ def to_event(event) -> engine_pb2.GenerateEvent:
             restore=engine_pb2.Restore(kind=event.restore_kind.value, length=event.restore_length),
             timing=engine_pb2.Timing(**dataclasses.asdict(event.timing)),
             replica=event.replica,
+            incomplete=event.incomplete,
+            index=event.index,
         )
     )
 
@@ -220,12 +239,19 @@ def generate_events(frontend: Frontend, auth: Authenticator, request, metadata):
     limits = frontend.limits
     check_request(request, limits)
     identity = auth.identity(metadata)
+    inp = to_prompt_input(request, limits)
+    constraint = None
+    if request.HasField("constraint"):
+        constraint = to_constraint(
+            request.constraint, inp.tools, frontend.builder.output_format, limits
+        )
     return frontend.generate(
-        to_prompt_input(request, limits),
+        inp,
         to_sampling(request.sampling),
         namespace=auth.namespace(identity, request.namespace),
         request_id=request.request_id,
         session=request.session,
+        constraint=constraint,
     )
 
 
@@ -250,7 +276,16 @@ def _coalesce(batch: list) -> list:
     out: list = []
     for e in batch:
         if isinstance(e, Tokens) and out and isinstance(out[-1], Tokens):
-            out[-1] = Tokens(ids=out[-1].ids + e.ids, text=out[-1].text + e.text)
+            last = out[-1]
+            if last.index != e.index:  # another branch's
+                out.append(e)
+                continue
+            out[-1] = dataclasses.replace(
+                last,
+                ids=last.ids + e.ids,
+                text=last.text + e.text,
+                logprobs=last.logprobs + e.logprobs,
+            )
         elif isinstance(e, Progress) and out and isinstance(out[-1], Progress):
             out[-1] = e
         else:

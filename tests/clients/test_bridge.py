@@ -319,7 +319,7 @@ BAD_REQUESTS = [
     ("unknown role", {"messages": [{"role": "wizard", "content": "hi"}]}, "role"),
     ("negative temperature", {"temperature": -1.0}, "temperature"),
     ("messages not a list", {"messages": "hello"}, "messages"),
-    ("two choices", {"n": 2}, "n must be 1"),
+    ("too many choices", {"n": 9}, "n must be in [1, 8]"),
 ]
 
 

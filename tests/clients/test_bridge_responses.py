@@ -186,8 +186,16 @@ BAD = [
     ("a built-in tool", {"tools": [{"type": "web_search"}]}, "tools[0].type: 'web_search'"),
     (
         "a schema the engine cannot enforce",
-        {"text": {"format": {"type": "json_object"}}},
-        "text.format",
+        {
+            "text": {
+                "format": {
+                    "type": "json_schema",
+                    "name": "t",
+                    "schema": {"type": "array", "uniqueItems": True},
+                }
+            }
+        },
+        "'uniqueItems' at #/uniqueItems",
     ),
     ("background", {"background": True}, "background"),
     ("max_output_tokens", {"max_output_tokens": 0}, "max_output_tokens"),

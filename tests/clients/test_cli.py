@@ -344,6 +344,7 @@ def test_result_to_json_dict_shape():
         },
         "request_id": "rid",
         "replica": "0",
+        "incomplete": False,
     }
     json.dumps(d)
 

@@ -15,7 +15,14 @@ import pytest
 
 from engine.actors.event_stream import FRAME, EventServer, decode, encode, read_frame
 from engine.cache.kinds import RestoreKind
-from engine.runtime.events import Finished, FinishReason, Progress, Timing, Tokens
+from engine.runtime.events import (
+    Finished,
+    FinishReason,
+    Progress,
+    Timing,
+    TokenLogprobs,
+    Tokens,
+)
 
 FINISHED = Finished(
     request_id="r1",
@@ -28,13 +35,21 @@ FINISHED = Finished(
     timing=Timing(ttft_ms=1.5, decode_tps=300.0, bytes_copied_restore=64),
     replica="0",
     restore_lost="7@4",
+    incomplete=True,
 )
+LOGPROBS = (TokenLogprobs(-0.5, ((3, -0.5), (9, -1.25))), TokenLogprobs(-2.0))
 
 
 @pytest.mark.parametrize(
     "event",
-    [Tokens(ids=(1, 2, 3), text=""), Progress(done=256, total=1024), FINISHED],
-    ids=["tokens", "progress", "finished"],
+    [
+        Tokens(ids=(1, 2, 3), text=""),
+        Tokens(ids=(3, 4), text="", logprobs=LOGPROBS),
+        Tokens(ids=(5,), text="", index=2),
+        Progress(done=256, total=1024),
+        FINISHED,
+    ],
+    ids=["tokens", "logprobs", "branch", "progress", "finished"],
 )
 def test_a_frame_carries_each_event_as_it_was(event):
     frame = encode([("r1", event), ("r2", event)])

@@ -1,0 +1,43 @@
+"""Fixtures of the runtime tests that run the model loop on the embedded model without Ray."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.cache.manager import CacheManager
+from engine.config import CacheConfig, EngineConfig, ModelConfig
+from engine.runtime.generator import Generator
+from engine.runtime.loader import load_model
+from engine.runtime.local import LocalLink
+from engine.runtime.loop import ModelLoop
+from engine.runtime.ram_tier import RamTier
+
+
+@pytest.fixture(scope="module")
+def tiny_loaded(model_cache_dir):
+    config = EngineConfig(
+        model=ModelConfig(prefill_step_size=128),
+        cache=CacheConfig(cache_dir=str(model_cache_dir), ram_budget=1 << 30),
+    )
+    return config, load_model(config)
+
+
+@pytest.fixture(scope="module")
+def tiny_loop(tiny_loaded):
+    config, (model, tokenizer, info) = tiny_loaded
+    manager = CacheManager(config.cache, info.fingerprint, info.has_state_layers)
+
+    def build() -> Generator:
+        return Generator(
+            model, tokenizer, config, RamTier(info.has_state_layers), LocalLink(manager)
+        )
+
+    loop = ModelLoop(build, idle_release_s=5)
+    loop.manager = manager
+    yield loop
+    loop.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer(tiny_loaded):
+    return tiny_loaded[1][1]

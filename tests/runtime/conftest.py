@@ -1,4 +1,6 @@
-"""Fixtures of the runtime tests that run the model loop on the embedded model without Ray."""
+"""Fixtures of the runtime tests that run the model loop without Ray, on a random-weight
+qwen3_next (the embedded model is trained: held to a grammar at temperature 1 it writes
+long calls; garbage is what tests the mask)."""
 
 from __future__ import annotations
 
@@ -11,12 +13,18 @@ from engine.runtime.loader import load_model
 from engine.runtime.local import LocalLink
 from engine.runtime.loop import ModelLoop
 from engine.runtime.ram_tier import RamTier
+from engine.runtime.tiny_models import write_model_dir
+
+
+@pytest.fixture(scope="session")
+def random_model_dir(tmp_path_factory):
+    return write_model_dir("qwen3_next", tmp_path_factory.mktemp("random-qwen3_next"))
 
 
 @pytest.fixture(scope="module")
-def tiny_loaded(model_cache_dir):
+def tiny_loaded(model_cache_dir, random_model_dir):
     config = EngineConfig(
-        model=ModelConfig(prefill_step_size=128),
+        model=ModelConfig(path=str(random_model_dir), prefill_step_size=128),
         cache=CacheConfig(cache_dir=str(model_cache_dir), ram_budget=1 << 30),
     )
     return config, load_model(config)

@@ -114,6 +114,7 @@ class Final:
     # A constrained request that ended before its grammar was complete: not valid output
     incomplete: bool = False
     index: int = 0  # the branch it ends (n > 1: a stream ends after n of them)
+    stop_sequence: str = ""  # the stop string that ended it ("" when none did)
 
 
 Event = Union[Progress, Chunk, Final]
@@ -189,6 +190,7 @@ def event_from_proto(event: engine_pb2.GenerateEvent) -> Event:
             replica=f.replica,
             incomplete=f.incomplete,
             index=f.index,
+            stop_sequence=f.stop_sequence,
         )
     raise ValueError(f"generate event with no payload: {event!r}")
 

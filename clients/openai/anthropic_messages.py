@@ -57,8 +57,14 @@ def usage_of(final: Final | None, cache_on: bool, blocks: Blocks | None = None) 
 def stop_reason(final: Final, blocks: Blocks) -> str:
     if blocks.tool_calls and final.finish_reason == "stop":
         return "tool_use"
-    # TODO(issue 24): stop_sequence, once the engine's final event names the stop string.
+    if final.stop_sequence:
+        return "stop_sequence"
     return STOP_REASONS.get(final.finish_reason, "end_turn")
+
+
+def stop_sequence(final: Final | None) -> str | None:
+    """The stop sequence that ended the reply, as Anthropic reports it (None: none did)."""
+    return (final.stop_sequence or None) if final is not None else None
 
 
 def content_block(block, opening: bool = False) -> dict:
@@ -86,7 +92,7 @@ class MessageShape:
             "model": self.model,
             "content": content,
             "stop_reason": stop_reason(final, self.blocks) if done else None,
-            "stop_sequence": None,
+            "stop_sequence": stop_sequence(final),
             "usage": usage_of(final, self.cache_on, self.blocks if done else None),
         }
 
@@ -119,7 +125,10 @@ class MessageShape:
         return out
 
     def finish(self, final: Final) -> list[tuple[str, dict]]:
-        delta = {"stop_reason": stop_reason(final, self.blocks), "stop_sequence": None}
+        delta = {
+            "stop_reason": stop_reason(final, self.blocks),
+            "stop_sequence": stop_sequence(final),
+        }
         usage = usage_of(final, self.cache_on, self.blocks)
         return [
             ("message_delta", {"type": "message_delta", "delta": delta, "usage": usage}),

@@ -89,6 +89,7 @@ class InProcessStream:
             replica=event.replica,
             incomplete=event.incomplete,
             index=event.index,
+            stop_sequence=event.stop_sequence,
         )
 
     def cancel(self) -> None:

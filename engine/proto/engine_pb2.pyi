@@ -197,7 +197,7 @@ class Timing(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., plan_ms: _Optional[float] = ..., restore_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., commit_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., decode_tps: _Optional[float] = ..., bytes_copied_restore: _Optional[int] = ..., bytes_copied_commit: _Optional[int] = ..., restored_kv_bytes: _Optional[int] = ..., bytes_copied_batch: _Optional[int] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., draft_steps: _Optional[int] = ...) -> None: ...
 
 class Final(_message.Message):
-    __slots__ = ("finish_reason", "usage", "restore", "timing", "request_id", "replica", "incomplete", "index")
+    __slots__ = ("finish_reason", "usage", "restore", "timing", "request_id", "replica", "incomplete", "index", "stop_sequence")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     RESTORE_FIELD_NUMBER: _ClassVar[int]
@@ -206,6 +206,7 @@ class Final(_message.Message):
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     INCOMPLETE_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
+    STOP_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     finish_reason: str
     usage: Usage
     restore: Restore
@@ -214,7 +215,8 @@ class Final(_message.Message):
     replica: str
     incomplete: bool
     index: int
-    def __init__(self, finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., restore: _Optional[_Union[Restore, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., request_id: _Optional[str] = ..., replica: _Optional[str] = ..., incomplete: _Optional[bool] = ..., index: _Optional[int] = ...) -> None: ...
+    stop_sequence: str
+    def __init__(self, finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., restore: _Optional[_Union[Restore, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., request_id: _Optional[str] = ..., replica: _Optional[str] = ..., incomplete: _Optional[bool] = ..., index: _Optional[int] = ..., stop_sequence: _Optional[str] = ...) -> None: ...
 
 class GenerateEvent(_message.Message):
     __slots__ = ("progress", "chunk", "final")

@@ -89,3 +89,4 @@ class Finished:
     # string, cancelled): its output is not valid for the constraint
     incomplete: bool = False
     index: int = 0  # its branch: a request of n branches ends with n Finished events
+    stop_sequence: str = ""  # the stop string that ended it (set by the front end)

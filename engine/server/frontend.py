@@ -522,6 +522,7 @@ def _as_stopped(f: Finished, text: TextStream, held: bool = False) -> Finished:
         finish_reason=FinishReason.STOP,
         completion_tokens=min(f.completion_tokens, text.count),
         incomplete=f.incomplete or held,
+        stop_sequence=text.stop_sequence,
     )
 
 

@@ -146,6 +146,7 @@ def to_event(event) -> engine_pb2.GenerateEvent:
             replica=event.replica,
             incomplete=event.incomplete,
             index=event.index,
+            stop_sequence=event.stop_sequence,
         )
     )
 

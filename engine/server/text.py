@@ -41,6 +41,7 @@ class StopMatcher:
     def __init__(self, stops: tuple[str, ...]):
         self.stops = tuple(s for s in stops if s)
         self.pending = ""
+        self.matched = ""  # the stop string found (the first in the text; the longest there)
 
     def feed(self, text: str) -> tuple[str, bool]:
         if not self.stops:
@@ -49,6 +50,7 @@ class StopMatcher:
         hits = [(buf.find(s), s) for s in self.stops if s in buf]
         if hits:
             at = min(h[0] for h in hits)
+            self.matched = max((s for i, s in hits if i == at), key=len)
             self.pending = ""
             return buf[:at], True
         hold = 0
@@ -95,6 +97,11 @@ class TextStream:
             if self.stopped:
                 break
         return "".join(out)
+
+    @property
+    def stop_sequence(self) -> str:
+        """The stop string that ended the text ("" while none has)."""
+        return self._stop.matched
 
     def close(self) -> str:
         """The text held back at the end of a completion no stop string ended (the

@@ -243,3 +243,22 @@ def test_the_token_comes_as_x_api_key_or_bearer_and_413_is_anthropic_shaped(engi
         assert json.loads(reply.text)["error"]["type"] == "request_too_large"
     finally:
         b.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_stop_sequence_is_named_as_the_reason_and_the_text_ends_before_it(client, stream):
+    free = client.messages.create(
+        model=MODEL, max_tokens=24, messages=HELLO, extra_body={"temperature": 0}
+    )
+    text = "".join(b.text for b in free.content if b.type == "text")
+    assert len(text.strip()) > 2, f"the model's greedy reply is too short to cut: {text!r}"
+    stop = text.strip()[1:3]  # two characters the greedy reply holds: it stops there
+    args = {"model": MODEL, "max_tokens": 24, "messages": HELLO, "stop_sequences": ["\x00", stop]}
+    if stream:
+        with client.messages.stream(**args, extra_body={"temperature": 0}) as events:
+            reply = events.get_final_message()
+    else:
+        reply = client.messages.create(**args, extra_body={"temperature": 0})
+    assert reply.stop_reason == "stop_sequence" and reply.stop_sequence == stop
+    cut = "".join(b.text for b in reply.content if b.type == "text")
+    assert stop not in cut and text.startswith(cut)

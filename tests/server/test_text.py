@@ -39,3 +39,13 @@ def test_a_stop_string_ends_the_text_at_its_start(tokenizer):
     shown = "".join(text.feed([i]) for i in ids) + text.close()
     assert shown == "    value = 1\n    " and text.stopped
     assert text.count < len(ids)
+
+
+def test_the_stop_string_that_ended_the_text_is_named(tokenizer):
+    ids = tokenizer.encode("    value = 1\n    return value\n", add_special_tokens=False)
+    text = TextStream(tokenizer.detokenizer, ("never", "return", "= 1"))
+    "".join(text.feed([i]) for i in ids)
+    assert text.stopped and text.stop_sequence == "= 1"  # the first the text completes
+    unstopped = TextStream(tokenizer.detokenizer, ("never",))
+    unstopped.feed(ids)
+    assert unstopped.stop_sequence == "" and not unstopped.stopped

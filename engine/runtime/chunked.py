@@ -325,6 +325,14 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
             self.worker.close()
         super().close()
 
+    def __del__(self):
+        # mlx-lm's __del__ calls close(), and the collector runs it on whichever thread
+        # allocates: one starting a thread holds threading's shutdown lock there, which
+        # the worker's thread needs to end, so a join deadlocks both. Never wait here.
+        if getattr(self, "worker", None) is not None:
+            self.worker.close(wait=False)
+        LineageBatchGenerator.close(self)
+
     def _forget(self, uid: int) -> None:
         for table in (self.arrived, self.unblocks, self.last_chunk):
             table.pop(uid, None)

@@ -134,6 +134,6 @@ class PrefillWorker:
         finally:
             self._flight = None
 
-    def close(self) -> None:
-        """Let the chunk in flight end, then end the thread."""
-        self._pool.shutdown(wait=True)
+    def close(self, wait: bool = True) -> None:
+        """End the thread once the chunk in flight ends; with `wait`, wait for that here."""
+        self._pool.shutdown(wait=wait)

@@ -265,3 +265,30 @@ def test_the_chunk_sizing_settings_reach_the_scheduler(loaded):
     m = ModelConfig(prefill_step_factor=1.75, prefill_slice_ms=20.0)
     scheduler = LocalEngine(EngineConfig(model=m, cache=config.cache), model).generator.bg.scheduler
     assert (scheduler.step_factor, scheduler.slice_ms) == (1.75, 20.0)
+
+
+def test_collecting_a_generator_never_waits_for_its_worker_thread(loaded):
+    """mlx-lm's BatchGenerator.__del__ closes it, and the collector may run that on a thread
+    that is starting and holds threading's shutdown lock, which the prefill worker's thread
+    needs to end: a close that joined the worker there deadlocked the suite once. The
+    finalizer returns with the lock held; the worker ends once it is free."""
+    eng = engine(loaded, budget=64, overlap=True)
+    a = submit(eng, "a", tokens(40, 1), max_tokens=200)
+    while not ids(a):
+        eng.generator.step()
+    submit(eng, "b", tokens(1500, 2), namespace="b")
+    bg = eng.generator.bg
+    while bg.worker._pool._threads == set():  # a chunk ran on the worker: its thread is up
+        eng.generator.step()
+    run_all(eng)
+    finalized = threading.Event()
+
+    def collect():
+        bg.__del__()
+        finalized.set()
+
+    with threading._shutdown_locks_lock:  # as a starting thread holds it (Thread._bootstrap)
+        t = threading.Thread(target=collect, daemon=True)
+        t.start()
+        assert finalized.wait(10), "the finalizer waited for the worker's thread"
+    t.join(10)

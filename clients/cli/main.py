@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     """Run `lineage` with `argv` (default sys.argv[1:]) and `env` (default os.environ).
 
-    Returns the exit status: 0 ok, 1 a failed call, 2 a usage error, 130 interrupted.
+    Returns the exit status: 0 ok, 1 a failed call, 2 a usage error, 130 interrupted,
+    141 its output's reader went away.
     """
     env = os.environ if env is None else env
     try:
@@ -70,3 +71,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # a reader that stopped early (`lineage generate ... | head`)
+        # Python would report the pipe again when it flushes stdout at exit: point it away.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a shell reports SIGPIPE (128 + 13)

@@ -849,3 +849,19 @@ def test_plot_without_matplotlib_is_one_line_naming_the_extra(monkeypatch, capsy
     assert "--plot needs matplotlib" in capsys.readouterr().out
     args.plot = None
     assert bench.launch(args, ran.append) == 0 and len(ran) == 1
+
+
+def test_a_reader_that_stops_early_ends_generate_quietly(engine):
+    """`lineage generate ... | head -1`: the pipe closes mid-stream; the command exits 141
+    (a shell's SIGPIPE status) without a traceback."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "clients.cli", "generate", "--server", engine.address]
+    argv += ["--prompt", "import os\nimport sys\n", "--max-tokens", "400", "--temperature", "0"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.read(1)  # the stream has begun
+    proc.stdout.close()  # the reader goes away
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 141, err
+    assert "Traceback" not in err, err

@@ -24,19 +24,10 @@ from __future__ import annotations
 import argparse
 
 from clients.bench.figures import Column, emit, plot_ready, table
+from clients.cli.args import positive_ints
 
 HELP = "decode tokens/s layer by layer (loop, gRPC, bridge) beside mlx_lm.generate and .server"
 LAYERS = ("loop", "grpc", "bridge", "mlx_lm.generate", "mlx_lm.server")
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}")
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"need positive integers, got {text!r}")
-    return values
 
 
 def _layers(text: str) -> list[str]:
@@ -50,8 +41,10 @@ def _layers(text: str) -> list[str]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from clients.bench.harness import add_serve_arguments
 
-    p.add_argument("--streams", type=_ints, default=[1, 4, 8], metavar="K,K", help="1,4,8")
-    p.add_argument("--tokens", type=_ints, default=[256, 1024], metavar="N,N", help="256,1024")
+    p.add_argument("--streams", type=positive_ints, default=[1, 4, 8], metavar="K,K", help="1,4,8")
+    p.add_argument(
+        "--tokens", type=positive_ints, default=[256, 1024], metavar="N,N", help="256,1024"
+    )
     p.add_argument(
         "--layers", type=_layers, default=list(LAYERS), metavar="L,L", help=",".join(LAYERS)
     )

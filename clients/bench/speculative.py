@@ -15,21 +15,12 @@ from __future__ import annotations
 import argparse
 
 from clients.bench.figures import Column, emit, plot_ready, table
+from clients.cli.args import positive_ints
 
 HELP = "speculative decoding: decode tokens/s per draft mode against off, three traffics"
 # lookup-whole: lookup whose rollbacks replay the whole model (the other way, for comparison)
 MODES = ("lookup", "auto", "lookup-whole")
 TRAFFICS = ("edit", "tool_json", "chat")
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}")
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"need positive integers, got {text!r}")
-    return values
 
 
 def _names(allowed: tuple):
@@ -45,7 +36,7 @@ def _names(allowed: tuple):
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from clients.bench.harness import add_serve_arguments
 
-    p.add_argument("--streams", type=_ints, default=[1, 4, 8], metavar="K,K", help="1,4,8")
+    p.add_argument("--streams", type=positive_ints, default=[1, 4, 8], metavar="K,K", help="1,4,8")
     p.add_argument("--tokens", type=int, default=256, metavar="N", help="reply tokens (256)")
     p.add_argument("--modes", type=_names(MODES), default=["lookup", "auto"], help=",".join(MODES))
     p.add_argument(

@@ -160,6 +160,17 @@ def sampling_from_args(args: argparse.Namespace) -> dict:
     }
 
 
+def positive_ints(text: str) -> list[int]:
+    """An argparse type: a comma-separated list of positive integers ("1,4,8")."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}")
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"need positive integers, got {text!r}")
+    return values
+
+
 def read_json(path: str, what: str):
     """Load a JSON file ("-" reads stdin); UsageError naming the file on failure."""
     try:

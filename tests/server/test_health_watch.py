@@ -11,7 +11,6 @@ engine (Ray, MLX).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from types import SimpleNamespace
@@ -26,6 +25,7 @@ from engine.config import Identity, Limits, ServerConfig
 from engine.runtime.events import Finished, FinishReason
 from engine.server.background import BackgroundLoop
 from engine.server.service import create_server
+from tests.server.test_auth import serving
 
 WATCH = health_pb2.HealthCheckRequest(service="")
 
@@ -63,34 +63,6 @@ def test_watch_streams_cannot_take_the_request_slots(engine):
         assert set(refused) <= {"RESOURCE_EXHAUSTED"}, refused
     finally:
         close_all(chans, watching)
-
-
-@contextlib.contextmanager
-def serving(**security):
-    """A gRPC server without an engine (ModelInfo answers from a stub) on a free port."""
-    loop = BackgroundLoop("health-test")
-    info = SimpleNamespace(
-        path="m",
-        model_type="t",
-        vocab_size=10,
-        max_context=100,
-        fingerprint="f",
-        has_state_layers=False,
-        kernels=(),
-    )
-    frontend = SimpleNamespace(
-        info=info,
-        cache_mode="lineage",
-        limits=Limits(),
-        builder=SimpleNamespace(output_format="qwen"),
-    )
-    config = ServerConfig(**security)
-    server, port, _ = loop.call(create_server(frontend, "127.0.0.1", 0, security=config))
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        loop.call(server.stop(0))
-        loop.close()
 
 
 def test_watch_needs_a_token_and_check_stays_open():

@@ -118,11 +118,9 @@ class Grammars:
         self.stop_ids = frozenset(int(t) for t in stop_ids)
         self.capacity = capacity
         self.pristine: OrderedDict[str, object] = OrderedDict()
-        self.sizes: dict[str, int] = {}  # key -> its grammar text's bytes
         self._tokenizer = None
         self.compiled = 0  # grammars compiled (cache misses)
         self.hits = 0
-        self.compile_ms = 0.0  # total time spent compiling
 
     @property
     def tokenizer(self):
@@ -133,30 +131,21 @@ class Grammars:
             self._tokenizer = llguidance.hf.from_tokenizer(self.hf, n_vocab=self.vocab_size)
         return self._tokenizer
 
-    @property
-    def nbytes(self) -> int:
-        """Grammar text kept (a lower bound of what the compiled matchers hold)."""
-        return sum(self.sizes.values())
-
     def constraint(self, grammar: Grammar, stop_ids=()) -> Constraint:
         """A fresh matcher for `grammar` at its start. Raises ValueError when it does not
         compile (the front end checked it: a grammar refused here is a bug)."""
-        import time
-
         from llguidance import LLMatcher
 
         key = grammar.key
         pristine = self.pristine.get(key)
         if pristine is None:
-            t0 = time.perf_counter()
             pristine = LLMatcher(self.tokenizer, LLMatcher.grammar_from_lark(grammar.lark))
             if pristine.is_error():
                 raise ValueError(f"the grammar does not compile: {pristine.get_error()}")
-            self.compile_ms += (time.perf_counter() - t0) * 1000
             self.compiled += 1
-            self.pristine[key], self.sizes[key] = pristine, len(grammar.lark)
+            self.pristine[key] = pristine
             while len(self.pristine) > self.capacity:
-                self.sizes.pop(self.pristine.popitem(last=False)[0], None)
+                self.pristine.popitem(last=False)
         else:
             self.hits += 1
             self.pristine.move_to_end(key)

@@ -29,22 +29,25 @@ REL_L2 = 1e-5
 K = 4
 
 
-def _rel_l2(a: mx.array, b: mx.array) -> float:
+def rel_l2(a: mx.array, b: mx.array) -> float:
     a, b = np.asarray(a.astype(mx.float32)), np.asarray(b.astype(mx.float32))
     assert a.shape == b.shape
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12))
 
 
-def _arrays(obj):
-    """Every array inside a stored entry (nested tuples and dataclasses), in order."""
+def entry_arrays(obj):
+    """Every array inside a stored entry (nested tuples, dicts by key, dataclasses), in order."""
     if isinstance(obj, mx.array):
         yield obj
     elif isinstance(obj, (list, tuple)):
         for item in obj:
-            yield from _arrays(item)
+            yield from entry_arrays(item)
+    elif isinstance(obj, dict):
+        for key in sorted(obj):
+            yield from entry_arrays(obj[key])
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         for field in dataclasses.fields(obj):
-            yield from _arrays(getattr(obj, field.name))
+            yield from entry_arrays(getattr(obj, field.name))
 
 
 def _plain(model, tokens: list[int], fed: list[int]) -> list:
@@ -86,8 +89,8 @@ def test_rollback_leaves_each_row_as_plain_decoding(arch, mixers):
         row = [c.extract(r) for c in batch.prompt_cache]
         plain = _plain(model, context[r], inputs[r][: keep[r]])
         got, want = store_entry(row), store_entry(plain)
-        got_arrays, want_arrays = list(_arrays(got)), list(_arrays(want))
+        got_arrays, want_arrays = list(entry_arrays(got)), list(entry_arrays(want))
         assert len(got_arrays) == len(want_arrays) > 0
-        worst = max(_rel_l2(a, b) for a, b in zip(got_arrays, want_arrays))
+        worst = max(rel_l2(a, b) for a, b in zip(got_arrays, want_arrays))
         assert worst <= REL_L2, (arch, r, keep[r], worst)
     gen.close()

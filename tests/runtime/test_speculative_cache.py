@@ -10,9 +10,6 @@ entry or checkpoint holds a rejected token's state.
 
 from __future__ import annotations
 
-import dataclasses
-
-import mlx.core as mx
 import numpy as np
 import pytest
 
@@ -21,6 +18,7 @@ from engine.runtime.drafts import ScriptedDrafts
 from engine.runtime.local import LocalEngine
 from engine.runtime.speculative_batch import Speculation
 from engine.runtime.tiny_models import write_model_dir
+from tests.runtime.test_rollback import entry_arrays, rel_l2
 
 REL = 1e-5
 TOKENS = 24
@@ -33,26 +31,6 @@ def _config(model_dir, cache_dir, speculative: str) -> EngineConfig:
         ),
         cache=CacheConfig(cache_dir=str(cache_dir), ram_budget=1 << 30, guard_min_suffix=64),
     )
-
-
-def _arrays(obj):
-    if isinstance(obj, mx.array):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
-            yield from _arrays(item)
-    elif isinstance(obj, dict):
-        for key in sorted(obj):
-            yield from _arrays(obj[key])
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for field in dataclasses.fields(obj):
-            yield from _arrays(getattr(obj, field.name))
-
-
-def _same(a, b) -> float:
-    a, b = np.asarray(a.astype(mx.float32)), np.asarray(b.astype(mx.float32))
-    assert a.shape == b.shape
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12))
 
 
 def _conversation(engine: LocalEngine, first: list, second: list) -> list:
@@ -113,8 +91,8 @@ def test_speculation_stores_what_plain_decoding_stores(arch, tmp_path):
         assert g.length == w.length
         assert np.array_equal(g.tokens[: g.length], w.tokens[: w.length])
         assert sorted(g.states) == sorted(w.states)
-        got_arrays = list(_arrays((g.layers, g.states)))
-        want_arrays = list(_arrays((w.layers, w.states)))
+        got_arrays = list(entry_arrays((g.layers, g.states)))
+        want_arrays = list(entry_arrays((w.layers, w.states)))
         assert len(got_arrays) == len(want_arrays)
-        worst = max((_same(a, b) for a, b in zip(got_arrays, want_arrays)), default=0.0)
+        worst = max((rel_l2(a, b) for a, b in zip(got_arrays, want_arrays)), default=0.0)
         assert worst <= REL, (arch, entry_id, worst)

@@ -19,7 +19,7 @@ from clients.cli.args import positive_ints
 
 HELP = "speculative decoding: decode tokens/s per draft mode against off, three traffics"
 # lookup-whole: lookup whose rollbacks replay the whole model (the other way, for comparison)
-MODES = ("lookup", "auto", "lookup-whole")
+MODES = ("lookup", "auto", "mtp", "lookup-whole")
 TRAFFICS = ("edit", "tool_json", "chat")
 
 
@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--lookup-k", type=int, default=4, metavar="K", help="lookup's fixed draft count (4)"
+    )
+    p.add_argument(
+        "--mtp-k", type=int, default=1, metavar="K", help="mtp's drafts per step, chained (1)"
     )
     p.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="write the figure (matplotlib)")
@@ -94,14 +97,14 @@ def format_table(figures: dict) -> str:
         for r in figures["runs"]
     ]
     lines += table(COLUMNS, rows)
-    lines += ["", "steps (mean ms): verify forward, rollback replay, plain decode step"]
+    lines += ["", "steps (mean ms): verify forward, rollback replay, plain decode step, MTP head"]
     for r in figures["runs"]:
         s = r.get("steps") or {}
         if s:
             lines.append(
                 f"  {r['traffic']:<9} {r['streams']} {r['mode']:<12}: {s['verify_steps']} verifies "
                 f"{s['verify_ms']:.2f}, {s['replays']} replays {s['replay_ms']:.2f}, "
-                f"{s['plain_steps']} plain {s['plain_ms']:.2f}"
+                f"{s['plain_steps']} plain {s['plain_ms']:.2f}, head {s.get('head_ms', 0.0):.2f}"
             )
     return "\n".join(lines)
 

@@ -31,7 +31,7 @@ def measure(args: argparse.Namespace) -> dict:
     for mode in ["off", *args.modes]:
         speculative = mode.removesuffix("-whole")
         # lookup: K fixed (--lookup-k); auto: K adapted per sequence and step
-        k = args.lookup_k if speculative == "lookup" else None
+        k = {"lookup": args.lookup_k, "mtp": args.mtp_k}.get(speculative)
         model = dataclasses.replace(config.model, speculative=speculative, num_draft_tokens=k)
         engines[mode] = LocalEngine(dataclasses.replace(config, model=model), loaded=loaded)
         if mode.endswith("-whole"):  # its rollbacks replay the whole model, not the mixers
@@ -47,6 +47,7 @@ def measure(args: argparse.Namespace) -> dict:
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "tokens": args.tokens,
         "lookup_k": args.lookup_k,
+        "mtp_k": args.mtp_k,
         "runs": rows,
     }
 
@@ -119,6 +120,7 @@ def _batch_stats(engine) -> dict:
     if stats is None:
         return {}
     keys = ("verify_steps", "plain_steps", "replays", "verify_ms", "replay_ms", "plain_ms")
+    keys += ("head_ms",)
     return {key: getattr(stats, key) for key in keys}
 
 
@@ -134,6 +136,8 @@ def _steps(before: dict, after: dict) -> dict:
         "verify_ms": round(d["verify_ms"] / d["verify_steps"], 3) if d["verify_steps"] else 0.0,
         "replay_ms": round(d["replay_ms"] / d["replays"], 3) if d["replays"] else 0.0,
         "plain_ms": round(d["plain_ms"] / d["plain_steps"], 3) if d["plain_steps"] else 0.0,
+        # the MTP head's forward after each verify (its drafts for the next step)
+        "head_ms": round(d["head_ms"] / d["verify_steps"], 3) if d["verify_steps"] else 0.0,
     }
 
 

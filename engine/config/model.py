@@ -17,7 +17,7 @@ PREFILL_EVALS = ("auto", "module", "forward")  # how the prefill worker evaluate
 # Draft sources of speculative decoding (engine/runtime/speculation.py); auto: what the
 # model supports, each sequence's draft length adapted to its acceptance.
 SPECULATIVE = ("off", "auto", "lookup", "mtp", "draft")
-UNBUILT = ("mtp", "draft")  # declared, refused until their drafts reach the verify step
+UNBUILT = ("draft",)  # declared, refused until their drafts reach the verify step
 
 
 def _draft_tokens(value) -> int | None:

@@ -15,6 +15,11 @@ Each step, every decoding sequence may bring drafts (engine.runtime.drafts):
    (engine.runtime.rollback: trim the KV, restore and replay the state).
 5. Emit: one Response per kept token, in order; the last carries the finish.
 
+With an MTP head (`Speculation.mtp`, engine.runtime.mtp_drafts) the drafts are
+the head's, drawn at the end of the step before: every step is then a verify
+forward of the model's trunk (its final hidden states feed the head), rows
+without drafts feeding one token.
+
 A row's tokens thus leave several per step; `tokens[r]` is always exactly
 what its caches hold, so a finished row's extraction (and the lineage
 cache's commit after it) holds accepted tokens only.
@@ -40,6 +45,8 @@ from engine.runtime import rollback, verification
 from engine.runtime.draft_length import DraftLength, StepCosts, batch_k
 from engine.runtime.drafts import DraftSource
 from engine.runtime.masked_batch import LineageGenerationBatch
+from engine.runtime.mtp import MTPHead, lm_logits
+from engine.runtime.mtp_drafts import MTPDrafts
 from engine.runtime.state_replay import MixerTaps
 
 
@@ -47,12 +54,14 @@ from engine.runtime.state_replay import MixerTaps
 class Speculation:
     """How the generation batch speculates: its draft source and draft length."""
 
-    source: DraftSource
+    source: DraftSource | None  # None: the MTP head drafts alone
     draft_tokens: int | None = None  # None: auto, per sequence
     # (uid, drafts) -> how many leading drafts a constraint allows; None: all.
     allowed: Optional[Callable[[int, list[int]], int]] = None
     # A rollback replays the recurrent mixers alone where it can (else the whole model).
     mixer_replay: bool = True
+    mtp: MTPHead | None = None  # the model's MTP head: its drafts, `mtp_chain` per step
+    mtp_chain: int = 1
 
 
 @dataclass
@@ -75,6 +84,7 @@ class SpeculationStats:
     verify_ms: float = 0.0  # the verify forwards' time (to their tokens on the host)
     replay_ms: float = 0.0  # the rollbacks' time
     plain_ms: float = 0.0  # the plain steps' time
+    head_ms: float = 0.0  # the MTP head's forwards (its drafts for the next step)
     # Rows that drafted and accepted every draft, some, none (the tests read them)
     accepted_all: int = 0
     accepted_some: int = 0
@@ -99,21 +109,37 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
         # The recurrent mixers, tapped so a rollback replays them alone (None: the model's
         # state layers need the whole model replayed; engine.runtime.state_replay).
         batch.taps = MixerTaps.of(model) if speculation.mixer_replay else None
+        head = speculation.mtp
+        batch.mtp = None if head is None else MTPDrafts(model, head, speculation.mtp_chain)
         return batch
+
+    def extend(self, batch):
+        if self.mtp is not None:
+            self.mtp.extend(len(batch.uids))
+        super().extend(batch)
 
     def filter(self, keep):
         kept = {self.uids[i] for i in keep}
+        source = self.speculation.source
         for uid in self.uids:
             if uid not in kept:
-                self.speculation.source.forget(uid)
+                if source is not None:
+                    source.forget(uid)
                 self.lengths.pop(uid, None)
+        if self.mtp is not None:
+            self.mtp.filter(list(keep))
         super().filter(keep)
 
     def next(self):
         if not self.uids:
             return []
         drafts = self._drafts()
+        if drafts is None and self.mtp is not None and not any(self.logits_processors):
+            # The head reads every step's hidden states: no row drafts, one token each.
+            drafts = self._next_tokens.tolist(), [[] for _ in self.uids]
         if drafts is None:
+            if self.mtp is not None:
+                self.mtp.skipped()
             self.stats.plain_steps += 1
             for uid in self.uids:
                 self._length(uid).decoded(1)
@@ -144,6 +170,8 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
             rates = [length.rate if k else None for length, k in zip(lengths, wanted)]
             k = batch_k(rates, self.costs, rollback.replays(self.prompt_cache))
             wanted = [min(w, k) for w in wanted]
+        if self.mtp is not None:
+            return self._head_drafts(self.mtp.proposals(wanted))
         # Guesses from what each row has fed: one more token, to cover the one in flight.
         early = [
             source.propose(uid, self.tokens[r], k + 1) if k else []
@@ -169,6 +197,14 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
             return None
         return current, drafts
 
+    def _head_drafts(self, guesses: list[list[int]]):
+        """(current tokens, drafts per row) from the MTP head's guesses, or None if none."""
+        if not any(guesses):
+            return None
+        if self.speculation.allowed is not None:
+            guesses = [g[: self.speculation.allowed(u, g)] for u, g in zip(self.uids, guesses)]
+        return self._next_tokens.tolist(), guesses
+
     # ---- 2) to 5) verify, accept, roll back, emit -----------------------------
 
     def _verify(self, current: list[int], drafts: list[list[int]]):
@@ -179,7 +215,11 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
 
         # 2) Verify: the whole batch in one forward.
         tic = time.perf_counter()
-        logits = self.model(mx.array(inputs), cache=self.prompt_cache)
+        if self.mtp is not None:  # the trunk's hidden states feed the head after the step
+            hidden = self.model.model(mx.array(inputs), cache=self.prompt_cache)
+            logits = lm_logits(self.model, hidden)
+        else:
+            logits = self.model(mx.array(inputs), cache=self.prompt_cache)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         # A request's own sampler (engine.runtime.sampling) samples; any other row takes
         # the batch's argmax (mlx-lm's default sampler, the engine's greedy).
@@ -214,6 +254,10 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
         self.stats.replay_ms += (time.perf_counter() - tic) * 1000
         self.stats.replayed += replayed
         self.stats.replays += 1 if replayed else 0
+        if self.mtp is not None:
+            tic = time.perf_counter()
+            self.mtp.advance(hidden, inputs, kept, nexts)
+            self.stats.head_ms += (time.perf_counter() - tic) * 1000
 
         # 5) Emit: one response per kept token; the next step starts from the drawn ones.
         previous = self._next_logprobs

@@ -1,0 +1,122 @@
+"""MTP drafts: the trained embedded model's head drafts, greedy output stays plain decoding's.
+
+The embedded model ships a trained MTP head, so its drafts are accepted often
+and rejected often (both are asserted): every verify path runs, with the head
+chaining one or two drafts, at batch 1 and with prompts admitted while others
+decode. The head's own cache is checked against a head run from scratch over
+each row's decoded pairs: it holds the kept positions and nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import mlx.core as mx
+import mlx_lm
+import numpy as np
+import pytest
+
+from engine.config import CacheConfig, EngineConfig, ModelConfig
+from engine.runtime import tiny_models as tm
+from engine.runtime.mtp import load_mtp
+from engine.runtime.speculation import speculation_for
+from engine.runtime.speculative_batch import Speculation
+from tests.runtime.test_rollback import rel_l2
+from tests.runtime.test_speculative import _chunked, _run
+
+TEXTS = [
+    "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n    return",
+    "import os\nimport sys\n\n\nclass Reader:\n    def __init__(self, path):\n        self.",
+    "The quick brown fox jumps over the lazy dog. The quick brown",
+    "for i in range(10):\n    print(i)\nfor j in range(",
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tm.ensure_default_model(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def trained(model_dir):
+    model, tokenizer = mlx_lm.load(str(model_dir))
+    head = load_mtp(model_dir, model)
+    assert head is not None
+    return model, tokenizer, head
+
+
+def _prompts(tokenizer, n):
+    return [tokenizer.encode(TEXTS[i % len(TEXTS)] * (1 + i // 4)) for i in range(n)]
+
+
+@pytest.mark.parametrize("batch", [1, 6])
+@pytest.mark.parametrize("chain", [1, 2])
+def test_mtp_greedy_is_plain_decoding(trained, batch, chain):
+    model, tokenizer, head = trained
+    prompts = _prompts(tokenizer, batch)
+    late = tuple(range(batch // 2, batch)) if batch > 1 else ()
+    plain, _ = _run(_chunked(model), prompts, late)
+    gen = _chunked(model, Speculation(None, chain, mtp=head, mtp_chain=chain))
+    batch_ = gen._generation_batch
+    spoken, _ = _run(gen, prompts, late)
+    assert spoken == plain
+    stats = batch_.stats
+    assert stats.verify_steps > 0 and stats.head_ms > 0
+    assert stats.accepted_all and stats.accepted_none  # the head is right and wrong
+    assert chain == 1 or stats.accepted_some
+    assert batch_.mtp.cache is None  # every row left: its head context with it
+
+
+def test_head_cache_holds_the_kept_pairs_only(trained):
+    """After decoding with rejections, each row's head KV equals a fresh head run over the
+    row's decoded positions: (h_t, token t+1) pairs of accepted tokens, nothing else."""
+    model, tokenizer, head = trained
+    prompts = _prompts(tokenizer, 3)
+    gen = _chunked(model, Speculation(None, 2, mtp=head, mtp_chain=2))
+    uids = gen.insert_segments([[p] for p in prompts])
+    for _ in range(12):
+        gen.next()
+    batch = gen._generation_batch
+    assert batch.stats.accepted_none > 0  # some draft was rejected on the way
+    cache = batch.mtp.cache[0]
+    padding = cache.left_padding.tolist()
+    checked = 0
+    for r, uid in enumerate(batch.uids):
+        fed = batch.tokens[r]  # the prompt and every kept token, the caches hold exactly these
+        start = len(prompts[uids.index(uid)])  # the head reads from the first decoded position
+        seq = fed + [int(batch._next_tokens[r].item())]
+        keys = cache.keys[r : r + 1, :, padding[r] : cache._idx]
+        assert keys.shape[2] == len(seq) - 1 - start, (r, keys.shape, len(seq), start)
+        if keys.shape[2] == 0:  # joined at the last step: no pair yet
+            continue
+        hidden = model.model(mx.array([seq[:-1]]))
+        fresh = head.make_cache()
+        head(hidden[:, start:], mx.array([seq[start + 1 :]]), model.model.embed_tokens, fresh)
+        assert rel_l2(keys, fresh[0].keys[..., : keys.shape[2], :]) <= 1e-4
+        checked += keys.shape[2]
+    assert checked >= 8
+    gen.close()
+
+
+def test_mtp_is_refused_for_a_model_without_a_head(tmp_path):
+    path = tm.write_model_dir("qwen3_next", tmp_path / "random")
+    config = EngineConfig(
+        model=ModelConfig(path=str(path), speculative="mtp"),
+        cache=CacheConfig(cache_dir=str(tmp_path / "cache")),
+    )
+    model, _ = mlx_lm.load(str(path))
+    with pytest.raises(ValueError, match="--speculative mtp: .* has no MTP head"):
+        speculation_for(config, model)
+
+
+def test_mtp_mode_loads_the_head(trained, model_dir, tmp_path):
+    model = trained[0]
+    config = EngineConfig(
+        model=ModelConfig(path=str(model_dir), speculative="mtp", num_draft_tokens=2),
+        cache=CacheConfig(cache_dir=str(tmp_path)),
+    )
+    speculation = speculation_for(config, model)
+    assert speculation.mtp is not None and speculation.mtp_chain == 2
+    off = dataclasses.replace(config, model=dataclasses.replace(config.model, speculative="off"))
+    assert speculation_for(off, model) is None
+    assert np.isfinite(float(speculation.mtp.fc.weight.abs().sum()))

@@ -12,7 +12,8 @@ feeds the head its own output and the draft back (the recursive use vLLM and
 SGLang make of a one-layer head) for more drafts; those chained positions leave
 the head's cache again before the next step.
 
-The head's KV cache is one `BatchKVCache` whose rows follow the batch's rows
+The head's cache is its one layer's batch cache (a `BatchKVCache`, or a
+`CacheList` of them under MLA/DSA) whose rows follow the batch's rows
 (`filter`, `extend`): a row's head context is what that sequence decoded in
 this batch, from its first token on, never a rejected draft (only kept pairs
 are fed; the right padding of rows that kept fewer becomes left padding, as
@@ -28,17 +29,14 @@ acceptance, samplers or the lineage cache.
 from __future__ import annotations
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache
-
-from engine.runtime.mtp import MTPHead, lm_logits
 
 
 class MTPDrafts:
     """The head's cache and each row's drafts for the next step (module doc)."""
 
-    def __init__(self, model, head: MTPHead, chain: int = 1):
+    def __init__(self, model, head, chain: int = 1):
         self.model, self.head, self.chain = model, head, chain
-        self.cache: list | None = None  # [BatchKVCache]; None while the batch has no rows
+        self.cache: list | None = None  # [the head's batch cache]; None while the batch has no rows
         self.drafts: list[list[int]] = []  # per row: the head's guesses after the token in flight
         self.steps = 0  # head forwards (kept pairs and chained positions alike)
 
@@ -47,9 +45,9 @@ class MTPDrafts:
     def extend(self, rows: int) -> None:
         """`rows` sequences joined the batch (at its end): no head context yet."""
         if self.cache is None:
-            self.cache = [BatchKVCache([0] * rows)]
+            self.cache = [self.head.batch_cache(rows)]
         else:
-            self.cache[0].extend(BatchKVCache([0] * rows))
+            self.cache[0].extend(self.head.batch_cache(rows))
         self.drafts.extend([] for _ in range(rows))
 
     def filter(self, keep: list[int]) -> None:
@@ -88,10 +86,10 @@ class MTPDrafts:
         if any(padding):
             cache.finalize()
         last = out[mx.arange(len(kept)), mx.array(kept) - 1][:, None]  # [B, 1, H]
-        drafts = [mx.argmax(lm_logits(self.model, last)[:, -1], axis=-1)]
+        drafts = [mx.argmax(self.head.logits(self.model, last)[:, -1], axis=-1)]
         for _ in range(self.chain - 1):  # the head's own output and draft, fed back
             last = self.head(last, drafts[-1][:, None], self.model.model.embed_tokens, self.cache)
-            drafts.append(mx.argmax(lm_logits(self.model, last)[:, -1], axis=-1))
+            drafts.append(mx.argmax(self.head.logits(self.model, last)[:, -1], axis=-1))
         self.steps += self.chain
         self.drafts = mx.stack(drafts, axis=1).tolist()
         if self.chain > 1:

@@ -45,7 +45,7 @@ from engine.runtime import rollback, verification
 from engine.runtime.draft_length import DraftLength, StepCosts, batch_k
 from engine.runtime.drafts import DraftSource
 from engine.runtime.masked_batch import LineageGenerationBatch
-from engine.runtime.mtp import MTPHead, lm_logits
+from engine.runtime.mtp import lm_logits
 from engine.runtime.mtp_drafts import MTPDrafts
 from engine.runtime.state_replay import MixerTaps
 
@@ -60,7 +60,7 @@ class Speculation:
     allowed: Optional[Callable[[int, list[int]], int]] = None
     # A rollback replays the recurrent mixers alone where it can (else the whole model).
     mixer_replay: bool = True
-    mtp: MTPHead | None = None  # the model's MTP head: its drafts, `mtp_chain` per step
+    mtp: object = None  # the model's MTP head (engine.runtime.mtp): its drafts, `mtp_chain` a step
     mtp_chain: int = 1
 
 

@@ -15,10 +15,12 @@ import mlx.core as mx
 import mlx_lm
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import CacheList
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.runtime import tiny_models as tm
-from engine.runtime.mtp import load_mtp
+from engine.runtime.mtp import NextNHead, load_mtp
 from engine.runtime.speculation import speculation_for
 from engine.runtime.speculative_batch import Speculation
 from tests.runtime.test_rollback import rel_l2
@@ -67,11 +69,28 @@ def test_mtp_greedy_is_plain_decoding(trained, batch, chain):
     assert batch_.mtp.cache is None  # every row left: its head context with it
 
 
-def test_head_cache_holds_the_kept_pairs_only(trained):
+@pytest.fixture(scope="module")
+def glm_dsa(tmp_path_factory):
+    """glm_moe_dsa with a random DeepSeek-style head written the way checkpoints ship it."""
+    model_dir = tm.write_model_dir("glm_moe_dsa", tmp_path_factory.mktemp("glm"))
+    model, _ = mlx_lm.load(str(model_dir))
+    written = _write_nextn_head(model, model_dir)
+    model, _ = mlx_lm.load(str(model_dir))  # the shard with layer N is read and dropped
+    return model, model_dir, written
+
+
+@pytest.mark.parametrize("arch", ["qwen3_next", "glm_moe_dsa"])
+def test_head_cache_holds_the_kept_pairs_only(request, arch):
     """After decoding with rejections, each row's head KV equals a fresh head run over the
     row's decoded positions: (h_t, token t+1) pairs of accepted tokens, nothing else."""
-    model, tokenizer, head = trained
-    prompts = _prompts(tokenizer, 3)
+    if arch == "qwen3_next":
+        model, tokenizer, head = request.getfixturevalue("trained")
+        prompts = _prompts(tokenizer, 3)
+    else:
+        model, model_dir, _ = request.getfixturevalue("glm_dsa")
+        head = load_mtp(model_dir, model)
+        rng = np.random.default_rng(7)
+        prompts = [rng.integers(3, 4000, size=n).tolist() for n in (20, 31, 26)]
     gen = _chunked(model, Speculation(None, 2, mtp=head, mtp_chain=2))
     uids = gen.insert_segments([[p] for p in prompts])
     for _ in range(12):
@@ -79,20 +98,22 @@ def test_head_cache_holds_the_kept_pairs_only(trained):
     batch = gen._generation_batch
     assert batch.stats.accepted_none > 0  # some draft was rejected on the way
     cache = batch.mtp.cache[0]
-    padding = cache.left_padding.tolist()
+    kv = cache[0] if type(cache) is CacheList else cache  # DSA: the latent KV, then the keys
+    padding = kv.left_padding.tolist()
     checked = 0
     for r, uid in enumerate(batch.uids):
         fed = batch.tokens[r]  # the prompt and every kept token, the caches hold exactly these
         start = len(prompts[uids.index(uid)])  # the head reads from the first decoded position
         seq = fed + [int(batch._next_tokens[r].item())]
-        keys = cache.keys[r : r + 1, :, padding[r] : cache._idx]
+        keys = kv.keys[r : r + 1, :, padding[r] : kv._idx]
         assert keys.shape[2] == len(seq) - 1 - start, (r, keys.shape, len(seq), start)
         if keys.shape[2] == 0:  # joined at the last step: no pair yet
             continue
         hidden = model.model(mx.array([seq[:-1]]))
         fresh = head.make_cache()
         head(hidden[:, start:], mx.array([seq[start + 1 :]]), model.model.embed_tokens, fresh)
-        assert rel_l2(keys, fresh[0].keys[..., : keys.shape[2], :]) <= 1e-4
+        fresh_kv = fresh[0][0] if type(fresh[0]) is CacheList else fresh[0]
+        assert rel_l2(keys, fresh_kv.keys[..., : keys.shape[2], :]) <= 1e-4
         checked += keys.shape[2]
     assert checked >= 8
     gen.close()
@@ -120,3 +141,44 @@ def test_mtp_mode_loads_the_head(trained, model_dir, tmp_path):
     off = dataclasses.replace(config, model=dataclasses.replace(config.model, speculative="off"))
     assert speculation_for(off, model) is None
     assert np.isfinite(float(speculation.mtp.fc.weight.abs().sum()))
+
+
+def _write_nextn_head(model, model_dir, seed: int = 3):
+    """A random DeepSeek-style head saved as a checkpoint ships it: `model.layers.{N}.*` in a
+    model shard of its own, experts one by one (mlx-lm's sanitize stacks them)."""
+    mx.random.seed(seed)
+    head = NextNHead(model)
+    prefix = f"model.layers.{model.args.num_hidden_layers}."
+    raw = {}
+    for name, value in tree_flatten(head.parameters()):
+        if ".switch_mlp." in name:  # layers.0.mlp.switch_mlp.gate_proj.weight -> experts.e
+            for e in range(value.shape[0]):
+                raw[prefix + name[len("layers.0.") :].replace("switch_mlp", f"experts.{e}")] = (
+                    value[e]
+                )
+        else:
+            raw[prefix + name.removeprefix("layers.0.")] = value
+    raw[prefix + "embed_tokens.weight"] = model.model.embed_tokens.weight  # DeepSeek's copy
+    mx.save_safetensors(str(model_dir / "model-nextn.safetensors"), raw)
+    return head
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_glm_dsa_nextn_head_loads_and_drafts_exactly(glm_dsa, batch):
+    """glm_moe_dsa (DSA attention: the head's cache is a CacheList of latent KV and indexer
+    keys): the head written as a checkpoint ships it loads through mlx-lm's own load (which
+    drops it) and `load_mtp`, equal to what was written; speculation with it is greedy."""
+    model, model_dir, written = glm_dsa
+    head = load_mtp(model_dir, model)
+    assert isinstance(head, NextNHead)
+    pairs = zip(tree_flatten(head.parameters()), tree_flatten(written.parameters()))
+    for (name, a), (_, b) in pairs:
+        assert mx.array_equal(a, b), name
+    rng = np.random.default_rng(batch)
+    prompts = [rng.integers(3, 4000, size=int(rng.integers(12, 40))).tolist() for _ in range(batch)]
+    late = tuple(range(batch // 2, batch)) if batch > 1 else ()
+    plain, _ = _run(_chunked(model), prompts, late)
+    gen = _chunked(model, Speculation(None, 2, mtp=head, mtp_chain=2))
+    stats = gen._generation_batch.stats
+    assert _run(gen, prompts, late)[0] == plain
+    assert stats.verify_steps > 0 and stats.accepted_none > 0

@@ -22,9 +22,10 @@ from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.runtime import tiny_models as tm
 from engine.runtime.mtp import NextNHead, load_mtp
 from engine.runtime.speculation import speculation_for
-from engine.runtime.speculative_batch import Speculation
+from engine.runtime.speculative_batch import Speculation, SpeculativeGenerationBatch
 from tests.runtime.test_rollback import rel_l2
 from tests.runtime.test_speculative import _chunked, _run
+from tests.runtime.test_speculative_sampling import CRITICAL, _first_tokens
 
 TEXTS = [
     "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n    return",
@@ -182,3 +183,30 @@ def test_glm_dsa_nextn_head_loads_and_drafts_exactly(glm_dsa, batch):
     stats = gen._generation_batch.stats
     assert _run(gen, prompts, late)[0] == plain
     assert stats.verify_steps > 0 and stats.accepted_none > 0
+
+
+def test_mtp_sampling_keeps_the_distribution(trained, monkeypatch):
+    """Temperature 1, top-k 3: the first three tokens of 240 seeded requests, plain and with
+    the head's drafts (the third token is a verified draft's outcome), cannot be told apart
+    (chi-square of the contingency table, p = 0.001); the drafts were accepted and rejected."""
+    model, _, head = trained
+    seeds = list(range(2000, 2000 + 240))
+    plain = _first_tokens(model, None, seeds)
+    batches = []
+    speculating = SpeculativeGenerationBatch.speculating
+
+    def kept(*args):
+        batches.append(speculating(*args))
+        return batches[-1]
+
+    monkeypatch.setattr(SpeculativeGenerationBatch, "speculating", kept)
+    spec = _first_tokens(model, Speculation(None, 1, mtp=head), [s + 7 for s in seeds])
+    assert sum(b.stats.accepted_all for b in batches) > 40
+    assert sum(b.stats.accepted_none for b in batches) > 40
+    cells = sorted(set(plain) | set(spec))
+    a = np.array([plain.count(c) for c in cells], dtype=float)
+    b = np.array([spec.count(c) for c in cells], dtype=float)
+    total = a + b
+    statistic = float(((a - b) ** 2 / total).sum())
+    assert len(cells) <= 27
+    assert statistic < CRITICAL[26], (statistic, len(cells))

@@ -16,9 +16,10 @@ Each step, every decoding sequence may bring drafts (engine.runtime.drafts):
 5. Emit: one Response per kept token, in order; the last carries the finish.
 
 With an MTP head (`Speculation.mtp`, engine.runtime.mtp_drafts) the drafts are
-the head's, drawn at the end of the step before: every step is then a verify
-forward of the model's trunk (its final hidden states feed the head), rows
-without drafts feeding one token.
+the head's, drawn at the end of the step before (with a source beside it, a
+row's lookup guess goes first): every step is then a verify forward of the
+model's trunk (its final hidden states feed the head), rows without drafts
+feeding one token.
 
 A row's tokens thus leave several per step; `tokens[r]` is always exactly
 what its caches hold, so a finished row's extraction (and the lineage
@@ -171,7 +172,7 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
             k = batch_k(rates, self.costs, rollback.replays(self.prompt_cache))
             wanted = [min(w, k) for w in wanted]
         if self.mtp is not None:
-            return self._head_drafts(self.mtp.proposals(wanted))
+            return self._head_drafts(wanted)
         # Guesses from what each row has fed: one more token, to cover the one in flight.
         early = [
             source.propose(uid, self.tokens[r], k + 1) if k else []
@@ -197,13 +198,22 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
             return None
         return current, drafts
 
-    def _head_drafts(self, guesses: list[list[int]]):
-        """(current tokens, drafts per row) from the MTP head's guesses, or None if none."""
-        if not any(guesses):
-            return None
+    def _head_drafts(self, wanted: list[int]):
+        """(current tokens, drafts per row) with an MTP head: a row's lookup guess where its
+        source has one (auto), else the head's; None if no row has a guess."""
+        guesses = self.mtp.proposals(wanted)
+        current = self._next_tokens.tolist()
+        source = self.speculation.source
+        if source is not None:
+            for r, (uid, k) in enumerate(zip(self.uids, wanted)):
+                found = source.propose(uid, self.tokens[r] + [current[r]], k) if k else []
+                if found:
+                    guesses[r] = found
         if self.speculation.allowed is not None:
             guesses = [g[: self.speculation.allowed(u, g)] for u, g in zip(self.uids, guesses)]
-        return self._next_tokens.tolist(), guesses
+        if not any(guesses):
+            return None
+        return current, guesses
 
     # ---- 2) to 5) verify, accept, roll back, emit -----------------------------
 

@@ -21,6 +21,7 @@ from mlx_lm.models.cache import CacheList
 from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.runtime import tiny_models as tm
 from engine.runtime.mtp import NextNHead, load_mtp
+from engine.runtime.mtp_costs import HeadCosts
 from engine.runtime.speculation import speculation_for
 from engine.runtime.speculative_batch import Speculation, SpeculativeGenerationBatch
 from tests.runtime.test_rollback import rel_l2
@@ -210,3 +211,35 @@ def test_mtp_sampling_keeps_the_distribution(trained, monkeypatch):
     statistic = float(((a - b) ** 2 / total).sum())
     assert len(cells) <= 27
     assert statistic < CRITICAL[26], (statistic, len(cells))
+
+
+def test_head_pays_where_a_step_with_its_draft_is_cheaper_per_token():
+    # A large model on a GPU: the head is one layer of many, two tokens cost one.
+    assert HeadCosts(plain_ms=20.0, verify_ms=21.0, head_ms=0.6, replay_ms=0.0).pays()
+    # The embedded model on this CPU (as measured at load): the head is a fifth of a step.
+    assert not HeadCosts(plain_ms=2.9, verify_ms=4.1, head_ms=2.0, replay_ms=2.9).pays()
+    # A draft that is never accepted never pays; one always accepted nearly doubles.
+    costs = HeadCosts(plain_ms=10.0, verify_ms=12.0, head_ms=1.0, replay_ms=5.0)
+    assert not costs.pays(rate=0.0) and costs.pays(rate=1.0)
+
+
+@pytest.mark.parametrize("pays", [False, True])
+def test_auto_takes_the_head_where_it_pays(trained, model_dir, tmp_path, monkeypatch, pays):
+    """auto measures the head at load: where it pays, rows draft from lookup first and the
+    head otherwise, greedy output unchanged; where it does not, lookup alone."""
+    model, tokenizer, head = trained
+    monkeypatch.setattr(HeadCosts, "pays", lambda self, rate=0.6: pays)
+    config = EngineConfig(
+        model=ModelConfig(path=str(model_dir), speculative="auto"),
+        cache=CacheConfig(cache_dir=str(tmp_path)),
+    )
+    speculation = speculation_for(config, model)
+    assert (speculation.mtp is not None) == pays and speculation.source is not None
+    prompts = _prompts(tokenizer, 4)
+    plain, _ = _run(_chunked(model), prompts, (2, 3))
+    gen = _chunked(model, speculation)
+    batch = gen._generation_batch
+    assert _run(gen, prompts, (2, 3))[0] == plain
+    assert batch.stats.verify_steps > 0 and (batch.stats.head_ms > 0) == pays
+    # lookup's guesses went first: more than one draft a verify (the head drafts one)
+    assert any(c.drafted > c.verifies for c in batch.stats.counts.values())

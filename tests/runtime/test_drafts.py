@@ -68,7 +68,7 @@ def test_unbuilt_draft_sources_are_refused_naming_the_flag():
 
     from engine.config import ModelConfig
 
-    for mode in ("mtp", "draft"):
+    for mode in ("draft",):
         with pytest.raises(ValueError, match="--speculative"):
             ModelConfig(speculative=mode)
     with pytest.raises(ValueError, match="--num-draft-tokens"):

@@ -4,6 +4,7 @@ Prompts that quote the plain engine's own reply make prompt lookup draft (the
 random-weight model then rejects most drafts, so rollbacks run in the model
 actor); four streams at once, greedy, compared token for token with the
 session's plain engine, and the drafts' counts reach the client's final event.
+The same with the embedded model's MTP head drafting (`--speculative mtp`).
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+import pytest
 
 from tests.server.test_server import PROMPTS, collect, request
 
 
-def test_speculating_engine_streams_what_the_plain_one_streams(ray_session, stub, tmp_path):
+@pytest.mark.parametrize("mode", ["lookup", "mtp"])
+def test_speculating_engine_streams_what_the_plain_one_streams(ray_session, stub, tmp_path, mode):
     from engine.proto import engine_pb2_grpc
     from engine.server.background import BackgroundEngine
     from tests.engines import make_config
@@ -28,7 +31,7 @@ def test_speculating_engine_streams_what_the_plain_one_streams(ray_session, stub
 
     config = (
         make_config(tmp_path / "cache")
-        .with_model(speculative="lookup", num_draft_tokens=3)
+        .with_model(speculative=mode, num_draft_tokens=3 if mode == "lookup" else 1)
         .with_server(exact_cache_figures=True)
     )
     e = BackgroundEngine(config)

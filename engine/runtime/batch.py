@@ -182,6 +182,9 @@ class LineagePromptBatch(PromptProcessingBatch):
     ledger: CopyLedger | None = None  # set by the generator: reshuffles and growth, per uid
     extracted: dict | None = None  # set by the generator: uid -> KV bytes extractions copied
     forks: dict | None = None  # set by the generator: uid -> its Branches (engine.runtime.branches)
+    # set by the generator when an MTP head drafts: uid -> its prompt's last prefilled
+    # positions (engine.runtime.mtp_drafts.PromptTails)
+    tails = None
 
     def __init__(self, *args, caches=None, room: int = 0, **kwargs):
         super().__init__(*args, caches=[], **kwargs)
@@ -193,6 +196,7 @@ class LineagePromptBatch(PromptProcessingBatch):
         new = super()._copy()
         new.clear_pool, new.pool, new.layer_timer = self.clear_pool, self.pool, self.layer_timer
         new.ledger, new.extracted, new.forks = self.ledger, self.extracted, self.forks
+        new.tails = self.tails
         return new
 
     def filter(self, keep):
@@ -307,12 +311,19 @@ class LineagePromptBatch(PromptProcessingBatch):
                 c.prepare(lengths=lengths, right_padding=padding)
         else:
             tokens = mx.array(tokens)
+        done = 0
         while tokens.shape[1] > 0:
             n = min(self.prefill_step_size, tokens.shape[1])
-            self.model(tokens[:, :n], cache=self.prompt_cache)
-            mx.eval([c.state for c in self.prompt_cache])
+            if self.tails is None:
+                self.model(tokens[:, :n], cache=self.prompt_cache)
+                kept = []
+            else:  # the trunk's hidden states: the MTP head reads the prompt's last ones
+                hidden = self.model.model(tokens[:, :n], cache=self.prompt_cache)
+                kept = self.tails.keep(self.uids, hidden, tokens[:, :n], lengths, done)
+            mx.eval([c.state for c in self.prompt_cache] + kept)
             self._maybe_clear()
             tokens = tokens[:, n:]
+            done += n
         if max(padding) > 0:
             for c in self.prompt_cache:
                 c.finalize()
@@ -418,6 +429,7 @@ class LineageBatchGenerator(BatchGenerator):
         # uid -> the Branches it forks at its prompt end (engine.runtime.branches)
         self.forks: dict[int, list] = {}
         batch.ledger, batch.extracted, batch.forks = self.ledger, self.commit_copies, self.forks
+        batch.tails = getattr(self._generation_batch, "tails", None)
         self._prompt_batch = batch
 
     def next(self):
@@ -464,6 +476,17 @@ class LineageBatchGenerator(BatchGenerator):
         uids = list(range(self._uid_count, self._uid_count + k))
         self._uid_count += k
         return uids
+
+    def remove(self, uids, return_prompt_caches=False):
+        """mlx-lm's removal; a removed sequence's prompt tail (an MTP head's) goes too."""
+        self.forget_tails(uids)
+        return super().remove(uids, return_prompt_caches)
+
+    def forget_tails(self, uids) -> None:
+        tails = self._prompt_batch.tails
+        if tails is not None:
+            for uid in uids:
+                tails.pop(uid)
 
     def fork(self, uid: int, branches: list) -> None:
         """Sequence `uid` forks `branches` (engine.runtime.branches) when its prompt ends."""
@@ -512,6 +535,7 @@ class LineageBatchGenerator(BatchGenerator):
         )
         batch.clear_pool, batch.pool = self._prompt_batch.clear_pool, self.pool
         batch.ledger, batch.extracted, batch.forks = self.ledger, self.commit_copies, self.forks
+        batch.tails = self._prompt_batch.tails
         self.ledger.note(batch.prompt_cache)
         self.restore_copies.update(batch.copied)
         return batch, processing

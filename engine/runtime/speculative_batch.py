@@ -112,11 +112,13 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
         batch.taps = MixerTaps.of(model) if speculation.mixer_replay else None
         head = speculation.mtp
         batch.mtp = None if head is None else MTPDrafts(model, head, speculation.mtp_chain)
+        # the prompt batches keep their prompts' last hidden states here for the head
+        batch.tails = None if batch.mtp is None else batch.mtp.tails
         return batch
 
     def extend(self, batch):
         if self.mtp is not None:
-            self.mtp.extend(len(batch.uids))
+            self.mtp.extend(list(batch.uids), batch.tokens)
         super().extend(batch)
 
     def filter(self, keep):

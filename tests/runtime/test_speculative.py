@@ -23,12 +23,12 @@ from engine.runtime.tiny_models import ARCHS, build_model
 MAX_TOKENS = 20
 
 
-def _chunked(model, speculation=None):
+def _chunked(model, speculation=None, max_tokens=MAX_TOKENS):
     scheduler = PrefillScheduler("srpt", 16, 1, step_factor=2.5, slice_ms=50.0, overlap=True)
     return ChunkedBatchGenerator(
         model,
         scheduler=scheduler,
-        max_tokens=MAX_TOKENS,
+        max_tokens=max_tokens,
         prefill_step_size=16,
         completion_batch_size=8,
         prefill_batch_size=8,

@@ -17,7 +17,9 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
-from engine.config import ModelConfig
+from clients.cli import main as cli
+from clients.cli.args import config_from_args
+from engine.config import EngineConfig, ModelConfig
 from engine.runtime.draft_model import DraftModel, LookupOrDraft, check_draft, load_draft
 from engine.runtime.speculation import speculation_for
 from engine.runtime.speculative_batch import Speculation
@@ -120,6 +122,11 @@ def test_config_refuses_what_cannot_draft():
     with pytest.raises(ValueError, match="--draft-model"):
         ModelConfig(draft_model="/somewhere")  # speculative off
     ModelConfig(speculative="auto", draft_model="/somewhere")  # fine until it is loaded
+    # Its flag and variable, with their partner.
+    env = {"LINEAGE_SPECULATIVE": "draft", "LINEAGE_DRAFT_MODEL": "/d"}
+    assert EngineConfig.from_sources({}, env).model.draft_model == "/d"
+    args = cli.build_parser().parse_args(["serve", "--speculative", "draft", "--draft-model", "/e"])
+    assert config_from_args(args, env).model.draft_model == "/e"
 
 
 def test_speculation_for_builds_the_draft_sources(tmp_path):

@@ -28,7 +28,12 @@ target's distribution.
 
 `LookupOrDraft` is `--speculative auto`'s combination when a draft model is
 configured: prompt lookup's guess where it matches a long n-gram (free, and
-right on re-emitted text), else the draft model's.
+right on re-emitted text), else the draft model's. `auto` takes the draft
+model only where it can pay (`draft_pays`): k drafts cost k draft forwards
+beside the verify, so a draft whose decode step costs more than
+`PAYING_COST` of the served model's gains nothing at the acceptance rates
+text allows (expected tokens per step (1 - a^(k+1)) / (1 - a) against a cost
+of 1 + k * c target steps: a = 0.75, k = 3 breaks even at c = 0.58).
 
 It knows mlx-lm models and caches; nothing of the batch, the target or acceptance.
 """
@@ -36,6 +41,7 @@ It knows mlx-lm models and caches; nothing of the batch, the target or acceptanc
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -50,6 +56,8 @@ PREFILL_STEP = 512  # tokens per chunk of a row's first prefill
 FLAG = "--draft-model"
 # auto's lookup: n-grams at least this long are trusted before the draft model.
 LONG_MATCH = 3
+# auto's draft model: its decode step at most this fraction of the served model's.
+PAYING_COST = 0.4
 
 
 @dataclass
@@ -168,6 +176,30 @@ class LookupOrDraft:
     def forget(self, uid: int) -> None:
         self.lookup.forget(uid)
         self.draft.forget(uid)
+
+
+def step_ms(model, context: int = 16, repeats: int = 5) -> float:
+    """One decode step's ms: the best of `repeats` one-token forwards after a short prefill."""
+    cache = make_prompt_cache(model)
+    mx.eval(model(mx.zeros((1, context), dtype=mx.int32), cache=cache))
+    best = float("inf")
+    for _ in range(repeats):
+        tic = time.perf_counter()
+        mx.eval(model(mx.zeros((1, 1), dtype=mx.int32), cache=cache))
+        best = min(best, time.perf_counter() - tic)
+    return best * 1000
+
+
+_COSTS: dict[tuple[int, int], float] = {}  # (id(draft), id(target)) -> measured cost
+
+
+def draft_pays(draft, target) -> tuple[bool, float]:
+    """(whether auto should use `draft` for `target`, its step cost as a fraction of the
+    target's), measured once per pair of loaded models."""
+    key = (id(draft), id(target))
+    if key not in _COSTS:
+        _COSTS[key] = step_ms(draft) / max(step_ms(target), 1e-6)
+    return _COSTS[key] <= PAYING_COST, _COSTS[key]
 
 
 # ---- loading -----------------------------------------------------------------

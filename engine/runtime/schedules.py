@@ -27,7 +27,7 @@ def new_batch_generator(model, config: EngineConfig, profile: StepProfile) -> Ba
         prefill_batch_size=m.max_batch,
         prefill_step_size=m.prefill_step_size,
         clear_pool_per_prefill=config.cache.clear_pool_per_prefill,
-        speculation=speculation_for(m),
+        speculation=speculation_for(m, model),
     )
     if m.schedule == "batched":  # mlx-lm's padded prefill batch: the baseline
         return LineageBatchGenerator(model, **common)

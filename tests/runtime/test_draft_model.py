@@ -21,6 +21,7 @@ from clients.cli import main as cli
 from clients.cli.args import config_from_args
 from engine.config import EngineConfig, ModelConfig
 from engine.runtime.draft_model import DraftModel, LookupOrDraft, check_draft, load_draft
+from engine.runtime.drafts import PromptLookup
 from engine.runtime.speculation import speculation_for
 from engine.runtime.speculative_batch import Speculation
 from engine.runtime.tiny_models import build_model, write_model_dir
@@ -137,6 +138,24 @@ def test_speculation_for_builds_the_draft_sources(tmp_path):
     auto = speculation_for(ModelConfig(speculative="auto", draft_model=path))
     assert isinstance(auto.source, LookupOrDraft)
     assert not isinstance(speculation_for(ModelConfig(speculative="auto")).source, LookupOrDraft)
+
+
+def test_auto_takes_the_draft_model_only_where_it_pays(tmp_path, monkeypatch):
+    from engine.runtime import draft_model
+
+    path = str(write_model_dir("llama", tmp_path / "draft"))
+    same = load_draft(path)[0]  # as the served model: its step costs the whole step
+    config = ModelConfig(speculative="auto", draft_model=path)
+    assert draft_model.draft_pays(same, same)[1] > 0.5
+    assert isinstance(speculation_for(config, same).source, PromptLookup)
+    monkeypatch.setattr(draft_model, "PAYING_COST", 10.0)
+    assert isinstance(speculation_for(config, same).source, LookupOrDraft)
+    # --speculative draft drafts with it whatever it costs
+    monkeypatch.setattr(draft_model, "PAYING_COST", 0.0)
+    assert isinstance(
+        speculation_for(config.__class__(speculative="draft", draft_model=path), same).source,
+        DraftModel,
+    )
 
 
 def test_check_draft_refuses_another_vocabulary_and_a_missing_path(tmp_path):

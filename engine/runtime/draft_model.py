@@ -17,9 +17,9 @@ sequence it keeps its own layer caches and the tokens they hold (`DraftRow`):
   tokens (a long agent prompt costs the draft its own prefill once; it pays
   only when the draft is much smaller than the served model).
 - Draft: k greedy steps, one token each, built lazily and evaluated once (no
-  host round trip per draft token). The last draft is not fed; its
-  prediction is kept (`guess`) for a call whose context is exactly what was
-  fed.
+  host round trip per draft token). The last draft is not fed: it is kept
+  (`guess`) for a call whose context is exactly what was fed, as the first
+  draft is (`first`) for one whose context ends at the mark.
 
 Rows draft one after another (one draft forward per row and draft token), not
 batched across rows. Sampling at temperature > 0 verifies greedy drafts as
@@ -68,6 +68,7 @@ class DraftRow:
     fed: list[int] = field(default_factory=list)
     mark: int = 0  # len(fed) when `held` was taken: before the drafts were fed
     held: list | None = None  # rollback.hold per cache at `mark`
+    first: int | None = None  # the draft's token after `mark` (its first draft there)
     guess: int | None = None  # the draft's next token after `fed`, when known
 
 
@@ -88,6 +89,7 @@ class DraftModel:
         self.rows: dict[int, DraftRow] = {}
         self.fed_tokens = 0  # tokens this source fed its model (prefill, catch-up, drafts)
         self.rewinds = 0  # rows rewound to their mark after a rejected draft
+        self.restarts = 0  # rows prefilled again from nothing (a context that diverged)
 
     def propose(self, uid: int, context: Sequence[int], k: int) -> list[int]:
         if k <= 0 or not context:
@@ -100,6 +102,7 @@ class DraftModel:
             y = mx.array([row.guess])
         else:  # nothing to feed and no prediction kept: start the row again
             row = self.rows[uid] = DraftRow(make_prompt_cache(self.model))
+            self.restarts += 1
             y = self._feed(row, list(context))
         # The mark: the caches hold `context` exactly; drafts fed from here on may be undone.
         row.mark, row.held = len(row.fed), [rollback.hold(c) for c in row.caches]
@@ -110,7 +113,7 @@ class DraftModel:
         mx.eval(drafts, [c.state for c in row.caches])
         tokens = [int(t.item()) for t in drafts]
         row.fed.extend(tokens[:-1])
-        row.guess = tokens[-1]
+        row.first, row.guess = tokens[0], tokens[-1]
         self.fed_tokens += k - 1
         return tokens
 
@@ -130,13 +133,15 @@ class DraftModel:
             return row
         if row.held is None or common < row.mark:  # diverged before the mark: start again
             row = self.rows[uid] = DraftRow(make_prompt_cache(self.model))
+            self.restarts += 1
             return row
         # Some drafts were rejected: back to the mark; the accepted ones are fed again.
         undone = len(row.fed) - row.mark
         for cache, held in zip(row.caches, row.held):
             rollback.put_back(cache, held, undone)
         del row.fed[row.mark :]
-        row.held, row.guess = None, None
+        # What it predicted at the mark stands: a context ending there drafts from it.
+        row.held, row.guess = None, row.first
         self.rewinds += 1
         return row
 

@@ -74,6 +74,7 @@ def test_other_architecture_draft_keeps_greedy_output(arch, batch):
     assert spoken == plain
     assert stats.verify_steps > 0 and stats.accepted_none > 0
     assert draft.rewinds > 0  # its own caches were rolled back
+    assert draft.restarts == 0  # and never prefilled a row again
 
 
 @pytest.mark.parametrize("arch", ["llama", "mamba2", "qwen3_next"])
@@ -94,6 +95,13 @@ def test_rejected_drafts_leave_the_draft_as_a_fresh_prefill(arch):
     longer = surviving + again + [5]
     draft.propose(0, longer, 2)
     assert draft.rewinds == 1
+    _assert_fresh(draft, 0)
+    # Every draft rejected, the context ending at the mark (the batch asks before the
+    # token in flight is known): back to the mark, drafting from what it said there.
+    mark = draft.rows[0].mark
+    fed = list(draft.rows[0].fed)
+    assert draft.propose(0, fed[:mark], 3)[0] == fed[mark]
+    assert draft.rewinds == 2 and draft.restarts == 0
     _assert_fresh(draft, 0)
     # A context that is exactly what was fed: drafts continue from the kept guess.
     fed = list(draft.rows[0].fed)

@@ -182,3 +182,38 @@ def test_check_draft_refuses_another_vocabulary_and_a_missing_path(tmp_path):
         check_draft(str(other), tokenizer)
     with pytest.raises(ValueError, match="--draft-model .*no config.json"):
         check_draft(str(tmp_path / "missing"), tokenizer)
+
+
+def test_an_engine_serves_with_a_draft_model_across_a_warm_turn(tmp_path):
+    """The whole path: load (the draft checked), the batch built with it, a second turn
+    restored from the lineage cache while the draft prefills the whole context."""
+    import dataclasses
+
+    import numpy as np
+
+    from engine.runtime.local import LocalEngine
+    from tests.runtime.test_speculative_cache import _config, _conversation
+
+    model_dir = write_model_dir("qwen3_next", tmp_path / "model")
+    draft_dir = str(write_model_dir("mamba2", tmp_path / "draft"))
+    rng = np.random.default_rng(3)
+    first, second = rng.integers(3, 4000, size=150).tolist(), rng.integers(3, 4000, 40).tolist()
+    want = _conversation(LocalEngine(_config(model_dir, tmp_path / "a", "off")), first, second)
+    config = _config(model_dir, tmp_path / "b", "off")
+    model = dataclasses.replace(config.model, speculative="draft", draft_model=draft_dir)
+    engine = LocalEngine(dataclasses.replace(config, model=model))
+    source = engine.generator.bg._generation_batch.speculation.source
+    got = _conversation(engine, first, second)
+    assert [g.ids for g in got] == [w.ids for w in want]
+    assert got[1].final.cached_tokens == want[1].final.cached_tokens > 0  # a warm turn
+    assert isinstance(source, DraftModel) and source.rewinds > 0 and not source.rows
+    # A draft of another vocabulary is refused when the engine starts.
+    other = write_model_dir("llama", tmp_path / "other")
+    spec = json.loads((other / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[200:202]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (other / "tokenizer.json").write_text(json.dumps(spec))
+    model = dataclasses.replace(model, draft_model=str(other))
+    with pytest.raises(ValueError, match="--draft-model"):
+        LocalEngine(dataclasses.replace(config, model=model))

@@ -87,7 +87,6 @@ class DraftModel:
         self.model = model
         self.prefill_step = prefill_step
         self.rows: dict[int, DraftRow] = {}
-        self.fed_tokens = 0  # tokens this source fed its model (prefill, catch-up, drafts)
         self.rewinds = 0  # rows rewound to their mark after a rejected draft
         self.restarts = 0  # rows prefilled again from nothing (a context that diverged)
 
@@ -114,7 +113,6 @@ class DraftModel:
         tokens = [int(t.item()) for t in drafts]
         row.fed.extend(tokens[:-1])
         row.first, row.guess = tokens[0], tokens[-1]
-        self.fed_tokens += k - 1
         return tokens
 
     def forget(self, uid: int) -> None:
@@ -155,7 +153,6 @@ class DraftModel:
         logits = self.model(mx.array([tokens[last:]]), cache=row.caches)
         row.fed.extend(tokens)
         row.guess = None
-        self.fed_tokens += len(tokens)
         return mx.argmax(logits[:, -1, :], axis=-1)
 
     def _step(self, row: DraftRow, y: mx.array) -> mx.array:

@@ -5,7 +5,9 @@ Regenerate the shipped weights with (from the repository root, CPython 3.11):
     . .venv/bin/activate && python -m scripts.train_tiny
 
 which writes ``engine/runtime/assets/model/{config.json, model.safetensors,
-mtp.safetensors, training.json}``. The model is mlx-lm's own
+mtp.safetensors, training.json}``; ``python -m scripts.train_tiny --shape draft`` trains
+its draft model (``--draft-model``: 2 layers at the tiny width, shorter phases) into
+``engine/runtime/assets/draft/``. The model is mlx-lm's own
 ``mlx_lm.models.qwen3_next.Model`` at the shape ``tiny_models.config_for("qwen3_next",
 "embedded")``; the tokenizer is the committed one; the corpus is the tokenizer's
 (``scripts/tiny_corpus.py``: CPython's own files, 5% of each held out). A fixed seed,
@@ -45,6 +47,7 @@ from scripts import chunked_delta, host_ops, tiny_corpus, tiny_eval
 ROOT = Path(__file__).resolve().parent.parent
 QK_TEMPERATURE = 3.0
 OUT = ROOT / "engine" / "runtime" / "assets" / "model"
+DRAFT_OUT = ROOT / "engine" / "runtime" / "assets" / "draft"
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,13 @@ PHASES = (
     Phase(900, 16, 64, (("noise", 1.0),)),
     Phase(900, 8, 256, (("text", 0.4), ("repeat", 0.15), ("noise", 0.1), ("chat", 0.35))),
 )
+# The draft model (`--shape draft`, tiny_models' "draft" size) in ~10 minutes: the same
+# two phases, shorter.
+DRAFT_PHASES = (
+    Phase(500, 16, 64, (("noise", 1.0),)),
+    Phase(500, 8, 256, (("text", 0.4), ("repeat", 0.15), ("noise", 0.1), ("chat", 0.35))),
+)
+SHAPES = {"embedded": PHASES, "draft": DRAFT_PHASES}  # tiny_models size -> its phases
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,7 @@ class Plan:
     """Everything that fixes the weights, besides the corpus and the library versions."""
 
     seed: int = 0
+    shape: str = "embedded"  # the tiny_models qwen3_next size trained
     phases: tuple[Phase, ...] = PHASES
     lr: float = 3e-3
     warmup: int = 50
@@ -100,11 +111,11 @@ class Trainee(nn.Module):
         self.mtp = mtp
 
 
-def build(seed: int) -> Trainee:
+def build(seed: int, shape: str = "embedded") -> Trainee:
     """The untrained model and head, from mlx-lm's layer constructors under `seed`."""
     from mlx_lm.models import qwen3_next
 
-    args = qwen3_next.ModelArgs.from_dict(tiny_models.config_for("qwen3_next", "embedded"))
+    args = qwen3_next.ModelArgs.from_dict(tiny_models.config_for("qwen3_next", shape))
     mx.random.seed(seed)
     trainee = Trainee(qwen3_next.Model(args), MTPHead(args))
     for layer in [*trainee.model.layers, *trainee.mtp.layers]:
@@ -221,7 +232,7 @@ def lr_schedule(plan: Plan):
 
 def train(plan: Plan, corpus, tokenizer, log=print) -> tuple[Trainee, list[dict]]:
     """Run `plan.steps` steps; returns the trained pair and the loss curve (every 25 steps)."""
-    trainee = build(plan.seed)
+    trainee = build(plan.seed, plan.shape)
     trainee.train()
     optimizer = optim.AdamW(lr_schedule(plan), betas=[0.9, 0.95], weight_decay=plan.weight_decay)
 
@@ -266,23 +277,29 @@ def versions() -> dict[str, str]:
     }
 
 
-def write(trainee: Trainee, out: Path, record: dict) -> None:
+def write(trainee: Trainee, out: Path, record: dict, shape: str = "embedded") -> None:
     """config.json, model.safetensors, mtp.safetensors and training.json into `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    config = tiny_models.config_for("qwen3_next", "embedded")
+    config = tiny_models.config_for("qwen3_next", shape)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     weights = tiny_models.model_weights(trainee.model)
     mx.save_safetensors(str(out / tiny_models.WEIGHTS_FILE), weights, metadata={"format": "mlx"})
     save_mtp(trainee.mtp, out)
+    if shape == "draft":  # loaded as it is by --draft-model: its tokenizer beside it
+        tiny_models.copy_tokenizer(out)
     (out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, help=f"default: {OUT} ({DRAFT_OUT} for a draft)")
     parser.add_argument("--seed", type=int, default=Plan.seed)
+    parser.add_argument(
+        "--shape", choices=SHAPES, default="embedded", help="draft: the --draft-model for it"
+    )
     args = parser.parse_args()
-    plan = Plan(seed=args.seed)
+    plan = Plan(seed=args.seed, shape=args.shape, phases=SHAPES[args.shape])
+    out = args.out or (DRAFT_OUT if args.shape == "draft" else OUT)
     tokenizer = tiny_corpus.load_tokenizer()
     corpus = tiny_corpus.load_corpus(tokenizer)
     start = time.perf_counter()
@@ -298,8 +315,8 @@ def main() -> None:
         "curve": curve,
         "metrics": metrics,
     }
-    write(trainee, args.out, record)
-    print(f"wrote {args.out} ({seconds / 60:.1f} min of training)")
+    write(trainee, out, record, plan.shape)
+    print(f"wrote {out} ({seconds / 60:.1f} min of training)")
 
 
 if __name__ == "__main__":

@@ -21,8 +21,9 @@ from engine.config.setting import parse_float, parse_int, parse_str, settings_of
 from engine.config.settings import SETTINGS, branches, markdown, with_table
 
 ROOT = Path(__file__).resolve().parents[1]
-# Settings that need a partner (TLS files) or read a file (tokens): tests/server/test_auth.py.
-PAIRED = ("tls_cert", "tls_key", "tls_client_ca", "auth_token", "auth_token_file")
+# Settings that need a partner (TLS files) or read a file (tokens): tests/server/test_auth.py;
+# --draft-model needs --speculative draft or auto: tests/runtime/test_draft_model.py.
+PAIRED = ("tls_cert", "tls_key", "tls_client_ca", "auth_token", "auth_token_file", "draft_model")
 SIMPLE = [s for s in SETTINGS if s.name not in PAIRED]
 BRANCH = {cls: f.name for cls, f in zip(branches(), dataclasses.fields(EngineConfig))}
 

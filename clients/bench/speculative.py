@@ -4,7 +4,9 @@ Three traffics (an edit that re-emits a 200-line file, tool-call JSON, free
 chat; clients.bench.speculative_traffic) at 1, 4 and 8 streams, greedy, on
 in-process engines that share one loaded model (the trained embedded model
 without --model): per draft mode (`lookup`: prompt lookup, K fixed; `auto`:
-the sources the model supports, K adapted; `lookup-whole`: lookup whose
+the sources the model supports, K adapted, with `--draft-model` its draft
+model beside lookup; `draft`: the draft model (`--draft-model`, the embedded
+model's trained draft by default), K fixed; `lookup-whole`: lookup whose
 rollbacks replay the whole model), decode tokens/s per stream and aggregate,
 their ratio to `off` in the same run, the drafts' acceptance rate and mean
 accepted length, and whether the tokens equal `off`'s.
@@ -19,7 +21,7 @@ from clients.cli.args import positive_ints
 
 HELP = "speculative decoding: decode tokens/s per draft mode against off, three traffics"
 # lookup-whole: lookup whose rollbacks replay the whole model (the other way, for comparison)
-MODES = ("lookup", "auto", "mtp", "lookup-whole")
+MODES = ("lookup", "auto", "mtp", "draft", "lookup-whole")
 TRAFFICS = ("edit", "tool_json", "chat")
 
 
@@ -47,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--mtp-k", type=int, default=1, metavar="K", help="mtp's drafts per step, chained (1)"
+    )
+    p.add_argument(
+        "--draft-k", type=int, default=3, metavar="K", help="the draft model's fixed K (3)"
     )
     p.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="write the figure (matplotlib)")
@@ -78,7 +83,8 @@ COLUMNS = (
 def format_table(figures: dict) -> str:
     lines = [
         f"model {figures['model']}, {figures['tokens']}-token greedy replies; lookup drafts "
-        f"{figures['lookup_k']} tokens a step, auto adapts",
+        f"{figures['lookup_k']} tokens a step, the draft model {figures.get('draft_k')} "
+        f"({figures.get('draft_model') or 'none'}), auto adapts",
         "",
     ]
     rows = [

@@ -22,17 +22,31 @@ def measure(args: argparse.Namespace) -> dict:
     from engine.runtime.loader import load_model
     from engine.runtime.local import LocalEngine
 
+    # --draft-model is the modes' (the serve config refuses it beside --speculative off)
+    draft_model, args.draft_model = args.draft_model, None
     config = engine_config(args)
     model_dir = model_path(config.model.path)
     config = dataclasses.replace(config, model=dataclasses.replace(config.model, path=model_dir))
     loaded = load_model(config)
     tokenizer = loaded[1]
+    if draft_model is None and "draft" in args.modes:
+        draft_model = _default_draft(config)
+    if draft_model is not None:
+        from engine.runtime.draft_model import check_draft
+
+        check_draft(draft_model, tokenizer)
     engines = {}
     for mode in ["off", *args.modes]:
         speculative = mode.removesuffix("-whole")
-        # lookup: K fixed (--lookup-k); auto: K adapted per sequence and step
-        k = {"lookup": args.lookup_k, "mtp": args.mtp_k}.get(speculative)
-        model = dataclasses.replace(config.model, speculative=speculative, num_draft_tokens=k)
+        # lookup, mtp, draft: K fixed (--lookup-k, --mtp-k, --draft-k); auto: K adapted per
+        # sequence and step
+        k = {"lookup": args.lookup_k, "mtp": args.mtp_k, "draft": args.draft_k}.get(speculative)
+        model = dataclasses.replace(
+            config.model,
+            speculative=speculative,
+            num_draft_tokens=k,
+            draft_model=draft_model if speculative in ("draft", "auto") else None,
+        )
         engines[mode] = LocalEngine(dataclasses.replace(config, model=model), loaded=loaded)
         if mode.endswith("-whole"):  # its rollbacks replay the whole model, not the mixers
             engines[mode].generator.bg._generation_batch.taps = None
@@ -48,8 +62,19 @@ def measure(args: argparse.Namespace) -> dict:
         "tokens": args.tokens,
         "lookup_k": args.lookup_k,
         "mtp_k": args.mtp_k,
+        "draft_k": args.draft_k,
+        "draft_model": draft_model,
         "runs": rows,
     }
+
+
+def _default_draft(config) -> str:
+    """The embedded model's trained draft (engine/runtime/assets/draft), for that model only."""
+    from engine.runtime.tiny_models import DRAFT_DIR
+
+    if not (DRAFT_DIR / "config.json").exists():
+        raise ValueError(f"--draft-model: none given and none shipped at {DRAFT_DIR}")
+    return str(DRAFT_DIR)
 
 
 def _traffics(args: argparse.Namespace, tokenizer, engines: dict) -> list:

@@ -17,7 +17,7 @@ PREFILL_EVALS = ("auto", "module", "forward")  # how the prefill worker evaluate
 # Draft sources of speculative decoding (engine/runtime/speculation.py); auto: what the
 # model supports, each sequence's draft length adapted to its acceptance.
 SPECULATIVE = ("off", "auto", "lookup", "mtp", "draft")
-UNBUILT = ("draft",)  # declared, refused until their drafts reach the verify step
+DRAFTING = ("auto", "draft")  # the modes that use --draft-model
 
 
 def _draft_tokens(value) -> int | None:
@@ -101,7 +101,8 @@ class ModelConfig:
     )
     draft_model: str | None = setting(
         None,
-        "draft model directory (same tokenizer) for --speculative draft",
+        "draft model directory (same tokenizer as the model) for --speculative draft or "
+        "auto (the embedded model's: engine/runtime/assets/draft)",
         metavar="PATH",
         shown="none",
     )
@@ -139,10 +140,16 @@ class ModelConfig:
                 f"{label_of(ModelConfig, 'speculative')}: {self.speculative!r} is not one of "
                 f"{', '.join(SPECULATIVE)}"
             )
-        if self.speculative in UNBUILT:
+        if self.speculative == "draft" and not self.draft_model:
             raise ValueError(
-                f"{label_of(ModelConfig, 'speculative')}: {self.speculative} drafts do not reach "
-                "the verify step yet; use lookup or auto"
+                f"{label_of(ModelConfig, 'speculative')}: draft needs "
+                f"{label_of(ModelConfig, 'draft_model')} (a same-tokenizer model directory)"
+            )
+        if self.draft_model and self.speculative not in DRAFTING:
+            raise ValueError(
+                f"{label_of(ModelConfig, 'draft_model')} is used by "
+                f"{label_of(ModelConfig, 'speculative')} draft or auto, not "
+                f"{self.speculative}"
             )
         if self.num_draft_tokens is not None and not (
             isinstance(self.num_draft_tokens, int) and self.num_draft_tokens >= 1

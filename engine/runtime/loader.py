@@ -72,6 +72,10 @@ def load_model(config: EngineConfig):
 
     path = resolve_model_path(config)
     model, tokenizer, raw = mlx_lm.load(str(path), return_config=True)
+    if config.model.draft_model:  # refused here, at startup, not at the first draft
+        from engine.runtime.draft_model import check_draft
+
+        check_draft(config.model.draft_model, tokenizer)
     active = install_kernels(model, config)
     kinds = [layer_caches.layer_kind(c) for c in model.make_cache()]
     dtype = kv_dtype(model)

@@ -36,7 +36,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, BatchKVCache, BatchRotatingKVCache, CacheList
+from mlx_lm.models.cache import (
+    ArraysCache,
+    BatchKVCache,
+    BatchRotatingKVCache,
+    CacheList,
+    KVCache,
+    QuantizedKVCache,
+    RotatingKVCache,
+)
 
 from engine.runtime.state_replay import MixerTaps
 
@@ -47,34 +55,41 @@ def _kv_only(cache) -> bool:
     return isinstance(cache, BatchKVCache)
 
 
-def _saved(cache):
-    """What restores `cache` to now (None: a KV cache, trimmed instead)."""
+def hold(cache):
+    """What restores `cache` to now (None: an append-only cache, trimmed instead).
+
+    Batch caches and single-sequence ones alike (engine.runtime.draft_model rolls its
+    own caches back with these)."""
     if type(cache) is CacheList:
-        return tuple(_saved(c) for c in cache.caches)
-    if isinstance(cache, BatchKVCache):
+        return tuple(hold(c) for c in cache.caches)
+    if isinstance(cache, (BatchKVCache, KVCache, QuantizedKVCache)):
         return None
     if isinstance(cache, ArraysCache):
         return list(cache.cache), cache.lengths  # the layers assign new arrays: no copy
-    if isinstance(cache, BatchRotatingKVCache):
+    if isinstance(cache, (BatchRotatingKVCache, RotatingKVCache)):
         state = list(cache.state)
         # Its in-place writes would show through the cache's own array objects: slices
         # are objects of their own over the buffer (copy-on-write when written).
         state[0] = None if state[0] is None else state[0][:]
         state[1] = None if state[1] is None else state[1][:]
-        return state, cache._lengths
+        # (a RotatingKVCache's state holds its offsets too)
+        return state, getattr(cache, "_lengths", None)
     raise ValueError(f"{type(cache).__name__}: no speculative rollback for this cache kind")
 
 
-def _restore(cache, saved, fed: int) -> None:
+def put_back(cache, held, fed: int) -> None:
+    """Restore `cache` to when `hold` returned `held`, `fed` positions ago."""
     if type(cache) is CacheList:
-        for c, s in zip(cache.caches, saved):
-            _restore(c, s, fed)
-    elif isinstance(cache, BatchKVCache):
+        for c, s in zip(cache.caches, held):
+            put_back(c, s, fed)
+    elif isinstance(cache, (BatchKVCache, KVCache, QuantizedKVCache)):
         cache.trim(fed)
     elif isinstance(cache, ArraysCache):
-        cache.cache, cache.lengths = list(saved[0]), saved[1]
+        cache.cache, cache.lengths = list(held[0]), held[1]
+    elif isinstance(cache, RotatingKVCache):
+        cache.state = tuple(held[0])
     else:
-        cache.state, cache._lengths = list(saved[0]), saved[1]
+        cache.state, cache._lengths = list(held[0]), held[1]
 
 
 def replays(caches: list) -> bool:
@@ -99,7 +114,7 @@ def take(caches: list, taps: MixerTaps | None = None) -> Snapshot:
         return Snapshot([None] * len(caches), True)
     if taps is not None:
         taps.open()
-    return Snapshot([_saved(c) for c in caches], False, taps)
+    return Snapshot([hold(c) for c in caches], False, taps)
 
 
 def _prepare(cache, keep: list[int], padding: list[int]) -> None:
@@ -137,7 +152,7 @@ def roll_back(model, caches: list, snapshot: Snapshot, tokens: list[list[int]], 
         state = set(mixed or ())  # the mixers' caches: restored and replayed alone
         for i, c in enumerate(caches):
             if i in state:
-                _restore(c, snapshot.saved[i], fed)
+                put_back(c, snapshot.saved[i], fed)
                 continue
             _trim(c, fed - longest)
             if any(padding):
@@ -148,7 +163,7 @@ def roll_back(model, caches: list, snapshot: Snapshot, tokens: list[list[int]], 
         mx.eval([c.state for c in caches])
         return longest if mixed else 0
     for c, s in zip(caches, snapshot.saved):
-        _restore(c, s, fed)
+        put_back(c, s, fed)
     for c in caches:
         _prepare(c, keep, padding)
     model(mx.array([row[:longest] for row in tokens]), cache=caches)

@@ -30,7 +30,7 @@ import mlx.nn as nn
 from engine.runtime.mtp import MTP_WEIGHTS_FILE
 
 ARCHS = ("qwen3_next", "kimi_linear", "mamba2", "llama", "glm_moe_dsa", "gemma3_text")
-SIZES = ("tiny", "bench", "embedded")
+SIZES = ("tiny", "bench", "embedded", "draft")
 BENCH_ARCHS = ("qwen3_next", "glm_moe_dsa")  # the archs with a "bench" size
 # "embedded": the shape of the trained default model (scripts/train_tiny.py).
 EMBEDDED_ARCHS = ("qwen3_next",)
@@ -47,12 +47,17 @@ IM_END_ID = 2
 WEIGHTS_FILE = "model.safetensors"
 # The trained default model as shipped (scripts/train_tiny.py writes it).
 EMBEDDED_DIR = Path(__file__).parent / "assets" / "model"
+# Its trained draft model (`--draft-model`, scripts/train_tiny.py --shape draft), tokenizer
+# included: mlx_lm.load reads the directory as it is.
+DRAFT_DIR = Path(__file__).parent / "assets" / "draft"
 EMBEDDED_FILES = ("config.json", WEIGHTS_FILE, MTP_WEIGHTS_FILE)
 
 
 def _qwen3_next(size: str) -> dict:
     if size == "embedded":
         return _qwen3_next_embedded()
+    if size == "draft":
+        return _qwen3_next_draft()
     bench = size == "bench"
     return {
         "hidden_size": 512 if bench else 64,
@@ -95,6 +100,17 @@ def _qwen3_next_embedded() -> dict:
         "linear_key_head_dim": 32,
         "linear_value_head_dim": 32,
         "num_nextn_predict_layers": 1,
+        "tie_word_embeddings": True,
+    }
+
+
+def _qwen3_next_draft() -> dict:
+    """The embedded model's trained draft (--draft-model): the tiny width, one GDN and one
+    attention layer (the fewest that still copy: a previous-token head, then induction),
+    tied embeddings, no MTP layer."""
+    return {
+        **_qwen3_next("tiny"),
+        "num_hidden_layers": 2,
         "tie_word_embeddings": True,
     }
 
@@ -243,7 +259,8 @@ _CONFIGS = {
 def config_for(arch: str, size: str = "tiny", vocab_size: int = VOCAB_SIZE) -> dict:
     """The HF-style config.json dict (with "model_type") of a tiny model.
 
-    "bench" exists for qwen3_next and glm_moe_dsa only, "embedded" for qwen3_next.
+    "bench" exists for qwen3_next and glm_moe_dsa only, "embedded" and "draft" (its
+    trained draft model) for qwen3_next.
     Raises ValueError for an unknown arch or size.
     """
     if arch not in _CONFIGS:
@@ -251,7 +268,7 @@ def config_for(arch: str, size: str = "tiny", vocab_size: int = VOCAB_SIZE) -> d
     if (
         size not in SIZES
         or (size == "bench" and arch not in BENCH_ARCHS)
-        or (size == "embedded" and arch not in EMBEDDED_ARCHS)
+        or (size in ("embedded", "draft") and arch not in EMBEDDED_ARCHS)
     ):
         raise ValueError(f"no size {size!r} for arch {arch!r}")
     return {

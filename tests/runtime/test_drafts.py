@@ -63,14 +63,13 @@ def test_auto_k_follows_acceptance_and_cost():
     assert batch_k([0.9], StepCosts()) == AUTO_MAX  # nothing measured yet
 
 
-def test_unbuilt_draft_sources_are_refused_naming_the_flag():
+def test_bad_draft_settings_are_refused_naming_the_flag():
     import pytest
 
     from engine.config import ModelConfig
 
-    for mode in ("draft",):
-        with pytest.raises(ValueError, match="--speculative"):
-            ModelConfig(speculative=mode)
+    with pytest.raises(ValueError, match="--speculative: draft needs --draft-model"):
+        ModelConfig(speculative="draft")
     with pytest.raises(ValueError, match="--num-draft-tokens"):
         ModelConfig(num_draft_tokens=0)
     assert ModelConfig(speculative="auto", num_draft_tokens=3).num_draft_tokens == 3

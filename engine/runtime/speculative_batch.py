@@ -19,11 +19,12 @@ A row's tokens thus leave several per step; `tokens[r]` is always exactly
 what its caches hold, so a finished row's extraction (and the lineage
 cache's commit after it) holds accepted tokens only.
 
-A constraint (the structured-output matcher) composes through `allowed`: a
-callable (uid, drafts) -> how many leading drafts the matcher accepts, asked
-before the verify. Not wired yet: while any row is constrained, the whole
-batch's step is the masked plain step of engine.runtime.masked_batch, whose
-batch this one extends.
+A grammar-constrained row drafts too (engine.runtime.constrained_drafts):
+its drafts are cut to what its matcher allows, its verify positions are
+masked by the matcher's state after the tokens before each, and its matcher
+is rolled back to the kept tokens with the caches. A step where no row drafts
+is the masked plain step of engine.runtime.masked_batch, whose batch this one
+extends.
 
 It knows the batch's rows and mlx-lm's step; what to draft is the sources'.
 """
@@ -32,14 +33,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 import mlx.core as mx
 
-from engine.runtime import rollback, verification
+from engine.runtime import constrained_drafts, rollback, verification
 from engine.runtime.draft_length import DraftLength, StepCosts, batch_k
 from engine.runtime.drafts import DraftSource
-from engine.runtime.masked_batch import LineageGenerationBatch
+from engine.runtime.masked_batch import LineageGenerationBatch, constraint_of
 from engine.runtime.state_replay import MixerTaps
 
 
@@ -49,8 +49,6 @@ class Speculation:
 
     source: DraftSource
     draft_tokens: int | None = None  # None: auto, per sequence
-    # (uid, drafts) -> how many leading drafts a constraint allows; None: all.
-    allowed: Optional[Callable[[int, list[int]], int]] = None
     # A rollback replays the recurrent mixers alone where it can (else the whole model).
     mixer_replay: bool = True
 
@@ -75,6 +73,8 @@ class SpeculationStats:
     verify_ms: float = 0.0  # the verify forwards' time (to their tokens on the host)
     replay_ms: float = 0.0  # the rollbacks' time
     plain_ms: float = 0.0  # the plain steps' time
+    grammar_cut: int = 0  # drafts cut because a row's grammar refused them
+    matcher_ms: float = 0.0  # constrained rows' matcher work in verify steps (masks, rollbacks)
     # Rows that drafted and accepted every draft, some, none (the tests read them)
     accepted_all: int = 0
     accepted_some: int = 0
@@ -135,8 +135,6 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
 
     def _drafts(self):
         """(current tokens, drafts per row), or None when no row drafts this step."""
-        if any(self.logits_processors):
-            return None
         source = self.speculation.source
         lengths = [self._length(uid) for uid in self.uids]
         wanted = [length.wanted() for length in lengths]
@@ -152,6 +150,7 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
         if not any(early):
             return None
         current = self._next_tokens.tolist()
+        processors = self.logits_processors
         drafts = []
         for r, (uid, k) in enumerate(zip(self.uids, wanted)):
             if not early[r]:
@@ -160,8 +159,11 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
             guess = early[r][1:] if early[r][0] == current[r] else None
             if guess is None:
                 guess = source.propose(uid, self.tokens[r] + [current[r]], k)
-            if guess and self.speculation.allowed is not None:
-                guess = guess[: self.speculation.allowed(uid, guess)]
+            constraint = constraint_of(processors[r]) if guess and processors else None
+            if constraint is not None:
+                held = constrained_drafts.allowed(constraint, current[r], guess[:k])
+                self.stats.grammar_cut += len(guess[:k]) - held
+                guess = guess[:held]
             if not guess:  # its guess missed the token in flight: a failed draft, waited for
                 lengths[r].verified(1, 0)
             drafts.append(guess[:k])
@@ -181,6 +183,10 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
         tic = time.perf_counter()
         logits = self.model(mx.array(inputs), cache=self.prompt_cache)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        # Constrained rows: their positions masked by their grammars (drafts cut in place).
+        logprobs, walk = constrained_drafts.walk(
+            logits, logprobs, self.logits_processors, current, drafts
+        )
         # A request's own sampler (engine.runtime.sampling) samples; any other row takes
         # the batch's argmax (mlx-lm's default sampler, the engine's greedy).
         samplers = [s if hasattr(s, "logits") else None for s in self.samplers or self.uids]
@@ -207,6 +213,9 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
             nexts.append(verdict.next_token)
             finish.append(reason)
             self._count(uid, len(d), verdict.accepted, n)
+        if walk is not None:  # each matcher to its row's kept tokens
+            walk.settle(kept)
+            self.stats.matcher_ms += walk.ms
 
         # 4) Roll back each row to its kept tokens.
         tic = time.perf_counter()

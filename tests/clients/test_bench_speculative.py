@@ -1,5 +1,6 @@
 """`lineage bench speculative` runs end to end on the embedded model (figures are not
-checked: speed is shown by the benchmark itself, never by a timed test)."""
+checked: speed is shown by the benchmark itself, never by a timed test), free chat and
+tool calls held to a JSON schema (constrained rows speculating)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def figures(tmp_path_factory) -> dict:
     speculative.add_arguments(parser)
     cache_dir = tmp_path_factory.mktemp("spec-cache")
     args = parser.parse_args(
-        ["--streams", "1,2", "--tokens", "12", "--traffic", "chat", "--cache-dir",
+        ["--streams", "1,2", "--tokens", "24", "--traffic", "chat,tool_schema", "--cache-dir",
          str(cache_dir)]
     )  # fmt: skip
     from clients.bench.speculative_run import measure
@@ -28,9 +29,13 @@ def figures(tmp_path_factory) -> dict:
 def test_every_mode_runs_every_traffic_and_speaks_like_off(figures):
     runs = figures["runs"]
     keys = {(r["traffic"], r["streams"], r["mode"]) for r in runs}
-    assert keys == {(t, k, m) for t in ("chat",) for k in (1, 2) for m in ("off", "lookup", "auto")}
+    traffics = ("chat", "tool_schema")
+    assert keys == {(t, k, m) for t in traffics for k in (1, 2) for m in ("off", "lookup", "auto")}
     assert all(r["identical_to_off"] for r in runs)
-    assert all(r["tokens_received"] == [12] * r["streams"] for r in runs)
+    assert all(r["tokens_received"] == [24] * r["streams"] for r in runs)
+    # The held rows drafted: their matchers worked inside the verify steps.
+    held = [r for r in runs if r["traffic"] == "tool_schema" and r["mode"] == "lookup"]
+    assert all(r["steps"]["verify_steps"] and r["steps"]["matcher_ms"] > 0 for r in held)
     off = [r for r in runs if r["mode"] == "off"]
     assert all(r["per_stream_tps_vs_off"] == 1.0 and not r["steps"] for r in off)
     lookup = [r for r in runs if r["mode"] == "lookup"]

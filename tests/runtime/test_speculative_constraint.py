@@ -15,7 +15,10 @@ batches (the engine's generator) and the chunked schedule:
   matcher fed those tokens;
 - every finished output validates with jsonschema;
 - at temperature 1 the first three tokens under a three-letter grammar are
-  distributed as masked plain decoding's (chi-square, fixed seeds).
+  distributed as masked plain decoding's (chi-square, fixed seeds);
+- the engine's model loop with `--speculative lookup` gives a plain loop's
+  held replies: a schema, a tool call, a verbatim resend (its first token
+  sampled at admission) and n = 2 branches, each with its own matcher.
 """
 
 from __future__ import annotations
@@ -26,16 +29,23 @@ import jsonschema
 import numpy as np
 import pytest
 
+from engine.cache.manager import CacheManager
+from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.runtime.batch import LineageBatchGenerator
 from engine.runtime.chunked import ChunkedBatchGenerator
 from engine.runtime.constraint import Grammars
 from engine.runtime.drafts import PromptLookup, ScriptedDrafts
+from engine.runtime.generator import Generator
 from engine.runtime.grammar import lark_grammar, schema_grammar, tool_grammar
+from engine.runtime.local import LocalLink
+from engine.runtime.loop import ModelLoop
+from engine.runtime.ram_tier import RamTier
 from engine.runtime.requests import SamplingParams
 from engine.runtime.sampling import make_sampler
 from engine.runtime.scheduler import PrefillScheduler
 from engine.runtime.speculative_batch import Speculation
 
+from .test_branches import branches, submit
 from .test_constraint import SEARCH, WEATHER
 
 END = 2  # <|im_end|>: the batches' stop token and the grammars' end
@@ -303,3 +313,56 @@ def test_sampling_under_a_grammar_keeps_masked_plain_decodings_distribution(part
     statistic = float(((a - b) ** 2 / (a + b)).sum())
     assert len(cells) <= 27 and all(set(w) <= set("qjk") for w in spec)
     assert statistic < CRITICAL_26, (statistic, dict(zip(cells, zip(a, b))))
+
+
+# ---------------------------------------------------------------- the engine ----
+
+
+@pytest.fixture(scope="module")
+def spec_loop(tiny_loaded, tmp_path_factory):
+    """tiny_loop's model loop, speculating: `--speculative lookup --num-draft-tokens 4`."""
+    config, (model, tokenizer, info) = tiny_loaded
+    config = EngineConfig(
+        model=ModelConfig(
+            path=config.model.path, prefill_step_size=128, speculative="lookup", num_draft_tokens=4
+        ),
+        cache=CacheConfig(cache_dir=str(tmp_path_factory.mktemp("spec")), ram_budget=1 << 30),
+    )
+    manager = CacheManager(config.cache, info.fingerprint, info.has_state_layers)
+
+    def build() -> Generator:
+        return Generator(
+            model, tokenizer, config, RamTier(info.has_state_layers), LocalLink(manager)
+        )
+
+    loop = ModelLoop(build, idle_release_s=5)
+    loop.manager = manager
+    yield loop
+    loop.stop()
+
+
+def test_the_speculating_engine_holds_replies_as_the_plain_one(tiny_loop, spec_loop):
+    schema, tool = _grammars()["schema"], _grammars()["tool"]
+    # A prompt that holds the document: lookup drafts from it.
+    doc = [int(t) for t in range(300, 340)] * 2
+    resent = [(i * 13) % 3000 + 20 for i in range(40)]
+    cases = [
+        (doc, 1, schema),
+        ([25, 36, 48] + doc[:20], 1, tool),
+        ([30, 31, 32] * 6, 2, schema),  # two branches, a matcher each
+        (resent, 1, None),  # stores the prompt's entry: the next one resends it
+        (resent, 1, schema),
+    ]
+    replies = {}
+    for name, loop in (("plain", tiny_loop), ("spec", spec_loop)):
+        replies[name] = []
+        for tokens, n, grammar in cases:
+            ids, finals = branches(
+                submit(loop, tokens, n, max_tokens=MAX_TOKENS, grammar=grammar)[1], n
+            )
+            replies[name].append((ids, [(f.finish_reason, f.incomplete) for f in finals]))
+        if name == "spec":
+            assert finals[0].cached_tokens == len(resent), "not a resend"
+    assert replies["spec"] == replies["plain"]
+    stats = spec_loop.ask(lambda g: g.bg._generation_batch.stats)
+    assert stats.verify_steps > 0 and stats.matcher_ms > 0  # the held rows drafted

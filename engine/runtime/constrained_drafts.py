@@ -57,7 +57,7 @@ class Walk:
     """The constrained rows of one verify: each matcher and how many tokens it advanced."""
 
     held: list  # (row, constraint, tokens accepted this step)
-    ms: float  # the matchers' time: accepts, masks, rollbacks
+    ms: float  # the matchers' time: accepts, masks, the masking dispatched, rollbacks
 
     def settle(self, kept: list[int]) -> None:
         """Roll each matcher back to its row's kept tokens (`kept[row]`)."""
@@ -74,8 +74,8 @@ def walk(logits: mx.array, logprobs: mx.array, processors, current: list[int], d
     rows = [(r, c) for r, p in enumerate(processors or ()) if (c := constraint_of(p))]
     if not rows:
         return logprobs, None
-    tic = time.perf_counter()
     mx.async_eval(logits)  # the forward runs while the matchers work
+    tic = time.perf_counter()
     n_rows, fed, vocab = logits.shape
     where, words, held = [], [], []
     for r, c in rows:

@@ -74,7 +74,8 @@ class SpeculationStats:
     replay_ms: float = 0.0  # the rollbacks' time
     plain_ms: float = 0.0  # the plain steps' time
     grammar_cut: int = 0  # drafts cut because a row's grammar refused them
-    matcher_ms: float = 0.0  # constrained rows' matcher work in verify steps (masks, rollbacks)
+    # constrained rows' matcher work: drafts cut, and in verify steps masks and rollbacks
+    matcher_ms: float = 0.0
     # Rows that drafted and accepted every draft, some, none (the tests read them)
     accepted_all: int = 0
     accepted_some: int = 0
@@ -161,7 +162,9 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
                 guess = source.propose(uid, self.tokens[r] + [current[r]], k)
             constraint = constraint_of(processors[r]) if guess and processors else None
             if constraint is not None:
+                tic = time.perf_counter()
                 held = constrained_drafts.allowed(constraint, current[r], guess[:k])
+                self.stats.matcher_ms += (time.perf_counter() - tic) * 1000
                 self.stats.grammar_cut += len(guess[:k]) - held
                 guess = guess[:held]
             if not guess:  # its guess missed the token in flight: a failed draft, waited for

@@ -52,19 +52,20 @@ def _has(words: np.ndarray, token: int) -> bool:
     return bool((int(words.view(np.uint32)[token // 32]) >> (token % 32)) & 1)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Walk:
     """The constrained rows of one verify: each matcher and how many tokens it advanced."""
 
-    held: list  # (row, constraint, tokens accepted this step)
-    ms: float  # the matchers' time: accepts, masks, the masking dispatched, rollbacks
+    held: tuple  # (row, constraint, tokens accepted this step)
+    ms: float  # the walk's time: accepts, masks, the masking dispatched
 
-    def settle(self, kept: list[int]) -> None:
-        """Roll each matcher back to its row's kept tokens (`kept[row]`)."""
+    def settle(self, kept: list[int]) -> float:
+        """Roll each matcher back to its row's kept tokens (`kept[row]`); the walk's and
+        the rollbacks' ms."""
         tic = time.perf_counter()
         for r, constraint, advanced in self.held:
             constraint.rollback(advanced - kept[r])
-        self.ms += (time.perf_counter() - tic) * 1000
+        return self.ms + (time.perf_counter() - tic) * 1000
 
 
 def walk(logits: mx.array, logprobs: mx.array, processors, current: list[int], drafts: list):
@@ -99,4 +100,4 @@ def walk(logits: mx.array, logprobs: mx.array, processors, current: list[int], d
         logprobs = logprobs.reshape(n_rows * fed, vocab)
         logprobs[mx.array(where)] = picked.astype(logprobs.dtype)
         logprobs = logprobs.reshape(n_rows, fed, vocab)
-    return logprobs, Walk(held, (time.perf_counter() - tic) * 1000)
+    return logprobs, Walk(tuple(held), (time.perf_counter() - tic) * 1000)

@@ -217,8 +217,7 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
             finish.append(reason)
             self._count(uid, len(d), verdict.accepted, n)
         if walk is not None:  # each matcher to its row's kept tokens
-            walk.settle(kept)
-            self.stats.matcher_ms += walk.ms
+            self.stats.matcher_ms += walk.settle(kept)
 
         # 4) Roll back each row to its kept tokens.
         tic = time.perf_counter()

@@ -1,7 +1,8 @@
 """`lineage bench speculative`: decode tokens/s with speculative decoding against `off`.
 
 Three traffics (an edit that re-emits a 200-line file, tool-call JSON, free
-chat; clients.bench.speculative_traffic) at 1, 4 and 8 streams, greedy, on
+chat; clients.bench.speculative_traffic) at 1, 4 and 8 streams, and on asking
+(`--traffic tool_schema`) tool-call JSON held to a JSON schema, greedy, on
 in-process engines that share one loaded model (the trained embedded model
 without --model): per draft mode (`lookup`: prompt lookup, K fixed; `auto`:
 the sources the model supports, K adapted, with `--draft-model` its draft
@@ -22,7 +23,8 @@ from clients.cli.args import positive_ints
 HELP = "speculative decoding: decode tokens/s per draft mode against off, three traffics"
 # lookup-whole: lookup whose rollbacks replay the whole model (the other way, for comparison)
 MODES = ("lookup", "auto", "mtp", "draft", "lookup-whole")
-TRAFFICS = ("edit", "tool_json", "chat")
+TRAFFICS = ("edit", "tool_json", "chat", "tool_schema")
+DEFAULT_TRAFFICS = ["edit", "tool_json", "chat"]  # tool_schema: the constrained decode, asked
 
 
 def _names(allowed: tuple):
@@ -42,7 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=256, metavar="N", help="reply tokens (256)")
     p.add_argument("--modes", type=_names(MODES), default=["lookup", "auto"], help=",".join(MODES))
     p.add_argument(
-        "--traffic", type=_names(TRAFFICS), default=list(TRAFFICS), help=",".join(TRAFFICS)
+        "--traffic",
+        type=_names(TRAFFICS),
+        default=DEFAULT_TRAFFICS,
+        help=",".join(TRAFFICS) + " (tool_schema: held to a JSON schema; not by default)",
     )
     p.add_argument(
         "--lookup-k", type=int, default=4, metavar="K", help="lookup's fixed draft count (4)"
@@ -103,14 +108,24 @@ def format_table(figures: dict) -> str:
         for r in figures["runs"]
     ]
     lines += table(COLUMNS, rows)
-    lines += ["", "steps (mean ms): verify forward, rollback replay, plain decode step, MTP head"]
+    lines += [
+        "",
+        "steps (mean ms): verify forward, rollback replay, plain decode step, MTP head; held "
+        "rows: their matchers' ms in a verify, drafts their grammar cut",
+    ]
     for r in figures["runs"]:
         s = r.get("steps") or {}
         if s:
             lines.append(
                 f"  {r['traffic']:<9} {r['streams']} {r['mode']:<12}: {s['verify_steps']} verifies "
                 f"{s['verify_ms']:.2f}, {s['replays']} replays {s['replay_ms']:.2f}, "
-                f"{s['plain_steps']} plain {s['plain_ms']:.2f}, head {s.get('head_ms', 0.0):.2f}"
+                f"{s['plain_steps']} plain {s['plain_ms']:.2f}"
+                + (f", head {s['head_ms']:.2f}" if s.get("head_ms") else "")
+                + (
+                    f"; matchers {s['matcher_ms']:.2f} a verify, {s['grammar_cut']} drafts cut"
+                    if s.get("grammar_cut") or s.get("matcher_ms")
+                    else ""
+                )
             )
     return "\n".join(lines)
 

@@ -4,7 +4,9 @@ One model is loaded once and served by one LocalEngine per mode (`off` and
 each speculative mode asked), in this process, so the figures are the model
 loop's own (no transport). For each traffic and stream count every mode runs
 the same prompts one after the other, so each ratio to `off` compares runs
-seconds apart. Greedy: each mode's token ids are compared with `off`'s.
+seconds apart. Greedy: each mode's token ids are compared with `off`'s. A
+traffic with a schema (`tool_schema`) sends it as each request's constraint,
+so `off` is masked plain decoding and the others speculate under the matcher.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 
 from clients.bench.decode_layers import LayerRun, StreamFigures
 from clients.bench.harness import engine_config, model_path
-from clients.bench.speculative_traffic import prompt
+from clients.bench.speculative_traffic import prompt, schema
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -85,11 +87,16 @@ def _traffics(args: argparse.Namespace, tokenizer, engines: dict) -> list:
             tokenizer.encode(prompt(traffic, i), add_special_tokens=False)
             for i in range(max(args.streams))
         ]
+        held = schema(traffic)
+        if held is not None:
+            from engine.runtime.grammar import schema_grammar
+
+            held = schema_grammar(held, strict=True)
         for k in args.streams:
             replies = {}
             for mode, engine in engines.items():
                 before = _batch_stats(engine)
-                run, ids, drafts = _run(engine, prompts[:k], args.tokens)
+                run, ids, drafts = _run(engine, prompts[:k], args.tokens, held)
                 replies[mode] = ids
                 row = _row(traffic, k, mode, run, drafts, ids == replies["off"])
                 row["steps"] = _steps(before, _batch_stats(engine))
@@ -102,8 +109,9 @@ def _traffics(args: argparse.Namespace, tokenizer, engines: dict) -> list:
     return rows
 
 
-def _run(engine, prompts: list, tokens: int):
-    """Every prompt as one request on the engine's Generator, stepped here until all end."""
+def _run(engine, prompts: list, tokens: int, grammar=None):
+    """Every prompt as one request (held to `grammar`, if one) on the engine's Generator,
+    stepped here until all end."""
     import numpy as np
 
     from engine.cache.messages import PlanRequest
@@ -128,7 +136,10 @@ def _run(engine, prompts: list, tokens: int):
                 finals[i] = event
 
         sampling = SamplingParams(max_tokens=tokens)
-        g.submit(GenerationRequest(rid, rid, tuple(p), plan, sampling, time.time()), emit)
+        request = GenerationRequest(
+            rid, rid, tuple(p), plan, sampling, time.time(), constraint=grammar
+        )
+        g.submit(request, emit)
     while g.busy or g.pending:
         g.step()
     wall = time.perf_counter() - since
@@ -136,7 +147,8 @@ def _run(engine, prompts: list, tokens: int):
     drafted = sum(f.timing.drafted for f in finals)
     accepted = sum(f.timing.accepted for f in finals)
     steps = sum(f.timing.draft_steps for f in finals)
-    return LayerRun("loop", figures, wall_s=wall), ids, (drafted, accepted, steps)
+    complete = all(f.finish_reason.value == "stop" and not f.incomplete for f in finals)
+    return LayerRun("loop", figures, wall_s=wall), ids, (drafted, accepted, steps, complete)
 
 
 def _batch_stats(engine) -> dict:
@@ -144,8 +156,17 @@ def _batch_stats(engine) -> dict:
     stats = getattr(engine.generator.bg._generation_batch, "stats", None)
     if stats is None:
         return {}
-    keys = ("verify_steps", "plain_steps", "replays", "verify_ms", "replay_ms", "plain_ms")
-    keys += ("head_ms",)
+    keys = (
+        "verify_steps",
+        "plain_steps",
+        "replays",
+        "verify_ms",
+        "replay_ms",
+        "plain_ms",
+        "matcher_ms",
+        "grammar_cut",
+        "head_ms",
+    )
     return {key: getattr(stats, key) for key in keys}
 
 
@@ -163,11 +184,14 @@ def _steps(before: dict, after: dict) -> dict:
         "plain_ms": round(d["plain_ms"] / d["plain_steps"], 3) if d["plain_steps"] else 0.0,
         # the MTP head's forward after each verify (its drafts for the next step)
         "head_ms": round(d["head_ms"] / d["verify_steps"], 3) if d["verify_steps"] else 0.0,
+        # constrained rows' matcher work (masks, rollbacks) within a verify step
+        "matcher_ms": round(d["matcher_ms"] / d["verify_steps"], 3) if d["verify_steps"] else 0.0,
+        "grammar_cut": d["grammar_cut"],
     }
 
 
 def _row(traffic: str, k: int, mode: str, run: LayerRun, drafts, identical: bool) -> dict:
-    drafted, accepted, steps = drafts
+    drafted, accepted, steps, complete = drafts
     return {
         "traffic": traffic,
         "mode": mode,
@@ -182,6 +206,8 @@ def _row(traffic: str, k: int, mode: str, run: LayerRun, drafts, identical: bool
         # tokens a verify step emits per stream: the current one and the accepted drafts
         "mean_accepted_length": round(1 + accepted / steps, 2) if steps else 0.0,
         "identical_to_off": identical,
+        # every reply ended by its own end (a held reply: complete for its grammar)
+        "complete": complete,
     }
 
 

@@ -9,6 +9,10 @@ whose greedy replies are the decode being timed:
   trained to copy in).
 - `tool_json`: tool definitions as JSON schemas and earlier tool calls, then
   the start of the next call: keys and paths repeat what is above.
+- `tool_schema`: the tool-call JSON prompt, stopped before the calls' list,
+  whose reply is held to a JSON schema (an array of calls, each one of the
+  tools with its arguments), as a `response_format` json_schema request
+  holds it: structured output's decode, constrained rows speculating.
 - `chat`: a user turn of prose (the stdlib's own docs) and an open question:
   no file to copy, little for a lookup to find.
 
@@ -21,7 +25,8 @@ from __future__ import annotations
 import inspect
 import json
 
-TRAFFICS = ("edit", "tool_json", "chat")
+TRAFFICS = ("edit", "tool_json", "chat", "tool_schema")
+CALLS = 6  # calls the held reply writes
 FILE_LINES = 200
 # Standard-library modules whose source the edits re-emit (one per stream, round-robin).
 SOURCES = (
@@ -81,6 +86,16 @@ TOOLS = [
 
 
 def tool_json_prompt(stream: int) -> str:
+    return _tool_calls_prompt(stream) + ',\n    {"name": "'
+
+
+def tool_schema_prompt(stream: int) -> str:
+    return _tool_calls_prompt(stream, listed=False)
+
+
+def _tool_calls_prompt(stream: int, listed: bool = True) -> str:
+    """The tools and earlier calls; `listed` false: the earlier calls are `examples`, and
+    the prompt ends where a list of calls opens (`calls = `)."""
     names = SOURCES[stream % len(SOURCES) :] + SOURCES[: stream % len(SOURCES)]
     calls = []
     for i, name in enumerate(names * 2):
@@ -90,13 +105,10 @@ def tool_json_prompt(stream: int) -> str:
             for arg in tool["parameters"]["required"]
         }
         calls.append(json.dumps({"name": tool["name"], "arguments": arguments}))
-    return (
-        "tools = "
-        + json.dumps(TOOLS, indent=2)
-        + "\n\ncalls = [\n    "
-        + ",\n    ".join(calls)
-        + ',\n    {"name": "'
-    )
+    text = "tools = " + json.dumps(TOOLS, indent=2)
+    if listed:
+        return text + "\n\ncalls = [\n    " + ",\n    ".join(calls)
+    return text + "\n\nexamples = [\n    " + ",\n    ".join(calls) + "\n]\n\ncalls = "
 
 
 def chat_prompt(stream: int) -> str:
@@ -110,8 +122,33 @@ def chat_prompt(stream: int) -> str:
     return _chat(f"{text}\n\nWhat is the {name} module good for, in your words?")
 
 
-PROMPTS = {"edit": edit_prompt, "tool_json": tool_json_prompt, "chat": chat_prompt}
+PROMPTS = {
+    "edit": edit_prompt,
+    "tool_json": tool_json_prompt,
+    "chat": chat_prompt,
+    "tool_schema": tool_schema_prompt,
+}
 
 
 def prompt(traffic: str, stream: int) -> str:
     return PROMPTS[traffic](stream)
+
+
+def calls_schema() -> dict:
+    """`tool_schema`'s reply: an array of CALLS calls, each one tool and its arguments."""
+    call = {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {"name": {"const": t["name"]}, "arguments": t["parameters"]},
+                "required": ["name", "arguments"],
+            }
+            for t in TOOLS
+        ]
+    }
+    return {"type": "array", "items": call, "minItems": CALLS, "maxItems": CALLS}
+
+
+def schema(traffic: str) -> dict | None:
+    """The JSON schema a traffic's replies are held to, or None."""
+    return calls_schema() if traffic == "tool_schema" else None

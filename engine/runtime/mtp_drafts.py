@@ -95,11 +95,6 @@ class MTPDrafts:
 
     # ---- after a step ------------------------------------------------------------
 
-    def skipped(self) -> None:
-        """A step ran without the head (a plain masked step): its drafts are stale. The
-        head's context misses that position, which costs accuracy, never exactness."""
-        self.drafts = [[] for _ in self.drafts]
-
     def advance(self, hidden: mx.array, fed: list[list[int]], kept: list[int], nexts: list[int]):
         """Feed the head each row's kept pairs and draw its drafts for the next step.
 

@@ -25,11 +25,12 @@ A row's tokens thus leave several per step; `tokens[r]` is always exactly
 what its caches hold, so a finished row's extraction (and the lineage
 cache's commit after it) holds accepted tokens only.
 
-A constraint (the structured-output matcher) composes through `allowed`: a
-callable (uid, drafts) -> how many leading drafts the matcher accepts, asked
-before the verify. Not wired yet: while any row is constrained, the whole
-batch's step is the masked plain step of engine.runtime.masked_batch, whose
-batch this one extends.
+A grammar-constrained row drafts too (engine.runtime.constrained_drafts):
+its drafts are cut to what its matcher allows, its verify positions are
+masked by the matcher's state after the tokens before each, and its matcher
+is rolled back to the kept tokens with the caches. A step where no row drafts
+is the masked plain step of engine.runtime.masked_batch, whose batch this one
+extends.
 
 It knows the batch's rows and mlx-lm's step; what to draft is the sources'.
 """
@@ -38,14 +39,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 import mlx.core as mx
 
-from engine.runtime import rollback, verification
+from engine.runtime import constrained_drafts, rollback, verification
 from engine.runtime.draft_length import DraftLength, StepCosts, batch_k
 from engine.runtime.drafts import DraftSource
-from engine.runtime.masked_batch import LineageGenerationBatch
+from engine.runtime.masked_batch import LineageGenerationBatch, constraint_of
 from engine.runtime.mtp import lm_logits
 from engine.runtime.mtp_drafts import MTPDrafts
 from engine.runtime.state_replay import MixerTaps
@@ -57,8 +57,6 @@ class Speculation:
 
     source: DraftSource | None  # None: the MTP head drafts alone
     draft_tokens: int | None = None  # None: auto, per sequence
-    # (uid, drafts) -> how many leading drafts a constraint allows; None: all.
-    allowed: Optional[Callable[[int, list[int]], int]] = None
     # A rollback replays the recurrent mixers alone where it can (else the whole model).
     mixer_replay: bool = True
     mtp: object = None  # the model's MTP head (engine.runtime.mtp): its drafts, `mtp_chain` a step
@@ -86,6 +84,9 @@ class SpeculationStats:
     replay_ms: float = 0.0  # the rollbacks' time
     plain_ms: float = 0.0  # the plain steps' time
     head_ms: float = 0.0  # the MTP head's forwards (its drafts for the next step)
+    grammar_cut: int = 0  # drafts cut because a row's grammar refused them
+    # constrained rows' matcher work: drafts cut, and in verify steps masks and rollbacks
+    matcher_ms: float = 0.0
     # Rows that drafted and accepted every draft, some, none (the tests read them)
     accepted_all: int = 0
     accepted_some: int = 0
@@ -137,12 +138,10 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
         if not self.uids:
             return []
         drafts = self._drafts()
-        if drafts is None and self.mtp is not None and not any(self.logits_processors):
+        if drafts is None and self.mtp is not None:
             # The head reads every step's hidden states: no row drafts, one token each.
             drafts = self._next_tokens.tolist(), [[] for _ in self.uids]
         if drafts is None:
-            if self.mtp is not None:
-                self.mtp.skipped()
             self.stats.plain_steps += 1
             for uid in self.uids:
                 self._length(uid).decoded(1)
@@ -164,8 +163,6 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
 
     def _drafts(self):
         """(current tokens, drafts per row), or None when no row drafts this step."""
-        if any(self.logits_processors):
-            return None
         source = self.speculation.source
         lengths = [self._length(uid) for uid in self.uids]
         wanted = [length.wanted() for length in lengths]
@@ -183,6 +180,7 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
         if not any(early):
             return None
         current = self._next_tokens.tolist()
+        processors = self.logits_processors
         drafts = []
         for r, (uid, k) in enumerate(zip(self.uids, wanted)):
             if not early[r]:
@@ -191,8 +189,7 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
             guess = early[r][1:] if early[r][0] == current[r] else None
             if guess is None:
                 guess = source.propose(uid, self.tokens[r] + [current[r]], k)
-            if guess and self.speculation.allowed is not None:
-                guess = guess[: self.speculation.allowed(uid, guess)]
+            guess = self._held(processors, r, current[r], guess[:k])
             if not guess:  # its guess missed the token in flight: a failed draft, waited for
                 lengths[r].verified(1, 0)
             drafts.append(guess[:k])
@@ -211,11 +208,22 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
                 found = source.propose(uid, self.tokens[r] + [current[r]], k) if k else []
                 if found:
                     guesses[r] = found
-        if self.speculation.allowed is not None:
-            guesses = [g[: self.speculation.allowed(u, g)] for u, g in zip(self.uids, guesses)]
+        processors = self.logits_processors
+        guesses = [self._held(processors, r, current[r], g) for r, g in enumerate(guesses)]
         if not any(guesses):
             return None
         return current, guesses
+
+    def _held(self, processors, r: int, current: int, guess: list[int]) -> list[int]:
+        """Row r's guess cut to what its grammar allows after `current` (all, unconstrained)."""
+        constraint = constraint_of(processors[r]) if guess and processors else None
+        if constraint is None:
+            return guess
+        tic = time.perf_counter()
+        held = constrained_drafts.allowed(constraint, current, guess)
+        self.stats.matcher_ms += (time.perf_counter() - tic) * 1000
+        self.stats.grammar_cut += len(guess) - held
+        return guess[:held]
 
     # ---- 2) to 5) verify, accept, roll back, emit -----------------------------
 
@@ -233,6 +241,10 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
         else:
             logits = self.model(mx.array(inputs), cache=self.prompt_cache)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        # Constrained rows: their positions masked by their grammars (drafts cut in place).
+        logprobs, walk = constrained_drafts.walk(
+            logits, logprobs, self.logits_processors, current, drafts
+        )
         # A request's own sampler (engine.runtime.sampling) samples; any other row takes
         # the batch's argmax (mlx-lm's default sampler, the engine's greedy).
         samplers = [s if hasattr(s, "logits") else None for s in self.samplers or self.uids]
@@ -259,6 +271,8 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
             nexts.append(verdict.next_token)
             finish.append(reason)
             self._count(uid, len(d), verdict.accepted, n)
+        if walk is not None:  # each matcher to its row's kept tokens
+            self.stats.matcher_ms += walk.settle(kept)
 
         # 4) Roll back each row to its kept tokens.
         tic = time.perf_counter()

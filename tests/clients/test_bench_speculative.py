@@ -1,5 +1,6 @@
 """`lineage bench speculative` runs end to end on the embedded model (figures are not
-checked: speed is shown by the benchmark itself, never by a timed test)."""
+checked: speed is shown by the benchmark itself, never by a timed test), free chat and
+tool calls held to a JSON schema (constrained rows speculating)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ def figures(tmp_path_factory) -> dict:
 
     draft = write_model_dir("llama", tmp_path_factory.mktemp("draft"))  # the same tokenizer
     args = parser.parse_args(
-        ["--streams", "1,2", "--tokens", "12", "--traffic", "chat", "--cache-dir",
-         str(cache_dir), "--modes", "lookup,auto,draft", "--draft-model", str(draft)]
+        ["--streams", "1,2", "--tokens", "24", "--traffic", "chat,tool_schema", "--cache-dir",
+         str(cache_dir), "--modes", "lookup,auto,mtp,draft", "--draft-model", str(draft)]
     )  # fmt: skip
     from clients.bench.speculative_run import measure
 
@@ -31,15 +32,19 @@ def figures(tmp_path_factory) -> dict:
 def test_every_mode_runs_every_traffic_and_speaks_like_off(figures):
     runs = figures["runs"]
     keys = {(r["traffic"], r["streams"], r["mode"]) for r in runs}
-    assert keys == {
-        (t, k, m) for t in ("chat",) for k in (1, 2) for m in ("off", "lookup", "auto", "draft")
-    }
+    traffics, modes = ("chat", "tool_schema"), ("off", "lookup", "auto", "mtp", "draft")
+    assert keys == {(t, k, m) for t in traffics for k in (1, 2) for m in modes}
     assert all(r["identical_to_off"] for r in runs)
-    assert all(r["tokens_received"] == [12] * r["streams"] for r in runs)
+    assert all(r["tokens_received"] == [24] * r["streams"] for r in runs)
+    # The held rows drafted: their matchers worked inside the verify steps.
+    held = [r for r in runs if r["traffic"] == "tool_schema" and r["mode"] == "lookup"]
+    assert all(r["steps"]["verify_steps"] and r["steps"]["matcher_ms"] > 0 for r in held)
     off = [r for r in runs if r["mode"] == "off"]
     assert all(r["per_stream_tps_vs_off"] == 1.0 and not r["steps"] for r in off)
     lookup = [r for r in runs if r["mode"] == "lookup"]
     assert all(r["steps"]["verify_steps"] + r["steps"]["plain_steps"] > 0 for r in lookup)
+    heads = [r for r in runs if r["mode"] == "mtp"]  # the embedded model's MTP head drafted
+    assert all(r["steps"]["head_ms"] > 0 and r["drafted"] > 0 for r in heads)
     drafted = [r for r in runs if r["mode"] == "draft"]
     assert all(r["steps"]["verify_steps"] > 0 and r["drafted"] > 0 for r in drafted)
     text = speculative.format_table(figures)

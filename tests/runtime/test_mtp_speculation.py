@@ -271,3 +271,25 @@ def test_prompt_tails_leave_with_their_sequences(trained):
         gen.next()
     assert not tails.rows
     gen.close()
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_mtp_under_a_grammar_is_masked_plain_decoding(trained, chunked):
+    """Rows held to a JSON schema and a tool-call grammar beside free rows: the head drafts for
+    every row, the grammar cuts held rows' drafts and masks their verify positions, and
+    greedy output is masked plain decoding's, each matcher holding its row's tokens."""
+    from engine.runtime.constraint import Grammars
+
+    from .test_speculative_constraint import END, _generator, _prompts, _run, _same_state
+
+    model, tokenizer, head = trained
+    grammars = Grammars(tokenizer, model.args.vocab_size, {END})
+    kinds = ["schema", None, "tool", None]
+    prompts = _prompts(tokenizer, len(kinds))
+    check = _same_state(grammars)
+    plain = _run(_generator(model, None, chunked), grammars, prompts, kinds, check=check)
+    gen = _generator(model, Speculation(None, 2, mtp=head, mtp_chain=2), chunked)
+    stats = gen._generation_batch.stats
+    assert _run(gen, grammars, prompts, kinds, check=check) == plain
+    assert stats.verify_steps > 0 and stats.matcher_ms > 0 and stats.head_ms > 0
+    assert stats.accepted_all and stats.plain_steps == 0

@@ -30,9 +30,9 @@ def tiny_loaded(model_cache_dir, random_model_dir):
     return config, load_model(config)
 
 
-@pytest.fixture(scope="module")
-def tiny_loop(tiny_loaded):
-    config, (model, tokenizer, info) = tiny_loaded
+def start_loop(config: EngineConfig, model, tokenizer, info) -> ModelLoop:
+    """A model loop serving `model` under `config`, its cache manager in process
+    (`loop.manager`); the caller stops it."""
     manager = CacheManager(config.cache, info.fingerprint, info.has_state_layers)
 
     def build() -> Generator:
@@ -42,6 +42,13 @@ def tiny_loop(tiny_loaded):
 
     loop = ModelLoop(build, idle_release_s=5)
     loop.manager = manager
+    return loop
+
+
+@pytest.fixture(scope="module")
+def tiny_loop(tiny_loaded):
+    config, (model, tokenizer, info) = tiny_loaded
+    loop = start_loop(config, model, tokenizer, info)
     yield loop
     loop.stop()
 

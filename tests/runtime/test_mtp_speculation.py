@@ -27,6 +27,7 @@ from engine.runtime.speculative_batch import Speculation, SpeculativeGenerationB
 from tests.runtime.test_rollback import rel_l2
 from tests.runtime.test_speculative import _chunked, _run
 from tests.runtime.test_speculative_sampling import CRITICAL, _first_tokens
+from tests.runtime.test_trained_model import loaded, model_dir
 
 TEXTS = [
     "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n    return",
@@ -36,17 +37,8 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return tm.ensure_default_model(tmp_path_factory.mktemp("cache"))
-
-
-@pytest.fixture(scope="module")
-def trained(model_dir):
-    model, tokenizer = mlx_lm.load(str(model_dir))
-    head = load_mtp(model_dir, model)
-    assert head is not None
-    return model, tokenizer, head
+# The embedded model and its head: (model, tokenizer, head), and its directory.
+trained, model_dir = loaded, model_dir
 
 
 def _prompts(tokenizer, n):

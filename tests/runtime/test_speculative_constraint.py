@@ -29,22 +29,18 @@ import jsonschema
 import numpy as np
 import pytest
 
-from engine.cache.manager import CacheManager
 from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.runtime.batch import LineageBatchGenerator
 from engine.runtime.chunked import ChunkedBatchGenerator
 from engine.runtime.constraint import Grammars
 from engine.runtime.drafts import PromptLookup, ScriptedDrafts
-from engine.runtime.generator import Generator
 from engine.runtime.grammar import lark_grammar, schema_grammar, tool_grammar
-from engine.runtime.local import LocalLink
-from engine.runtime.loop import ModelLoop
-from engine.runtime.ram_tier import RamTier
 from engine.runtime.requests import SamplingParams
 from engine.runtime.sampling import make_sampler
 from engine.runtime.scheduler import PrefillScheduler
 from engine.runtime.speculative_batch import Speculation
 
+from .conftest import start_loop
 from .test_branches import branches, submit
 from .test_constraint import SEARCH, WEATHER
 
@@ -328,15 +324,7 @@ def spec_loop(tiny_loaded, tmp_path_factory):
         ),
         cache=CacheConfig(cache_dir=str(tmp_path_factory.mktemp("spec")), ram_budget=1 << 30),
     )
-    manager = CacheManager(config.cache, info.fingerprint, info.has_state_layers)
-
-    def build() -> Generator:
-        return Generator(
-            model, tokenizer, config, RamTier(info.has_state_layers), LocalLink(manager)
-        )
-
-    loop = ModelLoop(build, idle_release_s=5)
-    loop.manager = manager
+    loop = start_loop(config, model, tokenizer, info)
     yield loop
     loop.stop()
 

@@ -1,9 +1,9 @@
 """Session-wide fixtures: one Ray instance, real engines served on localhost ports.
 
-The session's engines serve the random-weight qwen3_next (`random_model_dir`): their
-tests need a hybrid model, not the trained one's predictions, and its prefill is ~1.7x
-faster on a CPU. Tests of the trained model's predictions (speculative acceptance, the
-demo) and of serving the embedded default start engines of their own.
+`engine` serves the embedded default (trained) model: tests compare its greedy output
+with a speculating engine's, or need a reply that ends or runs on. The tenants' engine
+(`secured`) serves the random-weight qwen3_next (`random_model_dir`): its tests need a
+hybrid model, not the trained one's predictions, and its prefill is ~1.7x faster on a CPU.
 
 An engine runs its grpc.aio server on an event loop in a background thread, so
 the tests talk to it with ordinary (sync) gRPC clients, as users do.
@@ -82,9 +82,9 @@ def random_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def engine(ray_session, model_cache_dir, random_model_dir):
-    """The random-weight qwen3_next in lineage mode, shared by the session."""
-    e = BackgroundEngine(make_config(model_cache_dir, model=random_model_dir))
+def engine(ray_session, model_cache_dir):
+    """The embedded default model in lineage mode, shared by the session."""
+    e = BackgroundEngine(make_config(model_cache_dir))
     yield e
     e.stop()
 

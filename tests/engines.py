@@ -1,6 +1,6 @@
 """Engine configurations the tests serve: small budgets, port 0, and the embedded default
-model unless `model` names a model directory (the session's engines serve the
-random-weight qwen3_next: tests/conftest.py `random_model_dir`)."""
+model unless `model` names a model directory (the random-weight qwen3_next of
+tests/conftest.py `random_model_dir`, for tests that need no trained predictions)."""
 
 from __future__ import annotations
 

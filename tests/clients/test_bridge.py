@@ -369,9 +369,9 @@ def test_a_sampling_value_outside_its_wire_field_is_400_naming_it(client, extra,
     assert ok.choices[0].finish_reason in ("stop", "length")
 
 
-# Greedy on the session's model (random weights), this raw prompt runs on for its 4000
-# tokens (seconds on CI's CPU): a slot freed within FREED_WITHIN_S was freed by the
-# cancel, not by the end.
+# Greedy on the embedded trained model, this raw prompt loops on "import sys" for its
+# 4000 tokens (about 20 s on CI's CPU; a chat turn it copies and ends): a slot freed
+# within FREED_WITHIN_S was freed by the cancel, not by the end.
 ENDLESS = "import os\nimport sys\n"
 FREED_WITHIN_S = 5.0
 

@@ -234,8 +234,8 @@ def test_a_stop_string_on_the_last_allowed_token_ends_only_that_request(stub):
 
     from engine.runtime.tiny_models import TOKENIZER_DIR
 
-    # Greedy on the session's model (random weights): a 4th token whose text is not
-    # whitespace and not in the first three's text (else the test cannot be made).
+    # Greedy on the embedded trained model: an indented docstring whose 4th token is a
+    # word (' the'), not whitespace, and not in the first three's text.
     tokenizer = Tokenizer.from_file(str(TOKENIZER_DIR / "tokenizer.json"))
     prompt = tokenizer.encode("def parse_args(argv=None):\n", add_special_tokens=False).ids
     _, text3, _ = collect(stub, request(prompt_ids=prompt, max_tokens=3))

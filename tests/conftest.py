@@ -1,9 +1,10 @@
 """Session-wide fixtures: one Ray instance, real engines served on localhost ports.
 
 `engine` serves the embedded default (trained) model: tests compare its greedy output
-with a speculating engine's, or need a reply that ends or runs on. The tenants' engine
-(`secured`) serves the random-weight qwen3_next (`random_model_dir`): its tests need a
-hybrid model, not the trained one's predictions, and its prefill is ~1.7x faster on a CPU.
+with a speculating engine's, or need a reply that ends or runs on. `random_engine` and
+the tenants' engine (`secured`) serve the random-weight qwen3_next (`random_model_dir`):
+their tests need a hybrid model, not the trained one's predictions, and its prefill is
+~1.7x faster on a CPU.
 
 An engine runs its grpc.aio server on an event loop in a background thread, so
 the tests talk to it with ordinary (sync) gRPC clients, as users do.
@@ -85,6 +86,15 @@ def random_model_dir(tmp_path_factory):
 def engine(ray_session, model_cache_dir):
     """The embedded default model in lineage mode, shared by the session."""
     e = BackgroundEngine(make_config(model_cache_dir))
+    yield e
+    e.stop()
+
+
+@pytest.fixture(scope="session")
+def random_engine(ray_session, tmp_path_factory, random_model_dir):
+    """The random-weight qwen3_next in lineage mode, shared by the session: for the tests of
+    caching and constrained output, whose replies are compared with each other only."""
+    e = BackgroundEngine(make_config(tmp_path_factory.mktemp("random"), model=random_model_dir))
     yield e
     e.stop()
 

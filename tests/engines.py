@@ -1,4 +1,6 @@
-"""Engine configurations the tests serve: the embedded tiny model, small budgets, port 0."""
+"""Engine configurations the tests serve: small budgets, port 0, and the embedded default
+model unless `model` names a model directory (the random-weight qwen3_next of
+tests/conftest.py `random_model_dir`, for tests that need no trained predictions)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ from engine.config import CacheConfig, EngineConfig, ModelConfig, ServerConfig
 _ENGINES = itertools.count()
 
 
-def make_config(cache_dir, **cache):
+def make_config(cache_dir, model=None, **cache):
     return EngineConfig(
-        model=ModelConfig(max_batch=8, prefill_step_size=256),
+        model=ModelConfig(
+            path=None if model is None else str(model), max_batch=8, prefill_step_size=256
+        ),
         # A fixed guard threshold: the measured one (the default) varies with the load.
         cache=CacheConfig(
             cache_dir=str(cache_dir), ram_budget=2 << 30, **{"guard_min_suffix": 256, **cache}

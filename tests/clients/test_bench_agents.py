@@ -260,9 +260,9 @@ def test_summarize_against_its_own_oracle():
 # -------------------------------------------------------------- a real run ----
 
 
-def test_small_run_against_every_policy(ray_session, model_cache_dir, tmp_path, capsys):
-    from engine.runtime.tiny_models import ensure_default_model
-
+def test_small_run_against_every_policy(ray_session, random_model_dir, tmp_path, capsys):
+    # The random-weight model: the run's figures need a hybrid model, not the trained one's
+    # predictions, and its prefill is the faster one on a CPU.
     parser = argparse.ArgumentParser()
     agents.add_arguments(parser)
     out = tmp_path / "agents.json"
@@ -280,7 +280,7 @@ def test_small_run_against_every_policy(ray_session, model_cache_dir, tmp_path, 
         "--message-edits",
         "2",
         "--model",
-        str(ensure_default_model(model_cache_dir)),
+        str(random_model_dir),
         "--json",
         str(out),
     ]

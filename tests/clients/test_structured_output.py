@@ -1,4 +1,4 @@
-"""Structured output through the bridge and gRPC, on the embedded random-weight model.
+"""Structured output through the bridge (on the session's random-weight model) and gRPC.
 
 The official openai SDK against the bridge (in process, and over gRPC where the
 path differs): `response_format` json_schema (the SDK's `parse` with a pydantic
@@ -56,8 +56,8 @@ USER = [{"role": "user", "content": "What is the weather in Oslo?"}]
 
 
 @pytest.fixture(scope="module", params=["in_process", "grpc"])
-def bridge(engine, request):
-    b = BridgeThread(engine, in_process=request.param == "in_process")
+def bridge(random_engine, request):
+    b = BridgeThread(random_engine, in_process=request.param == "in_process")
     yield b
     b.stop()
 

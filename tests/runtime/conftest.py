@@ -13,12 +13,6 @@ from engine.runtime.loader import load_model
 from engine.runtime.local import LocalLink
 from engine.runtime.loop import ModelLoop
 from engine.runtime.ram_tier import RamTier
-from engine.runtime.tiny_models import write_model_dir
-
-
-@pytest.fixture(scope="session")
-def random_model_dir(tmp_path_factory):
-    return write_model_dir("qwen3_next", tmp_path_factory.mktemp("random-qwen3_next"))
 
 
 @pytest.fixture(scope="module")

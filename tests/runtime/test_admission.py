@@ -15,10 +15,12 @@ from engine.runtime.local import LocalEngine
 from engine.runtime.requests import GenerationRequest, SamplingParams
 
 
-def _engine(model_cache_dir) -> LocalEngine:
+def _engine(model_cache_dir, model_dir) -> LocalEngine:
+    """On the random-weight qwen3_next: admission needs a hybrid model, not the trained
+    one's predictions."""
     return LocalEngine(
         EngineConfig(
-            model=ModelConfig(prefill_step_size=128, max_batch=8),
+            model=ModelConfig(path=str(model_dir), prefill_step_size=128, max_batch=8),
             cache=CacheConfig(cache_dir=str(model_cache_dir), ram_budget=1 << 30, mode="off"),
         )
     )
@@ -41,8 +43,10 @@ def _ids(events: list) -> list:
     return [i for e in events if isinstance(e, Tokens) for i in e.ids]
 
 
-def test_a_request_over_the_token_budget_waits_for_room_and_then_runs(model_cache_dir):
-    engine = _engine(model_cache_dir)
+def test_a_request_over_the_token_budget_waits_for_room_and_then_runs(
+    model_cache_dir, random_model_dir
+):
+    engine = _engine(model_cache_dir, random_model_dir)
     g = engine.generator
     prompts = [[(i * 7 + k) % 2000 + 20 for i in range(40)] for k in range(3)]
     alone = []

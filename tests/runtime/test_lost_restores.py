@@ -34,10 +34,12 @@ class SlowLink(LocalLink):
             fn()
 
 
-def make_engine(cache_dir) -> LocalEngine:
+def make_engine(cache_dir, model_dir) -> LocalEngine:
+    """On the random-weight qwen3_next (`random_model_dir`): replanning needs a hybrid
+    model, not the trained one's predictions."""
     return LocalEngine(
         EngineConfig(
-            model=ModelConfig(prefill_step_size=128),
+            model=ModelConfig(path=str(model_dir), prefill_step_size=128),
             cache=CacheConfig(cache_dir=str(cache_dir), ram_budget=1 << 30),
         )
     )
@@ -57,8 +59,8 @@ def run(engine: LocalEngine, events: list) -> Finished:
     return next(e for e in events if isinstance(e, Finished))
 
 
-def test_a_request_waits_for_the_orders_its_plan_follows(model_cache_dir):
-    engine = make_engine(model_cache_dir)
+def test_a_request_waits_for_the_orders_its_plan_follows(model_cache_dir, random_model_dir):
+    engine = make_engine(model_cache_dir, random_model_dir)
     link = engine.generator.order_ledger.link = SlowLink(engine.manager)
     prompt = [(i * 31) % 3000 + 20 for i in range(300)]
     first = submit(engine, "r1", prompt)
@@ -78,8 +80,10 @@ def test_a_request_waits_for_the_orders_its_plan_follows(model_cache_dir):
     assert engine.generator.order_ledger.applied == 2  # both commits
 
 
-def test_a_restore_point_found_gone_is_replanned_logged_and_counted(model_cache_dir):
-    engine = make_engine(model_cache_dir)
+def test_a_restore_point_found_gone_is_replanned_logged_and_counted(
+    model_cache_dir, random_model_dir
+):
+    engine = make_engine(model_cache_dir, random_model_dir)
     prompt = [(i * 37) % 3000 + 20 for i in range(300)]
     first = engine.run(prompt, max_tokens=3)
     entry = first.plan.new_entry_id
@@ -94,9 +98,9 @@ def test_a_restore_point_found_gone_is_replanned_logged_and_counted(model_cache_
     assert third.final.restore_kind == "entry" and not third.final.restore_lost
 
 
-def test_a_verbatim_resend_prefills_nothing_and_decodes_the_same(model_cache_dir):
+def test_a_verbatim_resend_prefills_nothing_and_decodes_the_same(model_cache_dir, random_model_dir):
     """The prompt end kept its log-probabilities: the first token is sampled from them."""
-    engine = make_engine(model_cache_dir)
+    engine = make_engine(model_cache_dir, random_model_dir)
     prompt = [(i * 41) % 3000 + 20 for i in range(700)]
     first = engine.run(prompt, max_tokens=6)
     prefilled = engine.generator.bg._counters.prompt_tokens
@@ -164,10 +168,12 @@ class SlowDisk:
         pass
 
 
-def test_a_disk_load_runs_on_the_reader_thread_while_others_decode(model_cache_dir):
+def test_a_disk_load_runs_on_the_reader_thread_while_others_decode(
+    model_cache_dir, random_model_dir
+):
     from dataclasses import replace
 
-    engine = make_engine(model_cache_dir)
+    engine = make_engine(model_cache_dir, random_model_dir)
     prompt = [(i * 43) % 3000 + 20 for i in range(300)]
     first = engine.run(prompt, max_tokens=3)
     entry = first.plan.new_entry_id

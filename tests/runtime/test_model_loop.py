@@ -28,9 +28,10 @@ from engine.runtime.tier_stats import tier_stats
 
 
 @pytest.fixture(scope="module")
-def loaded(model_cache_dir):
+def loaded(model_cache_dir, random_model_dir):
+    # The random-weight qwen3_next: the loop's threading needs a model, not predictions.
     config = EngineConfig(
-        model=ModelConfig(prefill_step_size=128),
+        model=ModelConfig(path=str(random_model_dir), prefill_step_size=128),
         cache=CacheConfig(cache_dir=str(model_cache_dir), ram_budget=1 << 30),
     )
     return config, load_model(config)

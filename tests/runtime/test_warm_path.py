@@ -17,18 +17,20 @@ from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.runtime.local import LocalEngine
 
 
-def make_engine(cache_dir, **cache) -> LocalEngine:
+def make_engine(cache_dir, model_dir, **cache) -> LocalEngine:
+    """On the random-weight qwen3_next (`random_model_dir`): the counters depend on its
+    shapes, not on the trained model's predictions."""
     return LocalEngine(
         EngineConfig(
-            model=ModelConfig(prefill_step_size=128),
+            model=ModelConfig(path=str(model_dir), prefill_step_size=128),
             cache=CacheConfig(cache_dir=str(cache_dir), ram_budget=1 << 30, **cache),
         )
     )
 
 
 @pytest.fixture(scope="module")
-def local(model_cache_dir):
-    return make_engine(model_cache_dir)
+def local(model_cache_dir, random_model_dir):
+    return make_engine(model_cache_dir, random_model_dir)
 
 
 def conversation(local, first: int = 600, turns: int = 3):
@@ -120,10 +122,12 @@ def test_merge_leaves_room_so_prefill_writes_in_place(local):
 
 
 def test_layer_timer_logs_per_layer_only_while_the_flag_file_exists(
-    model_cache_dir, tmp_path, caplog
+    model_cache_dir, random_model_dir, tmp_path, caplog
 ):
     flag = tmp_path / "time-layers"
-    local = make_engine(model_cache_dir, layer_timer_flag=str(flag), layer_timer_requests=1)
+    local = make_engine(
+        model_cache_dir, random_model_dir, layer_timer_flag=str(flag), layer_timer_requests=1
+    )
     n_layers = len(local.model.layers)
     with caplog.at_level(logging.INFO, logger="lineage.layers"):
         local.run(list(range(50, 90)), max_tokens=2)
@@ -148,8 +152,8 @@ def test_layer_timer_logs_per_layer_only_while_the_flag_file_exists(
 
 
 @pytest.mark.parametrize("switched_on", [False, True])
-def test_pool_clear_per_prefill_chunk_is_opt_in(model_cache_dir, switched_on):
-    local = make_engine(model_cache_dir, clear_pool_per_prefill=switched_on)
+def test_pool_clear_per_prefill_chunk_is_opt_in(model_cache_dir, random_model_dir, switched_on):
+    local = make_engine(model_cache_dir, random_model_dir, clear_pool_per_prefill=switched_on)
     local.run([(i * 13) % 3000 + 20 for i in range(400)], max_tokens=2)  # 4 chunks of 128
     clears = local.generator.bg.pool.count
     assert (clears >= 4) if switched_on else (clears == 0), clears
@@ -179,9 +183,9 @@ def test_a_sequence_finishing_alone_leaves_with_views_of_its_rows(local, sequenc
         assert grew >= rows.keys.nbytes, grew
 
 
-def test_the_kept_pool_is_bounded_by_the_configured_limit(model_cache_dir):
-    local = make_engine(model_cache_dir, pool_limit=64 << 20)
+def test_the_kept_pool_is_bounded_by_the_configured_limit(model_cache_dir, random_model_dir):
+    local = make_engine(model_cache_dir, random_model_dir, pool_limit=64 << 20)
     assert local.generator.pool_limit == 64 << 20
     assert mx.set_cache_limit(64 << 20) == 64 << 20  # what the engine set
-    default = make_engine(model_cache_dir)
+    default = make_engine(model_cache_dir, random_model_dir)
     assert default.generator.pool_limit == min(16 << 30, default.config.cache.ram_budget // 4)

@@ -53,10 +53,14 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(cluster, tmp_path_factory):
+    from engine.runtime.tiny_models import write_model_dir
     from engine.server.background import BackgroundEngine
 
+    # A random-weight qwen3_next: routing and handover need a hybrid model, not the
+    # trained one's predictions, and its prefill is the faster one on a CPU.
+    model = write_model_dir("qwen3_next", tmp_path_factory.mktemp("random-qwen3_next"))
     config = EngineConfig(
-        model=ModelConfig(max_batch=8, prefill_step_size=128),
+        model=ModelConfig(path=str(model), max_batch=8, prefill_step_size=128),
         cache=CacheConfig(cache_dir=str(tmp_path_factory.mktemp("replicas")), ram_budget=2 << 30),
         server=ServerConfig(port=0, replicas="auto", route_threshold=THRESHOLD),
     )

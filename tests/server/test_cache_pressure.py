@@ -16,21 +16,25 @@ from tests.engines import make_config
 SYSTEM, TOOLS = make_shared_prefix(600, seed=21)
 
 
-def conversation_bytes(model_cache_dir, prompt_tokens: int) -> int:
-    """RAM bytes of one stored conversation of this length on the embedded model."""
+def conversation_bytes(model_cache_dir, model, prompt_tokens: int) -> int:
+    """RAM bytes of one stored conversation of this length on `model`."""
     from engine.runtime import layer_caches
     from engine.runtime.local import LocalEngine
 
-    local = LocalEngine(make_config(model_cache_dir))
+    local = LocalEngine(make_config(model_cache_dir, model=model))
     local.run(list(range(100, 100 + prompt_tokens)), max_tokens=4)
     stored = max(local.tier.entries.values(), key=lambda e: e.length)
     state = max(s.nbytes for s in stored.states.values())
     return layer_caches.kv_bytes_per_token(stored.layers) * (prompt_tokens + 40) + 4 * state
 
 
-def test_four_conversations_cycle_through_a_budget_of_two(ray_session, model_cache_dir, tmp_path):
-    one = conversation_bytes(model_cache_dir, 900)
-    config = make_config(tmp_path).with_cache(ram_budget=int(2.5 * one))
+def test_four_conversations_cycle_through_a_budget_of_two(
+    ray_session, model_cache_dir, random_model_dir, tmp_path
+):
+    # The random-weight qwen3_next: eviction and disk reloads need a hybrid model, not
+    # the trained one's predictions.
+    one = conversation_bytes(model_cache_dir, random_model_dir, 900)
+    config = make_config(tmp_path, model=random_model_dir).with_cache(ram_budget=int(2.5 * one))
     messages = [
         [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user_message(c, 0)}]
         for c in range(4)

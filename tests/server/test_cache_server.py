@@ -1,4 +1,5 @@
-"""The lineage cache through the running server: real gRPC, Ray and MLX (issue 3).
+"""The lineage cache through the running server: real gRPC, Ray and MLX (issue 3), on the
+session's random-weight engine and two of its own (exact and off modes).
 
 Each test uses a namespace of its own, so entries of one test never serve
 another. The system prompt plus tools is ~900 tokens, long enough for a guard
@@ -24,8 +25,8 @@ def fresh_ns(tag: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def client(engine):
-    with Client(engine.address, timeout=120) as c:
+def client(random_engine):
+    with Client(random_engine.address, timeout=120) as c:
         yield c
 
 
@@ -109,7 +110,7 @@ def test_regenerate_restores_the_prompt(client):
     assert regen.usage.cached_tokens == r2.usage.prompt_tokens
 
 
-def test_retry_after_cancel_mid_stream(client, engine):
+def test_retry_after_cancel_mid_stream(client, random_engine):
     from clients.client import Chunk
 
     ns = fresh_ns("retry")
@@ -193,21 +194,21 @@ def test_cache_stats_count_hits_and_checkpoints(client):
 
 
 @pytest.fixture(scope="module")
-def exact_engine(ray_session, model_cache_dir):
+def exact_engine(ray_session, model_cache_dir, random_model_dir):
     from engine.server.background import BackgroundEngine
     from tests.engines import make_config
 
-    e = BackgroundEngine(make_config(model_cache_dir, mode="exact"))
+    e = BackgroundEngine(make_config(model_cache_dir, model=random_model_dir, mode="exact"))
     yield e
     e.stop()
 
 
 @pytest.fixture(scope="module")
-def off_engine(ray_session, model_cache_dir):
+def off_engine(ray_session, model_cache_dir, random_model_dir):
     from engine.server.background import BackgroundEngine
     from tests.engines import make_config
 
-    e = BackgroundEngine(make_config(model_cache_dir, mode="off"))
+    e = BackgroundEngine(make_config(model_cache_dir, model=random_model_dir, mode="off"))
     yield e
     e.stop()
 

@@ -8,7 +8,7 @@ bridge (usage, restore, timing, prefill progress, the OpenAI fields and the
 SSE progress comments), must be the same for every length in the block: only
 the block shows. The clock-only figures (time to first token and decode
 speed) are what a client's own clock measures, and are left out. The same
-probes on the session's exact-figures engine do tell the lengths apart.
+probes on the session's exact-figures (random-weight) engine do tell the lengths apart.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def run_probes(figures, namespace_of) -> dict[int, tuple]:
     return seen
 
 
-def test_every_figure_a_probe_sees_depends_on_the_block_alone(secured, certs, engine):
+def test_every_figure_a_probe_sees_depends_on_the_block_alone(secured, certs, random_engine):
     with Client(secured.address, auth_token="alice-token", tls_ca=certs.ca, timeout=120) as c:
         seen = run_probes(lambda p, ns: grpc_figures(c, p, ns), lambda k: f"grpc-{k}")
     assert all(f[2].length == 5 * CACHE_BLOCK for f in seen.values()), seen
@@ -99,6 +99,6 @@ def test_every_figure_a_probe_sees_depends_on_the_block_alone(secured, certs, en
     assert len(set(map(repr, seen.values()))) == 1, seen
 
     # Exact figures (the session's engine) tell every length apart: the test can see.
-    with Client(engine.address, timeout=120) as exact:
+    with Client(random_engine.address, timeout=120) as exact:
         seen = run_probes(lambda p, ns: grpc_figures(exact, p, ns), lambda k: f"exact-{k}")
     assert sorted(f[2].length for f in seen.values()) == list(LENGTHS), seen

@@ -1,5 +1,5 @@
 """An edit or a truncation inside a long message, through the running server: real gRPC,
-Ray and MLX, the session's engine (the default `message_interval`).
+Ray and MLX, the session's random-weight engine (the default `message_interval`).
 
 A first request carries a long message (a pasted file, a long tool result);
 the next one changes it near its end. It must restore at a long-message point
@@ -33,8 +33,8 @@ _ns = itertools.count()
 
 
 @pytest.fixture(scope="module")
-def client(engine):
-    with Client(engine.address, timeout=120) as c:
+def client(random_engine):
+    with Client(random_engine.address, timeout=120) as c:
         yield c
 
 

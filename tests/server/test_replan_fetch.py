@@ -86,10 +86,11 @@ def _ids(seed: int, n: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def replicated(ray_session, tmp_path_factory):
+def replicated(ray_session, tmp_path_factory, random_model_dir):
     from engine.server.background import BackgroundEngine
 
-    config = make_config(tmp_path_factory.mktemp("replan"), disk_budget=0)  # no file to replan to
+    # no file to replan to; two replicas of the session's random-weight qwen3_next
+    config = make_config(tmp_path_factory.mktemp("replan"), random_model_dir, disk_budget=0)
     config = dataclasses.replace(
         config, server=dataclasses.replace(config.server, replicas=2, exact_cache_figures=True)
     )

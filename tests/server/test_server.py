@@ -233,14 +233,16 @@ def test_health_and_reflection(engine):
         assert "lineage.v1.Engine" in names
 
 
-def test_stop_goes_not_serving_and_ends_streams_unavailable(ray_session, model_cache_dir):
+def test_stop_goes_not_serving_and_ends_streams_unavailable(
+    ray_session, model_cache_dir, random_model_dir
+):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from engine.proto import engine_pb2_grpc
     from engine.server.background import BackgroundEngine
     from tests.engines import make_config
 
-    e = BackgroundEngine(make_config(model_cache_dir))
+    e = BackgroundEngine(make_config(model_cache_dir, random_model_dir))
     ch = grpc.insecure_channel(e.address)
     s = engine_pb2_grpc.EngineStub(ch)
     call = s.Generate(request(prompt_ids=PROMPTS[0], max_tokens=100000))
@@ -286,7 +288,9 @@ def test_a_full_queue_is_resource_exhausted_and_the_server_keeps_serving(engine,
     assert len(ids) >= 1
 
 
-def test_health_goes_not_serving_when_the_model_actor_dies(ray_session, model_cache_dir):
+def test_health_goes_not_serving_when_the_model_actor_dies(
+    ray_session, model_cache_dir, random_model_dir
+):
     import ray
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -294,7 +298,7 @@ def test_health_goes_not_serving_when_the_model_actor_dies(ray_session, model_ca
     from engine.server.background import BackgroundEngine
     from tests.engines import make_config
 
-    e = BackgroundEngine(make_config(model_cache_dir))
+    e = BackgroundEngine(make_config(model_cache_dir, random_model_dir))
     try:
         with grpc.insecure_channel(e.address) as ch:
             health = health_pb2_grpc.HealthStub(ch)

@@ -118,17 +118,17 @@ def test_the_queue_holds_at_most_its_byte_cap(tmp_path, monkeypatch):
 
 
 def test_the_disk_index_stays_true_to_the_directory_when_writes_are_lost(
-    model_cache_dir, tmp_path, monkeypatch
+    model_cache_dir, random_model_dir, tmp_path, monkeypatch
 ):
     from engine.runtime.loader import load_model
     from engine.runtime.local import LocalEngine
 
     disk = FullDisk(monkeypatch)
     config = EngineConfig(
-        model=ModelConfig(prefill_step_size=128),
+        model=ModelConfig(path=str(random_model_dir), prefill_step_size=128),
         cache=CacheConfig(cache_dir=str(model_cache_dir), ram_budget=1 << 30, guard_min_suffix=256),
     )
-    loaded = load_model(config)  # the session's model; the entries go to tmp_path
+    loaded = load_model(config)  # the session's random model; the entries go to tmp_path
     config = config.with_cache(cache_dir=str(tmp_path))
     fingerprint = loaded[2].fingerprint
     opened = open_cache_directory(config.cache, fingerprint)

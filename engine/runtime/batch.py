@@ -295,7 +295,8 @@ class LineagePromptBatch(PromptProcessingBatch):
 
     def forward(self, tokens):
         """`prompt`'s forwards alone: the batch's caches and tokens, nothing shared with the
-        generation batch (a prefill worker thread runs this; `account` follows on the loop's)."""
+        generation batch (a prefill worker thread runs this; `account` follows on the loop's).
+        With an MTP head (`tails`), each sequence's last hidden states are kept for it."""
         if len(self.uids) != len(tokens):
             raise ValueError("The batch length doesn't match the number of inputs")
         if not tokens:

@@ -41,6 +41,7 @@ pair it has read).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import mlx.core as mx
@@ -178,10 +179,21 @@ NEXTN_TYPES = ("deepseek_v3", "deepseek_v32", "glm4_moe", "glm4_moe_lite", "glm_
 
 
 def _tensors(model_dir: str | Path, keep) -> dict[str, mx.array]:
+    """The tensors `keep` names, from the safetensors files that hold any: each file's
+    header is read first, so a sharded checkpoint's other shards are never loaded."""
     found: dict[str, mx.array] = {}
     for path in sorted(Path(model_dir).glob("*.safetensors")):
-        found.update((name, value) for name, value in mx.load(str(path)).items() if keep(name))
+        if any(keep(name) for name in _names(path)):
+            found.update((n, value) for n, value in mx.load(str(path)).items() if keep(n))
     return found
+
+
+def _names(path: Path) -> list[str]:
+    """The tensor names in a safetensors file's header (8 bytes of length, then JSON)."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    return [name for name in header if name != "__metadata__"]
 
 
 def load_mtp(model_dir: str | Path, model: nn.Module):

@@ -44,7 +44,6 @@ class MTPDrafts:
         self.model, self.head, self.chain = model, head, chain
         self.cache: list | None = None  # [the head's batch cache]; None while the batch has no rows
         self.drafts: list[list[int]] = []  # per row: the head's guesses after the token in flight
-        self.steps = 0  # head forwards (kept pairs and chained positions alike)
         self.tails = PromptTails()  # filled by the prompt batches' prefill
 
     # ---- the batch's rows ------------------------------------------------------
@@ -117,7 +116,6 @@ class MTPDrafts:
         for _ in range(self.chain - 1):  # the head's own output and draft, fed back
             last = self.head(last, drafts[-1][:, None], self.model.model.embed_tokens, self.cache)
             drafts.append(mx.argmax(self.head.logits(self.model, last)[:, -1], axis=-1))
-        self.steps += self.chain
         self.drafts = mx.stack(drafts, axis=1).tolist()
         if self.chain > 1:
             cache.trim(self.chain - 1)  # the chained positions were guesses

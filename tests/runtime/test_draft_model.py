@@ -108,6 +108,11 @@ def test_rejected_drafts_leave_the_draft_as_a_fresh_prefill(arch):
     fed = list(draft.rows[0].fed)
     guess = draft.rows[0].guess
     assert draft.propose(0, fed, 2)[0] == guess
+    # A context that left what was fed before the mark: the row starts again, exactly.
+    diverged = [t + 1 for t in context[:5]] + context[5:]
+    assert draft.propose(0, diverged, 3) == DraftModel(draft.model).propose(0, diverged, 3)
+    assert draft.restarts == 1
+    _assert_fresh(draft, 0)
     draft.forget(0)
     assert not draft.rows
 

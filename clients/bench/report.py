@@ -75,35 +75,32 @@ def _phases(done: list, phases: dict) -> dict:
     out = {}
     for name in sorted(set(phases.values())):
         rows = [(o, n) for o, n in done if phases.get(o.rid) == name]
-        first = [(o, n) for o, n in rows if o.kind == "first"]
-        cached, best = sum(o.cached for o, _ in rows), sum(n for _, n in rows)
-        cached_first, best_first = sum(o.cached for o, _ in first), sum(n for _, n in first)
+        first = _share([(o, n) for o, n in rows if o.kind == "first"])
         out[name] = {
-            "requests": len(rows),
-            "cached_tokens": cached,
-            "oracle_cached_tokens": best,
-            "oracle_fraction": cached / best if best else 1.0,
-            "first_cached_tokens": cached_first,
-            "first_oracle_cached_tokens": best_first,
-            "first_oracle_fraction": cached_first / best_first if best_first else 1.0,
+            **_share(rows),
+            "first_cached_tokens": first["cached_tokens"],
+            "first_oracle_cached_tokens": first["oracle_cached_tokens"],
+            "first_oracle_fraction": first["oracle_fraction"],
             "kinds": _kinds(rows),
         }
     return out
 
 
+def _share(rows: list) -> dict:
+    """Requests, cached tokens, the oracle's, their fraction (1.0 when nothing was reusable)."""
+    cached, best = sum(o.cached for o, _ in rows), sum(n for _, n in rows)
+    return {
+        "requests": len(rows),
+        "cached_tokens": cached,
+        "oracle_cached_tokens": best,
+        "oracle_fraction": cached / best if best else 1.0,
+    }
+
+
 def _kinds(rows: list) -> dict:
-    """Per request kind: requests, cached tokens, the oracle's, their fraction."""
-    out = {}
-    for kind in sorted({o.kind for o, _ in rows}):
-        mine = [(o, n) for o, n in rows if o.kind == kind]
-        cached, best = sum(o.cached for o, _ in mine), sum(n for _, n in mine)
-        out[kind] = {
-            "requests": len(mine),
-            "cached_tokens": cached,
-            "oracle_cached_tokens": best,
-            "oracle_fraction": cached / best if best else 1.0,
-        }
-    return out
+    """Per request kind: `_share` of its requests."""
+    kinds = sorted({o.kind for o, _ in rows})
+    return {kind: _share([(o, n) for o, n in rows if o.kind == kind]) for kind in kinds}
 
 
 # Request kinds a phase exists to show, printed on their own under its line.

@@ -15,6 +15,8 @@ chat template and the tokenizer; engine.server.output_format):
   (Qwen, Hermes-style models, the embedded model);
 - `glm`: `<think>…</think>`, and
   `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>…</tool_call>`;
+- `qwen_xml`: `<think>…</think>`, and `<tool_call>\\n<function=NAME>\\n<parameter=K>\\nV\\n
+  </parameter>…</function>\\n</tool_call>` (Qwen3-Coder, Qwen3-Coder-Next);
 - `kimi`: `<think>…</think>`, and `<|tool_calls_section_begin|>` around calls
   `<|tool_call_begin|>functions.NAME:I<|tool_call_argument_begin|>{…}<|tool_call_end|>`;
 - `plain`: no markup: everything is text.
@@ -43,7 +45,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence, Union
 
-FAMILIES = ("qwen", "glm", "kimi", "plain")
+FAMILIES = ("qwen", "qwen_xml", "glm", "kimi", "plain")
 THINKING = "-thinking"  # suffix: the output starts inside the reasoning block
 
 
@@ -183,6 +185,32 @@ def parse_glm_call(body: str, tools=None) -> Call | None:
     return Call(name, args, json.dumps(args, ensure_ascii=False), _call_id())
 
 
+_XML_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*", re.DOTALL)
+_XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+
+
+def parse_xml_call(body: str, tools=None) -> Call | None:
+    """`<function=NAME><parameter=K>V</parameter>...</function>`: a value is JSON unless
+    the tool declares it a string or it does not decode."""
+    m = _XML_FUNCTION.fullmatch(body)
+    if m is None:
+        return None
+    name, rest = m.group(1).strip(), m.group(2)
+    strings = _string_arguments(name, tools)
+    args = {}
+    for p in _XML_PARAMETER.finditer(rest):
+        key, value = p.group(1).strip(), p.group(2)
+        if key not in strings:
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                pass
+        args[key] = value
+    if not name or _XML_PARAMETER.sub("", rest).strip():  # something besides parameters
+        return None
+    return Call(name, args, json.dumps(args, ensure_ascii=False), _call_id())
+
+
 _KIMI_ARGS = "<|tool_call_argument_begin|>"
 _KIMI_ID = re.compile(r"(?:functions\.)?([^\s:]+):\d+")
 
@@ -207,6 +235,7 @@ def parse_kimi_call(body: str, tools=None) -> Call | None:
 THINK = ("<think>", "</think>")
 MARKUPS: dict[str, Markup] = {
     "qwen": Markup(THINK, ("<tool_call>", "</tool_call>"), parse_qwen_call),
+    "qwen_xml": Markup(THINK, ("<tool_call>", "</tool_call>"), parse_xml_call),
     "glm": Markup(THINK, ("<tool_call>", "</tool_call>"), parse_glm_call),
     "kimi": Markup(
         THINK,

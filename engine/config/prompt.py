@@ -21,8 +21,8 @@ VOLATILE_DEFAULTS = (BILLING_HEADER,)
 
 # How a model marks reasoning and tool calls in its output (clients.openai.parsers);
 # -thinking: the chat template's generation prompt opens the reasoning block itself.
-OUTPUT_FAMILIES = ("qwen", "glm", "kimi", "plain")
-OUTPUT_FORMATS = ("auto", *OUTPUT_FAMILIES, *(f"{f}-thinking" for f in OUTPUT_FAMILIES[:3]))
+OUTPUT_FAMILIES = ("qwen", "qwen_xml", "glm", "kimi", "plain")
+OUTPUT_FORMATS = ("auto", *OUTPUT_FAMILIES, *(f"{f}-thinking" for f in OUTPUT_FAMILIES[:4]))
 
 
 def parse_regex(value) -> str:
@@ -56,10 +56,10 @@ class PromptConfig:
     output_format: str = setting(
         "auto",
         "how the model marks reasoning and tool calls in its output: auto (from its chat "
-        "template and tokenizer), qwen, glm, kimi or plain; -thinking after one of the first "
-        "three: the generation prompt opens the reasoning",
+        "template and tokenizer), qwen, qwen_xml, glm, kimi or plain; -thinking after one of "
+        "the first four: the generation prompt opens the reasoning",
         choices=OUTPUT_FORMATS,
-        metavar="auto|qwen|glm|kimi|plain",
+        metavar="auto|qwen|qwen_xml|glm|kimi|plain",
     )
 
     def __post_init__(self):

@@ -107,13 +107,20 @@ class Constraint:
         return self.done or (not self.failed and self.matcher.is_accepting())
 
 
+def llguidance_tokenizer(tokenizer, vocab_size: int):
+    """llguidance's view of an HF fast tokenizer, or of mlx-lm's wrapper of one."""
+    import llguidance.hf
+
+    inner = getattr(tokenizer, "_tokenizer", None)
+    hf = inner if hasattr(inner, "backend_tokenizer") else tokenizer
+    return llguidance.hf.from_tokenizer(hf, n_vocab=vocab_size)
+
+
 class Grammars:
     """The compiled grammars of one model (module doc)."""
 
     def __init__(self, tokenizer, vocab_size: int, stop_ids, capacity: int = 64):
-        # An HF fast tokenizer, or mlx-lm's wrapper of one.
-        inner = getattr(tokenizer, "_tokenizer", None)
-        self.hf = inner if hasattr(inner, "backend_tokenizer") else tokenizer
+        self.hf = tokenizer  # an HF fast tokenizer, or mlx-lm's wrapper of one
         self.vocab_size = vocab_size
         self.stop_ids = frozenset(int(t) for t in stop_ids)
         self.capacity = capacity
@@ -126,9 +133,7 @@ class Grammars:
     def tokenizer(self):
         """llguidance's view of the tokenizer, built at the first constrained request."""
         if self._tokenizer is None:
-            import llguidance.hf
-
-            self._tokenizer = llguidance.hf.from_tokenizer(self.hf, n_vocab=self.vocab_size)
+            self._tokenizer = llguidance_tokenizer(self.hf, self.vocab_size)
         return self._tokenizer
 
     def constraint(self, grammar: Grammar, stop_ids=()) -> Constraint:

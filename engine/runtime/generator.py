@@ -317,7 +317,7 @@ class Generator:
                 copied_restore=restored.copied if index == 0 else 0,
                 restore_lost=lost,
                 # Matching starts at the first generated token.
-                constraint=req.constraint and self.grammars.constraint(req.constraint, stop_ids),
+                constraint=self._matcher(req.constraint, stop_ids),
                 index=index,
                 key=branch_key(req.request_id, index),
                 branches=req.sampling.n if index == 0 else 1,
@@ -343,6 +343,20 @@ class Generator:
                 forks.append(Branch(uid, sampler, held, stops, max_tokens))
                 self._enlist(act, uid)
             self.bg.fork(parent.uid, forks)
+
+    def _matcher(self, grammar, stop_ids):
+        """A fresh matcher for the request's grammar; an optional grammar (the engine's own)
+        that does not compile leaves the request unconstrained (the front end checked it:
+        this is the backstop)."""
+        if grammar is None:
+            return None
+        try:
+            return self.grammars.constraint(grammar, stop_ids)
+        except ValueError as e:
+            if not grammar.optional:
+                raise
+            log.warning("the %s grammar does not compile; unconstrained: %s", grammar.kind, e)
+            return None
 
     def _insert(self, act, segments, max_tokens, cache, prefix, sampler, stops) -> None:
         """One sequence into the batch: its segments after the restored `prefix`."""

@@ -21,12 +21,23 @@ bounded, so a model at a high temperature cannot pad forever.
 
 Tool calls are written in the model's own markup (its output format, as
 engine.server.output_format decides it). The `qwen` family (Qwen, Hermes, the
-embedded model) writes `<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>`
-with the markers as single tokens, which the grammar matches as tokens: free
-text can never contain them, so `auto` is lazy (free text until the model opens
-a call, then the call held to the tools' schemas) and `none` forbids calls.
-Other families have no tool grammar: asking them for `required` or a named
-tool is refused, `auto` runs unconstrained.
+embedded model) writes `<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>`.
+A marker the tokenizer holds as one added token (`markers`, from
+engine.server.output_format.special_markers) is matched as that token, which
+free text can never contain; a marker it spells in ordinary pieces is matched
+as text, and the free text around calls is then text without the marker (a
+lexeme that ends at the marker's first occurrence, `_until`). Either way `auto`
+is lazy (free text until the model opens a call, then the call held to the
+tools' schemas) and `none` forbids calls. The end of reasoning (`</think>`, for
+a `-thinking` format) is matched the same way. Other families have no tool
+grammar: asking them for `required` or a named tool is refused, `auto` runs
+unconstrained.
+
+`Grammar.optional` marks a grammar the engine adds on its own (the lazy `auto`
+tool grammar): one that does not compile for the served tokenizer leaves the
+request unconstrained (counted and logged). A grammar the client asked for
+(`required`, a named tool, `none`, a response format, a Lark text) that does
+not compile is the client's error.
 
 Plain Python (json, hashlib; llguidance only to check a grammar): no MLX.
 """
@@ -41,6 +52,9 @@ from typing import Any, Iterator, Mapping, Sequence
 
 WHITESPACE = r"[\x20\x0A\x0D\x09]{0,8}"  # at most 8 whitespace characters between JSON tokens
 TOOL_CHOICES = ("auto", "required", "none", "function")
+TOOL_OPEN, TOOL_CLOSE, THINK_CLOSE = "<tool_call>", "</tool_call>", "</think>"
+# The markers matched as single tokens when no tokenizer says otherwise.
+SPECIAL_MARKERS = frozenset((TOOL_OPEN, TOOL_CLOSE, "<think>", THINK_CLOSE))
 
 # Keywords llguidance cannot enforce (it refuses them); the walk refuses them first, with
 # their path.
@@ -81,6 +95,7 @@ class Grammar:
 
     lark: str
     kind: str  # json_schema | json_object | tools:<choice> | lark (for logs and figures)
+    optional: bool = False  # the engine's own (lazy auto): dropped, never failed, if it fails
 
     @property
     def key(self) -> str:
@@ -92,7 +107,12 @@ class Grammar:
 
 
 def schema_grammar(
-    schema: Any, *, strict: bool = False, output_format: str = "plain", where: str = "schema"
+    schema: Any,
+    *,
+    strict: bool = False,
+    output_format: str = "plain",
+    where: str = "schema",
+    markers: frozenset[str] = SPECIAL_MARKERS,
 ) -> Grammar:
     """The whole output is one JSON value valid for `schema`. Raises GrammarError."""
     if not isinstance(schema, Mapping):
@@ -100,15 +120,19 @@ def schema_grammar(
     check_schema(schema, where)
     body = _closed(schema) if strict else dict(schema)
     body["x-guidance"] = {"whitespace_pattern": WHITESPACE}
-    grammar = Grammar(_with_reasoning(f"%json {json.dumps(body)}", output_format), "json_schema")
+    lark = _with_reasoning(f"%json {json.dumps(body)}", output_format, markers)
+    grammar = Grammar(lark, "json_schema")
     _validate(grammar, schema, where)
     return grammar
 
 
-def json_object_grammar(output_format: str = "plain") -> Grammar:
+def json_object_grammar(
+    output_format: str = "plain", markers: frozenset[str] = SPECIAL_MARKERS
+) -> Grammar:
     """`response_format: json_object`: any JSON object."""
     body = {"type": "object", "x-guidance": {"whitespace_pattern": WHITESPACE}}
-    return Grammar(_with_reasoning(f"%json {json.dumps(body)}", output_format), "json_object")
+    lark = _with_reasoning(f"%json {json.dumps(body)}", output_format, markers)
+    return Grammar(lark, "json_object")
 
 
 def lark_grammar(text: str, where: str = "grammar") -> Grammar:
@@ -200,6 +224,7 @@ def tool_grammar(
     parallel: bool = True,
     output_format: str = "plain",
     where: str = "tool_choice",
+    markers: frozenset[str] = SPECIAL_MARKERS,
 ) -> Grammar | None:
     """The output a `tool_choice` allows over `tools` (OpenAI style definitions).
 
@@ -236,28 +261,63 @@ def tool_grammar(
     if calls:
         body = {"anyOf": [_call_schema(n, s) for n, s in calls.items()]}
         body["x-guidance"] = {"whitespace_pattern": WHITESPACE}
-    start = {
-        ("auto", True): "start: TEXT (call TEXT)*",
-        ("auto", False): "start: TEXT (call TEXT)?",
-        ("required", True): 'start: call ("\\n" call)*',
-        ("required", False): "start: call",
-        ("function", True): 'start: call ("\\n" call)*',
-        ("function", False): "start: call",
-        ("none", True): "start: TEXT",
-        ("none", False): "start: TEXT",
-    }[(choice, parallel)]
+    as_token = TOOL_OPEN in markers
+    if choice == "auto" and not as_token:  # free text ends where a call opens
+        start = "start: (OPEN call_body)* TEXT" if parallel else "start: (OPEN call_body)? TEXT"
+    else:
+        start = {
+            ("auto", True): "start: TEXT (call TEXT)*",
+            ("auto", False): "start: TEXT (call TEXT)?",
+            ("required", True): 'start: call ("\\n" call)*',
+            ("required", False): "start: call",
+            ("function", True): 'start: call ("\\n" call)*',
+            ("function", False): "start: call",
+            ("none", True): "start: TEXT",
+            ("none", False): "start: TEXT",
+        }[(choice, parallel)]
     lines = ["%llguidance {}", start]
     if body is not None:
-        lines.append(f'call: <tool_call> "\\n" %json {json.dumps(body)} "\\n" </tool_call>')
-    lines += ["TEXT: /(.|\\n)*/", ""]
+        lines.append(f"call: {_marker(TOOL_OPEN, markers)} call_body")
+        close = _marker(TOOL_CLOSE, markers)
+        lines.append(f'call_body: "\\n" %json {json.dumps(body)} "\\n" {close}')
+    if as_token:
+        lines.append("TEXT: /(.|\\n)*/")
+    else:
+        lines += [_until("OPEN", TOOL_OPEN), _without("TEXT", TOOL_OPEN)]
+    lines.append("")
     kind = f"tools:{choice}" + ("" if parallel else ":single")
     lark = "\n".join(lines)
     if output_format.endswith("-thinking"):  # the output starts inside the reasoning block
-        lark = lark.replace("start:", "start: THINK </think> body\nbody:", 1)
-        lark += "THINK: /(.|\\n)*/\n"
-    grammar = Grammar(lark, kind)
+        if THINK_CLOSE in markers:
+            lark = lark.replace("start:", "start: THINK </think> body\nbody:", 1)
+            lark += "THINK: /(.|\\n)*/\n"
+        else:
+            lark = lark.replace("start:", "start: THINK_END body\nbody:", 1)
+            lark += _until("THINK_END", THINK_CLOSE) + "\n"
+    grammar = Grammar(lark, kind, optional=choice == "auto")
     _validate(grammar, {"tools": list(tools)}, where)
     return grammar
+
+
+def _marker(text: str, markers: frozenset[str]) -> str:
+    """A marker in Lark: the special token where the tokenizer holds one, else its text."""
+    return text if text in markers else json.dumps(text)
+
+
+def _regex(text: str) -> str:
+    """`text` as a literal inside a Lark /regex/ (Rust regex syntax, `/` escaped)."""
+    return re.escape(text).replace("/", "\\/")
+
+
+def _until(name: str, marker: str) -> str:
+    """A lexeme: any text up to and including the first `marker` (text, not a token)."""
+    m = _regex(marker)
+    return f"{name}: /(.|\\n)*{m}/ & ~/(.|\\n)*{m}(.|\\n)+/"
+
+
+def _without(name: str, marker: str) -> str:
+    """A lexeme: any text that does not contain `marker`."""
+    return f"{name}: /(.|\\n)*/ & ~/(.|\\n)*{_regex(marker)}(.|\\n)*/"
 
 
 def _tool_schemas(tools: Sequence[Mapping[str, Any]], where: str) -> dict[str, Mapping]:
@@ -285,11 +345,13 @@ def _call_schema(name: str, params: Mapping) -> dict:
     }
 
 
-def _with_reasoning(body: str, output_format: str) -> str:
+def _with_reasoning(body: str, output_format: str, markers: frozenset[str]) -> str:
     """A `-thinking` family's output opens inside its reasoning block: free text up to
     `</think>`, then the constrained body."""
     if not output_format.endswith("-thinking"):
         return f"start: {body}\n"
+    if THINK_CLOSE not in markers:
+        return f"start: THINK_END WS {body}\n{_until('THINK_END', THINK_CLOSE)}\nWS: /[\\n ]*/\n"
     return f"start: THINK </think> WS {body}\nTHINK: /(.|\\n)*/\nWS: /[\\n ]*/\n"
 
 
@@ -311,6 +373,23 @@ def _validate(grammar: Grammar, schema: Any, where: str) -> None:
         message = re.sub(r"^at \d+\(\d+\): ", "", message)  # its place in the grammar text
         path = _locate(schema, message)
         raise GrammarError(f"{where}: {message}" + (f" (at {path})" if path else ""))
+
+
+def compile_error(grammar: Grammar, tokenizer) -> str:
+    """Why `grammar` does not compile against llguidance's `tokenizer` ("" when it does):
+    a special token it names that the vocabulary lacks, for one."""
+    from llguidance import LLMatcher
+
+    try:
+        failed, messages = LLMatcher.validate_grammar_with_warnings(
+            LLMatcher.grammar_from_lark(grammar.lark), tokenizer
+        )
+    except Exception as e:
+        return str(e).split("\n")[0]
+    if not failed:
+        return ""
+    message = (messages[0] if messages else "refused by the grammar engine").split("\n")[0]
+    return re.sub(r"^at \d+\(\d+\): ", "", message)
 
 
 def _locate(schema: Any, message: str) -> str:

@@ -2,16 +2,18 @@
 
 The cache manager explains a miss with it (engine.cache.misses): the token where
 a prompt left an earlier one falls in some message, and comparing that message
-(and the tools) with the earlier prompt's says why. Message k starts where the
-chat template's render of the messages before it (with the tools) stops
-matching the whole prompt's text, mapped to the token holding that character
-(the tokenizer's offsets); message 0 where the render of the tools alone stops
-matching, so a template that renders the tools first has them before message
-0. Renders are memoized by the digests of the messages they cover, so a
+(and the tools) with the earlier prompt's says why. Message k starts where what
+the chat template writes before it (engine.server.renders `before`: the render
+of the messages before it, with the tools, or where the template refuses that,
+the same followed by a placeholder message) stops matching the whole prompt's
+text, mapped to the token holding that character (the tokenizer's offsets);
+so a template that renders the tools first has them before message 0. A
+prefix that no render gives joins its message to the one before. Renders are
+memoized by the digests of the messages they cover, so a
 conversation that grows by a turn renders only its new prefixes. A message's
 digest is a short hash of the message as the template receives it.
 
-It knows the template only through a render function and the tokenizer only
+It knows the template only through that function and the tokenizer only
 through its offsets; nothing of the cache.
 """
 
@@ -44,18 +46,6 @@ def encode_with_offsets(tokenizer, text: str) -> tuple[list[int], list[int] | No
     return list(encoding.ids), [start for start, _ in encoding.offsets]
 
 
-def common_chars(a: str, b: str) -> int:
-    """Length of the longest common prefix of two strings (slice compares, in C)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if a[:mid] == b[:mid] else (lo, mid)
-    return lo
-
-
 def _token_at(starts: list[int], char: int) -> int:
     """The first token whose text holds character `char` (or begins at it)."""
     i = bisect.bisect_left(starts, char)
@@ -74,15 +64,16 @@ def _text_hash(text: str) -> bytes:
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
-# (messages, tools) -> the chat template's text, without the generation prompt.
-Render = Callable[[list, object], str]
+# (head messages, tools, the next message's role, the prompt's text) -> what the chat template
+# writes before that message, a prefix of the text; None when the template renders nothing.
+Before = Callable[[list, object, str, str], "str | None"]
 
 
 class Layouts:
     """Builds PromptLayouts; one per front end (its prompt thread), memo included."""
 
-    def __init__(self, render: Render, memo_entries: int = MEMO_ENTRIES):
-        self.render = render
+    def __init__(self, before: Before, memo_entries: int = MEMO_ENTRIES):
+        self.before = before
         self.memo: OrderedDict[bytes, tuple[int, bytes]] = OrderedDict()
         self.memo_entries = memo_entries
         self.renders = 0  # prefix renders done (the memo's misses)
@@ -103,24 +94,29 @@ class Layouts:
         if token_starts is None or not messages:
             return PromptLayout((), digests, roles, tools_digest)
         key = _chain(b"", tools_digest)
-        # Message 0 starts after what the template renders of the tools alone (a header
-        # and, where the template puts them first, the tools).
-        first = self._start(key, [], tools, text) if tools else 0
+        # Message 0 starts after what the template renders before it (a header, a default
+        # system prompt and, where the template puts them first, the tools).
+        first = self._start(key, [], tools, roles[0], text) or 0
         starts = [_token_at(token_starts, first) if tokens and first else 0]
         for k in range(1, len(messages)):
             key = _chain(key, digests[k - 1])
-            char = self._start(key, messages[:k], tools, text)
-            starts.append(max(starts[-1], _token_at(token_starts, char) if tokens else 0))
+            char = self._start(key, messages[:k], tools, roles[k], text)
+            # A prefix the template refuses to render joins its message to the one before.
+            at = _token_at(token_starts, char) if tokens and char is not None else 0
+            starts.append(max(starts[-1], at))
         return PromptLayout(tuple(starts), digests, roles, tools_digest)
 
-    def _start(self, key: bytes, head: Sequence[dict], tools, text: str) -> int:
-        """The character of `text` where the messages after `head` begin."""
+    def _start(self, key: bytes, head: Sequence[dict], tools, role: str, text: str) -> int | None:
+        """The character of `text` where the messages after `head` begin (None: unknown)."""
         hit = self.memo.get(key)
         if hit is not None and hit[0] <= len(text) and _text_hash(text[: hit[0]]) == hit[1]:
             self.memo.move_to_end(key)
             return hit[0]
         self.renders += 1
-        char = common_chars(self.render(list(head), tools), text)
+        shown = self.before(list(head), tools, role, text)
+        if shown is None:
+            return None
+        char = len(shown)
         self.memo[key] = (char, _text_hash(text[:char]))
         self.memo.move_to_end(key)
         while len(self.memo) > self.memo_entries:

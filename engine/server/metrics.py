@@ -9,15 +9,19 @@ its root tenant's salted short hash unless the operator opts in, one of at
 most `--metrics-namespaces` tags (engine.server.activity.NamespaceTags), so
 the series stay few.
 
-Two sources: `request(...)` at each request's end (the Finished event: counts,
+Three sources: `request(...)` at each request's end (the Finished event: counts,
 tokens, timings), and `sample(inspection)` about once a second from the cache
 manager's CacheStats and each replica's TierStats, whose cumulative counters
-are turned into counter increments (so the metrics equal CacheStats). The
+are turned into counter increments (so the metrics equal CacheStats), and
+`analysis(failures)` with it, the prompt builder's count of its own renders and
+grammars that failed on the model's template (engine.server.renders). The
 cache policy stays free of Ray: nothing here reaches into engine/cache but its
 messages.
 """
 
 from __future__ import annotations
+
+from typing import Mapping
 
 from ray.util.metrics import Counter, Gauge, Histogram
 
@@ -58,6 +62,11 @@ class EngineMetrics:
             "lineage_restore_failures_total", "planned restores that prefilled cold"
         )
         self.errors = counter("lineage_errors_total", "failed calls by gRPC status", "code")
+        self.analysis_failures = counter(
+            "lineage_analysis_failures_total",
+            "the engine's own template renders and grammars that failed (served without them)",
+            "kind",
+        )
         self.entries = gauge("lineage_entries", "conversation entries in RAM")
         self.anchors = gauge("lineage_anchors", "anchors in RAM")
         self.checkpoints = gauge("lineage_checkpoints", "checkpoints in RAM by kind", "kind")
@@ -110,6 +119,13 @@ class EngineMetrics:
     def error(self, code: str) -> None:
         """A call that ended with gRPC status `code` (its name, e.g. INVALID_ARGUMENT)."""
         self.errors.inc(1, self._tags(code=code))
+
+    def analysis(self, failures: Mapping[str, int]) -> None:
+        """The prompt builder's cumulative analysis failures by kind (layout, anchor, probe,
+        grammar: engine.server.renders)."""
+        tags = self._tags()
+        for kind, n in failures.items():
+            self._count(self.analysis_failures, n, {**tags, "kind": kind})
 
     def _count(self, counter: Counter, total: float, tags: dict) -> None:
         """Advance `counter` to the cumulative `total` (a restarted source starts over)."""

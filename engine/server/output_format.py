@@ -3,12 +3,19 @@
 The family (`qwen`, `glm`, `kimi`, `plain`; clients.openai.parsers reads each) comes
 from the chat template and the tokenizer's vocabulary, the way the template shows
 the model its own past calls: Kimi's `<|tool_calls_section_begin|>`, GLM's
-`<arg_key>`, Qwen's (and Hermes') `<tool_call>`; `<think>` tokens alone mean
+`<arg_key>`, Qwen3-Coder's `<function=…><parameter=…>` inside `<tool_call>`,
+Qwen's (and Hermes') JSON inside `<tool_call>`; `<think>` tokens alone mean
 Qwen-style reasoning. `-thinking` follows when the template's generation prompt
 ends inside an open `<think>` (the model's output starts in its reasoning).
 `--output-format` (engine.config.prompt) overrides the family. It reaches
-clients through ModelInfo.output_format. It knows the tokenizer and a render
-function, nothing of the model.
+clients through ModelInfo.output_format.
+
+The same markup is not always one token: Qwen's tokenizers hold `<tool_call>`
+as an added token, many Hermes-style fine-tunes and converted models spell it
+in ordinary BPE pieces. `special_markers(tokenizer)` says which markers are
+added tokens, so the grammars (engine.runtime.grammar) match each as the
+tokenizer holds it: a special token where there is one, its text where there is
+not. It knows the tokenizer and a render function, nothing of the model.
 """
 
 from __future__ import annotations
@@ -19,14 +26,18 @@ from engine.config.prompt import OUTPUT_FAMILIES
 
 THINKING = "-thinking"
 _PROBE = [{"role": "user", "content": "hi"}]
+# The markers a grammar matches: tool calls (qwen) and the end of reasoning (-thinking).
+MARKERS = ("<tool_call>", "</tool_call>", "<think>", "</think>")
 
 
 def family_of(template: str, vocab) -> str:
     """The family whose markup the template and the vocabulary show."""
     if "<|tool_calls_section_begin|>" in template or "<|tool_calls_section_begin|>" in vocab:
         return "kimi"
-    if "<arg_key>" in template:
+    if "<arg_key>" in template or "<arg_key>" in vocab:
         return "glm"
+    if "<function=" in template and "<parameter=" in template:
+        return "qwen_xml"
     if "<tool_call>" in template or "<tool_call>" in vocab:
         return "qwen"
     if "<think>" in vocab or "<think>" in template:
@@ -34,19 +45,25 @@ def family_of(template: str, vocab) -> str:
     return "plain"
 
 
-def opens_reasoning(render: Callable[[list], str]) -> bool:
-    """Whether the generation prompt ends inside an open `<think>` block."""
-    try:
-        text = render(list(_PROBE)).rstrip()
-    except Exception:  # a template that refuses the probe: it opens nothing we can see
-        return False
-    return text.endswith("<think>")
+def opens_reasoning(render: Callable[[list], "str | None"]) -> bool:
+    """Whether the generation prompt ends inside an open `<think>` block (None: the
+    template refused the probe, so it opens nothing we can see)."""
+    text = render(list(_PROBE))
+    return text is not None and text.rstrip().endswith("<think>")
+
+
+def special_markers(tokenizer) -> frozenset[str]:
+    """The MARKERS the tokenizer holds as added tokens (each one token id, which a grammar
+    names as `<marker>`); the others are text."""
+    added = getattr(tokenizer, "get_added_vocab", dict)()
+    return frozenset(m for m in MARKERS if m in added)
 
 
 def output_format(setting: str, tokenizer, render: Callable[[list], str]) -> str:
     """The format the front end announces: `setting` unless auto, else detected.
 
-    `render(messages)`: the chat template on messages, with the generation prompt.
+    `render(messages)`: the chat template on messages, with the generation prompt, or
+    None where the template refuses them.
     """
     if setting != "auto":
         return setting

@@ -5,10 +5,14 @@ lines of its system messages that change on every request (engine.server.volatil
 and `Prompt.volatile` counts them for the request's log line.
 
 The anchor is where (system messages + tools) ends and the first user message
-begins: the chat template rendered on the leading system messages plus the
-tools, without the generation prompt, tokenized once per distinct text
-(memoized), and its common prefix with the prompt, minus a few tokens of slack
-for BPE merges at the boundary (docs/architecture.md, "The cache contract").
+begins: what the chat template writes before the first message after the
+leading system messages (engine.server.renders `before`: their render with the
+tools, or where the template refuses that, the part a placeholder message does
+not change), tokenized once per distinct text (memoized), and its common prefix
+with the prompt, minus a few tokens of slack for BPE merges at the boundary
+(docs/architecture.md, "The cache contract"). Only the render of the client's
+whole conversation may refuse a request; the engine's own renders (anchor,
+layout, output-format probe) degrade to no analysis (engine.server.renders).
 
 `Prompt.layout` says where each message starts in the tokens and what each said
 (engine.server.layout), for the cache manager's miss explanations. The model's
@@ -25,10 +29,12 @@ import numpy as np
 
 from engine.cache.messages import PromptLayout
 from engine.config import PromptConfig
+from engine.server.constraints import GrammarCheck
 from engine.server.errors import InvalidRequest
 from engine.server.layout import Layouts, encode_with_offsets
 from engine.server.limits import DEFAULT_LIMITS, Limits, parse_json, printable
-from engine.server.output_format import output_format
+from engine.server.output_format import output_format, special_markers
+from engine.server.renders import TemplateRenders
 from engine.server.volatile import VolatileLines
 
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")  # roles of chat messages
@@ -103,10 +109,18 @@ class PromptBuilder:
         self._memo_bytes = limits.max_memo_bytes  # text plus ids, over every memoized render
         self.memo_nbytes = 0
         self.volatile = VolatileLines(prompt.volatile_lines)
-        self.layouts = Layouts(lambda messages, tools: self.render(messages, tools, False))
-        self.output_format = output_format(
-            prompt.output_format, tokenizer, lambda messages: self.render(messages, None, True)
+        self.renders = TemplateRenders(tokenizer)
+        self.layouts = Layouts(
+            lambda head, tools, role, text: self.renders.before("layout", head, tools, role, text)
         )
+        self.output_format = output_format(
+            prompt.output_format,
+            tokenizer,
+            lambda messages: self.renders.analysis("probe", messages, None, True),
+        )
+        # Markup the tool and reasoning grammars match as one token, not as text.
+        self.special_markers = special_markers(tokenizer)
+        self.grammars = GrammarCheck(tokenizer, vocab_size, self.renders.failed)
 
     def build(self, inp: PromptInput) -> Prompt:
         layout, volatile = PromptLayout(), 0
@@ -129,7 +143,7 @@ class PromptBuilder:
             )
             ids, starts = encode_with_offsets(self.tokenizer, text)
             tokens = tuple(ids)
-            anchor = self.anchor_length(messages, inp.tools, tokens)
+            anchor = self.anchor_length(messages, inp.tools, tokens, text)
             layout = self.layouts.layout(messages, inp.tools, text, starts, tokens)
         if not tokens:
             raise InvalidRequest("the prompt is empty")
@@ -146,25 +160,13 @@ class PromptBuilder:
         add_generation_prompt: bool,
         continue_final_message: bool = False,
     ) -> str:
-        kwargs = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
-        if tools:
-            kwargs["tools"] = list(tools)
-        if continue_final_message:
-            kwargs.update(add_generation_prompt=False, continue_final_message=True)
-        try:
-            if not messages:  # transformers refuses an empty conversation; render directly
-                from transformers.utils.chat_template_utils import render_jinja_template
+        """The client's conversation as the template writes it; InvalidRequest when the
+        template refuses it."""
+        return self.renders.render(messages, tools, add_generation_prompt, continue_final_message)
 
-                kwargs.pop("tokenize")
-                return render_jinja_template(
-                    conversations=[messages], chat_template=self.tokenizer.chat_template, **kwargs
-                )[0][0]
-            return self.tokenizer.apply_chat_template(messages, **kwargs)
-        except Exception as e:  # a template error is the request's fault
-            raise InvalidRequest(f"the chat template failed on these messages: {e}")
-
-    def anchor_length(self, messages, tools, tokens) -> int:
-        """Tokens the prompt shares with the render of its system messages plus tools."""
+    def anchor_length(self, messages, tools, tokens, text: str) -> int:
+        """Tokens the prompt shares with what the template writes before the first message
+        after its system messages (with the tools); 0 where the template renders nothing."""
         head = []
         for m in messages:
             if m.get("role") != "system":
@@ -174,8 +176,11 @@ class PromptBuilder:
             return 0
         if len(head) == len(messages) and not tools:
             return 0  # nothing after the system block: no boundary to pin
-        text = self.render(head, tools, add_generation_prompt=False)
-        prefix = self._tokens(text)
+        role = str(messages[len(head)].get("role", "user")) if len(head) < len(messages) else "user"
+        shown = self.renders.before("anchor", head, tools, role, text)
+        if not shown:
+            return 0
+        prefix = self._tokens(shown)
         prompt = np.asarray(tokens, dtype=np.int64)
         n = min(len(prefix), len(prompt))
         mismatch = np.nonzero(prefix[:n] != prompt[:n])[0]

@@ -228,6 +228,7 @@ async def sample_metrics(engine: "RunningEngine", every: float = 1.0) -> None:
         await asyncio.sleep(every)
         try:
             frontend.metrics.sample(await frontend.inspect(recent=0))
+            frontend.metrics.analysis(frontend.builder.renders.failures)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # an actor that is gone: the supervisor reports it

@@ -243,9 +243,11 @@ def generate_events(frontend: Frontend, auth: Authenticator, request, metadata):
     inp = to_prompt_input(request, limits)
     constraint = None
     if request.HasField("constraint"):
+        builder = frontend.builder
         constraint = to_constraint(
-            request.constraint, inp.tools, frontend.builder.output_format, limits
+            request.constraint, inp.tools, builder.output_format, limits, builder.special_markers
         )
+        constraint = builder.grammars.admit(constraint)  # compiles, or drops an optional one
     return frontend.generate(
         inp,
         to_sampling(request.sampling),

@@ -22,6 +22,10 @@ from clients.openai.parsers import (
 )
 
 QWEN_CALL = '<tool_call>\n{"name": "read_file", "arguments": {"path": "setup.py"}}\n</tool_call>'
+XML_CALL = (
+    "<tool_call>\n<function=read_file>\n<parameter=path>\na.py\n</parameter>\n"
+    "<parameter=limit>\n20\n</parameter>\n</function>\n</tool_call>"
+)
 GLM_CALL = (
     "<tool_call>run_tests\n<arg_key>pattern</arg_key>\n<arg_value>test_*.py</arg_value>\n"
     "<arg_key>verbose</arg_key>\n<arg_value>true</arg_value>\n</tool_call>"
@@ -109,6 +113,24 @@ CASES = [
         "check",
         [("run_tests", {"pattern": "test_*.py", "verbose": True})],
         [],
+    ),
+    (
+        "qwen_xml",
+        "qwen_xml",
+        "<think>look</think>Reading.\n" + XML_CALL,
+        "Reading.",
+        "look",
+        [("read_file", {"path": "a.py", "limit": 20})],
+        [],
+    ),
+    (
+        "qwen_xml garbage",
+        "qwen_xml",
+        "<tool_call>\n<function=f>\nstray</function>\n</tool_call>",
+        "<tool_call>\n<function=f>\nstray</function>\n</tool_call>",
+        "",
+        [],
+        ["<tool_call>\n<function=f>\nstray</function>\n</tool_call>"],
     ),
     (
         "glm without arguments",

@@ -97,7 +97,8 @@ def test_message_starts_fall_on_the_template_boundaries(builder):
     p = builder.build(PromptInput(messages=messages, tools=TOOLS))
     starts = p.layout.starts
     assert len(starts) == 4 and list(starts) == sorted(starts)
-    assert tok.decode(list(p.tokens[: starts[0]])).endswith("</tool_call>")  # tools first
+    # Tools first: message 0 (the system text) starts after them and their separator.
+    assert tok.decode(list(p.tokens[: starts[0]])).endswith("</tool_call>\n\n")
     assert tok.decode(list(p.tokens[starts[0] : starts[1]])).strip().startswith("You are careful")
     for k in (1, 2, 3):
         assert tok.decode(list(p.tokens[starts[k] : starts[k] + 1])) == "<|im_start|>"
@@ -187,6 +188,8 @@ def test_layouts_without_offsets_have_no_starts():
     [
         ("{{ '<|tool_calls_section_begin|>' }}", {}, "kimi"),
         ("<tool_call>{{ name }}<arg_key>{{ k }}</arg_key>", {}, "glm"),
+        ("plain {{ messages }}", {"<arg_key>": 7}, "glm"),
+        ("<tool_call>\n<function={{ n }}>\n<parameter={{ k }}>", {}, "qwen_xml"),
         ('<tool_call>\\n{"name": ...', {}, "qwen"),
         ("plain {{ messages }}", {"<think>": 5}, "qwen"),
         ("plain {{ messages }}", {}, "plain"),

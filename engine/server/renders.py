@@ -1,0 +1,156 @@
+"""The chat template's renders: the client's own, and the ones the engine makes for itself.
+
+Only the render of the client's whole conversation may refuse a request
+(`TemplateRenders.render`: InvalidRequest with the template's message). The
+engine also renders parts of a conversation for its own analysis: the text
+before each message (engine.server.layout: message starts for message points
+and miss explanations), the (system messages + tools) head (the anchor), a
+probe of the generation prompt (engine.server.output_format). Published
+templates refuse many of those partial conversations: Qwen's read
+`messages[0]` under `{% if tools %}` (an empty conversation raises), Mistral's
+and Gemma's `raise_exception` on a conversation that does not start with a
+user turn. An analysis render therefore never raises: it answers None, counts
+the failure by kind (`failures`, exported as a metric) and logs it once per
+template and kind, with the template's error.
+
+`before(kind, head, tools, role)` is the text the template renders before a
+message of `role` that follows `head`. The head's own render is exact where the
+template accepts it and the prompt starts with it. Where it fails, or where
+the template renders the head differently once another message follows (Qwen3
+drops the reasoning of assistant turns before the last user turn), the head
+is rendered again followed by two placeholder messages of that role that
+differ in their first character: their common prefix is everything the
+template writes before the placeholder's content, the head as the template
+renders it inside a longer conversation plus the message's own header.
+
+It knows the tokenizer's chat template and nothing of tokens or the cache.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Sequence
+
+from engine.server.errors import InvalidRequest
+
+log = logging.getLogger(__name__)
+
+# Two placeholder contents that differ at their first character and match no real message's
+# start in practice; their common render prefix ends where a message's content begins.
+PLACEHOLDERS = ("\u2460lineage-placeholder", "\u2461lineage-placeholder")
+ANALYSIS_KINDS = ("layout", "anchor", "probe", "grammar")  # what failed, for the metric
+
+
+class TemplateRenders:
+    """Renders of one tokenizer's chat template (module doc)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.failures: Counter[str] = Counter()  # analysis renders that raised, by kind
+        self._logged: set[tuple[int, str]] = set()
+
+    def render(
+        self,
+        messages: list,
+        tools,
+        add_generation_prompt: bool,
+        continue_final_message: bool = False,
+    ) -> str:
+        """The client's conversation as the template writes it; InvalidRequest when the
+        template refuses it (its own message)."""
+        try:
+            return self._render(messages, tools, add_generation_prompt, continue_final_message)
+        except Exception as e:  # a template error is the request's fault
+            raise InvalidRequest(f"the chat template failed on these messages: {e}")
+
+    def analysis(
+        self, kind: str, messages: Sequence[dict], tools, add_generation_prompt: bool = False
+    ) -> str | None:
+        """A render for the engine's own use, or None (counted and logged) when the
+        template refuses it."""
+        try:
+            return self._render(list(messages), tools, add_generation_prompt)
+        except Exception as e:
+            self.failed(kind, e)
+            return None
+
+    def failed(self, kind: str, error: BaseException | str) -> None:
+        """Count one analysis failure of `kind`; log the first per template and kind."""
+        assert kind in ANALYSIS_KINDS, kind
+        self.failures[kind] += 1
+        key = (hash(str(self.tokenizer.chat_template)), kind)
+        if key not in self._logged:
+            self._logged.add(key)
+            log.warning(
+                "the engine's own %s analysis failed on this model's chat template or "
+                "tokenizer; requests are served without it (logged once): %s",
+                kind,
+                error,
+            )
+
+    def before(self, kind: str, head: Sequence[dict], tools, role: str, text: str) -> str | None:
+        """What the template writes before a message of `role` following `head`, as far as
+        it agrees with the prompt's `text` (module doc); None when nothing renders."""
+        errors: list[BaseException] = []
+        own = self._quiet(list(head), tools, errors)
+        if own is not None and text.startswith(own):
+            return own
+        shown = self._placeholder_prefix(head, tools, role, errors)
+        candidates = [c for c in (own, shown) if c is not None]
+        if not candidates:
+            self.failed(kind, errors[-1])
+            return None
+        return max((text[: common_chars(c, text)] for c in candidates), key=len)
+
+    def _placeholder_prefix(self, head, tools, role: str, errors: list) -> str | None:
+        for r in dict.fromkeys((role, "user")):  # the message's own role, else a user turn
+            a = self._quiet([*head, _placeholder(r, PLACEHOLDERS[0])], tools, errors)
+            if a is None:
+                continue
+            b = self._quiet([*head, _placeholder(r, PLACEHOLDERS[1])], tools, errors)
+            if b is not None:
+                return a[: common_chars(a, b)]
+        return None
+
+    def _quiet(self, messages: list, tools, errors: list) -> str | None:
+        """The render without the generation prompt, or None (the error kept in `errors`)."""
+        try:
+            return self._render(messages, tools, False)
+        except Exception as e:
+            errors.append(e)
+            return None
+
+    def _render(self, messages, tools, add_generation_prompt, continue_final_message=False):
+        kwargs = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
+        if tools:
+            kwargs["tools"] = list(tools)
+        if continue_final_message:
+            kwargs.update(add_generation_prompt=False, continue_final_message=True)
+        if not messages:  # transformers refuses an empty conversation; render directly
+            from transformers.utils.chat_template_utils import render_jinja_template
+
+            kwargs.pop("tokenize")
+            return render_jinja_template(
+                conversations=[messages], chat_template=self.tokenizer.chat_template, **kwargs
+            )[0][0]
+        return self.tokenizer.apply_chat_template(messages, **kwargs)
+
+
+def _placeholder(role: str, content: str) -> dict:
+    message = {"role": role, "content": content}
+    if role == "tool":
+        message["tool_call_id"] = "call00000"  # Mistral's templates want 9 characters
+    return message
+
+
+def common_chars(a: str, b: str) -> int:
+    """Length of the longest common prefix of two strings (slice compares, in C)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if a[:mid] == b[:mid] else (lo, mid)
+    return lo

@@ -1,7 +1,7 @@
 """Anthropic Messages (`/v1/messages`, `/v1/messages/count_tokens`): Claude Code's wire.
 
-A request becomes the engine's chat messages (clients.openai.anthropic_request)
-and its completion Anthropic's content blocks (clients.openai.blocks): `text`,
+A request becomes the engine's chat messages (clients.bridge.anthropic_request)
+and its completion Anthropic's content blocks (clients.bridge.blocks): `text`,
 `thinking`, `tool_use` with parsed `input`; `stop_reason` end_turn, max_tokens
 or tool_use. Streaming sends Anthropic's events in its documented order:
 `message_start`; per block `content_block_start`, its `content_block_delta`s
@@ -12,7 +12,7 @@ started an `error` event. Usage has Anthropic's meanings, which add up to the
 prompt: `cache_read_input_tokens` restored from the cache,
 `cache_creation_input_tokens` prefilled and stored by it (every prefilled token,
 unless the cache is off), `input_tokens` prefilled and not stored. Errors are
-Anthropic-shaped (clients.openai.errors). `x-api-key` or `Authorization: Bearer`
+Anthropic-shaped (clients.bridge.errors). `x-api-key` or `Authorization: Bearer`
 carries the token; `anthropic-version` and `anthropic-beta` are accepted. No
 `from __future__ import annotations`: FastAPI reads the routes' annotations.
 """
@@ -21,17 +21,17 @@ import json
 import uuid
 from types import SimpleNamespace
 
-from clients.client import Chunk, Final, LineageError, Progress
-from clients.constraints import constraint_for
-from clients.openai.anthropic_request import Prompt, prompt_of
-from clients.openai.blocks import REASONING, TEXT, Blocks, Closed, Grew, Opened
-from clients.openai.callers import caller_of, drain, engine_call
-from clients.openai.errors import (
+from clients.bridge.anthropic_request import Prompt, prompt_of
+from clients.bridge.blocks import REASONING, TEXT, Blocks, Closed, Grew, Opened
+from clients.bridge.callers import caller_of, drain, engine_call
+from clients.bridge.errors import (
     engine_status,
     error_json,
     unless_disconnected,
 )
-from clients.openai.parsers import make_parser
+from clients.bridge.parsers import make_parser
+from clients.client import Chunk, Final, LineageError, Progress
+from clients.constraints import constraint_for
 from clients.wire import InvalidInput
 
 STOP_REASONS = {"length": "max_tokens"}  # "stop": end_turn, or tool_use with tool calls
@@ -199,7 +199,7 @@ def _schemas() -> SimpleNamespace:
 def add_routes(app, backend, served) -> None:
     """Add `/v1/messages` and `/v1/messages/count_tokens`, clients of `backend`.
 
-    `served` (clients.openai.models.ServedModels) says which model names are served.
+    `served` (clients.bridge.models.ServedModels) says which model names are served.
     """
     from fastapi import Request
     from fastapi.responses import StreamingResponse

@@ -3,13 +3,13 @@
 `create_app(engine, security, options)` builds it as a client of the engine: a
 gRPC address (a `Backend` over the client library), or a backend already made
 (the in-process one of `lineage serve --http-port`,
-clients.openai.in_process). The body cap and the token check run first
-(clients.openai.guard), every failure is answered in the shape of its wire
-format (clients.openai.errors), and OpenAI chat completions
-(clients.openai.chat_completions), Anthropic Messages
-(clients.openai.anthropic_messages), OpenAI Responses (clients.openai.responses,
+clients.bridge.in_process). The body cap and the token check run first
+(clients.bridge.guard), every failure is answered in the shape of its wire
+format (clients.bridge.errors), and OpenAI chat completions
+(clients.bridge.chat_completions), Anthropic Messages
+(clients.bridge.anthropic_messages), OpenAI Responses (clients.bridge.responses,
 with its store), `/v1/models` (the served names and aliases:
-clients.openai.models) and `/health` are served. FastAPI loads only here, when
+clients.bridge.models) and `/health` are served. FastAPI loads only here, when
 an app is built.
 """
 
@@ -17,12 +17,12 @@ import asyncio
 import json
 from dataclasses import dataclass, field
 
-from clients.openai import anthropic_messages, chat_completions, responses
-from clients.openai.backend import Backend
-from clients.openai.errors import add_error_handlers
-from clients.openai.guard import BodyLimit, BridgeSecurity, CallerGate, caller_of
-from clients.openai.models import ServedModels
-from clients.openai.response_store import ResponseStore
+from clients.bridge import anthropic_messages, chat_completions, responses
+from clients.bridge.backend import Backend
+from clients.bridge.errors import add_error_handlers
+from clients.bridge.guard import BodyLimit, BridgeSecurity, CallerGate, caller_of
+from clients.bridge.models import ServedModels
+from clients.bridge.response_store import ResponseStore
 
 # Bodies from this size on are parsed off the event loop (a thread's start costs less).
 OFF_LOOP_JSON_BYTES = 64 << 10

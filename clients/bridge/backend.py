@@ -1,6 +1,6 @@
 """The bridge's engine side: calls made for a Caller, health, and the served model's identity.
 
-Every call carries the token its Caller (clients.openai.guard) came with, or
+Every call carries the token its Caller (clients.bridge.guard) came with, or
 none: the AsyncClient calls on behalf of others and has no token of its own,
 not even $LINEAGE_AUTH_TOKEN. The namespace it names is the Caller's
 (`Caller.namespace`). It knows the gRPC client library; nothing of HTTP.
@@ -8,8 +8,8 @@ not even $LINEAGE_AUTH_TOKEN. The namespace it names is the Caller's
 
 from pathlib import PurePath
 
+from clients.bridge.guard import Caller
 from clients.client import AsyncClient, AsyncStream, LineageError
-from clients.openai.guard import Caller
 
 
 class Backend:

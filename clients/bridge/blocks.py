@@ -1,7 +1,7 @@
 """A completion as content blocks: what the Anthropic and Responses formats both build from.
 
 `Blocks` takes the engine's token chunks, runs them through the model family's
-output parser (clients.openai.parsers) and says when a block opens, grows
+output parser (clients.bridge.parsers) and says when a block opens, grows
 and closes: text, reasoning, or a tool call. One block is open at a time; a
 part of another kind closes it. A tool call opens only when the parser ends it
 with parsed arguments (its arguments come as one delta); one whose JSON is
@@ -17,7 +17,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 
-from clients.openai.parsers import (
+from clients.bridge.parsers import (
     OutputParser,
     ReasoningPart,
     TextPart,

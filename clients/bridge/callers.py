@@ -1,6 +1,6 @@
 """Who is calling the bridge, and the request to the engine every wire format makes.
 
-`Caller` is what the gate accepted (clients.openai.guard's Caller: the token
+`Caller` is what the gate accepted (clients.bridge.guard's Caller: the token
 that goes on to the engine, exactly that one, and the identity the bridge's
 own tokens name), the tenant it stands for (that identity, else a digest of
 the token, else "" on a server without tokens: the response store's
@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from clients.openai import guard
+from clients.bridge import guard
 from clients.wire import session_key
 
 

@@ -4,19 +4,19 @@ Translates their bodies into the engine's Generate call (clients.client.AsyncCli
 and its events back into OpenAI's objects: a whole response, or server-sent
 events when `stream` is set (chunks, the finish chunk, the usage chunk when
 asked, `[DONE]`). The model's own markup is parsed out of its output by the
-parser of its family (clients.openai.parsers, `output_format` from ModelInfo):
+parser of its family (clients.bridge.parsers, `output_format` from ModelInfo):
 reasoning becomes `reasoning_content`, and with `tools` (unless `tool_choice`
 is "none") its tool calls become `tool_calls`, streamed as `delta.tool_calls`
 (a first chunk with the call's index, id and name, then its arguments). A call
 whose markup does not parse is returned as content, with a warning in the log.
-The model name must be served (clients.openai.models; replies carry the name
+The model name must be served (clients.bridge.models; replies carry the name
 asked for).
 An assistant message sent back with `reasoning_content` has it rendered by the
 chat template again, so its tokens match what the cache holds.
 
 The cache namespace is the `X-Cache-Namespace` header, else the request's
 `user`; the call goes to the backend for the request's Caller
-(clients.openai.guard), whose token and identity decide the tenant. The
+(clients.bridge.guard), whose token and identity decide the tenant. The
 session key (which replica keeps the conversation) is the
 `x-session-id` or `session_id` header, else `prompt_cache_key`, else `user`.
 No `from __future__ import annotations`: FastAPI reads the annotations of the
@@ -29,11 +29,9 @@ import time
 import uuid
 from types import SimpleNamespace
 
-from clients.client import Chunk, Final, LineageError, Progress, Usage
-from clients.constraints import constraint_for
-from clients.openai.errors import lineage_error, unless_disconnected
-from clients.openai.guard import caller_of
-from clients.openai.parsers import (
+from clients.bridge.errors import lineage_error, unless_disconnected
+from clients.bridge.guard import caller_of
+from clients.bridge.parsers import (
     OutputParser,
     ReasoningPart,
     TextPart,
@@ -43,6 +41,8 @@ from clients.openai.parsers import (
     joined,
     make_parser,
 )
+from clients.client import Chunk, Final, LineageError, Progress, Usage
+from clients.constraints import constraint_for
 from clients.wire import InvalidInput, session_key
 
 log = logging.getLogger("lineage.bridge")

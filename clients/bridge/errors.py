@@ -13,8 +13,8 @@ starts gets 499 (unseen), and its gRPC call is cancelled.
 import asyncio
 import logging
 
+from clients.bridge.models import ModelNotFound
 from clients.client import LineageError
-from clients.openai.models import ModelNotFound
 from clients.wire import InvalidInput
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ A route hands the Caller to its backend call; with the bridge's own tokens a
 tenant's namespace comes from its identity (`Identity.namespace_for`), as in
 the engine. `BodyLimit` then reads the body, at most `max_body_bytes` (413)
 within `body_deadline` seconds (408), before FastAPI parses a byte of it. Each
-refusal's body has the shape of the path's wire format (clients.openai.errors).
+refusal's body has the shape of the path's wire format (clients.bridge.errors).
 It knows HTTP, ASGI and the configuration's `Identity`; nothing else of the engine.
 """
 
@@ -21,7 +21,7 @@ import hmac
 import json
 from dataclasses import dataclass, field
 
-from clients.openai.errors import error_json, wire_of
+from clients.bridge.errors import error_json, wire_of
 from engine.config import Identity, Limits
 
 # The default cap: the engine's own request cap (a 128k-token prompt as JSON ids is ~1 MB).

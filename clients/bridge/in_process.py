@@ -145,7 +145,7 @@ class InProcessBackend:
         self.client = InProcessClient(engine)
 
     def stream(self, caller, namespace: str = "", **request) -> InProcessStream:
-        """A Generate call for `caller` (clients.openai.guard's Caller), in the namespace it
+        """A Generate call for `caller` (clients.bridge.guard's Caller), in the namespace it
         may use of the one it named."""
         namespace = caller.namespace(namespace)
         return self.client.stream(auth_token=caller.token, namespace=namespace, **request)

@@ -1,8 +1,8 @@
 """OpenAI Responses (`/v1/responses`): the wire of Codex CLI and the agents SDKs.
 
-`POST /v1/responses` runs a request whose input (clients.openai.responses_input)
+`POST /v1/responses` runs a request whose input (clients.bridge.responses_input)
 the engine renders, and answers a Response object whose output items come from
-the completion's blocks (clients.openai.blocks): `reasoning`, `message` with
+the completion's blocks (clients.bridge.blocks): `reasoning`, `message` with
 `output_text`, `function_call`. Streaming sends the documented events, each
 with its `sequence_number`: `response.created`, `response.in_progress`; per item
 `response.output_item.added`, its content part's `.added`, the text's
@@ -15,7 +15,7 @@ at max_output_tokens) with usage: `input_tokens_details.cached_tokens` and
 is `response.failed`.
 
 With `store` (the default) the response and its conversation are kept
-(clients.openai.response_store), for `GET` and `DELETE /v1/responses/{id}` and
+(clients.bridge.response_store), for `GET` and `DELETE /v1/responses/{id}` and
 for a follow-up that names it as `previous_response_id` and sends only its new
 items: the stored conversation is the start of the new prompt, the reply as the
 model wrote it, so the engine's lineage cache restores past it and prefills
@@ -28,9 +28,7 @@ import time
 import uuid
 from types import SimpleNamespace
 
-from clients.client import Chunk, Final, LineageError, Progress
-from clients.constraints import constraint_for
-from clients.openai.blocks import (
+from clients.bridge.blocks import (
     REASONING,
     TEXT,
     TOOL_CALL,
@@ -39,17 +37,19 @@ from clients.openai.blocks import (
     Grew,
     Opened,
 )
-from clients.openai.callers import caller_of, drain, engine_call
-from clients.openai.errors import WireError, unless_disconnected
-from clients.openai.parsers import make_parser
-from clients.openai.response_store import ID, Record, StoredNotFound, tenant_key
-from clients.openai.responses_input import (
+from clients.bridge.callers import caller_of, drain, engine_call
+from clients.bridge.errors import WireError, unless_disconnected
+from clients.bridge.parsers import make_parser
+from clients.bridge.response_store import ID, Record, StoredNotFound, tenant_key
+from clients.bridge.responses_input import (
     call_ids,
     join_turns,
     messages_of,
     tool_choice_parses,
     tools_of,
 )
+from clients.client import Chunk, Final, LineageError, Progress
+from clients.constraints import constraint_for
 from clients.wire import InvalidInput, message_to_proto
 
 # Request fields the engine cannot honour: refused, never ignored.

@@ -1,11 +1,11 @@
 """The OpenAI bridge as a running server: uvicorn in the caller's event loop.
 
-`start_bridge(...)` binds and serves the app of clients.openai.app inside the
+`start_bridge(...)` binds and serves the app of clients.bridge.app inside the
 running loop (`lineage serve --http-port`); `run_bridge(...)` is the blocking
 job of `lineage bridge`, until SIGINT/SIGTERM. TLS, tokens, caps and deadlines
-come as a BridgeSecurity (clients.openai.guard), made from the engine's
+come as a BridgeSecurity (clients.bridge.guard), made from the engine's
 settings by `bridge_security`; the served model names and the response store's
-place and bounds as BridgeOptions (clients.openai.app), by `bridge_options`. A
+place and bounds as BridgeOptions (clients.bridge.app), by `bridge_options`. A
 connection's request headers must arrive within the header deadline (else it
 is closed), requests past the connection cap get 503 and connections past
 twice the cap are closed at once (`guarded_protocol`), so slow clients cannot
@@ -20,10 +20,10 @@ import socket
 import time
 from dataclasses import dataclass
 
+from clients.bridge.app import BridgeOptions, create_app
+from clients.bridge.guard import BridgeSecurity
+from clients.bridge.models import ServedModels
 from clients.client import DEFAULT_SERVER, LineageError
-from clients.openai.app import BridgeOptions, create_app
-from clients.openai.guard import BridgeSecurity
-from clients.openai.models import ServedModels
 
 # --------------------------------------------------------------- running ----
 
@@ -34,8 +34,8 @@ class BridgeHandle:
 
     server: object  # uvicorn.Server
     task: asyncio.Task
-    backend: object  # clients.openai.backend.Backend
-    store: object  # clients.openai.response_store.ResponseStore
+    backend: object  # clients.bridge.backend.Backend
+    store: object  # clients.bridge.response_store.ResponseStore
     host: str
     port: int
     tls: bool = False
@@ -64,7 +64,7 @@ async def start_bridge(
     options: BridgeOptions | None = None,
 ) -> BridgeHandle:
     """Serve the bridge on host:port (0: any free port) inside the running loop, in front of
-    `engine` (a gRPC address, or a backend: clients.openai.app.create_app).
+    `engine` (a gRPC address, or a backend: clients.bridge.app.create_app).
 
     The socket is bound here, so a taken port raises OSError to the caller.
     Signals stay with the caller's loop (`lineage serve` owns SIGINT/SIGTERM).

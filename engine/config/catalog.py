@@ -1,12 +1,12 @@
 """Every operator setting of the engine in one list, and docs/serving.md's table made from it.
 
-The settings are declared beside their fields (engine.config.setting); this module
+The settings are declared beside their fields (engine.config.declare); this module
 walks the tree's branches in order (model, cache, server, prompt, kernels, limits) and
 lists them, and writes them as the table between the markers in docs/serving.md:
 
-    python -m engine.config.settings --write docs/serving.md   # or --markdown: print it
+    python -m engine.config.catalog --write docs/serving.md   # or --markdown: print it
 
-tests/test_settings.py fails when the file and the code differ. It knows no
+tests/config/test_settings.py fails when the file and the code differ. It knows no
 argparse (clients.cli.args makes the options from the same list).
 """
 
@@ -18,7 +18,7 @@ import sys
 import typing
 from pathlib import Path
 
-from engine.config.setting import Setting, settings_of
+from engine.config.declare import Setting, settings_of
 from engine.config.tree import EngineConfig
 
 BEGIN, END = "<!-- settings:begin -->", "<!-- settings:end -->"
@@ -69,7 +69,7 @@ def with_table(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.config.settings", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m engine.config.catalog", description=__doc__)
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--markdown", action="store_true", help="print the table")
     action.add_argument("--write", metavar="FILE", help="rewrite the table between the markers")

@@ -5,7 +5,7 @@ A field the operator may set carries a `Setting` in its metadata
 is parsed and checked, its default as people read it, and its help. Everything
 else is generated from it: the CLI's options (clients.cli.args), the lookup of
 `EngineConfig.from_sources` (a flag wins over its variable, which wins over the
-default), and the table in docs/serving.md (engine.config.settings). Every
+default), and the table in docs/serving.md (engine.config.catalog). Every
 refusal names the flag and the variable. It knows no argparse and no particular
 setting.
 """

@@ -1,6 +1,6 @@
 """Which markup the served model writes its reasoning and tool calls in, decided at load.
 
-The family (`qwen`, `glm`, `kimi`, `plain`; clients.openai.parsers reads each) comes
+The family (`qwen`, `glm`, `kimi`, `plain`; clients.bridge.parsers reads each) comes
 from the chat template and the tokenizer's vocabulary, the way the template shows
 the model its own past calls: Kimi's `<|tool_calls_section_begin|>`, GLM's
 `<arg_key>`, Qwen's (and Hermes') `<tool_call>`; `<think>` tokens alone mean

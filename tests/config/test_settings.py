@@ -1,4 +1,4 @@
-"""Every setting declared once (engine.config.setting), everything else generated from it.
+"""Every setting declared once (engine.config.declare), everything else generated from it.
 
 From one declaration per setting: its `lineage serve` option, its environment
 lookup in `EngineConfig.from_sources` and its row in docs/serving.md. Checked
@@ -17,12 +17,12 @@ import pytest
 from clients.cli import main as cli
 from clients.cli.args import config_from_args
 from engine.config import EngineConfig, format_bytes, parse_bool, parse_bytes
-from engine.config.setting import parse_float, parse_int, parse_str, settings_of
-from engine.config.settings import SETTINGS, branches, markdown, with_table
+from engine.config.catalog import SETTINGS, branches, markdown, with_table
+from engine.config.declare import parse_float, parse_int, parse_str, settings_of
 
 ROOT = Path(__file__).resolve().parents[1]
 # Settings that need a partner (TLS files) or read a file (tokens): tests/server/test_auth.py;
-# --draft-model needs --speculative draft or auto: tests/runtime/test_draft_model.py.
+# --draft-model needs --speculative draft or auto: tests/runtime/speculative/test_draft_model.py.
 PAIRED = ("tls_cert", "tls_key", "tls_client_ca", "auth_token", "auth_token_file", "draft_model")
 SIMPLE = [s for s in SETTINGS if s.name not in PAIRED]
 BRANCH = {cls: f.name for cls, f in zip(branches(), dataclasses.fields(EngineConfig))}
@@ -141,7 +141,7 @@ def test_a_bad_integer_names_the_flag_and_the_variable():
 
 
 def test_the_docs_table_is_the_one_the_code_writes():
-    """Regenerate with `python -m engine.config.settings --write docs/serving.md`."""
+    """Regenerate with `python -m engine.config.catalog --write docs/serving.md`."""
     text = (ROOT / "docs" / "serving.md").read_text()
     assert with_table(text) == text
     for s in SETTINGS:

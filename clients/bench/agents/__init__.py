@@ -1,6 +1,6 @@
 """`lineage bench agents`: one agent traffic against every cache policy, beside the oracle.
 
-In one run, the same seeded traffic (clients.bench.traffic) goes to
+In one run, the same seeded traffic (clients.bench.agents.traffic) goes to
 - the real server and model in `lineage`, `exact` and `off` cache modes: three
   engines started in this process one after the other, each with a fresh
   cache directory, driven through `Client` with one thread per lane;
@@ -8,14 +8,14 @@ In one run, the same seeded traffic (clients.bench.traffic) goes to
   budget), driven as mlx_lm.server's batch path drives it: fetch_nearest_cache
   at admission, the system segment stored when its prefill ends, the rest
   prefilled, greedy decode, insert_cache of prompt + completion
-  (clients.bench.mlx_lm_cache);
+  (clients.bench.agents.mlx_lm_cache);
 - a real `mlx_lm.server` subprocess on the same model directory
   (clients.bench.peer), fed the same messages and tools through its OpenAI
   HTTP API, one thread per lane (a dropped stream hangs up after its drop
   point, as ours is cancelled there);
 - with `--api chat,messages,responses`, instead of the above: the lineage engine
-  behind the HTTP bridge, once per wire format (clients.bench.wire_apis);
-- the oracle (clients.bench.observed): for each request, the longest prefix
+  behind the HTTP bridge, once per wire format (clients.bench.agents.wire_apis);
+- the oracle (clients.bench.agents.observed): for each request, the longest prefix
   its prompt shares with the prompt of any request of an earlier step, or
   with prompt + completion of any earlier completed one (capped at the prompt
   length minus 1).
@@ -27,7 +27,7 @@ oracle; they coincide when the replies do. Prompt ids are rendered and
 tokenized here exactly as the front end does, and checked against the
 engine's `usage.prompt_tokens`.
 
-The records are clients.bench.observed's, the figures clients.bench.report's.
+The records are clients.bench.agents.observed's, the figures clients.bench.agents.report's.
 Cheap to import: MLX, mlx-lm, Ray and matplotlib are imported inside the functions.
 """
 
@@ -40,12 +40,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from clients.bench.drive import drive
+from clients.bench.agents.drive import drive
+from clients.bench.agents.observed import POLICIES, Observed, PolicyRun
+from clients.bench.agents.report import format_table, plot, summarize
+from clients.bench.agents.traffic import Traffic, build_traffic
 from clients.bench.figures import emit, plot_ready
 from clients.bench.harness import model_path, own_ray
-from clients.bench.observed import POLICIES, Observed, PolicyRun
-from clients.bench.report import format_table, plot, summarize
-from clients.bench.traffic import Traffic, build_traffic
 
 HELP = "agent traffic against lineage, exact, off and mlx-lm's prompt cache, beside the oracle"
 
@@ -65,7 +65,8 @@ class BenchOptions:
     variants: int = 4  # system-prompt-variant sessions at the end of the traffic
     message_edits: int = 4  # long-message sessions (an edit, a truncation) before them
     message_interval: int | None = None  # the engines' --message-interval; None: its default
-    apis: tuple = ()  # wire formats (clients.bench.wire_apis): the traffic through each instead
+    # wire formats (clients.bench.agents.wire_apis): the traffic through each instead
+    apis: tuple = ()
 
 
 # -------------------------------------------------------------- prompt ids ----
@@ -184,7 +185,7 @@ def run_engine(
 
         run = drive(mode, traffic, ids, serve, sample)
         if replicas > 1:
-            from clients.bench.replicas import replica_figures
+            from clients.bench.agents.replicas import replica_figures
 
             run.name = f"{mode}_x{replicas}"
             run.replicas = replica_figures(engine, client, run.observed)
@@ -284,8 +285,8 @@ def run_mlx_lm_server(traffic: Traffic, opts: BenchOptions, ids: PromptIds) -> P
 
 def run_mlx_lm(traffic: Traffic, opts: BenchOptions, ids: PromptIds) -> PolicyRun:
     """The traffic against mlx-lm's LRUPromptCache, in this process, as its server drives it
-    (clients.bench.mlx_lm_cache)."""
-    from clients.bench.mlx_lm_cache import MlxLmPromptCache
+    (clients.bench.agents.mlx_lm_cache)."""
+    from clients.bench.agents.mlx_lm_cache import MlxLmPromptCache
 
     policy = MlxLmPromptCache(opts.model, opts.ram_budget, opts.prefill_step_size)
 
@@ -303,8 +304,8 @@ def run_bench(opts: BenchOptions) -> dict:
     when an engine policy is asked for."""
     import shutil
 
-    from clients.bench import wire_apis
-    from clients.bench.replicas import parse
+    from clients.bench.agents import wire_apis
+    from clients.bench.agents.replicas import parse
 
     unknown = [p for p in opts.policies if p not in POLICIES and not parse(p)]
     unknown += [a for a in opts.apis if a not in wire_apis.APIS]
@@ -489,7 +490,7 @@ def format_report(report: dict) -> str:
     apis = report.get("apis")
     if not apis:
         return text
-    from clients.bench.wire_apis import format_chain
+    from clients.bench.agents.wire_apis import format_chain
 
     shares = ", ".join(f"{a} {f:.2%}" for a, f in apis["oracle_fraction"].items())
     text += f"\ncached share of the oracle by wire format: {shares}; spread {apis['spread']:.2%}"

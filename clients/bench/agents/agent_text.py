@@ -1,6 +1,6 @@
 """What agents say: tool definitions, tool calls and results, user turns, system texts.
 
-The text of `lineage bench agents`' traffic (clients.bench.traffic), seeded
+The text of `lineage bench agents`' traffic (clients.bench.agents.traffic), seeded
 and tokenizer-free: tool definitions with realistic JSON schemas filling a
 token budget, tool calls and results shaped by the tool, user turns and their
 edits, and the long system text with its clock variant. Sizes are estimates

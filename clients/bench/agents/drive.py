@@ -1,8 +1,8 @@
 """How `lineage bench agents` runs its traffic against one policy: step by step, in order.
 
-`drive` builds each step's messages from the sessions so far (clients.bench.traffic),
+`drive` builds each step's messages from the sessions so far (clients.bench.agents.traffic),
 renders their prompt ids (the caller's `ids.encode`), hands the step to the
-policy's `serve` and records what came back (clients.bench.observed). It knows
+policy's `serve` and records what came back (clients.bench.agents.observed). It knows
 no engine, server or wire format: `serve` does.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import time
 
-from clients.bench.observed import PolicyRun
-from clients.bench.traffic import Sessions, Traffic
+from clients.bench.agents.observed import PolicyRun
+from clients.bench.agents.traffic import Sessions, Traffic
 
 
 def drive(name: str, traffic: Traffic, ids, serve, sample) -> PolicyRun:

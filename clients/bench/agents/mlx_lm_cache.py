@@ -22,7 +22,7 @@ import copy
 import time
 from typing import Callable, Iterator
 
-from clients.bench.observed import Observed
+from clients.bench.agents.observed import Observed
 
 MLX_LM_ENTRIES = 10  # mlx_lm.server --prompt-cache-size default
 

@@ -3,7 +3,7 @@
 `Observed` is one request as a policy served it; `PolicyRun` a policy's whole
 run (its requests, its cache figures after each step); `oracle_lengths` the
 most a cache could have held for each request. The benchmark (clients.bench.agents)
-writes these records and its report (clients.bench.report) reads them. Plain
+writes these records and its report (clients.bench.agents.report) reads them. Plain
 Python and numpy: nothing here knows an engine or a model.
 """
 
@@ -49,7 +49,7 @@ class PolicyRun:
     stats: list = field(default_factory=list)  # cache figures after each step
     evictions: int = 0
     wall_s: float = 0.0
-    replicas: dict = field(default_factory=dict)  # several replicas: clients.bench.replicas
+    replicas: dict = field(default_factory=dict)  # several replicas: clients.bench.agents.replicas
 
 
 def oracle_lengths(steps, prompts, stored) -> list[int]:

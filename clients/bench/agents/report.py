@@ -1,6 +1,6 @@
 """The agent benchmark's figures: per-policy summaries, the table, the plot.
 
-Reads PolicyRun records (clients.bench.observed) and the oracle; knows nothing
+Reads PolicyRun records (clients.bench.agents.observed) and the oracle; knows nothing
 about engines or traffic generation. matplotlib loads only when `plot` draws.
 """
 
@@ -10,9 +10,9 @@ from collections import Counter
 
 import numpy as np
 
+from clients.bench.agents.observed import POLICIES, PolicyRun, oracle_lengths
+from clients.bench.agents.replicas import compare
 from clients.bench.figures import Column, percentile, pyplot, save_figure, table
-from clients.bench.observed import POLICIES, PolicyRun, oracle_lengths
-from clients.bench.replicas import compare
 
 
 def summarize(run: PolicyRun, phases: dict | None = None) -> dict:

@@ -31,7 +31,7 @@ of its session only: `Sessions` builds its messages from that request's
 messages and reply, the reply appended as the model produced it.
 
 This module knows what agent frameworks send and when; the text they send
-is clients.bench.agent_text's. It knows nothing about tokenizers, caches or
+is clients.bench.agents.agent_text's. It knows nothing about tokenizers, caches or
 servers; sizes are tokenizer-free estimates (`clients.fanout.estimate_tokens`).
 """
 
@@ -43,7 +43,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from clients.bench.agent_text import (
+from clients.bench.agents.agent_text import (
     edit_line,
     edited_user_text,
     make_systems,

@@ -2,7 +2,7 @@
 
 For each API asked (`chat`: OpenAI chat completions, `messages`: Anthropic
 Messages, `responses`: OpenAI Responses) a fresh lineage engine and the bridge
-in front of it serve the traffic of clients.bench.traffic, one thread per lane,
+in front of it serve the traffic of clients.bench.agents.traffic, one thread per lane,
 streaming over HTTP as agent clients do; each request's messages are written in
 that wire's shape (`chat_body`, `messages_body`, `responses_body`), its reply
 read back from the events, its cached tokens from the wire's own usage field
@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import time
 
-from clients.bench.observed import Observed, PolicyRun
+from clients.bench.agents.observed import Observed, PolicyRun
 
 APIS = ("chat", "messages", "responses")
 PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
@@ -214,9 +214,9 @@ class Served:
     """A fresh engine (lineage mode) and the bridge in front of it, in this process."""
 
     def __init__(self, config, store_dir: str):
-        from clients.openai.app import BridgeOptions
-        from clients.openai.models import ServedModels
-        from clients.openai.server import start_bridge
+        from clients.bridge.app import BridgeOptions
+        from clients.bridge.models import ServedModels
+        from clients.bridge.server import start_bridge
         from engine.server.background import BackgroundEngine, BackgroundLoop
 
         self.engine = BackgroundEngine(config, timeout=600)
@@ -241,7 +241,7 @@ def run_api(api: str, traffic, ids, config, store_dir: str) -> PolicyRun:
 
     import httpx
 
-    from clients.bench.drive import drive
+    from clients.bench.agents.drive import drive
 
     served, chains = Served(config, store_dir), Chains()
     try:
@@ -326,7 +326,7 @@ def _chain(http, ids, traffic, mode: str, turns: int) -> list[dict]:
     """One run of the conversation in `mode`: a row per turn."""
     import random
 
-    from clients.bench.agent_text import user_text
+    from clients.bench.agents.agent_text import user_text
 
     rng, chains = random.Random(7), Chains()
     messages = [{"role": "system", "content": traffic.systems["main"]}]

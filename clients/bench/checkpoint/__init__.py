@@ -69,8 +69,8 @@ def capture_cost(config, length: int = 4096, counts=(0, 8, 64), rounds: int = 7)
 
     import numpy as np
 
-    from engine.runtime.loader import load_model
     from engine.runtime.local import LocalEngine
+    from engine.runtime.model.loader import load_model
 
     loaded = load_model(config)
     info = loaded[2]

@@ -1,6 +1,6 @@
 """`lineage bench concurrency`: concurrent sub-agents per prefill schedule, and mlx_lm.server.
 
-One seeded agent traffic (clients.bench.traffic: K lanes sharing a system
+One seeded agent traffic (clients.bench.agents.traffic: K lanes sharing a system
 prompt plus tools, tool results of varied size) runs step by step; in every
 `--cold-every`-th step a long cold prompt (a system prompt of its own) is
 sent first and the lanes' warm turns follow `--stagger-ms` later, so they
@@ -20,7 +20,7 @@ new tokens) arrives while an 8k-token cold prompt prefills, its time to first
 token divided by the same turn's on the idle engine; then streams decode back
 to back while another 8k-token cold prompt prefills, their inter-token gaps
 over the whole prefill divided by the idle decode step, beside the model
-loop's own steps in that window split by phase (engine.runtime.step_profile:
+loop's own steps in that window split by phase (engine.runtime.batching.step_profile:
 what the slowest gaps are made of) and that prompt's time to first token
 against the same prompt alone.
 
@@ -38,11 +38,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from clients.bench.concurrency_report import format_table, plot, summarize
+from clients.bench.agents.traffic import Sessions, Traffic, build_traffic
+from clients.bench.concurrency.forward_costs import floor_probe, grouping_probe
+from clients.bench.concurrency.report import format_table, plot, summarize
 from clients.bench.figures import emit, percentile, plot_ready
-from clients.bench.forward_costs import floor_probe, grouping_probe
 from clients.bench.harness import model_path, own_ray
-from clients.bench.traffic import Sessions, Traffic, build_traffic
 from clients.fanout import make_system_prompt
 from engine.config import PREFILL_EVALS, ModelConfig
 

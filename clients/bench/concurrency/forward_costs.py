@@ -22,7 +22,7 @@ def _engine_model(model_dir: str):
     import mlx_lm
 
     from engine.config import EngineConfig
-    from engine.runtime.loader import install_kernels
+    from engine.runtime.model.loader import install_kernels
 
     model, _ = mlx_lm.load(model_dir)
     install_kernels(model, EngineConfig())
@@ -39,7 +39,7 @@ def grouping_probe(model_dir: str, chunk: int = 128, group: int = 3) -> dict:
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    from engine.runtime.batch import merge_with_room
+    from engine.runtime.batching.batch import merge_with_room
 
     model = _engine_model(model_dir)
     rng = random.Random(0)

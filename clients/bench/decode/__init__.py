@@ -56,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if not plot_ready(args, "lineage bench decode"):
         return 1
-    from clients.bench.decode_run import measure
+    from clients.bench.decode.run import measure
 
     figures = measure(args)
     return emit(figures, args, format_table, plot)

@@ -4,7 +4,7 @@
   stepped on this thread): the engine's own decode, no transport;
 - `generate_layer`: `mlx_lm.generate` on the same model in a process of its own
   (one stream; its generation tokens/s is the forward's cost, our limit here);
-- `client_layer`: a streaming client process (clients.bench.stream_client)
+- `client_layer`: a streaming client process (clients.bench.decode.stream_client)
   against a server: our gRPC front end, our HTTP bridge, or `mlx_lm.server`.
   The CPU that every process of the server side spends meanwhile is read
   from /proc (psutil), named by what the process is.
@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from clients.bench.stream_client import prompt_text
+from clients.bench.decode.stream_client import prompt_text
 
 
 @dataclass
@@ -119,7 +119,7 @@ def bare_step_ms(engine, rows: int, context: int = 128, repeats: int = 24) -> di
     from mlx_lm.models.cache import make_prompt_cache
 
     from clients.bench.figures import median_ms
-    from engine.runtime.batch import merge_with_room
+    from engine.runtime.batching.batch import merge_with_room
 
     model = engine.model
     caches = []
@@ -173,7 +173,7 @@ def client_layer(
 ) -> LayerRun:
     """A stream per prompt from a client process against `address`; `watch` (a
     ProcessWatch) reads the CPU of the server's processes over the run."""
-    argv = [sys.executable, "-m", "clients.bench.stream_client", protocol, address]
+    argv = [sys.executable, "-m", "clients.bench.decode.stream_client", protocol, address]
     argv += ["--prompts", ",".join(map(str, prompts)), "--tokens", str(tokens)]
     before = watch.sample() if watch else {}
     t0 = time.perf_counter()

@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import time
 
-from clients.bench.decode_layers import (
+from clients.bench.decode.layers import (
     LayerRun,
     ProcessWatch,
     client_layer,

@@ -1,6 +1,6 @@
 """Streaming clients for `bench decode`, run in a process of their own.
 
-`python -m clients.bench.stream_client http URL --prompts 0,3,5 --tokens N` sends
+`python -m clients.bench.decode.stream_client http URL --prompts 0,3,5 --tokens N` sends
 one greedy streaming completion per prompt, all at once, to an OpenAI-compatible server (ours
 through its bridge, or `mlx_lm.server`: the same client for both), and
 `... grpc ADDRESS ...` the same through our gRPC client library. Each stream
@@ -143,7 +143,7 @@ async def run_grpc(address: str, prompts: list[int], max_tokens: int) -> list[St
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m clients.bench.stream_client")
+    p = argparse.ArgumentParser(prog="python -m clients.bench.decode.stream_client")
     p.add_argument("protocol", choices=("http", "grpc"))
     p.add_argument("address", help="http://host:port, or host:port for gRPC")
     p.add_argument("--prompts", default="0", help="comma-separated prompt indexes, one stream each")

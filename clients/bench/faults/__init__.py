@@ -4,9 +4,9 @@ It starts a Ray of its own and a real engine (2 model replicas, the cache
 manager, gRPC on a free port) on the embedded model (or `--model`), with a
 small RAM budget (entries go to disk and come back), a low route threshold
 (handovers between the replicas), a 2 s loop deadline and a cache directory
-of its own. Agent traffic (clients.bench.traffic: sub-agents sharing a system
+of its own. Agent traffic (clients.bench.agents.traffic: sub-agents sharing a system
 prompt, tool calls, edits, regenerates, dropped streams) runs through it round
-after round, while it injects, one at a time (clients.bench.fault_injection):
+after round, while it injects, one at a time (clients.bench.faults.injection):
 
 1. `manager`: SIGKILL of the cache manager's process (Ray restarts it);
 2. `replica`: SIGKILL of replica 1's process (Ray restarts it);
@@ -18,7 +18,7 @@ after round, while it injects, one at a time (clients.bench.fault_injection):
 A fault is survived when, within `--recovery` seconds, the engine serves a
 request again and shows the fault's own mark (a new incarnation, a reset that
 was not a kill, lost writes reported then files written again). Every second
-it checks (clients.bench.fault_checks) the manager's invariants, that each
+it checks (clients.bench.faults.checks) the manager's invariants, that each
 replica's RAM tier holds what the index places there at the index's bytes,
 and that the directory holds the disk index; findings that last
 `--lasting` checks in a row count. When the traffic is done and the writers
@@ -141,8 +141,8 @@ def _config(base, cache_dir: Path, name: str):
 
 
 def _faulted_run(config, faults: list[str], args) -> dict:
-    from clients.bench.fault_checks import Lasting
-    from clients.bench.fault_injection import Injector
+    from clients.bench.faults.checks import Lasting
+    from clients.bench.faults.injection import Injector
     from clients.client import Client
     from engine.server.background import BackgroundEngine
 
@@ -184,7 +184,7 @@ _CACHE_FIGURES = ("restores_lost", "disk_writes_lost", "damaged_files", "disk_en
 
 def _traffic(client, args, until: threading.Event) -> list[Sent]:
     """Rounds of agent traffic until the faults are done, then one more round."""
-    from clients.bench.traffic import Sessions, build_traffic
+    from clients.bench.agents.traffic import Sessions, build_traffic
 
     out: list[Sent] = []
     more = 1
@@ -291,7 +291,7 @@ def check_once(engine, config, timeout: float = 5.0):
     manager or a replica restarting)."""
     import ray
 
-    from clients.bench.fault_checks import Holdings, compare, entry_files, read_holdings
+    from clients.bench.faults.checks import Holdings, compare, entry_files, read_holdings
     from engine.storage.file_format import entries_dir
 
     try:

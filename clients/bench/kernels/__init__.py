@@ -30,7 +30,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from clients.bench import dense_kernel
 from clients.bench.figures import (
     Column,
     emit,
@@ -42,7 +41,8 @@ from clients.bench.figures import (
     table_header,
     table_row,
 )
-from clients.bench.sparse_layer import CHUNKS, layer_bench
+from clients.bench.kernels import dense as dense_kernel
+from clients.bench.kernels.sparse import CHUNKS, layer_bench
 
 HELP = "sparse-attention, gated-delta and dense-attention kernels against the stock paths"
 
@@ -74,7 +74,7 @@ def _parse_timer(line: str) -> dict:
 
 def warm_turn_bench(context: int, new_tokens: int, decode_tokens: int, turns: int, seed=0):
     """Warm turns on the bench-size tiny glm_moe_dsa, kernels off then on."""
-    from engine.runtime.tiny_models import write_model_dir
+    from engine.runtime.model.tiny_models import write_model_dir
 
     out = {}
     with tempfile.TemporaryDirectory(prefix="lineage-bench-kernels-") as tmp:

@@ -28,7 +28,7 @@ FILL = 512  # tokens per prefill forward while filling a context
 def _model():
     import mlx_lm
 
-    from engine.runtime.tiny_models import ensure_default_model
+    from engine.runtime.model.tiny_models import ensure_default_model
 
     model, _ = mlx_lm.load(str(ensure_default_model()))
     return model
@@ -40,7 +40,7 @@ def _filled(model, contexts: list[int], seed: int):
     from mlx_lm.models.cache import make_prompt_cache
 
     from engine.kernels import dense_attention
-    from engine.runtime.batch import merge_with_room
+    from engine.runtime.batching.batch import merge_with_room
 
     rng = mx.random.key(seed)
     caches = []

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from clients.bench.figures import emit, labelled, median
-from clients.bench.restart_loads import big_entries, decode_during_load
+from clients.bench.restart.loads import big_entries, decode_during_load
 
 HELP = "warm restarts from the disk tier: time to first token, writer MB/s, decode under writes"
 
@@ -130,7 +130,7 @@ def run_bench(
     loads: int = 3,
     seed: int = 0,
 ) -> dict:
-    from engine.runtime.loader import load_model
+    from engine.runtime.model.loader import load_model
 
     loaded = load_model(config)
     info = loaded[2]

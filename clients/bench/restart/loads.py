@@ -35,7 +35,7 @@ def big_entries(engine, entry_id: int, target_mb: float, count: int, draw) -> li
 
     from engine.cache.messages import EntryRecord
     from engine.runtime import layer_caches
-    from engine.runtime.ram_tier import StoredEntry
+    from engine.runtime.tier.ram import StoredEntry
 
     held = engine.tier.entries[entry_id]
     n = held.length

@@ -60,7 +60,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from clients.openai.server import bridge_security, start_bridge
+    from clients.bridge.server import bridge_security, start_bridge
     from engine.config import EngineConfig
     from engine.server.background import BackgroundEngine
 

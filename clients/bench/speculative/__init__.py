@@ -1,7 +1,7 @@
 """`lineage bench speculative`: decode tokens/s with speculative decoding against `off`.
 
 Three traffics (an edit that re-emits a 200-line file, tool-call JSON, free
-chat; clients.bench.speculative_traffic) at 1, 4 and 8 streams, and on asking
+chat; clients.bench.speculative.traffic) at 1, 4 and 8 streams, and on asking
 (`--traffic tool_schema`) tool-call JSON held to a JSON schema, greedy, on
 in-process engines that share one loaded model (the trained embedded model
 without --model): per draft mode (`lookup`: prompt lookup, K fixed; `auto`:
@@ -66,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if not plot_ready(args, "lineage bench speculative"):
         return 1
-    from clients.bench.speculative_run import measure
+    from clients.bench.speculative.run import measure
 
     return emit(measure(args), args, format_table, plot)
 

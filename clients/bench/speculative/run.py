@@ -15,14 +15,14 @@ import argparse
 import dataclasses
 import time
 
-from clients.bench.decode_layers import LayerRun, StreamFigures
+from clients.bench.decode.layers import LayerRun, StreamFigures
 from clients.bench.harness import engine_config, model_path
-from clients.bench.speculative_traffic import prompt, schema
+from clients.bench.speculative.traffic import prompt, schema
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from engine.runtime.loader import load_model
     from engine.runtime.local import LocalEngine
+    from engine.runtime.model.loader import load_model
 
     # --draft-model is the modes' (the serve config refuses it beside --speculative off)
     draft_model, args.draft_model = args.draft_model, None
@@ -34,7 +34,7 @@ def measure(args: argparse.Namespace) -> dict:
     if draft_model is None and "draft" in args.modes:
         draft_model = _default_draft(config)
     if draft_model is not None:
-        from engine.runtime.draft_model import check_draft
+        from engine.runtime.speculative.draft_model import check_draft
 
         check_draft(draft_model, tokenizer)
     engines = {}
@@ -71,8 +71,8 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def _default_draft(config) -> str:
-    """The embedded model's trained draft (engine/runtime/assets/draft), for that model only."""
-    from engine.runtime.tiny_models import DRAFT_DIR
+    """The embedded model's trained draft (engine/runtime/model/assets/draft), for it only."""
+    from engine.runtime.model.tiny_models import DRAFT_DIR
 
     if not (DRAFT_DIR / "config.json").exists():
         raise ValueError(f"--draft-model: none given and none shipped at {DRAFT_DIR}")
@@ -89,7 +89,7 @@ def _traffics(args: argparse.Namespace, tokenizer, engines: dict) -> list:
         ]
         held = schema(traffic)
         if held is not None:
-            from engine.runtime.grammar import schema_grammar
+            from engine.runtime.structured.grammar import schema_grammar
 
             held = schema_grammar(held, strict=True)
         for k in args.streams:

@@ -39,8 +39,8 @@ def agent_set() -> dict:
 
 
 def grammars_of(tools: dict) -> dict:
-    """The grammars measured, by name (engine.runtime.grammar)."""
-    from engine.runtime.grammar import schema_grammar, tool_grammar
+    """The grammars measured, by name (engine.runtime.structured.grammar)."""
+    from engine.runtime.structured.grammar import schema_grammar, tool_grammar
 
     return {
         "required": tool_grammar(tools["tools"], "required", output_format="qwen"),
@@ -142,7 +142,7 @@ def decode_figures(engine, batches, steps: int, rounds: int, grammars: dict) -> 
 def mask_figures(tokenizer, vocab: int, grammar, documents: list[str], eos: int) -> dict:
     """µs of mask + accept per token: one row walking each document, and 8 rows at staggered
     positions (a row that ends starts the next document on a fresh matcher)."""
-    from engine.runtime.constraint import Grammars
+    from engine.runtime.structured.matcher import Grammars
 
     grammars = Grammars(tokenizer, vocab, {eos})
     grammars.constraint(grammar)  # compiled once: the walks are a cached grammar's
@@ -190,7 +190,7 @@ def mask_figures(tokenizer, vocab: int, grammar, documents: list[str], eos: int)
 
 def compile_figures(tokenizer, vocab: int, grammars: dict, eos: int) -> list[dict]:
     """ms to compile each grammar (a fresh cache: cold) and to take it again (cached)."""
-    from engine.runtime.constraint import Grammars
+    from engine.runtime.structured.matcher import Grammars
 
     out = []
     for name, grammar in grammars.items():

@@ -18,7 +18,7 @@ Four changes to mlx-lm's batches, everything else is mlx-lm's:
 
 What copies remain is counted per sequence: the merge (`restore_copies`), the
 copying extractions (`commit_copies`), and every filter, extend and buffer
-growth of mlx-lm's batch caches (`ledger`, engine.runtime.copies).
+growth of mlx-lm's batch caches (`ledger`, engine.runtime.batching.copies).
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from mlx.utils import tree_flatten
 from mlx_lm.generate import BatchGenerator, PromptProcessingBatch, _right_pad_prompts
 from mlx_lm.models.cache import BatchKVCache, CacheList, KVCache
 
-from engine.runtime.copies import CopyLedger
+from engine.runtime.batching.copies import CopyLedger
 from engine.runtime.layer_caches import snapshot_state
-from engine.runtime.masked_batch import LineageGenerationBatch
-from engine.runtime.speculative_batch import SpeculativeGenerationBatch
+from engine.runtime.speculative.speculative_batch import SpeculativeGenerationBatch
+from engine.runtime.structured.masked_batch import LineageGenerationBatch
 
 
 def merge_with_room(caches: list, room: int, copied: list | None = None) -> list:
@@ -183,7 +183,7 @@ class LineagePromptBatch(PromptProcessingBatch):
     extracted: dict | None = None  # set by the generator: uid -> KV bytes extractions copied
     forks: dict | None = None  # set by the generator: uid -> its Branches (engine.runtime.branches)
     # set by the generator when an MTP head drafts: uid -> its prompt's last prefilled
-    # positions (engine.runtime.mtp_drafts.PromptTails)
+    # positions (engine.runtime.speculative.mtp_drafts.PromptTails)
     tails = None
 
     def __init__(self, *args, caches=None, room: int = 0, **kwargs):
@@ -249,7 +249,7 @@ class LineagePromptBatch(PromptProcessingBatch):
 
     def generate(self, tokens):
         """mlx-lm's move to generation, into a batch that masks constrained rows
-        (engine.runtime.masked_batch)."""
+        (engine.runtime.structured.masked_batch)."""
         if any(len(t) > 1 for t in tokens):
             self.prompt([t[:-1] for t in tokens])
         last = self._branch_rows([t[-1] for t in tokens])
@@ -387,8 +387,8 @@ class LineageBatchGenerator(BatchGenerator):
     def __init__(self, model, *, clear_pool_per_prefill: bool = False, speculation=None, **kwargs):
         super().__init__(model, **kwargs)
         # The one generation batch lives as long as the generator (others extend it); its
-        # constrained rows are masked one by one (engine.runtime.masked_batch), and with
-        # speculation its step verifies drafts (engine.runtime.speculative_batch).
+        # constrained rows are masked one by one (engine.runtime.structured.masked_batch), and with
+        # speculation its step verifies drafts (engine.runtime.speculative.speculative_batch).
         if speculation is not None:
             self._generation_batch = SpeculativeGenerationBatch.speculating(
                 model, self.sampler, speculation
@@ -401,7 +401,7 @@ class LineageBatchGenerator(BatchGenerator):
         self.restore_copies: dict[int, int] = {}
         self.commit_copies: dict[int, int] = {}
         # What mlx-lm's batch caches copy when the batches change shape or outgrow their
-        # buffers (engine.runtime.copies), per uid: `ledger.pop(uid)`.
+        # buffers (engine.runtime.batching.copies), per uid: `ledger.pop(uid)`.
         self.ledger = CopyLedger()
         gen.extract_cache = lambda idx: extract_alone(gen, idx, self.commit_copies)
         gen_filter, gen_extend = gen.filter, gen.extend

@@ -42,10 +42,10 @@ from collections import deque
 import mlx.core as mx
 from mlx_lm.generate import PromptProcessingBatch
 
-from engine.runtime.batch import LineageBatchGenerator
-from engine.runtime.prefill_worker import PrefillWorker
-from engine.runtime.scheduler import Candidate, Chunk, Costs, PrefillScheduler
-from engine.runtime.step_profile import StepProfile
+from engine.runtime.batching.batch import LineageBatchGenerator
+from engine.runtime.batching.prefill_policy import Candidate, Chunk, Costs, PrefillScheduler
+from engine.runtime.batching.prefill_worker import PrefillWorker
+from engine.runtime.batching.step_profile import StepProfile
 
 EWMA = 0.3  # weight of the newest measurement in the cost estimates
 STEADY_STEPS = 32  # recent steps whose median is a step's steady cost
@@ -108,7 +108,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         super().__init__(model, **kwargs)
         self.scheduler = scheduler
         # Chunks run on the worker when the scheduler sizes them for it (`overlap`);
-        # `module_eval`: it evaluates module by module (engine.runtime.prefill_worker).
+        # `module_eval`: it evaluates module by module (engine.runtime.batching.prefill_worker).
         self.worker = PrefillWorker(model, module_eval) if scheduler.overlap else None
         self.flight: Flight | None = None  # the chunk on the worker
         self.landed: Flight | None = None  # the chunk landed whose responses go out next

@@ -15,7 +15,7 @@ things copy a batch's KV and state buffers, all inside mlx-lm's cache classes:
 `CopyLedger` charges each sequence the bytes of its own rows, per uid, from
 the caches' shapes before and after each such call (the engine routes every
 filter and extend through it, and checks the buffers' sizes after every
-step for growth). tests/runtime/test_copy_counters.py holds these figures
+step for growth). tests/runtime/batching/test_copy_counters.py holds these figures
 against MLX's memory counters, one call at a time.
 
 It knows the layouts of mlx-lm's batch caches; it decides nothing.

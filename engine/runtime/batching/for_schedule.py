@@ -11,12 +11,12 @@ from __future__ import annotations
 from mlx_lm.generate import BatchGenerator
 
 from engine.config import EngineConfig
-from engine.runtime.batch import LineageBatchGenerator
-from engine.runtime.chunked import ChunkedBatchGenerator
-from engine.runtime.prefill_worker import module_eval_default
-from engine.runtime.scheduler import PrefillScheduler
-from engine.runtime.speculation import speculation_for
-from engine.runtime.step_profile import StepProfile
+from engine.runtime.batching.batch import LineageBatchGenerator
+from engine.runtime.batching.chunked import ChunkedBatchGenerator
+from engine.runtime.batching.prefill_policy import PrefillScheduler
+from engine.runtime.batching.prefill_worker import module_eval_default
+from engine.runtime.batching.step_profile import StepProfile
+from engine.runtime.speculative.speculation import speculation_for
 
 
 def new_batch_generator(model, config: EngineConfig, profile: StepProfile) -> BatchGenerator:

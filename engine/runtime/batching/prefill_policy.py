@@ -26,7 +26,7 @@ prefill chunk that runs beside it, within a token budget:
   taken off), so a decoding stream's inter-token gap stays near that; with
   nothing decoding it gets `slice_ms`, so a newcomer waits at most about
   that long for the chunk in flight. With `overlap` (the chunk's forward runs
-  on a thread of its own beside the decode steps, engine.runtime.chunked) the
+  on a thread of its own beside the decode steps, engine.runtime.batching.chunked) the
   chunk is no part of a step: it gets `slice_ms` whether or not sequences
   decode. Never more than `budget` tokens, never fewer than MIN_CHUNK (the
   long prompt always moves).
@@ -116,7 +116,8 @@ class PrefillScheduler:
 
     def short(self, total: int) -> bool:
         """A prefill of `total` tokens is short: it runs whole, and it is never background work
-        (engine.runtime.prefill_worker evaluates only a long one's chunks module by module)."""
+        (engine.runtime.batching.prefill_worker evaluates only a long one's chunks module by
+        module)."""
         return total <= self.budget
 
     def allowance(self, head: Candidate, decoding: int, costs: Costs) -> int:

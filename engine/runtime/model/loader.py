@@ -43,7 +43,7 @@ def resolve_model_path(config: EngineConfig) -> Path:
                 f"--model {path}: no config.json there (not an mlx-lm model directory)"
             )
         return path
-    from engine.runtime.tiny_models import ensure_default_model
+    from engine.runtime.model.tiny_models import ensure_default_model
 
     return ensure_default_model(config.cache.resolved_cache_dir)
 
@@ -68,12 +68,12 @@ def load_model(config: EngineConfig):
     from mlx.utils import tree_flatten
 
     from engine.runtime import layer_caches
-    from engine.runtime.fingerprint import model_fingerprint
+    from engine.runtime.model.fingerprint import model_fingerprint
 
     path = resolve_model_path(config)
     model, tokenizer, raw = mlx_lm.load(str(path), return_config=True)
     if config.model.draft_model:  # refused here, at startup, not at the first draft
-        from engine.runtime.draft_model import check_draft
+        from engine.runtime.speculative.draft_model import check_draft
 
         check_draft(config.model.draft_model, tokenizer)
     active = install_kernels(model, config)

@@ -6,12 +6,12 @@ Each architecture is one HF-style ``config.json`` dict that ``mlx_lm.load`` acce
   (``build_model``, ``write_model_dir``).
 - The embedded default model (``ensure_default_model``, what ``lineage serve`` serves
   without ``--model``): a qwen3_next of size "embedded" trained by
-  ``scripts/train_tiny.py``, shipped in ``engine/runtime/assets/model`` with its MTP
-  head (``mtp.safetensors``, see ``engine.runtime.mtp``), float32 as it is served.
+  ``scripts/train_tiny.py``, shipped in ``engine/runtime/model/assets/model`` with its MTP
+  head (``mtp.safetensors``, see ``engine.runtime.speculative.mtp``), float32 as it is served.
 
 This module knows model shapes and files. It knows nothing about caches, serving or
 requests; the tokenizer it writes next to the weights is the committed one in
-``engine/runtime/assets/tokenizer`` (see ``scripts/train_tokenizer.py``).
+``engine/runtime/model/assets/tokenizer`` (see ``scripts/train_tokenizer.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine.runtime.mtp import MTP_WEIGHTS_FILE
+from engine.runtime.speculative.mtp import MTP_WEIGHTS_FILE
 
 ARCHS = ("qwen3_next", "kimi_linear", "mamba2", "llama", "glm_moe_dsa", "gemma3_text")
 SIZES = ("tiny", "bench", "embedded", "draft")

@@ -1,7 +1,7 @@
 """Drafts of grammar-constrained rows: cut to what the matcher allows, verified under its masks.
 
-A constrained row's matcher (engine.runtime.constraint) follows the masked
-batch's protocol (engine.runtime.masked_batch): at the start of a step it
+A constrained row's matcher (engine.runtime.structured.matcher) follows the masked
+batch's protocol (engine.runtime.structured.masked_batch): at the start of a step it
 holds every token the row has kept, and not the token in flight (sampled last
 step, fed this one), which the step accepts. Speculation keeps that protocol:
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from engine.runtime.masked_batch import constraint_of, mask_rows
+from engine.runtime.structured.masked_batch import constraint_of, mask_rows
 
 
 def allowed(constraint, current: int, drafts: list[int]) -> int:

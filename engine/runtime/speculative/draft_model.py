@@ -8,7 +8,7 @@ sequence it keeps its own layer caches and the tokens they hold (`DraftRow`):
 - Sync: each `propose(uid, context, k)` compares the tokens it fed with
   `context` (the sequence's whole context). Its drafts that the target
   rejected are not in `context`: the row is rewound to the mark taken just
-  before it fed its drafts (engine.runtime.rollback's `hold`/`put_back`: KV
+  before it fed its drafts (engine.runtime.speculative.rollback's `hold`/`put_back`: KV
   trimmed, recurrent and conv state set back to the arrays held at the mark,
   sliding windows to their held slices), then fed what `context` has beyond
   the mark, accepted drafts included, in one forward. So its caches always
@@ -23,7 +23,7 @@ sequence it keeps its own layer caches and the tokens they hold (`DraftRow`):
 
 Rows draft one after another (one draft forward per row and draft token), not
 batched across rows. Sampling at temperature > 0 verifies greedy drafts as
-deterministic proposals (engine.runtime.verification), which keeps the
+deterministic proposals (engine.runtime.speculative.verification), which keeps the
 target's distribution.
 
 `LookupOrDraft` is `--speculative auto`'s combination when a draft model is
@@ -49,8 +49,8 @@ from typing import Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from engine.runtime import rollback
-from engine.runtime.drafts import MAX_NGRAM, DraftSource, PromptLookup
+from engine.runtime.speculative import rollback
+from engine.runtime.speculative.drafts import MAX_NGRAM, DraftSource, PromptLookup
 
 PREFILL_STEP = 512  # tokens per chunk of a row's first prefill
 FLAG = "--draft-model"

@@ -2,7 +2,7 @@
 
 A source proposes up to `k` tokens that follow a sequence's context (its
 prompt, the session's earlier replies that the prompt carries, and what it has
-generated so far); the verify forward (engine.runtime.speculative_batch)
+generated so far); the verify forward (engine.runtime.speculative.speculative_batch)
 decides which of them the model agrees with. A source is never trusted: a bad
 guess costs the verify forward's extra positions and nothing else.
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 
-from engine.runtime.mtp import lm_logits
+from engine.runtime.speculative.mtp import lm_logits
 
 RATE = 0.6  # the embedded head's acceptance on edit, tool-call and chat traffic (0.59-0.63)
 CONTEXT = 64  # tokens of synthetic context the forwards are timed on

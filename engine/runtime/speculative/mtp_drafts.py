@@ -1,6 +1,6 @@
 """MTP drafts: the model's next-next-token head guessing what follows the token in flight.
 
-The head (engine.runtime.mtp.MTPHead) reads pairs (h_t, token t+1): the main
+The head (engine.runtime.speculative.mtp.MTPHead) reads pairs (h_t, token t+1): the main
 model's final hidden state at a position and the token that followed it, and
 predicts token t+2. In the generation batch that is exactly what a step knows
 when it ends: the verify forward gave the hidden states of every position it
@@ -16,7 +16,7 @@ The head's cache is its one layer's batch cache (a `BatchKVCache`, or a
 `CacheList` of them under MLA/DSA) whose rows follow the batch's rows
 (`filter`, `extend`), never holding a rejected draft (only kept pairs are fed;
 the right padding of rows that kept fewer becomes left padding, as
-engine.runtime.rollback does for the main caches). A sequence's head context
+engine.runtime.speculative.rollback does for the main caches). A sequence's head context
 starts with its prompt's last `TAIL` prefilled positions (`PromptTails`: the
 prefill keeps the trunk's final hidden states of each chunk's positions
 instead of its logits, which nothing reads), fed to the head when the

@@ -46,7 +46,7 @@ from mlx_lm.models.cache import (
     RotatingKVCache,
 )
 
-from engine.runtime.state_replay import MixerTaps
+from engine.runtime.speculative.state_replay import MixerTaps
 
 
 def _kv_only(cache) -> bool:
@@ -58,7 +58,7 @@ def _kv_only(cache) -> bool:
 def hold(cache):
     """What restores `cache` to now (None: an append-only cache, trimmed instead).
 
-    Batch caches and single-sequence ones alike (engine.runtime.draft_model rolls its
+    Batch caches and single-sequence ones alike (engine.runtime.speculative.draft_model rolls its
     own caches back with these)."""
     if type(cache) is CacheList:
         return tuple(hold(c) for c in cache.caches)

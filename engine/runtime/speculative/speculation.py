@@ -1,20 +1,20 @@
 """Which speculation a model replica runs, from its configuration (`--speculative`).
 
 - `off`: none; the generation batch is mlx-lm's.
-- `lookup`: prompt-lookup drafts (engine.runtime.drafts.PromptLookup).
-- `mtp`: the model's MTP head (engine.runtime.mtp, engine.runtime.mtp_drafts),
+- `lookup`: prompt-lookup drafts (engine.runtime.speculative.drafts.PromptLookup).
+- `mtp`: the model's MTP head (engine.runtime.speculative.mtp and .mtp_drafts),
   `--num-draft-tokens` chained drafts per step (1 unless set); a model without
   one is refused, naming the flag.
-- `draft`: a draft model's greedy drafts (engine.runtime.draft_model.DraftModel,
+- `draft`: a draft model's greedy drafts (engine.runtime.speculative.draft_model.DraftModel,
   from `--draft-model PATH`, loaded once per process).
 - `auto`: every draft source the model supports and that pays here, with each
-  sequence's draft length adapted (engine.runtime.draft_length) unless
+  sequence's draft length adapted (engine.runtime.speculative.draft_length) unless
   `--num-draft-tokens` fixes it: prompt lookup; with `--draft-model`, lookup
   where it matches a long n-gram, else the draft model
   (draft_model.LookupOrDraft), if the draft's decode step is cheap enough
   beside the model's (draft_model.draft_pays, measured when the batch is
   built); the MTP head where the model has one and a step with its draft pays
-  (engine.runtime.mtp_costs, timed at load), a row's other guess first, else
+  (engine.runtime.speculative.mtp_costs, timed at load), a row's other guess first, else
   the head's. On the embedded model on a CPU neither the shipped draft nor the
   head pays: auto is prompt lookup there.
 
@@ -26,17 +26,17 @@ from __future__ import annotations
 import logging
 
 from engine.config import EngineConfig
-from engine.runtime import mtp_costs
-from engine.runtime.draft_model import (
+from engine.runtime.speculative import mtp_costs
+from engine.runtime.speculative.draft_model import (
     PAYING_COST,
     DraftModel,
     LookupOrDraft,
     draft_pays,
     load_draft,
 )
-from engine.runtime.drafts import PromptLookup
-from engine.runtime.mtp import load_mtp
-from engine.runtime.speculative_batch import Speculation
+from engine.runtime.speculative.drafts import PromptLookup
+from engine.runtime.speculative.mtp import load_mtp
+from engine.runtime.speculative.speculative_batch import Speculation
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def _paying(draft, model) -> bool:
 
 
 def _model_dir(config: EngineConfig):
-    from engine.runtime.loader import resolve_model_path
+    from engine.runtime.model.loader import resolve_model_path
 
     return resolve_model_path(config)
 

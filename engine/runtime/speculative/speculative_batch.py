@@ -1,7 +1,7 @@
 """The lineage generation batch with speculative decoding: drafts verified in one forward.
 
-Each step, every decoding sequence may bring drafts (engine.runtime.drafts):
-1. Drafts: each row whose draft length wants some (engine.runtime.draft_length)
+Each step, every decoding sequence may bring drafts (engine.runtime.speculative.drafts):
+1. Drafts: each row whose draft length wants some (engine.runtime.speculative.draft_length)
    asks its source. A row's source is first asked on the context it has fed
    (no wait for the token being sampled); only when some row has a guess does
    the step wait for the sampled tokens and ask again with them. With no
@@ -9,13 +9,13 @@ Each step, every decoding sequence may bring drafts (engine.runtime.drafts):
 2. Verify: one forward of the whole batch, each row its current token and its
    drafts (padded to the batch's longest: padding is never accepted).
 3. Accept: greedy exact match or speculative sampling, per row
-   (engine.runtime.verification), then cut at a stop token or max_tokens, so
+   (engine.runtime.speculative.verification), then cut at a stop token or max_tokens, so
    a row never keeps a token it would not have emitted.
 4. Roll back: every layer cache to the kept tokens of each row
-   (engine.runtime.rollback: trim the KV, restore and replay the state).
+   (engine.runtime.speculative.rollback: trim the KV, restore and replay the state).
 5. Emit: one Response per kept token, in order; the last carries the finish.
 
-With an MTP head (`Speculation.mtp`, engine.runtime.mtp_drafts) the drafts are
+With an MTP head (`Speculation.mtp`, engine.runtime.speculative.mtp_drafts) the drafts are
 the head's, drawn at the end of the step before (with a source beside it, a
 row's lookup guess goes first): every step is then a verify forward of the
 model's trunk (its final hidden states feed the head), rows without drafts
@@ -25,11 +25,11 @@ A row's tokens thus leave several per step; `tokens[r]` is always exactly
 what its caches hold, so a finished row's extraction (and the lineage
 cache's commit after it) holds accepted tokens only.
 
-A grammar-constrained row drafts too (engine.runtime.constrained_drafts):
+A grammar-constrained row drafts too (engine.runtime.speculative.constrained_drafts):
 its drafts are cut to what its matcher allows, its verify positions are
 masked by the matcher's state after the tokens before each, and its matcher
 is rolled back to the kept tokens with the caches. A step where no row drafts
-is the masked plain step of engine.runtime.masked_batch, whose batch this one
+is the masked plain step of engine.runtime.structured.masked_batch, whose batch this one
 extends.
 
 It knows the batch's rows and mlx-lm's step; what to draft is the sources'.
@@ -42,13 +42,13 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from engine.runtime import constrained_drafts, rollback, verification
-from engine.runtime.draft_length import DraftLength, StepCosts, batch_k
-from engine.runtime.drafts import DraftSource
-from engine.runtime.masked_batch import LineageGenerationBatch, constraint_of
-from engine.runtime.mtp import lm_logits
-from engine.runtime.mtp_drafts import MTPDrafts
-from engine.runtime.state_replay import MixerTaps
+from engine.runtime.speculative import constrained_drafts, rollback, verification
+from engine.runtime.speculative.draft_length import DraftLength, StepCosts, batch_k
+from engine.runtime.speculative.drafts import DraftSource
+from engine.runtime.speculative.mtp import lm_logits
+from engine.runtime.speculative.mtp_drafts import MTPDrafts
+from engine.runtime.speculative.state_replay import MixerTaps
+from engine.runtime.structured.masked_batch import LineageGenerationBatch, constraint_of
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,8 @@ class Speculation:
     draft_tokens: int | None = None  # None: auto, per sequence
     # A rollback replays the recurrent mixers alone where it can (else the whole model).
     mixer_replay: bool = True
-    mtp: object = None  # the model's MTP head (engine.runtime.mtp): its drafts, `mtp_chain` a step
+    # the model's MTP head (engine.runtime.speculative.mtp): its drafts, `mtp_chain` a step
+    mtp: object = None
     mtp_chain: int = 1
 
 
@@ -109,7 +110,7 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
         batch.lengths = {}  # uid -> DraftLength
         batch.costs = StepCosts()  # a forward's ms by the tokens it feeds (auto's K)
         # The recurrent mixers, tapped so a rollback replays them alone (None: the model's
-        # state layers need the whole model replayed; engine.runtime.state_replay).
+        # state layers need the whole model replayed; engine.runtime.speculative.state_replay).
         batch.taps = MixerTaps.of(model) if speculation.mixer_replay else None
         head = speculation.mtp
         batch.mtp = None if head is None else MTPDrafts(model, head, speculation.mtp_chain)

@@ -2,7 +2,7 @@
 
 A rollback must leave each recurrent layer's state (GDN, KDA, Mamba: the conv
 window and the recurrent matrix) as after the row's kept tokens. The full
-replay (engine.runtime.rollback) runs the whole model again over them. But a
+replay (engine.runtime.speculative.rollback) runs the whole model again over them. But a
 mixer's input at a kept position is the same in the verify forward as in any
 replay of it (every layer is causal: positions after it do not reach it), so
 it is enough to keep each mixer's input during the verify and, at rollback,

@@ -6,7 +6,7 @@ Responses `text.format`), a `tool_choice` over its tools (OpenAI's
 required / named / none / auto, Anthropic's any / tool), or a grammar in
 llguidance's Lark syntax given as is (gRPC). This module builds the grammar's
 text and checks it; compiling it against the tokenizer and matching tokens is
-engine.runtime.constraint's.
+engine.runtime.structured.matcher's.
 
 Never silent: a JSON-schema keyword the engine cannot enforce is refused
 (`GrammarError`) naming the keyword and its path in the schema (a JSON

@@ -1,6 +1,6 @@
 """mlx-lm's GenerationBatch with grammar-constrained rows, each masked on its own.
 
-A constrained sequence carries its `Constraint` (engine.runtime.constraint) in
+A constrained sequence carries its `Constraint` (engine.runtime.structured.matcher) in
 its row's `logits_processors` slot: mlx-lm moves that per-row list with the row
 through every split, filter and extend of the prompt and generation batches,
 so the constraint follows its sequence wherever the batch puts it. Nothing

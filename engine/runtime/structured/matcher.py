@@ -20,7 +20,7 @@ dropped: `--grammar-cache`, which the memory plan counts); each sequence gets
 a deep copy (a few µs). Its counters: compiled, hits, compile time.
 
 llguidance and numpy only: no MLX (the mask is applied where the row is
-sampled, engine.runtime.masked_batch).
+sampled, engine.runtime.structured.masked_batch).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from engine.runtime.grammar import Grammar
+from engine.runtime.structured.grammar import Grammar
 
 log = logging.getLogger(__name__)
 

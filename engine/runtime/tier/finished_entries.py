@@ -19,7 +19,7 @@ import numpy as np
 from engine.cache.messages import CapturedPoint, Commit
 from engine.runtime import layer_caches
 from engine.runtime.active import ActiveRequest
-from engine.runtime.ram_tier import StoredEntry, digest
+from engine.runtime.tier.ram import StoredEntry, digest
 
 
 @dataclass(frozen=True)

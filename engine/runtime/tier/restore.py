@@ -25,8 +25,8 @@ from engine.cache.messages import LostRestore, Release, Replanned
 from engine.runtime import layer_caches
 from engine.runtime.admission import Emit
 from engine.runtime.ordering import OrderLedger
-from engine.runtime.ram_tier import RamTier
 from engine.runtime.requests import GenerationRequest
+from engine.runtime.tier.ram import RamTier
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from clients.bench import agents
-from clients.bench.observed import Observed, PolicyRun, oracle_lengths
-from clients.bench.report import summarize
-from clients.bench.traffic import Sessions, build_traffic
+from clients.bench.agents.observed import Observed, PolicyRun, oracle_lengths
+from clients.bench.agents.report import summarize
+from clients.bench.agents.traffic import Sessions, build_traffic
 from clients.fanout import estimate_tokens
 
 _WORD = re.compile(r"\w+|[^\w\s]")
@@ -78,7 +78,7 @@ def test_traffic_holds_every_feature(scale, agents):
 
 @pytest.mark.parametrize("agents", [2, 3])
 def test_the_variant_phase_changes_one_word_deep_inside_the_system_prompt(agents):
-    from clients.bench.traffic import VARIANT_PHASE
+    from clients.bench.agents.traffic import VARIANT_PHASE
 
     plain = build_traffic(seed=0, scale=0.5, agents=agents)
     t = build_traffic(seed=0, scale=0.5, agents=agents, variants=4)
@@ -106,7 +106,7 @@ def test_the_variant_phase_changes_one_word_deep_inside_the_system_prompt(agents
 
 @pytest.mark.parametrize("scale", [0.5, 1.0])
 def test_the_message_phase_changes_a_long_message_near_its_end(scale):
-    from clients.bench.traffic import LONG_MESSAGE_TOKENS, MESSAGE_PHASE, VARIANT_PHASE
+    from clients.bench.agents.traffic import LONG_MESSAGE_TOKENS, MESSAGE_PHASE, VARIANT_PHASE
 
     plain = build_traffic(seed=0, scale=scale, variants=4)
     t = build_traffic(seed=0, scale=scale, variants=4, message_edits=4)
@@ -324,7 +324,7 @@ def test_small_run_against_every_policy(ray_session, random_model_dir, tmp_path,
 
 
 def test_replica_comparison_reads_both_runs():
-    from clients.bench.replicas import compare, parse
+    from clients.bench.agents.replicas import compare, parse
 
     assert parse("lineage_x2") == ("lineage", 2) and parse("lineage") is None
     one = {"cached_tokens": 1000, "ttft_ms_p50": 10.0, "ttft_ms_p90": 30.0, "tokens_per_s": 500}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from clients.bench.concurrency import Sent
-from clients.bench.concurrency_report import format_table, summarize
+from clients.bench.concurrency.report import format_table, summarize
 
 
 def test_summary_figures_from_client_records():
@@ -44,9 +44,9 @@ def test_drops_are_cancelled_mid_stream_and_retried(ray_session, tmp_path):
 
     On a random-weight model: a call is dropped after a few chunks, and the trained
     embedded model may end its reply before that."""
+    from clients.bench.agents.traffic import build_traffic
     from clients.bench.concurrency import ConcurrencyOptions, EngineSender, drive
-    from clients.bench.traffic import build_traffic
-    from engine.runtime.tiny_models import write_model_dir
+    from engine.runtime.model.tiny_models import write_model_dir
 
     model = write_model_dir("qwen3_next", tmp_path / "random")
     opts = ConcurrencyOptions(model=str(model), cold_every=0)
@@ -63,7 +63,7 @@ def test_the_peer_hangs_up_a_dropped_call(tmp_path):
     """mlx_lm.server gets the same: the client closes the connection at the drop point
     (on a random-weight model, whose replies run to max_tokens)."""
     from clients.bench.peer import MlxLmServer
-    from engine.runtime.tiny_models import write_model_dir
+    from engine.runtime.model.tiny_models import write_model_dir
 
     messages = [{"role": "user", "content": "Count to one hundred, slowly."}]
     with MlxLmServer(str(write_model_dir("qwen3_next", tmp_path / "random"))) as server:

@@ -1,9 +1,9 @@
-"""The fault run's checks (clients.bench.fault_checks) on plain values: what counts as leaked,
+"""The fault run's checks (clients.bench.faults.checks) on plain values: what counts as leaked,
 orphaned or unwritten, and that only a finding that lasts is counted."""
 
 from __future__ import annotations
 
-from clients.bench.fault_checks import Holdings, Lasting, compare
+from clients.bench.faults.checks import Holdings, Lasting, compare
 from engine.cache.messages import CacheAudit
 
 

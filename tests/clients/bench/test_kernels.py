@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from clients.bench import kernels, sparse_layer
+from clients.bench import kernels
+from clients.bench.kernels import sparse as sparse_layer
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,7 @@ def test_block_gather_pays_on_clustered_unions_only():
 def test_dense_figures_report_equal_logits():
     """The dense part: a chunk row and the left-padded decode-batch row, stock vs host,
     logits equal within float tolerance; the report names both."""
-    from clients.bench import dense_kernel
+    from clients.bench.kernels import dense as dense_kernel
 
     rows = dense_kernel.dense_bench(contexts=(1100,), chunks=(3,), repeats=1)
     assert [r["chunk"] for r in rows] == [3, 1] and rows[1]["context"] == [1100, 825, 550]

@@ -7,8 +7,8 @@ import queue
 import threading
 
 from clients.bench.slowloris import slow_clients
-from clients.openai.guard import BridgeSecurity
-from clients.openai.server import start_bridge
+from clients.bridge.guard import BridgeSecurity
+from clients.bridge.server import start_bridge
 from engine.server.background import BackgroundLoop
 
 

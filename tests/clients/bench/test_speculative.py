@@ -17,14 +17,14 @@ def figures(tmp_path_factory) -> dict:
     parser = argparse.ArgumentParser()
     speculative.add_arguments(parser)
     cache_dir = tmp_path_factory.mktemp("spec-cache")
-    from engine.runtime.tiny_models import write_model_dir
+    from engine.runtime.model.tiny_models import write_model_dir
 
     draft = write_model_dir("llama", tmp_path_factory.mktemp("draft"))  # the same tokenizer
     args = parser.parse_args(
         ["--streams", "2", "--tokens", "16", "--traffic", "chat,tool_schema", "--cache-dir",
          str(cache_dir), "--modes", "lookup,auto,mtp,draft", "--draft-model", str(draft)]
     )  # fmt: skip
-    from clients.bench.speculative_run import measure
+    from clients.bench.speculative.run import measure
 
     return measure(args)
 

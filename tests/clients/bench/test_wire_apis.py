@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from clients.bench import agents, wire_apis
-from clients.bench.traffic import build_traffic
+from clients.bench import agents
+from clients.bench.agents import wire_apis
+from clients.bench.agents.traffic import build_traffic
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
 CONVERSATION = [
@@ -55,9 +56,9 @@ def test_each_wire_format_renders_the_prompt_the_benchmark_renders(engine, api, 
     """The served run checks every request's prompt token for token; a small one here."""
     import httpx
 
-    from clients.openai.app import BridgeOptions
-    from clients.openai.models import ServedModels
-    from tests.clients.test_bridge import BridgeThread
+    from clients.bridge.app import BridgeOptions
+    from clients.bridge.models import ServedModels
+    from tests.clients.bridge.test_bridge import BridgeThread
 
     traffic = build_traffic(0, 0.05, 2, 0)
     ids = agents.PromptIds(engine.engine.info.path)

@@ -1,13 +1,13 @@
-"""The completion's text as parts (clients.openai.parsers) and as blocks
-(clients.openai.blocks): reasoning and tool calls never leak markup into text,
+"""The completion's text as parts (clients.bridge.parsers) and as blocks
+(clients.bridge.blocks): reasoning and tool calls never leak markup into text,
 wherever the deltas split it, and a malformed call comes back as text."""
 
 from __future__ import annotations
 
 import pytest
 
-from clients.openai.blocks import REASONING, TEXT, TOOL_CALL, Blocks
-from clients.openai.parsers import ReasoningPart, TextPart, ToolCallEnd, make_parser
+from clients.bridge.blocks import REASONING, TEXT, TOOL_CALL, Blocks
+from clients.bridge.parsers import ReasoningPart, TextPart, ToolCallEnd, make_parser
 
 CALL = '<tool_call>\n{"name": "read_file", "arguments": {"path": "setup.py"}}\n</tool_call>'
 CASES = [

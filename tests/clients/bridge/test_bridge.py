@@ -12,10 +12,10 @@ import httpx
 import openai
 import pytest
 
+from clients.bridge.chat_completions import ChatShape
+from clients.bridge.parsers import make_parser
+from clients.bridge.server import start_bridge
 from clients.client import Final, Restore, Result, Timing, Usage
-from clients.openai.chat_completions import ChatShape
-from clients.openai.parsers import make_parser
-from clients.openai.server import start_bridge
 from engine.server.background import BackgroundLoop
 
 
@@ -27,7 +27,7 @@ class BridgeThread:
     def __init__(self, engine, security=None, options=None, in_process: bool = False):
         """`engine`: a BackgroundEngine, or a gRPC address (for the gRPC way alone)."""
         if in_process:
-            from clients.openai.in_process import InProcessBackend
+            from clients.bridge.in_process import InProcessBackend
 
             self.background, self.owned = engine.background, False
             backend = InProcessBackend(engine.engine)
@@ -244,7 +244,7 @@ def test_namespace_comes_from_the_header_else_user(client):
 def test_session_keys_come_from_headers_then_the_body():
     from types import SimpleNamespace
 
-    from clients.openai.chat_completions import session_of
+    from clients.bridge.chat_completions import session_of
 
     body = SimpleNamespace(prompt_cache_key="pck", user="u")
     assert session_of({"x-session-id": "h1", "session_id": "h2"}, body) == "h1"
@@ -467,7 +467,7 @@ def test_the_bridge_reads_the_models_output_format(bridge, engine):
     with Client(engine.address) as c:
         engine_format = c.model_info()["output_format"]
     assert engine_format == "qwen"  # the embedded model marks <tool_call> and <think>
-    from clients.openai.guard import Caller
+    from clients.bridge.guard import Caller
 
     info = bridge.call(bridge.handle.backend.model_info(Caller()))
     assert info["output_format"] == engine_format

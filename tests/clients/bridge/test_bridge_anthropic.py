@@ -10,11 +10,11 @@ import anthropic
 import httpx
 import pytest
 
-from clients.openai.app import BridgeOptions
-from clients.openai.guard import BridgeSecurity
-from clients.openai.models import ServedModels
+from clients.bridge.app import BridgeOptions
+from clients.bridge.guard import BridgeSecurity
+from clients.bridge.models import ServedModels
 from engine.config import Identity
-from tests.clients.test_bridge import SYSTEM, BridgeThread
+from tests.clients.bridge.test_bridge import SYSTEM, BridgeThread
 
 MODEL = "claude-sonnet-4-5"
 TOOLS = [

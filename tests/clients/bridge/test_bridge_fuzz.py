@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.clients.test_bridge import BridgeThread
+from tests.clients.bridge.test_bridge import BridgeThread
 from tests.deep import examples
 from tests.fuzz import Witness
 

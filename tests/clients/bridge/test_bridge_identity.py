@@ -11,8 +11,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from clients.bridge.server import bridge_security, start_bridge
 from clients.client import Client
-from clients.openai.server import bridge_security, start_bridge
 from engine.config import ServerConfig
 from engine.server.background import BackgroundLoop
 from tests.conftest import TENANT_TOKENS

@@ -18,8 +18,8 @@ import time
 import httpx
 import pytest
 
-from clients.openai.guard import BridgeSecurity
-from clients.openai.server import bridge_security, start_bridge
+from clients.bridge.guard import BridgeSecurity
+from clients.bridge.server import bridge_security, start_bridge
 from engine.config import Limits, ServerConfig
 from engine.server.background import BackgroundLoop
 

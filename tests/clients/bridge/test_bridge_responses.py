@@ -8,11 +8,11 @@ from __future__ import annotations
 import openai
 import pytest
 
-from clients.openai.app import BridgeOptions
-from clients.openai.guard import BridgeSecurity
-from clients.openai.models import ServedModels
+from clients.bridge.app import BridgeOptions
+from clients.bridge.guard import BridgeSecurity
+from clients.bridge.models import ServedModels
 from engine.config import Identity
-from tests.clients.test_bridge import SYSTEM, BridgeThread
+from tests.clients.bridge.test_bridge import SYSTEM, BridgeThread
 
 MODEL = "gpt-5-codex"
 TOOLS = [

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from clients.openai.parsers import (
+from clients.bridge.parsers import (
     ReasoningPart,
     TextPart,
     ToolCallDelta,

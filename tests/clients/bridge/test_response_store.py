@@ -1,4 +1,4 @@
-"""The Responses store (clients.openai.response_store): per tenant, bounded in count and
+"""The Responses store (clients.bridge.response_store): per tenant, bounded in count and
 bytes, least recently used first, evictions said as such, and kept on disk: private
 files written atomically that a new store (a restart) reads back."""
 
@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from clients.openai.response_store import Record, ResponseStore, StoredNotFound, tenant_key
+from clients.bridge.response_store import Record, ResponseStore, StoredNotFound, tenant_key
 
 
 def _record(tenant: str, text: str = "hello", rid: str | None = None) -> Record:

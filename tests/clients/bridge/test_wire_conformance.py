@@ -15,14 +15,14 @@ from types import SimpleNamespace
 
 import pytest
 
+from clients.bridge import anthropic_messages, responses
+from clients.bridge.anthropic_messages import MessageShape
+from clients.bridge.blocks import Blocks
+from clients.bridge.callers import Caller
+from clients.bridge.parsers import make_parser
+from clients.bridge.response_store import ResponseStore
+from clients.bridge.responses import ResponseShape, Turn
 from clients.client import Chunk, Final, LineageError, Progress, Restore, Timing, Usage
-from clients.openai import anthropic_messages, responses
-from clients.openai.anthropic_messages import MessageShape
-from clients.openai.blocks import Blocks
-from clients.openai.callers import Caller
-from clients.openai.parsers import make_parser
-from clients.openai.response_store import ResponseStore
-from clients.openai.responses import ResponseShape, Turn
 
 CALL = '<tool_call>\n{"name": "read_file", "arguments": {"path": "setup.py"}}\n</tool_call>'
 OUTPUTS = {

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from engine.runtime.batch import LineageBatchGenerator
+from engine.runtime.batching.batch import LineageBatchGenerator
 from engine.runtime.layer_caches import restore, store_entry
-from engine.runtime.tiny_models import ARCHS, build_model
+from engine.runtime.model.tiny_models import ARCHS, build_model
 
 TOL = 1e-4
 

@@ -7,7 +7,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache
 
-from engine.runtime.batch import LineageBatchKVCache, merge_with_room
+from engine.runtime.batching.batch import LineageBatchKVCache, merge_with_room
 
 
 def _kv(n: int) -> KVCache:

@@ -19,12 +19,12 @@ import pytest
 
 from engine.cache.messages import PlanRequest
 from engine.config import CacheConfig, EngineConfig, ModelConfig
-from engine.runtime import prefill_worker
 from engine.runtime.admission import Wait
-from engine.runtime.batch import LineagePromptBatch
+from engine.runtime.batching import prefill_worker
+from engine.runtime.batching.batch import LineagePromptBatch
 from engine.runtime.events import Finished, FinishReason, Progress, Tokens
-from engine.runtime.loader import load_model
 from engine.runtime.local import LocalEngine
+from engine.runtime.model.loader import load_model
 from engine.runtime.requests import GenerationRequest, SamplingParams
 
 

@@ -21,9 +21,9 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
-from engine.runtime.batch import LineageBatchGenerator, merge_with_room
+from engine.runtime.batching.batch import LineageBatchGenerator, merge_with_room
 from engine.runtime.layer_caches import StoredKV, restore, store_entry
-from engine.runtime.tiny_models import build_model
+from engine.runtime.model.tiny_models import build_model
 
 ROWS = 8192  # restored KV rows per sequence: 4 MB of KV on the tiny model
 TOL = 64 << 10

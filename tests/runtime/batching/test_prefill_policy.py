@@ -1,8 +1,9 @@
-"""The prefill policy (engine/runtime/scheduler.py), pure: order, aging, budget, groups, anchors.
+"""The prefill policy (engine.runtime.batching.prefill_policy), pure: order, aging, budget,
+groups, anchors.
 
 The executor side (decode every step, cancellation at a chunk boundary, an
 anchor waiter admitted the step after the capture) runs on the real model in
-tests/runtime/test_chunked_prefill.py.
+tests/runtime/batching/test_chunked_prefill.py.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.runtime.scheduler import (
+from engine.runtime.batching.prefill_policy import (
     AGING,
     FIRST_CHUNK,
     MIN_CHUNK,
@@ -161,7 +162,7 @@ def test_the_policy_imports_without_mlx_or_ray():
         "        if name.split('.')[0] in ('mlx', 'mlx_lm', 'ray', 'grpc'):\n"
         "            raise ImportError(name)\n"
         "sys.meta_path.insert(0, Blocked())\n"
-        "import engine.runtime.scheduler\n"
+        "import engine.runtime.batching.prefill_policy\n"
         "assert not [m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm', 'ray')]\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

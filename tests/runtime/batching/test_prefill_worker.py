@@ -2,7 +2,7 @@
 
 `install_module_eval` wraps each module class's `__call__` once; the wrapper
 evaluates a module's output only on a worker thread that asked for it
-(engine.runtime.prefill_worker), so the loop thread's forwards are untouched.
+(engine.runtime.batching.prefill_worker), so the loop thread's forwards are untouched.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from engine.runtime import prefill_worker
-from engine.runtime.prefill_worker import PrefillWorker, install_module_eval
+from engine.runtime.batching import prefill_worker
+from engine.runtime.batching.prefill_worker import PrefillWorker, install_module_eval
 
 
 class Block(nn.Module):

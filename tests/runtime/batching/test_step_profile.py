@@ -1,4 +1,5 @@
-"""StepProfile (engine/runtime/step_profile.py): exclusive phase times, GC pauses, the summary."""
+"""StepProfile (engine.runtime.batching.step_profile): exclusive phase times, GC pauses, the
+summary."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import gc
 
 import pytest
 
-from engine.runtime import step_profile
-from engine.runtime.step_profile import PHASES, StepProfile
+from engine.runtime.batching import step_profile
+from engine.runtime.batching.step_profile import PHASES, StepProfile
 
 
 class Clock:

@@ -9,9 +9,9 @@ from __future__ import annotations
 from mlx_lm import convert
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig
-from engine.runtime.loader import kv_dtype
 from engine.runtime.local import LocalEngine
-from engine.runtime.tiny_models import write_model_dir
+from engine.runtime.model.loader import kv_dtype
+from engine.runtime.model.tiny_models import write_model_dir
 
 
 def test_a_quantized_model_serves_and_restores(tmp_path):

@@ -21,7 +21,7 @@ from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache
 from transformers import AutoTokenizer
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from engine.runtime import tiny_models as tm
+from engine.runtime.model import tiny_models as tm
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = mx.array([[(7 + 37 * i) % 4000 for i in range(96)]])

@@ -21,13 +21,18 @@ from mlx_lm.models.cache import make_prompt_cache
 from clients.cli import main as cli
 from clients.cli.args import config_from_args
 from engine.config import CacheConfig, EngineConfig, ModelConfig
-from engine.runtime.draft_model import DraftModel, LookupOrDraft, check_draft, load_draft
-from engine.runtime.drafts import PromptLookup
-from engine.runtime.speculation import speculation_for
-from engine.runtime.speculative_batch import Speculation
-from engine.runtime.tiny_models import build_model, write_model_dir
-from tests.runtime.test_rollback import rel_l2
-from tests.runtime.test_speculative import _chunked, _prompts, _run
+from engine.runtime.model.tiny_models import build_model, write_model_dir
+from engine.runtime.speculative.draft_model import (
+    DraftModel,
+    LookupOrDraft,
+    check_draft,
+    load_draft,
+)
+from engine.runtime.speculative.drafts import PromptLookup
+from engine.runtime.speculative.speculation import speculation_for
+from engine.runtime.speculative.speculative_batch import Speculation
+from tests.runtime.speculative.test_rollback import rel_l2
+from tests.runtime.speculative.test_speculative import _chunked, _prompts, _run
 
 
 def _states(caches) -> list:
@@ -155,7 +160,7 @@ def _serving(tmp_path, **model):
 
 
 def test_speculation_for_builds_the_draft_sources(tmp_path, monkeypatch):
-    from engine.runtime import draft_model
+    from engine.runtime.speculative import draft_model
 
     path = str(write_model_dir("llama", tmp_path / "draft"))
     config, target = _serving(tmp_path, speculative="draft", draft_model=path)
@@ -172,7 +177,7 @@ def test_speculation_for_builds_the_draft_sources(tmp_path, monkeypatch):
 
 
 def test_auto_takes_the_draft_model_only_where_it_pays(tmp_path, monkeypatch):
-    from engine.runtime import draft_model
+    from engine.runtime.speculative import draft_model
 
     path = str(write_model_dir("llama", tmp_path / "draft"))
     same = load_draft(path)[0]  # as the served model: its step costs the whole step
@@ -214,7 +219,7 @@ def test_an_engine_serves_with_a_draft_model_across_a_warm_turn(tmp_path):
     import numpy as np
 
     from engine.runtime.local import LocalEngine
-    from tests.runtime.test_speculative_cache import _config, _conversation
+    from tests.runtime.speculative.test_speculative_cache import _config, _conversation
 
     model_dir = write_model_dir("qwen3_next", tmp_path / "model")
     draft_dir = str(write_model_dir("mamba2", tmp_path / "draft"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.runtime.draft_length import (
+from engine.runtime.speculative.draft_length import (
     AUTO_MAX,
     MIN_COOLDOWN,
     DraftLength,
@@ -10,7 +10,7 @@ from engine.runtime.draft_length import (
     batch_k,
     expected_tokens,
 )
-from engine.runtime.drafts import NgramIndex, PromptLookup
+from engine.runtime.speculative.drafts import NgramIndex, PromptLookup
 
 
 def test_lookup_drafts_what_followed_the_longest_recent_match():

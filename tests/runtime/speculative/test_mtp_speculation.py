@@ -19,15 +19,15 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import CacheList
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig
-from engine.runtime import tiny_models as tm
-from engine.runtime.mtp import NextNHead, load_mtp
-from engine.runtime.mtp_costs import HeadCosts
-from engine.runtime.speculation import speculation_for
-from engine.runtime.speculative_batch import Speculation, SpeculativeGenerationBatch
-from tests.runtime.test_rollback import rel_l2
-from tests.runtime.test_speculative import _chunked, _run
-from tests.runtime.test_speculative_sampling import CRITICAL, _first_tokens
-from tests.runtime.test_trained_model import loaded, model_dir
+from engine.runtime.model import tiny_models as tm
+from engine.runtime.speculative.mtp import NextNHead, load_mtp
+from engine.runtime.speculative.mtp_costs import HeadCosts
+from engine.runtime.speculative.speculation import speculation_for
+from engine.runtime.speculative.speculative_batch import Speculation, SpeculativeGenerationBatch
+from tests.runtime.model.test_trained_model import loaded, model_dir
+from tests.runtime.speculative.test_rollback import rel_l2
+from tests.runtime.speculative.test_speculative import _chunked, _run
+from tests.runtime.speculative.test_speculative_sampling import CRITICAL, _first_tokens
 
 TEXTS = [
     "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n    return",
@@ -270,7 +270,7 @@ def test_mtp_under_a_grammar_is_masked_plain_decoding(trained, chunked):
     """Rows held to a JSON schema and a tool-call grammar beside free rows: the head drafts for
     every row, the grammar cuts held rows' drafts and masks their verify positions, and
     greedy output is masked plain decoding's, each matcher holding its row's tokens."""
-    from engine.runtime.constraint import Grammars
+    from engine.runtime.structured.matcher import Grammars
 
     from .test_speculative_constraint import END, _generator, _prompts, _run, _same_state
 

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from engine.runtime import rollback
-from engine.runtime.batch import LineageBatchGenerator
+from engine.runtime.batching.batch import LineageBatchGenerator
 from engine.runtime.layer_caches import store_entry
-from engine.runtime.state_replay import MixerTaps
-from engine.runtime.tiny_models import ARCHS, build_model
+from engine.runtime.model.tiny_models import ARCHS, build_model
+from engine.runtime.speculative import rollback
+from engine.runtime.speculative.state_replay import MixerTaps
 
 REL_L2 = 1e-5
 K = 4

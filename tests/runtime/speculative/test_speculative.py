@@ -13,12 +13,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.runtime.batch import LineageBatchGenerator
-from engine.runtime.chunked import ChunkedBatchGenerator
-from engine.runtime.drafts import PromptLookup, ScriptedDrafts
-from engine.runtime.scheduler import PrefillScheduler
-from engine.runtime.speculative_batch import Speculation
-from engine.runtime.tiny_models import ARCHS, build_model
+from engine.runtime.batching.batch import LineageBatchGenerator
+from engine.runtime.batching.chunked import ChunkedBatchGenerator
+from engine.runtime.batching.prefill_policy import PrefillScheduler
+from engine.runtime.model.tiny_models import ARCHS, build_model
+from engine.runtime.speculative.drafts import PromptLookup, ScriptedDrafts
+from engine.runtime.speculative.speculative_batch import Speculation
 
 MAX_TOKENS = 20
 

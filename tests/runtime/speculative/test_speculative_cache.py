@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig
-from engine.runtime.drafts import ScriptedDrafts
 from engine.runtime.local import LocalEngine
-from engine.runtime.speculative_batch import Speculation
-from engine.runtime.tiny_models import write_model_dir
-from tests.runtime.test_rollback import entry_arrays, rel_l2
+from engine.runtime.model.tiny_models import write_model_dir
+from engine.runtime.speculative.drafts import ScriptedDrafts
+from engine.runtime.speculative.speculative_batch import Speculation
+from tests.runtime.speculative.test_rollback import entry_arrays, rel_l2
 
 REL = 1e-5
 TOKENS = 24

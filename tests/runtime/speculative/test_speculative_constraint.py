@@ -30,15 +30,15 @@ import numpy as np
 import pytest
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig
-from engine.runtime.batch import LineageBatchGenerator
-from engine.runtime.chunked import ChunkedBatchGenerator
-from engine.runtime.constraint import Grammars
-from engine.runtime.drafts import PromptLookup, ScriptedDrafts
-from engine.runtime.grammar import lark_grammar, schema_grammar, tool_grammar
+from engine.runtime.batching.batch import LineageBatchGenerator
+from engine.runtime.batching.chunked import ChunkedBatchGenerator
+from engine.runtime.batching.prefill_policy import PrefillScheduler
 from engine.runtime.requests import SamplingParams
 from engine.runtime.sampling import make_sampler
-from engine.runtime.scheduler import PrefillScheduler
-from engine.runtime.speculative_batch import Speculation
+from engine.runtime.speculative.drafts import PromptLookup, ScriptedDrafts
+from engine.runtime.speculative.speculative_batch import Speculation
+from engine.runtime.structured.grammar import lark_grammar, schema_grammar, tool_grammar
+from engine.runtime.structured.matcher import Grammars
 
 from .conftest import start_loop
 from .test_branches import branches, submit

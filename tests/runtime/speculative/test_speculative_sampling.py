@@ -15,13 +15,13 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from engine.runtime import verification
-from engine.runtime.batch import LineageBatchGenerator
-from engine.runtime.drafts import ScriptedDrafts
+from engine.runtime.batching.batch import LineageBatchGenerator
+from engine.runtime.model.tiny_models import build_model
 from engine.runtime.requests import SamplingParams
 from engine.runtime.sampling import make_sampler
-from engine.runtime.speculative_batch import Speculation
-from engine.runtime.tiny_models import build_model
+from engine.runtime.speculative import verification
+from engine.runtime.speculative.drafts import ScriptedDrafts
+from engine.runtime.speculative.speculative_batch import Speculation
 
 V = 8
 TRIALS = 4000

@@ -23,13 +23,13 @@ from hypothesis import strategies as st
 
 from engine.cache.messages import PlanRequest
 from engine.runtime.events import Finished, FinishReason, Tokens
-from engine.runtime.grammar import (
+from engine.runtime.requests import GenerationRequest, SamplingParams
+from engine.runtime.structured.grammar import (
     GrammarError,
     lark_grammar,
     schema_grammar,
     tool_grammar,
 )
-from engine.runtime.requests import GenerationRequest, SamplingParams
 
 WEATHER = {
     "type": "function",
@@ -256,7 +256,7 @@ def test_the_constraint_interface(tiny_loaded):
     """mask / accept / rollback / validate / stopped / accepting, as speculative decoding
     will call them."""
     config, (model, tokenizer, info) = tiny_loaded
-    from engine.runtime.constraint import Grammars
+    from engine.runtime.structured.matcher import Grammars
 
     grammars = Grammars(tokenizer, info.vocab_size, {2})
     schema = {"type": "object", "properties": {"k": {"enum": ["v"]}}, "required": ["k"]}
@@ -286,7 +286,7 @@ def test_the_lazy_grammar_lets_text_run_and_holds_an_opened_call(tiny_loaded):
     """`tool_choice: auto`: free text is free until the `<tool_call>` token; from there the
     call is held to the tools' schemas; `parallel` false allows one call; `none` no call."""
     config, (model, tokenizer, info) = tiny_loaded
-    from engine.runtime.constraint import Grammars
+    from engine.runtime.structured.matcher import Grammars
 
     grammars = Grammars(tokenizer, info.vocab_size, {2})
     markup = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "%s"}}\n'

@@ -116,7 +116,7 @@ def test_a_verbatim_resend_prefills_nothing_and_decodes_the_same(model_cache_dir
 
 
 def test_the_guard_threshold_follows_the_measured_costs(model_cache_dir):
-    from engine.runtime.loader import forward_costs, guard_threshold
+    from engine.runtime.model.loader import forward_costs, guard_threshold
 
     engine = LocalEngine(  # None: the threshold measured at load (what `serve` does)
         EngineConfig(cache=CacheConfig(cache_dir=str(model_cache_dir), guard_min_suffix=None))

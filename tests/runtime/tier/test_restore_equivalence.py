@@ -16,7 +16,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
 from engine.runtime.layer_caches import restore, snapshot_state, snapshot_state_single, store_entry
-from engine.runtime.tiny_models import ARCHS, build_model
+from engine.runtime.model.tiny_models import ARCHS, build_model
 
 TOL = 1e-4
 N, E = 30, 70  # checkpoint, entry end (prompt length 80)

@@ -159,7 +159,7 @@ def test_a_failed_read_is_not_replayed_for_a_later_plan(disk):
 
 @pytest.fixture(scope="module")
 def attention_only(tmp_path_factory) -> str:
-    from engine.runtime.tiny_models import write_model_dir
+    from engine.runtime.model.tiny_models import write_model_dir
 
     return str(write_model_dir("llama", tmp_path_factory.mktemp("llama")))
 

@@ -12,7 +12,7 @@ only, so a client process never loads MLX.
 A request may name its conversation (`session=`: an agent's session id): with
 several replicas, its turns go to the one that served it last, load permitting.
 `model_info()["output_format"]` says how the model marks reasoning and tool
-calls in its output (clients.openai.parsers reads them).
+calls in its output (clients.bridge.parsers reads them).
 
 Every gRPC failure surfaces as `LineageError(code, message)`; bad arguments
 raise `ValueError` before anything is sent. A client sends `auth_token` (else

@@ -12,7 +12,7 @@ is the one function every endpoint calls: it reads
   "name"}`) and Anthropic's (`{"type": "auto" | "any" | "tool" | "none", "name",
   "disable_parallel_tool_use"}`), with `parallel_tool_calls`.
 
-The engine builds and checks the grammar (engine.runtime.grammar): a keyword it
+The engine builds and checks the grammar (engine.runtime.structured.grammar): a keyword it
 cannot enforce, or a tool_choice naming a tool that is not there, comes back
 as INVALID_ARGUMENT naming it. Here only the shapes are read: a malformed
 one is InvalidInput (the bridge's 400) naming the field. No MLX, no grpc calls.

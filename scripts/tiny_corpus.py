@@ -31,7 +31,7 @@ from tokenizers import Tokenizer
 from scripts.train_tokenizer import corpus_paths
 
 TOKENIZER_JSON = (
-    Path(__file__).resolve().parent.parent / "engine/runtime/assets/tokenizer/tokenizer.json"
+    Path(__file__).resolve().parent.parent / "engine/runtime/model/assets/tokenizer/tokenizer.json"
 )
 ENDOFTEXT = "<|endoftext|>"
 HELDOUT_FRACTION = 0.05

@@ -16,7 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from engine.runtime.mtp import MTPHead, lm_logits
+from engine.runtime.speculative.mtp import MTPHead, lm_logits
 from scripts import tiny_corpus
 
 WINDOW = 256

@@ -4,10 +4,10 @@ Regenerate the shipped weights with (from the repository root, CPython 3.11):
 
     . .venv/bin/activate && python -m scripts.train_tiny
 
-which writes ``engine/runtime/assets/model/{config.json, model.safetensors,
+which writes ``engine/runtime/model/assets/model/{config.json, model.safetensors,
 mtp.safetensors, training.json}``; ``python -m scripts.train_tiny --shape draft`` trains
 its draft model (``--draft-model``: 2 layers at the tiny width, shorter phases) into
-``engine/runtime/assets/draft/``. The model is mlx-lm's own
+``engine/runtime/model/assets/draft/``. The model is mlx-lm's own
 ``mlx_lm.models.qwen3_next.Model`` at the shape ``tiny_models.config_for("qwen3_next",
 "embedded")``; the tokenizer is the committed one; the corpus is the tokenizer's
 (``scripts/tiny_corpus.py``: CPython's own files, 5% of each held out). A fixed seed,
@@ -40,8 +40,8 @@ import mlx.optimizers as optim
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from engine.runtime import tiny_models
-from engine.runtime.mtp import MTPHead, save_mtp
+from engine.runtime.model import tiny_models
+from engine.runtime.speculative.mtp import MTPHead, save_mtp
 from scripts import chunked_delta, host_ops, tiny_corpus, tiny_eval
 
 ROOT = Path(__file__).resolve().parent.parent

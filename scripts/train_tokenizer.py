@@ -4,7 +4,7 @@ Regenerate the committed files with (from the repository root):
 
     . .venv/bin/activate && python scripts/train_tokenizer.py
 
-which writes ``engine/runtime/assets/tokenizer/{tokenizer.json, tokenizer_config.json,
+which writes ``engine/runtime/model/assets/tokenizer/{tokenizer.json, tokenizer_config.json,
 special_tokens_map.json}``. The corpus is text that ships with Python itself
 (``pydoc_data/topics.py`` plus a fixed list of standard-library modules, read
 in a fixed order), so no download is needed and the same Python minor version

@@ -77,7 +77,7 @@ def random_model_dir(tmp_path_factory):
     """A random-weight qwen3_next (hidden 64), built once per session: for the tests that
     need *a* hybrid model but not the trained one's predictions (its prefill is ~1.7x
     faster on a CPU than the embedded model's)."""
-    from engine.runtime.tiny_models import write_model_dir
+    from engine.runtime.model.tiny_models import write_model_dir
 
     return write_model_dir("qwen3_next", tmp_path_factory.mktemp("random-qwen3_next"))
 

@@ -33,6 +33,27 @@ PURE_RUNTIME = (
     "clients",
 )
 
+# Plain Python: nothing of the engine, no MLX.
+PLAIN = ("mlx", "mlx_lm", "ray", "grpc", "engine.", "clients")
+
+# What every module of the runtime must not import.
+OUTSIDE_RUNTIME = (
+    "ray",
+    "grpc",
+    "engine.storage",
+    "engine.server",
+    "engine.actors",
+    "engine.proto",
+    "clients",
+)
+
+# The runtime's top, which composes its packages: no package imports it back.
+RUNTIME_TOP = (
+    "engine.runtime.generator",
+    "engine.runtime.loop",
+    "engine.runtime.local",
+)
+
 # layer -> import prefixes it must never import
 FORBIDDEN = {
     "engine.cache": (
@@ -50,23 +71,49 @@ FORBIDDEN = {
     ),
     # Kernels sit under the runtime: MLX and mlx-lm only, plain values in.
     "engine.kernels": ("ray", "grpc", "engine.", "clients"),
-    "engine.config": ("mlx", "mlx_lm", "ray", "grpc", "engine.", "clients"),
+    "engine.config": PLAIN,
     "engine.storage": ("ray", "grpc", "engine.server", "engine.actors", "engine.proto", "clients"),
     # The prefill policy is plain Python like the cache policy (a test imports it blocked).
-    "engine.runtime.scheduler": ("mlx", "mlx_lm", "ray", "grpc", "engine.", "clients"),
+    "engine.runtime.batching.prefill_policy": PLAIN,
     # The ordering protocol and admission are plain Python too: the policy tests' fake
     # driver runs the same OrderLedger (tests/runtime/test_ordering.py imports them blocked).
     "engine.runtime.ordering": PURE_RUNTIME,
     "engine.runtime.admission": PURE_RUNTIME,
-    "engine.runtime": (
-        "ray",
-        "grpc",
-        "engine.storage",
-        "engine.server",
-        "engine.actors",
-        "engine.proto",
-        "clients",
+    # The runtime's packages (each __init__ says what it knows and its one way in):
+    # grammars and matchers know nothing else of the engine;
+    "engine.runtime.structured": ("ray", "grpc", "engine.", "clients"),
+    # speculation sits under the batch generators, beside the structured rows;
+    "engine.runtime.speculative": (
+        *OUTSIDE_RUNTIME,
+        "engine.runtime.batching",
+        "engine.runtime.tier",
+        *RUNTIME_TOP,
     ),
+    # the batch generators know the batch, not what is stored or who drives them;
+    "engine.runtime.batching": (
+        *OUTSIDE_RUNTIME,
+        "engine.runtime.tier",
+        "engine.runtime.model",
+        *RUNTIME_TOP,
+    ),
+    # the RAM tier obeys Orders; it knows no batch, no drafts, no grammar;
+    "engine.runtime.tier": (
+        *OUTSIDE_RUNTIME,
+        "engine.runtime.batching",
+        "engine.runtime.speculative",
+        "engine.runtime.structured",
+        "engine.runtime.model",
+        *RUNTIME_TOP,
+    ),
+    # the served model's loading knows no batch, no grammar, no tier.
+    "engine.runtime.model": (
+        *OUTSIDE_RUNTIME,
+        "engine.runtime.batching",
+        "engine.runtime.structured",
+        "engine.runtime.tier",
+        *RUNTIME_TOP,
+    ),
+    "engine.runtime": OUTSIDE_RUNTIME,
     "engine.actors": ("grpc", "engine.server", "engine.proto", "clients"),
     "engine.server": ("clients",),
     "engine.proto": ("clients",),
@@ -132,6 +179,42 @@ def test_every_layer_imports_only_downwards():
     assert violations(found) == []
 
 
+RUNTIME_PACKAGES = ("batching", "speculative", "structured", "tier", "model")
+BENCHMARKS = (
+    "agents",
+    "checkpoint",
+    "concurrency",
+    "decode",
+    "faults",
+    "kernels",
+    "load",
+    "restart",
+    "slowloris",
+    "speculative",
+    "structured",
+    "warm",
+)
+
+
+def test_the_runtime_is_a_few_packages_each_with_its_index():
+    runtime = ROOT / "engine" / "runtime"
+    top = sorted(p.name for p in runtime.glob("*.py"))
+    assert len(top) <= 15, top
+    packages = sorted(p.parent.name for p in runtime.glob("*/__init__.py"))
+    assert packages == sorted(RUNTIME_PACKAGES)
+    for name in RUNTIME_PACKAGES:
+        assert f"engine.runtime.{name}" in FORBIDDEN, f"no import rule for {name}"
+        index = ast.get_docstring(ast.parse((runtime / name / "__init__.py").read_text()))
+        assert index and "one way in" in index and "must not import" in index, name
+
+
+def test_the_benchmarks_are_one_package_each_beside_the_shared_helpers():
+    bench = ROOT / "clients" / "bench"
+    top = sorted(p.name for p in bench.glob("*.py"))
+    assert len(top) <= 8, top
+    assert sorted(p.parent.name for p in bench.glob("*/__init__.py")) == sorted(BENCHMARKS)
+
+
 def test_no_module_in_the_engine_root_but_init_and_the_config_package():
     root = sorted(p.name for p in (ROOT / "engine").glob("*.py"))
     assert root == ["__init__.py"]
@@ -147,6 +230,26 @@ def test_no_module_in_the_engine_root_but_init_and_the_config_package():
         ("engine/kernels/x.py", "from engine.config import KernelConfig\n", "engine.config"),
         ("engine/runtime/x.py", "def f():\n    from engine.server import serve\n", "server"),
         ("engine/runtime/ordering.py", "import mlx.core\n", "engine.runtime.ordering imports mlx"),
+        (
+            "engine/runtime/batching/prefill_policy.py",
+            "import numpy\nfrom engine.runtime.requests import GenerationRequest\n",
+            "engine.runtime.batching.prefill_policy imports engine.runtime.requests",
+        ),
+        (
+            "engine/runtime/tier/x.py",
+            "from engine.runtime.batching.batch import bound_pool\n",
+            "engine.runtime.tier imports engine.runtime.batching",
+        ),
+        (
+            "engine/runtime/structured/x.py",
+            "from engine.runtime.requests import GenerationRequest\n",
+            "engine.runtime.structured imports engine.runtime.requests",
+        ),
+        (
+            "engine/runtime/speculative/x.py",
+            "def f():\n    from engine.runtime.generator import Generator\n",
+            "engine.runtime.speculative imports engine.runtime.generator",
+        ),
         ("engine/server/x.py", "from clients.client import Client\n", "clients.client"),
         ("engine/x.py", "import clients.cli\n", "clients.cli"),
     ],
@@ -163,7 +266,9 @@ def test_a_wrong_arrow_is_caught(tmp_path, layer, source, expected):
 def test_imports_in_the_same_layer_are_allowed(tmp_path):
     path = tmp_path / "engine" / "runtime" / "x.py"
     path.parent.mkdir(parents=True)
-    path.write_text("from engine.runtime.batch import LineageBatchGenerator\nimport numpy\n")
+    path.write_text(
+        "from engine.runtime.batching.batch import LineageBatchGenerator\nimport numpy\n"
+    )
     assert violations([path], tmp_path) == []
 
 

@@ -9,7 +9,9 @@ import json
 import shutil
 from pathlib import Path
 
-ASSETS = Path(__file__).resolve().parents[1] / "engine" / "runtime" / "assets" / "tokenizer"
+ASSETS = (
+    Path(__file__).resolve().parents[1] / "engine" / "runtime" / "model" / "assets" / "tokenizer"
+)
 MARKUP = ("<tool_call>", "</tool_call>", "<think>", "</think>")
 
 

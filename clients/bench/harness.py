@@ -29,7 +29,7 @@ def model_path(path: str | None) -> str:
     """`path`, or the embedded tiny model's directory (built on first use) when none is given."""
     if path:
         return path
-    from engine.runtime.tiny_models import ensure_default_model
+    from engine.runtime.model.tiny_models import ensure_default_model
 
     return str(ensure_default_model())
 

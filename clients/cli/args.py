@@ -1,7 +1,7 @@
 """What the `lineage` commands share: flags, their reading, usage errors, formatters.
 
 The engine's settings become options here, generated from their one declaration
-(engine.config.setting): `add_serve_arguments` adds every `lineage serve` flag (the
+(engine.config.declare): `add_serve_arguments` adds every `lineage serve` flag (the
 benchmarks that run an engine add them too), `add_settings` a chosen few, and
 `config_from_args` builds the EngineConfig of the flags given plus the
 environment. A setting's value is parsed as the option is read, so a bad one is
@@ -19,8 +19,8 @@ from typing import Iterable, Mapping
 
 from clients.client import DEFAULT_MAX_TOKENS, DEFAULT_SERVER
 from engine.config import EngineConfig, format_bytes
-from engine.config.setting import Setting, settings_of
-from engine.config.settings import SETTINGS, branches
+from engine.config.catalog import SETTINGS, branches
+from engine.config.declare import Setting, settings_of
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 

@@ -4,7 +4,7 @@ Parses the bridge's address, its security settings (tokens, TLS, body cap,
 deadlines), its model names and its response store (the same settings `lineage
 serve` declares, engine.config.server, .cache and .limits), refuses an exposed
 bind without a token (and tenant tokens in front of an engine that checks
-none), and serves clients.openai until SIGINT/SIGTERM. FastAPI and uvicorn
+none), and serves clients.bridge until SIGINT/SIGTERM. FastAPI and uvicorn
 load only when it runs.
 """
 
@@ -15,7 +15,7 @@ import argparse
 from clients.cli.args import UsageError, add_settings, config_from_args
 from clients.client import DEFAULT_SERVER
 from engine.config import ServerConfig
-from engine.config.settings import SETTINGS
+from engine.config.catalog import SETTINGS
 
 HELP = "serve an OpenAI-compatible HTTP API in front of a running engine"
 # The serve settings the bridge applies itself.
@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from clients.openai.server import bridge_options, bridge_security, run_bridge
+    from clients.bridge.server import bridge_options, bridge_security, run_bridge
 
     try:
         config = config_from_args(args, args.env, BRIDGE_SETTINGS)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from clients.cli.args import UsageError, add_settings, format_stats
 from engine.config import CacheConfig, default_cache_dir, format_bytes
-from engine.config.setting import UNSET, setting_named
+from engine.config.declare import UNSET, setting_named
 
 HELP = "inspect and clean the disk tier: ls, stats, rm, prune"
 CACHE_DIR = setting_named(CacheConfig, "cache_dir")  # as `lineage serve --cache-dir`

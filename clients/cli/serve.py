@@ -3,7 +3,7 @@
 Builds the EngineConfig from the flags given and the environment, refuses an
 exposed bind without a token, then hands it to `engine.server.serve.run`: MLX
 and Ray load there, and only there. With `--http-port` it starts the OpenAI
-bridge (clients.openai) once the engine serves.
+bridge (clients.bridge) once the engine serves.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def run(args: argparse.Namespace) -> int:
 def bridge_sidecar(config: EngineConfig, quiet: bool = False):
     """Start the OpenAI bridge in front of the engine once it serves (`--http-port`): in the
     engine's process, calling its front end directly (no gRPC loopback)."""
-    from clients.openai.in_process import InProcessBackend
-    from clients.openai.server import bridge_options, bridge_security, start_bridge
+    from clients.bridge.in_process import InProcessBackend
+    from clients.bridge.server import bridge_options, bridge_security, start_bridge
 
     host, port = config.server.host, config.server.http_port
     security = bridge_security(config.server, config.limits)

@@ -43,10 +43,10 @@ from engine.actors.hello import Hello
 from engine.cache.messages import AnchorCommit, Commit, LostRestore, Orders, Release, Replanned
 from engine.config import EngineConfig
 from engine.runtime.events import Finished, FinishReason
-from engine.runtime.loader import ModelInfo, load_model
 from engine.runtime.loop import ModelLoop
+from engine.runtime.model.loader import ModelInfo, load_model
 from engine.runtime.requests import GenerationRequest
-from engine.runtime.tier_stats import TierStats, tier_stats
+from engine.runtime.tier.stats import TierStats, tier_stats
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ class ModelActor:
     def __init__(self, config: EngineConfig, replica: int = 0):
         from engine.actors.names import log_to_stderr
         from engine.runtime.generator import Generator
-        from engine.runtime.ram_tier import RamTier
+        from engine.runtime.tier.ram import RamTier
         from engine.storage.disk_store import open_disk_store
 
         self.replica = replica
@@ -425,8 +425,8 @@ class ModelActor:
         return self.handovers
 
     async def step_profile(self, since: float = 0.0, until: float = float("inf")) -> dict:
-        """The model loop's step times by phase (engine.runtime.step_profile) for steps that
-        ended in [since, until], in `time.perf_counter` seconds (one clock per machine)."""
+        """The model loop's step times by phase (engine.runtime.batching.step_profile) for steps
+        that ended in [since, until], in `time.perf_counter` seconds (one clock per machine)."""
         return await asyncio.to_thread(self.loop.ask, lambda g: g.profile.summary(since, until))
 
     @ray.method(max_task_retries=3)

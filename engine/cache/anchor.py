@@ -10,7 +10,7 @@ budget.
 from __future__ import annotations
 
 from engine.cache.entry import Entry
-from engine.cache.tier import lru_priority, victims
+from engine.cache.ram_budget import lru_priority, victims
 
 
 def wants_anchor(anchor_len: int, restored: int, prompt_len: int) -> bool:

@@ -21,7 +21,7 @@ from engine.cache.index import Index
 from engine.cache.kinds import CaptureKind, Role
 from engine.cache.messages import CapturePoint, Commit, RestorePlan
 from engine.cache.orders import OrderBook
-from engine.cache.tier import lru_priority, victims
+from engine.cache.ram_budget import lru_priority, victims
 from engine.config import CacheConfig
 
 

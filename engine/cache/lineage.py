@@ -32,8 +32,8 @@ from engine.cache.message_points import (
 )
 from engine.cache.messages import CapturePoint, Commit, RestorePlan
 from engine.cache.orders import OrderBook
+from engine.cache.ram_budget import ram_priority, victims
 from engine.cache.thinning import thin
-from engine.cache.tier import ram_priority, victims
 from engine.config import CacheConfig
 
 

@@ -1,6 +1,6 @@
 """The cache branch of the configuration: mode, budgets, capture points, the disk tier.
 
-Each operator setting is declared once here, beside its field (engine.config.setting);
+Each operator setting is declared once here, beside its field (engine.config.declare);
 the fields without one are the policy's constants. The budgets' machine-derived
 defaults are applied by `EngineConfig.from_sources` and the memory plan, not here.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.config.setting import label_of, setting
+from engine.config.declare import label_of, setting
 from engine.config.units import GB, parse_bytes
 
 CACHE_MODES = ("lineage", "exact", "off")
@@ -54,7 +54,7 @@ class CacheConfig:
     max_checkpoints: int = 4  # per lineage; anchors are separate entries
     guard_offset: int = 16  # guard checkpoint at prompt length minus this
     # Guard only when the uncached suffix is this long. None: derived at load from
-    # the measured per-forward and per-token costs (engine.runtime.loader), what
+    # the measured per-forward and per-token costs (engine.runtime.model.loader), what
     # `from_sources` gives unless --guard-min-suffix is set; a CacheConfig built
     # directly (tests, the pure policy) keeps the reference's fixed 256.
     guard_min_suffix: int | None = setting(

@@ -1,6 +1,6 @@
 """The kernels branch of the configuration: what engine/kernels installs into the model.
 
-Each operator setting is declared once here, beside its field (engine.config.setting).
+Each operator setting is declared once here, beside its field (engine.config.declare).
 It checks its own values; engine/kernels applies them at load.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.config.setting import label_of, setting
+from engine.config.declare import label_of, setting
 
 GATED_DELTA_MODES = ("auto", "fast", "ops")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from engine.config.setting import label_of, setting
+from engine.config.declare import label_of, setting
 from engine.config.units import parse_bytes
 
 CACHE_BLOCK = 64  # tokens: the grain of cached-token figures sent to clients

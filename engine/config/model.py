@@ -1,6 +1,6 @@
 """The model branch of the configuration: which model, and how its batch is scheduled.
 
-Each operator setting is declared once here, beside its field (engine.config.setting).
+Each operator setting is declared once here, beside its field (engine.config.declare).
 It checks its own values; engine/runtime applies them.
 """
 
@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.config.setting import label_of, setting
+from engine.config.declare import label_of, setting
 
-# Prefill order of the model actor (engine/runtime/scheduler.py); batched is mlx-lm's
+# Prefill order of the model actor (engine/runtime/batching/prefill_policy.py); batched is mlx-lm's
 # padded prefill batch, kept as the baseline.
 SCHEDULES = ("srpt", "fifo", "batched")
 PREFILL_EVALS = ("auto", "module", "forward")  # how the prefill worker evaluates a chunk
-# Draft sources of speculative decoding (engine/runtime/speculation.py); auto: what the
+# Draft sources of speculative decoding (engine/runtime/speculative/speculation.py); auto: what the
 # model supports, each sequence's draft length adapted to its acceptance.
 SPECULATIVE = ("off", "auto", "lookup", "mtp", "draft")
 DRAFTING = ("auto", "draft")  # the modes that use --draft-model
@@ -64,7 +64,7 @@ class ModelConfig:
     prefill_group: int = setting(
         1, "prefill up to N not-yet-started prompts of similar length in one chunk (srpt, fifo)"
     )
-    # srpt/fifo size a chunk in time: these two (engine/runtime/scheduler.py).
+    # srpt/fifo size a chunk in time: these two (engine/runtime/batching/prefill_policy.py).
     prefill_step_factor: float = setting(
         2.5, "srpt/fifo: a step that prefills beside decode aims at X idle decode steps"
     )
@@ -77,7 +77,7 @@ class ModelConfig:
         True,
         "srpt/fifo: run a prefill chunk's forward on a thread of its own beside the decode steps",
     )
-    # engine.runtime.prefill_worker; a short prefill's chunk runs whole whatever this says.
+    # engine.runtime.batching.prefill_worker; a short prefill's chunk runs whole whatever this says.
     prefill_eval: str = setting(
         "auto",
         "with overlap, the worker evaluates a long prefill's chunk module by module (its MLX "
@@ -102,7 +102,7 @@ class ModelConfig:
     draft_model: str | None = setting(
         None,
         "draft model directory (same tokenizer as the model) for --speculative draft or "
-        "auto (the embedded model's: engine/runtime/assets/draft)",
+        "auto (the embedded model's: engine/runtime/model/assets/draft)",
         metavar="PATH",
         shown="none",
     )

@@ -1,6 +1,6 @@
 """The prompt branch of the configuration: what the front end does to prompts and outputs.
 
-Each operator setting is declared once here, beside its field (engine.config.setting).
+Each operator setting is declared once here, beside its field (engine.config.declare).
 It checks its own values: every volatile-line rule compiles and never matches an
 empty line. engine/server applies them (engine.server.volatile, engine.server.output_format).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from engine.config.setting import label_of, setting
+from engine.config.declare import label_of, setting
 
 # Claude Code starts its system prompt with
 # `x-anthropic-billing-header: cc_version=2.1.117.48f; cc_entrypoint=cli; cch=71fea;`,
@@ -19,7 +19,7 @@ from engine.config.setting import label_of, setting
 BILLING_HEADER = r"^x-anthropic-billing-header:"
 VOLATILE_DEFAULTS = (BILLING_HEADER,)
 
-# How a model marks reasoning and tool calls in its output (clients.openai.parsers);
+# How a model marks reasoning and tool calls in its output (clients.bridge.parsers);
 # -thinking: the chat template's generation prompt opens the reasoning block itself.
 OUTPUT_FAMILIES = ("qwen", "qwen_xml", "glm", "kimi", "plain")
 OUTPUT_FORMATS = ("auto", *OUTPUT_FAMILIES, *(f"{f}-thinking" for f in OUTPUT_FAMILIES[:4]))

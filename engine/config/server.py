@@ -1,6 +1,6 @@
 """The server branch of the configuration: where it listens, who may call, how it is run.
 
-Each operator setting is declared once here, beside its field (engine.config.setting).
+Each operator setting is declared once here, beside its field (engine.config.declare).
 It checks its own values and whether a bind is exposed without a token; it reads a
 token file when asked. engine/server applies it.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.config.setting import Setting, label_of, parse_str, setting, sourced
+from engine.config.declare import Setting, label_of, parse_str, setting, sourced
 from engine.config.units import GB, parse_bytes
 
 # How a request's cache namespace shows in metrics and `lineage top`: a short hash
@@ -201,7 +201,7 @@ class ServerConfig:
         switch=True,
         shown="off",
     )
-    # The names the HTTP bridge answers to (clients.openai.models); () means "lineage" and
+    # The names the HTTP bridge answers to (clients.bridge.models); () means "lineage" and
     # the model directory's name.
     served_model_name: tuple[str, ...] = setting(
         (),

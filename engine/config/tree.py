@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Mapping
 
 from engine.config.cache import CacheConfig, default_cache_dir
+from engine.config.declare import UNSET, read_settings, setting_named
 from engine.config.kernels import KernelConfig
 from engine.config.limits import Limits
 from engine.config.machine import disk_room, machine_memory
 from engine.config.model import ModelConfig
 from engine.config.prompt import PromptConfig
 from engine.config.server import Identity, ServerConfig, read_token_file
-from engine.config.setting import UNSET, read_settings, setting_named
 
 
 @dataclass(frozen=True)

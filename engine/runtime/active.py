@@ -40,7 +40,7 @@ class ActiveRequest:
     prompt_end_logits: object = None  # what the first token was sampled from
     resent: bool = False  # restored at the prompt end: its first token came from stored logits
     restore_lost: str = ""  # "entry@length" of a planned restore found gone
-    constraint: object = None  # its grammar's matcher (engine.runtime.constraint), if held
+    constraint: object = None  # its grammar's matcher (engine.runtime.structured.matcher), if held
     index: int = 0  # its branch of the request (SamplingParams.n)
     key: str = ""  # its key in the generator's books: the request id, "<id>#<index>" a branch's
     branches: int = 1  # branch 0: the request's n

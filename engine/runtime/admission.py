@@ -38,7 +38,7 @@ from engine.runtime.ordering import OrderLedger
 from engine.runtime.requests import GenerationRequest
 
 if TYPE_CHECKING:
-    from engine.runtime.ram_tier import RamTier
+    from engine.runtime.tier.ram import RamTier
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ class Timing:
     bytes_copied_commit: int = 0  # state snapshots stored, copying extractions
     restored_kv_bytes: int = 0
     # Its rows copied when the batches changed shape around it (others joined or left,
-    # a prompt batch split) or outgrew their buffers (engine.runtime.copies)
+    # a prompt batch split) or outgrew their buffers (engine.runtime.batching.copies)
     bytes_copied_batch: int = 0
     # Speculative decoding: draft tokens verified for it, how many were accepted, and the
     # verify steps it drafted in

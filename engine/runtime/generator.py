@@ -51,23 +51,23 @@ from engine.config import EngineConfig
 from engine.runtime import layer_caches
 from engine.runtime.active import ActiveRequest
 from engine.runtime.admission import Admission, Emit
-from engine.runtime.batch import bound_pool
+from engine.runtime.batching.batch import bound_pool
+from engine.runtime.batching.chunked import ChunkedBatchGenerator
+from engine.runtime.batching.for_schedule import new_batch_generator
+from engine.runtime.batching.layer_timer import LayerTimer
+from engine.runtime.batching.step_profile import StepProfile
 from engine.runtime.branches import Branch, branch_key, branch_request
-from engine.runtime.chunked import ChunkedBatchGenerator
-from engine.runtime.constraint import Grammars
 from engine.runtime.events import Finished, FinishReason, Progress
-from engine.runtime.finished_entries import finished_entries
-from engine.runtime.layer_timer import LayerTimer
 from engine.runtime.logprobs import tokens_event
-from engine.runtime.masked_batch import sample_first
 from engine.runtime.ordering import CacheLink, OrderLedger
 from engine.runtime.output import Copied, Stamps, final_event, unstarted_event
-from engine.runtime.ram_tier import RamTier, StoredEntry, digest
 from engine.runtime.requests import GenerationRequest
-from engine.runtime.restore import Restorer
 from engine.runtime.sampling import make_sampler
-from engine.runtime.schedules import new_batch_generator
-from engine.runtime.step_profile import StepProfile
+from engine.runtime.structured.masked_batch import sample_first
+from engine.runtime.structured.matcher import Grammars
+from engine.runtime.tier.finished_entries import finished_entries
+from engine.runtime.tier.ram import RamTier, StoredEntry, digest
+from engine.runtime.tier.restore import Restorer
 
 log = logging.getLogger(__name__)
 
@@ -366,7 +366,8 @@ class Generator:
             caches=[cache] if cache is not None else None,
             all_tokens=[prefix],
             samplers=[sampler],
-            # The row's constraint rides in its processors slot (engine.runtime.masked_batch).
+            # The row's constraint rides in its processors slot
+            # (engine.runtime.structured.masked_batch).
             logits_processors=[[act.constraint] if act.constraint is not None else []],
             stop_sequences=[stops],
         )[0]

@@ -19,8 +19,8 @@ from engine.cache.manager import CacheManager
 from engine.cache.messages import PlanRequest
 from engine.config import EngineConfig
 from engine.runtime.events import Finished, Tokens
-from engine.runtime.ram_tier import DiskTier
 from engine.runtime.requests import GenerationRequest, SamplingParams
+from engine.runtime.tier.ram import DiskTier
 
 
 @dataclass
@@ -70,8 +70,8 @@ class LocalEngine:
         user's disk cache unless it asks to.
         """
         from engine.runtime.generator import Generator
-        from engine.runtime.loader import load_model
-        from engine.runtime.ram_tier import RamTier
+        from engine.runtime.model.loader import load_model
+        from engine.runtime.tier.ram import RamTier
 
         self.config = config
         self.model, self.tokenizer, self.info = loaded or load_model(config)

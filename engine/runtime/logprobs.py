@@ -3,7 +3,7 @@
 The row a token was sampled from is the batch's log-softmax of the model's
 logits (before temperature, top-p and top-k: the model's own distribution);
 for a constrained sequence it is the row after the grammar's mask,
-renormalised over the allowed tokens (engine.runtime.masked_batch), so a
+renormalised over the allowed tokens (engine.runtime.structured.masked_batch), so a
 token the grammar forbids never shows up. One request's positions are read on
 the host only when it asked (`SamplingParams.logprobs`): a top-k of one row.
 """

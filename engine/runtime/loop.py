@@ -4,7 +4,7 @@ Everything that touches the model, the batch or the RAM tier runs on this
 thread, so none of it locks; the one exception is a prefill chunk's forward
 under `--prefill-overlap on`, which runs on the batch generator's
 PrefillWorker thread on a prompt batch nothing else touches until it ends
-(engine.runtime.chunked). Other threads (the Ray actor's event loop, a
+(engine.runtime.batching.chunked). Other threads (the Ray actor's event loop, a
 test) reach the Generator only through the inbox: `call(fn)` queues
 `fn(generator)`; `ask(fn)` also waits for its result. Between requests the
 loop sleeps on the inbox; after `idle_release_s` without work it releases

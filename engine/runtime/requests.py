@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.cache.messages import RestorePlan
-from engine.runtime.grammar import Grammar
+from engine.runtime.structured.grammar import Grammar
 
 
 @dataclass(frozen=True)
@@ -37,4 +37,6 @@ class GenerationRequest:
     sampling: SamplingParams
     received_at: float  # time.time() when the front end got the call
     plan_ms: float = 0.0
-    constraint: Grammar | None = None  # the output held to this grammar (engine.runtime.grammar)
+    constraint: Grammar | None = (
+        None  # the output held to this grammar (engine.runtime.structured.grammar)
+    )

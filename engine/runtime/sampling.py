@@ -2,7 +2,7 @@
 
 A sampler maps a row of log-probabilities to a token. A seeded request owns its
 own PRNG key, so its output does not depend on what else is in the batch.
-Speculative verification (engine.runtime.verification) reads the same
+Speculative verification (engine.runtime.speculative.verification) reads the same
 sampler's target distribution (`logits`) and draws from its key (`split`), so
 a request samples from one distribution whether or not its drafts are
 verified.

@@ -23,7 +23,7 @@ from typing import Mapping
 
 from engine.cache.messages import AnchorUse, CacheStats
 from engine.runtime.events import Finished, Timing
-from engine.runtime.tier_stats import TierStats
+from engine.runtime.tier.stats import TierStats
 
 WINDOW_S = 60.0  # "the last minute" of `lineage top`
 KEEP = 512  # records kept

@@ -3,7 +3,7 @@
 It reads the proto's Constraint (a JSON schema, `json_object`, a Lark grammar,
 or a tool choice over the request's tools) and the model's output format (whose
 tool-call markup the tool grammars match), and builds the grammar with
-engine.runtime.grammar. What cannot be enforced is an InvalidRequest naming
+engine.runtime.structured.grammar. What cannot be enforced is an InvalidRequest naming
 the field, the keyword and its path in the schema, so the caller gets
 INVALID_ARGUMENT (the bridge's 400) before any work is done.
 
@@ -22,8 +22,8 @@ from typing import Callable
 
 from engine.config import Limits
 from engine.proto import engine_pb2
-from engine.runtime.constraint import llguidance_tokenizer
-from engine.runtime.grammar import (
+from engine.runtime.structured.matcher import llguidance_tokenizer
+from engine.runtime.structured.grammar import (
     SPECIAL_MARKERS,
     Grammar,
     GrammarError,

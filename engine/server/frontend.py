@@ -35,8 +35,8 @@ from engine.cache.messages import PlanRequest, Release
 from engine.config import EngineConfig
 from engine.runtime.branches import branch_key
 from engine.runtime.events import Finished, FinishReason, Tokens
-from engine.runtime.grammar import Grammar
 from engine.runtime.requests import GenerationRequest, SamplingParams
+from engine.runtime.structured.grammar import Grammar
 from engine.server.activity import Activity, Inspection, NamespaceTags, inspection
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
 from engine.server.limits import check_sampling

@@ -1,6 +1,6 @@
 """Which markup the served model writes its reasoning and tool calls in, decided at load.
 
-The family (`qwen`, `glm`, `kimi`, `plain`; clients.openai.parsers reads each) comes
+The family (`qwen`, `glm`, `kimi`, `plain`; clients.bridge.parsers reads each) comes
 from the chat template and the tokenizer's vocabulary, the way the template shows
 the model its own past calls: Kimi's `<|tool_calls_section_begin|>`, GLM's
 `<arg_key>`, Qwen3-Coder's `<function=…><parameter=…>` inside `<tool_call>`,
@@ -13,7 +13,7 @@ clients through ModelInfo.output_format.
 The same markup is not always one token: Qwen's tokenizers hold `<tool_call>`
 as an added token, many Hermes-style fine-tunes and converted models spell it
 in ordinary BPE pieces. `special_markers(tokenizer)` says which markers are
-added tokens, so the grammars (engine.runtime.grammar) match each as the
+added tokens, so the grammars (engine.runtime.structured.grammar) match each as the
 tokenizer holds it: a special token where there is one, its text where there is
 not. It knows the tokenizer and a render function, nothing of the model.
 """

@@ -22,7 +22,7 @@ import numpy as np
 
 from engine.cache.messages import EntryRecord
 from engine.runtime import layer_caches
-from engine.runtime.ram_tier import StoredEntry
+from engine.runtime.tier.ram import StoredEntry
 from engine.storage import file_format
 from engine.storage.writer import WriteJob
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from engine.cache.messages import EntryRecord
 from engine.config import EngineConfig
-from engine.runtime.ram_tier import StoredEntry
+from engine.runtime.tier.ram import StoredEntry
 from engine.storage import file_format
 from engine.storage.codec import drain, finish_entry, read_steps, to_write_job
 from engine.storage.writer import DiskWriter, lower_priority

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from engine.runtime.ram_tier import StoredEntry
+from engine.runtime.tier.ram import StoredEntry
 from engine.storage.codec import Encoder, decode_tree, dtype_name
 
 

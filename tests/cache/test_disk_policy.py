@@ -17,7 +17,7 @@ from engine.cache.disk_index import DiskFile, DiskIndex, disk_priority
 from engine.cache.entry import Entry
 from engine.cache.messages import EntryRecord
 from engine.config import CacheConfig
-from engine.runtime.fingerprint import library_versions, model_fingerprint
+from engine.runtime.model.fingerprint import library_versions, model_fingerprint
 from tests.fakes import KVPT, STATE, DiskDriver, tokens, write_fake_file
 
 

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from clients.wire import build_request
-from tests.clients.test_bridge import BridgeThread
+from tests.clients.bridge.test_bridge import BridgeThread
 
 pytestmark = pytest.mark.ray
 USER = [{"role": "user", "content": "Name three colours."}]

@@ -32,7 +32,7 @@ from clients.cli import main as cli
 from clients.cli.args import config_from_args, format_stats
 from clients.cli.chat import Chat, run_chat
 from engine.config import GB
-from engine.config.settings import SETTINGS
+from engine.config.catalog import SETTINGS
 from engine.proto import engine_pb2
 
 ROOT = Path(__file__).resolve().parents[2]

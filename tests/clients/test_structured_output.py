@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 from clients.constraints import Constraint, constraint_for
 from clients.wire import InvalidInput, build_request
 from engine.proto import engine_pb2
-from tests.clients.test_bridge import BridgeThread
+from tests.clients.bridge.test_bridge import BridgeThread
 
 pytestmark = pytest.mark.ray
 

@@ -19,8 +19,8 @@ from mlx_lm.models.base import create_causal_mask
 from threadpoolctl import threadpool_info
 
 from engine.kernels import dense_attention as da
-from engine.runtime.batch import merge_with_room
-from engine.runtime.tiny_models import build_model
+from engine.runtime.batching.batch import merge_with_room
+from engine.runtime.model.tiny_models import build_model
 
 TOL = 2e-5
 

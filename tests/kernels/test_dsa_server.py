@@ -15,7 +15,7 @@ import grpc
 from engine.kernels import dense_attention as da
 from engine.kernels import sparse_attention as sa
 from engine.proto import engine_pb2, engine_pb2_grpc
-from engine.runtime.tiny_models import write_model_dir
+from engine.runtime.model.tiny_models import write_model_dir
 from engine.server.background import BackgroundEngine
 from tests.engines import make_config
 from tests.server.test_server import collect, reference_greedy, request
@@ -56,7 +56,7 @@ def test_warm_turn_greedy_tokens_equal_the_stock_path(ray_session, tmp_path):
 def test_the_switch_off_loads_no_kernel(tmp_path):
     """LINEAGE_SPARSE_KERNELS=0 and LINEAGE_DENSE_KERNEL=0: mlx-lm's attention stays."""
     from engine.config import EngineConfig
-    from engine.runtime.loader import load_model
+    from engine.runtime.model.loader import load_model
 
     model_dir = write_model_dir("glm_moe_dsa", tmp_path / "dsa")
     env = {

@@ -14,7 +14,7 @@ from mlx_lm.models import qwen3_next
 from mlx_lm.models.cache import ArraysCache
 
 from engine.kernels import gated_delta as gd
-from engine.runtime.tiny_models import build_model
+from engine.runtime.model.tiny_models import build_model
 
 TOL = 1e-5
 

@@ -12,7 +12,7 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import CacheList
 
 from engine.kernels import cpu_streams, indexer, sparse_attention
-from engine.runtime.tiny_models import build_model
+from engine.runtime.model.tiny_models import build_model
 from tests.kernels.test_sparse_attention import _copy, _prefilled
 
 

@@ -16,7 +16,7 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import CacheList, KVCache
 
 from engine.kernels import sparse_attention as sa
-from engine.runtime.tiny_models import build_model
+from engine.runtime.model.tiny_models import build_model
 
 CHUNKS = (2, 16, 64, 128, 129, 256, 512, 513)
 TOL = 1e-5

@@ -9,10 +9,10 @@ import pytest
 from engine.cache.manager import CacheManager
 from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.runtime.generator import Generator
-from engine.runtime.loader import load_model
 from engine.runtime.local import LocalLink
 from engine.runtime.loop import ModelLoop
-from engine.runtime.ram_tier import RamTier
+from engine.runtime.model.loader import load_model
+from engine.runtime.tier.ram import RamTier
 
 
 @pytest.fixture(scope="module")

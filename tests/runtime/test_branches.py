@@ -17,8 +17,8 @@ import numpy as np
 
 from engine.cache.messages import PlanRequest
 from engine.runtime.events import Finished, FinishReason, Tokens
-from engine.runtime.grammar import schema_grammar
 from engine.runtime.requests import GenerationRequest, SamplingParams
+from engine.runtime.structured.grammar import schema_grammar
 
 _ids = iter(range(1 << 30))
 

@@ -37,7 +37,7 @@ from engine.runtime.layer_caches import (
     snapshot_state_single,
     store_entry,
 )
-from engine.runtime.tiny_models import build_model, config_for
+from engine.runtime.model.tiny_models import build_model, config_for
 
 H, D = 2, 64  # kv heads, head dim (64: one quantization group)
 

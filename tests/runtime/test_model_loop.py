@@ -19,12 +19,12 @@ from engine.cache.messages import PlanRequest
 from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.runtime.events import Finished, FinishReason, Tokens
 from engine.runtime.generator import Generator
-from engine.runtime.loader import load_model
 from engine.runtime.local import LocalLink
 from engine.runtime.loop import ModelLoop
-from engine.runtime.ram_tier import RamTier
+from engine.runtime.model.loader import load_model
 from engine.runtime.requests import GenerationRequest, SamplingParams
-from engine.runtime.tier_stats import tier_stats
+from engine.runtime.tier.ram import RamTier
+from engine.runtime.tier.stats import tier_stats
 
 
 @pytest.fixture(scope="module")

@@ -111,7 +111,7 @@ def test_restore_shares_the_stored_buffers(local):
 
 def test_merge_leaves_room_so_prefill_writes_in_place(local):
     """After the merge, the batch KV buffer has room for the uncached tokens."""
-    from engine.runtime.batch import merge_with_room
+    from engine.runtime.batching.batch import merge_with_room
 
     conversation(local, first=300, turns=0)
     entry_id, entry = max(local.tier.entries.items(), key=lambda kv: kv[1].length)
@@ -162,7 +162,7 @@ def test_pool_clear_per_prefill_chunk_is_opt_in(model_cache_dir, random_model_di
 @pytest.mark.parametrize("sequences", [1, 2])
 def test_a_sequence_finishing_alone_leaves_with_views_of_its_rows(local, sequences):
     """extract_alone: no KV copy for a lone sequence; mlx-lm's copy when others remain."""
-    from engine.runtime.batch import LineageBatchGenerator
+    from engine.runtime.batching.batch import LineageBatchGenerator
 
     bg = LineageBatchGenerator(local.model, prefill_step_size=512)
     prompts = [[(i * 7 + s) % 3000 + 20 for i in range(1500)] for s in range(sequences)]

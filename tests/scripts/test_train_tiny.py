@@ -18,7 +18,7 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models import gated_delta
 
-from engine.runtime.mtp import lm_logits
+from engine.runtime.speculative.mtp import lm_logits
 from scripts import chunked_delta, host_ops
 from scripts import train_tiny as tt
 

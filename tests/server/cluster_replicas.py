@@ -53,7 +53,7 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(cluster, tmp_path_factory):
-    from engine.runtime.tiny_models import write_model_dir
+    from engine.runtime.model.tiny_models import write_model_dir
     from engine.server.background import BackgroundEngine
 
     # A random-weight qwen3_next: routing and handover need a hybrid model, not the

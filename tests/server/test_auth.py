@@ -211,8 +211,8 @@ def test_serve_refuses_a_public_bind_without_a_token(capsys):
 def test_the_bridge_serves_mtls_and_checks_tokens_before_anything(certs):
     import httpx
 
-    from clients.openai.guard import BridgeSecurity
-    from clients.openai.server import start_bridge
+    from clients.bridge.guard import BridgeSecurity
+    from clients.bridge.server import start_bridge
 
     loop = BackgroundLoop("bridge-mtls")
     security = BridgeSecurity(

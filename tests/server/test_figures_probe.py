@@ -18,8 +18,8 @@ import json
 
 import httpx
 
+from clients.bridge.server import bridge_security, start_bridge
 from clients.client import Client, Final, Progress
-from clients.openai.server import bridge_security, start_bridge
 from engine.config import CACHE_BLOCK
 from engine.server.background import BackgroundLoop
 

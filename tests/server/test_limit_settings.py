@@ -117,7 +117,7 @@ def _with_id(req, request_id: str):
 def test_the_bridge_applies_its_body_limit():
     import httpx
 
-    from clients.openai.server import bridge_security, start_bridge
+    from clients.bridge.server import bridge_security, start_bridge
     from engine.config import ServerConfig
     from engine.server.background import BackgroundLoop
 

@@ -232,7 +232,7 @@ def test_a_stop_string_on_the_last_allowed_token_ends_only_that_request(stub):
     max_tokens failed the whole batch (the batch had already let the sequence go)."""
     from tokenizers import Tokenizer
 
-    from engine.runtime.tiny_models import TOKENIZER_DIR
+    from engine.runtime.model.tiny_models import TOKENIZER_DIR
 
     # Greedy on the embedded trained model: an indented docstring whose 4th token is a
     # word (' the'), not whitespace, and not in the first three's text.

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from mlx_lm.utils import load_tokenizer
 
-import engine.runtime.tiny_models as tm
-from clients.bench.agent_text import tool_result
+import engine.runtime.model.tiny_models as tm
+from clients.bench.agents.agent_text import tool_result
 from clients.client import Client
 from clients.fanout import make_shared_prefix
 from engine.cache.message_points import MESSAGE_SLICES, spacing

@@ -69,7 +69,7 @@ def test_greedy_matches_mlx_lm_generate(engine, stub, prompt):
 def test_greedy_matches_mlx_lm_on_another_architecture(ray_session, tmp_path):
     """A plain llama-style transformer served with --model PATH."""
     from engine.proto import engine_pb2_grpc
-    from engine.runtime.tiny_models import write_model_dir
+    from engine.runtime.model.tiny_models import write_model_dir
     from engine.server.background import BackgroundEngine
     from tests.engines import make_config
 

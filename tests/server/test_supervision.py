@@ -37,7 +37,7 @@ def engine(ray_session, tmp_path_factory, model_cache_dir):
 
 
 def _model_dir(model_cache_dir) -> str:
-    from engine.runtime.tiny_models import ensure_default_model
+    from engine.runtime.model.tiny_models import ensure_default_model
 
     return str(ensure_default_model(model_cache_dir))
 
@@ -143,7 +143,7 @@ def test_a_replica_that_misses_one_ping_is_reset_and_holds_only_what_is_placed(e
     file the disk index holds is on disk (issue 29, item 2)."""
     import ray
 
-    from clients.bench.fault_checks import Holdings, compare, entry_files, read_holdings
+    from clients.bench.faults.checks import Holdings, compare, entry_files, read_holdings
     from engine.storage.file_format import entries_dir
 
     ns, sup = "missed-ping", engine.engine.supervisor

@@ -14,8 +14,8 @@ import httpx
 import openai
 import pytest
 
+from clients.bridge.server import bridge_security, start_bridge
 from clients.client import Client, Final, LineageError, Progress
-from clients.openai.server import bridge_security, start_bridge
 from engine.config import CACHE_BLOCK
 from engine.server.background import BackgroundLoop
 
@@ -135,7 +135,7 @@ def test_openai_client_through_the_bridge_over_tls(secured, certs):
 @pytest.fixture(scope="module")
 def in_process_bridge(secured):
     """The bridge as `lineage serve --http-port` starts it: in the engine's own process,
-    calling its front end (clients.openai.in_process), with the engine's tokens and TLS."""
+    calling its front end (clients.bridge.in_process), with the engine's tokens and TLS."""
     from clients.cli.serve import bridge_sidecar
 
     server = dataclasses.replace(secured.config.server, host="127.0.0.1", http_port=0)
@@ -146,7 +146,7 @@ def in_process_bridge(secured):
 
 
 def test_the_in_process_bridge_takes_the_namespace_from_the_token(in_process_bridge, certs):
-    from clients.openai.in_process import InProcessBackend
+    from clients.bridge.in_process import InProcessBackend
 
     assert isinstance(in_process_bridge.backend, InProcessBackend)  # no gRPC hop
     url = f"{in_process_bridge.url}/v1"

@@ -6,7 +6,7 @@ string ends it at its start, whichever step it completes in."""
 import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-from engine.runtime.tiny_models import TOKENIZER_DIR
+from engine.runtime.model.tiny_models import TOKENIZER_DIR
 from engine.server.text import TextStream
 
 REPLIES = [

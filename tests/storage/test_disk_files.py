@@ -21,7 +21,7 @@ from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache
 
 from engine.cache.messages import EntryRecord
 from engine.runtime import layer_caches
-from engine.runtime.ram_tier import StoredEntry
+from engine.runtime.tier.ram import StoredEntry
 from engine.storage import file_format, writer
 from engine.storage.codec import read_entry as load_entry
 from engine.storage.codec import to_write_job as capture
@@ -241,7 +241,7 @@ CRASH_WRITER = """
 import sys, time
 import numpy as np
 from engine.runtime import layer_caches
-from engine.runtime.ram_tier import StoredEntry
+from engine.runtime.tier.ram import StoredEntry
 from engine.storage.disk_store import DiskStore
 from engine.cache.messages import EntryRecord
 from tests.storage.test_disk_files import LAYOUTS

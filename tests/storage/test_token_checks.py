@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from engine.cache.messages import RestorePlan
-from engine.runtime.ram_tier import RamTier
+from engine.runtime.tier.ram import RamTier
 from engine.storage import writer
 from engine.storage.disk_store import DiskStore
 from engine.storage.handover import from_portable, to_portable

@@ -120,8 +120,8 @@ def test_the_queue_holds_at_most_its_byte_cap(tmp_path, monkeypatch):
 def test_the_disk_index_stays_true_to_the_directory_when_writes_are_lost(
     model_cache_dir, random_model_dir, tmp_path, monkeypatch
 ):
-    from engine.runtime.loader import load_model
     from engine.runtime.local import LocalEngine
+    from engine.runtime.model.loader import load_model
 
     disk = FullDisk(monkeypatch)
     config = EngineConfig(

@@ -1,0 +1,447 @@
+"""`lineage bench concurrency`: concurrent sub-agents per prefill schedule, and mlx_lm.server.
+
+One seeded agent traffic (clients.bench.agents.traffic: K lanes sharing a system
+prompt plus tools, tool results of varied size) runs step by step; in every
+`--cold-every`-th step a long cold prompt (a system prompt of its own) is
+sent first and the lanes' warm turns follow `--stagger-ms` later, so they
+arrive while it prefills. Replies are greedy, so every schedule sees the same
+conversations. The traffic runs
+- once with every request alone (`solo`): each request's time to first token
+  on an idle engine from the same cache state;
+- once per schedule (`--schedules`), each on a fresh engine;
+- once against a real `mlx_lm.server` subprocess on the same model directory
+  (clients.bench.peer), fed through its OpenAI API from one thread per lane.
+A dropped call of the traffic is cancelled mid-stream after its drop point
+(ours: the gRPC call is cancelled; the peer: the HTTP connection is closed),
+and its retry resends the same messages in the next step.
+
+After the traffic, a probe on each schedule's engine: a short warm turn (200
+new tokens) arrives while an 8k-token cold prompt prefills, its time to first
+token divided by the same turn's on the idle engine; then streams decode back
+to back while another 8k-token cold prompt prefills, their inter-token gaps
+over the whole prefill divided by the idle decode step, beside the model
+loop's own steps in that window split by phase (engine.runtime.batching.step_profile:
+what the slowest gaps are made of) and that prompt's time to first token
+against the same prompt alone.
+
+Times are the client's (send to first chunk), for ours and the peer alike.
+Cheap to import: MLX, Ray and matplotlib load inside functions.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from clients.bench.agents.traffic import Sessions, Traffic, build_traffic
+from clients.bench.concurrency.forward_costs import floor_probe, grouping_probe
+from clients.bench.concurrency.report import format_table, plot, summarize
+from clients.bench.figures import emit, percentile, plot_ready
+from clients.bench.harness import model_path, own_ray
+from clients.fanout import make_system_prompt
+from engine.config import PREFILL_EVALS, ModelConfig
+
+HELP = "concurrent sub-agents plus long cold prompts: TTFT, ITL and prefill rate per schedule"
+RUNS = ("batched", "fifo", "srpt", "srpt-group", "mlx_lm_server")
+PROBE_SHORT = 200  # new tokens of the probe's warm turn
+
+
+@dataclass(frozen=True)
+class ConcurrencyOptions:
+    model: str
+    scale: float = 0.25
+    agents: int = 3
+    seed: int = 0
+    runs: tuple = RUNS
+    cold_every: int = 2
+    cold_tokens: int = 0  # 0: the traffic's prefix size
+    stagger_ms: float = 150.0
+    probe_tokens: int = 8192
+    probes: tuple | None = None  # runs probed after their traffic; None: every engine run
+    prefill_budget: int = 256  # the engine's default
+    prefill_step_size: int = 512
+    step_factor: float = ModelConfig.prefill_step_factor  # the engine's defaults
+    slice_ms: float = ModelConfig.prefill_slice_ms
+    overlap: bool = ModelConfig.prefill_overlap
+    prefill_eval: str = ModelConfig.prefill_eval
+    work_dir: str | None = None
+
+
+@dataclass
+class Sent:
+    """One request as the client saw it (perf_counter times)."""
+
+    key: str
+    kind: str  # warm | cold
+    t_send: float
+    t_first: float | None = None
+    t_end: float = 0.0
+    chunk_times: list = field(default_factory=list)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    text: str = ""
+    completed: bool = True  # false: dropped by the client mid-stream
+
+    @property
+    def ttft_ms(self) -> float:
+        return ((self.t_first or self.t_end) - self.t_send) * 1000
+
+
+# ---------------------------------------------------------------- senders ----
+
+
+class EngineSender:
+    """Our engine, in this process, on a fresh cache directory, driven through Client."""
+
+    def __init__(self, opts: ConcurrencyOptions, schedule: str, group: int, cache_dir: str):
+        from clients.client import Client
+        from engine.config import CacheConfig, EngineConfig, ServerConfig
+        from engine.server.background import BackgroundEngine
+
+        model = ModelConfig(
+            path=opts.model,
+            prefill_step_size=opts.prefill_step_size,
+            schedule=schedule,
+            prefill_budget=opts.prefill_budget,
+            prefill_group=group,
+            prefill_step_factor=opts.step_factor,
+            prefill_slice_ms=opts.slice_ms,
+            prefill_overlap=opts.overlap,
+            prefill_eval=opts.prefill_eval,
+        )
+        config = EngineConfig(
+            model=model, cache=CacheConfig(cache_dir=cache_dir), server=ServerConfig(port=0)
+        )
+        self.engine = BackgroundEngine(config, timeout=600)
+        self.client = Client(self.engine.address, timeout=600)
+
+    def send(
+        self, key, kind, messages=None, tools=None, prompt_ids=None, max_tokens=32, drop_after=0
+    ) -> Sent:
+        from clients.client import Chunk, Final
+
+        sent = Sent(key, kind, time.perf_counter())
+        stream = self.client.stream(
+            messages=messages, tools=list(tools) if tools else None, prompt_ids=prompt_ids,
+            max_tokens=max_tokens, temperature=0.0, namespace="cold" if kind == "cold" else "",
+        )  # fmt: skip
+        for event in stream:
+            if isinstance(event, Chunk) and event.ids:
+                now = time.perf_counter()
+                sent.t_first = sent.t_first or now
+                sent.chunk_times.append(now)
+                sent.text += event.text
+                if drop_after and len(sent.chunk_times) >= drop_after:
+                    stream.cancel()  # the client drops the call mid-stream
+                    sent.completed = False
+                    break
+            elif isinstance(event, Final):
+                sent.prompt_tokens = event.usage.prompt_tokens
+                sent.cached_tokens = event.usage.cached_tokens
+        sent.t_end = time.perf_counter()
+        return sent
+
+    def step_profile(self, since: float, until: float) -> dict:
+        """The model loop's steps by phase between two perf_counter readings (same machine)."""
+        return self.engine.step_profile(since, until)
+
+    def close(self) -> None:
+        self.client.close()
+        self.engine.stop()
+
+
+class PeerSender:
+    """mlx_lm.server in a subprocess (clients.bench.peer)."""
+
+    def __init__(self, opts: ConcurrencyOptions):
+        from clients.bench.peer import MlxLmServer
+
+        self.server = MlxLmServer(opts.model)
+
+    def send(
+        self, key, kind, messages=None, tools=None, prompt_ids=None, max_tokens=32, drop_after=0
+    ) -> Sent:
+        reply = self.server.stream(messages, tools, max_tokens, drop_after)
+        return Sent(
+            key, kind, reply.t_send, reply.t_first, reply.t_end, reply.chunk_times,
+            reply.prompt_tokens, reply.cached_tokens, reply.text, reply.completed,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        self.server.close()
+
+
+# ---------------------------------------------------------------- traffic ----
+
+
+def cold_messages(opts: ConcurrencyOptions, traffic: Traffic, step: int) -> list:
+    size = opts.cold_tokens or int(len(traffic.systems["main"]) / 4)
+    system = make_system_prompt(size, seed=10_000 + step + 1000 * opts.seed)
+    return [
+        {"role": "system", "content": system},
+        {"role": "user", "content": f"Summarize the rules above (batch {step})."},
+    ]
+
+
+def drive(sender, traffic: Traffic, opts: ConcurrencyOptions, solo: bool) -> list[Sent]:
+    """The traffic step by step; concurrent within a step unless `solo`."""
+    sessions = Sessions(traffic)
+    out: list[Sent] = []
+    with ThreadPoolExecutor(traffic.agents + 1) as pool:
+        for n, step in enumerate(traffic.steps()):
+            batch = [(spec, sessions.messages(spec)) for spec in step]
+            jobs = []
+            if opts.cold_every and n % opts.cold_every == opts.cold_every - 1:
+                cold = cold_messages(opts, traffic, n)
+                jobs.append(dict(key=f"cold{n}", kind="cold", messages=cold, max_tokens=8))
+            jobs += [
+                dict(
+                    key=f"r{spec.rid}",
+                    kind="warm",
+                    messages=messages,
+                    tools=traffic.tools,
+                    max_tokens=spec.max_tokens,
+                    drop_after=spec.drop_after,
+                )
+                for spec, messages in batch
+            ]
+            if solo:
+                results = [sender.send(**job) for job in jobs]
+            else:
+                futures = []
+                for i, job in enumerate(jobs):
+                    if i == 1 and jobs[0]["kind"] == "cold":
+                        time.sleep(opts.stagger_ms / 1000)  # the warm turns come during it
+                    futures.append(pool.submit(sender.send, **job))
+                results = [f.result() for f in futures]
+            out += results
+            by_key = {s.key: s for s in results}
+            for spec, messages in batch:
+                got = by_key[f"r{spec.rid}"]
+                sessions.record(spec, messages, got.text, got.completed)
+    return out
+
+
+# ------------------------------------------------------------------ probe ----
+
+
+def probe(sender, opts: ConcurrencyOptions) -> dict:
+    """Short warm turn and decode gaps during an 8k cold prefill, against the idle engine."""
+    rng = random.Random(opts.seed)
+
+    def ids(n):
+        return [rng.randrange(20, 4000) for _ in range(n)]
+
+    short, solo_cold = _short_turn_probe(sender, opts, ids)
+    # The idle step right before the window, as the same streams see it: the median gap.
+    t_idle = time.perf_counter()
+    idle = sender.send("idle", "warm", prompt_ids=ids(40), max_tokens=300)
+    idle_step = percentile(_gaps(idle.chunk_times), 50)
+    cold, streams = _decode_beside_cold(sender, opts, ids)
+    t_cold_first = cold.t_first or cold.t_end
+    window = [
+        b - a
+        for stream in streams
+        for a, b in zip(stream.chunk_times, stream.chunk_times[1:])
+        if a >= cold.t_send and b <= t_cold_first
+    ]
+    p99 = percentile(window, 99)
+    out = {
+        "idle_step_ms": idle_step * 1000,
+        "itl_during_8k_prefill_ms_p50": percentile(window, 50) * 1000,
+        "itl_during_8k_prefill_ms_p99": p99 * 1000,
+        "itl_p99_over_idle_step": p99 / idle_step if idle_step else 0.0,
+        "gaps_in_window": len(window),
+        **short,
+        "cold_8k_ttft_ms": cold.ttft_ms,
+        "cold_8k_solo_ttft_ms": solo_cold.ttft_ms,
+        "streams": [  # seconds from the cold prompt's send; tokens streamed
+            (
+                round(q.t_send - cold.t_send, 3),
+                round((q.t_first or q.t_end) - cold.t_send, 3),
+                round(q.t_end - cold.t_send, 3),
+                len(q.chunk_times),
+            )
+            for q in streams
+        ],
+    }
+    if hasattr(sender, "step_profile"):  # the model loop's own steps in the same window
+        out["loop_steps_during_8k_prefill"] = sender.step_profile(cold.t_send, t_cold_first)
+        out["loop_steps_idle"] = sender.step_profile(t_idle, idle.t_end)
+    return out
+
+
+def _short_turn_probe(sender, opts: ConcurrencyOptions, ids) -> tuple[dict, Sent]:
+    """A short warm turn's TTFT while an 8k cold prompt prefills, against the same turn's on
+    the idle engine: its figures; then an 8k cold prompt alone: its Sent."""
+    turns = {}
+    for name in ("solo", "busy"):  # two conversations of the same shape
+        base = ids(600)
+        sender.send(f"{name}-base", "warm", prompt_ids=base, max_tokens=1)
+        turns[name] = base + ids(PROBE_SHORT)
+    solo = sender.send("solo-turn", "warm", prompt_ids=turns["solo"], max_tokens=1)
+    with ThreadPoolExecutor(2) as pool:  # a short warm turn during an 8k cold prefill
+        first = pool.submit(sender.send, "8k-a", "cold", None, None, ids(opts.probe_tokens), 1)
+        time.sleep(0.3)
+        busy = sender.send("busy-turn", "warm", prompt_ids=turns["busy"], max_tokens=1)
+        first.result()
+    solo_cold = sender.send("8k-solo", "cold", prompt_ids=ids(opts.probe_tokens), max_tokens=1)
+    return {
+        "short_turn_uncached": PROBE_SHORT,
+        "short_turn_ttft_ms": busy.ttft_ms,
+        "short_turn_solo_ttft_ms": solo.ttft_ms,
+        "short_turn_over_solo": busy.ttft_ms / solo.ttft_ms if solo.ttft_ms else 0.0,
+    }, solo_cold
+
+
+def _decode_beside_cold(sender, opts: ConcurrencyOptions, ids) -> tuple:
+    """Streams decoding back to back while an 8k cold prompt prefills: (the cold prompt's
+    Sent, the streams' Sents)."""
+    stop = threading.Event()
+    streams: list = []
+    prompts = [ids(40) for _ in range(64)]
+
+    def keep_decoding() -> None:  # streams back to back, through the whole cold prefill
+        for prompt in prompts:
+            if stop.is_set():
+                return
+            streams.append(sender.send("stream", "warm", prompt_ids=prompt, max_tokens=300))
+
+    with ThreadPoolExecutor(1) as pool:  # decoding streams during an 8k cold prefill
+        decoding = pool.submit(keep_decoding)
+        time.sleep(0.5)
+        cold = sender.send("8k-b", "cold", prompt_ids=ids(opts.probe_tokens), max_tokens=1)
+        stop.set()
+        decoding.result()
+    return cold, streams
+
+
+def _gaps(times: list) -> list:
+    return [b - a for a, b in zip(times, times[1:])] or [0.0]
+
+
+# -------------------------------------------------------------------- run ----
+
+
+def run_bench(opts: ConcurrencyOptions) -> dict:
+    """Solo pass, every run, the probes; the report (JSON-ready). Ray must be initialized."""
+    import shutil
+
+    unknown = [r for r in opts.runs if r not in RUNS]
+    if unknown:
+        raise ValueError(f"unknown runs {unknown} (use some of {', '.join(RUNS)})")
+    traffic = build_traffic(opts.seed, opts.scale, opts.agents)
+    work = tempfile.mkdtemp(prefix="lineage-bench-concurrency-", dir=opts.work_dir)
+    results: dict = {}
+    try:
+        sender = EngineSender(opts, "srpt", 1, os.path.join(work, "solo"))
+        try:
+            solo = drive(sender, traffic, opts, solo=True)
+        finally:
+            sender.close()
+        for name in opts.runs:
+            if name == "mlx_lm_server":
+                sender = PeerSender(opts)
+            else:
+                schedule, _, grouped = name.partition("-")
+                group = opts.agents + 1 if grouped else 1
+                sender = EngineSender(opts, schedule, group, os.path.join(work, name))
+            try:
+                sent = drive(sender, traffic, opts, solo=False)
+                probed = None
+                if name != "mlx_lm_server" and (opts.probes is None or name in opts.probes):
+                    probed = probe(sender, opts)
+            finally:
+                sender.close()
+            results[name] = summarize(sent, solo, probed)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {
+        "traffic": traffic.summary(),
+        "model": opts.model,
+        "grouping_probe": grouping_probe(opts.model),
+        "floor_probe": floor_probe(opts.model),
+        "options": {
+            k: getattr(opts, k)
+            for k in ("scale", "agents", "cold_every", "stagger_ms", "probe_tokens")
+        }
+        | {"prefill_budget": opts.prefill_budget, "prefill_step_size": opts.prefill_step_size}
+        | {"step_factor": opts.step_factor, "slice_ms": opts.slice_ms, "overlap": opts.overlap}
+        | {"prefill_eval": opts.prefill_eval},
+        "runs": results,
+    }
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--agents", type=int, default=3, help="concurrent sub-agents (lanes)")
+    parser.add_argument(
+        "--scale", type=float, default=0.25, help="traffic size (1.0: ~10k-token system prompt)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", metavar="PATH", help="model directory (default: tiny model)")
+    parser.add_argument(
+        "--runs", default=",".join(RUNS), help=f"comma-separated subset of {','.join(RUNS)}"
+    )
+    parser.add_argument("--cold-every", type=int, default=2, help="a cold prompt every N steps")
+    parser.add_argument("--stagger-ms", type=float, default=150.0)
+    parser.add_argument("--probe-tokens", type=int, default=8192)
+    parser.add_argument(
+        "--probes", metavar="RUNS", help="comma-separated runs to probe (default: every engine run)"
+    )
+    parser.add_argument("--prefill-budget", type=int, default=256)
+    parser.add_argument(
+        "--step-factor",
+        type=float,
+        default=ModelConfig.prefill_step_factor,
+        help="the engines' --prefill-step-factor",
+    )
+    parser.add_argument(
+        "--slice-ms",
+        type=float,
+        default=ModelConfig.prefill_slice_ms,
+        help="the engines' --prefill-slice-ms",
+    )
+    parser.add_argument(
+        "--overlap",
+        choices=("on", "off"),
+        default="on" if ModelConfig.prefill_overlap else "off",
+        help="the engines' --prefill-overlap",
+    )
+    parser.add_argument(
+        "--prefill-eval",
+        choices=PREFILL_EVALS,
+        default=ModelConfig.prefill_eval,
+        help="the engines' --prefill-eval",
+    )
+    parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    parser.add_argument("--plot", metavar="FILE.png", help="write the figure (matplotlib)")
+
+
+def run(args) -> int:
+    """`lineage bench concurrency`: print the table; write --json and --plot when asked."""
+    if not plot_ready(args, "lineage bench concurrency"):
+        return 1
+    opts = ConcurrencyOptions(
+        model=model_path(args.model),
+        scale=args.scale,
+        agents=args.agents,
+        seed=args.seed,
+        runs=tuple(r.strip() for r in args.runs.split(",") if r.strip()),
+        cold_every=args.cold_every,
+        stagger_ms=args.stagger_ms,
+        probe_tokens=args.probe_tokens,
+        probes=tuple(r.strip() for r in args.probes.split(",")) if args.probes else None,
+        prefill_budget=args.prefill_budget,
+        step_factor=args.step_factor,
+        slice_ms=args.slice_ms,
+        overlap=args.overlap == "on",
+        prefill_eval=args.prefill_eval,
+    )
+    with own_ray():
+        report = run_bench(opts)
+    return emit(report, args, format_table, plot)

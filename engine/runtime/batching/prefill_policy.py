@@ -1,0 +1,159 @@
+"""Which prefill chunk runs next: the model actor's prefill policy, in plain Python.
+
+Each step of the batch loop, every decoding sequence decodes (the batch
+generator does that unconditionally, first); this module then picks the one
+prefill chunk that runs beside it, within a token budget:
+
+- Order: `srpt` runs the sequence with the shortest remaining prefill first,
+  aged so a long prompt is never starved: each step it waits since its last
+  chunk takes `aging` tokens off its key, so after `remaining / aging` steps
+  without a chunk it beats any newcomer. The credit is spent by the chunk it
+  wins (aging from arrival would make an old prompt win every step until
+  its end, and a short turn arriving late would wait for all of it). `fifo`
+  runs them in arrival order.
+- A sequence whose next capture point is an anchor that other requests wait
+  on is keyed by the tokens up to that point: the waiters restore the anchor
+  in the step after it is captured, instead of prefilling it again.
+- No padding: every sequence of a chunk gets the same number of tokens. A
+  chunk is one sequence, or (when `group` > 1) several that have not started
+  and whose remaining prefills are within `GROUP_RATIO` of each other; once
+  started they stay one prompt batch (a cohort) and run together.
+- Budget, in time: a chunk is sized from measured costs (its own cohort's
+  milliseconds per prefill token at its current context, a forward's fixed
+  cost included, so the size converges on the time it is given). While
+  sequences decode, a long prefill's chunk gets what keeps the whole step
+  within `step_factor` idle decode steps (the step's other work, measured,
+  taken off), so a decoding stream's inter-token gap stays near that; with
+  nothing decoding it gets `slice_ms`, so a newcomer waits at most about
+  that long for the chunk in flight. With `overlap` (the chunk's forward runs
+  on a thread of its own beside the decode steps, engine.runtime.batching.chunked) the
+  chunk is no part of a step: it gets `slice_ms` whether or not sequences
+  decode. Never more than `budget` tokens, never fewer than MIN_CHUNK (the
+  long prompt always moves).
+- A short prefill (its whole uncached prompt within `budget` tokens) runs
+  whole in one chunk, also beside decode: its first token comes one step
+  later instead of many, at the price of one longer gap for the decoding
+  streams. The tail of a long prompt is not short: it has waited anyway,
+  and at a long context its last `budget` tokens would stall them longest.
+
+It knows sequences only as uids with token counts and step numbers; nothing
+here touches MLX, a cache or a clock. `batched` (mlx-lm's own padded prefill
+batch, the baseline) does not use this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+AGING = 16  # tokens taken off a waiting sequence's key per step
+GROUP_RATIO = 1.5  # grouped sequences' remaining prefills differ at most by this factor
+MIN_CHUNK = 1  # a long prefill moves at least this many tokens per step
+STEP_FACTOR = 2.5  # a step with a chunk beside decode aims at this many idle decode steps
+SLICE_MS = 50.0  # a long prefill's chunk with nothing decoding aims at this long
+FIRST_CHUNK = 16  # a long prefill's chunk beside decode before any cost is measured
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A sequence waiting for or in prefill, as the policy sees it."""
+
+    uid: int
+    remaining: int  # prompt tokens still to prefill (the last one goes with the first decode)
+    boundary: int  # tokens to its next segment end: a capture point, or the prompt end
+    arrived: int  # the step it arrived in
+    cohort: int | None = None  # the prompt batch it prefills in; None: not started
+    unblocks: int | None = None  # tokens until it captures an anchor others wait on
+    token_ms: float = 0.0  # its cohort's measured ms per prefill token; 0: not yet
+    waiting_since: int | None = None  # the step of its last chunk; None: `arrived`
+    total: int | None = None  # its whole prefill (from its restore point); None: `remaining`
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What prefills this step: `tokens` prompt tokens of each of `uids` (none padded)."""
+
+    uids: tuple[int, ...]
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Measured recently by the batch generator (ms; 0: not measured yet)."""
+
+    decode_ms: float = 0.0  # a step that only decoded: a stream's idle inter-token gap
+    token_ms: float = 0.0  # a prefill token, of any cohort (for one not measured yet)
+    beside_ms: float = 0.0  # what a step with a chunk spends besides the chunk's forward
+
+
+class PrefillScheduler:
+    """The prefill policy (module doc); `plan` once per step."""
+
+    def __init__(
+        self,
+        schedule: str,
+        budget: int,
+        group: int = 1,
+        aging: int = AGING,
+        step_factor: float = STEP_FACTOR,
+        slice_ms: float = SLICE_MS,
+        overlap: bool = False,
+    ):
+        if schedule not in ("srpt", "fifo"):
+            raise ValueError(f"schedule {schedule!r} is not srpt or fifo")
+        if budget < 1 or group < 1:
+            raise ValueError(f"budget {budget} and group {group} must be positive")
+        self.schedule, self.budget, self.group = schedule, budget, group
+        self.aging, self.step_factor, self.slice_ms = aging, step_factor, slice_ms
+        self.overlap = overlap
+
+    def priority(self, c: Candidate, step: int) -> tuple:
+        """Sort key: the smallest runs first."""
+        if self.schedule == "fifo":
+            return (c.arrived, c.uid)
+        work = c.remaining if c.unblocks is None else min(c.remaining, c.unblocks)
+        since = c.arrived if c.waiting_since is None else c.waiting_since
+        return (work - self.aging * (step - since), c.arrived, c.uid)
+
+    def short(self, total: int) -> bool:
+        """A prefill of `total` tokens is short: it runs whole, and it is never background work
+        (engine.runtime.batching.prefill_worker evaluates only a long one's chunks module by
+        module)."""
+        return total <= self.budget
+
+    def allowance(self, head: Candidate, decoding: int, costs: Costs) -> int:
+        """Prompt tokens `head` may prefill this step (module doc: budget, in time)."""
+        if self.short(head.remaining if head.total is None else head.total):
+            return self.budget  # whole, decoding or not
+        token_ms = head.token_ms or costs.token_ms
+        if token_ms <= 0 or (decoding and not self.overlap and costs.decode_ms <= 0):
+            return min(self.budget, FIRST_CHUNK) if decoding else self.budget
+        if decoding and not self.overlap:
+            room = self.step_factor * costs.decode_ms - costs.beside_ms
+        else:
+            room = self.slice_ms
+        return max(MIN_CHUNK, min(self.budget, int(room / token_ms)))
+
+    def plan(
+        self, candidates: list[Candidate], step: int, decoding: int = 0, costs: Costs = Costs()
+    ) -> Chunk | None:
+        """The chunk to prefill this step, or None when nothing waits."""
+        ready = sorted(
+            (c for c in candidates if c.remaining > 0), key=lambda c: self.priority(c, step)
+        )
+        if not ready:
+            return None
+        head = ready[0]
+        allowance = self.allowance(head, decoding, costs)
+        if head.cohort is not None:  # a started cohort runs whole: one prompt batch
+            members = [c for c in candidates if c.cohort == head.cohort]
+        else:
+            similar = [
+                c
+                for c in ready[1:]
+                if c.cohort is None
+                and head.remaining <= GROUP_RATIO * c.remaining
+                and c.remaining <= GROUP_RATIO * head.remaining
+            ]
+            members = [head] + similar[: max(0, min(self.group, allowance) - 1)]
+        tokens = min(min(c.boundary for c in members), max(1, allowance // len(members)))
+        return Chunk(uids=tuple(c.uid for c in members), tokens=tokens)

@@ -1,0 +1,15 @@
+"""The served model: its directory, loading it, its fingerprint, and the tiny models.
+
+What it knows: `loader` resolves the model's directory, loads the MLX model and
+tokenizer (installing the engine's kernels) and says what the rest of the engine
+learns about it (`ModelInfo`); `fingerprint` is what makes a stored cache valid for
+it; `tiny_models` builds the random-weight models the tests run and the embedded
+default model (its files in `assets/`).
+
+Its one way in from outside: `loader.load_model(config)` (the model actor, the
+in-process engine, benchmarks); tests and benchmarks use `tiny_models`.
+
+It must not import `batching`, `structured`, the `tier`, the generator or anything
+above the runtime; it uses `layer_caches`, the kernels, and `speculative` for the
+draft check and the MTP head's file name (tests/test_layering.py).
+"""

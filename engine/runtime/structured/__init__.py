@@ -1,0 +1,16 @@
+"""Structured output: what grammar a request asks for, and one matcher per sequence.
+
+What it knows: `grammar` builds and checks a request's grammar (`Grammar`: a JSON
+schema, a tool choice, or Lark text as llguidance reads it); `matcher` compiles it
+against the tokenizer (`Grammars`, cached per model) into one `Matcher` per
+constrained sequence (the bitmask of the tokens allowed next, accept, rollback);
+`masked_batch` is mlx-lm's generation batch with each constrained row masked by its
+own matcher.
+
+Its one way in from outside: `grammar` for the front end (building the Grammar a
+request carries), `matcher.Grammars` for the generator, `masked_batch` for the
+batch generators.
+
+It must not import anything of the engine outside this package: MLX, numpy and
+llguidance only (tests/test_layering.py).
+"""

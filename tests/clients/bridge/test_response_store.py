@@ -1,0 +1,125 @@
+"""The Responses store (clients.bridge.response_store): per tenant, bounded in count and
+bytes, least recently used first, evictions said as such, and kept on disk: private
+files written atomically that a new store (a restart) reads back."""
+
+from __future__ import annotations
+
+import os
+import stat
+import uuid
+
+import pytest
+
+from clients.bridge.response_store import Record, ResponseStore, StoredNotFound, tenant_key
+
+
+def _record(tenant: str, text: str = "hello", rid: str | None = None) -> Record:
+    rid = rid or f"resp_{uuid.uuid4().hex}"
+    conversation = ({"role": "user", "content": text}, {"role": "assistant", "content": "hi"})
+    return Record(rid, tenant_key(tenant), {"id": rid, "object": "response"}, conversation, ("c1",))
+
+
+@pytest.mark.parametrize("directory", [False, True], ids=["memory", "disk"])
+def test_a_record_is_its_tenants_alone(tmp_path, directory):
+    store = ResponseStore(tmp_path / "r" if directory else None, 10, 1 << 20)
+    mine = _record("alice")
+    store.put(mine)
+    assert store.get("alice", mine.id) == mine
+    for other in ("bob", ""):
+        with pytest.raises(StoredNotFound) as error:
+            store.get(other, mine.id)
+        assert not error.value.evicted and "evicted" not in str(error.value)
+        with pytest.raises(StoredNotFound):
+            store.delete(other, mine.id)
+    store.delete("alice", mine.id)
+    with pytest.raises(StoredNotFound):
+        store.get("alice", mine.id)
+    store.close()
+
+
+def test_the_least_recently_used_go_first_and_say_they_were_evicted(tmp_path):
+    store = ResponseStore(tmp_path / "r", 3, 1 << 20)
+    a, b, c, d = (_record("alice") for _ in range(4))
+    for r in (a, b, c):
+        store.put(r)
+    store.get("alice", a.id)  # a is used again: b is now the oldest
+    store.put(d)
+    with pytest.raises(StoredNotFound) as error:
+        store.get("alice", b.id)
+    assert error.value.evicted and "evicted" in str(error.value)
+    with pytest.raises(StoredNotFound) as error:  # another tenant learns nothing
+        store.get("bob", b.id)
+    assert not error.value.evicted
+    assert {r.id for r in (a, c, d)} == {store.get("alice", r.id).id for r in (a, c, d)}
+    store.close()
+    assert not (tmp_path / "r" / f"{b.id}.json").exists()
+    again = ResponseStore(tmp_path / "r", 3, 1 << 20)  # the tombstone outlives a restart
+    with pytest.raises(StoredNotFound) as error:
+        again.get("alice", b.id)
+    assert error.value.evicted
+    again.close()
+
+
+def test_the_byte_bound_evicts_too(tmp_path):
+    store = ResponseStore(tmp_path / "r", 100, 3000)
+    records = [_record("alice", "x" * 1000) for _ in range(5)]
+    for r in records:
+        store.put(r)
+    assert store.bytes <= 3000 and len(store._sizes) == 2
+    with pytest.raises(StoredNotFound):
+        store.get("alice", records[0].id)
+    assert store.get("alice", records[-1].id).conversation == records[-1].conversation
+    store.close()
+
+
+def test_a_restart_reads_the_records_back_from_private_files(tmp_path):
+    directory = tmp_path / "responses"
+    store = ResponseStore(directory, 10, 1 << 20)
+    kept = [_record("alice", f"turn {i}") for i in range(3)]
+    for r in kept:
+        store.put(r)
+    store.close()  # the writer finishes
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+    files = sorted(directory.iterdir())
+    assert len(files) == 3 and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
+    assert all(f.read_text().splitlines()[0].startswith('{"id":') for f in files)
+    again = ResponseStore(directory, 10, 1 << 20)
+    for r in kept:
+        assert again.get("alice", r.id) == r
+    with pytest.raises(StoredNotFound):
+        again.get("bob", kept[0].id)
+    again.close()
+
+
+def test_a_damaged_or_foreign_file_is_skipped_and_temporaries_removed(tmp_path):
+    directory = tmp_path / "r"
+    store = ResponseStore(directory, 10, 1 << 20)
+    good = _record("alice")
+    store.put(good)
+    store.close()
+    bad = f"resp_{uuid.uuid4().hex}"
+    (directory / f"{bad}.json").write_text("not json\n")
+    (directory / ".tmp-half-written").write_text("x")
+    (directory / "notes.txt").write_text("not ours")
+    again = ResponseStore(directory, 10, 1 << 20)
+    assert again.get("alice", good.id) == good
+    with pytest.raises(StoredNotFound):
+        again.get("alice", bad)
+    assert not (directory / ".tmp-half-written").exists()
+    again.close()
+
+
+def test_tighter_bounds_at_a_restart_evict_the_oldest(tmp_path):
+    store = ResponseStore(tmp_path / "r", 10, 1 << 20)
+    records = [_record("alice") for _ in range(4)]
+    for r in records:
+        store.put(r)
+    store.close()
+    for i, r in enumerate(records):  # distinct mtimes, oldest first
+        os.utime(tmp_path / "r" / f"{r.id}.json", (1000 + i, 1000 + i))
+    again = ResponseStore(tmp_path / "r", 2, 1 << 20)
+    with pytest.raises(StoredNotFound) as error:
+        again.get("alice", records[0].id)
+    assert error.value.evicted
+    assert again.get("alice", records[3].id).id == records[3].id
+    again.close()

@@ -22,7 +22,6 @@ from typing import Callable
 
 from engine.config import Limits
 from engine.proto import engine_pb2
-from engine.runtime.structured.matcher import llguidance_tokenizer
 from engine.runtime.structured.grammar import (
     SPECIAL_MARKERS,
     Grammar,
@@ -33,6 +32,7 @@ from engine.runtime.structured.grammar import (
     schema_grammar,
     tool_grammar,
 )
+from engine.runtime.structured.matcher import llguidance_tokenizer
 from engine.server.errors import InvalidRequest
 from engine.server.limits import DEFAULT_LIMITS, parse_json
 

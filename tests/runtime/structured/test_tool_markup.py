@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.runtime.structured.matcher import Grammars
 from engine.runtime.structured.grammar import json_object_grammar, lark_grammar, tool_grammar
+from engine.runtime.structured.matcher import Grammars
 from engine.server.constraints import GrammarCheck
 from engine.server.errors import InvalidRequest
 from engine.server.output_format import special_markers

@@ -16,7 +16,9 @@ from engine.server.output_format import family_of, output_format
 from engine.server.prompt import PromptBuilder, PromptInput
 from engine.server.volatile import VolatileLines
 
-ASSETS = Path(__file__).resolve().parents[2] / "engine" / "runtime" / "assets" / "tokenizer"
+ASSETS = (
+    Path(__file__).resolve().parents[2] / "engine" / "runtime" / "model" / "assets" / "tokenizer"
+)
 
 
 @pytest.fixture(scope="module")

@@ -96,11 +96,13 @@ class Layouts:
         key = _chain(b"", tools_digest)
         # Message 0 starts after what the template renders before it (a header, a default
         # system prompt and, where the template puts them first, the tools).
-        first = self._start(key, [], tools, roles[0], text) or 0
+        # The memo's key: the tools, the messages before, and the next message's role (what
+        # the template writes before a message may depend on its role).
+        first = self._start(_chain(key, roles[0]), [], tools, roles[0], text) or 0
         starts = [_token_at(token_starts, first) if tokens and first else 0]
         for k in range(1, len(messages)):
             key = _chain(key, digests[k - 1])
-            char = self._start(key, messages[:k], tools, roles[k], text)
+            char = self._start(_chain(key, roles[k]), messages[:k], tools, roles[k], text)
             # A prefix the template refuses to render joins its message to the one before.
             at = _token_at(token_starts, char) if tokens and char is not None else 0
             starts.append(max(starts[-1], at))

@@ -28,6 +28,7 @@ It knows the tokenizer's chat template and nothing of tokens or the cache.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
 from typing import Sequence
@@ -122,6 +123,24 @@ class TemplateRenders:
             return None
 
     def _render(self, messages, tools, add_generation_prompt, continue_final_message=False):
+        """The template's text; its own error when it refuses the messages. Templates
+        disagree on a past call's arguments: most read a mapping (`| tojson`), DeepSeek's
+        concatenate a JSON string. The engine passes a mapping; a template that refuses it
+        gets the same arguments as their JSON text."""
+        args = (tools, add_generation_prompt, continue_final_message)
+        try:
+            return self._apply(messages, *args)
+        except Exception:
+            as_text = with_text_arguments(messages)
+            if as_text is None:
+                raise
+        try:
+            return self._apply(as_text, *args)
+        except Exception:
+            pass
+        return self._apply(messages, *args)  # raises the first error again
+
+    def _apply(self, messages, tools, add_generation_prompt, continue_final_message):
         kwargs = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
         if tools:
             kwargs["tools"] = list(tools)
@@ -135,6 +154,25 @@ class TemplateRenders:
                 conversations=[messages], chat_template=self.tokenizer.chat_template, **kwargs
             )[0][0]
         return self.tokenizer.apply_chat_template(messages, **kwargs)
+
+
+def with_text_arguments(messages: Sequence[dict]) -> list[dict] | None:
+    """`messages` with each past call's arguments as JSON text (None: no mapping to turn)."""
+    out, changed = [], False
+    for m in messages:
+        calls = m.get("tool_calls") if isinstance(m, dict) else None
+        if calls:
+            turned = []
+            for c in calls:
+                fn = c.get("function") if isinstance(c, dict) else None
+                if isinstance(fn, dict) and isinstance(fn.get("arguments"), dict):
+                    text = json.dumps(fn["arguments"], ensure_ascii=False)
+                    c = {**c, "function": {**fn, "arguments": text}}
+                    changed = True
+                turned.append(c)
+            m = {**m, "tool_calls": turned}
+        out.append(m)
+    return out if changed else None
 
 
 def _placeholder(role: str, content: str) -> dict:

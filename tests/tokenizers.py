@@ -9,9 +9,8 @@ import json
 import shutil
 from pathlib import Path
 
-ASSETS = (
-    Path(__file__).resolve().parents[1] / "engine" / "runtime" / "model" / "assets" / "tokenizer"
-)
+ROOT = Path(__file__).resolve().parents[1]
+ASSETS = ROOT / "engine" / "runtime" / "model" / "assets" / "tokenizer"
 MARKUP = ("<tool_call>", "</tool_call>", "<think>", "</think>")
 
 

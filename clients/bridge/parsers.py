@@ -19,6 +19,11 @@ chat template and the tokenizer; engine.server.output_format):
   </parameter>…</function>\\n</tool_call>` (Qwen3-Coder, Qwen3-Coder-Next);
 - `kimi`: `<think>…</think>`, and `<|tool_calls_section_begin|>` around calls
   `<|tool_call_begin|>functions.NAME:I<|tool_call_argument_begin|>{…}<|tool_call_end|>`;
+- `deepseek`: `<think>…</think>`, and `<｜tool▁calls▁begin｜>` around calls
+  `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{…}<｜tool▁call▁end｜>` (DeepSeek-V3, V3.1);
+- `dsml`: `<think>…</think>`, and `<｜DSML｜function_calls>` around calls
+  `<｜DSML｜invoke name="NAME"><｜DSML｜parameter name="K" string="true|false">V
+  </｜DSML｜parameter></｜DSML｜invoke>` (DeepSeek-V3.2);
 - `plain`: no markup: everything is text.
 
 A `-thinking` suffix (`qwen-thinking`, ...) says the template's generation
@@ -45,7 +50,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence, Union
 
-FAMILIES = ("qwen", "qwen_xml", "glm", "kimi", "plain")
+FAMILIES = ("qwen", "qwen_xml", "glm", "kimi", "deepseek", "dsml", "plain")
 THINKING = "-thinking"  # suffix: the output starts inside the reasoning block
 
 
@@ -211,6 +216,53 @@ def parse_xml_call(body: str, tools=None) -> Call | None:
     return Call(name, args, json.dumps(args, ensure_ascii=False), _call_id())
 
 
+_DEEPSEEK_SEP = "<｜tool▁sep｜>"
+
+
+def parse_deepseek_call(body: str, tools=None) -> Call | None:
+    """`NAME<｜tool▁sep｜>{...}` (V3.1 may fence the JSON in ```json ... ```)."""
+    name, marker, args_text = body.partition(_DEEPSEEK_SEP)
+    name = name.strip().removeprefix("function").strip()
+    args_text = args_text.strip().removeprefix("```json").removesuffix("```").strip()
+    if not marker or not name or any(c in name for c in "<>\n{"):
+        return None
+    try:
+        args = json.loads(args_text) if args_text else {}
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(args, dict):
+        return None
+    return Call(name, args, args_text or "{}", _call_id())
+
+
+_DSML = "｜DSML｜"
+_DSML_PARAMETER = re.compile(
+    r'<｜DSML｜parameter name="([^"]+)"(?: string="(true|false)")?>(.*?)</｜DSML｜parameter>',
+    re.DOTALL,
+)
+
+
+def parse_dsml_call(body: str, tools=None) -> Call | None:
+    """`NAME">` then `<｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>`
+    (the opener `<｜DSML｜invoke name="` is the call's marker)."""
+    name, marker, rest = body.partition('">')
+    name = name.strip()
+    if not marker or not name or any(c in name for c in '<>"\n'):
+        return None
+    args = {}
+    for m in _DSML_PARAMETER.finditer(rest):
+        key, is_string, value = m.group(1), m.group(2), m.group(3)
+        if is_string != "true":
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                pass
+        args[key] = value
+    if _DSML_PARAMETER.sub("", rest).strip():  # something besides parameters
+        return None
+    return Call(name, args, json.dumps(args, ensure_ascii=False), _call_id())
+
+
 _KIMI_ARGS = "<|tool_call_argument_begin|>"
 _KIMI_ID = re.compile(r"(?:functions\.)?([^\s:]+):\d+")
 
@@ -242,6 +294,18 @@ MARKUPS: dict[str, Markup] = {
         ("<|tool_call_begin|>", "<|tool_call_end|>"),
         parse_kimi_call,
         section=("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
+    ),
+    "deepseek": Markup(
+        THINK,
+        ("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>"),
+        parse_deepseek_call,
+        section=("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),
+    ),
+    "dsml": Markup(
+        THINK,
+        (f'<{_DSML}invoke name="', f"</{_DSML}invoke>"),
+        parse_dsml_call,
+        section=(f"<{_DSML}function_calls>", f"</{_DSML}function_calls>"),
     ),
     "plain": Markup(None, None),
 }

@@ -21,8 +21,8 @@ VOLATILE_DEFAULTS = (BILLING_HEADER,)
 
 # How a model marks reasoning and tool calls in its output (clients.bridge.parsers);
 # -thinking: the chat template's generation prompt opens the reasoning block itself.
-OUTPUT_FAMILIES = ("qwen", "qwen_xml", "glm", "kimi", "plain")
-OUTPUT_FORMATS = ("auto", *OUTPUT_FAMILIES, *(f"{f}-thinking" for f in OUTPUT_FAMILIES[:4]))
+OUTPUT_FAMILIES = ("qwen", "qwen_xml", "glm", "kimi", "deepseek", "dsml", "plain")
+OUTPUT_FORMATS = ("auto", *OUTPUT_FAMILIES, *(f"{f}-thinking" for f in OUTPUT_FAMILIES[:-1]))
 
 
 def parse_regex(value) -> str:
@@ -56,10 +56,10 @@ class PromptConfig:
     output_format: str = setting(
         "auto",
         "how the model marks reasoning and tool calls in its output: auto (from its chat "
-        "template and tokenizer), qwen, qwen_xml, glm, kimi or plain; -thinking after one of "
-        "the first four: the generation prompt opens the reasoning",
+        "template and tokenizer), qwen, qwen_xml, glm, kimi, deepseek, dsml or plain; "
+        "-thinking after any but plain: the generation prompt opens the reasoning",
         choices=OUTPUT_FORMATS,
-        metavar="auto|qwen|qwen_xml|glm|kimi|plain",
+        metavar="auto|qwen|qwen_xml|glm|kimi|deepseek|dsml|plain",
     )
 
     def __post_init__(self):

@@ -1,9 +1,11 @@
 """Which markup the served model writes its reasoning and tool calls in, decided at load.
 
-The family (`qwen`, `glm`, `kimi`, `plain`; clients.bridge.parsers reads each) comes
+The family (`qwen`, `qwen_xml`, `glm`, `kimi`, `deepseek`, `dsml`, `plain`;
+clients.bridge.parsers reads each) comes
 from the chat template and the tokenizer's vocabulary, the way the template shows
 the model its own past calls: Kimi's `<|tool_calls_section_begin|>`, GLM's
-`<arg_key>`, Qwen3-Coder's `<function=…><parameter=…>` inside `<tool_call>`,
+`<arg_key>`, DeepSeek's `<｜tool▁calls▁begin｜>` (V3, V3.1) and `｜DSML｜` (V3.2),
+Qwen3-Coder's `<function=…><parameter=…>` inside `<tool_call>`,
 Qwen's (and Hermes') JSON inside `<tool_call>`; `<think>` tokens alone mean
 Qwen-style reasoning. `-thinking` follows when the template's generation prompt
 ends inside an open `<think>` (the model's output starts in its reasoning).
@@ -34,6 +36,10 @@ def family_of(template: str, vocab) -> str:
     """The family whose markup the template and the vocabulary show."""
     if "<|tool_calls_section_begin|>" in template or "<|tool_calls_section_begin|>" in vocab:
         return "kimi"
+    if "<｜tool▁calls▁begin｜>" in template or "<｜tool▁calls▁begin｜>" in vocab:
+        return "deepseek"
+    if "｜DSML｜" in template:
+        return "dsml"
     if "<arg_key>" in template or "<arg_key>" in vocab:
         return "glm"
     if "<function=" in template and "<parameter=" in template:

@@ -49,6 +49,7 @@ class TemplateRenders:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.failures: Counter[str] = Counter()  # analysis renders that raised, by kind
+        self.placeholders = True  # the fallback on (off: the head's own render alone)
         self._logged: set[tuple[int, str]] = set()
 
     def render(
@@ -105,6 +106,8 @@ class TemplateRenders:
         return max((text[: common_chars(c, text)] for c in candidates), key=len)
 
     def _placeholder_prefix(self, head, tools, role: str, errors: list) -> str | None:
+        if not self.placeholders:
+            return None
         for r in dict.fromkeys((role, "user")):  # the message's own role, else a user turn
             a = self._quiet([*head, _placeholder(r, PLACEHOLDERS[0])], tools, errors)
             if a is None:

@@ -192,6 +192,8 @@ def test_layouts_without_offsets_have_no_starts():
         ("<tool_call>{{ name }}<arg_key>{{ k }}</arg_key>", {}, "glm"),
         ("plain {{ messages }}", {"<arg_key>": 7}, "glm"),
         ("<tool_call>\n<function={{ n }}>\n<parameter={{ k }}>", {}, "qwen_xml"),
+        ("<think>{{ '<｜tool▁calls▁begin｜>' }}", {}, "deepseek"),
+        ("<think>{% set d = '｜DSML｜' %}", {}, "dsml"),
         ('<tool_call>\\n{"name": ...', {}, "qwen"),
         ("plain {{ messages }}", {"<think>": 5}, "qwen"),
         ("plain {{ messages }}", {}, "plain"),

@@ -22,6 +22,17 @@ from clients.bridge.parsers import (
 )
 
 QWEN_CALL = '<tool_call>\n{"name": "read_file", "arguments": {"path": "setup.py"}}\n</tool_call>'
+DEEPSEEK_CALLS = (
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>read_file<｜tool▁sep｜>"
+    '{"path": "a.py"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>run<｜tool▁sep｜>{}'
+    "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+)
+DSML_CALL = (
+    '<｜DSML｜function_calls>\n<｜DSML｜invoke name="read_file">\n'
+    '<｜DSML｜parameter name="path" string="true">20</｜DSML｜parameter>\n'
+    '<｜DSML｜parameter name="limit" string="false">20</｜DSML｜parameter>\n'
+    "</｜DSML｜invoke>\n</｜DSML｜function_calls>"
+)
 XML_CALL = (
     "<tool_call>\n<function=read_file>\n<parameter=path>\na.py\n</parameter>\n"
     "<parameter=limit>\n20\n</parameter>\n</function>\n</tool_call>"
@@ -121,6 +132,24 @@ CASES = [
         "Reading.",
         "look",
         [("read_file", {"path": "a.py", "limit": 20})],
+        [],
+    ),
+    (
+        "deepseek",
+        "deepseek",
+        "<think>two</think>Reading." + DEEPSEEK_CALLS,
+        "Reading.",
+        "two",
+        [("read_file", {"path": "a.py"}), ("run", {})],
+        [],
+    ),
+    (
+        "dsml",
+        "dsml",
+        "Reading.\n" + DSML_CALL,
+        "Reading.",
+        "",
+        [("read_file", {"path": "20", "limit": 20})],
         [],
     ),
     (

@@ -295,7 +295,7 @@ class Generator:
         segments = [tokens[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
         stop_ids = self.eos_ids | frozenset(req.sampling.stop_token_ids)
         stops = StopSequences([[t] for t in sorted(stop_ids)])
-        lost = self.restorer.lost_point(req.request_id)
+        lost = self.restorer.take_lost_point(req.request_id)
         acts = []
         for index in range(req.sampling.n):
             breq = branch_request(req, index) if req.sampling.n > 1 else req
@@ -526,7 +526,7 @@ class Generator:
     def _final_event(
         self, act: ActiveRequest, reason: FinishReason, commit_ms: float = 0.0, error: str = ""
     ) -> Finished:
-        self.restorer.lost_point(act.req.request_id)
+        self.restorer.take_lost_point(act.req.request_id)
         self.bg.commit_copies.pop(act.uid, None)
         copied = Copied(
             restore=act.copied_restore,
@@ -552,5 +552,5 @@ class Generator:
         )
 
     def _unstarted(self, req: GenerationRequest, reason: FinishReason, error: str = "") -> Finished:
-        self.restorer.lost_point(req.request_id)
+        self.restorer.take_lost_point(req.request_id)
         return unstarted_event(req.request_id, len(req.tokens), reason, error)

@@ -12,8 +12,8 @@ Four changes to mlx-lm's batches, everything else is mlx-lm's:
   rows, not a copy (`extract_alone`): the commit copies nothing.
 - The `mx.clear_cache()` after every prefill chunk and padded batch is opt-in.
   It hands MLX's buffer pool back to the operating system, so the next
-  allocation page-faults fresh memory: on a warm turn it turned each KV copy
-  into seconds on a warm turn (measured with `lineage bench warm`). The pool stays,
+  allocation page-faults fresh memory: on a warm turn that made each KV copy
+  many times slower (`lineage bench warm` shows it). The pool stays,
   bounded by MLX's cache limit, and is released when the engine goes idle.
 
 What copies remain is counted per sequence: the merge (`restore_copies`), the

@@ -11,8 +11,8 @@ A step with constrained rows:
 2. the tokens fed this step reach the host (they were sampled last step), each
    constrained row's matcher accepts its token and fills its bitmask;
 3. the constrained rows alone are masked (`mask_rows`: gathered, the bitmasks
-   unpacked in MLX, one `where` and the renormalisation, compiled: at a 150k
-   vocabulary a whole-batch op costs ~2 ms, one row ~0.1 ms) and each is
+   unpacked in MLX, one `where` and the renormalisation, compiled: at a large
+   vocabulary a whole-batch op costs many times one row's) and each is
    sampled with its own sampler; unconstrained rows are sampled as mlx-lm
    does, untouched.
 The row's log-probabilities kept for the next step (and reported as logprobs)

@@ -39,7 +39,6 @@ from engine.runtime.requests import GenerationRequest, SamplingParams
 from engine.runtime.structured.grammar import Grammar
 from engine.server.activity import Activity, Inspection, NamespaceTags, inspection
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
-from engine.server.limits import check_sampling
 from engine.server.prompt import PromptBuilder, PromptInput
 from engine.server.replica_events import LOST, SILENT, ReplicaEvents
 from engine.server.supervisor import Supervisor
@@ -387,8 +386,8 @@ class Frontend:
             self.supervisor.poke()
 
     async def _prepare(self, inp: PromptInput, sampling: SamplingParams):
-        """(prompt, sampling) checked and built; max_tokens clipped to the context left."""
-        check_sampling(sampling, self.info.vocab_size, self.limits)
+        """(prompt, sampling) built (its values were checked: service.check_request);
+        max_tokens clipped to the context left, the whole held to the batch's room."""
         loop = asyncio.get_running_loop()
         prompt = await loop.run_in_executor(self.prompt_thread, self.builder.build, inp)
         if len(prompt.tokens) + sampling.max_tokens > self.info.max_context:

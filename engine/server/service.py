@@ -38,6 +38,7 @@ from engine.server.limits import (
     DEFAULT_LIMITS,
     check_identifier,
     check_request_bytes,
+    check_sampling,
     parse_json,
     printable,
 )
@@ -47,12 +48,20 @@ log = logging.getLogger(__name__)
 SERVICE = engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name
 
 
-def check_request(req: engine_pb2.GenerateRequest, limits=DEFAULT_LIMITS) -> None:
-    """The request's size and identifiers within the limits (engine.server.limits)."""
+def check_request(
+    req: engine_pb2.GenerateRequest,
+    sampling: SamplingParams,
+    vocab_size: int,
+    limits=DEFAULT_LIMITS,
+) -> None:
+    """Every check of a Generate request's values, in one place (engine.server.limits): its
+    size, its identifiers, its sampling. What depends on the prompt (its length against
+    the context and the batch) is the front end's, once the prompt is built."""
     check_request_bytes(req.ByteSize(), limits)
     check_identifier("request_id", req.request_id, limits)
     check_identifier("namespace", req.namespace, limits)
     check_identifier("session", req.session, limits)
+    check_sampling(sampling, vocab_size, limits)
 
 
 def to_prompt_input(req: engine_pb2.GenerateRequest, limits=DEFAULT_LIMITS) -> PromptInput:
@@ -238,7 +247,8 @@ def generate_events(frontend: Frontend, auth: Authenticator, request, metadata):
     checked against the limits, its namespace the caller's identity's. What the gRPC
     servicer and the in-process bridge both run; raises the domain errors (`status_of`)."""
     limits = frontend.limits
-    check_request(request, limits)
+    sampling = to_sampling(request.sampling)
+    check_request(request, sampling, frontend.info.vocab_size, limits)
     identity = auth.identity(metadata)
     inp = to_prompt_input(request, limits)
     constraint = None
@@ -248,7 +258,7 @@ def generate_events(frontend: Frontend, auth: Authenticator, request, metadata):
         )
     return frontend.generate(
         inp,
-        to_sampling(request.sampling),
+        sampling,
         namespace=auth.namespace(identity, request.namespace),
         request_id=request.request_id,
         session=request.session,

@@ -30,6 +30,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.generate import BatchGenerator, PromptProcessingBatch, _right_pad_prompts
 from mlx_lm.models.cache import BatchKVCache, CacheList, KVCache
 
+from engine.config.memory import pool_limit
 from engine.runtime.batching.copies import CopyLedger
 from engine.runtime.layer_caches import snapshot_state
 from engine.runtime.speculative.speculative_batch import SpeculativeGenerationBatch
@@ -147,16 +148,9 @@ def _detached(cache):
     return copy.copy(cache)
 
 
-POOL_LIMIT_CAP = 16 << 30  # an upper bound on the kept pool, whatever the budget
-
-
-def pool_limit(ram_budget: int, configured: int | None = None) -> int:
-    """MLX's buffer-pool cap: as configured, else a quarter of the RAM budget, at most 16 GB."""
-    return configured if configured is not None else min(POOL_LIMIT_CAP, ram_budget // 4)
-
-
 def bound_pool(ram_budget: int, configured: int | None = None) -> int:
-    """Bound the pool that the warm path keeps (instead of clearing it per chunk)."""
+    """Bound the pool that the warm path keeps (instead of clearing it per chunk), at the
+    memory plan's limit (engine.config.memory.pool_limit)."""
     limit = pool_limit(ram_budget, configured)
     mx.set_cache_limit(limit)
     return limit
@@ -174,11 +168,15 @@ class PoolClearCounter:
 
 
 class LineagePromptBatch(PromptProcessingBatch):
-    """PromptProcessingBatch whose per-chunk pool clear happens only when asked."""
+    """PromptProcessingBatch whose per-chunk pool clear happens only when asked.
 
+    The batch generator sets the fields below once, on its first prompt batch; every
+    batch made from it (a copy, a new prompt batch) takes them over (`share`).
+    """
+
+    SHARED = ("clear_pool", "pool", "ledger", "extracted", "forks", "tails")
     clear_pool: bool = False
     pool: PoolClearCounter | None = None
-    layer_timer = None  # set by the generator: callable(chunk_len) -> context manager
     ledger: CopyLedger | None = None  # set by the generator: reshuffles and growth, per uid
     extracted: dict | None = None  # set by the generator: uid -> KV bytes extractions copied
     forks: dict | None = None  # set by the generator: uid -> its Branches (engine.runtime.branches)
@@ -192,12 +190,14 @@ class LineagePromptBatch(PromptProcessingBatch):
         self.prompt_cache = merge_with_room(caches or [], room, counts)
         self.copied = dict(zip(self.uids, counts))  # uid -> bytes its merge copied
 
+    def share(self, source: "LineagePromptBatch") -> "LineagePromptBatch":
+        """Take over the generator's fields (`SHARED`) from another prompt batch of it."""
+        for name in self.SHARED:
+            setattr(self, name, getattr(source, name))
+        return self
+
     def _copy(self):
-        new = super()._copy()
-        new.clear_pool, new.pool, new.layer_timer = self.clear_pool, self.pool, self.layer_timer
-        new.ledger, new.extracted, new.forks = self.ledger, self.extracted, self.forks
-        new.tails = self.tails
-        return new
+        return super()._copy().share(self)
 
     def filter(self, keep):
         """mlx-lm's filter (a gather of the kept rows), charged to the kept sequences."""
@@ -534,9 +534,7 @@ class LineageBatchGenerator(BatchGenerator):
             room=room,
             **fields,
         )
-        batch.clear_pool, batch.pool = self._prompt_batch.clear_pool, self.pool
-        batch.ledger, batch.extracted, batch.forks = self.ledger, self.commit_copies, self.forks
-        batch.tails = self._prompt_batch.tails
+        batch.share(self._prompt_batch)
         self.ledger.note(batch.prompt_cache)
         self.restore_copies.update(batch.copied)
         return batch, processing

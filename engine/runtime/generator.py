@@ -317,7 +317,7 @@ class Generator:
                 copied_restore=restored.copied if index == 0 else 0,
                 restore_lost=lost,
                 # Matching starts at the first generated token.
-                constraint=req.constraint and self.grammars.constraint(req.constraint, stop_ids),
+                matcher=req.grammar and self.grammars.matcher(req.grammar, stop_ids),
                 index=index,
                 key=branch_key(req.request_id, index),
                 branches=req.sampling.n if index == 0 else 1,
@@ -329,7 +329,7 @@ class Generator:
             state = self.tier.entries[req.plan.entry_id].states.get(n)
             for act, sampler in acts:
                 act.resent, act.prompt_end_logits, act.prompt_end_state = True, logits, state
-                first, row = sample_first(logits, sampler or _greedy, act.constraint)
+                first, row = sample_first(logits, sampler or _greedy, act.matcher)
                 if not self._first_token(act, first, max_tokens - 1, row):
                     self._insert(act, [[first]], max_tokens - 1, cache, tokens[:n], sampler, stops)
             return
@@ -339,8 +339,7 @@ class Generator:
             uids = self.bg.new_uids(len(acts) - 1)
             forks = []
             for uid, (act, sampler) in zip(uids, acts[1:]):
-                held = (act.constraint,) if act.constraint is not None else ()
-                forks.append(Branch(uid, sampler, held, stops, max_tokens))
+                forks.append(Branch(uid, sampler, act.matcher, stops, max_tokens))
                 self._enlist(act, uid)
             self.bg.fork(parent.uid, forks)
 
@@ -352,9 +351,7 @@ class Generator:
             caches=[cache] if cache is not None else None,
             all_tokens=[prefix],
             samplers=[sampler],
-            # The row's constraint rides in its processors slot
-            # (engine.runtime.structured.masked_batch).
-            logits_processors=[[act.constraint] if act.constraint is not None else []],
+            matchers=[act.matcher],  # its grammar's, kept by uid (structured.masked_batch)
             stop_sequences=[stops],
         )[0]
         self._enlist(act, uid)
@@ -547,7 +544,7 @@ class Generator:
             error=error,
             restore_lost=act.restore_lost,
             drafts=self.bg.draft_counts(act.uid),
-            incomplete=act.constraint is not None and not act.constraint.accepting(),
+            incomplete=act.matcher is not None and not act.matcher.accepting(),
             index=act.index,
         )
 

@@ -159,10 +159,10 @@ class Frontend:
         namespace: str = "",
         request_id: str = "",
         session: str = "",
-        constraint: Grammar | None = None,
+        grammar: Grammar | None = None,
     ):
-        """Yield lists of events (Progress, Tokens, Finished) for one request; `constraint`
-        holds its output to a grammar (engine.server.constraints built it).
+        """Yield lists of events (Progress, Tokens, Finished) for one request; `grammar`
+        holds its output (engine.server.constraints built it from the wire's constraint).
 
         Raises Overloaded when the queue is full (the slot is taken at this first
         check, so a burst cannot slip past it) or when the request alone needs more
@@ -182,7 +182,7 @@ class Frontend:
         request_id = given if given not in self.internal_ids else f"{given}~{uuid.uuid4().hex}"
         self.request_ids[key] = request_id
         self.internal_ids.add(request_id)
-        events = self._generate(inp, sampling, namespace, request_id, received, session, constraint)
+        events = self._generate(inp, sampling, namespace, request_id, received, session, grammar)
         task = asyncio.current_task()
         self.calls.add(task)
         try:
@@ -207,7 +207,7 @@ class Frontend:
         request_id: str,
         received: float,
         session: str = "",
-        constraint: Grammar | None = None,
+        grammar: Grammar | None = None,
     ):
         if self.queued >= self.max_queue:
             raise Overloaded(
@@ -231,9 +231,16 @@ class Frontend:
                 try:
                     req = None
                     req = await self._plan(
-                        request_id, namespace, prompt, tokens, sampling, received, exclude, session
+                        request_id,
+                        namespace,
+                        prompt,
+                        tokens,
+                        sampling,
+                        received,
+                        exclude,
+                        session,
+                        grammar,
                     )
-                    req = dataclasses.replace(req, constraint=constraint)  # held in the loop
                     async for batch in self._run(req, streamed):
                         yield batch
                     return
@@ -283,7 +290,7 @@ class Frontend:
         reply = Reply(
             self.builder.tokenizer,
             req.sampling,
-            req.constraint is not None,
+            req.grammar is not None,
             lambda index: model.stop.remote(branch_key(rid, index)),
         )
         try:
@@ -385,6 +392,7 @@ class Frontend:
         received: float,
         exclude=(),
         session: str = "",
+        grammar: Grammar | None = None,
     ) -> GenerationRequest:
         """Ask the cache manager for the restore plan; the request the model actor runs.
 
@@ -423,6 +431,7 @@ class Frontend:
             sampling=sampling,
             received_at=received,
             plan_ms=(time.perf_counter() - t0) * 1000,
+            grammar=grammar,
         )
 
     def _release_plan(self, planning: asyncio.Future, request_id: str) -> None:

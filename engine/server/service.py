@@ -29,7 +29,7 @@ from engine.runtime.events import Finished, FinishReason, Progress, Tokens
 from engine.runtime.requests import SamplingParams
 from engine.server.activity import Inspection, RequestRecord
 from engine.server.auth import Authenticator, AuthInterceptor, server_credentials
-from engine.server.constraints import to_constraint
+from engine.server.constraints import to_grammar
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
 from engine.server.figures import ClientFigures
 from engine.server.frontend import Frontend
@@ -251,18 +251,16 @@ def generate_events(frontend: Frontend, auth: Authenticator, request, metadata):
     check_request(request, sampling, frontend.info.vocab_size, limits)
     identity = auth.identity(metadata)
     inp = to_prompt_input(request, limits)
-    constraint = None
+    grammar = None
     if request.HasField("constraint"):
-        constraint = to_constraint(
-            request.constraint, inp.tools, frontend.builder.output_format, limits
-        )
+        grammar = to_grammar(request.constraint, inp.tools, frontend.builder.output_format, limits)
     return frontend.generate(
         inp,
         sampling,
         namespace=auth.namespace(identity, request.namespace),
         request_id=request.request_id,
         session=request.session,
-        constraint=constraint,
+        grammar=grammar,
     )
 
 

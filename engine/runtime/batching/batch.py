@@ -174,12 +174,13 @@ class LineagePromptBatch(PromptProcessingBatch):
     batch made from it (a copy, a new prompt batch) takes them over (`share`).
     """
 
-    SHARED = ("clear_pool", "pool", "ledger", "extracted", "forks", "tails")
+    SHARED = ("clear_pool", "pool", "ledger", "extracted", "forks", "tails", "matchers")
     clear_pool: bool = False
     pool: PoolClearCounter | None = None
     ledger: CopyLedger | None = None  # set by the generator: reshuffles and growth, per uid
     extracted: dict | None = None  # set by the generator: uid -> KV bytes extractions copied
     forks: dict | None = None  # set by the generator: uid -> its Branches (engine.runtime.branches)
+    matchers: dict | None = None  # set by the generator: uid -> its Matcher (constrained ones)
     # set by the generator when an MTP head drafts: uid -> its prompt's last prefilled
     # positions (engine.runtime.speculative.mtp_drafts.PromptTails)
     tails = None
@@ -264,6 +265,7 @@ class LineagePromptBatch(PromptProcessingBatch):
             self.logits_processors,
             self.stop_sequences,
             self.max_tokens,
+            matchers=self.matchers,
         )
         self.uids, self.prompt_cache, self.tokens = [], [], []
         self.samplers, self.logits_processors, self.max_tokens = [], [], []
@@ -283,7 +285,9 @@ class LineagePromptBatch(PromptProcessingBatch):
         self.uids = list(self.uids) + [b.uid for _, b in extra]
         self.tokens = list(self.tokens) + [list(self.tokens[i]) for i, _ in extra]
         self.samplers = list(self.samplers) + [b.sampler for _, b in extra]
-        self.logits_processors = list(self.logits_processors) + [b.processors for _, b in extra]
+        self.logits_processors = list(self.logits_processors) + [[] for _ in extra]
+        if self.matchers is not None:
+            self.matchers.update({b.uid: b.matcher for _, b in extra if b.matcher is not None})
         self.stop_sequences = list(self.stop_sequences) + [b.stop for _, b in extra]
         self.max_tokens = list(self.max_tokens) + [b.max_tokens for _, b in extra]
         return last + [last[i] for i, _ in extra]
@@ -396,6 +400,10 @@ class LineageBatchGenerator(BatchGenerator):
         else:
             self._generation_batch = LineageGenerationBatch.empty(self.model, self.sampler)
         gen = self._generation_batch
+        # uid -> the Matcher of each constrained sequence, shared by every batch of this
+        # generator: a row's matcher follows its uid (engine.runtime.structured.masked_batch).
+        self.matchers: dict = {}
+        gen.matchers = self.matchers
         # Bytes copied per sequence uid, by the merge into a prompt batch (restore) and
         # by a copying extraction (commit); the generator takes them per request.
         self.restore_copies: dict[int, int] = {}
@@ -431,6 +439,7 @@ class LineageBatchGenerator(BatchGenerator):
         self.forks: dict[int, list] = {}
         batch.ledger, batch.extracted, batch.forks = self.ledger, self.commit_copies, self.forks
         batch.tails = getattr(self._generation_batch, "tails", None)
+        batch.matchers = self.matchers
         self._prompt_batch = batch
 
     def next(self):
@@ -478,12 +487,25 @@ class LineageBatchGenerator(BatchGenerator):
         self._uid_count += k
         return uids
 
+    def insert_segments(self, segments, *args, matchers=None, **kwargs):
+        """mlx-lm's insertion; `matchers` (one per sequence, None when unconstrained) hold
+        each sequence's tokens to its grammar from its first sampled token."""
+        uids = super().insert_segments(segments, *args, **kwargs)
+        for uid, matcher in zip(uids, matchers or ()):
+            if matcher is not None:
+                self.matchers[uid] = matcher
+        return uids
+
     def remove(self, uids, return_prompt_caches=False):
-        """mlx-lm's removal; a removed sequence's prompt tail (an MTP head's) goes too."""
-        self.forget_tails(uids)
+        """mlx-lm's removal; a removed sequence's prompt tail (an MTP head's) and its
+        matcher go too."""
+        self.forget_rows(uids)
         return super().remove(uids, return_prompt_caches)
 
-    def forget_tails(self, uids) -> None:
+    def forget_rows(self, uids) -> None:
+        """Removed sequences' books: their prompt tails (an MTP head's) and matchers."""
+        for uid in uids:
+            self.matchers.pop(uid, None)
         tails = self._prompt_batch.tails
         if tails is not None:
             for uid in uids:

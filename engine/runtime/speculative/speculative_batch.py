@@ -48,7 +48,7 @@ from engine.runtime.speculative.drafts import DraftSource
 from engine.runtime.speculative.mtp import lm_logits
 from engine.runtime.speculative.mtp_drafts import MTPDrafts
 from engine.runtime.speculative.state_replay import MixerTaps
-from engine.runtime.structured.masked_batch import LineageGenerationBatch, constraint_of
+from engine.runtime.structured.masked_batch import LineageGenerationBatch
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,6 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
         if not any(early):
             return None
         current = self._next_tokens.tolist()
-        processors = self.logits_processors
         drafts = []
         for r, (uid, k) in enumerate(zip(self.uids, wanted)):
             if not early[r]:
@@ -190,7 +189,7 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
             guess = early[r][1:] if early[r][0] == current[r] else None
             if guess is None:
                 guess = source.propose(uid, self.tokens[r] + [current[r]], k)
-            guess = self._held(processors, r, current[r], guess[:k])
+            guess = self._held(r, current[r], guess[:k])
             if not guess:  # its guess missed the token in flight: a failed draft, waited for
                 lengths[r].verified(1, 0)
             drafts.append(guess[:k])
@@ -209,19 +208,18 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
                 found = source.propose(uid, self.tokens[r] + [current[r]], k) if k else []
                 if found:
                     guesses[r] = found
-        processors = self.logits_processors
-        guesses = [self._held(processors, r, current[r], g) for r, g in enumerate(guesses)]
+        guesses = [self._held(r, current[r], g) for r, g in enumerate(guesses)]
         if not any(guesses):
             return None
         return current, guesses
 
-    def _held(self, processors, r: int, current: int, guess: list[int]) -> list[int]:
+    def _held(self, r: int, current: int, guess: list[int]) -> list[int]:
         """Row r's guess cut to what its grammar allows after `current` (all, unconstrained)."""
-        constraint = constraint_of(processors[r]) if guess and processors else None
-        if constraint is None:
+        matcher = self.matchers.get(self.uids[r]) if guess else None
+        if matcher is None:
             return guess
         tic = time.perf_counter()
-        held = constrained_drafts.allowed(constraint, current, guess)
+        held = constrained_drafts.allowed(matcher, current, guess)
         self.stats.matcher_ms += (time.perf_counter() - tic) * 1000
         self.stats.grammar_cut += len(guess) - held
         return guess[:held]
@@ -244,7 +242,7 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         # Constrained rows: their positions masked by their grammars (drafts cut in place).
         logprobs, walk = constrained_drafts.walk(
-            logits, logprobs, self.logits_processors, current, drafts
+            logits, logprobs, self.matcher_rows(), current, drafts
         )
         # A request's own sampler (engine.runtime.sampling) samples; any other row takes
         # the batch's argmax (mlx-lm's default sampler, the engine's greedy).

@@ -56,12 +56,16 @@ class Speculation:
     """How the generation batch speculates: its draft source and draft length."""
 
     source: DraftSource | None  # None: the MTP head drafts alone
-    draft_tokens: int | None = None  # None: auto, per sequence
+    num_draft_tokens: int | None = None  # `--num-draft-tokens`: K, or None for auto
     # A rollback replays the recurrent mixers alone where it can (else the whole model).
     mixer_replay: bool = True
     # the model's MTP head (engine.runtime.speculative.mtp): its drafts, `mtp_chain` a step
     mtp: object = None
-    mtp_chain: int = 1
+
+    @property
+    def mtp_chain(self) -> int:
+        """The drafts the MTP head chains a step: `--num-draft-tokens K`, 1 under auto."""
+        return self.num_draft_tokens or 1
 
 
 @dataclass
@@ -159,7 +163,7 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
     def _length(self, uid: int) -> DraftLength:
         length = self.lengths.get(uid)
         if length is None:
-            length = self.lengths[uid] = DraftLength(self.speculation.draft_tokens)
+            length = self.lengths[uid] = DraftLength(self.speculation.num_draft_tokens)
         return length
 
     def _drafts(self):
@@ -167,7 +171,7 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
         source = self.speculation.source
         lengths = [self._length(uid) for uid in self.uids]
         wanted = [length.wanted() for length in lengths]
-        if self.speculation.draft_tokens is None and any(wanted):  # auto: K for speed
+        if self.speculation.num_draft_tokens is None and any(wanted):  # auto: K for speed
             rates = [length.rate if k else None for length, k in zip(lengths, wanted)]
             k = batch_k(rates, self.costs, rollback.replays(self.prompt_cache))
             wanted = [min(w, k) for w in wanted]

@@ -1,16 +1,15 @@
 """Events from a model replica to a front end: one socket per (front end, replica), one frame
 per step of the model loop.
 
-A Ray streaming generator per request cost ~0.75 ms of CPU per item, split
-between the two processes (measured: 0.30 ms in the actor, 0.46 ms in the
-driver), and an item per token per stream: on 2 cores, more than the decode
-step itself at a few streams. Here every event the loop emits during a step
-is queued (`emitter`), and once the step ends (`flush`, from the loop thread)
-each front end's events of that step leave as ONE length-prefixed frame on a
-TCP connection of its own: some 40 µs of CPU for the frame, whatever the
-number of streams. Requests still go to the actor as Ray calls (plans,
-cancels); only the events take this path (DESIGN.md 4 allows "an equivalent
-message stream"; there is no shared memory and no global lock).
+A Ray streaming generator per request costs CPU per item in both processes
+(the actor's and the driver's), and an item per token per stream: on a small
+CPU, more than the decode step itself at a few streams. Here every event the
+loop emits during a step is queued (`emitter`), and once the step ends
+(`flush`, from the loop thread) each front end's events of that step leave as
+ONE length-prefixed frame on a TCP connection of its own: one frame's CPU,
+whatever the number of streams. Requests still go to the actor as Ray calls
+(plans, cancels); only the events take this path (an equivalent message
+stream: no shared memory and no global lock).
 
 The connection: the front end asks the actor to listen (`EventServer`, on
 the loopback when the front end runs on the same machine, else on the

@@ -43,7 +43,14 @@ class MemoryPlan:
         return per_replica * k + self.running_kv + self.ram_budget
 
 
-POOL_MAX = 16 * GB
+POOL_MAX = 16 * GB  # an upper bound on a replica's kept MLX buffer pool, whatever the budget
+
+
+def pool_limit(ram_budget: int, configured: int | None = None) -> int:
+    """MLX's buffer-pool cap: as configured, else a quarter of the RAM budget, at most 16 GB."""
+    return configured if configured is not None else min(POOL_MAX, ram_budget // 4)
+
+
 # One compiled grammar kept (its pristine matcher and lexer tables): llguidance reports no
 # size; the process grew 1.4 MB over the first compile of a 10-tool set, at 4k and at 150k.
 GRAMMAR_BYTES = 2 << 20

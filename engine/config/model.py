@@ -94,7 +94,8 @@ class ModelConfig:
     num_draft_tokens: int | None = setting(
         None,
         "drafts verified per step and sequence: K, or auto (adapted to each sequence's "
-        "recent acceptance, off for a sequence whose drafts don't pay)",
+        "recent acceptance, off for a sequence whose drafts don't pay); an MTP head chains "
+        "K drafts a step, 1 under auto",
         parse=_draft_tokens,
         metavar="K|auto",
         shown="auto",

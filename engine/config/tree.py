@@ -65,9 +65,6 @@ class EngineConfig:
     def with_server(self, **changes) -> "EngineConfig":
         return replace(self, server=replace(self.server, **changes))
 
-    def with_prompt(self, **changes) -> "EngineConfig":
-        return replace(self, prompt=replace(self.prompt, **changes))
-
     def with_kernels(self, **changes) -> "EngineConfig":
         return replace(self, kernels=replace(self.kernels, **changes))
 

@@ -3,12 +3,11 @@
 mlx-lm's attention layers call ``scaled_dot_product_attention`` (mlx-lm's
 ``models/base.py``), which calls ``mx.fast.scaled_dot_product_attention``. On
 Metal and CUDA that is one fused kernel; on MLX's CPU backend it is a
-composition of ops that are slow at long contexts on this project's machine
-(mlx 0.32): ``mx.exp`` over 0.5M float32 takes ~6 ms where numpy takes 0.3 ms,
-and a (8192 x 16) @ (16 x 32) matmul 2.5 ms where numpy's OpenBLAS takes
-0.14 ms. So one prompt token at 8k context cost ~2 idle decode steps of the
-tiny qwen3_next, and a chunk of prefill beside decode stretched every
-stream's inter-token gap (issue 11).
+composition of ops that are slow at long contexts (mlx 0.32): its ``mx.exp``
+and its small matmuls take many times numpy's and OpenBLAS's time (``lineage
+bench kernels`` shows the ratio). So a prompt token at a long context cost
+several idle decode steps of the tiny qwen3_next, and a chunk of prefill beside
+decode stretched every stream's inter-token gap.
 
 ``host_attention`` does the same attention on the host: it evaluates the
 queries, keys, values (and an array mask), takes zero-copy numpy views of
@@ -30,8 +29,8 @@ device but the CPU. It is installed by pointing the model's own mlx-lm
 modules (those its layers' classes live in, each of which imported the name
 from ``base``) at the dispatcher; uninstall puts mlx-lm's function back. The
 host BLAS runs on one thread while installed (threadpoolctl): OpenBLAS's
-spinning threads fight MLX's on a small CPU (4-token chunks went from 6 to
-39 ms on 2 cores).
+spinning threads fight MLX's on a small CPU (a 4-token chunk ran several
+times slower with them).
 
 It knows mlx-lm's attention helper; nothing of the engine.
 """

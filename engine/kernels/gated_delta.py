@@ -8,11 +8,11 @@ own mlx-lm module (the name it imported), which keeps mlx-lm's gate and beta
 computation and hands the recurrence to the fast primitive; Metal keeps
 mlx-lm's kernel.
 
-Measured with ``lineage bench kernels`` (docs/benchmarks.md): on this
-project's Linux CPU the primitive is bit-identical to the op loop and 1.1x
-to 1.7x faster from 128 steps up (even within noise at 1 and 16 steps), so
-``auto`` uses it everywhere off Metal: CPU, and CUDA, where mlx-lm also falls
-back to the op loop (not measured here: no CUDA device was available).
+Measured with ``lineage bench kernels`` (docs/benchmarks.md, which has the
+figures): on the CPU the primitive is bit-identical to the op loop and faster
+from 128 steps up (within noise at 1 and 16 steps), so ``auto`` uses it
+everywhere off Metal: CPU, and CUDA, where mlx-lm also falls back to the op
+loop (not measured on CUDA).
 Outputs at masked (padding) steps differ: the primitive writes zeros, the op
 loop a value nobody reads; the state is identical.
 

@@ -11,11 +11,15 @@ decides nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.cache.kinds import RestoreKind
 from engine.runtime.admission import Emit
 from engine.runtime.output import Stamps
 from engine.runtime.requests import GenerationRequest
+
+if TYPE_CHECKING:
+    from engine.runtime.structured.matcher import Matcher
 
 
 @dataclass
@@ -40,7 +44,7 @@ class ActiveRequest:
     prompt_end_logits: object = None  # what the first token was sampled from
     resent: bool = False  # restored at the prompt end: its first token came from stored logits
     restore_lost: str = ""  # "entry@length" of a planned restore found gone
-    constraint: object = None  # its grammar's matcher (engine.runtime.structured.matcher), if held
+    matcher: Matcher | None = None  # its grammar's matcher, when the request asks for one
     index: int = 0  # its branch of the request (SamplingParams.n)
     key: str = ""  # its key in the generator's books: the request id, "<id>#<index>" a branch's
     branches: int = 1  # branch 0: the request's n

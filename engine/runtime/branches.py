@@ -31,7 +31,7 @@ class Branch:
 
     uid: int
     sampler: object  # None: the batch's greedy sampler
-    processors: tuple  # its row's logits_processors slot (engine.runtime.structured.masked_batch)
+    matcher: object  # its Matcher (engine.runtime.structured.matcher), or None
     stop: object  # mlx-lm StopSequences
     max_tokens: int
 

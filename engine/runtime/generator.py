@@ -295,7 +295,7 @@ class Generator:
         segments = [tokens[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
         stop_ids = self.eos_ids | frozenset(req.sampling.stop_token_ids)
         stops = StopSequences([[t] for t in sorted(stop_ids)])
-        lost = self.restorer.lost_point(req.request_id)
+        lost = self.restorer.take_lost_point(req.request_id)
         acts = []
         for index in range(req.sampling.n):
             breq = branch_request(req, index) if req.sampling.n > 1 else req
@@ -317,7 +317,7 @@ class Generator:
                 copied_restore=restored.copied if index == 0 else 0,
                 restore_lost=lost,
                 # Matching starts at the first generated token.
-                constraint=self._matcher(req.constraint, stop_ids),
+                matcher=self._matcher(req.grammar, stop_ids),
                 index=index,
                 key=branch_key(req.request_id, index),
                 branches=req.sampling.n if index == 0 else 1,
@@ -329,7 +329,7 @@ class Generator:
             state = self.tier.entries[req.plan.entry_id].states.get(n)
             for act, sampler in acts:
                 act.resent, act.prompt_end_logits, act.prompt_end_state = True, logits, state
-                first, row = sample_first(logits, sampler or _greedy, act.constraint)
+                first, row = sample_first(logits, sampler or _greedy, act.matcher)
                 if not self._first_token(act, first, max_tokens - 1, row):
                     self._insert(act, [[first]], max_tokens - 1, cache, tokens[:n], sampler, stops)
             return
@@ -339,8 +339,7 @@ class Generator:
             uids = self.bg.new_uids(len(acts) - 1)
             forks = []
             for uid, (act, sampler) in zip(uids, acts[1:]):
-                held = (act.constraint,) if act.constraint is not None else ()
-                forks.append(Branch(uid, sampler, held, stops, max_tokens))
+                forks.append(Branch(uid, sampler, act.matcher, stops, max_tokens))
                 self._enlist(act, uid)
             self.bg.fork(parent.uid, forks)
 
@@ -351,7 +350,7 @@ class Generator:
         if grammar is None:
             return None
         try:
-            return self.grammars.constraint(grammar, stop_ids)
+            return self.grammars.matcher(grammar, stop_ids)
         except ValueError as e:
             if not grammar.optional:
                 raise
@@ -366,9 +365,7 @@ class Generator:
             caches=[cache] if cache is not None else None,
             all_tokens=[prefix],
             samplers=[sampler],
-            # The row's constraint rides in its processors slot
-            # (engine.runtime.structured.masked_batch).
-            logits_processors=[[act.constraint] if act.constraint is not None else []],
+            matchers=[act.matcher],  # its grammar's, kept by uid (structured.masked_batch)
             stop_sequences=[stops],
         )[0]
         self._enlist(act, uid)
@@ -540,7 +537,7 @@ class Generator:
     def _final_event(
         self, act: ActiveRequest, reason: FinishReason, commit_ms: float = 0.0, error: str = ""
     ) -> Finished:
-        self.restorer.lost_point(act.req.request_id)
+        self.restorer.take_lost_point(act.req.request_id)
         self.bg.commit_copies.pop(act.uid, None)
         copied = Copied(
             restore=act.copied_restore,
@@ -561,10 +558,10 @@ class Generator:
             error=error,
             restore_lost=act.restore_lost,
             drafts=self.bg.draft_counts(act.uid),
-            incomplete=act.constraint is not None and not act.constraint.accepting(),
+            incomplete=act.matcher is not None and not act.matcher.accepting(),
             index=act.index,
         )
 
     def _unstarted(self, req: GenerationRequest, reason: FinishReason, error: str = "") -> Finished:
-        self.restorer.lost_point(req.request_id)
+        self.restorer.take_lost_point(req.request_id)
         return unstarted_event(req.request_id, len(req.tokens), reason, error)

@@ -37,6 +37,4 @@ class GenerationRequest:
     sampling: SamplingParams
     received_at: float  # time.time() when the front end got the call
     plan_ms: float = 0.0
-    constraint: Grammar | None = (
-        None  # the output held to this grammar (engine.runtime.structured.grammar)
-    )
+    grammar: Grammar | None = None  # what the output is held to (engine.runtime.structured)

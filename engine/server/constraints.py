@@ -37,7 +37,7 @@ from engine.server.errors import InvalidRequest
 from engine.server.limits import DEFAULT_LIMITS, parse_json
 
 
-def to_constraint(
+def to_grammar(
     c: engine_pb2.Constraint,
     tools: tuple[dict, ...] | None,
     output_format: str,

@@ -4,8 +4,9 @@ It tokenizes and renders the chat template (engine.server.prompt), asks the cach
 manager for a RestorePlan, submits the request to the model replica the plan
 names and yields its events, which come on that replica's event stream
 (engine.server.replica_events: a step's events of every request in one frame).
-The model sends token ids: their text and the stop strings are made here
-(engine.server.text), and a stop string found tells the replica to stop. The
+The model sends token ids: their text, the stop strings and the
+log-probabilities' token text are one request's `Reply` (engine.server.reply),
+and a stop string found tells the replica to stop. The
 gRPC servicer (engine.server.service) and the in-process bridge only translate.
 
 Admission: a queue slot is taken at the first check (`max_queue`), a request
@@ -39,11 +40,10 @@ from engine.runtime.requests import GenerationRequest, SamplingParams
 from engine.runtime.structured.grammar import Grammar
 from engine.server.activity import Activity, Inspection, NamespaceTags, inspection
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
-from engine.server.limits import check_sampling
 from engine.server.prompt import PromptBuilder, PromptInput
 from engine.server.replica_events import LOST, SILENT, ReplicaEvents
+from engine.server.reply import Reply
 from engine.server.supervisor import Supervisor
-from engine.server.text import TextStream
 
 log = logging.getLogger("lineage.request")
 
@@ -159,10 +159,10 @@ class Frontend:
         namespace: str = "",
         request_id: str = "",
         session: str = "",
-        constraint: Grammar | None = None,
+        grammar: Grammar | None = None,
     ):
-        """Yield lists of events (Progress, Tokens, Finished) for one request; `constraint`
-        holds its output to a grammar (engine.server.constraints built it).
+        """Yield lists of events (Progress, Tokens, Finished) for one request; `grammar`
+        holds its output (engine.server.constraints built it from the wire's constraint).
 
         Raises Overloaded when the queue is full (the slot is taken at this first
         check, so a burst cannot slip past it) or when the request alone needs more
@@ -182,7 +182,7 @@ class Frontend:
         request_id = given if given not in self.internal_ids else f"{given}~{uuid.uuid4().hex}"
         self.request_ids[key] = request_id
         self.internal_ids.add(request_id)
-        events = self._generate(inp, sampling, namespace, request_id, received, session, constraint)
+        events = self._generate(inp, sampling, namespace, request_id, received, session, grammar)
         task = asyncio.current_task()
         self.calls.add(task)
         try:
@@ -207,7 +207,7 @@ class Frontend:
         request_id: str,
         received: float,
         session: str = "",
-        constraint: Grammar | None = None,
+        grammar: Grammar | None = None,
     ):
         if self.queued >= self.max_queue:
             raise Overloaded(
@@ -231,9 +231,16 @@ class Frontend:
                 try:
                     req = None
                     req = await self._plan(
-                        request_id, namespace, prompt, tokens, sampling, received, exclude, session
+                        request_id,
+                        namespace,
+                        prompt,
+                        tokens,
+                        sampling,
+                        received,
+                        exclude,
+                        session,
+                        grammar,
                     )
-                    req = dataclasses.replace(req, constraint=constraint)  # held in the loop
                     async for batch in self._run(req, streamed):
                         yield batch
                     return
@@ -280,11 +287,12 @@ class Frontend:
         self.in_flight[rid] = (req.namespace, np.asarray(req.tokens, dtype=np.int32))
         queue = events.register(rid)
         # One text per branch (SamplingParams.n); the request ends with its n-th Finished.
-        texts = [
-            TextStream(self.builder.tokenizer.detokenizer, req.sampling.stop)
-            for _ in range(req.sampling.n)
-        ]
-        ended = 0
+        reply = Reply(
+            self.builder.tokenizer,
+            req.sampling,
+            req.grammar is not None,
+            lambda index: model.stop.remote(branch_key(rid, index)),
+        )
         try:
             await self._submit(model, events, req)
             while not finished:
@@ -293,19 +301,17 @@ class Frontend:
                     self._ended(batch, req)
                 out = []
                 for event in batch:
-                    text = texts[event.index] if isinstance(event, (Tokens, Finished)) else None
                     if isinstance(event, Tokens):
-                        event = self._text_of(event, text, model, branch_key(rid, event.index))
+                        event = reply.tokens(event)
                         if event is None:
                             continue
                     elif isinstance(event, Finished):
-                        ended += 1
-                        finished = ended == len(texts)
+                        finished = reply.end()
                         if event.finish_reason == FinishReason.UNAVAILABLE:
                             self._poke()
                             raise _Restarted(event.error, False)
-                        out += _tail(text, event.index)
-                        event = _as_stopped(event, text, req.constraint is not None)
+                        *tail, event = reply.finish(event)
+                        out += tail
                         self._finished(event, req)
                     if not prefilled and isinstance(event, (Tokens, Finished)):
                         prefilled = True
@@ -346,32 +352,6 @@ class Frontend:
         assert signal == SILENT, signal
         raise Unavailable(f"the model sent nothing for {self.stream_deadline:.0f} s")
 
-    def _text_of(self, event: Tokens, text: TextStream, model, rid: str) -> Tokens | None:
-        """The tokens with their text; None once a stop string ended the text (the replica
-        is told to stop when it is found)."""
-        if text.stopped:
-            return None
-        before = text.count
-        shown = text.feed(event.ids)
-        logprobs = self._named(event.ids, event.logprobs)
-        if text.stopped:
-            model.stop.remote(rid)
-            n = text.count - before
-            return dataclasses.replace(event, ids=event.ids[:n], text=shown, logprobs=logprobs[:n])
-        return dataclasses.replace(event, text=shown, logprobs=logprobs)
-
-    def _named(self, ids: tuple, logprobs: tuple) -> tuple:
-        """The log-probabilities with their tokens' text (each token decoded alone)."""
-        if not logprobs:
-            return ()
-        decode = self.builder.tokenizer.decode
-        return tuple(
-            dataclasses.replace(
-                lp, token=decode([t]), top_tokens=tuple(decode([i]) for i, _ in lp.top)
-            )
-            for t, lp in zip(ids, logprobs)
-        )
-
     async def _replica_gone(self, replica: int | None, request_id: str) -> None:
         """Tell the manager: this request ended (and the replica's RAM is gone, if given)."""
         try:
@@ -387,8 +367,8 @@ class Frontend:
             self.supervisor.poke()
 
     async def _prepare(self, inp: PromptInput, sampling: SamplingParams):
-        """(prompt, sampling) checked and built; max_tokens clipped to the context left."""
-        check_sampling(sampling, self.info.vocab_size, self.limits)
+        """(prompt, sampling) built (its values were checked: service.check_request);
+        max_tokens clipped to the context left, the whole held to the batch's room."""
         loop = asyncio.get_running_loop()
         prompt = await loop.run_in_executor(self.prompt_thread, self.builder.build, inp)
         if len(prompt.tokens) + sampling.max_tokens > self.info.max_context:
@@ -412,6 +392,7 @@ class Frontend:
         received: float,
         exclude=(),
         session: str = "",
+        grammar: Grammar | None = None,
     ) -> GenerationRequest:
         """Ask the cache manager for the restore plan; the request the model actor runs.
 
@@ -450,6 +431,7 @@ class Frontend:
             sampling=sampling,
             received_at=received,
             plan_ms=(time.perf_counter() - t0) * 1000,
+            grammar=grammar,
         )
 
     def _release_plan(self, planning: asyncio.Future, request_id: str) -> None:
@@ -504,26 +486,6 @@ def _node_ip() -> str:
     import ray
 
     return ray.util.get_node_ip_address()
-
-
-def _tail(text: TextStream, index: int = 0) -> list:
-    """The text held back at the end (no stop string ended it), as a last Tokens event."""
-    tail = text.close()
-    return [Tokens(ids=(), text=tail, index=index)] if tail else []
-
-
-def _as_stopped(f: Finished, text: TextStream, held: bool = False) -> Finished:
-    """A request whose text a stop string ended: reason STOP, its tokens up to that string;
-    `held` (constrained): its output, cut there, is incomplete for its grammar."""
-    if not text.stopped:
-        return f
-    return dataclasses.replace(
-        f,
-        finish_reason=FinishReason.STOP,
-        completion_tokens=min(f.completion_tokens, text.count),
-        incomplete=f.incomplete or held,
-        stop_sequence=text.stop_sequence,
-    )
 
 
 def _extends(tokens: np.ndarray, namespace: str, prompts) -> bool:

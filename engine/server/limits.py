@@ -7,8 +7,8 @@ INVALID_ARGUMENT and the engine keeps serving everyone else. It knows the
 request's fields as plain Python values; it knows no gRPC, tokenizer or model.
 
 Why these numbers: a stop string is matched against the decoded tail of every
-token of every request in the batch, so 100k short stops cost ~140 ms per
-token for the whole batch; 16 stops of 256 characters cost nothing
+token of every request in the batch, so 100k short stops cost more per token
+than the decode step itself; 16 stops of 256 characters cost nothing
 measurable. Identifiers travel into logs and cache files, so they are short and
 plain. JSON nesting is bounded so neither the parser nor the chat template
 recurses without bound.

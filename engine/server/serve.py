@@ -66,11 +66,6 @@ class RunningEngine:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    @property
-    def local_address(self) -> str:
-        """The gRPC address a sidecar in this process takes: the Unix socket when there is one."""
-        return f"unix:{self.local_socket}" if self.local_socket else self.address
-
     async def stop(self, grace: float = 2.0) -> None:
         from engine.server.service import stop_server
 
@@ -319,7 +314,7 @@ def ray_options(config: EngineConfig) -> dict:
     A local Ray starts only what the engine uses: no dashboard unless asked
     (`--ray-dashboard`; the metrics agent runs without it), and no idle
     workers started ahead for tasks (the engine runs actors only, each in a
-    process of its own). On 2 cores these took ~3% of a core and ~1 GiB idle.
+    process of its own): idle, those take a share of a core and a GiB or so.
     """
     options = dict(
         address=config.server.address,

@@ -29,7 +29,7 @@ from engine.runtime.events import Finished, FinishReason, Progress, Tokens
 from engine.runtime.requests import SamplingParams
 from engine.server.activity import Inspection, RequestRecord
 from engine.server.auth import Authenticator, AuthInterceptor, server_credentials
-from engine.server.constraints import to_constraint
+from engine.server.constraints import to_grammar
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
 from engine.server.figures import ClientFigures
 from engine.server.frontend import Frontend
@@ -38,6 +38,7 @@ from engine.server.limits import (
     DEFAULT_LIMITS,
     check_identifier,
     check_request_bytes,
+    check_sampling,
     parse_json,
     printable,
 )
@@ -47,12 +48,20 @@ log = logging.getLogger(__name__)
 SERVICE = engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name
 
 
-def check_request(req: engine_pb2.GenerateRequest, limits=DEFAULT_LIMITS) -> None:
-    """The request's size and identifiers within the limits (engine.server.limits)."""
+def check_request(
+    req: engine_pb2.GenerateRequest,
+    sampling: SamplingParams,
+    vocab_size: int,
+    limits=DEFAULT_LIMITS,
+) -> None:
+    """Every check of a Generate request's values, in one place (engine.server.limits): its
+    size, its identifiers, its sampling. What depends on the prompt (its length against
+    the context and the batch) is the front end's, once the prompt is built."""
     check_request_bytes(req.ByteSize(), limits)
     check_identifier("request_id", req.request_id, limits)
     check_identifier("namespace", req.namespace, limits)
     check_identifier("session", req.session, limits)
+    check_sampling(sampling, vocab_size, limits)
 
 
 def to_prompt_input(req: engine_pb2.GenerateRequest, limits=DEFAULT_LIMITS) -> PromptInput:
@@ -238,23 +247,24 @@ def generate_events(frontend: Frontend, auth: Authenticator, request, metadata):
     checked against the limits, its namespace the caller's identity's. What the gRPC
     servicer and the in-process bridge both run; raises the domain errors (`status_of`)."""
     limits = frontend.limits
-    check_request(request, limits)
+    sampling = to_sampling(request.sampling)
+    check_request(request, sampling, frontend.info.vocab_size, limits)
     identity = auth.identity(metadata)
     inp = to_prompt_input(request, limits)
-    constraint = None
+    grammar = None
     if request.HasField("constraint"):
         builder = frontend.builder
-        constraint = to_constraint(
+        grammar = to_grammar(
             request.constraint, inp.tools, builder.output_format, limits, builder.special_markers
         )
-        constraint = builder.grammars.admit(constraint)  # compiles, or drops an optional one
+        grammar = builder.grammars.admit(grammar)  # compiles, or drops an optional one
     return frontend.generate(
         inp,
-        to_sampling(request.sampling),
+        sampling,
         namespace=auth.namespace(identity, request.namespace),
         request_id=request.request_id,
         session=request.session,
-        constraint=constraint,
+        grammar=grammar,
     )
 
 

@@ -1,8 +1,8 @@
 """A request's completion text, made in the front end from the token ids the model sends.
 
-The model loop emits token ids only (DESIGN.md 8: the busy loop computes and
-samples). Here each request's ids become text through the tokenizer's
-streaming detokenizer, and its stop strings are watched: text that may begin
+The model loop emits token ids only (the busy loop computes and samples).
+Here each request's ids become text through the tokenizer's streaming
+detokenizer, and its stop strings are watched: text that may begin
 one is held back until decided, and a stop string ends the text at its start
 (the model is then told to stop; the tokens it decoded meanwhile are not
 shown). A reply's first space is kept: mlx-lm's byte-level BPE detokenizer

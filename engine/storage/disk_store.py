@@ -295,8 +295,8 @@ def _background() -> None:
     """Schedule the calling thread (the reader) as background work: decode wins the CPU.
 
     Linux's SCHED_IDLE runs it in what decoding leaves (decode's own threads
-    preempt it at once; nice alone still left decode's inter-token p99 at 2x
-    idle on two cores, bench restart), and the thread MLX starts for this
+    preempt it at once; nice alone still left decode's inter-token p99 at twice
+    its idle value in bench restart), and the thread MLX starts for this
     thread's stream inherits it. Where nothing is left (every core busy) it
     gets next to nothing, hence the late thread (`DiskStore._watch`). Elsewhere
     this does nothing (per-thread priorities are Linux's).

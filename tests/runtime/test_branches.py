@@ -27,7 +27,7 @@ def submit(tiny_loop, tokens, n, temperature=0.0, seed=None, max_tokens=12, gram
     rid = f"n{next(_ids)}"
     plan = tiny_loop.manager.plan(PlanRequest(rid, np.asarray(tokens, np.int32)))
     sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, n=n)
-    req = GenerationRequest(rid, "", tuple(tokens), plan, sampling, time.time(), constraint=grammar)
+    req = GenerationRequest(rid, "", tuple(tokens), plan, sampling, time.time(), grammar=grammar)
     events: queue.SimpleQueue = queue.SimpleQueue()
     tiny_loop.call(lambda g: g.submit(req, events.put))
     return rid, events

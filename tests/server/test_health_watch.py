@@ -107,9 +107,7 @@ class HeldFrontend(SimpleNamespace):
         self.release = threading.Event()
         self.closing = asyncio.Event()
 
-    async def generate(
-        self, inp, sampling, namespace="", request_id="", session="", constraint=None
-    ):
+    async def generate(self, inp, sampling, namespace="", request_id="", session="", grammar=None):
         while not self.release.is_set():
             await asyncio.sleep(0.01)
         yield [Finished(request_id, FinishReason.STOP, 1, 0, 0, RestoreKind.NONE, 0)]

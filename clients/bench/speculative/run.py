@@ -137,7 +137,7 @@ def _run(engine, prompts: list, tokens: int, grammar=None):
 
         sampling = SamplingParams(max_tokens=tokens)
         request = GenerationRequest(
-            rid, rid, tuple(p), plan, sampling, time.time(), constraint=grammar
+            rid, rid, tuple(p), plan, sampling, time.time(), grammar=grammar
         )
         g.submit(request, emit)
     while g.busy or g.pending:

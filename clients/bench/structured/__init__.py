@@ -103,7 +103,7 @@ def decode_round(engine, variant: str, batch: int, steps: int, grammars: dict, s
 def _held(req, grammar):
     import dataclasses
 
-    return dataclasses.replace(req, constraint=grammar)
+    return dataclasses.replace(req, grammar=grammar)
 
 
 def decode_figures(engine, batches, steps: int, rounds: int, grammars: dict) -> list[dict]:
@@ -145,7 +145,7 @@ def mask_figures(tokenizer, vocab: int, grammar, documents: list[str], eos: int)
     from engine.runtime.structured.matcher import Grammars
 
     grammars = Grammars(tokenizer, vocab, {eos})
-    grammars.constraint(grammar)  # compiled once: the walks are a cached grammar's
+    grammars.matcher(grammar)  # compiled once: the walks are a cached grammar's
     docs = [tokenizer.encode(d, add_special_tokens=False) + [eos] for d in documents]
 
     refused = [0]  # tokens the grammar refused: a walk off its documents (must stay 0)
@@ -158,8 +158,8 @@ def mask_figures(tokenizer, vocab: int, grammar, documents: list[str], eos: int)
         refused[0] += not ok
         return spent
 
-    one = [step(c, t) for d in docs for c in [grammars.constraint(grammar)] for t in d]
-    rows = [[grammars.constraint(grammar), i % len(docs), 0] for i in range(8)]
+    one = [step(c, t) for d in docs for c in [grammars.matcher(grammar)] for t in d]
+    rows = [[grammars.matcher(grammar), i % len(docs), 0] for i in range(8)]
     for i, row in enumerate(rows):  # staggered: row i is i * 7 tokens into its document
         for token in docs[row[1]][: i * 7]:
             row[0].accept(token)
@@ -173,7 +173,7 @@ def mask_figures(tokenizer, vocab: int, grammar, documents: list[str], eos: int)
             total += step(c, doc[pos])
             row[2] = pos + 1
             if row[2] == len(doc):  # its end accepted: the next document, a fresh matcher
-                row[:] = [grammars.constraint(grammar), (d + 1) % len(docs), 0]
+                row[:] = [grammars.matcher(grammar), (d + 1) % len(docs), 0]
         eight.append(total)
     return {
         "vocab": vocab,
@@ -197,10 +197,10 @@ def compile_figures(tokenizer, vocab: int, grammars: dict, eos: int) -> list[dic
         cache = Grammars(tokenizer, vocab, {eos})
         _ = cache.tokenizer  # its tables are the model's, built once at load
         t0 = time.perf_counter()
-        cache.constraint(grammar)
+        cache.matcher(grammar)
         cold = (time.perf_counter() - t0) * 1000
         t0 = time.perf_counter()
-        cache.constraint(grammar)
+        cache.matcher(grammar)
         cached = (time.perf_counter() - t0) * 1000
         out.append({"grammar": name, "vocab": vocab, "cold_ms": cold, "cached_ms": cached})
     return out

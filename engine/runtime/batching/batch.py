@@ -12,8 +12,8 @@ Four changes to mlx-lm's batches, everything else is mlx-lm's:
   rows, not a copy (`extract_alone`): the commit copies nothing.
 - The `mx.clear_cache()` after every prefill chunk and padded batch is opt-in.
   It hands MLX's buffer pool back to the operating system, so the next
-  allocation page-faults fresh memory: on a warm turn it turned each KV copy
-  into seconds on a warm turn (measured with `lineage bench warm`). The pool stays,
+  allocation page-faults fresh memory: on a warm turn that made each KV copy
+  many times slower (`lineage bench warm` shows it). The pool stays,
   bounded by MLX's cache limit, and is released when the engine goes idle.
 
 What copies remain is counted per sequence: the merge (`restore_copies`), the
@@ -30,6 +30,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.generate import BatchGenerator, PromptProcessingBatch, _right_pad_prompts
 from mlx_lm.models.cache import BatchKVCache, CacheList, KVCache
 
+from engine.config.memory import pool_limit
 from engine.runtime.batching.copies import CopyLedger
 from engine.runtime.layer_caches import snapshot_state
 from engine.runtime.speculative.speculative_batch import SpeculativeGenerationBatch
@@ -147,16 +148,9 @@ def _detached(cache):
     return copy.copy(cache)
 
 
-POOL_LIMIT_CAP = 16 << 30  # an upper bound on the kept pool, whatever the budget
-
-
-def pool_limit(ram_budget: int, configured: int | None = None) -> int:
-    """MLX's buffer-pool cap: as configured, else a quarter of the RAM budget, at most 16 GB."""
-    return configured if configured is not None else min(POOL_LIMIT_CAP, ram_budget // 4)
-
-
 def bound_pool(ram_budget: int, configured: int | None = None) -> int:
-    """Bound the pool that the warm path keeps (instead of clearing it per chunk)."""
+    """Bound the pool that the warm path keeps (instead of clearing it per chunk), at the
+    memory plan's limit (engine.config.memory.pool_limit)."""
     limit = pool_limit(ram_budget, configured)
     mx.set_cache_limit(limit)
     return limit
@@ -174,14 +168,19 @@ class PoolClearCounter:
 
 
 class LineagePromptBatch(PromptProcessingBatch):
-    """PromptProcessingBatch whose per-chunk pool clear happens only when asked."""
+    """PromptProcessingBatch whose per-chunk pool clear happens only when asked.
 
+    The batch generator sets the fields below once, on its first prompt batch; every
+    batch made from it (a copy, a new prompt batch) takes them over (`share`).
+    """
+
+    SHARED = ("clear_pool", "pool", "ledger", "extracted", "forks", "tails", "matchers")
     clear_pool: bool = False
     pool: PoolClearCounter | None = None
-    layer_timer = None  # set by the generator: callable(chunk_len) -> context manager
     ledger: CopyLedger | None = None  # set by the generator: reshuffles and growth, per uid
     extracted: dict | None = None  # set by the generator: uid -> KV bytes extractions copied
     forks: dict | None = None  # set by the generator: uid -> its Branches (engine.runtime.branches)
+    matchers: dict | None = None  # set by the generator: uid -> its Matcher (constrained ones)
     # set by the generator when an MTP head drafts: uid -> its prompt's last prefilled
     # positions (engine.runtime.speculative.mtp_drafts.PromptTails)
     tails = None
@@ -192,12 +191,14 @@ class LineagePromptBatch(PromptProcessingBatch):
         self.prompt_cache = merge_with_room(caches or [], room, counts)
         self.copied = dict(zip(self.uids, counts))  # uid -> bytes its merge copied
 
+    def share(self, source: "LineagePromptBatch") -> "LineagePromptBatch":
+        """Take over the generator's fields (`SHARED`) from another prompt batch of it."""
+        for name in self.SHARED:
+            setattr(self, name, getattr(source, name))
+        return self
+
     def _copy(self):
-        new = super()._copy()
-        new.clear_pool, new.pool, new.layer_timer = self.clear_pool, self.pool, self.layer_timer
-        new.ledger, new.extracted, new.forks = self.ledger, self.extracted, self.forks
-        new.tails = self.tails
-        return new
+        return super()._copy().share(self)
 
     def filter(self, keep):
         """mlx-lm's filter (a gather of the kept rows), charged to the kept sequences."""
@@ -264,6 +265,7 @@ class LineagePromptBatch(PromptProcessingBatch):
             self.logits_processors,
             self.stop_sequences,
             self.max_tokens,
+            matchers=self.matchers,
         )
         self.uids, self.prompt_cache, self.tokens = [], [], []
         self.samplers, self.logits_processors, self.max_tokens = [], [], []
@@ -283,7 +285,9 @@ class LineagePromptBatch(PromptProcessingBatch):
         self.uids = list(self.uids) + [b.uid for _, b in extra]
         self.tokens = list(self.tokens) + [list(self.tokens[i]) for i, _ in extra]
         self.samplers = list(self.samplers) + [b.sampler for _, b in extra]
-        self.logits_processors = list(self.logits_processors) + [b.processors for _, b in extra]
+        self.logits_processors = list(self.logits_processors) + [[] for _ in extra]
+        if self.matchers is not None:
+            self.matchers.update({b.uid: b.matcher for _, b in extra if b.matcher is not None})
         self.stop_sequences = list(self.stop_sequences) + [b.stop for _, b in extra]
         self.max_tokens = list(self.max_tokens) + [b.max_tokens for _, b in extra]
         return last + [last[i] for i, _ in extra]
@@ -396,6 +400,10 @@ class LineageBatchGenerator(BatchGenerator):
         else:
             self._generation_batch = LineageGenerationBatch.empty(self.model, self.sampler)
         gen = self._generation_batch
+        # uid -> the Matcher of each constrained sequence, shared by every batch of this
+        # generator: a row's matcher follows its uid (engine.runtime.structured.masked_batch).
+        self.matchers: dict = {}
+        gen.matchers = self.matchers
         # Bytes copied per sequence uid, by the merge into a prompt batch (restore) and
         # by a copying extraction (commit); the generator takes them per request.
         self.restore_copies: dict[int, int] = {}
@@ -431,6 +439,7 @@ class LineageBatchGenerator(BatchGenerator):
         self.forks: dict[int, list] = {}
         batch.ledger, batch.extracted, batch.forks = self.ledger, self.commit_copies, self.forks
         batch.tails = getattr(self._generation_batch, "tails", None)
+        batch.matchers = self.matchers
         self._prompt_batch = batch
 
     def next(self):
@@ -478,12 +487,25 @@ class LineageBatchGenerator(BatchGenerator):
         self._uid_count += k
         return uids
 
+    def insert_segments(self, segments, *args, matchers=None, **kwargs):
+        """mlx-lm's insertion; `matchers` (one per sequence, None when unconstrained) hold
+        each sequence's tokens to its grammar from its first sampled token."""
+        uids = super().insert_segments(segments, *args, **kwargs)
+        for uid, matcher in zip(uids, matchers or ()):
+            if matcher is not None:
+                self.matchers[uid] = matcher
+        return uids
+
     def remove(self, uids, return_prompt_caches=False):
-        """mlx-lm's removal; a removed sequence's prompt tail (an MTP head's) goes too."""
-        self.forget_tails(uids)
+        """mlx-lm's removal; a removed sequence's prompt tail (an MTP head's) and its
+        matcher go too."""
+        self.forget_rows(uids)
         return super().remove(uids, return_prompt_caches)
 
-    def forget_tails(self, uids) -> None:
+    def forget_rows(self, uids) -> None:
+        """Removed sequences' books: their prompt tails (an MTP head's) and matchers."""
+        for uid in uids:
+            self.matchers.pop(uid, None)
         tails = self._prompt_batch.tails
         if tails is not None:
             for uid in uids:
@@ -534,9 +556,7 @@ class LineageBatchGenerator(BatchGenerator):
             room=room,
             **fields,
         )
-        batch.clear_pool, batch.pool = self._prompt_batch.clear_pool, self.pool
-        batch.ledger, batch.extracted, batch.forks = self.ledger, self.commit_copies, self.forks
-        batch.tails = self._prompt_batch.tails
+        batch.share(self._prompt_batch)
         self.ledger.note(batch.prompt_cache)
         self.restore_copies.update(batch.copied)
         return batch, processing

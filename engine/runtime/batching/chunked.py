@@ -371,7 +371,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
     def remove(self, uids, return_prompt_caches=False):
         """Take sequences out between steps (so a prefill stops at a chunk boundary)."""
         caches = self.extract_cache(uids) if return_prompt_caches else {}
-        self.forget_tails(uids)
+        self.forget_rows(uids)
         rest = []
         for uid in uids:
             self._forget(uid)

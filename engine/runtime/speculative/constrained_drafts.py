@@ -6,7 +6,7 @@ holds every token the row has kept, and not the token in flight (sampled last
 step, fed this one), which the step accepts. Speculation keeps that protocol:
 
 1. Before the verify forward, `allowed` cuts a row's drafts to the prefix the
-   grammar accepts after the token in flight (`Constraint.validate`), leaving
+   grammar accepts after the token in flight (`Matcher.validate`), leaving
    the matcher as it was: drafts the grammar refuses are never fed.
 2. While the forward runs, `walk` advances each constrained row's matcher
    through its token in flight and its drafts, taking the bitmask before each
@@ -21,7 +21,7 @@ step, fed this one), which the step accepts. Speculation keeps that protocol:
 3. After acceptance, `Walk.settle` rolls each matcher back to the tokens its
    row kept: the token drawn after them is in flight, accepted next step.
 
-It knows the Constraint interface and the masked batch's `mask_rows`; nothing
+It knows the Matcher interface and the masked batch's `mask_rows`; nothing
 of caches, draft sources or acceptance.
 """
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from engine.runtime.structured.masked_batch import constraint_of, mask_rows
+from engine.runtime.structured.masked_batch import mask_rows
 
 
 def allowed(constraint, current: int, drafts: list[int]) -> int:
@@ -68,11 +68,11 @@ class Walk:
         return self.ms + (time.perf_counter() - tic) * 1000
 
 
-def walk(logits: mx.array, logprobs: mx.array, processors, current: list[int], drafts: list):
+def walk(logits: mx.array, logprobs: mx.array, rows: list, current: list[int], drafts: list):
     """(log-probabilities with every constrained row's positions masked, the Walk), or
-    (`logprobs`, None) without constrained rows. `logits` and `logprobs` are the verify
-    forward's (rows, fed, V); a row's drafts the grammar refuses are cut in place."""
-    rows = [(r, c) for r, p in enumerate(processors or ()) if (c := constraint_of(p))]
+    (`logprobs`, None) without constrained rows (`rows`: (row, Matcher) pairs, the batch's
+    `matcher_rows()`). `logits` and `logprobs` are the verify forward's (rows, fed, V); a
+    row's drafts the grammar refuses are cut in place."""
     if not rows:
         return logprobs, None
     mx.async_eval(logits)  # the forward runs while the matchers work

@@ -4,7 +4,8 @@
 - `lookup`: prompt-lookup drafts (engine.runtime.speculative.drafts.PromptLookup).
 - `mtp`: the model's MTP head (engine.runtime.speculative.mtp and .mtp_drafts),
   `--num-draft-tokens` chained drafts per step (1 unless set); a model without
-  one is refused, naming the flag.
+  one is refused, naming the flag. Under `auto` the head chains as many
+  (`Speculation.mtp_chain`): K when the flag fixes K, 1 when it is auto.
 - `draft`: a draft model's greedy drafts (engine.runtime.speculative.draft_model.DraftModel,
   from `--draft-model PATH`, loaded once per process).
 - `auto`: every draft source the model supports and that pays here, with each
@@ -55,8 +56,7 @@ def speculation_for(config: EngineConfig, model) -> Speculation | None:
                 f"--speculative mtp: {_model_dir(config)} has no MTP head (no mtp.* or "
                 "model.layers.N.* weights in its safetensors files)"
             )
-        chain = m.num_draft_tokens or 1
-        return Speculation(None, chain, mtp=head, mtp_chain=chain)
+        return Speculation(None, m.num_draft_tokens or 1, mtp=head)
     assert mode in ("lookup", "auto", "draft"), mode
     if mode == "lookup":
         return Speculation(PromptLookup(), m.num_draft_tokens)

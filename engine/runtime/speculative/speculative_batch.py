@@ -48,7 +48,7 @@ from engine.runtime.speculative.drafts import DraftSource
 from engine.runtime.speculative.mtp import lm_logits
 from engine.runtime.speculative.mtp_drafts import MTPDrafts
 from engine.runtime.speculative.state_replay import MixerTaps
-from engine.runtime.structured.masked_batch import LineageGenerationBatch, constraint_of
+from engine.runtime.structured.masked_batch import LineageGenerationBatch
 
 
 @dataclass(frozen=True)
@@ -56,12 +56,16 @@ class Speculation:
     """How the generation batch speculates: its draft source and draft length."""
 
     source: DraftSource | None  # None: the MTP head drafts alone
-    draft_tokens: int | None = None  # None: auto, per sequence
+    num_draft_tokens: int | None = None  # `--num-draft-tokens`: K, or None for auto
     # A rollback replays the recurrent mixers alone where it can (else the whole model).
     mixer_replay: bool = True
     # the model's MTP head (engine.runtime.speculative.mtp): its drafts, `mtp_chain` a step
     mtp: object = None
-    mtp_chain: int = 1
+
+    @property
+    def mtp_chain(self) -> int:
+        """The drafts the MTP head chains a step: `--num-draft-tokens K`, 1 under auto."""
+        return self.num_draft_tokens or 1
 
 
 @dataclass
@@ -159,7 +163,7 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
     def _length(self, uid: int) -> DraftLength:
         length = self.lengths.get(uid)
         if length is None:
-            length = self.lengths[uid] = DraftLength(self.speculation.draft_tokens)
+            length = self.lengths[uid] = DraftLength(self.speculation.num_draft_tokens)
         return length
 
     def _drafts(self):
@@ -167,7 +171,7 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
         source = self.speculation.source
         lengths = [self._length(uid) for uid in self.uids]
         wanted = [length.wanted() for length in lengths]
-        if self.speculation.draft_tokens is None and any(wanted):  # auto: K for speed
+        if self.speculation.num_draft_tokens is None and any(wanted):  # auto: K for speed
             rates = [length.rate if k else None for length, k in zip(lengths, wanted)]
             k = batch_k(rates, self.costs, rollback.replays(self.prompt_cache))
             wanted = [min(w, k) for w in wanted]
@@ -181,7 +185,6 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
         if not any(early):
             return None
         current = self._next_tokens.tolist()
-        processors = self.logits_processors
         drafts = []
         for r, (uid, k) in enumerate(zip(self.uids, wanted)):
             if not early[r]:
@@ -190,7 +193,7 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
             guess = early[r][1:] if early[r][0] == current[r] else None
             if guess is None:
                 guess = source.propose(uid, self.tokens[r] + [current[r]], k)
-            guess = self._held(processors, r, current[r], guess[:k])
+            guess = self._held(r, current[r], guess[:k])
             if not guess:  # its guess missed the token in flight: a failed draft, waited for
                 lengths[r].verified(1, 0)
             drafts.append(guess[:k])
@@ -209,19 +212,18 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
                 found = source.propose(uid, self.tokens[r] + [current[r]], k) if k else []
                 if found:
                     guesses[r] = found
-        processors = self.logits_processors
-        guesses = [self._held(processors, r, current[r], g) for r, g in enumerate(guesses)]
+        guesses = [self._held(r, current[r], g) for r, g in enumerate(guesses)]
         if not any(guesses):
             return None
         return current, guesses
 
-    def _held(self, processors, r: int, current: int, guess: list[int]) -> list[int]:
+    def _held(self, r: int, current: int, guess: list[int]) -> list[int]:
         """Row r's guess cut to what its grammar allows after `current` (all, unconstrained)."""
-        constraint = constraint_of(processors[r]) if guess and processors else None
-        if constraint is None:
+        matcher = self.matchers.get(self.uids[r]) if guess else None
+        if matcher is None:
             return guess
         tic = time.perf_counter()
-        held = constrained_drafts.allowed(constraint, current, guess)
+        held = constrained_drafts.allowed(matcher, current, guess)
         self.stats.matcher_ms += (time.perf_counter() - tic) * 1000
         self.stats.grammar_cut += len(guess) - held
         return guess[:held]
@@ -244,7 +246,7 @@ class SpeculativeGenerationBatch(LineageGenerationBatch):
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         # Constrained rows: their positions masked by their grammars (drafts cut in place).
         logprobs, walk = constrained_drafts.walk(
-            logits, logprobs, self.logits_processors, current, drafts
+            logits, logprobs, self.matcher_rows(), current, drafts
         )
         # A request's own sampler (engine.runtime.sampling) samples; any other row takes
         # the batch's argmax (mlx-lm's default sampler, the engine's greedy).

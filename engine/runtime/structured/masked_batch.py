@@ -1,18 +1,18 @@
 """mlx-lm's GenerationBatch with grammar-constrained rows, each masked on its own.
 
-A constrained sequence carries its `Constraint` (engine.runtime.structured.matcher) in
-its row's `logits_processors` slot: mlx-lm moves that per-row list with the row
-through every split, filter and extend of the prompt and generation batches,
-so the constraint follows its sequence wherever the batch puts it. Nothing
-calls it as a processor: this batch's `_step` reads it.
+A constrained sequence's `Matcher` (engine.runtime.structured.matcher) is kept by
+its uid (`matchers`, one dict the batch generator shares with its batches): mlx-lm
+moves a row's uid with the row through every split, filter and extend of the
+prompt and generation batches, so the matcher follows its sequence wherever the
+batch puts it, and leaves with it when the row leaves the generation batch.
 
 A step with constrained rows:
 1. the forward is dispatched (`mx.async_eval`): the model computes while
 2. the tokens fed this step reach the host (they were sampled last step), each
    constrained row's matcher accepts its token and fills its bitmask;
 3. the constrained rows alone are masked (`mask_rows`: gathered, the bitmasks
-   unpacked in MLX, one `where` and the renormalisation, compiled: at a 150k
-   vocabulary a whole-batch op costs ~2 ms, one row ~0.1 ms) and each is
+   unpacked in MLX, one `where` and the renormalisation, compiled: at a large
+   vocabulary a whole-batch op costs many times one row's) and each is
    sampled with its own sampler; unconstrained rows are sampled as mlx-lm
    does, untouched.
 The row's log-probabilities kept for the next step (and reported as logprobs)
@@ -57,31 +57,35 @@ def mask_row(logits: mx.array, words: np.ndarray) -> mx.array:
     return _held(logits, mx.array(words)[None])
 
 
-def constraint_of(processors):
-    """The Constraint a row's logits_processors slot carries, or None."""
-    return processors[0] if processors else None
-
-
 class LineageGenerationBatch(GenerationBatch):
     """GenerationBatch whose constrained rows are masked per row (module doc)."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, matchers: dict | None = None, **kwargs):
         self._fed = False  # the constructor's step feeds the rows' last prompt tokens
         self.unmasked: dict = {}  # uid -> its prompt end's log-probabilities, unmasked
+        # uid -> its Matcher, for the constrained sequences (the batch generator's, shared)
+        self.matchers: dict = {} if matchers is None else matchers
         super().__init__(*args, **kwargs)
         self._fed = True
+
+    def matcher_rows(self) -> list:
+        """(row, Matcher) of every constrained row, in row order."""
+        return [(e, m) for e, uid in enumerate(self.uids) if (m := self.matchers.get(uid))]
 
     def extend(self, batch):
         super().extend(batch)
         self.unmasked.update(getattr(batch, "unmasked", {}))
 
     def filter(self, keep):
+        left = set(self.uids)
         super().filter(keep)
         kept = set(self.uids)
         self.unmasked = {u: lp for u, lp in self.unmasked.items() if u in kept}
+        for uid in left - kept:  # a sequence leaves the generation batch at its end
+            self.matchers.pop(uid, None)
 
     def _step(self):
-        rows = [(e, c) for e, p in enumerate(self.logits_processors or ()) if (c := p and p[0])]
+        rows = self.matcher_rows()
         if not rows:
             return super()._step()
         self._current_tokens = self._next_tokens
@@ -125,13 +129,13 @@ class LineageGenerationBatch(GenerationBatch):
         return inputs, self._current_logprobs
 
 
-def sample_first(logits: mx.array, sampler, constraint) -> tuple[int, mx.array]:
+def sample_first(logits: mx.array, sampler, matcher) -> tuple[int, mx.array]:
     """A resend's first token, sampled at admission from the kept log-probabilities (V,),
     held to its grammar like every later token; and the row it was sampled from."""
     row = logits[None]
-    if constraint is not None:
-        row = mask_row(row, constraint.mask())
+    if matcher is not None:
+        row = mask_row(row, matcher.mask())
     first = int(sampler(row)[0].item())
-    if constraint is not None:
-        constraint.accept(first)
+    if matcher is not None:
+        matcher.accept(first)
     return first, row

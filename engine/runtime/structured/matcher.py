@@ -1,6 +1,6 @@
 """One sequence's grammar matcher, and the compiled grammars of a model, cached.
 
-`Constraint` is the interface the loop (and speculative decoding) uses, one
+`Matcher` is the interface the loop (and speculative decoding) uses, one
 per constrained sequence: `mask()` is the bitmask of the tokens allowed next
 (numpy int32 words, bit t of word t // 32; None when nothing is held),
 `accept(token)` advances, `rollback(n)` takes back the last n tokens,
@@ -40,7 +40,7 @@ def words_of(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
 
 
-class Constraint:
+class Matcher:
     """One sequence's matcher (module doc)."""
 
     def __init__(self, matcher, stop_ids: frozenset, vocab_size: int, kind: str = ""):
@@ -136,7 +136,7 @@ class Grammars:
             self._tokenizer = llguidance_tokenizer(self.hf, self.vocab_size)
         return self._tokenizer
 
-    def constraint(self, grammar: Grammar, stop_ids=()) -> Constraint:
+    def matcher(self, grammar: Grammar, stop_ids=()) -> Matcher:
         """A fresh matcher for `grammar` at its start. Raises ValueError when it does not
         compile (the front end checked it: a grammar refused here is a bug)."""
         from llguidance import LLMatcher
@@ -155,4 +155,4 @@ class Grammars:
             self.hits += 1
             self.pristine.move_to_end(key)
         stops = self.stop_ids | frozenset(stop_ids)
-        return Constraint(pristine.deep_copy(), stops, self.vocab_size, grammar.kind)
+        return Matcher(pristine.deep_copy(), stops, self.vocab_size, grammar.kind)

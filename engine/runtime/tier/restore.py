@@ -9,7 +9,7 @@ of the pending requests. So does a point whose entry holds other tokens than
 the request's first `length` (`RamTier.matches`: an id that came to mean
 another prompt is a cache miss, never its rows). Found gone again, it prefills cold. Both are logged
 and counted, and the request's final event names the lost point
-(`lost_point`).
+(`take_lost_point`).
 
 It knows the RAM tier and the order ledger; it knows nothing of the batch.
 """
@@ -109,8 +109,8 @@ class Restorer:
         """Take out a request waiting for its new plan (cancelled); None if it is not."""
         return self.replanning.pop(request_id, None)
 
-    def lost_point(self, request_id: str) -> str:
-        """ "entry@length" of the request's restore point found gone ("" if none); forgotten."""
+    def take_lost_point(self, request_id: str) -> str:
+        """Take (and forget) "entry@length", the request's restore point found gone ("" if none)."""
         return self.lost.pop(request_id, "")
 
     def clear(self) -> None:

@@ -25,7 +25,7 @@ from engine.runtime.batching.prefill_policy import (
     PrefillScheduler,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def cand(

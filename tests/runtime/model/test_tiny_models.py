@@ -23,7 +23,7 @@ from transformers.utils.chat_template_utils import render_jinja_template
 
 from engine.runtime.model import tiny_models as tm
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PROMPT = mx.array([[(7 + 37 * i) % 4000 for i in range(96)]])
 
 # arch -> the cache class of each layer, in order (what make_cache returns).

@@ -52,7 +52,7 @@ def test_mtp_greedy_is_plain_decoding(trained, batch, chain):
     prompts = _prompts(tokenizer, batch)
     late = tuple(range(batch // 2, batch)) if batch > 1 else ()
     plain, _ = _run(_chunked(model), prompts, late)
-    gen = _chunked(model, Speculation(None, chain, mtp=head, mtp_chain=chain))
+    gen = _chunked(model, Speculation(None, chain, mtp=head))
     batch_ = gen._generation_batch
     spoken, _ = _run(gen, prompts, late)
     assert spoken == plain
@@ -87,7 +87,7 @@ def test_head_cache_holds_the_kept_pairs_only(request, arch):
         head = load_mtp(model_dir, model)
         rng = np.random.default_rng(7)
         prompts = [rng.integers(3, 4000, size=n).tolist() for n in (20, 31, 26)]
-    gen = _chunked(model, Speculation(None, 2, mtp=head, mtp_chain=2), max_tokens=200)
+    gen = _chunked(model, Speculation(None, 2, mtp=head), max_tokens=200)
     uids = gen.insert_segments([[p] for p in prompts])
     batch = gen._generation_batch
     for _ in range(40):  # until every row decoded a while, and some draft was rejected
@@ -182,7 +182,7 @@ def test_glm_dsa_nextn_head_loads_and_drafts_exactly(glm_dsa, batch):
     prompts = [rng.integers(3, 4000, size=int(rng.integers(12, 40))).tolist() for _ in range(batch)]
     late = tuple(range(batch // 2, batch)) if batch > 1 else ()
     plain, _ = _run(_chunked(model), prompts, late)
-    gen = _chunked(model, Speculation(None, 2, mtp=head, mtp_chain=2))
+    gen = _chunked(model, Speculation(None, 2, mtp=head))
     stats = gen._generation_batch.stats
     assert _run(gen, prompts, late)[0] == plain
     assert stats.verify_steps > 0 and stats.accepted_none > 0
@@ -280,7 +280,7 @@ def test_mtp_under_a_grammar_is_masked_plain_decoding(trained, chunked):
     prompts = _prompts(tokenizer, len(kinds))
     check = _same_state(grammars)
     plain = _run(_generator(model, None, chunked), grammars, prompts, kinds, check=check)
-    gen = _generator(model, Speculation(None, 2, mtp=head, mtp_chain=2), chunked)
+    gen = _generator(model, Speculation(None, 2, mtp=head), chunked)
     stats = gen._generation_batch.stats
     assert _run(gen, grammars, prompts, kinds, check=check) == plain
     assert stats.verify_steps > 0 and stats.matcher_ms > 0 and stats.head_ms > 0

@@ -90,11 +90,11 @@ def _generator(model, speculation, chunked: bool, max_tokens=MAX_TOKENS):
 def _run(gen, grammars, prompts, kinds, samplers=None, check=None):
     """Each prompt to its end, row i held to `kinds[i]`'s grammar (None: free); after every
     step `check(constraint, emitted, kind)` for each unfinished constrained row."""
-    constraints = [grammars.constraint(_grammars()[k]) if k else None for k in kinds]
+    constraints = [grammars.matcher(_grammars()[k]) if k else None for k in kinds]
     uids = gen.insert_segments(
         [[p] for p in prompts],
         samplers=samplers,
-        logits_processors=[[c] if c else [] for c in constraints],
+        matchers=constraints,
     )
     out = {u: [] for u in uids}
     done: set = set()
@@ -119,7 +119,7 @@ def _oracle(replies: list, prompts: list, kinds: list, grammars, refused: int):
     def other(kind, before, token):
         if kind is None:
             return token + 1
-        fresh = grammars.constraint(_grammars()[kind])
+        fresh = grammars.matcher(_grammars()[kind])
         for t in before:
             fresh.accept(t)
         bits = fresh.mask()
@@ -169,7 +169,7 @@ def _same_state(grammars):
     """A check: the matcher equals a fresh one fed the row's emitted tokens."""
 
     def check(constraint, emitted, kind):
-        fresh = grammars.constraint(_grammars()[kind])
+        fresh = grammars.matcher(_grammars()[kind])
         for t in emitted:
             assert fresh.accept(t), (kind, emitted)
         assert constraint.consumed == fresh.consumed and constraint.done == fresh.done
@@ -255,10 +255,8 @@ def _first_letters(parts, speculation, seeds, outcomes=None):
             make_sampler(SamplingParams(max_tokens=4, temperature=1.0, seed=s), 4096) for s in chunk
         ]
         gen = _generator(model, speculation, False, max_tokens=4)
-        constraints = [grammars.constraint(grammar) for _ in chunk]
-        uids = gen.insert_segments(
-            [[prompt]] * len(chunk), samplers=samplers, logits_processors=[[c] for c in constraints]
-        )
+        constraints = [grammars.matcher(grammar) for _ in chunk]
+        uids = gen.insert_segments([[prompt]] * len(chunk), samplers=samplers, matchers=constraints)
         got = {u: [] for u in uids}
         finished: set = set()
         while len(finished) < len(uids):

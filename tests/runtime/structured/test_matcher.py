@@ -5,7 +5,7 @@ manager. At temperature 1 the random weights write garbage, so an output that
 validates is the constraint's doing: every output of a hypothesis-generated
 schema (within the supported subset) must validate with `jsonschema`. At
 temperature 0 a grammar that allows the model's own greedy choice changes
-nothing. The grammar's checks (paths of refused keywords) and the Constraint
+nothing. The grammar's checks (paths of refused keywords) and the Matcher
 interface (mask, accept, rollback, validate) are tested on the real tokenizer.
 """
 
@@ -67,7 +67,7 @@ def run(tiny_loop, tokens, grammar=None, temperature=1.0, seed=0, max_tokens=300
     rid = f"c{next(_ids)}"
     plan = tiny_loop.manager.plan(PlanRequest(rid, np.asarray(tokens, np.int32)))
     sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
-    req = GenerationRequest(rid, "", tuple(tokens), plan, sampling, time.time(), constraint=grammar)
+    req = GenerationRequest(rid, "", tuple(tokens), plan, sampling, time.time(), grammar=grammar)
     events: queue.SimpleQueue = queue.SimpleQueue()
     tiny_loop.call(lambda g: g.submit(req, events.put))
     ids = []
@@ -260,7 +260,7 @@ def test_the_constraint_interface(tiny_loaded):
 
     grammars = Grammars(tokenizer, info.vocab_size, {2})
     schema = {"type": "object", "properties": {"k": {"enum": ["v"]}}, "required": ["k"]}
-    c = grammars.constraint(schema_grammar(schema, strict=True))
+    c = grammars.matcher(schema_grammar(schema, strict=True))
     doc = tokenizer.encode('{"k": "v"}')
 
     def allowed(t):
@@ -277,7 +277,7 @@ def test_the_constraint_interface(tiny_loaded):
     for t in doc[-2:]:
         assert c.accept(t)
     assert c.accept(2) and c.done and c.mask() is None and c.stopped()
-    again = grammars.constraint(schema_grammar(schema, strict=True))
+    again = grammars.matcher(schema_grammar(schema, strict=True))
     assert grammars.compiled == 1 and grammars.hits == 1 and not again.accepting()
     assert not again.accept(2)  # the end before the grammar is complete: refused
 
@@ -294,7 +294,7 @@ def test_the_lazy_grammar_lets_text_run_and_holds_an_opened_call(tiny_loaded):
     text = "Let me look that up.\n"
 
     def walk(grammar, doc) -> bool:
-        c = grammars.constraint(grammar)
+        c = grammars.matcher(grammar)
         return all(c.accept(t) for t in tokenizer.encode(doc)) and c.accept(2)
 
     auto = tool_grammar([WEATHER], "auto", output_format="qwen")
@@ -304,7 +304,7 @@ def test_the_lazy_grammar_lets_text_run_and_holds_an_opened_call(tiny_loaded):
     assert not walk(auto, text + bad)
     assert walk(single, text + call) and not walk(single, text + call + "\n" + call)
     assert walk(none, text) and not walk(none, text + call)
-    c = grammars.constraint(auto)
+    c = grammars.matcher(auto)
     for t in tokenizer.encode(text + "<tool_call>\n"):
         assert c.accept(t)
     opened = c.mask().view(np.uint32)

@@ -61,7 +61,7 @@ def test_the_markers_are_read_from_the_vocabulary(markup):
 
 
 def _walk(grammars, tokenizer, grammar, doc) -> bool:
-    c = grammars.constraint(grammar)
+    c = grammars.matcher(grammar)
     return all(c.accept(t) for t in tokenizer.encode(doc, add_special_tokens=False)) and c.accept(
         STOP
     )

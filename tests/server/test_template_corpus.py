@@ -163,7 +163,7 @@ def anthropic_body(messages, tools) -> dict:
                 "content": m["content"],
             }
             wire.append({"role": "user", "content": [result]})
-    body = {"model": "m", "messages": wire, "max_tokens": 4}
+    body = {"model": "lineage", "messages": wire, "max_tokens": 4}
     if system:
         body["system"] = "\n\n".join(system)
     if tools:
@@ -208,7 +208,7 @@ def responses_body(messages, tools, as_string: bool = False) -> dict:
                     "output": m["content"],
                 }
             )
-    body = {"model": "m", "input": items, "max_output_tokens": 4, "store": False}
+    body = {"model": "lineage", "input": items, "max_output_tokens": 4, "store": False}
     if tools:
         body["tools"] = [{"type": "function", **t["function"]} for t in tools]
     return body

@@ -1,0 +1,383 @@
+"""The template corpus (tests/templates) served through the bridge's three wire formats.
+
+For each template of the corpus the random-weight engine's front end is given a prompt
+builder whose tokenizer carries that template (the model directory of
+`template_model_dir`), and every case goes through chat completions, Anthropic Messages
+and Responses on the in-process bridge: tools with a system message and without, no
+tools, an earlier assistant turn's tool call (its arguments as an object and as a JSON
+string) and its result, reasoning on an earlier assistant turn, two user turns in a row,
+and an image part.
+
+What each answer must be comes from the template alone: the conversation as the engine
+hands it to the template (its arguments parsed, its reasoning as the wire carries it) is
+rendered here with the tokenizer's own `apply_chat_template`. If that render raises, the
+request is refused with 400 and the template's own message; if it renders, the request
+is answered 200. A render the engine makes for its own analysis (the layout's prefixes,
+the anchor's head, the output format's probe) is not the client's: it may never refuse
+or fail a request. An image part is refused with 400 by the bridge, naming it.
+
+The Qwen-family templates run twice: with `<tool_call>`/`</tool_call>` as added tokens
+(the session's `random_engine`) and as plain text (an engine of its own), as in the
+tokenizers of Hermes-style fine-tunes. One test per template and tokenizer sends every
+case and lists every case that went wrong.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+
+import httpx
+import pytest
+
+from clients.openai.responses_input import with_reasoning
+from engine.server.background import BackgroundEngine
+from tests.clients.test_bridge import BridgeThread
+from tests.engines import make_config
+from tests.templates import FAMILIES, QWEN_TEMPLATES, template_model_dir
+
+SYSTEM = "You are terse."
+ASK = "Read the notes file, then say what it holds."
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file of the repository",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+            },
+        },
+    }
+]
+CALL_ID = "call0notes1"  # 11 characters: Mistral refuses an id shorter than 9
+ARGS = {"path": "notes.txt"}
+CALL_TURN = {
+    "role": "assistant",
+    "content": "Let me look.",
+    "tool_calls": [
+        {"id": CALL_ID, "type": "function", "function": {"name": "read_file", "arguments": ARGS}}
+    ],
+}
+RESULT = {"role": "tool", "tool_call_id": CALL_ID, "content": "milk, eggs"}
+REASONED = {"role": "assistant", "content": "Hello.", "reasoning_content": "They greet me."}
+
+# name -> (messages as the engine hands them to the template, tools, the wires that carry it)
+WIRES = ("chat", "anthropic", "responses")
+CASES = {
+    "tools, a system message": (
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": ASK}],
+        TOOLS,
+        WIRES,
+    ),
+    "tools, no system message": ([{"role": "user", "content": ASK}], TOOLS, WIRES),
+    "no tools, a system message": (
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": ASK}],
+        None,
+        WIRES,
+    ),
+    "no tools, no system message": ([{"role": "user", "content": ASK}], None, WIRES),
+    "a tool call (arguments an object) and its result": (
+        [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": ASK},
+            CALL_TURN,
+            RESULT,
+        ],
+        TOOLS,
+        WIRES,
+    ),
+    # Anthropic's tool_use input is always an object: no string form to send.
+    "a tool call (arguments a JSON string) and its result": (
+        [{"role": "user", "content": ASK}, CALL_TURN, RESULT],
+        TOOLS,
+        ("chat", "responses"),
+    ),
+    "reasoning on an earlier assistant turn": (
+        [
+            {"role": "user", "content": "Hi."},
+            REASONED,
+            {"role": "user", "content": ASK},
+        ],
+        TOOLS,
+        WIRES,
+    ),
+    "two user turns in a row": (
+        [{"role": "user", "content": "Hi."}, {"role": "user", "content": ASK}],
+        None,
+        WIRES,
+    ),
+}
+IMAGE = "an image part"
+STRING_ARGS = "a tool call (arguments a JSON string) and its result"
+PNG = (  # one pixel
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
+
+
+def _arguments(call: dict, as_string: bool):
+    args = call["function"]["arguments"]
+    return json.dumps(args) if as_string else args
+
+
+def chat_body(messages, tools, as_string: bool = False) -> dict:
+    wire = []
+    for m in messages:
+        m = copy.deepcopy(m)
+        for call in m.get("tool_calls", ()):
+            call["function"]["arguments"] = _arguments(call, as_string)
+        wire.append(m)
+    return {"messages": wire, **({"tools": tools} if tools else {}), "max_tokens": 4}
+
+
+def anthropic_body(messages, tools) -> dict:
+    system = [m["content"] for m in messages if m["role"] == "system"]
+    wire = []
+    for m in messages:
+        if m["role"] == "user":
+            wire.append({"role": "user", "content": m["content"]})
+        elif m["role"] == "assistant":
+            blocks = []
+            if m.get("reasoning_content"):
+                blocks.append({"type": "thinking", "thinking": m["reasoning_content"]})
+            if m.get("content"):
+                blocks.append({"type": "text", "text": m["content"]})
+            for call in m.get("tool_calls", ()):
+                fn = call["function"]
+                blocks.append(
+                    {
+                        "type": "tool_use",
+                        "id": call["id"],
+                        "name": fn["name"],
+                        "input": fn["arguments"],
+                    }
+                )
+            wire.append({"role": "assistant", "content": blocks})
+        elif m["role"] == "tool":
+            result = {
+                "type": "tool_result",
+                "tool_use_id": m["tool_call_id"],
+                "content": m["content"],
+            }
+            wire.append({"role": "user", "content": [result]})
+    body = {"model": "lineage", "messages": wire, "max_tokens": 4}
+    if system:
+        body["system"] = "\n\n".join(system)
+    if tools:
+        body["tools"] = [
+            {
+                "name": t["function"]["name"],
+                "description": t["function"]["description"],
+                "input_schema": t["function"]["parameters"],
+            }
+            for t in tools
+        ]
+    return body
+
+
+def responses_body(messages, tools, as_string: bool = False) -> dict:
+    items = []
+    for m in messages:
+        if m["role"] in ("system", "user"):
+            items.append({"type": "message", "role": m["role"], "content": m["content"]})
+        elif m["role"] == "assistant":
+            if m.get("reasoning_content"):
+                text = [{"type": "summary_text", "text": m["reasoning_content"]}]
+                items.append({"type": "reasoning", "summary": text})
+            if m.get("content"):
+                content = [{"type": "output_text", "text": m["content"]}]
+                items.append({"type": "message", "role": "assistant", "content": content})
+            for call in m.get("tool_calls", ()):
+                fn = call["function"]
+                items.append(
+                    {
+                        "type": "function_call",
+                        "call_id": call["id"],
+                        "name": fn["name"],
+                        "arguments": _arguments(call, as_string),
+                    }
+                )
+        elif m["role"] == "tool":
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": m["tool_call_id"],
+                    "output": m["content"],
+                }
+            )
+    body = {"model": "lineage", "input": items, "max_output_tokens": 4, "store": False}
+    if tools:
+        body["tools"] = [{"type": "function", **t["function"]} for t in tools]
+    return body
+
+
+def image_body(wire: str) -> dict:
+    """A user turn with an image part, in `wire`'s own shape."""
+    if wire == "chat":
+        url = {"url": f"data:image/png;base64,{PNG}"}
+        parts = [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": url}]
+        return chat_body([{"role": "user", "content": parts}], None)
+    if wire == "anthropic":
+        source = {"type": "base64", "media_type": "image/png", "data": PNG}
+        blocks = [{"type": "text", "text": "What is this?"}, {"type": "image", "source": source}]
+        return anthropic_body([{"role": "user", "content": blocks}], None)
+    parts = [
+        {"type": "input_text", "text": "What is this?"},
+        {"type": "input_image", "image_url": f"data:image/png;base64,{PNG}"},
+    ]
+    return responses_body([{"role": "user", "content": parts}], None)
+
+
+def engine_messages(messages, wire: str) -> list[dict]:
+    """The messages as the engine hands them to the template from `wire`: Anthropic and
+    Responses carry an earlier turn's reasoning as the model's own <think> block."""
+    if wire == "chat":
+        return copy.deepcopy(messages)
+    out = []
+    for m in messages:
+        m = copy.deepcopy(m)
+        reasoning = m.pop("reasoning_content", "")
+        out.append(with_reasoning(m, reasoning) if reasoning else m)
+    return out
+
+
+PATHS = {"chat": "/v1/chat/completions", "anthropic": "/v1/messages", "responses": "/v1/responses"}
+
+
+def requests_of(case: str, wire: str):
+    """(body, messages as the engine hands them to the template, tools) of one case on
+    one wire."""
+    messages, tools, _ = CASES[case]
+    if wire == "chat":
+        body = chat_body(messages, tools, as_string=case == STRING_ARGS)
+    elif wire == "anthropic":
+        body = anthropic_body(messages, tools)
+    else:
+        body = responses_body(messages, tools, as_string=case == STRING_ARGS)
+    return body, engine_messages(messages, wire), tools
+
+
+def own_render_error(tokenizer, messages, tools) -> str | None:
+    """The template's message where it refuses the client's conversation itself."""
+    kwargs = {"tools": tools} if tools else {}
+    try:
+        tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **kwargs
+        )
+    except Exception as e:
+        return str(e)
+    return None
+
+
+def error_message(reply: httpx.Response) -> str:
+    try:
+        return str(reply.json()["error"]["message"])
+    except Exception:
+        return reply.text[:300]
+
+
+def verdicts(url: str, builder, namespace: str) -> list[str]:
+    """Every case on every wire; a line for each answer that is not what the template says."""
+    wrong = []
+    headers = {"x-cache-namespace": namespace, "x-api-key": "unused"}
+    with httpx.Client(base_url=url, timeout=120, headers=headers) as http:
+        for case, (_, _, wires) in CASES.items():
+            for wire in wires:
+                body, messages, tools = requests_of(case, wire)
+                reply = http.post(PATHS[wire], json=body)
+                refusal = own_render_error(builder.tokenizer, messages, tools)
+                got = (
+                    f"{reply.status_code} {error_message(reply)!r}"
+                    if reply.status_code != 200
+                    else "200"
+                )
+                if refusal is None and reply.status_code != 200:
+                    wrong.append(f"{wire} | {case}: want 200, got {got}")
+                elif refusal is not None and not (
+                    reply.status_code == 400 and refusal in error_message(reply)
+                ):
+                    wrong.append(f"{wire} | {case}: want 400 {refusal!r}, got {got}")
+        for wire in WIRES:
+            reply = http.post(PATHS[wire], json=image_body(wire))
+            message = error_message(reply)
+            if reply.status_code != 400 or "image" not in message:
+                wrong.append(
+                    f"{wire} | {IMAGE}: want 400 naming the image, got "
+                    f"{reply.status_code} {message!r}"
+                )
+    return wrong
+
+
+@contextlib.contextmanager
+def serving_template(engine: BackgroundEngine, model_dir):
+    """The engine's front end renders with the tokenizer (template included) of
+    `model_dir`, built as `lineage serve` builds it; the engine's own afterwards."""
+    from mlx_lm.utils import load_tokenizer
+
+    from engine.server.prompt import PromptBuilder
+
+    frontend = engine.engine.frontend
+    config = engine.config
+    own = frontend.builder
+    frontend.builder = PromptBuilder(
+        load_tokenizer(model_dir),
+        frontend.info.vocab_size,
+        frontend.info.max_context,
+        config.cache.anchor_slack,
+        limits=config.limits,
+        prompt=config.prompt,
+    )
+    try:
+        yield frontend.builder
+    finally:
+        frontend.builder = own
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("template-corpus")
+
+
+@pytest.fixture(scope="module")
+def special_bridge(random_engine):
+    b = BridgeThread(random_engine, in_process=True)
+    yield b
+    b.stop()
+
+
+@pytest.fixture(scope="module")
+def plain_engine(ray_session, corpus_dir, random_model_dir):
+    """An engine whose tokenizer holds `<tool_call>`/`</tool_call>` as plain text."""
+    model = template_model_dir(
+        corpus_dir, "qwen3", special_tool_tokens=False, weights=random_model_dir
+    )
+    e = BackgroundEngine(make_config(corpus_dir / "plain-cache", model=model))
+    b = BridgeThread(e, in_process=True)
+    yield e, b
+    b.stop()
+    e.stop()
+
+
+@pytest.mark.parametrize("template", sorted(FAMILIES))
+def test_every_case_is_answered_or_refused_by_the_template_itself(
+    template, random_engine, special_bridge, corpus_dir, random_model_dir
+):
+    model = template_model_dir(corpus_dir, template, True, weights=random_model_dir)
+    with serving_template(random_engine, model) as builder:
+        wrong = verdicts(special_bridge.url, builder, f"corpus-{template}")
+    assert not wrong, f"{template} ({FAMILIES[template][0]}):\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("template", QWEN_TEMPLATES)
+def test_tool_markup_as_plain_text_is_answered_too(
+    template, plain_engine, corpus_dir, random_model_dir
+):
+    engine, bridge = plain_engine
+    model = template_model_dir(corpus_dir, template, False, weights=random_model_dir)
+    with serving_template(engine, model) as builder:
+        assert "<tool_call>" not in builder.tokenizer.get_vocab()
+        wrong = verdicts(bridge.url, builder, f"corpus-plain-{template}")
+    assert not wrong, f"{template}, <tool_call> as text:\n" + "\n".join(wrong)

@@ -31,9 +31,9 @@ import json
 import httpx
 import pytest
 
-from clients.openai.responses_input import with_reasoning
+from clients.bridge.responses_input import with_reasoning
 from engine.server.background import BackgroundEngine
-from tests.clients.test_bridge import BridgeThread
+from tests.clients.bridge.test_bridge import BridgeThread
 from tests.engines import make_config
 from tests.templates import FAMILIES, QWEN_TEMPLATES, template_model_dir
 

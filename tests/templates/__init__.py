@@ -8,7 +8,7 @@ rendered, how a past tool call is written (its arguments as a mapping, a string,
 either), how tool results and reasoning are shown. Its leading comment says which.
 
 `FAMILIES` names the family each stands for and the markup its tokenizer holds as
-added tokens: the tokenizer of these tests (engine/runtime/assets/tokenizer) holds only
+added tokens: the tokenizer of these tests (engine/runtime/model/assets/tokenizer) holds only
 `<|endoftext|>`, `<|im_start|>`, `<|im_end|>` (special) and `<tool_call>`,
 `</tool_call>`, `<think>`, `</think>` (added), so every other family's markup is plain
 text here. `template_model_dir` writes a model directory of random weights whose
@@ -96,7 +96,7 @@ def template_model_dir(tmp, template_name: str, special_tool_tokens: bool = True
     `<tool_call>` and `</tool_call>` are not added tokens (their ids stay unused), so the
     tool markup is plain text to the tokenizer. `weights`: a model directory whose
     config.json and weights to copy (default: written once under `tmp`)."""
-    from engine.runtime.tiny_models import TOKENIZER_DIR, TOKENIZER_FILES, write_model_dir
+    from engine.runtime.model.tiny_models import TOKENIZER_DIR, TOKENIZER_FILES, write_model_dir
 
     tmp = Path(tmp)
     if weights is None:

@@ -33,6 +33,7 @@ import pytest
 
 from clients.bridge.responses_input import with_reasoning
 from engine.server.background import BackgroundEngine
+from engine.server.renders import with_text_arguments
 from tests.clients.bridge.test_bridge import BridgeThread
 from tests.engines import make_config
 from tests.templates import FAMILIES, QWEN_TEMPLATES, template_model_dir
@@ -261,15 +262,22 @@ def requests_of(case: str, wire: str):
 
 
 def own_render_error(tokenizer, messages, tools) -> str | None:
-    """The template's message where it refuses the client's conversation itself."""
+    """The template's message where it refuses the client's conversation itself: with a
+    past call's arguments as a mapping, and (the engine's second try, for templates that
+    concatenate them) as their JSON text."""
     kwargs = {"tools": tools} if tools else {}
-    try:
-        tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, **kwargs
-        )
-    except Exception as e:
-        return str(e)
-    return None
+    error = None
+    for attempt in (messages, with_text_arguments(messages)):
+        if attempt is None:
+            continue
+        try:
+            tokenizer.apply_chat_template(
+                attempt, tokenize=False, add_generation_prompt=True, **kwargs
+            )
+            return None
+        except Exception as e:
+            error = error or str(e)
+    return error
 
 
 def error_message(reply: httpx.Response) -> str:

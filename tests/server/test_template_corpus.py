@@ -389,3 +389,36 @@ def test_tool_markup_as_plain_text_is_answered_too(
         assert "<tool_call>" not in builder.tokenizer.get_vocab()
         wrong = verdicts(bridge.url, builder, f"corpus-plain-{template}")
     assert not wrong, f"{template}, <tool_call> as text:\n" + "\n".join(wrong)
+
+
+def _chat(http, engine, messages) -> tuple[dict, object]:
+    """(the reply, the engine's record of it) of one chat request in namespace `warm`."""
+    body = {**chat_body(messages, TOOLS), "max_tokens": 8, "temperature": 0}
+    reply = http.post(PATHS["chat"], json=body, headers={"x-cache-namespace": "warm"})
+    assert reply.status_code == 200, error_message(reply)
+    return reply.json(), engine.engine.frontend.activity.records[-1]
+
+
+def test_a_warm_turn_restores_on_a_template_that_refuses_the_engines_own_renders(
+    plain_engine, corpus_dir, random_model_dir
+):
+    """Qwen3-Next's template refuses the engine's head render (no user turn) and its
+    empty render (messages[0] under tools), and the tokenizer spells <tool_call> as text:
+    a sub-agent on the same system prompt and tools restores the anchor the placeholder
+    fallback found, and a second turn restores the first turn's prompt."""
+    engine, bridge = plain_engine
+    model = template_model_dir(corpus_dir, "qwen3_next", False, weights=random_model_dir)
+    system = {"role": "system", "content": SYSTEM + " " + "Keep answers short. " * 40}
+    with serving_template(engine, model) as builder:
+        with httpx.Client(base_url=bridge.url, timeout=120) as http:
+            first = [system, {"role": "user", "content": ASK}]
+            reply, one = _chat(http, engine, first)
+            said = {"role": "assistant", "content": reply["choices"][0]["message"]["content"]}
+            _, two = _chat(http, engine, [*first, said, {"role": "user", "content": "Go on."}])
+            _, three = _chat(http, engine, [system, {"role": "user", "content": "Another."}])
+        assert builder.renders.failures["anchor"] == 0  # the fallback found it
+    assert one.restore_kind == "none"
+    # Qwen3-Next's template writes a past reply differently from the model's own tokens (its
+    # empty reasoning block), so turn two restores at the first prompt's end or its guard.
+    assert two.restore_kind != "none" and two.cached_tokens >= one.prompt_tokens - 16 - 64
+    assert three.restore_kind == "anchor" and three.cached_tokens > 0

@@ -46,8 +46,8 @@ from scripts import chunked_delta, host_ops, tiny_corpus, tiny_eval
 
 ROOT = Path(__file__).resolve().parent.parent
 QK_TEMPERATURE = 3.0
-OUT = ROOT / "engine" / "runtime" / "assets" / "model"
-DRAFT_OUT = ROOT / "engine" / "runtime" / "assets" / "draft"
+OUT = ROOT / "engine" / "runtime" / "model" / "assets" / "model"
+DRAFT_OUT = ROOT / "engine" / "runtime" / "model" / "assets" / "draft"
 
 
 @dataclass(frozen=True)

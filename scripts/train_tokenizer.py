@@ -200,7 +200,7 @@ def main() -> None:
     root = Path(__file__).resolve().parent.parent
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--out", type=Path, default=root / "engine" / "runtime" / "assets" / "tokenizer"
+        "--out", type=Path, default=root / "engine" / "runtime" / "model" / "assets" / "tokenizer"
     )
     args = parser.parse_args()
     write(train(corpus_paths()), args.out)

@@ -27,11 +27,12 @@ import dataclasses
 import logging
 import time
 import uuid
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from engine.actors.cache_manager import NotSynchronised
+from engine.actors.handles import Handle, ManagerCalls, ModelCalls
 from engine.cache.messages import PlanRequest, Release
 from engine.config import EngineConfig
 from engine.runtime.branches import branch_key
@@ -63,8 +64,8 @@ class _NoReplica(Exception):
 class Frontend:
     def __init__(
         self,
-        models,
-        manager,
+        models: Sequence[Handle[ModelCalls]],
+        manager: Handle[ManagerCalls],
         builder: PromptBuilder,
         info,
         config: EngineConfig,
@@ -73,8 +74,8 @@ class Frontend:
         namespaces: NamespaceTags | None = None,
         metrics=None,
     ):
-        self.models = list(models)  # ModelActor handles, by replica number
-        self.manager = manager  # CacheManagerActor handle
+        self.models = list(models)  # by replica number (engine.actors.handles: what is called)
+        self.manager = manager
         self.builder = builder
         self.info = info  # ModelInfo
         self.cache_mode = config.cache.mode

@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Sequence
 
 import ray
 from ray.exceptions import ActorDiedError, RayActorError
 
+from engine.actors.handles import Handle, ManagerCalls, ModelCalls
 from engine.config import EngineConfig
 
 log = logging.getLogger("lineage.supervisor")
@@ -48,8 +49,8 @@ class Supervisor:
 
     def __init__(
         self,
-        models: list,
-        manager,
+        models: Sequence[Handle[ModelCalls]],
+        manager: Handle[ManagerCalls],
         config: EngineConfig,
         set_health: Callable[[bool], Awaitable[None]],
         every: float = 1.0,

@@ -103,7 +103,9 @@ class HeldFrontend(SimpleNamespace):
     """Stands for the engine: each Generate waits until `release` is set."""
 
     def __init__(self):
-        super().__init__(info=None, cache_mode="lineage", limits=Limits())
+        super().__init__(
+            info=SimpleNamespace(vocab_size=1000), cache_mode="lineage", limits=Limits()
+        )
         self.release = threading.Event()
         self.closing = asyncio.Event()
 

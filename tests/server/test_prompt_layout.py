@@ -16,9 +16,8 @@ from engine.server.output_format import family_of, output_format
 from engine.server.prompt import PromptBuilder, PromptInput
 from engine.server.volatile import VolatileLines
 
-ASSETS = (
-    Path(__file__).resolve().parents[2] / "engine" / "runtime" / "model" / "assets" / "tokenizer"
-)
+ROOT = Path(__file__).resolve().parents[2]
+ASSETS = ROOT / "engine" / "runtime" / "model" / "assets" / "tokenizer"
 
 
 @pytest.fixture(scope="module")

@@ -133,7 +133,7 @@ def test_build_is_deterministic_and_seeded():
 def test_build_is_deterministic_across_processes():
     code = (
         "import hashlib\n"
-        "from engine.runtime import tiny_models as tm\n"
+        "from engine.runtime.model import tiny_models as tm\n"
         "digest = hashlib.sha256()\n"
         "for name, value in sorted(tm.model_weights(tm.build_model('qwen3_next')).items()):\n"
         "    digest.update(name.encode())\n"

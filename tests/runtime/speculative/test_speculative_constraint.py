@@ -39,10 +39,9 @@ from engine.runtime.speculative.drafts import PromptLookup, ScriptedDrafts
 from engine.runtime.speculative.speculative_batch import Speculation
 from engine.runtime.structured.grammar import lark_grammar, schema_grammar, tool_grammar
 from engine.runtime.structured.matcher import Grammars
-
-from .conftest import start_loop
-from .test_branches import branches, submit
-from .test_constraint import SEARCH, WEATHER
+from tests.runtime.conftest import start_loop
+from tests.runtime.structured.test_matcher import SEARCH, WEATHER
+from tests.runtime.test_branches import branches, submit
 
 END = 2  # <|im_end|>: the batches' stop token and the grammars' end
 MAX_TOKENS = 96

@@ -61,6 +61,7 @@ from engine.runtime.events import Finished, FinishReason, Progress
 from engine.runtime.logprobs import tokens_event
 from engine.runtime.ordering import CacheLink, OrderLedger
 from engine.runtime.output import Copied, Stamps, final_event, unstarted_event
+from engine.runtime.packed_state import pack_snapshot
 from engine.runtime.requests import GenerationRequest
 from engine.runtime.sampling import make_sampler
 from engine.runtime.structured.masked_batch import sample_first
@@ -434,6 +435,7 @@ class Generator:
         once per distinct system prompt.
         """
         layers, state = layer_caches.store_entry(extracted)
+        state = pack_snapshot(state, self.config.cache.stored_precision)
         key = _staging_key(act.req.request_id, point.entry_id)
         tokens = np.asarray(act.req.tokens[: point.length], dtype=np.int32)
         anchor = StoredEntry(layers, point.length, {point.length: state}, tokens=tokens)
@@ -487,7 +489,8 @@ class Generator:
         t0 = time.perf_counter()
         key = _staging_key(act.req.request_id, plan.new_entry_id)
         try:
-            finished = finished_entries(act, cache, all_tokens)
+            precision = self.config.cache.stored_precision
+            finished = finished_entries(act, cache, all_tokens, precision)
         except Exception as e:  # the stream still ends, and the ids go back
             log.exception("request %s: storing its cache failed", act.req.request_id)
             self._release(act.req)

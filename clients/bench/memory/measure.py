@@ -64,18 +64,19 @@ def times(engine, entry, entry_id: int, length: int, pack=None) -> dict:
     """Capture, restore and commit times (seconds) of the entry's checkpoint at `length` and
     of its KV, and what each moves. `pack`: the tier's compression of a snapshot (None:
     exact)."""
+    import mlx.core as mx
+
     from engine.runtime import layer_caches
     from engine.runtime.batching.batch import merge_with_room
 
-    restored = engine.tier.restore(entry_id, length)
+    live = merge_with_room([engine.tier.restore(entry_id, length)], 0)  # a running sequence
+    _eval_caches(live)
 
-    def capture():
-        snap = layer_caches.snapshot_state_single(restored)
+    def capture():  # the generator's snapshot of a sequence in the batch, then its packing
+        snap = layer_caches.snapshot_state(live, 0)
         if pack is not None:
             snap = pack(snap)
-        import mlx.core as mx
-
-        mx.eval(list(layer_caches._arrays(snap)))
+        mx.eval(layer_caches.arrays_of(snap))
 
     def restore():
         caches = engine.tier.restore(entry_id, length)
@@ -87,25 +88,34 @@ def times(engine, entry, entry_id: int, length: int, pack=None) -> dict:
         layer_caches.store_entry(extracted)
 
     kv_k = max(length, 1) / 1000
-    state_only = engine.tier.entries[entry_id].states[length]
     out = {
         "capture_s": _median_s(capture),
         "restore_s": _median_s(restore),
         "commit_s": _median_s(commit),
     }
-    # The state's part of a restore: the same restore with no KV rows to copy (a
-    # pure-state restore at length 0 is not served, so time the state arrays alone).
-    from engine.runtime.layer_caches import ArraysState
+
+    # The state's part of a restore: the state layers restored (unpacked, when packed)
+    # and merged into a batch of two sequences, as the generator does when another one
+    # runs (mlx-lm's merge then copies every state; alone, it keeps the arrays); no KV.
+    def states():
+        caches = engine.tier.restore(entry_id, length)
+        return [c for c in caches if layer_caches.layer_kind(c) != layer_caches.APPEND]
 
     def state_restore():
-        arrays = [
-            layer_caches._restore_state(s, length, layer_caches.CopyCounter())
-            for s in state_only.layers
-            if isinstance(s, ArraysState)
-        ]
-        _eval_caches(arrays)
+        if states():
+            _eval_caches(merge_with_room([states(), states()], 0))
 
-    out["restore_state_s"] = _median_s(state_restore)
+    out["restore_state_s"] = _median_s(state_restore, 3 * REPEATS)
+
+    # A warm turn's first step: the restore, the merge and the forward of a 32-token
+    # suffix (what a returning turn pays before its first token).
+    suffix = mx.array([[int(t) for t in entry.tokens[:32]]])
+
+    def warm_turn():
+        merged = merge_with_room([engine.tier.restore(entry_id, length)], 32)
+        mx.eval(engine.model(suffix, cache=merged))
+
+    out["_restorers"] = (state_restore, warm_turn)
     out["restore_kv_s_per_1k"] = max(out["restore_s"] - out["restore_state_s"], 0.0) / kv_k
     out["commit_s_per_1k"] = out["commit_s"] / kv_k
     return out
@@ -156,17 +166,17 @@ def disk(entry, entry_id: int, r, fingerprint: str) -> dict:
     }
 
 
-def measure_shape(config, shape, shape_dir: Path, length: int, seed: int = 0) -> dict:
-    """Every figure of one shape: bytes at the cut and at the published depth, times, disk."""
+def measure_precision(config, loaded, shape, length: int, precision: str, seed: int) -> dict:
+    """Bytes and times of one conversation's entry with checkpoints kept at `precision`."""
     from engine.runtime import layer_caches
     from engine.runtime.batching.batch import merge_with_room
     from engine.runtime.local import LocalEngine
-    from engine.runtime.model.loader import load_model
     from engine.runtime.model.shape_models import expected, full_depth
+    from engine.runtime.packed_state import pack_snapshot
 
-    loaded = load_model(config)
-    engine = LocalEngine(config, loaded)
-    entry, entry_id, r = run_conversation(engine, length, seed, shape.name)
+    cache = dataclasses.replace(config.cache, checkpoint_precision=precision)
+    engine = LocalEngine(dataclasses.replace(config, cache=cache), loaded)
+    entry, entry_id, r = run_conversation(engine, length, seed, f"{shape.name}-{precision}")
     prompt_end = min(entry.states)
     state = entry.states[prompt_end]
     kv_tier = layer_caches.kv_bytes_per_token(entry.layers)
@@ -175,25 +185,93 @@ def measure_shape(config, shape, shape_dir: Path, length: int, seed: int = 0) ->
     _eval_caches(merged)
     batch_state = layer_caches.snapshot_state_single(merged).nbytes
     cut = expected(shape.config)
-    per_state = batch_state / cut["state_layers"] if cut["state_layers"] else 0.0
-    per_kv = engine.info.kv_bytes_per_token / cut["kv_layers"] if cut["kv_layers"] else 0.0
+    n_state, n_kv = cut["state_layers"] or 1, cut["kv_layers"] or 1
+    full = full_depth(shape, state.nbytes / n_state, engine.info.kv_bytes_per_token / n_kv)
+    full_batch = full_depth(shape, batch_state / n_state, engine.info.kv_bytes_per_token / n_kv)
+    timed = times(
+        engine,
+        entry,
+        entry_id,
+        prompt_end,
+        None if precision == "exact" else lambda s: pack_snapshot(s, precision),
+    )
+    restorer = timed.pop("_restorers")
+    return restorer, {
+        "checkpoint_bytes": full["checkpoint_bytes"],
+        "kv_bytes_per_token": full["kv_bytes_per_token"],
+        "cut_depth": {
+            "checkpoint_bytes": {"batch": batch_state, "ram_tier": state.nbytes},
+            "kv_bytes_per_token": {"batch": engine.info.kv_bytes_per_token, "ram_tier": kv_tier},
+        },
+        "full_depth_batch_checkpoint_bytes": full_batch["checkpoint_bytes"],
+        "manager_ram_bytes": engine.manager.stats().ram_bytes,
+        "times": timed,
+        "disk": disk(entry, entry_id, r, engine.info.fingerprint),
+    }
+
+
+def restore_cost(exact, packed, rounds: int = 41) -> dict:
+    """A packed checkpoint's restore against an exact one's, interleaved round by round
+    (the machine's other load falls on both alike): medians in seconds, and their ratio."""
+    a, b = [], []
+    for _ in range(rounds):
+        a.append(_median_s(exact, 1))
+        b.append(_median_s(packed, 1))
+    exact_s, packed_s = float(np.median(a)), float(np.median(b))
+    return {
+        "rounds": rounds,
+        "exact_s": exact_s,
+        "packed_s": packed_s,
+        "ratio": packed_s / exact_s if exact_s else None,
+    }
+
+
+def measure_shape(
+    config, shape, shape_dir: Path, length: int, served: str, drift_tokens: int, seed: int = 0
+) -> dict:
+    """Every figure of one shape: bytes at the cut and the published depth for the exact
+    baseline and the served precision, times, disk, drift."""
+    from clients.bench.memory.drift import measure_drift
+    from engine.runtime.model.loader import load_model
+    from engine.runtime.model.shape_models import expected
+
+    loaded = load_model(config)
+    precisions = ["exact"] + ([served] if served != "exact" else [])
+    restorers, by = {}, {}
+    for p in precisions:
+        restorers[p], by[p] = measure_precision(config, loaded, shape, length, p, seed)
+    base, out_p = by["exact"], by[served]
+    full = expected(shape.published)
     out = {
         "shape": shape.name,
         "source": shape.source,
         "cut": shape.cut_note,
         "model_dir": str(shape_dir),
-        "weights_bytes": engine.info.weights_bytes,
-        "tokens": entry.length,
-        "cut_depth": {
-            **cut,
-            "checkpoint_bytes": {"batch": batch_state, "ram_tier": state.nbytes},
-            "kv_bytes_per_token": {"batch": engine.info.kv_bytes_per_token, "ram_tier": kv_tier},
+        "weights_bytes": loaded[2].weights_bytes,
+        "tokens": length,
+        "served_precision": served,
+        "layers": {k: full[k] for k in ("layers", "state_layers", "kv_layers")},
+        "cut_layers": {k: v for k, v in expected(shape.config).items() if "layers" in k},
+        "formula": {"cut": expected(shape.config), "full": full},
+        "checkpoint_bytes": {
+            "served": out_p["checkpoint_bytes"],
+            "baseline": base["checkpoint_bytes"],
         },
-        "formula": {"cut": cut, "full": expected(shape.published)},
-        "full_depth": full_depth(shape, per_state, per_kv),
-        "times": times(engine, entry, entry_id, prompt_end),
-        "disk": disk(entry, entry_id, r, engine.info.fingerprint),
+        "kv_bytes_per_token": {
+            "served": out_p["kv_bytes_per_token"],
+            "baseline": base["kv_bytes_per_token"],
+        },
+        "precisions": by,
     }
-    out["checkpoint_bytes"] = out["full_depth"]["checkpoint_bytes"]
-    out["kv_bytes_per_token"] = out["full_depth"]["kv_bytes_per_token"]
+    if served != "exact" and full["state_layers"]:
+        out["restore_cost"] = restore_cost(restorers["exact"][0], restorers[served][0])
+        out["restore_cost_ratio"] = out["restore_cost"]["ratio"]
+        out["warm_turn_cost"] = restore_cost(restorers["exact"][1], restorers[served][1], 15)
+        out["warm_turn_cost_ratio"] = out["warm_turn_cost"]["ratio"]
+    if drift_tokens and full["state_layers"]:
+        rng = np.random.default_rng(seed + 7)
+        vocab = loaded[2].vocab_size
+        prompt = [int(t) for t in rng.integers(10, vocab - 10, size=min(length, 512))]
+        others = [p for p in ("bfloat16", "int8") if p != "exact"]
+        out["drift"] = measure_drift(config, loaded, prompt, others, drift_tokens)
     return out

@@ -132,16 +132,15 @@ def report(out: dict) -> str:
             f"{base['disk']['file_bytes']:,} B exact / {packed['disk']['file_bytes']:,} B "
             f"{served}"
         )
-        if "restore_cost_ratio" in s:
+        for p, cost in s.get("restore_costs", {}).items():
+            warm = s["warm_turn_costs"][p]
             lines.append(
-                f"    restore of a {served} checkpoint (interleaved medians): "
-                f"{s['restore_cost']['packed_s'] * 1000:.2f} ms vs exact "
-                f"{s['restore_cost']['exact_s'] * 1000:.2f} ms = "
-                f"{s['restore_cost_ratio']:.2f}x; a warm turn's first step (restore, merge, "
-                f"a 32-token forward): {s['warm_turn_cost']['packed_s'] * 1000:.1f} vs "
-                f"{s['warm_turn_cost']['exact_s'] * 1000:.1f} ms = "
-                f"{s['warm_turn_cost_ratio']:.2f}x; capture "
-                f"{packed['times']['capture_s'] * 1000:.2f} ms"
+                f"    restore of a {p} checkpoint (interleaved medians, two sequences merged): "
+                f"{cost['packed_s'] * 1000:.2f} ms vs exact {cost['exact_s'] * 1000:.2f} ms = "
+                f"{cost['ratio']:.2f}x; a warm turn's first step (restore, merge, a 32-token "
+                f"forward): {warm['packed_s'] * 1000:.1f} vs {warm['exact_s'] * 1000:.1f} ms = "
+                f"{warm['ratio']:.2f}x; capture "
+                f"{s['precisions'][p]['times']['capture_s'] * 1000:.2f} ms"
             )
         for p, d in s.get("drift", {}).items():
             lines.append(
@@ -151,12 +150,15 @@ def report(out: dict) -> str:
     for s in out["shapes"].values():
         replay = s.get("sessions_replay")
         if replay:
-            b, d = replay["baseline"], replay["default"]
             lines.append(
                 f"  {s['shape']}: warm sessions in {replay['budget_bytes'] / GiB:.1f} GiB "
                 f"({replay['traffic']['sessions']} sessions, {replay['traffic']['requests']} "
-                f"requests): baseline {b['warm_sessions']} ({b['share_of_oracle']:.3f} of the "
-                f"oracle), {served} {d['warm_sessions']} ({d['share_of_oracle']:.3f})"
+                "requests): "
+                + ", ".join(
+                    f"{k} {replay[k]['warm_sessions']} ({replay[k]['share_of_oracle']:.3f} of "
+                    "the oracle)"
+                    for k in ("baseline", "default", "bfloat16", "int8")
+                )
             )
     for p, d in out.get("embedded_drift", {}).items():
         lines.append(

@@ -236,7 +236,7 @@ def measure_shape(
     from engine.runtime.model.shape_models import expected
 
     loaded = load_model(config)
-    precisions = ["exact"] + ([served] if served != "exact" else [])
+    precisions = ["exact", "bfloat16", "int8"]
     restorers, by = {}, {}
     for p in precisions:
         restorers[p], by[p] = measure_precision(config, loaded, shape, length, p, seed)
@@ -263,11 +263,17 @@ def measure_shape(
         },
         "precisions": by,
     }
-    if served != "exact" and full["state_layers"]:
-        out["restore_cost"] = restore_cost(restorers["exact"][0], restorers[served][0])
-        out["restore_cost_ratio"] = out["restore_cost"]["ratio"]
-        out["warm_turn_cost"] = restore_cost(restorers["exact"][1], restorers[served][1], 15)
-        out["warm_turn_cost_ratio"] = out["warm_turn_cost"]["ratio"]
+    if full["state_layers"]:
+        packed = [p for p in precisions if p != "exact"]
+        out["restore_costs"] = {
+            p: restore_cost(restorers["exact"][0], restorers[p][0]) for p in packed
+        }
+        out["warm_turn_costs"] = {
+            p: restore_cost(restorers["exact"][1], restorers[p][1], 15) for p in packed
+        }
+        if served != "exact":
+            out["restore_cost_ratio"] = out["restore_costs"][served]["ratio"]
+            out["warm_turn_cost_ratio"] = out["warm_turn_costs"][served]["ratio"]
     if drift_tokens and full["state_layers"]:
         rng = np.random.default_rng(seed + 7)
         vocab = loaded[2].vocab_size

@@ -105,7 +105,11 @@ class Generator:
         self.config = config
         self.tier = tier
         self.order_ledger = OrderLedger(cache)  # every cache manager call goes through it
-        self.vocab_size = int(model.args.vocab_size) if hasattr(model, "args") else len(tokenizer)
+        args = getattr(model, "args", None)  # a multimodal model's text config holds it
+        vocab = getattr(args, "vocab_size", None) or (getattr(args, "text_config", None) or {}).get(
+            "vocab_size"
+        )
+        self.vocab_size = int(vocab) if vocab else len(tokenizer)
         self.eos_ids = frozenset(int(t) for t in tokenizer.eos_token_ids)
         self.pool_limit = bound_pool(config.cache.ram_budget, config.cache.pool_limit)
         self.profile = StepProfile()  # where each step's wall time goes

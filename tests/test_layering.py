@@ -187,6 +187,7 @@ BENCHMARKS = (
     "decode",
     "faults",
     "kernels",
+    "memory",
     "load",
     "restart",
     "slowloris",

@@ -62,6 +62,10 @@ BENCHES = {
         "clients.bench.faults",
         "faults: kill the manager and a replica, stall a loop, fill the disk, under agent traffic",
     ),
+    "memory": (
+        "clients.bench.memory",
+        "cache bytes and times at the shapes users run (checkpoint, KV, tiers, disk)",
+    ),
     "structured": (
         "clients.bench.structured",
         "structured output: decode held to a tool schema vs free, mask and compile time, n=4 vs 4",

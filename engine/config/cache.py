@@ -14,6 +14,8 @@ from engine.config.declare import label_of, setting
 from engine.config.units import GB, parse_bytes
 
 CACHE_MODES = ("lineage", "exact", "off")
+# How a checkpoint's recurrent states are kept (engine.runtime.packed_state).
+CHECKPOINT_PRECISIONS = ("exact", "bfloat16", "int8")
 
 
 def default_cache_dir() -> Path:
@@ -48,6 +50,13 @@ class CacheConfig:
         "weights + running KV + RAM tier + MLX pool",
         parse=parse_bytes,
         shown="3/4 of the machine's memory",
+    )
+    checkpoint_precision: str = setting(
+        "exact",
+        "how checkpoints keep their recurrent states in the RAM tier and on disk: exact "
+        "(bit for bit), bfloat16 (half) or int8 (groupwise 8-bit, about a quarter); "
+        "--cache-mode exact keeps them exact",
+        choices=CHECKPOINT_PRECISIONS,
     )
     anchor_max_entries: int = 16
     anchor_max_bytes: int = 16 * GB
@@ -123,6 +132,11 @@ class CacheConfig:
                 f"{label_of(CacheConfig, 'mode')}: cache mode {self.mode!r} is not one of "
                 f"{', '.join(CACHE_MODES)}"
             )
+        if self.checkpoint_precision not in CHECKPOINT_PRECISIONS:
+            raise ValueError(
+                f"{label_of(CacheConfig, 'checkpoint_precision')}: {self.checkpoint_precision!r}"
+                f" is not one of {', '.join(CHECKPOINT_PRECISIONS)}"
+            )
         if self.message_interval < 0:
             raise ValueError(
                 f"{label_of(CacheConfig, 'message_interval')} must be 0 (no points) or "
@@ -133,6 +147,11 @@ class CacheConfig:
                 f"{label_of(CacheConfig, 'disk_queue_bytes')} must be positive, "
                 f"got {self.disk_queue_bytes}"
             )
+
+    @property
+    def stored_precision(self) -> str:
+        """The precision checkpoints are kept at: exact mode's snapshots stay bit-exact."""
+        return self.checkpoint_precision if self.mode == "lineage" else "exact"
 
     @property
     def disk_queue_cap(self) -> int:

@@ -61,6 +61,7 @@ from engine.runtime.events import Finished, FinishReason, Progress
 from engine.runtime.logprobs import tokens_event
 from engine.runtime.ordering import CacheLink, OrderLedger
 from engine.runtime.output import Copied, Stamps, final_event, unstarted_event
+from engine.runtime.packed_state import pack_snapshot
 from engine.runtime.requests import GenerationRequest
 from engine.runtime.sampling import make_sampler
 from engine.runtime.structured.masked_batch import sample_first
@@ -104,7 +105,11 @@ class Generator:
         self.config = config
         self.tier = tier
         self.order_ledger = OrderLedger(cache)  # every cache manager call goes through it
-        self.vocab_size = int(model.args.vocab_size) if hasattr(model, "args") else len(tokenizer)
+        args = getattr(model, "args", None)  # a multimodal model's text config holds it
+        vocab = getattr(args, "vocab_size", None) or (getattr(args, "text_config", None) or {}).get(
+            "vocab_size"
+        )
+        self.vocab_size = int(vocab) if vocab else len(tokenizer)
         self.eos_ids = frozenset(int(t) for t in tokenizer.eos_token_ids)
         self.pool_limit = bound_pool(config.cache.ram_budget, config.cache.pool_limit)
         self.profile = StepProfile()  # where each step's wall time goes
@@ -431,6 +436,7 @@ class Generator:
         once per distinct system prompt.
         """
         layers, state = layer_caches.store_entry(extracted)
+        state = pack_snapshot(state, self.config.cache.stored_precision)
         key = _staging_key(act.req.request_id, point.entry_id)
         tokens = np.asarray(act.req.tokens[: point.length], dtype=np.int32)
         anchor = StoredEntry(layers, point.length, {point.length: state}, tokens=tokens)
@@ -484,7 +490,8 @@ class Generator:
         t0 = time.perf_counter()
         key = _staging_key(act.req.request_id, plan.new_entry_id)
         try:
-            finished = finished_entries(act, cache, all_tokens)
+            precision = self.config.cache.stored_precision
+            finished = finished_entries(act, cache, all_tokens, precision)
         except Exception as e:  # the stream still ends, and the ids go back
             log.exception("request %s: storing its cache failed", act.req.request_id)
             self._release(act.req)

@@ -217,6 +217,11 @@ def _arrays(obj: Any) -> Iterator[mx.array]:
             yield from _arrays(getattr(obj, field.name))
 
 
+def arrays_of(obj: Any) -> list:
+    """Every mx.array inside obj, as a list (to evaluate them)."""
+    return list(_arrays(obj))
+
+
 def nbytes(obj: Any) -> int:
     """Bytes of the arrays obj holds; a view counts its visible rows only."""
     return sum(a.nbytes for a in _arrays(obj))
@@ -250,8 +255,12 @@ def _copy(x: Optional[mx.array], counter: CopyCounter) -> Optional[mx.array]:
 
 
 def _share(x: Any) -> Any:
-    """A new array object over the same buffer (a view, no copy)."""
-    return x[...] if isinstance(x, mx.array) else x
+    """A new array object over the same buffer (a view, no copy); a stored form that
+    packs an array (engine.runtime.packed_state) gives its array back, unpacked."""
+    if isinstance(x, mx.array):
+        return x[...]
+    unpack = getattr(x, "unpack", None)
+    return unpack() if unpack is not None else x
 
 
 def _window_state(c: RotatingKVCache, counter: CopyCounter) -> WindowState:

@@ -21,7 +21,7 @@ import mlx.core as mx
 import numpy as np
 
 from engine.cache.messages import EntryRecord
-from engine.runtime import layer_caches
+from engine.runtime import layer_caches, packed_state
 from engine.runtime.tier.ram import StoredEntry
 from engine.storage import file_format
 from engine.storage.writer import WriteJob
@@ -37,6 +37,7 @@ _FORMS = {
         layer_caches.OpaqueState,
         layer_caches.ListState,
         layer_caches.StateSnapshot,
+        packed_state.PackedArray,
     )
 }
 

@@ -19,6 +19,7 @@ import numpy as np
 from engine.cache.messages import CapturedPoint, Commit
 from engine.runtime import layer_caches
 from engine.runtime.active import ActiveRequest
+from engine.runtime.packed_state import pack_snapshot, pack_states
 from engine.runtime.tier.ram import StoredEntry, digest
 
 
@@ -30,12 +31,16 @@ class FinishedEntries:
     copied: int  # bytes the snapshots copied: the end state, the captured states
 
 
-def finished_entries(act: ActiveRequest, cache: list, all_tokens: list) -> FinishedEntries:
-    """The entries and Commit of `act`, whose batch caches are `cache` over `all_tokens`."""
+def finished_entries(
+    act: ActiveRequest, cache: list, all_tokens: list, precision: str = "exact"
+) -> FinishedEntries:
+    """The entries and Commit of `act`, whose batch caches are `cache` over `all_tokens`;
+    its snapshots kept at `precision` (engine.runtime.packed_state)."""
     plan = act.req.plan
     L = act.prompt_len
     counter = layer_caches.CopyCounter()
     layers, end_state = layer_caches.store_entry(cache, counter)
+    end_state = pack_snapshot(end_state, precision)
     # What the snapshot code copied (the end state), and the states captured in
     # prefill and at the prompt end (each a copy).
     captured = [s for _, s in act.taken.values()]
@@ -56,6 +61,7 @@ def finished_entries(act: ActiveRequest, cache: list, all_tokens: list) -> Finis
     assert tokens.shape[0] >= L, "the cache holds fewer tokens than the prompt"
     points, entries = [], []
     for point, state in act.taken.values():
+        state = pack_snapshot(state, precision)
         if point.entry_id is None:
             states[point.length] = state
         else:
@@ -70,7 +76,7 @@ def finished_entries(act: ActiveRequest, cache: list, all_tokens: list) -> Finis
     # snapshots are matched one token short, and its index does not count them).
     if act.prompt_end_logits is not None and L in states and plan.store_reply:
         logits = {L: act.prompt_end_logits}
-    entry = StoredEntry(layers, length, states, logits, tokens)
+    entry = StoredEntry(layers, length, pack_states(states, precision), logits, tokens)
     # Digests at its restore points, from the token list at hand (the next turn checks them).
     entry.digests = {n: digest(all_tokens[:n]) for n in states}
     entries.append((plan.new_entry_id, entry))

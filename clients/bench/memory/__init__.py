@@ -1,0 +1,207 @@
+"""`lineage bench memory`: the cache at the sizes users run, on shape-true models.
+
+For each shape of engine/runtime/model/shapes/ (published configs cut in depth,
+experts and vocab, random weights; engine.runtime.model.shape_models), a cut model
+is written once under --dir and served in process; one conversation is run
+through the engine and its stored entry measured (clients.bench.memory.measure):
+the bytes of one checkpoint and of one token of KV in the batch, the RAM tier and
+on disk, at the cut depth and at the published depth, and the capture, restore,
+commit, disk write and read times, for exact checkpoints (the baseline) and at
+the served --checkpoint-precision; the drift of a packed restore against an exact
+one (clients.bench.memory.drift), on each shape and on the trained embedded model;
+and the warm sessions agent traffic keeps in a budget, replayed through the
+cache policy at each shape's published-depth bytes (clients.bench.memory.sessions).
+`--json` writes, per shape, `checkpoint_bytes` and `kv_bytes_per_token`
+({"served", "baseline"}, at the published depth), `sessions` ({"baseline",
+"default"}) and `drift`.
+"""
+
+from __future__ import annotations
+
+from clients.bench.figures import Column, emit, table
+from clients.bench.harness import add_serve_arguments, engine_config
+
+HELP = "cache bytes and times at the shapes users run (checkpoint, KV, tiers, disk)"
+MiB, KiB, GiB = 1 << 20, 1 << 10, 1 << 30
+
+
+def shape_dir(root, name: str):
+    from pathlib import Path
+
+    return Path(root).expanduser() / name
+
+
+def run_bench(config, names, length: int, root, drift_tokens: int, budget: int, agents: int):
+    from clients.bench.memory.measure import measure_shape, shape_config
+    from clients.bench.memory.sessions import warm_sessions
+    from engine.runtime.model.shape_models import load_shape, write_shape_dir
+
+    served = config.cache.stored_precision
+    shapes = {}
+    for name in names:
+        shape = load_shape(name)
+        directory = write_shape_dir(shape, shape_dir(root, name))
+        figures = measure_shape(
+            shape_config(config, directory), shape, directory, length, served, drift_tokens
+        )
+        if budget:
+            ck, kv = figures["checkpoint_bytes"], figures["kv_bytes_per_token"]["served"]
+            replay = warm_sessions(
+                config.cache,
+                kv,
+                {"baseline": ck["baseline"], "default": ck["served"]},
+                budget,
+                agents,
+            )
+            figures["sessions_replay"] = replay
+            figures["sessions"] = {k: replay[k]["warm_sessions"] for k in ("baseline", "default")}
+        shapes[name] = figures
+        print(f"  {name}: done", flush=True)
+    out = {"tokens": length, "served_precision": served, "shapes": shapes}
+    if drift_tokens:
+        out["embedded_drift"] = embedded_drift(config, drift_tokens)
+    return out
+
+
+def embedded_drift(config, tokens: int) -> dict:
+    """Drift of the packed precisions on the trained embedded model, on English text."""
+    import dataclasses
+    from pathlib import Path
+
+    from clients.bench.memory.drift import measure_drift
+    from engine.runtime.model.loader import load_model
+
+    config = dataclasses.replace(config, model=dataclasses.replace(config.model, path=None))
+    loaded = load_model(config)
+    text = (Path(__file__).parents[3] / "docs" / "architecture.md").read_text()
+    prompt = loaded[1].encode(text[:8000])[:600]
+    return measure_drift(config, loaded, prompt, ("bfloat16", "int8"), tokens)
+
+
+def report(out: dict) -> str:
+    served = out["served_precision"]
+    columns = [
+        Column("shape", 20),
+        Column("layers", 7),
+        Column("state/kv", 9),
+        Column("ckpt MiB", 9, ".2f"),
+        Column(f"{served} MiB", 11, ".2f"),
+        Column("KV KiB/tok", 11, ".2f"),
+        Column("ckpt=tokens", 12, ",.0f"),
+        Column("capture ms", 11, ".2f"),
+        Column("restore ms", 11, ".2f"),
+        Column("KV ms/1k", 9, ".2f"),
+        Column("commit ms/1k", 13, ".2f"),
+        Column("disk MB/s w/r", 14),
+    ]
+    rows = []
+    for s in out["shapes"].values():
+        base = s["precisions"]["exact"]
+        t, d = base["times"], base["disk"]
+        ck, kv = s["checkpoint_bytes"], s["kv_bytes_per_token"]
+        rows.append(
+            (
+                s["shape"],
+                s["layers"]["layers"],
+                f"{s['layers']['state_layers']}/{s['layers']['kv_layers']}",
+                ck["baseline"] / MiB,
+                ck["served"] / MiB,
+                kv["baseline"] / KiB,
+                ck["baseline"] / kv["baseline"] if kv["baseline"] else 0.0,
+                t["capture_s"] * 1000,
+                t["restore_state_s"] * 1000,
+                t["restore_kv_s_per_1k"] * 1000,
+                t["commit_s_per_1k"] * 1000,
+                f"{d['write_mb_s']:.0f}/{d['read_mb_s']:.0f}",
+            )
+        )
+    lines = [
+        f"at the published depth (bytes measured per layer on the cut model); "
+        f"{out['tokens']}-token conversations; times of the exact baseline",
+        *table(columns, rows),
+    ]
+    for s in out["shapes"].values():
+        base, packed = s["precisions"]["exact"], s["precisions"][served]
+        cut = base["cut_depth"]
+        lines.append(
+            f"  {s['shape']}: cut model {s['cut_layers']['layers']} layers; checkpoint "
+            f"{cut['checkpoint_bytes']['batch']:,} B in the batch, "
+            f"{cut['checkpoint_bytes']['ram_tier']:,} B exact / "
+            f"{packed['cut_depth']['checkpoint_bytes']['ram_tier']:,} B {served} in the RAM "
+            f"tier; KV {cut['kv_bytes_per_token']['ram_tier']:,} B/token; file "
+            f"{base['disk']['file_bytes']:,} B exact / {packed['disk']['file_bytes']:,} B "
+            f"{served}"
+        )
+        for p, cost in s.get("restore_costs", {}).items():
+            warm = s["warm_turn_costs"][p]
+            lines.append(
+                f"    restore of a {p} checkpoint (interleaved medians, two sequences merged): "
+                f"{cost['packed_s'] * 1000:.2f} ms vs exact {cost['exact_s'] * 1000:.2f} ms = "
+                f"{cost['ratio']:.2f}x; a warm turn's first step (restore, merge, a 32-token "
+                f"forward): {warm['packed_s'] * 1000:.1f} vs {warm['exact_s'] * 1000:.1f} ms = "
+                f"{warm['ratio']:.2f}x; capture "
+                f"{s['precisions'][p]['times']['capture_s'] * 1000:.2f} ms"
+            )
+        for p, d in s.get("drift", {}).items():
+            lines.append(
+                f"    drift {p}: top-1 agreement {d['top1_agreement']:.4f}, mean KL "
+                f"{d['mean_kl']:.2e} over {d['tokens']} tokens"
+            )
+    for s in out["shapes"].values():
+        replay = s.get("sessions_replay")
+        if replay:
+            lines.append(
+                f"  {s['shape']}: warm sessions in {replay['budget_bytes'] / GiB:.1f} GiB "
+                f"({replay['traffic']['sessions']} sessions, {replay['traffic']['requests']} "
+                "requests): "
+                + ", ".join(
+                    f"{k} {replay[k]['warm_sessions']} ({replay[k]['share_of_oracle']:.3f} of "
+                    "the oracle)"
+                    for k in ("baseline", "default", "bfloat16", "int8")
+                )
+            )
+    for p, d in out.get("embedded_drift", {}).items():
+        lines.append(
+            f"embedded (trained) model, drift {p}: top-1 agreement {d['top1_agreement']:.4f}, "
+            f"mean KL {d['mean_kl']:.2e} over {d['tokens']} tokens"
+        )
+    return "\n".join(lines)
+
+
+def add_arguments(p) -> None:
+    from engine.config.units import GB, parse_bytes
+    from engine.runtime.model.shape_models import shape_names
+
+    add_serve_arguments(p)
+    p.add_argument("--shapes", nargs="+", choices=shape_names(), default=shape_names())
+    p.add_argument("--tokens", type=int, default=1024, help="the conversation's prompt length")
+    p.add_argument(
+        "--dir",
+        default="~/.cache/lineage-engine/shapes",
+        help="where the cut models are written (once; reused while their config holds)",
+    )
+    p.add_argument(
+        "--drift-tokens",
+        type=int,
+        default=256,
+        metavar="N",
+        help="greedy tokens compared after a packed vs an exact restore (0: skip)",
+    )
+    p.add_argument(
+        "--budget",
+        type=parse_bytes,
+        default=12 * GB,
+        metavar="SIZE",
+        help="the RAM tier's budget of the warm-sessions replay, at the published depth "
+        "(what a 64 GB Mac holding an 80B-A3B model in 4 bits leaves; 0: skip the replay)",
+    )
+    p.add_argument("--agents", type=int, default=12, help="sub-agents of the replay's traffic")
+    p.add_argument("--json", help="write the figures to this file")
+
+
+def run(args) -> int:
+    config = engine_config(args)
+    out = run_bench(
+        config, args.shapes, args.tokens, args.dir, args.drift_tokens, args.budget, args.agents
+    )
+    return emit(out, args, report)

@@ -1,0 +1,55 @@
+"""The shape-true models: each shape's caches hold, layer for layer, what its config says.
+
+Each shape is built at its cut depth with its hidden and MLP widths narrowed (the caches
+do not depend on them: every head count and head width is the published one), run on a
+few tokens, and its checkpoint's and KV token's bytes are compared with the arithmetic
+of `engine.runtime.model.shape_models`; the published Qwen3-Next-80B-A3B figures are
+checked against the numbers of its config.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from engine.runtime import layer_caches
+from engine.runtime.model import shape_models
+from engine.runtime.model.shape_models import Shape, expected, load_shape, shape_names
+
+MiB, KiB = 1 << 20, 1 << 10
+
+
+def narrowed(shape: Shape) -> Shape:
+    """The shape with the widths no cache depends on made small (fast to build)."""
+    cut = {**shape.cut, "hidden_size": 256, "intermediate_size": 256}
+    if "q_lora_rank" in shape.published and shape.published["q_lora_rank"]:
+        cut["q_lora_rank"] = 128
+    return Shape(shape.name, shape.source, shape.cut_note, shape.period, shape.published, cut)
+
+
+@pytest.mark.parametrize("name", shape_names())
+def test_cut_model_caches_match_the_config(name):
+    shape = narrowed(load_shape(name))
+    model = shape_models.build_shape_model(shape)
+    cache = model.make_cache()
+    mx.eval(model(mx.array([list(range(10, 26))]), cache=cache))
+    layers, state = layer_caches.store_entry(cache)
+    want = expected(shape.config)
+    assert state.nbytes == want["checkpoint_bytes"], name
+    assert layer_caches.kv_bytes_per_token(layers) == want["kv_bytes_per_token"], name
+    # Whole periods only: the cut depth is a multiple of the period.
+    assert shape.config["num_hidden_layers"] % shape.period == 0
+
+
+def test_qwen3_next_published_figures():
+    """36 GDN layers x (2 MiB float32 state + 48 KiB conv), 12 attention layers x 2 x 2 KV
+    heads x 256 x 2 bytes: the figures the memory plan is sized by."""
+    full = expected(load_shape("qwen3_next_80b_a3b").published)
+    assert (full["state_layers"], full["kv_layers"]) == (36, 12)
+    assert full["checkpoint_bytes"] == 36 * (2 * MiB + 48 * KiB)
+    assert full["kv_bytes_per_token"] == 24 * KiB
+
+
+def test_unknown_shape_is_refused_by_name():
+    with pytest.raises(ValueError, match="known: .*qwen3_next_80b_a3b"):
+        load_shape("qwen9")

@@ -1,0 +1,136 @@
+"""Checkpoints kept at reduced precision (--checkpoint-precision): fewer bytes, counted as
+such by the manager, restorable from the RAM tier and from a file; exact stays bit-exact.
+
+Real MLX on the random-weight qwen3_next (its recurrent states are float32 like the
+published models'), the engine's own Generator, CacheManager, RAM tier and DiskStore.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from engine.cache.kinds import Role
+from engine.cache.messages import EntryRecord
+from engine.config import CacheConfig, EngineConfig, ModelConfig
+from engine.runtime import layer_caches
+from engine.runtime.local import LocalEngine
+from engine.runtime.packed_state import PackedArray
+from engine.storage.disk_store import DiskStore
+
+PROMPT = [(i * 37) % 3000 + 20 for i in range(96)]
+
+
+def _engine(model_cache_dir, model_dir, precision: str, mode: str = "lineage") -> LocalEngine:
+    cache = CacheConfig(
+        cache_dir=str(model_cache_dir),
+        ram_budget=1 << 30,
+        mode=mode,
+        checkpoint_precision=precision,
+        guard_min_suffix=256,
+    )
+    return LocalEngine(EngineConfig(model=ModelConfig(path=str(model_dir)), cache=cache))
+
+
+def _stored(engine: LocalEngine, namespace: str):
+    r = engine.run(PROMPT, max_tokens=3, namespace=namespace)
+    entry_id = r.plan.new_entry_id
+    return engine, entry_id, engine.tier.entries[entry_id]
+
+
+def _packed(snapshot) -> list:
+    """The arrays (packed or not) of the snapshot's recurrent layers."""
+    return [a for layer in snapshot.layers if layer is not None for a in layer.arrays]
+
+
+def _ram_bytes(engine: LocalEngine) -> int:
+    return engine.manager.stats().ram_bytes
+
+
+def _next_logits(engine: LocalEngine, entry_id: int, length: int) -> mx.array:
+    """The logits of one more token after restoring the entry at `length`."""
+    caches = engine.tier.restore(entry_id, length)
+    out = engine.model(mx.array([[PROMPT[-1]]]), cache=caches)
+    mx.eval(out)
+    return out[0, -1]
+
+
+@pytest.fixture(scope="module")
+def exact(model_cache_dir, random_model_dir):
+    return _stored(_engine(model_cache_dir, random_model_dir, "exact"), "exact")
+
+
+@pytest.mark.parametrize("precision, most", [("bfloat16", 0.55), ("int8", 0.35)])
+def test_a_packed_checkpoint_is_smaller_counted_so_and_restores(
+    exact, model_cache_dir, random_model_dir, precision, most
+):
+    exact_engine, exact_id, exact_entry = exact
+    engine, entry_id, entry = _stored(
+        _engine(model_cache_dir, random_model_dir, precision), precision
+    )
+    L = len(PROMPT)
+    packed, plain = entry.states[L], exact_entry.states[L]
+    assert any(isinstance(a, PackedArray) for a in _packed(packed))
+    # The recurrent states shrink; the conv windows (the weights' dtype) stay.
+    assert packed.nbytes < most * plain.nbytes + 2 * 8192
+    # The manager counts the packed bytes, not the exact ones.
+    assert _ram_bytes(engine) < _ram_bytes(exact_engine)
+    # A restore from the packed point serves, and lands near the exact one.
+    got, want = _next_logits(engine, entry_id, L), _next_logits(exact_engine, exact_id, L)
+    assert int(mx.argmax(got)) == int(mx.argmax(want))
+    assert float(mx.max(mx.abs(got - want))) < 0.1 * float(mx.max(mx.abs(want)))
+
+
+def test_a_packed_checkpoint_survives_the_disk_tier(model_cache_dir, random_model_dir, tmp_path):
+    engine, entry_id, entry = _stored(
+        _engine(model_cache_dir, random_model_dir, "int8"), "disk-int8"
+    )
+    L = len(PROMPT)
+    record = EntryRecord(
+        entry_id,
+        "disk-int8",
+        Role.CONVERSATION,
+        np.asarray(entry.tokens[: entry.length], np.int32),
+        L,
+        tuple((n, "reply") for n in sorted(entry.states) if n != entry.length),
+        layer_caches.kv_bytes_per_token(entry.layers),
+        entry.states[entry.length].nbytes,
+    )
+    store = DiskStore(tmp_path, engine.info.fingerprint)
+    try:
+        store.write(entry, record)
+        assert store.flush(30)
+        loaded = store.load(entry_id, "disk-int8")
+    finally:
+        store.close(30)
+    assert loaded is not None
+    assert loaded.states[L].nbytes == entry.states[L].nbytes  # the file keeps them packed
+    before = _next_logits(engine, entry_id, L)
+    engine.tier.entries[entry_id] = loaded
+    assert mx.array_equal(_next_logits(engine, entry_id, L), before)  # bit for bit
+
+
+def test_exact_keeps_checkpoints_bit_exact(exact, model_cache_dir, random_model_dir):
+    _, exact_id, exact_entry = exact
+    L = len(PROMPT)
+    assert not any(isinstance(a, PackedArray) for a in _packed(exact_entry.states[L]))
+    # Exact mode ignores a reduced precision: its snapshots are whole prompts, bit for bit.
+    engine, entry_id, entry = _stored(
+        _engine(model_cache_dir, random_model_dir, "int8", mode="exact"), "exact-mode"
+    )
+    for n, state in entry.states.items():
+        assert not any(isinstance(a, PackedArray) for a in _packed(state)), n
+    assert CacheConfig(mode="exact", checkpoint_precision="int8").stored_precision == "exact"
+    # The same prompt on the same weights: exact mode's snapshots are lineage's exact ones.
+    common = set(entry.states) & set(exact_entry.states)
+    assert common
+    for n in common:
+        got = layer_caches.arrays_of(entry.states[n])
+        want = layer_caches.arrays_of(exact_entry.states[n])
+        assert len(got) == len(want) and all(mx.array_equal(a, b) for a, b in zip(got, want))
+
+
+def test_an_unknown_precision_is_refused_by_its_flag():
+    with pytest.raises(ValueError, match="checkpoint-precision.*int3"):
+        CacheConfig(checkpoint_precision="int3")

@@ -37,7 +37,7 @@ log = logging.getLogger("lineage")
 EXIT_USAGE = 2  # a StartError: as `lineage`'s usage errors
 # The sidecars and the engine stop within STOP_WITHIN seconds of a signal, then Ray within
 # RAY_STOP_WITHIN: 10 s in all.
-STOP_WITHIN = 6.0
+STOP_WITHIN = 5.0
 RAY_STOP_WITHIN = 3.0
 
 

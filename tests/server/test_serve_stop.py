@@ -91,7 +91,7 @@ def test_serve_stops_within_10s_of_its_group_signalled_and_leaves_no_process(
             pytest.fail(f"still running {STOP_WITHIN} s after {sig.name}:\n{tail}")
         assert code == 0, log.read_text()[-3000:]
         # Ray's processes end with it (the last ones within moments of its exit)
-        end = time.monotonic() + 5
+        end = time.monotonic() + 10
         while in_session(serve.pid) and time.monotonic() < end:
             time.sleep(0.2)
         assert in_session(serve.pid) == {}, log.read_text()[-3000:]

@@ -106,13 +106,17 @@ async def _serve(
         stopping = asyncio.ensure_future(stop.wait())
         await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
         stopping.cancel()
-        if not starting.done():  # stopped while the model loads: the start undoes itself
+        if stop.is_set():  # stopped while the model loads: the start undoes itself
             print("lineage: stopping", flush=True)
-            starting.cancel()
-            await asyncio.wait({starting}, timeout=STOP_WITHIN)
+            if not starting.done():
+                starting.cancel()
+                await asyncio.wait({starting}, timeout=STOP_WITHIN)
             if not starting.done():
                 left.append("the start")
-            return 0
+            elif not starting.cancelled() and starting.exception() is None:  # just started
+                if not await _stop_all(starting.result(), [], STOP_WITHIN):
+                    left.append("the engine's stop")
+            return 0  # a start that failed meanwhile failed for the stop (Ray signalled too)
         engine = starting.result()  # a start that failed raises here
         _announce(config, engine, dashboard)
         handles: list = []

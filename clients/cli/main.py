@@ -5,7 +5,11 @@ Each subcommand is a module of this package with `HELP` (one line),
 the parser imports those modules only, and they are cheap: no MLX, no Ray, no
 benchmark (`lineage bench` imports its benchmark when it runs). `main` parses,
 fills the engine address and the connection from the environment, runs the
-command and maps its failures to exit codes.
+command and maps its failures to exit codes. It is every command's one way
+out: a Ray the command started and left up is shut down there, with a deadline
+(`lineage serve` stops its own within one; engine.server.lifecycle), and the
+threads that ran MLX drop their state before they end
+(engine.kernels.cpu_streams.release_thread), so no exit aborts.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
     args.env = env
     if hasattr(args, "server") and not args.server:
         args.server = env.get("LINEAGE_SERVER") or DEFAULT_SERVER
+    ray_before = _ray_up()
     try:
         args.connect = connect_from_args(args, env)
         return args.run(args)
@@ -75,3 +80,23 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
         # Python would report the pipe again when it flushes stdout at exit: point it away.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # as a shell reports SIGPIPE (128 + 13)
+    finally:
+        if not ray_before and _ray_up():  # a Ray the command started and left up
+            _stop_ray()
+
+
+def _ray_up() -> bool:
+    ray = sys.modules.get("ray")  # never imported here: a command that used none
+    return ray is not None and ray.is_initialized()
+
+
+def _stop_ray(within_s: float = 10.0) -> None:
+    """Shut down a Ray the command left up, on a thread with a deadline (without its
+    raylet `ray.shutdown` blocks); past it the process ends now, since Ray's exit
+    hook would block the same way."""
+    import ray
+
+    from engine.server.stopping import end_process, within
+
+    if not within(within_s, ray.shutdown):
+        end_process(EXIT_ERROR, ["Ray's shutdown"])

@@ -1,7 +1,9 @@
 """`lineage serve`: the engine (Ray, model actors, gRPC server), and the bridge beside it.
 
 Builds the EngineConfig from the flags given and the environment, refuses an
-exposed bind without a token, then hands it to `engine.server.serve.run`: MLX
+exposed bind without a token, a port another process holds and a model
+directory that holds no model (engine.server.preflight), each in one line with
+exit status 2, then hands it to `engine.server.lifecycle.run`: MLX
 and Ray load there, and only there. With `--http-port` it starts the OpenAI
 bridge (clients.bridge) once the engine serves.
 """
@@ -11,7 +13,8 @@ from __future__ import annotations
 import argparse
 
 from clients.cli.args import UsageError, add_serve_arguments, config_from_args
-from engine.config import EngineConfig
+from engine.config import EngineConfig, ServerConfig
+from engine.config.setting import label_of
 
 HELP = "run the engine (Ray, model actors, gRPC server)"
 
@@ -21,15 +24,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine.server import preflight  # sockets and files only: no Ray, no MLX
+
     try:
         config = config_from_args(args, args.env)
         config.server.check_exposure()
+        preflight.check(config)  # a taken port, a missing model: before Ray or the model
     except (ValueError, OSError) as error:
         raise UsageError(str(error))
-    from engine.server import serve  # MLX and Ray load here, and only here
+    from engine.server import lifecycle  # MLX and Ray load here, and only here
 
     sidecars = [bridge_sidecar(config)] if config.server.http_port else []
-    return int(serve.run(config, sidecars) or 0)
+    try:
+        return int(lifecycle.run(config, sidecars) or 0)
+    except lifecycle.StartError as error:  # a port or an actor name taken after the check
+        raise UsageError(str(error))
 
 
 def bridge_sidecar(config: EngineConfig, quiet: bool = False):
@@ -43,8 +52,14 @@ def bridge_sidecar(config: EngineConfig, quiet: bool = False):
     options = bridge_options(config)
 
     async def start(engine):
+        from engine.server.serve import StartError
+
         backend = InProcessBackend(engine)
-        handle = await start_bridge(backend, host, port, security, options)
+        try:
+            handle = await start_bridge(backend, host, port, security, options)
+        except OSError as error:  # taken since the check (engine.server.preflight)
+            flag = label_of(ServerConfig, "http_port")
+            raise StartError(f"{flag}: cannot listen on {host}:{port}: {error.strerror or error}")
         if not quiet:
             print(f"lineage: OpenAI-compatible bridge on {handle.url}/v1", flush=True)
         return handle

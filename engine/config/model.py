@@ -7,6 +7,7 @@ It checks its own values; engine/runtime applies them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from engine.config.declare import label_of, setting
 
@@ -18,6 +19,21 @@ PREFILL_EVALS = ("auto", "module", "forward")  # how the prefill worker evaluate
 # model supports, each sequence's draft length adapted to its acceptance.
 SPECULATIVE = ("off", "auto", "lookup", "mtp", "draft")
 DRAFTING = ("auto", "draft")  # the modes that use --draft-model
+
+
+def check_model_dir(path: str, label: str) -> Path:
+    """The directory `path` names (with `~` expanded); ValueError naming `label` (the
+    flag) when it holds no mlx-lm model: its config.json and model*.safetensors weights."""
+    where = Path(path).expanduser()
+    if not where.exists():
+        raise ValueError(f"{label}: {where} does not exist")
+    if not where.is_dir():
+        raise ValueError(f"{label}: {where} is not a directory (a model directory is)")
+    if not (where / "config.json").is_file():
+        raise ValueError(f"{label}: no config.json in {where} (not an mlx-lm model directory)")
+    if not any(where.glob("model*.safetensors")):
+        raise ValueError(f"{label}: no weights in {where} (no model*.safetensors)")
+    return where
 
 
 def _draft_tokens(value) -> int | None:

@@ -8,6 +8,13 @@ already runs a kernel across its cores, so there is one stream: the current
 one. Streams belong to the thread that made them, so each thread gets its
 own (the model loop's thread, a test's thread).
 
+A thread that used MLX ends with `release_thread()`: MLX keeps per-thread
+state (its streams, the cache of `mx.compile`d functions, which holds Python
+objects) and drops it in the thread's C++ exit handlers, which take the GIL.
+A thread that ends while the interpreter finalizes is stopped by Python inside
+such a handler, and the process aborts ("terminate called without an active
+exception"); released beforehand, there is nothing left to drop.
+
 This module knows MLX streams; it knows nothing of the models.
 """
 
@@ -39,3 +46,10 @@ def streams() -> list:
 def on(stream):
     """`with on(stream):` places the ops built inside on `stream` (None: the current one)."""
     return mx.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+def release_thread() -> None:
+    """Drop this thread's MLX state now (its streams, its compiled functions), with the
+    interpreter whole: the last MLX call of a thread that ends (module doc)."""
+    _LOCAL.__dict__.pop("streams", None)
+    mx.clear_streams()

@@ -94,6 +94,14 @@ class ModelLoop:
     # ---- the thread ------------------------------------------------------------
 
     def _run(self, build: Callable[[], Generator]) -> None:
+        from engine.kernels.cpu_streams import release_thread
+
+        try:
+            self._serve(build)
+        finally:  # the thread's MLX state, dropped while the interpreter is whole
+            release_thread()
+
+    def _serve(self, build: Callable[[], Generator]) -> None:
         try:
             self.generator = build()
         except BaseException as e:  # re-raised by __init__

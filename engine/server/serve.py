@@ -1,13 +1,14 @@
-"""`lineage serve`: Ray, the actors, the gRPC server, and a clean stop.
+"""`lineage serve`'s engine: Ray's actors and the gRPC server, started and stopped together.
 
 `start_engine(config)` builds a running engine inside an initialized Ray (the
-tests use it with their session-wide Ray): the model replicas, the memory plan
-once the weights are known (engine.config.plan_memory), the cache manager,
-the supervisor (engine.server.supervisor: restarts, epochs, health) and the
-gRPC server. `run(config)` is the main job: it
-starts or joins Ray, serves until SIGINT/SIGTERM, then stops cleanly (health
-NOT_SERVING, in-flight streams end with UNAVAILABLE, actors killed, Ray shut
-down if it started it).
+tests use it with their session-wide Ray; `lineage serve` with the Ray it
+starts or joins, engine.server.lifecycle): the model replicas, the memory
+plan once the weights are known (engine.config.plan_memory), the cache
+manager, the supervisor (engine.server.supervisor: restarts, epochs, health)
+and the gRPC server; a start that fails kills the actors it made.
+`RunningEngine.stop` stops them within a deadline whatever died first (health
+NOT_SERVING, in-flight streams end with UNAVAILABLE, disk writes flushed,
+actors killed: engine.server.stopping).
 """
 
 from __future__ import annotations
@@ -16,27 +17,17 @@ import asyncio
 import dataclasses
 import logging
 import os
-import shutil
-import signal
-import sys
-import tempfile
 from collections import Counter
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Protocol, Sequence
+from typing import Sequence
 
 import ray
 
 from engine.config import EngineConfig, format_bytes
+from engine.config.setting import label_of
+from engine.server.stopping import release_actors
 
 log = logging.getLogger("lineage")
-
-
-class Stoppable(Protocol):
-    async def stop(self) -> None: ...
-
-
-# Started beside the engine once it serves (handed the RunningEngine); stopped before it.
-Sidecar = Callable[["RunningEngine"], Awaitable[Stoppable]]
 
 
 @dataclass
@@ -66,35 +57,59 @@ class RunningEngine:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    async def stop(self, grace: float = 2.0) -> None:
+    async def stop(self, grace: float = 2.0, within: float = 60.0) -> bool:
+        """Stop serving, then the actors, within `within` seconds whatever is gone first.
+
+        Health NOT_SERVING, in-flight streams end with UNAVAILABLE, queued disk-tier
+        writes land, the actors are killed and give up their names (off the loop:
+        engine.server.stopping). False when a step was left waiting on Ray at the
+        deadline: the caller must not wait for Ray again (serve.run ends the process).
+        """
         from engine.server.service import stop_server
+
+        loop = asyncio.get_running_loop()
+        end = loop.time() + within
+
+        def left(at_most: float = within) -> float:
+            return max(0.1, min(at_most, end - loop.time()))
 
         if self.supervisor is not None:
             self.supervisor.stop()
         if self.sampler is not None:
             self.sampler.cancel()
-        await stop_server(self.server, self.health, self.frontend, grace)
-        for model in self.models:
-            try:  # queued disk-tier writes land before the actor goes
-                await asyncio.wait_for(model.flush_disk.remote(60), 70)
+        clean = True
+        try:
+            await asyncio.wait_for(
+                stop_server(self.server, self.health, self.frontend, grace), left(grace + 2)
+            )
+        except asyncio.TimeoutError:
+            log.error("the gRPC server did not stop within %.1f s", grace + 2)
+            clean = False
+        # Queued disk-tier writes land before the actors go.
+        for flush in [model.flush_disk.remote(60) for model in self.models]:
+            try:
+                await asyncio.wait_for(flush, left(70))
+            except asyncio.TimeoutError:
+                log.error("a replica's disk tier did not flush in time: its queued writes are lost")
             except Exception:
                 log.exception("flushing the disk tier failed")
-        for actor in (*self.models, self.manager):
-            ray.kill(actor, no_restart=True)
-        await _names_released(self.namespace, self.names)
+        actors = (*self.models, self.manager)
+        return await release_actors(actors, self.namespace, self.names, left()) and clean
 
 
-async def _names_released(namespace: str, names: Sequence[str], patience: float = 10.0) -> None:
-    """Wait until killed actors give up their names, so an engine restarted at once can
-    take them again (`ray.kill` returns before the actor is gone)."""
-    deadline = asyncio.get_running_loop().time() + patience
-    for name in names:
-        while asyncio.get_running_loop().time() < deadline:
-            try:
-                ray.get_actor(name, namespace=namespace)
-            except ValueError:
-                break
-            await asyncio.sleep(0.05)
+class StartError(ValueError):
+    """The engine cannot start for a reason its operator fixes (a port, a name taken):
+    `lineage serve` says it in one line and exits 2."""
+
+
+@dataclass
+class _Started:
+    """What a start has made so far: stopped again if it fails."""
+
+    actors: list = dataclasses.field(default_factory=list)
+    names: tuple = ()
+    supervisor: object = None
+    server: object = None
 
 
 async def start_engine(
@@ -103,7 +118,31 @@ async def start_engine(
     """Create the actors and serve gRPC; Ray must already be initialized.
 
     `local_socket` also serves gRPC on that Unix socket (no TLS; tokens apply).
+    A start that fails or is cancelled (a stop signal while the model loads)
+    kills the actors it made before it raises. StartError: a port or an actor
+    name is taken.
     """
+    started = _Started()
+    try:
+        return await _start(config, port, local_socket, started)
+    except BaseException:
+        if started.supervisor is not None:
+            started.supervisor.stop()
+        if started.server is not None:
+            await started.server.stop(None)
+        if started.actors:
+            namespace = config.server.ray_namespace
+            await release_actors(started.actors, namespace, started.names, 15)
+        raise
+
+
+def _actor_names(config: EngineConfig) -> tuple[str, ...]:
+    from engine.actors.names import CACHE_MANAGER, model_actor_name
+
+    return (*(model_actor_name(r) for r in range(replica_count(config))), CACHE_MANAGER)
+
+
+async def _start(config: EngineConfig, port, local_socket, started: _Started) -> RunningEngine:
     from functools import partial
     from pathlib import Path
 
@@ -112,7 +151,6 @@ async def start_engine(
 
     from engine.actors.cache_manager import CacheManagerActor
     from engine.actors.model import ModelActor
-    from engine.actors.names import CACHE_MANAGER, model_actor_name
     from engine.config import plan_memory, with_memory
     from engine.server.activity import NamespaceTags
     from engine.server.auth import Authenticator
@@ -123,8 +161,8 @@ async def start_engine(
     from engine.server.supervisor import Supervisor
 
     namespace = config.server.ray_namespace
-    count = replica_count(config)
-    names = (*(model_actor_name(r) for r in range(count)), CACHE_MANAGER)
+    names = _actor_names(config)
+    count = len(names) - 1
     _check_names_free(namespace, names)
     # On a cluster with `mlx` resources, each replica takes one (one per machine or GPU).
     mlx = ray.cluster_resources().get("mlx", 0) >= count or config.server.address
@@ -137,6 +175,8 @@ async def start_engine(
         )
         for r in range(count)
     ]
+    started.actors += models
+    started.names = names
     infos = await asyncio.gather(*(m.info.remote() for m in models))
     info = infos[0]
     # Replicas of one machine share its cache directory (the manager routes files by
@@ -156,10 +196,12 @@ async def start_engine(
         count,
         config.server.route_threshold,
     )
+    started.actors.append(manager)
     # The supervisor drives health from its first check on; stop() stops it first.
     health_servicer = health.aio.HealthServicer()
     await set_serving(health_servicer, True)
     supervisor = Supervisor(models, manager, config, partial(set_serving, health_servicer))
+    started.supervisor = supervisor
     await supervisor.start()
     await manager.attach.remote(models, machines)
     tokenizer = load_tokenizer(Path(info.path))
@@ -187,15 +229,24 @@ async def start_engine(
         namespaces=NamespaceTags(config.server.metrics_namespace, config.server.metrics_namespaces),
         metrics=EngineMetrics(namespace, Path(info.path).name or info.model_type),
     )
-    server, bound, _ = await create_server(
-        frontend,
-        config.server.host,
-        config.server.port if port is None else port,
-        security=config.server,
-        local_socket=local_socket,
-        max_concurrent_rpcs=config.server.max_concurrent_rpcs or config.model.max_queue + 64,
-        health_servicer=health_servicer,
-    )
+    port = config.server.port if port is None else port
+    try:
+        server, bound, _ = await create_server(
+            frontend,
+            config.server.host,
+            port,
+            security=config.server,
+            local_socket=local_socket,
+            max_concurrent_rpcs=config.server.max_concurrent_rpcs or config.model.max_queue + 64,
+            health_servicer=health_servicer,
+        )
+    except (RuntimeError, OSError) as error:  # grpc's "Failed to bind to address ..."
+        frontend.close()
+        frontend.prompt_thread.shutdown(wait=False)
+        flag = label_of(type(config.server), "port")
+        first = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        raise StartError(f"{flag}: cannot listen on {config.server.host}:{port}: {first}")
+    started.server = server
     engine = RunningEngine(
         server,
         bound,
@@ -289,13 +340,13 @@ def _log_memory(memory) -> None:
 
 
 def _check_names_free(namespace: str, names: Sequence[str]) -> None:
-    """ValueError naming the namespace when another engine's actors hold these names."""
+    """StartError naming the namespace when another engine's actors hold these names."""
     for name in names:
         try:
             ray.get_actor(name, namespace=namespace)
         except ValueError:
             continue
-        raise ValueError(
+        raise StartError(
             f"an actor named {name!r} already runs in Ray namespace {namespace!r}: another "
             "engine serves there; give this one its own (--ray-namespace, LINEAGE_RAY_NAMESPACE)"
         )
@@ -330,76 +381,3 @@ def ray_options(config: EngineConfig) -> dict:
     if config.server.address is None:  # a cluster we join keeps its own settings
         options["_system_config"] = {"prestart_worker_first_driver": False}
     return options
-
-
-def run(config: EngineConfig, sidecars: Sequence[Sidecar] = ()) -> int:
-    """The main job. Returns the process exit code.
-
-    `sidecars` start beside the engine once it serves (each is handed the
-    RunningEngine) and stop before it: `lineage serve --http-port` runs the
-    OpenAI bridge this way, from the client side.
-    """
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr
-    )
-    config.server.check_exposure()  # before anything starts
-    started_ray = not ray.is_initialized()
-    dashboard = ""
-    if started_ray:
-        if not config.server.address and not config.server.ray_public:
-            loopback_ray()
-        ctx = ray.init(**ray_options(config))
-        dashboard = getattr(ctx, "dashboard_url", "") or ""
-    try:
-        return asyncio.run(_serve(config, dashboard, sidecars))
-    finally:
-        if started_ray:
-            ray.shutdown()
-
-
-async def _serve(config: EngineConfig, dashboard: str, sidecars: Sequence[Sidecar]) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    # Sidecars reach the engine on a Unix socket in a private directory: no TLS
-    # to verify and no port to guess, whatever the public bind (tokens still apply).
-    private = tempfile.mkdtemp(prefix="lineage-") if sidecars else None
-    local_socket = os.path.join(private, "grpc.sock") if private else None
-    engine = await start_engine(config, local_socket=local_socket)
-    print(
-        f"lineage: serving {engine.info.model_type} ({engine.info.path}) "
-        f"on {config.server.host}:{engine.port}, cache mode {config.cache.mode}, "
-        f"kernels {', '.join(engine.info.kernels) or 'none'}, "
-        f"output format {engine.frontend.builder.output_format}",
-        flush=True,
-    )
-    if dashboard:
-        url = dashboard if dashboard.startswith("http") else f"http://{dashboard}"
-        print(f"lineage: Ray dashboard at {url}", flush=True)
-    print(
-        f"lineage: actors {', '.join(engine.names)} in Ray namespace {engine.namespace}",
-        flush=True,
-    )
-    if config.server.metrics_port and config.server.address:
-        print(
-            "lineage: --metrics-port is ignored when joining a cluster: its nodes export "
-            "metrics at their `ray start --metrics-export-port`",
-            flush=True,
-        )
-    elif config.server.metrics_port:
-        print(
-            f"lineage: Prometheus metrics at http://127.0.0.1:{config.server.metrics_port}/metrics",
-            flush=True,
-        )
-    started = []
-    for sidecar in sidecars:
-        started.append(await sidecar(engine))
-    await stop.wait()
-    print("lineage: stopping", flush=True)
-    for handle in reversed(started):
-        await handle.stop()
-    await engine.stop()
-    if private:
-        shutil.rmtree(private, ignore_errors=True)
-    return 0

@@ -356,14 +356,18 @@ async def create_server(
             server,
         )
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
-    if security.tls_cert:
-        bound = server.add_secure_port(address, server_credentials(security))
-    else:
-        bound = server.add_insecure_port(address)
-    if bound == 0:
-        raise OSError(f"cannot bind {host}:{port}")
-    if local_socket and not server.add_insecure_port(f"unix:{local_socket}"):
-        raise OSError(f"cannot bind unix:{local_socket}")
+    try:
+        if security.tls_cert:
+            bound = server.add_secure_port(address, server_credentials(security))
+        else:
+            bound = server.add_insecure_port(address)
+        if bound == 0:
+            raise OSError(f"cannot bind {host}:{port}")
+        if local_socket and not server.add_insecure_port(f"unix:{local_socket}"):
+            raise OSError(f"cannot bind unix:{local_socket}")
+    except BaseException:  # grpc raises RuntimeError for a taken port: the server goes too
+        await server.stop(None)
+        raise
     await server.start()
     if own_health:
         await set_serving(health_servicer, True)

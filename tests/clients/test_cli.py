@@ -298,16 +298,17 @@ def test_stats_show_one_line_per_replica():
     assert "queued=300 tokens" in text and "handovers=1 (1.0 KiB)" in text
 
 
-def test_serve_runs_engine_serve_with_the_config(monkeypatch):
+def test_serve_runs_the_engine_lifecycle_with_the_config(monkeypatch):
     import types
 
     import engine.server
 
     seen = []
-    fake_serve = types.ModuleType("engine.server.serve")
-    fake_serve.run = lambda config, sidecars=(): seen.append(config) or 0
-    monkeypatch.setitem(sys.modules, "engine.server.serve", fake_serve)
-    monkeypatch.setattr(engine.server, "serve", fake_serve, raising=False)
+    fake = types.ModuleType("engine.server.lifecycle")
+    fake.run = lambda config, sidecars=(): seen.append(config) or 0
+    fake.StartError = ValueError
+    monkeypatch.setitem(sys.modules, "engine.server.lifecycle", fake)
+    monkeypatch.setattr(engine.server, "lifecycle", fake, raising=False)
     assert run_cli(["serve", "--port", "1234", "--cache-mode", "off"])[0] == 0
     assert (seen[0].server.port, seen[0].cache.mode) == (1234, "off")
 

@@ -47,6 +47,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import mlx.core as mx
 
+from engine.kernels.cpu_streams import release_thread
+
 # A worker thread's own flag: `module_eval` is set on the thread that evaluates module by module.
 _THREAD = threading.local()
 # Module outputs evaluated by a worker as its forward went, since import: the tests read it.
@@ -107,6 +109,7 @@ class PrefillWorker:
         # A stream belongs to the thread that made it: make it there.
         self._stream = self._pool.submit(_worker_stream).result()
         self._flight: Future | None = None
+        self._closed = False
 
     def start(self, batch, prompts: list, by_module: bool = True) -> None:
         """Run `batch.forward(prompts)` on the worker; one at a time. With `module_eval`,
@@ -135,5 +138,12 @@ class PrefillWorker:
             self._flight = None
 
     def close(self, wait: bool = True) -> None:
-        """End the thread once the chunk in flight ends; with `wait`, wait for that here."""
+        """End the thread once the chunk in flight ends; with `wait`, wait for that here.
+        Its last task drops its MLX state (engine.kernels.cpu_streams.release_thread)."""
+        if not self._closed:
+            self._closed = True
+            try:
+                self._pool.submit(release_thread)
+            except RuntimeError:  # the interpreter is exiting: its threads are joined already
+                pass
         self._pool.shutdown(wait=wait)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import EngineConfig
+from engine.config.model import check_model_dir
 
 
 @dataclass(frozen=True)
@@ -37,12 +38,7 @@ class ModelInfo:
 def resolve_model_path(config: EngineConfig) -> Path:
     """The served model's directory; the embedded default is built on first use."""
     if config.model.path:
-        path = Path(config.model.path).expanduser()
-        if not (path / "config.json").exists():
-            raise ValueError(
-                f"--model {path}: no config.json there (not an mlx-lm model directory)"
-            )
-        return path
+        return check_model_dir(config.model.path, "--model")
     from engine.runtime.model.tiny_models import ensure_default_model
 
     return ensure_default_model(config.cache.resolved_cache_dir)

@@ -14,7 +14,7 @@ import argparse
 
 from clients.cli.args import UsageError, add_serve_arguments, config_from_args
 from engine.config import EngineConfig, ServerConfig
-from engine.config.setting import label_of
+from engine.config.declare import label_of
 
 HELP = "run the engine (Ray, model actors, gRPC server)"
 

@@ -17,8 +17,8 @@ import errno
 import socket
 
 from engine.config import EngineConfig, ModelConfig, ServerConfig
+from engine.config.declare import label_of
 from engine.config.model import check_model_dir
-from engine.config.setting import label_of
 
 
 def check(config: EngineConfig) -> None:

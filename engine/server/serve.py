@@ -24,7 +24,7 @@ from typing import Sequence
 import ray
 
 from engine.config import EngineConfig, format_bytes
-from engine.config.setting import label_of
+from engine.config.declare import label_of
 from engine.server.stopping import release_actors
 
 log = logging.getLogger("lineage")

@@ -21,14 +21,14 @@ import pytest
 
 from engine.kernels import cpu_streams
 from engine.runtime import prefill_worker
-from engine.runtime.prefill_worker import PrefillWorker
+from engine.runtime.batching.prefill_worker import PrefillWorker
 
 ROOT = Path(__file__).resolve().parents[2]
 
 # Workers that run compiled MLX work, closed as the process exits (the bench's end).
 EXIT_SCRIPT = """
 import mlx.core as mx
-from engine.runtime.prefill_worker import PrefillWorker
+from engine.runtime.batching.prefill_worker import PrefillWorker
 
 @mx.compile
 def step(x):

@@ -20,10 +20,10 @@ import mlx.core as mx
 import pytest
 
 from engine.kernels import cpu_streams
-from engine.runtime import prefill_worker
+from engine.runtime.batching import prefill_worker
 from engine.runtime.batching.prefill_worker import PrefillWorker
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 # Workers that run compiled MLX work, closed as the process exits (the bench's end).
 EXIT_SCRIPT = """

@@ -80,6 +80,7 @@ class ConcurrencyOptions:
     overlap: bool = ModelConfig.prefill_overlap
     prefill_eval: str = ModelConfig.prefill_eval
     wait_bound: float = ModelConfig.prefill_wait_bound
+    chunk_max: int | None = ModelConfig.prefill_chunk_max
     rounds: int = 1
     install_peers: bool = False
     work_dir: str | None = None
@@ -279,7 +280,8 @@ def run_bench(opts: ConcurrencyOptions) -> dict:
         }
         | {"prefill_budget": opts.prefill_budget, "prefill_step_size": opts.prefill_step_size}
         | {"step_factor": opts.step_factor, "slice_ms": opts.slice_ms, "overlap": opts.overlap}
-        | {"prefill_eval": opts.prefill_eval},
+        | {"prefill_eval": opts.prefill_eval, "wait_bound": opts.wait_bound}
+        | {"chunk_max": opts.chunk_max},
         "runs": results,
         "load_average": [load, os.getloadavg()],
     }
@@ -355,6 +357,9 @@ def add_arguments(parser) -> None:
         default=ModelConfig.prefill_wait_bound,
         help="the engines' --prefill-wait-bound (srpt-unbounded: 0)",
     )
+    parser.add_argument(
+        "--chunk-max", type=int, default=None, help="the engines' --prefill-chunk-max"
+    )
     parser.add_argument("--rounds", type=int, default=1, help="the runs R times, interleaved")
     parser.add_argument(
         "--install-peers", action="store_true", help="make the peers' venvs first (pip)"
@@ -383,6 +388,7 @@ def run(args) -> int:
         overlap=args.overlap == "on",
         prefill_eval=args.prefill_eval,
         wait_bound=args.wait_bound,
+        chunk_max=args.chunk_max if args.chunk_max is not None else ModelConfig.prefill_chunk_max,
         rounds=args.rounds,
         install_peers=args.install_peers,
     )

@@ -70,6 +70,7 @@ class EngineSender:
             prefill_overlap=opts.overlap,
             prefill_eval=opts.prefill_eval,
             prefill_wait_bound=opts.wait_bound if wait_bound is None else wait_bound,
+            prefill_chunk_max=opts.chunk_max,
         )
         config = EngineConfig(
             model=model, cache=CacheConfig(cache_dir=cache_dir), server=ServerConfig(port=0)

@@ -39,6 +39,7 @@ def new_batch_generator(model, config: EngineConfig, profile: StepProfile) -> Ba
         slice_ms=m.prefill_slice_ms,
         overlap=m.prefill_overlap,
         wait_bound=m.prefill_wait_bound,
+        chunk_max=m.prefill_chunk_max,
     )
     module_eval = {"module": True, "forward": False}.get(m.prefill_eval)
     return ChunkedBatchGenerator(

@@ -40,8 +40,11 @@ prefill chunk that runs beside it, within a token budget:
   that long for the chunk in flight. With `overlap` (the chunk's forward runs
   on a thread of its own beside the decode steps, engine.runtime.batching.chunked) the
   chunk is no part of a step: it gets `slice_ms` whether or not sequences
-  decode. Never more than `budget` tokens, never fewer than MIN_CHUNK (the
-  long prompt always moves).
+  decode. Never more than `chunk_max` tokens (default: `budget`), never
+  fewer than MIN_CHUNK (the long prompt always moves). The time is the
+  guard; `chunk_max` only caps the chunk where tokens are cheap, and the
+  smaller it is, the more of the prefill goes to each chunk's fixed cost
+  and to the steps between one chunk's end and the next one's start.
 - A short prefill (its whole uncached prompt within `budget` tokens) runs
   whole in one chunk, also beside decode: its first token comes one step
   later instead of many, at the price of one longer gap for the decoding
@@ -113,6 +116,7 @@ class PrefillScheduler:
         slice_ms: float = SLICE_MS,
         overlap: bool = False,
         wait_bound: float = WAIT_BOUND,
+        chunk_max: int | None = None,
     ):
         if schedule not in ("srpt", "fifo"):
             raise ValueError(f"schedule {schedule!r} is not srpt or fifo")
@@ -123,6 +127,9 @@ class PrefillScheduler:
         self.schedule, self.budget, self.group = schedule, budget, group
         self.aging, self.step_factor, self.slice_ms = aging, step_factor, slice_ms
         self.overlap, self.wait_bound = overlap, wait_bound
+        self.chunk_max = budget if chunk_max is None else chunk_max
+        if self.chunk_max < 1:
+            raise ValueError(f"chunk_max {chunk_max} must be positive")
         self.work = 0  # prompt tokens of every chunk planned: the bound's clock
         self.deadlines: dict[int, float] = {}  # uid -> the work by which its prefill ends
 
@@ -171,7 +178,7 @@ class PrefillScheduler:
             room = self.step_factor * costs.decode_ms - costs.beside_ms
         else:
             room = self.slice_ms
-        return max(MIN_CHUNK, min(self.budget, int(room / token_ms)))
+        return max(MIN_CHUNK, min(self.chunk_max, int(room / token_ms)))
 
     def plan(
         self, candidates: list[Candidate], step: int, decoding: int = 0, costs: Costs = Costs()

@@ -9,7 +9,8 @@ conversations. The traffic runs
 - once with every request alone (`solo`): each request's time to first token
   on an idle engine from the same cache state;
 - once per schedule (`--runs`), each on a fresh engine (`srpt-unbounded`:
-  srpt without the wait bound, `--prefill-wait-bound 0`);
+  srpt without the wait bound, `--prefill-wait-bound 0`; `srpt-chunkN`: srpt
+  with `--prefill-chunk-max N`);
 - once against each peer server, a subprocess on the same model directory
   (`mlx_lm_server`, `mlx_vlm`, `rapid_mlx`: clients.bench.peers, each from a
   venv of its own, `--install-peers` makes them; one that cannot run here is
@@ -57,7 +58,13 @@ from engine.config import PREFILL_EVALS, ModelConfig
 
 HELP = "concurrent sub-agents plus long cold prompts: TTFT, ITL and prefill rate per schedule"
 RUNS = ("batched", "fifo", "srpt", "srpt-group", "mlx_lm_server", "mlx_vlm", "rapid_mlx")
-EXTRA_RUNS = ("srpt-unbounded",)  # asked by name only
+EXTRA_RUNS = ("srpt-unbounded",)  # asked by name only; and srpt-chunkN (--prefill-chunk-max N)
+
+
+def _chunk_run(name: str) -> bool:
+    return name.startswith("srpt-chunk") and name[len("srpt-chunk") :].isdigit()
+
+
 PROBE_SHORT = 200  # new tokens of the probe's warm turn
 
 
@@ -242,7 +249,7 @@ def run_bench(opts: ConcurrencyOptions) -> dict:
     """Solo pass, every run, the probes; the report (JSON-ready). Ray must be initialized."""
     import shutil
 
-    unknown = [r for r in opts.runs if r not in RUNS + EXTRA_RUNS]
+    unknown = [r for r in opts.runs if r not in RUNS + EXTRA_RUNS and not _chunk_run(r)]
     if unknown:
         raise ValueError(f"unknown runs {unknown} (use some of {', '.join(RUNS + EXTRA_RUNS)})")
     traffic = build_traffic(opts.seed, opts.scale, opts.agents)
@@ -298,8 +305,9 @@ def _one_run(opts, traffic, solo, name: str, work: str, probed: bool) -> dict:
         schedule, _, variant = name.partition("-")
         group = opts.agents + 1 if variant == "group" else 1
         bound = 0.0 if variant == "unbounded" else None
+        chunk = int(variant[len("chunk") :]) if variant.startswith("chunk") else None
         directory = os.path.join(work, f"{name}-{time.monotonic_ns()}")
-        sender = EngineSender(opts, schedule, group, directory, wait_bound=bound)
+        sender = EngineSender(opts, schedule, group, directory, wait_bound=bound, chunk_max=chunk)
     try:
         sent = drive(sender, traffic, opts, solo=False)
         probe_figures = None

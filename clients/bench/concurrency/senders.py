@@ -54,6 +54,7 @@ class EngineSender:
         group: int,
         cache_dir: str,
         wait_bound: float | None = None,
+        chunk_max: int | None = None,
     ):
         from clients.client import Client
         from engine.config import CacheConfig, EngineConfig, ServerConfig
@@ -70,7 +71,7 @@ class EngineSender:
             prefill_overlap=opts.overlap,
             prefill_eval=opts.prefill_eval,
             prefill_wait_bound=opts.wait_bound if wait_bound is None else wait_bound,
-            prefill_chunk_max=opts.chunk_max,
+            prefill_chunk_max=opts.chunk_max if chunk_max is None else chunk_max,
         )
         config = EngineConfig(
             model=model, cache=CacheConfig(cache_dir=cache_dir), server=ServerConfig(port=0)

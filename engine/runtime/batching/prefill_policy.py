@@ -22,7 +22,8 @@ prefill chunk that runs beside it, within a token budget:
   earliest deadline's chunk runs, alone (EDF meets any deadlines that can be
   met). So no prefill ends later than X times its first-come-first-served
   end (a started cohort's other members riding along aside: one chunk).
-  X = 1 is first-come-first-served.
+  X = 1 is first-come-first-served. A sequence is first seen when it may
+  start (the batch has room for it); a wait for room is decode's, not this.
 - A sequence whose next capture point is an anchor that other requests wait
   on is keyed by the tokens up to that point: the waiters restore the anchor
   in the step after it is captured, instead of prefilling it again.

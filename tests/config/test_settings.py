@@ -20,7 +20,7 @@ from engine.config import EngineConfig, format_bytes, parse_bool, parse_bytes
 from engine.config.catalog import SETTINGS, branches, markdown, with_table
 from engine.config.declare import parse_float, parse_int, parse_str, settings_of
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Settings that need a partner (TLS files) or read a file (tokens): tests/server/test_auth.py;
 # --draft-model needs --speculative draft or auto: tests/runtime/speculative/test_draft_model.py.
 PAIRED = ("tls_cert", "tls_key", "tls_client_ca", "auth_token", "auth_token_file", "draft_model")

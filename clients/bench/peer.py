@@ -66,7 +66,7 @@ class PeerServer:
         argv = [str(a).replace("{port}", str(self.port)) for a in argv]
         environ = {**os.environ, **(env or {})}
         self.process = subprocess.Popen(
-            argv, stdout=self.log, stderr=subprocess.STDOUT, env=environ
+            argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, env=environ
         )
         try:
             self._wait_ready()

@@ -88,7 +88,8 @@ PEERS = {
             "127.0.0.1",
             "--port",
             "{port}",
-        ),  # fmt: skip
+            "--no-preflight",  # a local directory: nothing to check before a download
+        ),
         skip_deps=RAPID_SKIPPED,
     ),
 }

@@ -134,3 +134,6 @@ def test_the_setting_is_checked_where_it_is_declared():
     with pytest.raises(ValueError, match="--prefill-wait-bound"):
         ModelConfig(prefill_wait_bound=0.5)
     assert ModelConfig(prefill_wait_bound=0).prefill_wait_bound == 0
+    assert ModelConfig().prefill_chunk_max is None  # the budget
+    with pytest.raises(ValueError, match="--prefill-chunk-max"):
+        ModelConfig(prefill_chunk_max=0)

@@ -13,7 +13,9 @@ it declares but loads only for audio and checkpoint conversion.
 A peer that cannot run here is never an error: `unavailable(name)` says why
 (not installed, its install failed, its server failed to start: with pip's or
 the server's last lines), and the benchmarks print that reason in place of its
-figures. Peers are given a view of the model directory without files they
+figures. Each start gets a cache home of its own and Rapid-MLX no disk caches,
+so no prefix cache outlives a run (a second round would find the first's cold
+prompts cached). Peers are given a view of the model directory without files they
 do not load (`mtp.safetensors`: mlx-vlm refuses weights its model lacks).
 It knows servers as command lines; the client is clients.bench.peer.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,6 +92,7 @@ PEERS = {
             "--port",
             "{port}",
             "--no-preflight",  # a local directory: nothing to check before a download
+            "--disable-disk-caches",  # each run starts cold, as ours does
         ),
         skip_deps=RAPID_SKIPPED,
     ),
@@ -182,7 +186,10 @@ def start(name: str, model_dir: str, log_path: str | None = None) -> PeerServer:
     subs = {"{py}": str(_python(name)), "{model}": model}
     argv = [subs.get(a, a) for a in peer.argv]
     log = log_path or str(venv(name) / "server.log")
-    return PeerServer(name, argv, env=peer.env, log_path=log, start_timeout_s=300, model=model)
+    # A cache home of its own per start: no prefix cache on disk outlives a run.
+    home = tempfile.mkdtemp(prefix="cache-", dir=venv(name))
+    env = {**peer.env, "MLX_VLM_CACHE_HOME": home, "RAPID_MLX_DISABLE_DISK_CACHES": "1"}
+    return PeerServer(name, argv, env=env, log_path=log, start_timeout_s=300, model=model)
 
 
 def start_or_reason(name: str, model_dir: str) -> tuple[PeerServer | None, str | None]:

@@ -1,7 +1,9 @@
-"""A real `mlx_lm.server` beside ours: started as a subprocess, driven through its OpenAI API.
+"""A peer server beside ours: started as a subprocess, driven through its OpenAI API.
 
-`MlxLmServer(model_dir)` starts `python -m mlx_lm.server --model DIR --port P`
-on a free localhost port and waits until it answers; `stream(...)` sends one
+`PeerServer(name, argv)` starts any OpenAI-compatible server (`argv` with
+`{port}` where its port goes) on a free localhost port and waits until it
+answers; `MlxLmServer(model_dir)` is `python -m mlx_lm.server --model DIR`
+(the other peers and their venvs: clients.bench.peers); `stream(...)` sends one
 streaming chat completion (messages, tools, greedy) and returns what the
 client saw: time to first token, the reply text, and the server's usage
 (prompt tokens, cached tokens). The benchmarks feed it the same traffic as
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -45,15 +48,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class MlxLmServer:
-    """mlx_lm.server on the model directory, in a subprocess of its own (a context manager)."""
+class PeerServer:
+    """An OpenAI-compatible server in a subprocess of its own (a context manager)."""
 
-    def __init__(self, model_dir: str, extra_args: tuple = (), log_path: str | None = None):
-        self.port = free_port()
+    def __init__(
+        self,
+        name: str,
+        argv: list,
+        env: dict | None = None,
+        log_path: str | None = None,
+        start_timeout_s: float = START_TIMEOUT_S,
+        model: str | None = None,
+    ):
+        self.name, self.port, self.model = name, free_port(), model  # model: sent in each body
+        self.start_timeout_s = start_timeout_s
         self.log = open(log_path or "/dev/null", "wb")
-        argv = [sys.executable, "-m", "mlx_lm.server", "--model", model_dir]
-        argv += ["--host", "127.0.0.1", "--port", str(self.port), *extra_args]
-        self.process = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
+        argv = [str(a).replace("{port}", str(self.port)) for a in argv]
+        environ = {**os.environ, **(env or {})}
+        self.process = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, env=environ
+        )
         try:
             self._wait_ready()
         except BaseException:
@@ -61,10 +75,10 @@ class MlxLmServer:
             raise
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"mlx_lm.server exited with {self.process.returncode}")
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}")
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
                 conn.request("GET", "/v1/models")
@@ -73,7 +87,7 @@ class MlxLmServer:
             except OSError:
                 pass
             time.sleep(0.25)
-        raise TimeoutError(f"mlx_lm.server did not answer within {START_TIMEOUT_S} s")
+        raise TimeoutError(f"{self.name} did not answer within {self.start_timeout_s} s")
 
     def stream(
         self, messages: list, tools=None, max_tokens: int = 32, drop_after: int = 0
@@ -89,6 +103,8 @@ class MlxLmServer:
         }
         if tools:
             body["tools"] = list(tools)
+        if self.model:
+            body["model"] = self.model
         reply = PeerReply(t_send=time.perf_counter())
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
         try:
@@ -100,7 +116,7 @@ class MlxLmServer:
             )
             response = conn.getresponse()
             if response.status != 200:
-                raise RuntimeError(f"mlx_lm.server answered {response.status}")
+                raise RuntimeError(f"{self.name} answered {response.status}")
             for raw in response:
                 line = raw.decode().strip()
                 if not line.startswith("data: "):
@@ -127,7 +143,8 @@ class MlxLmServer:
             reply.cached_tokens = int(details.get("cached_tokens", 0))
         for choice in event.get("choices", ()):
             delta = choice.get("delta") or {}
-            text = (delta.get("content") or "") + (delta.get("reasoning") or "")
+            reasoning = delta.get("reasoning") or delta.get("reasoning_content") or ""
+            text = (delta.get("content") or "") + reasoning
             if text or delta.get("tool_calls"):
                 if reply.t_first is None:
                     reply.t_first = now
@@ -144,8 +161,17 @@ class MlxLmServer:
                 self.process.wait()
         self.log.close()
 
-    def __enter__(self) -> "MlxLmServer":
+    def __enter__(self) -> "PeerServer":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class MlxLmServer(PeerServer):
+    """mlx_lm.server (this environment's mlx-lm) on the model directory."""
+
+    def __init__(self, model_dir: str, extra_args: tuple = (), log_path: str | None = None):
+        argv = [sys.executable, "-m", "mlx_lm.server", "--model", model_dir]
+        argv += ["--host", "127.0.0.1", "--port", "{port}", *extra_args]
+        super().__init__("mlx_lm.server", argv, log_path=log_path)

@@ -89,6 +89,17 @@ class ModelConfig:
         "srpt/fifo: a long prompt's chunk with nothing decoding aims at MS milliseconds",
         metavar="MS",
     )
+    prefill_chunk_max: int | None = setting(
+        None,
+        "srpt/fifo: a long prompt's chunk, sized in time, is never above N tokens",
+        shown="--prefill-budget",
+    )
+    prefill_wait_bound: float = setting(
+        2.0,
+        "srpt: no prompt's prefill ends later than X times first-come-first-served would "
+        "end it (counted in prefill tokens, plus one chunk); 1 is fifo, 0 turns the bound off "
+        "(aging alone)",
+    )
     prefill_overlap: bool = setting(
         True,
         "srpt/fifo: run a prefill chunk's forward on a thread of its own beside the decode steps",
@@ -174,6 +185,16 @@ class ModelConfig:
             raise ValueError(
                 f"{label_of(ModelConfig, 'num_draft_tokens')}: {self.num_draft_tokens!r} is "
                 "neither auto nor a positive integer"
+            )
+        if self.prefill_chunk_max is not None and self.prefill_chunk_max < 1:
+            raise ValueError(
+                f"{label_of(ModelConfig, 'prefill_chunk_max')} must be a positive number, "
+                f"got {self.prefill_chunk_max}"
+            )
+        if self.prefill_wait_bound != 0 and not self.prefill_wait_bound >= 1:
+            raise ValueError(
+                f"{label_of(ModelConfig, 'prefill_wait_bound')} must be 0 (off) or at least 1, "
+                f"got {self.prefill_wait_bound}"
             )
         if not self.prefill_slice_ms > 0:
             raise ValueError(

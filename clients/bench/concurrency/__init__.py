@@ -1,4 +1,4 @@
-"""`lineage bench concurrency`: concurrent sub-agents per prefill schedule, and mlx_lm.server.
+"""`lineage bench concurrency`: concurrent sub-agents per prefill schedule, and MLX peers.
 
 One seeded agent traffic (clients.bench.agents.traffic: K lanes sharing a system
 prompt plus tools, tool results of varied size) runs step by step; in every
@@ -8,9 +8,18 @@ arrive while it prefills. Replies are greedy, so every schedule sees the same
 conversations. The traffic runs
 - once with every request alone (`solo`): each request's time to first token
   on an idle engine from the same cache state;
-- once per schedule (`--schedules`), each on a fresh engine;
-- once against a real `mlx_lm.server` subprocess on the same model directory
-  (clients.bench.peer), fed through its OpenAI API from one thread per lane.
+- once per schedule (`--runs`), each on a fresh engine (`srpt-unbounded`:
+  srpt without the wait bound, `--prefill-wait-bound 0`; `srpt-chunkN`: srpt
+  with `--prefill-chunk-max N`);
+- once against each peer server, a subprocess on the same model directory
+  (`mlx_lm_server`, `mlx_vlm`, `rapid_mlx`: clients.bench.peers, each from a
+  venv of its own, `--install-peers` makes them; one that cannot run here is
+  skipped with its reason), fed through its OpenAI API from one thread per lane.
+With `--rounds R` the runs go R times in turn (peer, ours, peer, ours), the
+probes in the first round only; the table adds each headline figure's median
+and spread over the rounds. Beside TTFT: cold prompts' prefill rate (prompt
+tokens per second of TTFT, prompts over 800 tokens) and the worst TTFT by
+prompt length (report).
 A dropped call of the traffic is cancelled mid-stream after its drop point
 (ours: the gRPC call is cancelled; the peer: the HTTP connection is closed),
 and its retry resends the same messages in the next step.
@@ -36,18 +45,26 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from clients.bench.agents.traffic import Sessions, Traffic, build_traffic
 from clients.bench.concurrency.forward_costs import floor_probe, grouping_probe
-from clients.bench.concurrency.report import format_table, plot, summarize
+from clients.bench.concurrency.report import HEADLINE, format_table, plot, summarize
+from clients.bench.concurrency.senders import PEER_RUNS, EngineSender, PeerSender, Sent  # noqa: F401
 from clients.bench.figures import emit, percentile, plot_ready
 from clients.bench.harness import model_path, own_ray
 from clients.fanout import make_system_prompt
 from engine.config import PREFILL_EVALS, ModelConfig
 
 HELP = "concurrent sub-agents plus long cold prompts: TTFT, ITL and prefill rate per schedule"
-RUNS = ("batched", "fifo", "srpt", "srpt-group", "mlx_lm_server")
+RUNS = ("batched", "fifo", "srpt", "srpt-group", "mlx_lm_server", "mlx_vlm", "rapid_mlx")
+EXTRA_RUNS = ("srpt-unbounded",)  # asked by name only; and srpt-chunkN (--prefill-chunk-max N)
+
+
+def _chunk_run(name: str) -> bool:
+    return name.startswith("srpt-chunk") and name[len("srpt-chunk") :].isdigit()
+
+
 PROBE_SHORT = 200  # new tokens of the probe's warm turn
 
 
@@ -69,111 +86,11 @@ class ConcurrencyOptions:
     slice_ms: float = ModelConfig.prefill_slice_ms
     overlap: bool = ModelConfig.prefill_overlap
     prefill_eval: str = ModelConfig.prefill_eval
+    wait_bound: float = ModelConfig.prefill_wait_bound
+    chunk_max: int | None = ModelConfig.prefill_chunk_max
+    rounds: int = 1
+    install_peers: bool = False
     work_dir: str | None = None
-
-
-@dataclass
-class Sent:
-    """One request as the client saw it (perf_counter times)."""
-
-    key: str
-    kind: str  # warm | cold
-    t_send: float
-    t_first: float | None = None
-    t_end: float = 0.0
-    chunk_times: list = field(default_factory=list)
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    text: str = ""
-    completed: bool = True  # false: dropped by the client mid-stream
-
-    @property
-    def ttft_ms(self) -> float:
-        return ((self.t_first or self.t_end) - self.t_send) * 1000
-
-
-# ---------------------------------------------------------------- senders ----
-
-
-class EngineSender:
-    """Our engine, in this process, on a fresh cache directory, driven through Client."""
-
-    def __init__(self, opts: ConcurrencyOptions, schedule: str, group: int, cache_dir: str):
-        from clients.client import Client
-        from engine.config import CacheConfig, EngineConfig, ServerConfig
-        from engine.server.background import BackgroundEngine
-
-        model = ModelConfig(
-            path=opts.model,
-            prefill_step_size=opts.prefill_step_size,
-            schedule=schedule,
-            prefill_budget=opts.prefill_budget,
-            prefill_group=group,
-            prefill_step_factor=opts.step_factor,
-            prefill_slice_ms=opts.slice_ms,
-            prefill_overlap=opts.overlap,
-            prefill_eval=opts.prefill_eval,
-        )
-        config = EngineConfig(
-            model=model, cache=CacheConfig(cache_dir=cache_dir), server=ServerConfig(port=0)
-        )
-        self.engine = BackgroundEngine(config, timeout=600)
-        self.client = Client(self.engine.address, timeout=600)
-
-    def send(
-        self, key, kind, messages=None, tools=None, prompt_ids=None, max_tokens=32, drop_after=0
-    ) -> Sent:
-        from clients.client import Chunk, Final
-
-        sent = Sent(key, kind, time.perf_counter())
-        stream = self.client.stream(
-            messages=messages, tools=list(tools) if tools else None, prompt_ids=prompt_ids,
-            max_tokens=max_tokens, temperature=0.0, namespace="cold" if kind == "cold" else "",
-        )  # fmt: skip
-        for event in stream:
-            if isinstance(event, Chunk) and event.ids:
-                now = time.perf_counter()
-                sent.t_first = sent.t_first or now
-                sent.chunk_times.append(now)
-                sent.text += event.text
-                if drop_after and len(sent.chunk_times) >= drop_after:
-                    stream.cancel()  # the client drops the call mid-stream
-                    sent.completed = False
-                    break
-            elif isinstance(event, Final):
-                sent.prompt_tokens = event.usage.prompt_tokens
-                sent.cached_tokens = event.usage.cached_tokens
-        sent.t_end = time.perf_counter()
-        return sent
-
-    def step_profile(self, since: float, until: float) -> dict:
-        """The model loop's steps by phase between two perf_counter readings (same machine)."""
-        return self.engine.step_profile(since, until)
-
-    def close(self) -> None:
-        self.client.close()
-        self.engine.stop()
-
-
-class PeerSender:
-    """mlx_lm.server in a subprocess (clients.bench.peer)."""
-
-    def __init__(self, opts: ConcurrencyOptions):
-        from clients.bench.peer import MlxLmServer
-
-        self.server = MlxLmServer(opts.model)
-
-    def send(
-        self, key, kind, messages=None, tools=None, prompt_ids=None, max_tokens=32, drop_after=0
-    ) -> Sent:
-        reply = self.server.stream(messages, tools, max_tokens, drop_after)
-        return Sent(
-            key, kind, reply.t_send, reply.t_first, reply.t_end, reply.chunk_times,
-            reply.prompt_tokens, reply.cached_tokens, reply.text, reply.completed,
-        )  # fmt: skip
-
-    def close(self) -> None:
-        self.server.close()
 
 
 # ---------------------------------------------------------------- traffic ----
@@ -332,33 +249,31 @@ def run_bench(opts: ConcurrencyOptions) -> dict:
     """Solo pass, every run, the probes; the report (JSON-ready). Ray must be initialized."""
     import shutil
 
-    unknown = [r for r in opts.runs if r not in RUNS]
+    unknown = [r for r in opts.runs if r not in RUNS + EXTRA_RUNS and not _chunk_run(r)]
     if unknown:
-        raise ValueError(f"unknown runs {unknown} (use some of {', '.join(RUNS)})")
+        raise ValueError(f"unknown runs {unknown} (use some of {', '.join(RUNS + EXTRA_RUNS)})")
     traffic = build_traffic(opts.seed, opts.scale, opts.agents)
     work = tempfile.mkdtemp(prefix="lineage-bench-concurrency-", dir=opts.work_dir)
     results: dict = {}
+    load = os.getloadavg()
+    if opts.install_peers:
+        from clients.bench.peers import install
+
+        for name in set(opts.runs) & set(PEER_RUNS):
+            install(PEER_RUNS[name])
     try:
         sender = EngineSender(opts, "srpt", 1, os.path.join(work, "solo"))
         try:
             solo = drive(sender, traffic, opts, solo=True)
         finally:
             sender.close()
-        for name in opts.runs:
-            if name == "mlx_lm_server":
-                sender = PeerSender(opts)
-            else:
-                schedule, _, grouped = name.partition("-")
-                group = opts.agents + 1 if grouped else 1
-                sender = EngineSender(opts, schedule, group, os.path.join(work, name))
-            try:
-                sent = drive(sender, traffic, opts, solo=False)
-                probed = None
-                if name != "mlx_lm_server" and (opts.probes is None or name in opts.probes):
-                    probed = probe(sender, opts)
-            finally:
-                sender.close()
-            results[name] = summarize(sent, solo, probed)
+        for round_ in range(max(1, opts.rounds)):
+            for name in opts.runs:
+                summary = _one_run(opts, traffic, solo, name, work, probed=round_ == 0)
+                if round_ == 0:
+                    results[name] = summary
+                if "skipped" not in summary:
+                    results[name].setdefault("rounds", []).append({k: summary[k] for k in HEADLINE})
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {
@@ -372,9 +287,35 @@ def run_bench(opts: ConcurrencyOptions) -> dict:
         }
         | {"prefill_budget": opts.prefill_budget, "prefill_step_size": opts.prefill_step_size}
         | {"step_factor": opts.step_factor, "slice_ms": opts.slice_ms, "overlap": opts.overlap}
-        | {"prefill_eval": opts.prefill_eval},
+        | {"prefill_eval": opts.prefill_eval, "wait_bound": opts.wait_bound}
+        | {"chunk_max": opts.chunk_max},
         "runs": results,
+        "load_average": [load, os.getloadavg()],
     }
+
+
+def _one_run(opts, traffic, solo, name: str, work: str, probed: bool) -> dict:
+    """One run of the traffic on a fresh engine or peer: its summary, or why it was skipped."""
+    if name in PEER_RUNS:
+        sender = PeerSender(opts, name)
+        if sender.reason:
+            print(f"{name}: skipped: {sender.reason}", flush=True)
+            return {"skipped": sender.reason}
+    else:
+        schedule, _, variant = name.partition("-")
+        group = opts.agents + 1 if variant == "group" else 1
+        bound = 0.0 if variant == "unbounded" else None
+        chunk = int(variant[len("chunk") :]) if variant.startswith("chunk") else None
+        directory = os.path.join(work, f"{name}-{time.monotonic_ns()}")
+        sender = EngineSender(opts, schedule, group, directory, wait_bound=bound, chunk_max=chunk)
+    try:
+        sent = drive(sender, traffic, opts, solo=False)
+        probe_figures = None
+        if probed and name not in PEER_RUNS and (opts.probes is None or name in opts.probes):
+            probe_figures = probe(sender, opts)
+    finally:
+        sender.close()
+    return summarize(sent, solo, probe_figures)
 
 
 def add_arguments(parser) -> None:
@@ -418,6 +359,19 @@ def add_arguments(parser) -> None:
         default=ModelConfig.prefill_eval,
         help="the engines' --prefill-eval",
     )
+    parser.add_argument(
+        "--wait-bound",
+        type=float,
+        default=ModelConfig.prefill_wait_bound,
+        help="the engines' --prefill-wait-bound (srpt-unbounded: 0)",
+    )
+    parser.add_argument(
+        "--chunk-max", type=int, default=None, help="the engines' --prefill-chunk-max"
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="the runs R times, interleaved")
+    parser.add_argument(
+        "--install-peers", action="store_true", help="make the peers' venvs first (pip)"
+    )
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="write the figure (matplotlib)")
 
@@ -441,6 +395,10 @@ def run(args) -> int:
         slice_ms=args.slice_ms,
         overlap=args.overlap == "on",
         prefill_eval=args.prefill_eval,
+        wait_bound=args.wait_bound,
+        chunk_max=args.chunk_max if args.chunk_max is not None else ModelConfig.prefill_chunk_max,
+        rounds=args.rounds,
+        install_peers=args.install_peers,
     )
     with own_ray():
         report = run_bench(opts)

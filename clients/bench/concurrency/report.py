@@ -11,6 +11,40 @@ import numpy as np
 from clients.bench.figures import markdown_table, percentile, pyplot, save_figure
 
 SHORT_TURN = 256  # uncached tokens of a "short warm turn"
+COLD_MIN = 800  # prompt tokens of a cold prompt whose prefill rate is reported
+LENGTHS = (1024, 2048, 4096, 8192)  # worst TTFT per prompt length: bucket upper bounds
+HEADLINE = (  # the figures compared across rounds
+    "ttft_ms_p50", "ttft_ms_p90", "cold_prefill_tok_per_s_p50", "longest_cold_ttft_ms",
+)  # fmt: skip
+
+
+def _bucket(tokens: int) -> str:
+    for bound in LENGTHS:
+        if tokens < bound:
+            return f"<{bound}"
+    return f">={LENGTHS[-1]}"
+
+
+def cold_prefill(sent: list) -> dict:
+    """Cold prompts over COLD_MIN tokens: prompt tokens per second of TTFT (median, min),
+    the longest one's TTFT, and the worst TTFT of every request by prompt length."""
+    colds = [s for s in sent if s.kind == "cold" and s.prompt_tokens > COLD_MIN]
+    rates = [s.prompt_tokens / (s.ttft_ms / 1000) for s in colds if s.ttft_ms > 0]
+    longest = max(colds, key=lambda s: (s.prompt_tokens, s.ttft_ms), default=None)
+    worst: dict = {}
+    for s in sent:
+        if s.prompt_tokens:
+            key = _bucket(s.prompt_tokens)
+            worst[key] = max(worst.get(key, 0.0), s.ttft_ms)
+    order = [f"<{b}" for b in LENGTHS] + [f">={LENGTHS[-1]}"]
+    return {
+        "cold_prompts": len(colds),
+        "cold_prefill_tok_per_s_p50": percentile(rates, 50),
+        "cold_prefill_tok_per_s_min": min(rates, default=0.0),
+        "longest_cold_tokens": longest.prompt_tokens if longest else 0,
+        "longest_cold_ttft_ms": longest.ttft_ms if longest else 0.0,
+        "worst_ttft_ms_by_length": {k: worst[k] for k in order if k in worst},
+    }
 
 
 def _waiting(s) -> tuple[float, float]:
@@ -87,6 +121,7 @@ def summarize(sent: list, solo: list, probe: dict | None) -> dict:
         "cached_tokens": sum(s.cached_tokens for s in sent),
         "prefill_tokens": uncached,
         "prefill_tok_per_s": uncached / busy if busy else 0.0,
+        **cold_prefill(sent),
         "probe": probe,
         "per_request": [
             {
@@ -106,7 +141,7 @@ def summarize(sent: list, solo: list, probe: dict | None) -> dict:
 
 def ratios(report: dict, base: str = "batched") -> dict:
     """Each run's headline figures over `base`'s, from one run of the benchmark."""
-    runs = report["runs"]
+    runs = {n: r for n, r in report["runs"].items() if "skipped" not in r}
     if base not in runs:
         return {}
     b = runs[base]
@@ -133,6 +168,8 @@ PROBE_HEADER = (
 def format_table(report: dict) -> str:
     """The runs side by side, then the probes, the floor and the grouping figures."""
     t = report["traffic"]
+    skipped = {n: r["skipped"] for n, r in report["runs"].items() if "skipped" in r}
+    report = {**report, "runs": {n: r for n, r in report["runs"].items() if n not in skipped}}
     count = next(iter(report["runs"].values()))["requests"] if report["runs"] else 0
     lines = [
         f"{t['agents']} agents, {count} requests (cold prompts included), "
@@ -140,6 +177,12 @@ def format_table(report: dict) -> str:
         "",
         *markdown_table(RUN_HEADER, [_run_row(n, r) for n, r in report["runs"].items()]),
     ]
+    lines += [f"{n}: skipped: {why}" for n, why in skipped.items()]
+    lines += _cold_lines(report["runs"])
+    if report.get("load_average"):
+        lines.append("load average (1, 5, 15 min) at the start and the end: " + " / ".join(
+            ", ".join(f"{v:.2f}" for v in la) for la in report["load_average"]
+        ))  # fmt: skip
     lines += ["", "short warm turns with no cold prompt in flight, TTFT/solo p50: " + "; ".join(
         f"{n} {r['short_turn_no_cold_over_solo_p50']:.2f} (n={r['short_turns_no_cold']})"
         for n, r in report["runs"].items()
@@ -171,6 +214,38 @@ def format_table(report: dict) -> str:
             f"{g['ms_per_token_grouped_at_0']:.3f} ({g['ms_per_token_grouped_at_4096']:.3f})",
         ]
     return "\n".join(lines)
+
+
+def _cold_lines(runs: dict) -> list[str]:
+    """Cold prefill rate and the worst TTFT by prompt length; across rounds, the spread."""
+    lengths = sorted({k for r in runs.values() for k in r["worst_ttft_ms_by_length"]},
+                     key=lambda k: (k.startswith(">"), int(k.strip("<>="))))  # fmt: skip
+    header = ("run", f"cold >{COLD_MIN} tok/s of TTFT p50 (min, n)", "longest cold: tokens, TTFT s")
+    rows = [
+        [
+            n,
+            f"{r['cold_prefill_tok_per_s_p50']:.0f} ({r['cold_prefill_tok_per_s_min']:.0f}, "
+            f"n={r['cold_prompts']})",
+            f"{r['longest_cold_tokens']}, {r['longest_cold_ttft_ms'] / 1000:.2f}",
+        ]
+        for n, r in runs.items()
+    ]
+    worst = [
+        [n] + [f"{r['worst_ttft_ms_by_length'].get(k, 0.0) / 1000:.2f}" for k in lengths]
+        for n, r in runs.items()
+    ]
+    lines = ["", *markdown_table(header, rows), "", "worst TTFT s by prompt tokens:"]
+    lines += markdown_table(["run", *lengths], worst)
+    rounds = {n: r["rounds"] for n, r in runs.items() if len(r.get("rounds", ())) > 1}
+    if rounds:
+        lines += ["", "across rounds (median, min-max): " + ", ".join(HEADLINE)]
+        for n, rs in rounds.items():
+            parts = []
+            for k in HEADLINE:
+                v = [x[k] for x in rs]
+                parts.append(f"{percentile(v, 50):.0f} ({min(v):.0f}-{max(v):.0f})")
+            lines.append(f"- {n} ({len(rs)} rounds): " + "; ".join(parts))
+    return lines
 
 
 def _run_row(name: str, r: dict) -> list[str]:

@@ -10,13 +10,23 @@ the same streams:
   --http-port` starts it), with a streaming HTTP client;
 - `mlx_lm.generate`: mlx-lm's own generation on the same model, one stream
   (the forward's cost: the limit here);
-- `mlx_lm.server`: a real `mlx_lm.server` process, through the same HTTP client.
+- `mlx_lm.server`: a real `mlx_lm.server` process, through the same HTTP client;
+- `mlx_vlm.server`, `rapid_mlx`: mlx-vlm's and Rapid-MLX's servers, each from a
+  venv of its own (clients.bench.peers; `--install-peers` makes them), through
+  the same client (mlx-vlm's has no raw completions: chat completions with
+  the same prompt as the user's message). A peer that cannot run here is
+  skipped, its reason printed in the table.
+
+With `--rounds R` every (streams, tokens) cell runs the layers in turn R times
+(peer, ours, peer, ours: interleaved), and each figure is the median with
+the spread (min-max) beside it.
 
 Per layer: mean tokens/s per stream, aggregate tokens/s, the ratio to
-`mlx_lm.server` at the same streams, and the CPU each process of the server
-side spent per token (the front end, the model actor, Ray's daemons, the
-peer); for the loop and our servers, the model loop's step split by phase.
-Every ratio comes from one run.
+`mlx_lm.server` and to the faster of mlx-vlm and Rapid-MLX at the same
+streams, and the CPU each process of the server side spent per token (the
+front end, the model actor, Ray's daemons, the peer); for the loop and our
+servers, the model loop's step split by phase. Every ratio comes from one
+run of the bench.
 """
 
 from __future__ import annotations
@@ -26,8 +36,9 @@ import argparse
 from clients.bench.figures import Column, emit, plot_ready, table
 from clients.cli.args import positive_ints
 
-HELP = "decode tokens/s layer by layer (loop, gRPC, bridge) beside mlx_lm.generate and .server"
-LAYERS = ("loop", "grpc", "bridge", "mlx_lm.generate", "mlx_lm.server")
+HELP = "decode tokens/s layer by layer (loop, gRPC, bridge) beside mlx_lm, mlx-vlm, Rapid-MLX"
+PEER_LAYERS = ("mlx_lm.server", "mlx_vlm.server", "rapid_mlx")
+LAYERS = ("loop", "grpc", "bridge", "mlx_lm.generate", *PEER_LAYERS)
 
 
 def _layers(text: str) -> list[str]:
@@ -48,6 +59,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--layers", type=_layers, default=list(LAYERS), metavar="L,L", help=",".join(LAYERS)
     )
+    p.add_argument(
+        "--rounds", type=int, default=1, help="each cell's layers run R times, interleaved"
+    )
+    p.add_argument("--install-peers", action="store_true", help="make the peers' venvs first (pip)")
     p.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="write the figure (matplotlib)")
     add_serve_arguments(p)
@@ -70,7 +85,9 @@ COLUMNS = (
     Column("tokens", 6),
     Column("tok/s/stream", 12, ".0f"),
     Column("aggregate", 9, ".0f"),
+    Column("spread", 11, align=">"),
     Column("vs server", 9, ".2f"),
+    Column("vs peer", 7, ".2f"),
     Column("vs generate", 11, ".2f"),
 )
 
@@ -84,12 +101,20 @@ def format_table(figures: dict) -> str:
             r["tokens"],
             r["per_stream_tps"],
             r["aggregate_tps"],
+            "{:.0f}-{:.0f}".format(*r.get("aggregate_spread", (r["aggregate_tps"],) * 2)),
             r.get("vs_server", float("nan")),
+            r.get("vs_peer", float("nan")),
             r.get("vs_generate", float("nan")),
         )
         for r in figures["runs"]
     ]
     lines += table(COLUMNS, rows)
+    for name, reason in figures.get("skipped", {}).items():
+        lines.append(f"{name}: skipped: {reason}")
+    if figures.get("load_average"):
+        lines.append("load average (1, 5, 15 min) at the start and the end: {}".format(
+            " / ".join(", ".join(f"{v:.2f}" for v in la) for la in figures["load_average"])
+        ))  # fmt: skip
     lines += ["", "CPU ms per decoded token, by process (server side; the client apart):"]
     for r in figures["runs"]:
         if r["cpu_ms_per_token"]:

@@ -169,12 +169,21 @@ def generate_layer(model_dir: str, prompt: int, tokens: int) -> LayerRun:
 
 
 def client_layer(
-    layer: str, protocol: str, address: str, prompts: list[int], tokens: int, watch=None
+    layer: str,
+    protocol: str,
+    address: str,
+    prompts: list[int],
+    tokens: int,
+    watch=None,
+    model: str = "",
+    chat: bool = False,
 ) -> LayerRun:
     """A stream per prompt from a client process against `address`; `watch` (a
-    ProcessWatch) reads the CPU of the server's processes over the run."""
+    ProcessWatch) reads the CPU of the server's processes over the run. HTTP: `model` is
+    the body's model name, `chat` sends chat completions (stream_client)."""
     argv = [sys.executable, "-m", "clients.bench.decode.stream_client", protocol, address]
     argv += ["--prompts", ",".join(map(str, prompts)), "--tokens", str(tokens)]
+    argv += (["--model", model] if model else []) + (["--chat"] if chat else [])
     before = watch.sample() if watch else {}
     t0 = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ))

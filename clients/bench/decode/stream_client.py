@@ -48,13 +48,18 @@ def prompt_text(index: int) -> str:
 # ------------------------------------------------------------------ HTTP ----
 
 
-def http_stream(url: str, index: int, max_tokens: int, model: str, out: list, slot: int) -> None:
+def http_stream(
+    url: str, index: int, max_tokens: int, model: str, out: list, slot: int, chat: bool = False
+) -> None:
     """One streaming /v1/completions call of prompt `index` (greedy, usage included) into
-    `out[slot]`; no model named unless `model` (each server serves the one it loaded)."""
+    `out[slot]`; no model named unless `model` (each server serves the one it loaded). With
+    `chat`, /v1/chat/completions with the prompt as the user's message (for a server that
+    has no raw completions)."""
     parts = urllib.parse.urlsplit(url)
+    text = prompt_text(index)
     body = {
         **({"model": model} if model else {}),
-        "prompt": prompt_text(index),
+        **({"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text}),
         "max_tokens": max_tokens,
         "temperature": 0.0,
         "stream": True,
@@ -65,7 +70,10 @@ def http_stream(url: str, index: int, max_tokens: int, model: str, out: list, sl
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=600)
     try:
         conn.request(
-            "POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"}
+            "POST",
+            "/v1/chat/completions" if chat else "/v1/completions",
+            json.dumps(body),
+            {"Content-Type": "application/json"},
         )
         response = conn.getresponse()
         if response.status != 200:
@@ -82,7 +90,7 @@ def http_stream(url: str, index: int, max_tokens: int, model: str, out: list, sl
             usage = event.get("usage")
             if usage:
                 s.tokens = int(usage.get("completion_tokens", 0))
-            if any(c.get("text") for c in event.get("choices", ())):
+            if any(_text(c) for c in event.get("choices", ())):
                 now = time.perf_counter()
                 s.first = s.first or now
                 s.last = now
@@ -92,12 +100,21 @@ def http_stream(url: str, index: int, max_tokens: int, model: str, out: list, sl
         s.error = f"{type(error).__name__}: {error}"
     finally:
         conn.close()
+        s.tokens = s.tokens or s.chunks  # a server that sends no usage: one token a chunk
 
 
-def run_http(url: str, prompts: list[int], max_tokens: int, model: str) -> list[Stream]:
+def _text(choice: dict) -> str:
+    """A completion chunk's text, or a chat chunk's (content or reasoning)."""
+    delta = choice.get("delta") or {}
+    return choice.get("text") or delta.get("content") or delta.get("reasoning") or ""
+
+
+def run_http(
+    url: str, prompts: list[int], max_tokens: int, model: str, chat: bool = False
+) -> list[Stream]:
     out: list = [None] * len(prompts)
     threads = [
-        threading.Thread(target=http_stream, args=(url, p, max_tokens, model, out, i))
+        threading.Thread(target=http_stream, args=(url, p, max_tokens, model, out, i, chat))
         for i, p in enumerate(prompts)
     ]
     for t in threads:
@@ -149,10 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", default="0", help="comma-separated prompt indexes, one stream each")
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--model", default="", help="the HTTP body's model name (default: none)")
+    p.add_argument("--chat", action="store_true", help="HTTP: /v1/chat/completions")
     args = p.parse_args(argv)
     prompts = [int(i) for i in args.prompts.split(",")]
     if args.protocol == "http":
-        result = run_http(args.address, prompts, args.tokens, args.model)
+        result = run_http(args.address, prompts, args.tokens, args.model, args.chat)
     else:
         result = asyncio.run(run_grpc(args.address, prompts, args.tokens))
     json.dump([asdict(s) for s in result], sys.stdout)

@@ -38,6 +38,8 @@ def new_batch_generator(model, config: EngineConfig, profile: StepProfile) -> Ba
         step_factor=m.prefill_step_factor,
         slice_ms=m.prefill_slice_ms,
         overlap=m.prefill_overlap,
+        wait_bound=m.prefill_wait_bound,
+        chunk_max=m.prefill_chunk_max,
     )
     module_eval = {"module": True, "forward": False}.get(m.prefill_eval)
     return ChunkedBatchGenerator(

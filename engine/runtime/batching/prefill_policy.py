@@ -11,6 +11,19 @@ prefill chunk that runs beside it, within a token budget:
   wins (aging from arrival would make an old prompt win every step until
   its end, and a short turn arriving late would wait for all of it). `fifo`
   runs them in arrival order.
+- Bound (`srpt` with `wait_bound` X > 0): aging alone lets a long prompt
+  among a stream of short ones win a chunk only every `remaining / aging`
+  steps, so its prefill takes time quadratic in its length. The bound
+  measures time in prompt tokens of the chunks planned (`work`): a sequence
+  first seen with W tokens of prefill pending (its own, and all of every
+  sequence seen before it, as first-come-first-served would run them) gets
+  the deadline `work + X * W`. The SRPT chunk runs if, after it, serving the
+  earliest deadlines first would still meet every deadline; otherwise the
+  earliest deadline's chunk runs, alone (EDF meets any deadlines that can be
+  met). So no prefill ends later than X times its first-come-first-served
+  end (a started cohort's other members riding along aside: one chunk).
+  X = 1 is first-come-first-served. A sequence is first seen when it may
+  start (the batch has room for it); a wait for room is decode's, not this.
 - A sequence whose next capture point is an anchor that other requests wait
   on is keyed by the tokens up to that point: the waiters restore the anchor
   in the step after it is captured, instead of prefilling it again.
@@ -28,17 +41,22 @@ prefill chunk that runs beside it, within a token budget:
   that long for the chunk in flight. With `overlap` (the chunk's forward runs
   on a thread of its own beside the decode steps, engine.runtime.batching.chunked) the
   chunk is no part of a step: it gets `slice_ms` whether or not sequences
-  decode. Never more than `budget` tokens, never fewer than MIN_CHUNK (the
-  long prompt always moves).
+  decode. Never more than `chunk_max` tokens (default: `budget`), never
+  fewer than MIN_CHUNK (the long prompt always moves). The time is the
+  guard; `chunk_max` only caps the chunk where tokens are cheap, and the
+  smaller it is, the more of the prefill goes to each chunk's fixed cost
+  and to the steps between one chunk's end and the next one's start.
 - A short prefill (its whole uncached prompt within `budget` tokens) runs
   whole in one chunk, also beside decode: its first token comes one step
   later instead of many, at the price of one longer gap for the decoding
   streams. The tail of a long prompt is not short: it has waited anyway,
   and at a long context its last `budget` tokens would stall them longest.
 
-It knows sequences only as uids with token counts and step numbers; nothing
-here touches MLX, a cache or a clock. `batched` (mlx-lm's own padded prefill
-batch, the baseline) does not use this module.
+It knows sequences only as uids with token counts and step numbers, and keeps
+only the work counter and each sequence's deadline; nothing here touches MLX,
+a cache or a clock (`plan` must be called once per chunk that runs).
+`batched` (mlx-lm's own padded prefill batch, the baseline) does not use this
+module.
 """
 
 from __future__ import annotations
@@ -51,6 +69,7 @@ MIN_CHUNK = 1  # a long prefill moves at least this many tokens per step
 STEP_FACTOR = 2.5  # a step with a chunk beside decode aims at this many idle decode steps
 SLICE_MS = 50.0  # a long prefill's chunk with nothing decoding aims at this long
 FIRST_CHUNK = 16  # a long prefill's chunk beside decode before any cost is measured
+WAIT_BOUND = 2.0  # srpt: no prefill ends later than this many times first-come-first-served's
 
 
 @dataclass(frozen=True)
@@ -97,14 +116,43 @@ class PrefillScheduler:
         step_factor: float = STEP_FACTOR,
         slice_ms: float = SLICE_MS,
         overlap: bool = False,
+        wait_bound: float = WAIT_BOUND,
+        chunk_max: int | None = None,
     ):
         if schedule not in ("srpt", "fifo"):
             raise ValueError(f"schedule {schedule!r} is not srpt or fifo")
         if budget < 1 or group < 1:
             raise ValueError(f"budget {budget} and group {group} must be positive")
+        if wait_bound != 0 and not wait_bound >= 1:
+            raise ValueError(f"wait bound {wait_bound} must be 0 (off) or at least 1")
         self.schedule, self.budget, self.group = schedule, budget, group
         self.aging, self.step_factor, self.slice_ms = aging, step_factor, slice_ms
-        self.overlap = overlap
+        self.overlap, self.wait_bound = overlap, wait_bound
+        self.chunk_max = budget if chunk_max is None else chunk_max
+        if self.chunk_max < 1:
+            raise ValueError(f"chunk_max {chunk_max} must be positive")
+        self.work = 0  # prompt tokens of every chunk planned: the bound's clock
+        self.deadlines: dict[int, float] = {}  # uid -> the work by which its prefill ends
+
+    def _deadlines(self, candidates: list[Candidate]) -> None:
+        """Give each sequence seen for the first time its deadline (module doc: bound);
+        forget those gone."""
+        present = {c.uid for c in candidates}
+        self.deadlines = {u: d for u, d in self.deadlines.items() if u in present}
+        pending = sum(c.remaining for c in candidates if c.uid in self.deadlines)
+        for c in sorted(candidates, key=lambda c: (c.arrived, c.uid)):
+            if c.uid not in self.deadlines:
+                pending += c.remaining
+                self.deadlines[c.uid] = self.work + self.wait_bound * pending
+
+    def _feasible(self, ready: list[Candidate], chunk: Chunk) -> bool:
+        """Whether, after `chunk`, serving the earliest deadlines first still meets them all."""
+        ahead = self.work + chunk.tokens * len(chunk.uids)
+        for c in sorted(ready, key=lambda c: (self.deadlines[c.uid], c.arrived, c.uid)):
+            ahead += max(0, c.remaining - (chunk.tokens if c.uid in chunk.uids else 0))
+            if ahead > self.deadlines[c.uid]:
+                return False
+        return True
 
     def priority(self, c: Candidate, step: int) -> tuple:
         """Sort key: the smallest runs first."""
@@ -131,7 +179,7 @@ class PrefillScheduler:
             room = self.step_factor * costs.decode_ms - costs.beside_ms
         else:
             room = self.slice_ms
-        return max(MIN_CHUNK, min(self.budget, int(room / token_ms)))
+        return max(MIN_CHUNK, min(self.chunk_max, int(room / token_ms)))
 
     def plan(
         self, candidates: list[Candidate], step: int, decoding: int = 0, costs: Costs = Costs()
@@ -142,15 +190,33 @@ class PrefillScheduler:
         )
         if not ready:
             return None
-        head = ready[0]
+        chunk = self._chunk(ready[0], ready, candidates, decoding, costs)
+        if self.schedule == "srpt" and self.wait_bound:
+            self._deadlines(candidates)
+            if not self._feasible(ready, chunk):  # the earliest deadline first, alone
+                head = min(ready, key=lambda c: (self.deadlines[c.uid], c.arrived, c.uid))
+                chunk = self._chunk(head, [head], candidates, decoding, costs)
+        self.work += chunk.tokens * len(chunk.uids)
+        return chunk
+
+    def _chunk(
+        self,
+        head: Candidate,
+        ready: list[Candidate],
+        candidates: list[Candidate],
+        decoding: int,
+        costs: Costs,
+    ) -> Chunk:
+        """`head`'s chunk: its cohort, or it and similar unstarted ones of `ready`."""
         allowance = self.allowance(head, decoding, costs)
         if head.cohort is not None:  # a started cohort runs whole: one prompt batch
             members = [c for c in candidates if c.cohort == head.cohort]
         else:
             similar = [
                 c
-                for c in ready[1:]
-                if c.cohort is None
+                for c in ready
+                if c is not head
+                and c.cohort is None
                 and head.remaining <= GROUP_RATIO * c.remaining
                 and c.remaining <= GROUP_RATIO * head.remaining
             ]

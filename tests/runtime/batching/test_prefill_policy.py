@@ -179,3 +179,23 @@ def test_the_tail_of_a_long_prompt_is_not_short():
     assert s.plan([tail], step=9, decoding=1, costs=costs) == Chunk((1,), 5)
     short = Candidate(2, 200, 200, 0, cohort=1, token_ms=1.0, total=240)
     assert s.plan([short], step=9, decoding=1, costs=costs) == Chunk((2,), 200)
+
+
+@pytest.mark.parametrize(
+    "overlap, decoding, costs, expected",
+    [
+        (True, 2, Costs(5.0, 0.01, 5.0), 1024),  # cheap tokens: the slice's 2000, capped
+        (True, 0, Costs(5.0, 0.1), 200),  # the slice's time still sizes it
+        (False, 2, Costs(5.0, 0.001, 5.0), 1024),  # beside decode in the step, too
+        (True, 2, Costs(0.0, 0.0), FIRST_CHUNK),  # nothing measured yet
+    ],
+)
+def test_a_long_prompts_chunk_is_capped_by_chunk_max_not_the_budget(
+    overlap, decoding, costs, expected
+):
+    s = PrefillScheduler("srpt", budget=256, slice_ms=20.0, overlap=overlap, chunk_max=1024)
+    assert s.plan([cand(1, 10_000)], step=0, decoding=decoding, costs=costs) == Chunk(
+        (1,), expected
+    )
+    # a prefill within the budget is still short: whole
+    assert s.plan([cand(2, 256)], step=0, decoding=decoding, costs=costs) == Chunk((2,), 256)

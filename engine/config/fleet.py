@@ -7,9 +7,10 @@ same names, for this model only) and `resource=NAME[:AMOUNT]` (a Ray custom
 resource its actors need, repeatable: it places the model on a cluster's
 nodes). An empty PATH (`small=`) is the embedded model. `--model-alias
 PATTERN=NAME` sends the names matching PATTERN to model NAME
-(engine.config.server). Each model gets its own cache directory under the
-cache directory (`fleet/NAME`) and its own Ray namespace (the server's, a dash,
-its name); `EngineConfig.for_model` derives its configuration.
+(engine.config.server; the longest matching pattern wins: `routed`). Each
+model gets its own cache directory under the cache directory (`fleet/NAME`)
+and its own Ray namespace (the server's, a dash, its name);
+`EngineConfig.for_model` derives its configuration.
 
 `--idle-unload SECONDS` unloads a model nobody used for that long; `--pin NAME`
 keeps one loaded. It checks names and values; engine.server.fleet applies them.
@@ -17,6 +18,7 @@ keeps one loaded. It checks names and values; engine.server.fleet applies them.
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from dataclasses import dataclass
 
@@ -143,3 +145,15 @@ def alias_targets(patterns: tuple[str, ...], names: tuple[str, ...]) -> dict[str
             raise ValueError(f"--model-alias {text!r}: {target!r} is not a declared model")
         out[pattern] = target
     return out
+
+
+def routed(requested: str, names, patterns) -> str | None:
+    """The model a requested name goes to: the first model when none is named, a model's
+    own name, else the target of the longest `(pattern, target)` pattern that matches it
+    (`claude-*haiku*` before `claude-*`; ties: the first given); None when none does."""
+    if not requested:
+        return next(iter(names), None)
+    if requested in names:
+        return requested
+    matching = [(p, t) for p, t in patterns if fnmatch.fnmatchcase(requested, p)]
+    return max(matching, key=lambda pt: len(pt[0]))[1] if matching else None

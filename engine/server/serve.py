@@ -22,7 +22,7 @@ import sys
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Protocol, Sequence
+from typing import Awaitable, Callable, Mapping, Protocol, Sequence
 
 import ray
 
@@ -56,6 +56,7 @@ class RunningEngine:
     local_socket: str | None = None  # gRPC on this Unix socket too (a sidecar's way in)
     auth: object = None  # the Authenticator the gRPC server checks tokens with
     exact_figures: bool = True  # cached-token figures sent to clients unrounded
+    fleet: object = None  # engine.server.fleet.Fleet, when several models are served
 
     @property
     def model(self):
@@ -74,19 +75,15 @@ class RunningEngine:
     async def stop(self, grace: float = 2.0) -> None:
         from engine.server.service import stop_server
 
+        if self.fleet is not None:  # each model's calls end UNAVAILABLE, then its actors go
+            await self.fleet.stop(lambda: stop_server(self.server, self.health, None, grace))
+            return
         if self.supervisor is not None:
             self.supervisor.stop()
         if self.sampler is not None:
             self.sampler.cancel()
         await stop_server(self.server, self.health, self.frontend, grace)
-        for model in self.models:
-            try:  # queued disk-tier writes land before the actor goes
-                await asyncio.wait_for(model.flush_disk.remote(60), 70)
-            except Exception:
-                log.exception("flushing the disk tier failed")
-        for actor in (*self.models, self.manager):
-            ray.kill(actor, no_restart=True)
-        await _names_released(self.namespace, self.names)
+        await _release(self.models, self.manager, self.namespace, self.names)
 
 
 async def _names_released(namespace: str, names: Sequence[str], patience: float = 10.0) -> None:
@@ -108,11 +105,113 @@ async def start_engine(
     """Create the actors and serve gRPC; Ray must already be initialized.
 
     `local_socket` also serves gRPC on that Unix socket (no TLS; tokens apply).
+    With several models declared (engine.config.fleet) each is a ModelGroup of
+    its own, loaded and unloaded by an engine.server.fleet.Fleet behind the one
+    gRPC server; the engine's `frontend`, `models` and `manager` are the first
+    loaded model's.
     """
     from functools import partial
-    from pathlib import Path
 
     from grpc_health.v1 import health
+
+    from engine.server.auth import Authenticator
+    from engine.server.service import create_server, set_serving
+
+    # The supervisor drives health from its first check on; stop() stops it first.
+    health_servicer = health.aio.HealthServicer()
+    await set_serving(health_servicer, True)
+    fleet = None
+    if config.fleet.several:
+        from engine.server.fleet import Fleet
+
+        fleet = Fleet(config, start_group, partial(set_serving, health_servicer))
+        await fleet.start()
+        group = fleet.first_loaded()
+    else:
+        group = await start_group(config, partial(set_serving, health_servicer))
+    server, bound, _ = await create_server(
+        group.frontend,
+        config.server.host,
+        config.server.port if port is None else port,
+        security=config.server,
+        local_socket=local_socket,
+        max_concurrent_rpcs=config.server.max_concurrent_rpcs or config.model.max_queue + 64,
+        health_servicer=health_servicer,
+        fleet=fleet,
+    )
+    engine = RunningEngine(
+        server,
+        bound,
+        health_servicer,
+        group.frontend,
+        group.models,
+        group.manager,
+        group.info,
+        group.namespace,
+        group.names,
+        group.supervisor,
+        group.memory,
+        local_socket=local_socket,
+        auth=Authenticator(config.server.tokens),
+        exact_figures=config.server.exact_cache_figures,
+        fleet=fleet,
+    )
+    engine.sampler = group.sampler
+    return engine
+
+
+@dataclass
+class ModelGroup:
+    """One model's actors and its front end: the replicas, the cache manager, the
+    supervisor, the memory plan they were given and the metrics sampler."""
+
+    frontend: object
+    models: list  # ModelActor handles, by replica number
+    manager: object
+    info: object
+    namespace: str
+    names: tuple
+    supervisor: object
+    memory: object
+    sampler: object = None
+
+    async def stop(self) -> None:
+        """Its calls end UNAVAILABLE, queued disk writes land, its actors are killed."""
+        self.supervisor.stop()
+        if self.sampler is not None:
+            self.sampler.cancel()
+        self.frontend.close()
+        self.frontend.prompt_thread.shutdown(wait=False)
+        await _release(self.models, self.manager, self.namespace, self.names)
+
+
+async def _release(models, manager, namespace: str, names: Sequence[str]) -> None:
+    """Flush each replica's disk tier, kill the actors and wait for their names."""
+    for model in models:
+        try:  # queued disk-tier writes land before the actor goes
+            await asyncio.wait_for(model.flush_disk.remote(60), 70)
+        except Exception:
+            log.exception("flushing the disk tier failed")
+    for actor in (*models, manager):
+        ray.kill(actor, no_restart=True)
+    await _names_released(namespace, names)
+
+
+async def start_group(
+    config: EngineConfig,
+    set_serving: Callable,
+    label: str | None = None,
+    placement: Mapping[str, float] | None = None,
+) -> ModelGroup:
+    """One model's replicas, memory plan, cache manager, supervisor and front end.
+
+    `set_serving(up)` is how its supervisor reports health; `label` tags its
+    metrics (default: the model directory's name); `placement` adds the Ray
+    resources its replicas need (a cluster places them on the nodes that have them).
+    """
+    placement = placement or {}
+    from pathlib import Path
+
     from mlx_lm.utils import load_tokenizer
 
     from engine.actors.cache_manager import CacheManagerActor
@@ -120,20 +219,20 @@ async def start_engine(
     from engine.actors.names import CACHE_MANAGER, model_actor_name
     from engine.config import plan_memory, with_memory
     from engine.server.activity import NamespaceTags
-    from engine.server.auth import Authenticator
     from engine.server.frontend import Frontend
     from engine.server.metrics import EngineMetrics
     from engine.server.prompt import PromptBuilder
-    from engine.server.service import create_server, set_serving
     from engine.server.supervisor import Supervisor
 
     namespace = config.server.ray_namespace
-    count = replica_count(config)
+    count = replica_count(config, placement)
     names = (*(model_actor_name(r) for r in range(count)), CACHE_MANAGER)
     _check_names_free(namespace, names)
     # On a cluster with `mlx` resources, each replica takes one (one per machine or GPU).
     mlx = ray.cluster_resources().get("mlx", 0) >= count or config.server.address
-    options = {"resources": {"mlx": 1}} if mlx else {}
+    resources = {"mlx": 1} if mlx else {}
+    resources.update(placement)  # a model's own (--model NAME=PATH,resource=R)
+    options = {"resources": resources} if resources else {}
     restarts = {"max_restarts": config.server.max_restarts}
     shipped = without_tokens(config)
     models = [
@@ -161,10 +260,7 @@ async def start_engine(
         count,
         config.server.route_threshold,
     )
-    # The supervisor drives health from its first check on; stop() stops it first.
-    health_servicer = health.aio.HealthServicer()
-    await set_serving(health_servicer, True)
-    supervisor = Supervisor(models, manager, config, partial(set_serving, health_servicer))
+    supervisor = Supervisor(models, manager, config, set_serving)
     await supervisor.start()
     await manager.attach.remote(models, machines)
     tokenizer = load_tokenizer(Path(info.path))
@@ -190,40 +286,16 @@ async def start_engine(
         supervisor,
         budgets=budgets,
         namespaces=NamespaceTags(config.server.metrics_namespace, config.server.metrics_namespaces),
-        metrics=EngineMetrics(namespace, Path(info.path).name or info.model_type),
+        metrics=EngineMetrics(namespace, label or Path(info.path).name or info.model_type),
+        name=label or Path(info.path).name,
     )
-    server, bound, _ = await create_server(
-        frontend,
-        config.server.host,
-        config.server.port if port is None else port,
-        security=config.server,
-        local_socket=local_socket,
-        max_concurrent_rpcs=config.server.max_concurrent_rpcs or config.model.max_queue + 64,
-        health_servicer=health_servicer,
-    )
-    engine = RunningEngine(
-        server,
-        bound,
-        health_servicer,
-        frontend,
-        models,
-        manager,
-        info,
-        namespace,
-        names,
-        supervisor,
-        memory,
-        local_socket=local_socket,
-        auth=Authenticator(config.server.tokens),
-        exact_figures=config.server.exact_cache_figures,
-    )
-    engine.sampler = asyncio.ensure_future(sample_metrics(engine))
-    return engine
+    group = ModelGroup(frontend, models, manager, info, namespace, names, supervisor, memory)
+    group.sampler = asyncio.ensure_future(sample_metrics(frontend))
+    return group
 
 
-async def sample_metrics(engine: "RunningEngine", every: float = 1.0) -> None:
-    """Gauges and cumulative counters from the live figures, about once a second."""
-    frontend = engine.frontend
+async def sample_metrics(frontend, every: float = 1.0) -> None:
+    """Gauges and cumulative counters of a front end's live figures, about once a second."""
     while True:
         await asyncio.sleep(every)
         try:
@@ -306,11 +378,16 @@ def _check_names_free(namespace: str, names: Sequence[str]) -> None:
         )
 
 
-def replica_count(config: EngineConfig) -> int:
-    """`--replicas`: the number given, or one per `mlx` resource of the cluster (at least 1)."""
+def replica_count(config: EngineConfig, placement: Mapping[str, float] | None = None) -> int:
+    """`--replicas`: the number given, or one per `mlx` resource of the cluster (at least 1);
+    a model placed by resources (`placement`): as many as the cluster has room for."""
     if config.server.replicas != "auto":
         return int(config.server.replicas)
-    return max(1, int(ray.cluster_resources().get("mlx", 0)))
+    cluster = ray.cluster_resources()
+    count = int(cluster.get("mlx", 0))
+    for resource, amount in (placement or {}).items():
+        count = min(count or 1 << 30, int(cluster.get(resource, 0) // amount))
+    return max(1, count)
 
 
 def ray_options(config: EngineConfig) -> dict:
@@ -379,6 +456,8 @@ async def _serve(config: EngineConfig, dashboard: str, sidecars: Sequence[Sideca
         f"output format {engine.frontend.builder.output_format}",
         flush=True,
     )
+    if engine.fleet is not None:
+        print(f"lineage: models {engine.fleet.summary()}", flush=True)
     if dashboard:
         url = dashboard if dashboard.startswith("http") else f"http://{dashboard}"
         print(f"lineage: Ray dashboard at {url}", flush=True)

@@ -75,3 +75,20 @@ def test_alias_targets():
     assert got == {"claude-*haiku*": "small", "claude-*": "big"}
     with pytest.raises(ValueError, match="'tiny' is not a declared model"):
         alias_targets(("gpt-*=tiny",), names)
+
+
+@pytest.mark.parametrize(
+    "requested, model",
+    [
+        ("", "big"),
+        ("small", "small"),
+        ("claude-3-5-haiku-latest", "small"),  # the longer pattern wins, whatever the order
+        ("claude-sonnet-4-5", "big"),
+        ("gpt-5", None),
+    ],
+)
+def test_routed(requested, model):
+    from engine.config.fleet import routed
+
+    patterns = [("claude-*", "big"), ("claude-*haiku*", "small")]
+    assert routed(requested, ("big", "small"), patterns) == model

@@ -231,8 +231,10 @@ class GenerateEvent(_message.Message):
     def __init__(self, progress: _Optional[_Union[PrefillProgress, _Mapping]] = ..., chunk: _Optional[_Union[TokenChunk, _Mapping]] = ..., final: _Optional[_Union[Final, _Mapping]] = ...) -> None: ...
 
 class CacheStatsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class CacheStatsReply(_message.Message):
     __slots__ = ("mode", "entries", "anchors", "checkpoints", "ram_bytes", "anchor_bytes", "disk_bytes", "disk_entries", "hits", "evictions", "disk_evictions", "damaged_files", "cached_tokens", "prompt_tokens", "replicas", "restores_lost", "disk_writes_lost", "misses")
@@ -331,10 +333,12 @@ class ReplicaStats(_message.Message):
     def __init__(self, replica: _Optional[int] = ..., alive: _Optional[bool] = ..., entries: _Optional[int] = ..., ram_bytes: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., in_flight: _Optional[int] = ..., requests: _Optional[int] = ..., restores: _Optional[_Mapping[str, int]] = ..., handovers: _Optional[int] = ..., handover_bytes: _Optional[int] = ..., sessions: _Optional[int] = ..., session_moves: _Optional[int] = ...) -> None: ...
 
 class InspectRequest(_message.Message):
-    __slots__ = ("recent",)
+    __slots__ = ("recent", "model")
     RECENT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     recent: int
-    def __init__(self, recent: _Optional[int] = ...) -> None: ...
+    model: str
+    def __init__(self, recent: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
 
 class ReplicaFigures(_message.Message):
     __slots__ = ("name", "queue_requests", "queue_prefill_tokens", "running", "tokens_per_s", "ttft_p50_ms", "ram_bytes", "mlx_active_bytes", "mlx_peak_bytes", "disk_written_bytes", "disk_read_bytes")

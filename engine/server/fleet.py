@@ -129,6 +129,16 @@ class Fleet:
             for m in self.members.values()
         )
 
+    def frontend_of(self, requested: str = ""):
+        """A model's front end, for its figures: the named model's (UnknownModel,
+        Unavailable when it is not loaded), or the first loaded one's."""
+        if not requested:
+            return self.first_loaded().frontend
+        member = self.resolve(requested)
+        if member.group is None or member.state != LOADED:
+            raise Unavailable(f"model {member.name} is {member.state}")
+        return member.group.frontend
+
     def first_loaded(self):
         """The first declared model's group that is loaded (Unavailable when none is)."""
         for m in self.members.values():

@@ -217,19 +217,26 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                     grpc.StatusCode.PERMISSION_DENIED, f"{what} needs an admin token"
                 )
 
-    def _current(self) -> Frontend:
+    async def _current(self, context, model: str = "") -> Frontend:
         """The front end whose figures CacheStats and Inspect give: with several models,
-        the first loaded one's."""
-        return self.frontend if self.fleet is None else self.fleet.first_loaded().frontend
+        the named one's (NOT_FOUND for an unknown name, UNAVAILABLE for one not loaded),
+        or the first loaded one's."""
+        if self.fleet is None:
+            return self.frontend
+        try:
+            return self.fleet.frontend_of(model)
+        except DOMAIN_ERRORS as e:
+            await context.abort(*status_of(e))
 
     async def CacheStats(self, request, context):
         await self._require_admin(context, "CacheStats")
-        s = await self._current().stats()
+        s = await (await self._current(context, request.model)).stats()
         return engine_pb2.CacheStatsReply(**dataclasses.asdict(s))
 
     async def Inspect(self, request, context):
         await self._require_admin(context, "Inspect")
-        return to_inspect_reply(await self._current().inspect(request.recent or 20))
+        frontend = await self._current(context, request.model)
+        return to_inspect_reply(await frontend.inspect(request.recent or 20))
 
     async def ModelInfo(self, request, context):
         i = self.frontend.info

@@ -106,6 +106,8 @@ def test_two_models_answer_by_name_and_alias_in_every_wire_format(two_models, ca
     lines = [r.getMessage() for r in caplog.records if r.name == "lineage.request"]
     served = sorted(line.split(" model=")[1].split()[0] for line in lines)
     assert served == ["hybrid"] * 4 + ["tiny"] * 4  # as the names and aliases route them
+    for model in ("hybrid", "tiny", "claude-3-5-haiku"):  # each model's own figures
+        assert len(client.inspect(20, model)["recent"]) == 4
 
     # An unknown name: 404 in each wire format, naming the models; NOT_FOUND over gRPC.
     body = {"model": "llama-3", "messages": HI, "max_tokens": 4}

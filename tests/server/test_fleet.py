@@ -184,6 +184,9 @@ def test_swap_restore_from_disk_idle_unload_and_pin(
             time.sleep(0.5)
         assert states() == {"pinned": "loaded", "a": "unloaded", "b": "unloaded"}
         after = _actor_rss(f"{namespace}-a")
+        while after and time.monotonic() < deadline:  # the state API catches up
+            time.sleep(0.5)
+            after = _actor_rss(f"{namespace}-a")
         pinned = _actor_rss(f"{namespace}-pinned")
         print(f"\nRSS of a's actors before the idle unload: {before}; after: {after}")
         print(f"RSS of the pinned model's actors: {pinned}")

@@ -255,9 +255,10 @@ class Client:
         """The ModelInfo RPC as a dict of its fields."""
         return message_to_dict(self._unary(self._engine.ModelInfo, engine_pb2.ModelInfoRequest()))
 
-    def inspect(self, recent: int = 20) -> dict:
-        """The Inspect RPC (live figures, the latest `recent` requests) as a dict."""
-        request = engine_pb2.InspectRequest(recent=recent)
+    def inspect(self, recent: int = 20, model: str = "") -> dict:
+        """The Inspect RPC (live figures, the latest `recent` requests; `model`: that
+        model's, when the server serves several) as a dict."""
+        request = engine_pb2.InspectRequest(recent=recent, model=model)
         return message_to_dict(self._unary(self._engine.Inspect, request))
 
     def wait_ready(self, timeout: float = 30.0, service: str = "") -> None:

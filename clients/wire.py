@@ -335,6 +335,7 @@ def build_request(
     logprobs: bool = False,
     top_logprobs: int = 0,
     n: int = 1,
+    model: str = "",
 ) -> engine_pb2.GenerateRequest:
     """Arguments of generate()/stream() -> GenerateRequest.
 
@@ -345,7 +346,8 @@ def build_request(
     output to a JSON schema, a grammar or a tool choice; `logprobs` asks for each
     token's log-probability, and `top_logprobs` (0-20) for the most likely tokens
     at each position; `n` asks for that many branches from one prefill (their events
-    carry `index`). Raises ValueError naming the bad argument.
+    carry `index`); `model` names the model when the server serves several. Raises
+    ValueError naming the bad argument.
     """
     given = [
         n
@@ -379,7 +381,11 @@ def build_request(
         sampling.logprobs = True
         sampling.top_logprobs = wire_int(top_logprobs or 0, "top_logprobs", 32)
     request = engine_pb2.GenerateRequest(
-        request_id=request_id, namespace=namespace, sampling=sampling, session=str(session or "")
+        request_id=request_id,
+        namespace=namespace,
+        sampling=sampling,
+        session=str(session or ""),
+        model=str(model or ""),
     )
     if constraint is not None:
         proto = constraint if isinstance(constraint, engine_pb2.Constraint) else None

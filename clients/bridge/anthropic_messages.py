@@ -212,10 +212,11 @@ def add_routes(app, backend, served) -> None:
         its output is held to its tool_choice (any, tool, none; auto with tools is lazy)."""
         caller = caller_of(request)
         info = await backend.model_info(caller.gate)
-        model = served.resolve(body.model, info["id"])
+        model, info = served.route(body.model, info)
         prompt: Prompt = prompt_of(body)
         rid = uuid.uuid4().hex
         kwargs = engine_call(caller, rid, max_tokens, **sampling)
+        kwargs["model"] = info["engine_model"]
         if held:
             kwargs["constraint"] = constraint_for(None, body.tool_choice, None, prompt.tools)
         stream = backend.stream(

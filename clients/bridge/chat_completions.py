@@ -437,8 +437,10 @@ def add_routes(app, backend) -> None:
     async def chat_completions(body: s.Chat, request: Request):
         caller = caller_of(request)
         info, rid = await backend.model_info(caller), uuid.uuid4().hex
-        info = dict(info, id=request.app.state.served.resolve(body.model, info["id"]))
+        name, info = request.app.state.served.route(body.model, info)
+        info = dict(info, id=name)
         kwargs = _sampling(body, info, namespace(request, body), rid)
+        kwargs["model"] = info["engine_model"]
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
         for m in messages:  # OpenAI's newer name for the system role
             m["role"] = "system" if m["role"] == "developer" else m["role"]
@@ -468,8 +470,10 @@ def add_routes(app, backend) -> None:
     async def completions(body: s.Completion, request: Request):
         caller = caller_of(request)
         info, rid = await backend.model_info(caller), uuid.uuid4().hex
-        info = dict(info, id=request.app.state.served.resolve(body.model, info["id"]))
+        name, info = request.app.state.served.route(body.model, info)
+        info = dict(info, id=name)
         kwargs = _sampling(body, info, namespace(request, body), rid)
+        kwargs["model"] = info["engine_model"]
         kwargs["session"] = session_of(request.headers, body)
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):

@@ -22,6 +22,7 @@ HTTP_STATUS = {
     "INVALID_ARGUMENT": 400,
     "UNAUTHENTICATED": 401,
     "PERMISSION_DENIED": 403,
+    "NOT_FOUND": 404,  # a model the engine does not serve
     "RESOURCE_EXHAUSTED": 429,
     "UNAVAILABLE": 503,
 }

@@ -125,7 +125,10 @@ class InProcessClient:
         if e.auth.enabled and e.auth.identity(metadata) is None:
             raise LineageError("UNAUTHENTICATED", "a known bearer token is required")
         try:  # the request's own checks (its prompt, its constraint) run here
-            events = generate_events(e.frontend, e.auth, request, metadata)
+            if e.fleet is not None:  # several models: routed by the name asked for
+                events = e.fleet.generate_events(e.auth, request, metadata)
+            else:
+                events = generate_events(e.frontend, e.auth, request, metadata)
         except DOMAIN_ERRORS as error:
             code, message = status_of(error)
             raise LineageError(code.name, message) from None
@@ -173,6 +176,10 @@ class InProcessBackend:
             "kernels": list(i.kernels),
             "output_format": output_format,
         }
+        if self.engine.fleet is not None:
+            from clients.wire import message_to_dict
+
+            reply["models"] = [message_to_dict(m) for m in self.engine.fleet.listing()]
         return {
             "id": model,
             "max_context": i.max_context,

@@ -364,7 +364,7 @@ def add_routes(app, backend, served, store) -> None:
         _check(body)
         caller = caller_of(request, body.user or "")
         info = await backend.model_info(caller.gate)
-        model = served.resolve(body.model, info["id"])
+        model, info = served.route(body.model, info)
         # 1) the prompt: the instructions, the stored conversation, the new items
         started = time.perf_counter()
         history, known = (), set()
@@ -381,6 +381,7 @@ def add_routes(app, backend, served, store) -> None:
         max_tokens = body.max_output_tokens or info["max_context"]
         session = body.previous_response_id or body.prompt_cache_key
         kwargs = engine_call(caller, rid, max_tokens, body.temperature, body.top_p, session=session)
+        kwargs["model"] = info["engine_model"]
         # The output held to text.format or the tool choice (the engine checks the schema).
         kwargs["constraint"] = constraint_for(
             (body.text or {}).get("format"),

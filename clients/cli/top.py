@@ -6,7 +6,8 @@ the sessions built on them, bytes per tier against budget bars, hit rates by
 restore kind over the last minute, misses by why; the latest requests with
 their restore kind, timings, and why one restored less than an earlier prompt
 offered (`system@812 m0`: its system prompt changed at token 812, in message
-0). `--once` prints one frame and exits (scripts, tests). Knows
+0). `--once` prints one frame and exits (scripts, tests); `--model NAME`
+shows that model's, when the server serves several. Knows
 the server only through the client library; rich loads only when it runs, so
 the command stays cheap to import.
 """
@@ -27,6 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--once", action="store_true", help="print one frame and exit")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between frames")
     p.add_argument("--requests", type=int, default=10, help="latest requests shown")
+    p.add_argument(
+        "--model", default="", help="with several models served: whose figures (default: the first)"
+    )
     add_server_arguments(p)
 
 
@@ -182,11 +186,12 @@ def run(args: argparse.Namespace, console=None) -> int:
     console = console or Console()
     with Client(args.server, **getattr(args, "connect", {})) as client:
         if args.once:
-            console.print(render(client.inspect(args.requests), args.server))
+            console.print(render(client.inspect(args.requests, args.model), args.server))
             return 0
         from rich.live import Live
 
         with Live(console=console, screen=False, auto_refresh=False) as live:
             while True:
-                live.update(render(client.inspect(args.requests), args.server), refresh=True)
+                snap = client.inspect(args.requests, args.model)
+                live.update(render(snap, args.server), refresh=True)
                 time.sleep(args.interval)

@@ -4,13 +4,14 @@ Frozen dataclasses, built once in ``main()`` from CLI flags and the environment
 (``EngineConfig.from_sources``) and passed down. Each branch lives in a module
 of its own with its operator settings declared beside their fields
 (engine.config.declare; all of them listed by engine.config.catalog): `model`,
-`cache`, `server`, `prompt`, `kernels`, `limits`. Beside them: byte sizes (`units`), what
+`cache`, `server`, `prompt`, `kernels`, `limits`, `fleet`. Beside them: byte sizes (`units`), what
 the machine offers (`machine`) and the memory plan made once the model is loaded
 (`memory`). This module only re-exports their names.
 """
 
 from engine.config.cache import CACHE_MODES, CacheConfig, default_cache_dir
 from engine.config.declare import parse_bool
+from engine.config.fleet import FleetConfig, ModelSpec
 from engine.config.kernels import GATED_DELTA_MODES, KernelConfig
 from engine.config.limits import CACHE_BLOCK, MAX_JSON_DEPTH, MAX_REQUEST_BYTES, Limits
 from engine.config.machine import machine_memory
@@ -41,10 +42,12 @@ __all__ = [
     "SCHEDULES",
     "CacheConfig",
     "EngineConfig",
+    "FleetConfig",
     "Identity",
     "KernelConfig",
     "Limits",
     "MemoryPlan",
+    "ModelSpec",
     "ModelConfig",
     "PromptConfig",
     "ServerConfig",

@@ -52,9 +52,7 @@ def _draft_tokens(value) -> int | None:
 class ModelConfig:
     """Model, batch and admission, prefill schedule."""
 
-    path: str | None = setting(
-        None, "model directory", name="model", metavar="PATH", shown="the embedded tiny model"
-    )
+    path: str | None = None  # None: the embedded model; set by --model (engine.config.fleet)
     prefill_step_size: int = setting(
         512, "tokens per prefill chunk of mlx-lm's batch", var="LINEAGE_PREFILL_STEP"
     )

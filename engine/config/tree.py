@@ -1,6 +1,7 @@
 """The configuration tree, and its one builder from flags and the environment.
 
-`EngineConfig` holds the branches: model, cache, server, prompt, kernels and limits, each
+`EngineConfig` holds the branches: model, cache, server, prompt, kernels, limits and
+fleet (the models served together; `for_model` derives each one's tree), each
 a frozen dataclass in a module of its own with its settings declared beside their
 fields. `EngineConfig.from_sources(flags, env)` reads every setting (a flag wins
 over its variable, which wins over its default) and applies what depends on the
@@ -17,6 +18,7 @@ from typing import Mapping
 
 from engine.config.cache import CacheConfig, default_cache_dir
 from engine.config.declare import UNSET, read_settings, setting_named
+from engine.config.fleet import FleetConfig, ModelSpec
 from engine.config.kernels import KernelConfig
 from engine.config.limits import Limits
 from engine.config.machine import disk_room, machine_memory
@@ -33,6 +35,7 @@ class EngineConfig:
     prompt: PromptConfig = field(default_factory=PromptConfig)
     kernels: KernelConfig = field(default_factory=KernelConfig)
     limits: Limits = field(default_factory=Limits)
+    fleet: FleetConfig = field(default_factory=FleetConfig)
 
     @staticmethod
     def from_sources(
@@ -47,13 +50,41 @@ class EngineConfig:
         """
         flags = {k: v for k, v in (flags or {}).items() if v is not None}
         env = dict(os.environ if env is None else env)
+        fleet = FleetConfig(**read_settings(FleetConfig, flags, env))
+        # One model (a bare PATH, or none: the embedded one) is the model branch's; with
+        # several, each one's comes from for_model.
+        path = fleet.models[0].path if fleet.models and not fleet.several else None
         return EngineConfig(
-            model=ModelConfig(**read_settings(ModelConfig, flags, env)),
+            model=ModelConfig(**read_settings(ModelConfig, flags, env), path=path),
             cache=_cache(flags, env),
             server=_server(flags, env),
             prompt=PromptConfig(**read_settings(PromptConfig, flags, env)),
             kernels=KernelConfig(**read_settings(KernelConfig, flags, env)),
             limits=Limits(**read_settings(Limits, flags, env)),
+            fleet=fleet,
+        )
+
+    def for_model(self, spec: ModelSpec) -> "EngineConfig":
+        """One declared model's tree: its directory and options, its own cache directory
+        (a subdirectory named after it) and Ray namespace, and no fleet of its own."""
+        model = replace(self.model, path=spec.path)
+        if spec.speculative is not None or spec.draft_model is not None:
+            model = replace(
+                model,
+                speculative=spec.speculative or model.speculative,
+                draft_model=spec.draft_model or model.draft_model,
+            )
+        prompt = self.prompt
+        if spec.output_format is not None:
+            prompt = replace(prompt, output_format=spec.output_format)
+        base = Path(self.cache.cache_dir) if self.cache.cache_dir else default_cache_dir()
+        return replace(
+            self,
+            model=model,
+            prompt=prompt,
+            cache=replace(self.cache, cache_dir=str(base / "fleet" / spec.name)),
+            server=replace(self.server, ray_namespace=f"{self.server.ray_namespace}-{spec.name}"),
+            fleet=FleetConfig(),
         )
 
     def with_cache(self, **changes) -> "EngineConfig":

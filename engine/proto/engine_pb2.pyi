@@ -87,7 +87,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "namespace", "messages", "tools_json", "prompt_ids", "prompt_text", "sampling", "add_generation_prompt", "continue_final_message", "session", "constraint")
+    __slots__ = ("request_id", "namespace", "messages", "tools_json", "prompt_ids", "prompt_text", "sampling", "add_generation_prompt", "continue_final_message", "session", "constraint", "model")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +99,7 @@ class GenerateRequest(_message.Message):
     CONTINUE_FINAL_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     namespace: str
     messages: _containers.RepeatedCompositeFieldContainer[Message]
@@ -110,7 +111,8 @@ class GenerateRequest(_message.Message):
     continue_final_message: bool
     session: str
     constraint: Constraint
-    def __init__(self, request_id: _Optional[str] = ..., namespace: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., tools_json: _Optional[str] = ..., prompt_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ..., session: _Optional[str] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ...) -> None: ...
+    model: str
+    def __init__(self, request_id: _Optional[str] = ..., namespace: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., tools_json: _Optional[str] = ..., prompt_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ..., session: _Optional[str] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class PrefillProgress(_message.Message):
     __slots__ = ("done", "total")
@@ -229,8 +231,10 @@ class GenerateEvent(_message.Message):
     def __init__(self, progress: _Optional[_Union[PrefillProgress, _Mapping]] = ..., chunk: _Optional[_Union[TokenChunk, _Mapping]] = ..., final: _Optional[_Union[Final, _Mapping]] = ...) -> None: ...
 
 class CacheStatsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class CacheStatsReply(_message.Message):
     __slots__ = ("mode", "entries", "anchors", "checkpoints", "ram_bytes", "anchor_bytes", "disk_bytes", "disk_entries", "hits", "evictions", "disk_evictions", "damaged_files", "cached_tokens", "prompt_tokens", "replicas", "restores_lost", "disk_writes_lost", "misses")
@@ -329,10 +333,12 @@ class ReplicaStats(_message.Message):
     def __init__(self, replica: _Optional[int] = ..., alive: _Optional[bool] = ..., entries: _Optional[int] = ..., ram_bytes: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., in_flight: _Optional[int] = ..., requests: _Optional[int] = ..., restores: _Optional[_Mapping[str, int]] = ..., handovers: _Optional[int] = ..., handover_bytes: _Optional[int] = ..., sessions: _Optional[int] = ..., session_moves: _Optional[int] = ...) -> None: ...
 
 class InspectRequest(_message.Message):
-    __slots__ = ("recent",)
+    __slots__ = ("recent", "model")
     RECENT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     recent: int
-    def __init__(self, recent: _Optional[int] = ...) -> None: ...
+    model: str
+    def __init__(self, recent: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
 
 class ReplicaFigures(_message.Message):
     __slots__ = ("name", "queue_requests", "queue_prefill_tokens", "running", "tokens_per_s", "ttft_p50_ms", "ram_bytes", "mlx_active_bytes", "mlx_peak_bytes", "disk_written_bytes", "disk_read_bytes")
@@ -449,7 +455,7 @@ class ModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfoReply(_message.Message):
-    __slots__ = ("model", "model_type", "vocab_size", "max_context", "fingerprint", "cache_mode", "has_state_layers", "kernels", "output_format")
+    __slots__ = ("model", "model_type", "vocab_size", "max_context", "fingerprint", "cache_mode", "has_state_layers", "kernels", "output_format", "models")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_TYPE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -459,6 +465,7 @@ class ModelInfoReply(_message.Message):
     HAS_STATE_LAYERS_FIELD_NUMBER: _ClassVar[int]
     KERNELS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
     model: str
     model_type: str
     vocab_size: int
@@ -468,4 +475,21 @@ class ModelInfoReply(_message.Message):
     has_state_layers: bool
     kernels: _containers.RepeatedScalarFieldContainer[str]
     output_format: str
-    def __init__(self, model: _Optional[str] = ..., model_type: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., fingerprint: _Optional[str] = ..., cache_mode: _Optional[str] = ..., has_state_layers: _Optional[bool] = ..., kernels: _Optional[_Iterable[str]] = ..., output_format: _Optional[str] = ...) -> None: ...
+    models: _containers.RepeatedCompositeFieldContainer[ServedModel]
+    def __init__(self, model: _Optional[str] = ..., model_type: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., fingerprint: _Optional[str] = ..., cache_mode: _Optional[str] = ..., has_state_layers: _Optional[bool] = ..., kernels: _Optional[_Iterable[str]] = ..., output_format: _Optional[str] = ..., models: _Optional[_Iterable[_Union[ServedModel, _Mapping]]] = ...) -> None: ...
+
+class ServedModel(_message.Message):
+    __slots__ = ("name", "state", "aliases", "model", "output_format", "max_context")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ALIASES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    state: str
+    aliases: _containers.RepeatedScalarFieldContainer[str]
+    model: str
+    output_format: str
+    max_context: int
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., output_format: _Optional[str] = ..., max_context: _Optional[int] = ...) -> None: ...

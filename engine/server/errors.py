@@ -1,7 +1,8 @@
 """The server's domain errors. The gRPC servicer maps each to one status code.
 
 InvalidRequest -> INVALID_ARGUMENT; Overloaded -> RESOURCE_EXHAUSTED;
-Unavailable (and an actor Ray reports dead) -> UNAVAILABLE. They carry a
+Unavailable (and an actor Ray reports dead) -> UNAVAILABLE; UnknownModel ->
+NOT_FOUND. They carry a
 message for the client that names the problem; nothing else about them is
 gRPC's.
 """
@@ -25,3 +26,7 @@ class Unavailable(RuntimeError):
 
 class Overloaded(RuntimeError):
     """Too many requests in flight."""
+
+
+class UnknownModel(LookupError):
+    """A requested model name no served model answers to; its message lists them."""

@@ -73,7 +73,9 @@ class Frontend:
         budgets: Mapping[str, int] | None = None,
         namespaces: NamespaceTags | None = None,
         metrics=None,
+        name: str = "",
     ):
+        self.name = name  # the model's served name, in its request log lines
         self.models = list(models)  # by replica number (engine.actors.handles: what is called)
         self.manager = manager
         self.builder = builder
@@ -444,7 +446,8 @@ class Frontend:
 
     def _finished(self, f: Finished, req: GenerationRequest) -> None:
         """Log the request, keep its record, count it."""
-        log_request(f, req.plan.captures, req.plan.miss, self.volatile.get(req.request_id, 0))
+        volatile = self.volatile.get(req.request_id, 0)
+        log_request(f, req.plan.captures, req.plan.miss, volatile, self.name)
         tag = self.namespaces.tag(req.namespace)
         self.activity.record(f, tag, miss=req.plan.miss)
         if self.metrics is not None:
@@ -511,20 +514,22 @@ def _clip_max_tokens(s: SamplingParams, room: int) -> SamplingParams:
     return replace(s, max_tokens=max(1, room))
 
 
-def log_request(f: Finished, captures, miss=None, volatile: int = 0) -> None:
+def log_request(f: Finished, captures, miss=None, volatile: int = 0, model: str = "") -> None:
     """One key=value line per request (the cost of each turn is visible in the log).
 
     `miss`: why it restored less than an earlier prompt offered (`kind@token/m<message>`);
-    `volatile`: system-prompt lines the volatile-line rules removed.
+    `volatile`: system-prompt lines the volatile-line rules removed; `model`: the model's
+    served name (the directory's, with one model).
     """
     timing = " ".join(
         f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
         for k, v in dataclasses.asdict(f.timing).items()
     )
     log.info(
-        "request id=%s replica=%s finish=%s prompt=%d cached=%d completion=%d "
+        "request id=%s model=%s replica=%s finish=%s prompt=%d cached=%d completion=%d "
         "restore=%s@%d lost=%s captures=%s miss=%s volatile=%d %s",
         f.request_id,
+        model or "-",
         f.replica or "-",
         f.finish_reason,
         f.prompt_tokens,

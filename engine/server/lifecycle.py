@@ -157,6 +157,8 @@ def _announce(config: EngineConfig, engine: RunningEngine, dashboard: str) -> No
         f"output format {engine.frontend.builder.output_format}",
         flush=True,
     )
+    if engine.fleet is not None:
+        print(f"lineage: models {engine.fleet.summary()}", flush=True)
     if dashboard:
         url = dashboard if dashboard.startswith("http") else f"http://{dashboard}"
         print(f"lineage: Ray dashboard at {url}", flush=True)

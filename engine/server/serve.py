@@ -19,7 +19,7 @@ import logging
 import os
 from collections import Counter
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Mapping, Sequence
 
 import ray
 
@@ -47,6 +47,7 @@ class RunningEngine:
     local_socket: str | None = None  # gRPC on this Unix socket too (a sidecar's way in)
     auth: object = None  # the Authenticator the gRPC server checks tokens with
     exact_figures: bool = True  # cached-token figures sent to clients unrounded
+    fleet: object = None  # engine.server.fleet.Fleet, when several models are served
 
     @property
     def model(self):
@@ -73,6 +74,15 @@ class RunningEngine:
         def left(at_most: float = within) -> float:
             return max(0.1, min(at_most, end - loop.time()))
 
+        if self.fleet is not None:  # each model's calls end UNAVAILABLE, then its actors go
+            try:
+                stopped = self.fleet.stop(
+                    lambda: stop_server(self.server, self.health, None, grace), left()
+                )
+                return await asyncio.wait_for(stopped, left())
+            except asyncio.TimeoutError:
+                log.error("the models did not stop within %.1f s", within)
+                return False
         if self.supervisor is not None:
             self.supervisor.stop()
         if self.sampler is not None:
@@ -85,16 +95,8 @@ class RunningEngine:
         except asyncio.TimeoutError:
             log.error("the gRPC server did not stop within %.1f s", grace + 2)
             clean = False
-        # Queued disk-tier writes land before the actors go.
-        for flush in [model.flush_disk.remote(60) for model in self.models]:
-            try:
-                await asyncio.wait_for(flush, left(70))
-            except asyncio.TimeoutError:
-                log.error("a replica's disk tier did not flush in time: its queued writes are lost")
-            except Exception:
-                log.exception("flushing the disk tier failed")
-        actors = (*self.models, self.manager)
-        return await release_actors(actors, self.namespace, self.names, left()) and clean
+        released = await release(self.models, self.manager, self.namespace, self.names, left())
+        return released and clean
 
 
 class StartError(ValueError):
@@ -108,7 +110,7 @@ class _Started:
 
     actors: list = dataclasses.field(default_factory=list)
     names: tuple = ()
-    supervisor: object = None
+    supervisors: list = dataclasses.field(default_factory=list)
     server: object = None
 
 
@@ -120,14 +122,17 @@ async def start_engine(
     `local_socket` also serves gRPC on that Unix socket (no TLS; tokens apply).
     A start that fails or is cancelled (a stop signal while the model loads)
     kills the actors it made before it raises. StartError: a port or an actor
-    name is taken.
+    name is taken. With several models declared (engine.config.fleet) each is a
+    ModelGroup of its own, loaded and unloaded by an engine.server.fleet.Fleet
+    behind the one gRPC server; the engine's `frontend`, `models` and `manager`
+    are the first loaded model's.
     """
     started = _Started()
     try:
         return await _start(config, port, local_socket, started)
     except BaseException:
-        if started.supervisor is not None:
-            started.supervisor.stop()
+        for supervisor in started.supervisors:
+            supervisor.stop()
         if started.server is not None:
             await started.server.stop(None)
         if started.actors:
@@ -136,37 +141,157 @@ async def start_engine(
         raise
 
 
-def _actor_names(config: EngineConfig) -> tuple[str, ...]:
+def _actor_names(replicas: int) -> tuple[str, ...]:
     from engine.actors.names import CACHE_MANAGER, model_actor_name
 
-    return (*(model_actor_name(r) for r in range(replica_count(config))), CACHE_MANAGER)
+    return (*(model_actor_name(r) for r in range(replicas)), CACHE_MANAGER)
 
 
 async def _start(config: EngineConfig, port, local_socket, started: _Started) -> RunningEngine:
     from functools import partial
-    from pathlib import Path
 
     from grpc_health.v1 import health
+
+    from engine.server.auth import Authenticator
+    from engine.server.service import create_server, set_serving
+
+    # The supervisor drives health from its first check on; stop() stops it first.
+    health_servicer = health.aio.HealthServicer()
+    await set_serving(health_servicer, True)
+    fleet = None
+    if config.fleet.several:
+        from engine.server.fleet import Fleet
+
+        fleet = Fleet(
+            config, partial(start_group, started=started), partial(set_serving, health_servicer)
+        )
+        await fleet.start()
+        group = fleet.first_loaded()
+    else:
+        group = await start_group(config, partial(set_serving, health_servicer), started=started)
+    port = config.server.port if port is None else port
+    try:
+        server, bound, _ = await create_server(
+            group.frontend,
+            config.server.host,
+            port,
+            security=config.server,
+            local_socket=local_socket,
+            max_concurrent_rpcs=config.server.max_concurrent_rpcs or config.model.max_queue + 64,
+            health_servicer=health_servicer,
+            fleet=fleet,
+        )
+    except (RuntimeError, OSError) as error:  # grpc's "Failed to bind to address ..."
+        group.frontend.close()
+        group.frontend.prompt_thread.shutdown(wait=False)
+        flag = label_of(type(config.server), "port")
+        first = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        raise StartError(f"{flag}: cannot listen on {config.server.host}:{port}: {first}")
+    started.server = server
+    engine = RunningEngine(
+        server,
+        bound,
+        health_servicer,
+        group.frontend,
+        group.models,
+        group.manager,
+        group.info,
+        group.namespace,
+        group.names,
+        group.supervisor,
+        group.memory,
+        local_socket=local_socket,
+        auth=Authenticator(config.server.tokens),
+        exact_figures=config.server.exact_cache_figures,
+        fleet=fleet,
+    )
+    engine.sampler = group.sampler
+    return engine
+
+
+@dataclass
+class ModelGroup:
+    """One model's actors and its front end: the replicas, the cache manager, the
+    supervisor, the memory plan they were given and the metrics sampler."""
+
+    frontend: object
+    models: list  # ModelActor handles, by replica number
+    manager: object
+    info: object
+    namespace: str
+    names: tuple
+    supervisor: object
+    memory: object
+    sampler: object = None
+
+    async def stop(self, within: float = 60.0) -> bool:
+        """Its calls end UNAVAILABLE, queued disk writes land, its actors are killed, within
+        `within` seconds (False: a step was left waiting on Ray)."""
+        self.supervisor.stop()
+        if self.sampler is not None:
+            self.sampler.cancel()
+        self.frontend.close()
+        self.frontend.prompt_thread.shutdown(wait=False)
+        return await release(self.models, self.manager, self.namespace, self.names, within)
+
+
+async def release(models, manager, namespace: str, names: Sequence[str], within: float) -> bool:
+    """Flush each replica's disk tier, then kill the actors and wait for their names, all
+    within `within` seconds (engine.server.stopping); False when Ray kept a step waiting."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + within
+
+    def left(at_most: float = within) -> float:
+        return max(0.1, min(at_most, end - loop.time()))
+
+    # Queued disk-tier writes land before the actors go.
+    for flush in [model.flush_disk.remote(60) for model in models]:
+        try:
+            await asyncio.wait_for(flush, left(70))
+        except asyncio.TimeoutError:
+            log.error("a replica's disk tier did not flush in time: its queued writes are lost")
+        except Exception:
+            log.exception("flushing the disk tier failed")
+    return await release_actors((*models, manager), namespace, names, left())
+
+
+async def start_group(
+    config: EngineConfig,
+    set_serving: Callable,
+    label: str | None = None,
+    placement: Mapping[str, float] | None = None,
+    started: _Started | None = None,
+) -> ModelGroup:
+    """One model's replicas, memory plan, cache manager, supervisor and front end.
+
+    `set_serving(up)` is how its supervisor reports health; `label` tags its
+    metrics (default: the model directory's name); `placement` adds the Ray
+    resources its replicas need (a cluster places them on the nodes that have them).
+    """
+    placement = placement or {}
+    started = started if started is not None else _Started()  # what a failed start stops
+    from pathlib import Path
+
     from mlx_lm.utils import load_tokenizer
 
     from engine.actors.cache_manager import CacheManagerActor
     from engine.actors.model import ModelActor
     from engine.config import plan_memory, with_memory
     from engine.server.activity import NamespaceTags
-    from engine.server.auth import Authenticator
     from engine.server.frontend import Frontend
     from engine.server.metrics import EngineMetrics
     from engine.server.prompt import PromptBuilder
-    from engine.server.service import create_server, set_serving
     from engine.server.supervisor import Supervisor
 
     namespace = config.server.ray_namespace
-    names = _actor_names(config)
-    count = len(names) - 1
+    count = replica_count(config, placement)
+    names = _actor_names(count)
     _check_names_free(namespace, names)
     # On a cluster with `mlx` resources, each replica takes one (one per machine or GPU).
     mlx = ray.cluster_resources().get("mlx", 0) >= count or config.server.address
-    options = {"resources": {"mlx": 1}} if mlx else {}
+    resources = {"mlx": 1} if mlx else {}
+    resources.update(placement)  # a model's own (--model NAME=PATH,resource=R)
+    options = {"resources": resources} if resources else {}
     restarts = {"max_restarts": config.server.max_restarts}
     shipped = without_tokens(config)
     models = [
@@ -197,11 +322,8 @@ async def _start(config: EngineConfig, port, local_socket, started: _Started) ->
         config.server.route_threshold,
     )
     started.actors.append(manager)
-    # The supervisor drives health from its first check on; stop() stops it first.
-    health_servicer = health.aio.HealthServicer()
-    await set_serving(health_servicer, True)
-    supervisor = Supervisor(models, manager, config, partial(set_serving, health_servicer))
-    started.supervisor = supervisor
+    supervisor = Supervisor(models, manager, config, set_serving)
+    started.supervisors.append(supervisor)
     await supervisor.start()
     await manager.attach.remote(models, machines)
     tokenizer = load_tokenizer(Path(info.path))
@@ -227,49 +349,16 @@ async def _start(config: EngineConfig, port, local_socket, started: _Started) ->
         supervisor,
         budgets=budgets,
         namespaces=NamespaceTags(config.server.metrics_namespace, config.server.metrics_namespaces),
-        metrics=EngineMetrics(namespace, Path(info.path).name or info.model_type),
+        metrics=EngineMetrics(namespace, label or Path(info.path).name or info.model_type),
+        name=label or Path(info.path).name,
     )
-    port = config.server.port if port is None else port
-    try:
-        server, bound, _ = await create_server(
-            frontend,
-            config.server.host,
-            port,
-            security=config.server,
-            local_socket=local_socket,
-            max_concurrent_rpcs=config.server.max_concurrent_rpcs or config.model.max_queue + 64,
-            health_servicer=health_servicer,
-        )
-    except (RuntimeError, OSError) as error:  # grpc's "Failed to bind to address ..."
-        frontend.close()
-        frontend.prompt_thread.shutdown(wait=False)
-        flag = label_of(type(config.server), "port")
-        first = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
-        raise StartError(f"{flag}: cannot listen on {config.server.host}:{port}: {first}")
-    started.server = server
-    engine = RunningEngine(
-        server,
-        bound,
-        health_servicer,
-        frontend,
-        models,
-        manager,
-        info,
-        namespace,
-        names,
-        supervisor,
-        memory,
-        local_socket=local_socket,
-        auth=Authenticator(config.server.tokens),
-        exact_figures=config.server.exact_cache_figures,
-    )
-    engine.sampler = asyncio.ensure_future(sample_metrics(engine))
-    return engine
+    group = ModelGroup(frontend, models, manager, info, namespace, names, supervisor, memory)
+    group.sampler = asyncio.ensure_future(sample_metrics(frontend))
+    return group
 
 
-async def sample_metrics(engine: "RunningEngine", every: float = 1.0) -> None:
-    """Gauges and cumulative counters from the live figures, about once a second."""
-    frontend = engine.frontend
+async def sample_metrics(frontend, every: float = 1.0) -> None:
+    """Gauges and cumulative counters of a front end's live figures, about once a second."""
     while True:
         await asyncio.sleep(every)
         try:
@@ -352,11 +441,16 @@ def _check_names_free(namespace: str, names: Sequence[str]) -> None:
         )
 
 
-def replica_count(config: EngineConfig) -> int:
-    """`--replicas`: the number given, or one per `mlx` resource of the cluster (at least 1)."""
+def replica_count(config: EngineConfig, placement: Mapping[str, float] | None = None) -> int:
+    """`--replicas`: the number given, or one per `mlx` resource of the cluster (at least 1);
+    a model placed by resources (`placement`): as many as the cluster has room for."""
     if config.server.replicas != "auto":
         return int(config.server.replicas)
-    return max(1, int(ray.cluster_resources().get("mlx", 0)))
+    cluster = ray.cluster_resources()
+    count = int(cluster.get("mlx", 0))
+    for resource, amount in (placement or {}).items():
+        count = min(count or 1 << 30, int(cluster.get(resource, 0) // amount))
+    return max(1, count)
 
 
 def ray_options(config: EngineConfig) -> dict:

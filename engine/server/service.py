@@ -2,9 +2,10 @@
 
 Every domain error becomes a status code here, in one place:
 InvalidRequest -> INVALID_ARGUMENT, Unavailable (and a dead actor) -> UNAVAILABLE,
-a full queue -> RESOURCE_EXHAUSTED. Standard health checking is served
-beside the Engine service (Check open, Watch capped: engine.server.health),
-and server reflection on loopback (or by flag). With tokens configured
+a full queue -> RESOURCE_EXHAUSTED, an unknown model -> NOT_FOUND. With several
+models served (engine.server.fleet) a call goes to the one it names. Standard
+health checking is served beside the Engine service (Check open, Watch capped:
+engine.server.health), and server reflection on loopback (or by flag). With tokens configured
 (engine.server.auth) every call but Health/Check needs a bearer token, and the
 namespace comes from the token. Unless the operator asks
 for exact figures, every figure that depends on the restore length goes out
@@ -30,7 +31,7 @@ from engine.runtime.requests import SamplingParams
 from engine.server.activity import Inspection, RequestRecord
 from engine.server.auth import Authenticator, AuthInterceptor, server_credentials
 from engine.server.constraints import to_grammar
-from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
+from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable, UnknownModel
 from engine.server.figures import ClientFigures
 from engine.server.frontend import Frontend
 from engine.server.health import EngineSlots, HealthGate
@@ -181,17 +182,24 @@ def to_inspect_reply(i: Inspection) -> engine_pb2.InspectReply:
 
 class EngineServicer(engine_pb2_grpc.EngineServicer):
     def __init__(
-        self, frontend: Frontend, auth: Authenticator | None = None, exact_figures: bool = True
+        self,
+        frontend: Frontend,
+        auth: Authenticator | None = None,
+        exact_figures: bool = True,
+        fleet=None,
     ):
         self.frontend = frontend
         self.auth = auth or Authenticator()
         self.exact_figures = exact_figures
+        self.fleet = fleet  # engine.server.fleet.Fleet: several models, routed by name
 
     async def Generate(self, request, context):
         try:
-            events = generate_events(
-                self.frontend, self.auth, request, context.invocation_metadata()
-            )
+            metadata = context.invocation_metadata()
+            if self.fleet is not None:
+                events = self.fleet.generate_events(self.auth, request, metadata)
+            else:
+                events = generate_events(self.frontend, self.auth, request, metadata)
             figures = ClientFigures(self.exact_figures)  # exact, or the block alone
             async for batch in events:
                 for event in _coalesce(batch):
@@ -218,14 +226,26 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                     grpc.StatusCode.PERMISSION_DENIED, f"{what} needs an admin token"
                 )
 
+    async def _current(self, context, model: str = "") -> Frontend:
+        """The front end whose figures CacheStats and Inspect give: with several models,
+        the named one's (NOT_FOUND for an unknown name, UNAVAILABLE for one not loaded),
+        or the first loaded one's."""
+        if self.fleet is None:
+            return self.frontend
+        try:
+            return self.fleet.frontend_of(model)
+        except DOMAIN_ERRORS as e:
+            await context.abort(*status_of(e))
+
     async def CacheStats(self, request, context):
         await self._require_admin(context, "CacheStats")
-        s = await self.frontend.stats()
+        s = await (await self._current(context, request.model)).stats()
         return engine_pb2.CacheStatsReply(**dataclasses.asdict(s))
 
     async def Inspect(self, request, context):
         await self._require_admin(context, "Inspect")
-        return to_inspect_reply(await self.frontend.inspect(request.recent or 20))
+        frontend = await self._current(context, request.model)
+        return to_inspect_reply(await frontend.inspect(request.recent or 20))
 
     async def ModelInfo(self, request, context):
         i = self.frontend.info
@@ -239,6 +259,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             has_state_layers=i.has_state_layers,
             kernels=list(i.kernels),
             output_format=self.frontend.builder.output_format,
+            models=self.fleet.listing() if self.fleet is not None else (),
         )
 
 
@@ -269,7 +290,7 @@ def generate_events(frontend: Frontend, auth: Authenticator, request, metadata):
 
 
 # The domain errors a call can end with, and their status codes (one place).
-DOMAIN_ERRORS = (InvalidRequest, Unavailable, Overloaded, ActorGone)
+DOMAIN_ERRORS = (InvalidRequest, Unavailable, Overloaded, ActorGone, UnknownModel)
 
 
 def status_of(error: Exception) -> tuple[grpc.StatusCode, str]:
@@ -278,6 +299,8 @@ def status_of(error: Exception) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.INVALID_ARGUMENT, str(error)
     if isinstance(error, Overloaded):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(error)
+    if isinstance(error, UnknownModel):
+        return grpc.StatusCode.NOT_FOUND, str(error)
     if isinstance(error, ActorGone):
         return grpc.StatusCode.UNAVAILABLE, f"the model actor is unavailable: {error}"
     assert isinstance(error, Unavailable), error
@@ -314,6 +337,7 @@ async def create_server(
     local_socket: str | None = None,
     max_concurrent_rpcs: int | None = None,
     health_servicer: health.aio.HealthServicer | None = None,
+    fleet=None,
 ):
     """(server, bound port, health servicer); the server is started.
 
@@ -340,7 +364,7 @@ async def create_server(
         options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", receive)],
         interceptors=interceptors or None,
     )
-    servicer = EngineServicer(frontend, auth, security.exact_cache_figures)
+    servicer = EngineServicer(frontend, auth, security.exact_cache_figures, fleet)
     engine_pb2_grpc.add_EngineServicer_to_server(servicer, server)
     own_health = health_servicer is None
     health_servicer = health_servicer or health.aio.HealthServicer()
@@ -384,7 +408,9 @@ async def set_serving(health_servicer: health.aio.HealthServicer, up: bool) -> N
 async def stop_server(server, health_servicer, frontend: Frontend, grace: float = 2.0) -> None:
     """Health NOT_SERVING, in-flight streams end with UNAVAILABLE, then the server stops."""
     await set_serving(health_servicer, False)
-    frontend.close()
+    if frontend is not None:  # None: the caller closes its front ends (engine.server.fleet)
+        frontend.close()
     await asyncio.sleep(0.2)  # let the streams in flight end with UNAVAILABLE
     await server.stop(grace)
-    frontend.prompt_thread.shutdown(wait=False)
+    if frontend is not None:
+        frontend.prompt_thread.shutdown(wait=False)

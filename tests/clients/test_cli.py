@@ -798,11 +798,13 @@ def test_cluster_yaml():
     config = yaml.safe_load((ROOT / "cluster.yaml").read_text())
     assert config["provider"]["type"] == "local" and config["provider"]["worker_ips"]
     assert any("pip install -e ." in c for c in config["setup_commands"])
-    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+    # One "mlx" per node, and a resource that places a model (--model NAME=PATH,resource=R).
+    for key, model in (("head_start_ray_commands", "big"), ("worker_start_ray_commands", "small")):
         commands = config[key]
         assert "ray stop" in commands[0]
         start = commands[-1]
-        assert """--resources='{"mlx": 1}'""" in start
+        assert f"""--resources='{{"mlx": 1, "{model}_model": 1}}'""" in start
+        assert f",resource={model}_model " in (ROOT / "cluster.yaml").read_text()
         assert "export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1" in start
         assert "RAY_AUTH_MODE=token" in start  # Ray's token auth on every node
     assert "~/.ray/auth_token" in config["file_mounts"]

@@ -17,7 +17,8 @@ def test_the_log_line_names_every_timing_field(caplog):
     with caplog.at_level(logging.INFO, logger="lineage.request"):
         log_request(final, (CapturePoint(90, "guard"),))
     (line,) = [r.getMessage() for r in caplog.records if r.name == "lineage.request"]
-    assert line.startswith("request id=r1 replica=- finish=stop prompt=100 cached=64 completion=5 ")
+    head = "request id=r1 model=- replica=- finish=stop prompt=100 cached=64 completion=5 "
+    assert line.startswith(head)
     assert "restore=reply@64 lost=- captures=guard@90 " in line
     for field in dataclasses.fields(Timing):
         assert f" {field.name}=" in line, field.name

@@ -1,0 +1,71 @@
+"""Two models placed on the two nodes of a `ray.cluster_utils.Cluster` on this machine.
+
+Each node has {"mlx": 1} and a resource of its own (`node_a`, `node_b`); each model
+asks for one of them (`--model NAME=PATH,resource=node_a`), so its actors run on that
+node, and both answer through the one front end. Run in a pytest process of its own
+(tests/server/test_fleet.py does that): the cluster's driver cannot share a process with
+the session's Ray.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+from clients.client import Client
+from engine.config import FleetConfig, ModelSpec, parse_bytes
+from tests.engines import make_config
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import ray
+    from ray.cluster_utils import Cluster
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 1,
+            "resources": {"mlx": 1, "node_a": 1},
+            "include_dashboard": False,
+        },
+    )
+    c.add_node(num_cpus=1, resources={"mlx": 1, "node_b": 1})
+    ray.init(address=c.address, log_to_driver=False, configure_logging=False)
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def test_each_model_runs_on_the_node_with_its_resource(cluster, tmp_path_factory):
+    import ray
+
+    from engine.runtime.model.tiny_models import write_model_dir
+    from engine.server.background import BackgroundEngine
+
+    qwen = write_model_dir("qwen3_next", tmp_path_factory.mktemp("random-qwen3_next"))
+    kimi = write_model_dir("kimi_linear", tmp_path_factory.mktemp("random-kimi_linear"))
+    models = (
+        ModelSpec("big", str(qwen), resources=(("node_a", 1.0),)),
+        ModelSpec("small", str(kimi), resources=(("node_b", 1.0),)),
+    )
+    config = make_config(tmp_path_factory.mktemp("cluster-fleet"))
+    config = dataclasses.replace(config, fleet=FleetConfig(models=models))
+    config = config.with_cache(ram_budget=parse_bytes("256M"))
+    with BackgroundEngine(config) as engine, Client(engine.address, timeout=120) as client:
+        members = engine.engine.fleet.members
+        nodes = {
+            name: set(ray.get([m.node.remote() for m in members[name].group.models]))
+            for name in ("big", "small")
+        }
+        alive = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}
+        for name, resource in (("big", "node_a"), ("small", "node_b")):
+            holder = {node for node, resources in alive.items() if resource in resources}
+            assert nodes[name] == holder, (name, nodes, alive)
+        assert nodes["big"] != nodes["small"]
+        for model in ("big", "small"):
+            result = client.generate([{"role": "user", "content": "Hi"}], max_tokens=3, model=model)
+            assert result.usage.completion_tokens > 0

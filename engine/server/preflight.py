@@ -18,14 +18,22 @@ import socket
 
 from engine.config import EngineConfig, ModelConfig, ServerConfig
 from engine.config.declare import label_of
+from engine.config.fleet import FleetConfig
 from engine.config.model import check_model_dir
 
 
 def check(config: EngineConfig) -> None:
-    """ValueError naming the flag of the first port taken or model directory missing."""
+    """ValueError naming the flag of the first port taken or model directory missing (each
+    declared model's, and its draft model's)."""
     check_ports(config.server)
+    model = label_of(FleetConfig, "models")
     if config.model.path:
-        check_model_dir(config.model.path, label_of(ModelConfig, "path"))
+        check_model_dir(config.model.path, model)
+    for spec in config.fleet.models:
+        if spec.path:
+            check_model_dir(spec.path, f"{model} {spec.name}=" if spec.name else model)
+        if spec.draft_model:
+            check_model_dir(spec.draft_model, f"{model} {spec.name}=...,draft_model")
     if config.model.draft_model:
         check_model_dir(config.model.draft_model, label_of(ModelConfig, "draft_model"))
 

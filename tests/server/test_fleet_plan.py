@@ -27,8 +27,9 @@ class Groups:
         self.events.append(f"load {name}")
         events = self.events
 
-        async def stop():
+        async def stop(within: float = 60.0) -> bool:
             events.append(f"unload {name}")
+            return True
 
         return SimpleNamespace(
             memory=SimpleNamespace(total=self.share),

@@ -123,9 +123,11 @@ def test_two_models_answer_by_name_and_alias_in_every_wire_format(two_models, ca
 
 def _actor_rss(namespace: str) -> dict[str, int]:
     """VmRSS (bytes) of the live actor processes of a Ray namespace, by actor name."""
+    import ray
     from ray.util.state import list_actors
 
-    actors = list_actors(filters=[("ray_namespace", "=", namespace), ("state", "=", "ALIVE")])
+    filters = [("ray_namespace", "=", namespace), ("state", "=", "ALIVE")]
+    actors = list_actors(address=ray.dashboard_address, filters=filters)
     out = {}
     for actor in actors:
         try:

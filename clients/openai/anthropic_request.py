@@ -1,11 +1,16 @@
 """An Anthropic Messages request as the engine's chat messages, tools and sampling.
 
 `system` (a string or text blocks), `messages` (text, tool_use, tool_result,
-thinking and redacted_thinking blocks), `tools` (with `input_schema`) and
+thinking and redacted_thinking blocks; `system`-role messages of text, which
+Claude Code sends), `tools` (with `input_schema`) and
 `tool_choice` become the OpenAI-shaped messages and tools the engine's chat
 template renders: a tool_result is a `tool` message, a tool_use an assistant
 tool call, a thinking block the assistant turn's reasoning, written as the
-model's own `<think>` block (redacted thinking is opaque and left out).
+model's own `<think>` block (redacted thinking is opaque and left out). A
+`system`-role message stays where it is: before the first user message it joins
+the system prompt (the template renders leading system messages as one system
+block, the anchor); after it, it is the template's own system turn there, so the
+anchor stays the `system` field and the tools.
 `cache_control` is ignored: the engine caches every prompt. Anything the engine
 cannot take is an `InvalidInput` naming the field: an unknown block type, an
 image or document (the models served are text-only), a tool type Anthropic runs
@@ -197,8 +202,13 @@ def prompt_of(body) -> Prompt:
         elif role == "user":
             messages += _user(message.get("content", ""), f"messages[{i}]", open_calls)
             open_calls = set()
+        elif role == "system":
+            if open_calls:
+                _fail(f"messages[{i}]", "the tool_use ids before it got no tool_result")
+            text = _text_of(message.get("content", ""), f"messages[{i}].content")
+            messages.append({"role": "system", "content": text})
         else:
-            _fail(f"messages[{i}].role", f"expected user or assistant, got {role!r}")
+            _fail(f"messages[{i}].role", f"expected user, assistant or system, got {role!r}")
     return Prompt(
         tuple(messages),
         tools_of(body.tools),

@@ -11,7 +11,10 @@ model's own `<think>` block (redacted thinking is opaque and left out). A
 the system prompt (the template renders leading system messages as one system
 block, the anchor); after it, it is the template's own system turn there, so the
 anchor stays the `system` field and the tools.
-`cache_control` is ignored: the engine caches every prompt. Anything the engine
+`cache_control` breakpoints become `marks`: the engine messages whose blocks
+carry one, where the client says it comes back (their ends become capture
+points; a mark on the system prompt or the tools is the anchor's, which the
+engine captures anyway). Anything the engine
 cannot take is an `InvalidInput` naming the field: an unknown block type, an
 image or document (the models served are text-only), a tool type Anthropic runs
 itself, a tool_result whose `tool_use_id` answers no tool_use of the turn
@@ -38,6 +41,7 @@ class Prompt:
     tools: tuple[dict, ...]
     parse_tools: bool  # tool_choice none: the calls stay text
     continue_final: bool  # the last message is the assistant's (a prefill)
+    marks: tuple[int, ...] = ()  # messages with a cache_control breakpoint (indexes)
 
 
 def _fail(where: str, message: str):
@@ -184,15 +188,24 @@ def _user(blocks: Any, where: str, open_calls: set[str]) -> list[dict]:
     return results + ([{"role": "user", "content": text}] if text or not results else [])
 
 
+def _marked(content: Any) -> bool:
+    """Whether a message's content (or the system field) carries a cache_control."""
+    blocks = content if isinstance(content, list) else []
+    return any(isinstance(b, dict) and b.get("cache_control") for b in blocks)
+
+
 def prompt_of(body) -> Prompt:
     """The request body (its `system`, `messages`, `tools`, `tool_choice`) -> Prompt."""
     if not isinstance(body.messages, list) or not body.messages:
         _fail("messages", "must be a non-empty list")
     system = system_text(body.system)
     messages = [{"role": "system", "content": system}] if system else []
+    marks = [0] if system and _marked(body.system) else []
     open_calls: set[str] = set()
     for i, message in enumerate(body.messages):
         message = _object(message, f"messages[{i}]")
+        if i and _marked(body.messages[i - 1].get("content")):
+            marks.append(len(messages) - 1)  # where the marked message's turn ended
         role = message.get("role")
         if role == "assistant":
             if open_calls:
@@ -209,9 +222,12 @@ def prompt_of(body) -> Prompt:
             messages.append({"role": "system", "content": text})
         else:
             _fail(f"messages[{i}].role", f"expected user, assistant or system, got {role!r}")
+    if isinstance(body.messages[-1], dict) and _marked(body.messages[-1].get("content")):
+        marks.append(len(messages) - 1)
     return Prompt(
         tuple(messages),
         tools_of(body.tools),
         tool_choice_parses(body.tool_choice),
         continue_final=body.messages[-1].get("role") == "assistant",
+        marks=tuple(marks),
     )

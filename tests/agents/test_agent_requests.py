@@ -46,9 +46,14 @@ def engine_input(path: str, body: dict) -> PromptInput:
             tools=prompt.tools or None,
             add_generation_prompt=not prompt.continue_final,
             continue_final_message=prompt.continue_final,
+            marks=prompt.marks,
         )
     if path == "/v1/responses":
-        system = [{"role": "system", "content": body["instructions"]}]
+        system = (
+            [{"role": "system", "content": body["instructions"]}]
+            if body.get("instructions")
+            else []
+        )
         tools = tools_of(body.get("tools")).functions
         return PromptInput(tuple(system + messages_of(body["input"], set())), tools or None)
     assert path == "/v1/chat/completions", path
@@ -89,3 +94,35 @@ def test_claude_codes_system_message_is_its_own_system_turn_after_the_first_user
     a, b = builder.build(inp), builder.build(engine_input(later["path"], later["body"]))
     assert a.anchor_len == b.anchor_len > 0
     assert a.tokens[: a.anchor_len] == b.tokens[: b.anchor_len]
+
+
+def test_codexs_namespace_is_offered_under_names_that_map_back_and_web_search_left_out():
+    body = captured("codex")[0]["body"]
+    kinds = [t["type"] for t in body["tools"]]
+    assert "namespace" in kinds and "web_search" in kinds, kinds
+    offered = tools_of(body["tools"])
+    names = [t["function"]["name"] for t in offered.functions]
+    assert offered.left_out == ("web_search",)
+    spaced = [n for n in names if "__" in n]
+    assert "multi_agent_v1__spawn_agent" in spaced
+    assert all(offered.call_name(n) == tuple(reversed(n.split("__"))) for n in spaced)
+    assert offered.call_name("exec_command") == ("exec_command", None)
+    # Codex sends a namespaced call back with its namespace: the model reads its own name
+    call = {"type": "function_call", "call_id": "c", "name": "spawn_agent"}
+    call |= {"namespace": "multi_agent_v1", "arguments": "{}"}
+    (turn,) = messages_of([call], set())
+    assert turn["tool_calls"][0]["function"]["name"] == "multi_agent_v1__spawn_agent"
+
+
+def test_claude_codes_breakpoints_are_marks_that_join_the_anchor_and_the_prompt_end(builder):
+    """Claude Code marks its system prompt and its last message with cache_control: they
+    become marks (capture points), which fall on the anchor and on the prompt's end, the
+    points the engine takes anyway: on its traffic they join the engine's own."""
+    for entry in captured("claude-code"):
+        inp = engine_input(entry["path"], entry["body"])
+        assert inp.marks == (0, len(inp.messages) - 1)
+        built = builder.build(inp)
+        size = len(built.tokens)
+        ends = built.layout.marked(size)
+        assert ends[-1] == size  # the prompt end: stored with the reply
+        assert 0 <= ends[0] - built.anchor_len <= builder.anchor_slack + 1  # the anchor

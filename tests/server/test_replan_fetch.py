@@ -174,7 +174,7 @@ def test_prompt_cache_key_keeps_a_conversation_on_its_replica(replicated, caplog
     """An agent's `prompt_cache_key` (chat completions, and Responses chained by
     previous_response_id, as the Agents SDK sends it) is the session key: with replica 0
     busier than replica 1, a key's later turns stay on replica 0, where its conversation
-    is, while a request without a key goes to replica 1."""
+    is, while a request without a key goes to replica 1. The request log names the key."""
     import ray
 
     from tests.clients.test_bridge import BridgeThread
@@ -211,5 +211,7 @@ def test_prompt_cache_key_keeps_a_conversation_on_its_replica(replicated, caplog
             ray.get(replicated.engine.models[0].release.remote("hold"))
         assert [_replica_of(caplog, r) for r in first] == ["0", "0"]
         assert [_replica_of(caplog, r) for r in later] == ["0", "0", "1"]
+        lines = [r.getMessage() for r in caplog.records if r.name == "lineage.request"]
+        assert any(" session=agent-1 " in line for line in lines)  # named beside its misses
     finally:
         bridge.stop()

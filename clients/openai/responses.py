@@ -3,7 +3,9 @@
 `POST /v1/responses` runs a request whose input (clients.openai.responses_input)
 the engine renders, and answers a Response object whose output items come from
 the completion's blocks (clients.openai.blocks): `reasoning`, `message` with
-`output_text`, `function_call`. Streaming sends the documented events, each
+`output_text`, `function_call` (with its `namespace` where the tool sat in one;
+the tools offered: clients.openai.responses_tools, hosted ones named in
+`X-Lineage-Tools-Left-Out`). Streaming sends the documented events, each
 with its `sequence_number`: `response.created`, `response.in_progress`; per item
 `response.output_item.added`, its content part's `.added`, the text's
 (`response.output_text.delta` / `.done`), reasoning's

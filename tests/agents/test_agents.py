@@ -74,6 +74,7 @@ def server(tmp_path_factory):
 
 @dataclass(frozen=True)
 class Agent:
+    id: str  # the test's id
     name: str  # the CLI's binary
     runs: tuple[tuple[str, ...], tuple[str, ...]]  # its arguments, first and second run
 
@@ -152,6 +153,7 @@ def prompt_share(exchanges) -> float:
 
 AGENTS_RUN = [
     Agent(
+        "claude-default",
         "claude",
         (
             ("-p", "Say hello.", "--max-turns", "1"),
@@ -159,6 +161,7 @@ AGENTS_RUN = [
         ),
     ),
     Agent(
+        "claude-model",
         "claude",
         (
             ("-p", "Say hello.", "--max-turns", "1", "--model", "claude-sonnet-4-5"),
@@ -166,19 +169,18 @@ AGENTS_RUN = [
         ),
     ),
     Agent(
+        "codex-exec",
         "codex",
         (
             ("exec", "--skip-git-repo-check", "Say hello."),
             ("exec", "--skip-git-repo-check", "resume", "--last", "And again."),
         ),
     ),
-    Agent("opencode", (("run", "Say hello."), ("run", "--continue", "And again."))),
+    Agent("opencode-run", "opencode", (("run", "Say hello."), ("run", "--continue", "And again."))),
 ]
 
 
-@pytest.mark.parametrize(
-    "agent", AGENTS_RUN, ids=["claude-default", "claude-model", "codex-exec", "opencode-run"]
-)
+@pytest.mark.parametrize("agent", AGENTS_RUN, ids=[a.id for a in AGENTS_RUN])
 def test_an_agent_completes_two_runs_and_the_second_restores_its_prompt(server, agent, tmp_path):
     binary = BIN / agent.name
     if not binary.exists():
@@ -207,8 +209,13 @@ def test_an_agent_completes_two_runs_and_the_second_restores_its_prompt(server, 
         capture = os.environ.get("LINEAGE_AGENTS_CAPTURE")
         if capture:
             Path(capture).mkdir(parents=True, exist_ok=True)
-            out = Path(capture) / f"{agent.name}-{'-'.join(agent.runs[0][:2])}.json"
-            out.write_text(json.dumps([ex.__dict__ for ex in recorder.exchanges], indent=1))
+            runs = [[ex.__dict__ for ex in exchanges] for _, exchanges in seen]
+            (Path(capture) / f"{agent.id}.json").write_text(json.dumps(runs, indent=1))
+    for i, (done, exchanges) in enumerate(seen):  # the figures, shown with -rP
+        print(
+            f"{agent.id} run {i + 1}: exit {done.returncode}, {len(exchanges)} requests "
+            f"{sorted({ex.status for ex in exchanges})}, restored {prompt_share(exchanges):.3f}"
+        )
     for done, exchanges in seen:
         shown = f"{done.args}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
         assert done.returncode == 0, shown

@@ -179,8 +179,12 @@ def test_a_namespaced_call_comes_back_namespaced_and_hosted_tools_are_left_out(c
     back = {"type": "function_call", "call_id": calls[0].call_id, "name": "spawn_agent"}
     back |= {"namespace": "multi_agent_v1", "arguments": calls[0].arguments}
     output = {"type": "function_call_output", "call_id": calls[0].call_id, "output": "ok"}
-    again = _ask(client, input=[{"role": "user", "content": "Spawn one."}, back, output],
-                 tools=TOOLS + [NAMESPACE] + HOSTED, store=False)
+    again = _ask(
+        client,
+        input=[{"role": "user", "content": "Spawn one."}, back, output],
+        tools=TOOLS + [NAMESPACE] + HOSTED,
+        store=False,
+    )
     assert again.status in ("completed", "incomplete")
     plain = _ask(client, input="Spawn one.", tools=TOOLS, store=False)
     assert again.usage.input_tokens > plain.usage.input_tokens + 30  # the namespace's tool

@@ -336,6 +336,7 @@ def build_request(
     top_logprobs: int = 0,
     n: int = 1,
     model: str = "",
+    cache_marks: Sequence[int] = (),
 ) -> engine_pb2.GenerateRequest:
     """Arguments of generate()/stream() -> GenerateRequest.
 
@@ -346,8 +347,9 @@ def build_request(
     output to a JSON schema, a grammar or a tool choice; `logprobs` asks for each
     token's log-probability, and `top_logprobs` (0-20) for the most likely tokens
     at each position; `n` asks for that many branches from one prefill (their events
-    carry `index`); `model` names the model when the server serves several. Raises
-    ValueError naming the bad argument.
+    carry `index`); `model` names the model when the server serves several;
+    `cache_marks`: indexes of the messages the client marked as places it comes back to
+    (their ends become capture points). Raises ValueError naming the bad argument.
     """
     given = [
         n
@@ -399,6 +401,7 @@ def build_request(
         request.tools_json = tools_to_json(tools)
         request.add_generation_prompt = not continue_final_message
         request.continue_final_message = continue_final_message
+        request.cache_marks.extend(wire_int(k, "cache_marks", 32) for k in cache_marks)
     elif prompt is not None:
         request.prompt_text = str(prompt)
     else:

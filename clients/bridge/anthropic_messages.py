@@ -224,6 +224,7 @@ def add_routes(app, backend, served) -> None:
             messages=list(prompt.messages),
             tools=list(prompt.tools) or None,
             continue_final_message=prompt.continue_final,
+            cache_marks=prompt.marks,
             **kwargs,
         )
         return caller, model, info, prompt, rid, stream

@@ -1,12 +1,20 @@
 """An Anthropic Messages request as the engine's chat messages, tools and sampling.
 
 `system` (a string or text blocks), `messages` (text, tool_use, tool_result,
-thinking and redacted_thinking blocks), `tools` (with `input_schema`) and
+thinking and redacted_thinking blocks; `system`-role messages of text, which
+Claude Code sends), `tools` (with `input_schema`) and
 `tool_choice` become the OpenAI-shaped messages and tools the engine's chat
 template renders: a tool_result is a `tool` message, a tool_use an assistant
 tool call, a thinking block the assistant turn's reasoning, written as the
-model's own `<think>` block (redacted thinking is opaque and left out).
-`cache_control` is ignored: the engine caches every prompt. Anything the engine
+model's own `<think>` block (redacted thinking is opaque and left out). A
+`system`-role message stays where it is: before the first user message it joins
+the system prompt (the template renders leading system messages as one system
+block, the anchor); after it, it is the template's own system turn there, so the
+anchor stays the `system` field and the tools.
+`cache_control` breakpoints become `marks`: the engine messages whose blocks
+carry one, where the client says it comes back (their ends become capture
+points; a mark on the system prompt or the tools is the anchor's, which the
+engine captures anyway). Anything the engine
 cannot take is an `InvalidInput` naming the field: an unknown block type, an
 image or document (the models served are text-only), a tool type Anthropic runs
 itself, a tool_result whose `tool_use_id` answers no tool_use of the turn
@@ -33,6 +41,7 @@ class Prompt:
     tools: tuple[dict, ...]
     parse_tools: bool  # tool_choice none: the calls stay text
     continue_final: bool  # the last message is the assistant's (a prefill)
+    marks: tuple[int, ...] = ()  # messages with a cache_control breakpoint (indexes)
 
 
 def _fail(where: str, message: str):
@@ -179,15 +188,24 @@ def _user(blocks: Any, where: str, open_calls: set[str]) -> list[dict]:
     return results + ([{"role": "user", "content": text}] if text or not results else [])
 
 
+def _marked(content: Any) -> bool:
+    """Whether a message's content (or the system field) carries a cache_control."""
+    blocks = content if isinstance(content, list) else []
+    return any(isinstance(b, dict) and b.get("cache_control") for b in blocks)
+
+
 def prompt_of(body) -> Prompt:
     """The request body (its `system`, `messages`, `tools`, `tool_choice`) -> Prompt."""
     if not isinstance(body.messages, list) or not body.messages:
         _fail("messages", "must be a non-empty list")
     system = system_text(body.system)
     messages = [{"role": "system", "content": system}] if system else []
+    marks = [0] if system and _marked(body.system) else []
     open_calls: set[str] = set()
     for i, message in enumerate(body.messages):
         message = _object(message, f"messages[{i}]")
+        if i and _marked(body.messages[i - 1].get("content")):
+            marks.append(len(messages) - 1)  # where the marked message's turn ended
         role = message.get("role")
         if role == "assistant":
             if open_calls:
@@ -197,11 +215,19 @@ def prompt_of(body) -> Prompt:
         elif role == "user":
             messages += _user(message.get("content", ""), f"messages[{i}]", open_calls)
             open_calls = set()
+        elif role == "system":
+            if open_calls:
+                _fail(f"messages[{i}]", "the tool_use ids before it got no tool_result")
+            text = _text_of(message.get("content", ""), f"messages[{i}].content")
+            messages.append({"role": "system", "content": text})
         else:
-            _fail(f"messages[{i}].role", f"expected user or assistant, got {role!r}")
+            _fail(f"messages[{i}].role", f"expected user, assistant or system, got {role!r}")
+    if isinstance(body.messages[-1], dict) and _marked(body.messages[-1].get("content")):
+        marks.append(len(messages) - 1)
     return Prompt(
         tuple(messages),
         tools_of(body.tools),
         tool_choice_parses(body.tool_choice),
         continue_final=body.messages[-1].get("role") == "assistant",
+        marks=tuple(marks),
     )

@@ -3,7 +3,9 @@
 `POST /v1/responses` runs a request whose input (clients.bridge.responses_input)
 the engine renders, and answers a Response object whose output items come from
 the completion's blocks (clients.bridge.blocks): `reasoning`, `message` with
-`output_text`, `function_call`. Streaming sends the documented events, each
+`output_text`, `function_call` (with its `namespace` where the tool sat in one;
+the tools offered: clients.bridge.responses_tools, hosted ones named in
+`X-Lineage-Tools-Left-Out`). Streaming sends the documented events, each
 with its `sequence_number`: `response.created`, `response.in_progress`; per item
 `response.output_item.added`, its content part's `.added`, the text's
 (`response.output_text.delta` / `.done`), reasoning's
@@ -24,6 +26,7 @@ routes' annotations.
 """
 
 import json
+import logging
 import time
 import uuid
 from types import SimpleNamespace
@@ -46,11 +49,13 @@ from clients.bridge.responses_input import (
     join_turns,
     messages_of,
     tool_choice_parses,
-    tools_of,
 )
+from clients.bridge.responses_tools import Offered, check_choice, tools_of
 from clients.client import Chunk, Final, LineageError, Progress
 from clients.constraints import constraint_for
 from clients.wire import InvalidInput, message_to_proto
+
+log = logging.getLogger("lineage.bridge")
 
 # Request fields the engine cannot honour: refused, never ignored.
 UNSUPPORTED = {
@@ -86,9 +91,12 @@ def _part(block) -> dict | None:
 class ResponseShape:
     """One response's object, output items and numbered stream events."""
 
-    def __init__(self, rid: str, model: str, body, blocks: Blocks, cache_on: bool):
+    def __init__(
+        self, rid: str, model: str, body, blocks: Blocks, cache_on: bool, offered=Offered()
+    ):
         self.id, self.model, self.body, self.blocks = f"resp_{rid}", model, body, blocks
         self.cache_on, self.created_at, self.seq = cache_on, int(time.time()), 0
+        self.offered = offered  # a namespaced tool's call goes out under its own name
 
     def item_id(self, block) -> str:
         prefix = {TEXT: "msg", REASONING: "rs"}.get(block.kind, "fc")
@@ -114,14 +122,16 @@ class ResponseShape:
                 "content": text,
                 "status": status,
             }
-        return {
+        name, namespace = self.offered.call_name(block.name)
+        item = {
             "type": "function_call",
             "id": self.item_id(block),
             "call_id": block.call_id,
-            "name": block.name,
+            "name": name,
             "arguments": block.text if done else "",
             "status": status,
         }
+        return item | ({"namespace": namespace} if namespace else {})
 
     def response(self, status: str, final: Final | None = None, error: dict | None = None):
         b = self.body
@@ -203,7 +213,7 @@ class ResponseShape:
 
     def _closed(self, block) -> list[tuple[str, dict]]:
         if block.kind == TOOL_CALL:
-            arguments = {"name": block.name, "arguments": block.text}
+            arguments = {"name": self.offered.call_name(block.name)[0], "arguments": block.text}
             out = [self._on("response.function_call_arguments.done", block, **arguments)]
         else:
             text = {"text": block.text} | ({"logprobs": []} if block.kind == TEXT else {})
@@ -375,17 +385,21 @@ def add_routes(app, backend, served, store) -> None:
         conversation = join_turns(list(history), new)
         prepared = _prepared(record if history else None, history, conversation)
         system = [{"role": "system", "content": body.instructions}] if body.instructions else []
-        tools = tools_of(body.tools)
-        # 2) the engine call
         rid = uuid.uuid4().hex
+        offered = tools_of(body.tools)
+        tools, choice = list(offered.functions), check_choice(body.tool_choice, offered)
+        if offered.left_out:
+            log.info("request %s: hosted tools left out: %s", rid, ", ".join(offered.left_out))
+        # 2) the engine call
         max_tokens = body.max_output_tokens or info["max_context"]
-        session = body.previous_response_id or body.prompt_cache_key
+        # the conversation's own name first: a chain's previous id changes every turn
+        session = body.prompt_cache_key or body.previous_response_id
         kwargs = engine_call(caller, rid, max_tokens, body.temperature, body.top_p, session=session)
         kwargs["model"] = info["engine_model"]
         # The output held to text.format or the tool choice (the engine checks the schema).
         kwargs["constraint"] = constraint_for(
             (body.text or {}).get("format"),
-            body.tool_choice,
+            choice,
             body.parallel_tool_calls,
             tools,
             where="text.format",
@@ -395,12 +409,14 @@ def add_routes(app, backend, served, store) -> None:
         )
         build_ms = f"{(time.perf_counter() - started) * 1000:.3f}"
         # 3) the answer, whole or streamed
-        parsing = bool(tools) and tool_choice_parses(body.tool_choice)
+        parsing = bool(tools) and tool_choice_parses(choice)
         parser = make_parser(info["output_format"], tool_calls=parsing, tools=tools or None)
         cache_on = info["reply"].get("cache_mode", "lineage") != "off"
-        shape = ResponseShape(rid, model, body, Blocks(parser), cache_on)
+        shape = ResponseShape(rid, model, body, Blocks(parser), cache_on, offered)
         turn = Turn(shape, store, caller, conversation, prepared)
         headers = {"X-Lineage-Prompt-Build-Ms": build_ms}
+        if offered.left_out:  # hosted tools: not in the prompt, named for the client
+            headers["X-Lineage-Tools-Left-Out"] = ", ".join(offered.left_out)
         if not body.stream:
             final = await unless_disconnected(request, drain(stream, turn.feed))
             turn.finish(final)

@@ -9,10 +9,10 @@ turn's reasoning, in the model's own `<think>` markup; a call's output is a
 `tool` message, whose `call_id` must answer a call made before it (in this
 input or the stored conversation); calls that open a follow-up's input join the
 stored reply's turn (`join_turns`). `instructions` are the system message, never
-stored: a follow-up gives its own. Function `tools` become the engine's; a
-built-in tool type the engine cannot run (web search, file search, computer
-use, ...) is refused, naming it. Every refusal is an `InvalidInput` naming the
-field. It knows the Responses request shapes; nothing of HTTP or the engine.
+stored: a follow-up gives its own. A `function_call` with a `namespace` is
+named as the model was offered it (clients.bridge.responses_tools). Every
+refusal is an `InvalidInput` naming the field. It knows the Responses request
+shapes; nothing of HTTP or the engine.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from clients.bridge.responses_tools import offered_name
 from clients.wire import InvalidInput
 
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
@@ -103,7 +104,9 @@ def messages_of(input_: Any, known_calls: set[str]) -> list[dict]:
             arguments = item.get("arguments", "{}")
             if not isinstance(arguments, str):
                 arguments = json.dumps(arguments, ensure_ascii=False)
-            call = {"name": item["name"], "arguments": arguments}
+            namespace = item.get("namespace")
+            name = offered_name(item["name"], namespace if isinstance(namespace, str) else None)
+            call = {"name": name, "arguments": arguments}
             call = {"id": item["call_id"], "type": "function", "function": call}
             last = messages[-1] if messages else None
             if last is None or last["role"] != "assistant" or reasoning:
@@ -124,30 +127,6 @@ def messages_of(input_: Any, known_calls: set[str]) -> list[dict]:
     if reasoning:  # reasoning with no turn after it: the model's, continued
         messages.append(with_reasoning({"role": "assistant", "content": ""}, reasoning))
     return messages
-
-
-def tools_of(tools: Any) -> list[dict]:
-    """Responses function tools -> the engine's; any other tool type is refused."""
-    if tools is None:
-        return []
-    if not isinstance(tools, list):
-        _fail("tools", "must be a list")
-    out = []
-    for i, tool in enumerate(tools):
-        if not isinstance(tool, dict):
-            _fail(f"tools[{i}]", "must be an object")
-        kind = tool.get("type")
-        if kind != "function":
-            _fail(f"tools[{i}].type", f"{kind!r} is a built-in tool this engine cannot run")
-        if not isinstance(tool.get("name"), str) or not tool["name"]:
-            _fail(f"tools[{i}].name", "a function tool needs a name")
-        # OpenAI's key order: the template renders each tool as JSON, as it comes
-        function = {"name": tool["name"]}
-        if tool.get("description"):
-            function["description"] = str(tool["description"])
-        function["parameters"] = tool.get("parameters") or {"type": "object"}
-        out.append({"type": "function", "function": function})
-    return out
 
 
 def tool_choice_parses(choice: Any) -> bool:

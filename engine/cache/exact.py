@@ -48,10 +48,11 @@ class ExactPolicy:
         prompt: np.ndarray,
         anchor_len: int,
         message_spans: tuple = (),
+        marks: tuple = (),
     ) -> RestorePlan:
         """Restore the longest snapshot within prompt[:-1]; capture prompt minus offset, and prompt.
 
-        `anchor_len` and `message_spans` are ignored: exact mode has no anchors
+        `anchor_len`, `message_spans` and `marks` are ignored: exact mode has no anchors
         and no checkpoints.
         """
         restore = self.index.lookup(namespace, prompt[:-1], has_state_layers=True).restore

@@ -82,11 +82,13 @@ class LineagePolicy:
         prompt: np.ndarray,
         anchor_len: int,
         message_spans: tuple[Span, ...] = (),
+        marks: tuple[int, ...] = (),
     ) -> RestorePlan:
         """The restore point and capture points for `prompt`; allocates the new entry's id first.
 
         `message_spans`: the prompt's messages after the (system + tools) block,
         as token spans (PromptLayout.spans), where long-message points go.
+        `marks`: where the messages the client marked end (PromptLayout.marked).
 
         Changes no index: a restore point on the disk tier comes back with
         load_from_disk, and enters the RAM index only when the caller keeps
@@ -107,7 +109,7 @@ class LineagePolicy:
         restore = found.restore
         points: dict[int, str] = {}
         for length, kind in self._capture_points(
-            namespace, prompt, anchor_len, message_spans, found
+            namespace, prompt, anchor_len, message_spans, found, marks
         ):
             points.setdefault(length, kind)
         new_entry_id = self._new_id()
@@ -166,13 +168,21 @@ class LineagePolicy:
         )
 
     def _capture_points(
-        self, namespace: str, prompt: np.ndarray, anchor_len: int, message_spans, found: Lookup
+        self,
+        namespace: str,
+        prompt: np.ndarray,
+        anchor_len: int,
+        message_spans,
+        found: Lookup,
+        marks=(),
     ):
         """Yield (length, kind) candidates, all strictly between the restore length and len(prompt).
 
-        Points inside the (system + tools) block and inside `message_spans`
-        (engine.cache.message_points), at most `message_max` of both, those
-        thinning would keep: the system block's first.
+        The ends of the messages the client marked after the anchor (`marks`: it
+        said it comes back there), then points inside the (system + tools) block
+        and inside `message_spans` (engine.cache.message_points): at most
+        `message_max` of the three, the marks' latest first, then the system
+        block's, those thinning would keep.
 
         When two fall on one length the first yielded wins: the anchor entry
         also serves that length, and a divergence point also serves a resend
@@ -187,13 +197,17 @@ class LineagePolicy:
         if not self.has_state_layers:
             return
         cfg = self.config
+        lo = max(restored, anchor_len)  # a mark inside the anchor is the anchor's
+        marked = [n for n in marks if lo < n < size][-cfg.message_max :] if cfg.message_max else []
+        most = cfg.message_max - len(marked)
         block = [(0, anchor_len, spacing(anchor_len, cfg.system_interval, SYSTEM_SLICES))]
-        system = message_points(block, cfg.message_max, restored, size)
+        system = message_points(block, most, restored, size)
         spans = [
             (start, end, spacing(end - start, cfg.message_interval, MESSAGE_SLICES))
             for start, end in message_spans
         ]
-        messages = message_points(spans, cfg.message_max - len(system), restored, size)
+        messages = message_points(spans, most - len(system), restored, size)
+        yield from ((n, CaptureKind.MESSAGE) for n in marked)
         yield from ((n, CaptureKind.SYSTEM) for n in system)
         yield from ((n, CaptureKind.MESSAGE) for n in messages)
         gain = found.sibling_lcp - restored

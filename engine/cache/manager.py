@@ -179,6 +179,7 @@ class CacheManager:
             prompt,
             req.anchor_len,
             req.layout.spans(len(prompt)),
+            req.layout.marked(len(prompt)),
         )
         anchor = None
         if any(c.kind == CaptureKind.ANCHOR for c in plan.captures):

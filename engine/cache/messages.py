@@ -34,6 +34,8 @@ class PromptLayout:
     digests: tuple[str, ...] = ()  # per message: a hash of the message as sent
     roles: tuple[str, ...] = ()
     tools: str = ""  # a hash of the tools list; "" when none
+    # Messages the client marked as places it comes back to (Anthropic's cache_control)
+    marks: tuple[int, ...] = ()
 
     @property
     def head(self) -> int:
@@ -49,6 +51,12 @@ class PromptLayout:
         generation prompt included); empty spans left out."""
         bounds = self.starts[self.head :] + (size,)
         return tuple((a, b) for a, b in zip(bounds, bounds[1:]) if a < b)
+
+    def marked(self, size: int) -> tuple[int, ...]:
+        """Where each marked message ends in a prompt of `size` tokens (where the next
+        starts; the last message's end is the prompt's), ascending."""
+        ends = self.starts[1:] + (size,)
+        return tuple(sorted({ends[k] for k in self.marks if 0 <= k < len(ends)}))
 
     def message_at(self, token: int) -> int:
         """The message whose tokens hold `token`; -1 before the first (the template's

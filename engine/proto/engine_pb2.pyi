@@ -87,7 +87,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "namespace", "messages", "tools_json", "prompt_ids", "prompt_text", "sampling", "add_generation_prompt", "continue_final_message", "session", "constraint", "model")
+    __slots__ = ("request_id", "namespace", "messages", "tools_json", "prompt_ids", "prompt_text", "sampling", "add_generation_prompt", "continue_final_message", "session", "constraint", "model", "cache_marks")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +100,7 @@ class GenerateRequest(_message.Message):
     SESSION_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    CACHE_MARKS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     namespace: str
     messages: _containers.RepeatedCompositeFieldContainer[Message]
@@ -112,7 +113,8 @@ class GenerateRequest(_message.Message):
     session: str
     constraint: Constraint
     model: str
-    def __init__(self, request_id: _Optional[str] = ..., namespace: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., tools_json: _Optional[str] = ..., prompt_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ..., session: _Optional[str] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., model: _Optional[str] = ...) -> None: ...
+    cache_marks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., namespace: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., tools_json: _Optional[str] = ..., prompt_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ..., session: _Optional[str] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., model: _Optional[str] = ..., cache_marks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PrefillProgress(_message.Message):
     __slots__ = ("done", "total")

@@ -101,6 +101,7 @@ class Frontend:
         self.internal_ids: set[str] = set()
         self.calls: set[asyncio.Task] = set()  # the tasks iterating generate(), for close()
         self.volatile: dict[str, int] = {}  # request id -> volatile lines removed (its log line)
+        self.sessions: dict[str, str] = {}  # request id -> the session key it named (its log line)
         # Template rendering and tokenization run here, off the event loop; one
         # thread, so the builder's memo needs no lock.
         self.prompt_thread = concurrent.futures.ThreadPoolExecutor(1, "prompt-builder")
@@ -201,6 +202,7 @@ class Frontend:
             del self.request_ids[key]
             self.internal_ids.discard(request_id)
             self.volatile.pop(request_id, None)
+            self.sessions.pop(request_id, None)
 
     async def _generate(
         self,
@@ -221,6 +223,8 @@ class Frontend:
             prompt, sampling = await self._prepare(inp, sampling)
             if prompt.volatile:
                 self.volatile[request_id] = prompt.volatile
+            if session:
+                self.sessions[request_id] = session
             tokens = np.asarray(prompt.tokens, dtype=np.int32)
             await self._await_superseded(namespace, tokens, request_id)
             epoch = await self._ready(0)
@@ -447,7 +451,8 @@ class Frontend:
     def _finished(self, f: Finished, req: GenerationRequest) -> None:
         """Log the request, keep its record, count it."""
         volatile = self.volatile.get(req.request_id, 0)
-        log_request(f, req.plan.captures, req.plan.miss, volatile, self.name)
+        session = self.sessions.get(req.request_id)
+        log_request(f, req.plan.captures, req.plan.miss, volatile, self.name, session)
         tag = self.namespaces.tag(req.namespace)
         self.activity.record(f, tag, miss=req.plan.miss)
         if self.metrics is not None:
@@ -514,12 +519,16 @@ def _clip_max_tokens(s: SamplingParams, room: int) -> SamplingParams:
     return replace(s, max_tokens=max(1, room))
 
 
-def log_request(f: Finished, captures, miss=None, volatile: int = 0, model: str = "") -> None:
+def log_request(
+    f: Finished, captures, miss=None, volatile: int = 0, model: str = "", session=None
+) -> None:
     """One key=value line per request (the cost of each turn is visible in the log).
 
     `miss`: why it restored less than an earlier prompt offered (`kind@token/m<message>`);
     `volatile`: system-prompt lines the volatile-line rules removed; `model`: the model's
-    served name (the directory's, with one model).
+    served name (the directory's, with one model); `session`: the conversation's key
+    (x-session-id, prompt_cache_key, ...), which names the turns of one conversation
+    beside its misses.
     """
     timing = " ".join(
         f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
@@ -527,7 +536,7 @@ def log_request(f: Finished, captures, miss=None, volatile: int = 0, model: str 
     )
     log.info(
         "request id=%s model=%s replica=%s finish=%s prompt=%d cached=%d completion=%d "
-        "restore=%s@%d lost=%s captures=%s miss=%s volatile=%d %s",
+        "restore=%s@%d lost=%s captures=%s miss=%s volatile=%d session=%s %s",
         f.request_id,
         model or "-",
         f.replica or "-",
@@ -541,5 +550,6 @@ def log_request(f: Finished, captures, miss=None, volatile: int = 0, model: str 
         ",".join(f"{c.kind}@{c.length}" for c in captures) or "-",
         miss or "-",
         volatile,
+        session or "-",
         timing,
     )

@@ -23,7 +23,7 @@ template and tokenizer (engine.server.output_format).
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -50,6 +50,7 @@ class PromptInput:
     prompt_text: str | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    marks: tuple[int, ...] = ()  # messages the client marked to come back to (cache_control)
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,8 @@ class PromptBuilder:
             tokens = tuple(ids)
             anchor = self.anchor_length(messages, inp.tools, tokens, text)
             layout = self.layouts.layout(messages, inp.tools, text, starts, tokens)
+            if inp.marks and layout.starts:
+                layout = replace(layout, marks=inp.marks)
         if not tokens:
             raise InvalidRequest("the prompt is empty")
         if len(tokens) >= self.max_context:

@@ -83,7 +83,16 @@ def to_prompt_input(req: engine_pb2.GenerateRequest, limits=DEFAULT_LIMITS) -> P
             req.add_generation_prompt if req.HasField("add_generation_prompt") else True
         ),
         continue_final_message=req.continue_final_message,
+        marks=_marks(req.cache_marks, len(messages)),
     )
+
+
+def _marks(marks, n: int) -> tuple[int, ...]:
+    """The marked message indexes; InvalidRequest names one outside the messages."""
+    for k in marks:
+        if not 0 <= k < n:
+            raise InvalidRequest(f"cache_marks: {k} is not a message index (0..{n - 1})")
+    return tuple(sorted(set(marks)))
 
 
 def _message(m: engine_pb2.Message) -> dict:

@@ -267,3 +267,30 @@ def test_bad_starts_are_refused_naming_the_field(starts, message):
     with pytest.raises(ValueError, match=message):
         d.manager.plan(request)
     d.turn(TURN, R1, anchor_len=500, layout=layout(PASTE))  # and the manager keeps serving
+
+
+# -- a client's cache_control breakpoint ---------------------------------------------
+
+
+def test_a_marked_message_end_is_a_capture_point_and_an_edit_after_it_restores_there():
+    """A message the client marked (Anthropic's cache_control: PromptLayout.marks) ends
+    where no point of the engine's own falls: its end is captured, within message_max, and
+    a prompt that changes after it restores there instead of at the anchor."""
+    roles = ("system", "user", "assistant", "user")
+    marked = PromptLayout((0, 500, 800, 1100), roles=roles, marks=(1,))
+    d = Driver(message_interval=1024)  # no point of its own inside these messages
+    plan, _ = d.turn(tokens(seq(1000, 1200)), R1, anchor_len=500, layout=marked)
+    assert caps(plan) == [(500, "anchor", 2), (800, "message", None), (1184, "guard", None)]
+    edited = tokens(seq(1000, 900), seq(9000, 300))
+    again = d.plan(edited, anchor_len=500, layout=marked)
+    assert (again.length, again.kind) == (800, "message")
+    # a mark inside the anchor is the anchor's; the last message's end is the prompt's own
+    inside = PromptLayout((0, 300, 500, 1100), roles=("system",) * 2 + ("user",) * 2, marks=(0, 3))
+    assert inside.marked(1200) == (300, 1200)
+    fresh = Driver(message_interval=1024)
+    plan, _ = fresh.turn(tokens(seq(1000, 1200)), R1, anchor_len=500, layout=inside)
+    assert caps(plan) == [(500, "anchor", 2), (1184, "guard", None)]
+    # the budget holds: message_max 0 takes none
+    none = Driver(message_interval=1024, message_max=0)
+    plan, _ = none.turn(tokens(seq(1000, 1200)), R1, anchor_len=500, layout=marked)
+    assert caps(plan) == [(500, "anchor", 2), (1184, "guard", None)]

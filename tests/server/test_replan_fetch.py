@@ -157,3 +157,61 @@ def test_a_lost_restore_is_replanned_from_a_peers_entry_and_served_warm(replicat
     ]
     assert " lost=" in line and " lost=- " not in line, line
     assert f"restore=divergence@{COMMON} " in line and f"cached={COMMON} " in line
+
+
+def _replica_of(caplog, reply) -> str:
+    """The replica that served a bridge reply (chat `chatcmpl-ID`, Responses `resp_ID`)."""
+    request_id = reply.id.removeprefix("chatcmpl-").removeprefix("resp_")
+    (line,) = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "lineage.request" and f"id={request_id} " in r.getMessage()
+    ]
+    return line.split(" replica=")[1].split(" ")[0]
+
+
+def test_prompt_cache_key_keeps_a_conversation_on_its_replica(replicated, caplog):
+    """An agent's `prompt_cache_key` (chat completions, and Responses chained by
+    previous_response_id, as the Agents SDK sends it) is the session key: with replica 0
+    busier than replica 1, a key's later turns stay on replica 0, where its conversation
+    is, while a request without a key goes to replica 1. The request log names the key."""
+    import ray
+
+    from tests.clients.test_bridge import BridgeThread
+
+    def chat(text: str, **key):
+        messages = [{"role": "user", "content": text + " a b" * 40}]
+        return client.chat.completions.create(
+            model="lineage", messages=messages, max_tokens=2, temperature=0, **key
+        )
+
+    def respond(text: str, **more):
+        return client.responses.create(
+            model="lineage", input=text + " c d" * 40, max_output_tokens=2, temperature=0, **more
+        )
+
+    bridge = BridgeThread(replicated.address)
+    try:
+        with (
+            bridge.client() as client,
+            Client(replicated.address) as engine_client,
+            caplog.at_level(logging.INFO, "lineage.request"),
+        ):
+            first = [
+                chat("key one", prompt_cache_key="agent-1"),
+                respond("key two", prompt_cache_key="agent-2"),
+            ]
+            _wait_idle(engine_client)
+            _hold(replicated, 0)  # replica 0 is busier: a request without a home goes to 1
+            later = [
+                chat("another turn", prompt_cache_key="agent-1"),
+                respond("again", previous_response_id=first[1].id, prompt_cache_key="agent-2"),
+                chat("no key"),
+            ]
+            ray.get(replicated.engine.models[0].release.remote("hold"))
+        assert [_replica_of(caplog, r) for r in first] == ["0", "0"]
+        assert [_replica_of(caplog, r) for r in later] == ["0", "0", "1"]
+        lines = [r.getMessage() for r in caplog.records if r.name == "lineage.request"]
+        assert any(" session=agent-1 " in line for line in lines)  # named beside its misses
+    finally:
+        bridge.stop()

@@ -125,6 +125,72 @@ def test_function_call_items_and_their_outputs_are_rendered(client):
     assert follow.usage.input_tokens > reply.usage.input_tokens
 
 
+NAMESPACE = {
+    "type": "namespace",
+    "name": "multi_agent_v1",
+    "description": "Sub-agents",
+    "tools": [
+        {
+            "type": "function",
+            "name": "spawn_agent",
+            "description": "Start a sub-agent",
+            "parameters": {
+                "type": "object",
+                "properties": {"task": {"type": "string"}},
+                "required": ["task"],
+            },
+        }
+    ],
+}
+HOSTED = [{"type": "web_search", "external_web_access": False}, {"type": "file_search"}]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_namespaced_call_comes_back_namespaced_and_hosted_tools_are_left_out(client, stream):
+    """Codex CLI's tools: a namespace of functions and a hosted web search, answered 200;
+    a call forced to the namespaced function comes back as `name` + `namespace`, and the
+    hosted tools are named in a header, not in the prompt."""
+    choice = {"type": "function", "name": "spawn_agent", "namespace": "multi_agent_v1"}
+    args = dict(
+        input="Spawn one.",
+        tools=TOOLS + [NAMESPACE] + HOSTED,
+        tool_choice=choice,
+        max_output_tokens=160,
+        temperature=0,
+        store=False,
+        include=["reasoning.encrypted_content"],
+        reasoning={"summary": "auto"},
+        prompt_cache_key="thread-1",
+        extra_body={"client_metadata": {"originator": "codex_exec"}},
+    )
+    if stream:
+        with client.responses.with_streaming_response.create(stream=True, **args) as raw:
+            assert raw.headers["x-lineage-tools-left-out"] == "web_search, file_search"
+            ends = ("response.completed", "response.incomplete")
+            done = [e for e in raw.parse() if e.type in ends]
+        reply = done[0].response
+    else:
+        raw = client.responses.with_raw_response.create(**args)
+        assert raw.headers["x-lineage-tools-left-out"] == "web_search, file_search"
+        reply = raw.parse()
+    calls = [item for item in reply.output if item.type == "function_call"]
+    assert calls and calls[0].name == "spawn_agent", reply.output
+    assert calls[0].namespace == "multi_agent_v1"
+    # sent back as Codex sends it: the model reads its own call under the name it was offered
+    back = {"type": "function_call", "call_id": calls[0].call_id, "name": "spawn_agent"}
+    back |= {"namespace": "multi_agent_v1", "arguments": calls[0].arguments}
+    output = {"type": "function_call_output", "call_id": calls[0].call_id, "output": "ok"}
+    again = _ask(
+        client,
+        input=[{"role": "user", "content": "Spawn one."}, back, output],
+        tools=TOOLS + [NAMESPACE] + HOSTED,
+        store=False,
+    )
+    assert again.status in ("completed", "incomplete")
+    plain = _ask(client, input="Spawn one.", tools=TOOLS, store=False)
+    assert again.usage.input_tokens > plain.usage.input_tokens + 30  # the namespace's tool
+
+
 def test_a_stored_response_survives_a_bridge_restart(engine, tmp_path):
     directory = tmp_path / "responses"
     b = BridgeThread(engine.address, options=_options(directory))
@@ -183,7 +249,11 @@ BAD = [
         {"input": [{"type": "function_call_output", "call_id": "nope", "output": "x"}]},
         "input[0].call_id",
     ),
-    ("a built-in tool", {"tools": [{"type": "web_search"}]}, "tools[0].type: 'web_search'"),
+    (
+        "a forced hosted tool",
+        {"tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}},
+        "tool_choice: it forces 'web_search'",
+    ),
     (
         "a schema the engine cannot enforce",
         {

@@ -38,6 +38,7 @@ from engine.runtime.events import Finished, FinishReason, Tokens
 from engine.runtime.grammar import Grammar
 from engine.runtime.requests import GenerationRequest, SamplingParams
 from engine.server.activity import Activity, Inspection, NamespaceTags, inspection
+from engine.server.cache_view import CacheView, cache_view
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
 from engine.server.limits import check_sampling
 from engine.server.prompt import PromptBuilder, PromptInput
@@ -72,6 +73,7 @@ class Frontend:
         budgets: Mapping[str, int] | None = None,
         namespaces: NamespaceTags | None = None,
         metrics=None,
+        memory=None,
     ):
         self.models = list(models)  # ModelActor handles, by replica number
         self.manager = manager  # CacheManagerActor handle
@@ -93,6 +95,8 @@ class Frontend:
         self.namespaces = namespaces or NamespaceTags()  # how namespaces show
         self.activity = Activity()
         self.metrics = metrics  # EngineMetrics, or None
+        self.memory = memory  # the MemoryPlan the actors were given, for the cache page
+        self.session_of: dict[str, str] = {}  # request id -> its session key, for the page
         # Every (namespace, id) from acceptance to the end of its stream -> the id inside.
         self.request_ids: dict[tuple[str, str], str] = {}
         self.internal_ids: set[str] = set()
@@ -182,6 +186,8 @@ class Frontend:
         request_id = given if given not in self.internal_ids else f"{given}~{uuid.uuid4().hex}"
         self.request_ids[key] = request_id
         self.internal_ids.add(request_id)
+        if session:
+            self.session_of[request_id] = session
         events = self._generate(inp, sampling, namespace, request_id, received, session, constraint)
         task = asyncio.current_task()
         self.calls.add(task)
@@ -198,6 +204,7 @@ class Frontend:
             del self.request_ids[key]
             self.internal_ids.discard(request_id)
             self.volatile.pop(request_id, None)
+            self.session_of.pop(request_id, None)
 
     async def _generate(
         self,
@@ -284,7 +291,7 @@ class Frontend:
             TextStream(self.builder.tokenizer.detokenizer, req.sampling.stop)
             for _ in range(req.sampling.n)
         ]
-        ended = 0
+        ended = completion = 0
         try:
             await self._submit(model, events, req)
             while not finished:
@@ -306,7 +313,10 @@ class Frontend:
                             raise _Restarted(event.error, False)
                         out += _tail(text, event.index)
                         event = _as_stopped(event, text, req.constraint is not None)
-                        self._finished(event, req)
+                        completion += event.completion_tokens
+                        if finished:  # one request, however many branches it ran (n)
+                            whole = dataclasses.replace(event, completion_tokens=completion)
+                            self._finished(whole, req)
                     if not prefilled and isinstance(event, (Tokens, Finished)):
                         prefilled = True
                         self.manager.prefilled.remote(rid)
@@ -463,7 +473,8 @@ class Frontend:
         """Log the request, keep its record, count it."""
         log_request(f, req.plan.captures, req.plan.miss, self.volatile.get(req.request_id, 0))
         tag = self.namespaces.tag(req.namespace)
-        self.activity.record(f, tag, miss=req.plan.miss)
+        owner = (req.namespace, self.session_of.get(req.request_id, ""))
+        self.activity.record(f, tag, miss=req.plan.miss, owner=owner)
         if self.metrics is not None:
             self.metrics.request(f, tag, req.plan.captures, req.plan.length)
 
@@ -487,6 +498,14 @@ class Frontend:
         return inspection(
             cache, anchors, live, self.budgets, self.activity, self.namespaces, recent
         )
+
+    async def cache_view(self, scope: str | None, recent: int = 50) -> CacheView:
+        """The cache page's figures for namespace `scope` (None: the whole cache)."""
+        try:
+            tree = await asyncio.wait_for(self.manager.tree.remote(scope), self.deadline)
+        except asyncio.TimeoutError:
+            raise Unavailable(f"the cache manager did not answer within {self.deadline:.0f} s")
+        return cache_view(tree, self.activity, scope, recent, self.memory)
 
     async def stats(self):
         try:

@@ -195,9 +195,9 @@ class InProcessBackend:
         auth = self.engine.auth
         if auth.enabled and auth.identity(metadata) is None:
             raise LineageError("UNAUTHENTICATED", "a known bearer token is required")
-        scope = tree_scope(auth, metadata, namespace)
+        scope, operator = tree_scope(auth, metadata, namespace)
         try:
-            view = await self.engine.frontend.cache_view(scope, recent)
+            view = await self.engine.frontend.cache_view(scope, recent, operator)
         except DOMAIN_ERRORS as error:
             code, message = status_of(error)
             raise LineageError(code.name, message) from None

@@ -4,8 +4,9 @@
 front end's latest requests (engine.server.activity), each with its session
 key, time to first token, cached share and the reason it missed in words
 (`miss_words`), and, for the operator, the memory plan as parts of the limit.
-A tenant's view (`scope` set) holds its own namespace's entries and requests
-only, and no plan: the plan's live figures are every tenant's together.
+A scope (a namespace) holds that namespace's entries and requests only; a
+tenant's view is its own namespace's, without the plan, whose figures are
+every tenant's together.
 No Ray, no gRPC: the front end fetches, the servicer translates.
 """
 
@@ -110,6 +111,7 @@ def memory_parts(plan, tree: CacheTree) -> tuple[int, tuple[MemoryPart, ...]]:
 def cache_view(
     tree: CacheTree, activity: Activity, scope: str | None, recent: int, plan=None
 ) -> CacheView:
-    """The page's figures; `plan` (the MemoryPlan) is shown only in the whole cache's view."""
-    limit, parts = memory_parts(plan if scope is None else None, tree)
+    """The page's figures; `plan`: the MemoryPlan, for the operator's view (None: a tenant's),
+    its RAM tier held as the tree's (the scope's) bytes."""
+    limit, parts = memory_parts(plan, tree)
     return CacheView(tree, recent_requests(activity, scope, min(recent, MAX_RECENT)), limit, parts)

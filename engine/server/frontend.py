@@ -499,13 +499,16 @@ class Frontend:
             cache, anchors, live, self.budgets, self.activity, self.namespaces, recent
         )
 
-    async def cache_view(self, scope: str | None, recent: int = 50) -> CacheView:
-        """The cache page's figures for namespace `scope` (None: the whole cache)."""
+    async def cache_view(
+        self, scope: str | None, recent: int = 50, operator: bool = True
+    ) -> CacheView:
+        """The cache page's figures for namespace `scope` (None: the whole cache); the
+        memory plan for the `operator` alone."""
         try:
             tree = await asyncio.wait_for(self.manager.tree.remote(scope), self.deadline)
         except asyncio.TimeoutError:
             raise Unavailable(f"the cache manager did not answer within {self.deadline:.0f} s")
-        return cache_view(tree, self.activity, scope, recent, self.memory)
+        return cache_view(tree, self.activity, scope, recent, self.memory if operator else None)
 
     async def stats(self):
         try:

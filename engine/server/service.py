@@ -192,13 +192,14 @@ def to_tree_reply(v: CacheView) -> engine_pb2.CacheTreeReply:
     )
 
 
-def tree_scope(auth: Authenticator, metadata, requested: str | None) -> str | None:
-    """The namespace whose cache a caller may see: a tenant its own, whatever it names; an
-    admin (or anyone, with no tokens) the one it names, or every one (None)."""
+def tree_scope(auth: Authenticator, metadata, requested: str | None) -> tuple[str | None, bool]:
+    """(the namespace whose cache a caller may see, whether it is the operator): a tenant
+    its own, whatever it names; an admin (or anyone, with no tokens) the one it names, or
+    every one (None)."""
     identity = auth.identity(metadata)
     if auth.enabled and (identity is None or not identity.admin):
-        return identity.namespace if identity is not None else ""
-    return requested
+        return (identity.namespace if identity is not None else ""), False
+    return requested, True
 
 
 class EngineServicer(engine_pb2_grpc.EngineServicer):
@@ -251,11 +252,11 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
     async def CacheTree(self, request, context):
         requested = request.namespace if request.HasField("namespace") else None
-        scope = tree_scope(self.auth, context.invocation_metadata(), requested)
+        scope, operator = tree_scope(self.auth, context.invocation_metadata(), requested)
         try:
             if scope:
                 check_identifier("namespace", scope, self.frontend.limits)
-            view = await self.frontend.cache_view(scope, request.recent or 50)
+            view = await self.frontend.cache_view(scope, request.recent or 50, operator)
         except DOMAIN_ERRORS as e:
             await self._abort(context, *status_of(e))
         return to_tree_reply(view)

@@ -69,7 +69,7 @@ TREE = CacheTree(
 
 def test_a_tenant_sees_its_requests_and_no_plan_the_operator_everything():
     plan = plan_memory(EngineConfig(), 4 * GB, 1 << 10, 4096, machine=64 * GB, draft=GB // 2)
-    tenant = cache_view(TREE, _activity(), "acme", 50, plan)
+    tenant = cache_view(TREE, _activity(), "acme", 50, None)
     assert [r.request_id for r in tenant.recent] == ["r2", "r1"]  # newest first, acme/dev too
     assert tenant.recent[0].miss == "the system prompt changed at token 50, in message 0"
     assert (tenant.memory_limit, tenant.memory) == (0, ())
@@ -89,3 +89,17 @@ def test_the_reply_carries_every_field():
     assert list(entry.sessions) == ["s1"] and reply.ram_bytes == 999
     assert [r.session for r in reply.recent] == ["s3", "s2", "s1"]
     assert reply.memory_limit == 0
+
+
+def test_a_tenant_sees_its_own_namespace_whatever_it_names_and_no_plan():
+    from engine.config import Identity
+    from engine.server.auth import Authenticator
+    from engine.server.service import tree_scope
+
+    auth = Authenticator((Identity("op", "", admin=True), Identity("al", "alice")))
+    bearer = lambda token: (("authorization", f"Bearer {token}"),)  # noqa: E731
+    assert tree_scope(auth, bearer("al"), "bob") == ("alice", False)
+    assert tree_scope(auth, bearer("al"), None) == ("alice", False)
+    assert tree_scope(auth, bearer("op"), "bob") == ("bob", True)
+    assert tree_scope(auth, bearer("op"), None) == (None, True)
+    assert tree_scope(Authenticator(), (), "bob") == ("bob", True)  # no tokens: loopback

@@ -13,12 +13,9 @@ and a recording rule's result.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -26,6 +23,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.serve_process import free_port, lineage_serve, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "docs" / "prometheus" / "lineage.rules.yml"
@@ -50,21 +49,6 @@ SCHEMA = {
         },
     }
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(process: subprocess.Popen, sig=signal.SIGINT) -> None:
-    process.send_signal(sig)
-    try:
-        process.wait(120)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(30)
 
 
 def test_the_rules_we_ship_pass_promtool():
@@ -95,7 +79,7 @@ class Prometheus:
     """A Prometheus scraping 127.0.0.1:`target` every second, with our rules, on a free port."""
 
     def __init__(self, target: int, workdir: Path):
-        self.port = _free_port()
+        self.port = free_port()
         config = workdir / "prometheus.yml"
         config.write_text(
             json.dumps(  # YAML is a superset of JSON
@@ -139,67 +123,55 @@ class Prometheus:
         return float(result[0]["value"][1]) if result else None
 
     def stop(self) -> None:
-        _stop(self.process, signal.SIGTERM)
+        stop(self.process, signal.SIGTERM)
         self.log.close()
 
 
 def test_prometheus_scrapes_and_queries_lineage_serve(model_cache_dir, tmp_path):
-    metrics, http = _free_port(), _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "LINEAGE_"))}
-    env.update(PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
-    command = [sys.executable, "-m", "clients.cli", "serve", "--port", "0"]
-    command += ["--cache-dir", str(model_cache_dir), "--ram-budget", "1G"]
-    command += ["--http-port", str(http), "--metrics-port", str(metrics)]
-    out = (tmp_path / "serve.out").open("w+")
-    serve = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
-    prometheus = None
-    try:
-        deadline = time.monotonic() + 300
-
-        def bridge_up() -> bool:
-            assert serve.poll() is None, Path(out.name).read_text()[-3000:]
-            return "OpenAI-compatible bridge on" in Path(out.name).read_text()
-
-        _until(bridge_up, deadline, "lineage serve did not start")
+    metrics, http = free_port(), free_port()
+    flags = ("--http-port", str(http), "--metrics-port", str(metrics))
+    with lineage_serve(model_cache_dir, tmp_path, *flags):
         prometheus = Prometheus(metrics, tmp_path)
-        up = "up{job='lineage'}"
-        _until(lambda: prometheus.value(up) == 1, time.monotonic() + 60, "no scrape")
-        messages = [
-            {"role": "system", "content": "You answer in one short sentence."},
-            {"role": "user", "content": "Name a prime number."},
-        ]
-        with httpx.Client(base_url=f"http://127.0.0.1:{http}", timeout=120) as client:
-            for n in (1, 4, 1):
-                body = {"model": "lineage", "messages": messages, "max_tokens": 4, "n": n}
-                reply = client.post("/v1/chat/completions", json=body)
-                assert reply.status_code == 200, reply.text
-                assert len(reply.json()["choices"]) == n
-            for _ in range(2):  # one schema twice: compiled once, then a hit
-                body = {"model": "lineage", "messages": messages, "max_tokens": 8}
-                reply = client.post("/v1/chat/completions", json={**body, **SCHEMA})
-                assert reply.status_code == 200, reply.text
-        # Five requests, one of them of four branches: five counted.
-        requests = "sum(ray_lineage_requests_total)"
-        deadline = time.monotonic() + 90
-        _until(lambda: prometheus.value(requests) == 5, deadline, "requests_total")
-        prompt = prometheus.value('sum(ray_lineage_tokens_total{kind="prompt"})')
-        cached = prometheus.value('sum(ray_lineage_tokens_total{kind="cached"})')
-        assert prompt > 0 and 0 < cached < prompt, (prompt, cached)
-        budget = 'sum(ray_lineage_tier_budget_bytes{tier="ram"})'
-        assert prometheus.value(budget) == 1 << 30
-        assert prometheus.value("sum(ray_lineage_ttft_ms_count)") == 5
-        compiles = "sum(ray_lineage_grammar_compiles_total)"
-        _until(lambda: prometheus.value(compiles) == 1, deadline, "grammar compiles")
-        assert prometheus.value("sum(ray_lineage_grammar_hits_total)") == 1
-        assert prometheus.value("sum(ray_lineage_grammars)") == 1
-        plan = 'ray_lineage_memory_plan_bytes{part="%s"}'
-        assert prometheus.value(plan % "ram_tier") == 1 << 30
-        assert prometheus.value(plan % "weights") > 0
-        assert prometheus.value(plan % "draft") == 0  # no draft model
-        ratio = "lineage:cache_hit_ratio:rate5m"  # our recording rule, evaluated
-        _until(lambda: prometheus.query(ratio), deadline, "the recording rule")
-    finally:
-        if prometheus is not None:
+        try:
+            _queries(prometheus, http)
+        finally:
             prometheus.stop()
-        _stop(serve)
-        out.close()
+
+
+def _queries(prometheus: Prometheus, http: int) -> None:
+    up = "up{job='lineage'}"
+    _until(lambda: prometheus.value(up) == 1, time.monotonic() + 60, "no scrape")
+    messages = [
+        {"role": "system", "content": "You answer in one short sentence."},
+        {"role": "user", "content": "Name a prime number."},
+    ]
+    with httpx.Client(base_url=f"http://127.0.0.1:{http}", timeout=120) as client:
+        for n in (1, 4, 1):
+            body = {"model": "lineage", "messages": messages, "max_tokens": 4, "n": n}
+            reply = client.post("/v1/chat/completions", json=body)
+            assert reply.status_code == 200, reply.text
+            assert len(reply.json()["choices"]) == n
+        for _ in range(2):  # one schema twice: compiled once, then a hit
+            body = {"model": "lineage", "messages": messages, "max_tokens": 8}
+            reply = client.post("/v1/chat/completions", json={**body, **SCHEMA})
+            assert reply.status_code == 200, reply.text
+    # Five requests, one of them of four branches: five counted.
+    requests = "sum(ray_lineage_requests_total)"
+    deadline = time.monotonic() + 90
+    _until(lambda: prometheus.value(requests) == 5, deadline, "requests_total")
+    prompt = prometheus.value('sum(ray_lineage_tokens_total{kind="prompt"})')
+    cached = prometheus.value('sum(ray_lineage_tokens_total{kind="cached"})')
+    assert prompt > 0 and 0 < cached < prompt, (prompt, cached)
+    budget = 'sum(ray_lineage_tier_budget_bytes{tier="ram"})'
+    assert prometheus.value(budget) == 1 << 30
+    assert prometheus.value("sum(ray_lineage_ttft_ms_count)") == 5
+    compiles = "sum(ray_lineage_grammar_compiles_total)"
+    _until(lambda: prometheus.value(compiles) == 1, deadline, "grammar compiles")
+    assert prometheus.value("sum(ray_lineage_grammar_hits_total)") == 1
+    assert prometheus.value("sum(ray_lineage_grammars)") == 1
+    plan = 'ray_lineage_memory_plan_bytes{part="%s"}'
+    assert prometheus.value(plan % "ram_tier") == 1 << 30
+    assert prometheus.value(plan % "weights") > 0
+    assert prometheus.value(plan % "draft") == 0  # no draft model
+    ratio = "lineage:cache_hit_ratio:rate5m"  # our recording rule, evaluated
+    _until(lambda: prometheus.query(ratio), deadline, "the recording rule")

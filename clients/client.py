@@ -426,6 +426,16 @@ class AsyncClient:
         """The CacheStats RPC as a dict of its fields."""
         return message_to_dict(await self._unary("CacheStats", engine_pb2.CacheStatsRequest()))
 
+    async def cache_tree(
+        self, auth_token: str | None = None, namespace: str | None = None, recent: int = 50
+    ) -> dict:
+        """The CacheTree RPC (the cache page's tree, latest requests and memory plan) as a
+        dict; `namespace`: one namespace of an admin's view (None: all)."""
+        request = engine_pb2.CacheTreeRequest(recent=recent)
+        if namespace is not None:
+            request.namespace = namespace
+        return message_to_dict(await self._unary("CacheTree", request, auth_token))
+
     async def model_info(self, auth_token: str | None = None) -> dict:
         """The ModelInfo RPC as a dict of its fields."""
         request = engine_pb2.ModelInfoRequest()

@@ -17,7 +17,7 @@ import asyncio
 import json
 from dataclasses import dataclass, field
 
-from clients.bridge import anthropic_messages, chat_completions, responses
+from clients.bridge import anthropic_messages, cache_page, chat_completions, responses
 from clients.bridge.backend import Backend
 from clients.bridge.errors import add_error_handlers
 from clients.bridge.guard import BodyLimit, BridgeSecurity, CallerGate, caller_of
@@ -96,6 +96,7 @@ def create_app(
     chat_completions.add_routes(app, backend)
     anthropic_messages.add_routes(app, backend, options.served)
     responses.add_routes(app, backend, options.served, store)
+    cache_page.add_routes(app, backend)
 
     @app.get("/v1/models")
     async def models(request: Request):

@@ -39,6 +39,10 @@ class Backend:
             }
         return self._info
 
+    async def cache_tree(self, caller: Caller, namespace: str | None, recent: int = 50) -> dict:
+        """The CacheTree RPC for `caller` (the engine decides which namespaces it sees)."""
+        return await self.client.cache_tree(caller.token, namespace, recent)
+
     async def checks_tokens(self) -> bool:
         """Whether the engine refuses a call without a token (UNAUTHENTICATED).
 

@@ -26,7 +26,9 @@ from engine.config import Identity, Limits
 
 # The default cap: the engine's own request cap (a 128k-token prompt as JSON ids is ~1 MB).
 MAX_BODY_BYTES = Limits.max_request_bytes
-OPEN_PATHS = ("/health",)  # answered without a token (a load balancer's probe)
+# Answered without a token: a load balancer's probe, and the cache page's HTML (no data: its
+# script asks /ui/tree with the token the operator types in).
+OPEN_PATHS = ("/health", "/ui")
 # a second copy is refused
 SINGLE_HEADERS = (b"authorization", b"x-api-key", b"x-cache-namespace")
 

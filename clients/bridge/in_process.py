@@ -30,11 +30,18 @@ from clients.wire import (
     TokenLogprob,
     Usage,
     build_request,
+    message_to_dict,
 )
 from engine.runtime.events import Finished, Tokens
 from engine.runtime.events import Progress as EngineProgress
 from engine.server.figures import ClientFigures
-from engine.server.service import DOMAIN_ERRORS, generate_events, status_of
+from engine.server.service import (
+    DOMAIN_ERRORS,
+    generate_events,
+    status_of,
+    to_tree_reply,
+    tree_scope,
+)
 
 
 class InProcessStream:
@@ -187,6 +194,21 @@ class InProcessBackend:
             "output_format": output_format,
             "reply": reply,
         }
+
+    async def cache_tree(self, caller, namespace: str | None, recent: int = 50) -> dict:
+        """The CacheTree RPC's dict, as the gRPC servicer answers it for this caller."""
+        token = getattr(caller, "token", None)
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        auth = self.engine.auth
+        if auth.enabled and auth.identity(metadata) is None:
+            raise LineageError("UNAUTHENTICATED", "a known bearer token is required")
+        scope, operator = tree_scope(auth, metadata, namespace)
+        try:
+            view = await self.engine.frontend.cache_view(scope, recent, operator)
+        except DOMAIN_ERRORS as error:
+            code, message = status_of(error)
+            raise LineageError(code.name, message) from None
+        return message_to_dict(to_tree_reply(view))
 
     async def checks_tokens(self) -> bool:
         """Whether the engine refuses a call without a token."""

@@ -57,6 +57,7 @@ from engine.cache.messages import (
     RestorePlan,
 )
 from engine.cache.replicas import DEFAULT_THRESHOLD, ReplicatedCache
+from engine.cache.tree import CacheTree
 from engine.config import CacheConfig
 from engine.storage.directory import open_cache_directory
 
@@ -229,6 +230,9 @@ class CacheManagerActor:
 
     def anchors(self) -> list[AnchorUse]:
         return self.manager.anchors()
+
+    def tree(self, namespace: str | None = None) -> CacheTree:
+        return self.manager.tree(namespace)
 
 
 def reconcile(directory, cache: ReplicatedCache, replica: int) -> tuple[list[int], list[int]]:

@@ -78,6 +78,7 @@ from engine.cache.messages import (
 from engine.cache.misses import MissLog, shared_prefix
 from engine.cache.orders import OrderBook
 from engine.cache.tokens import as_tokens
+from engine.cache.tree import CacheTree, SessionEntries, cache_tree
 from engine.config import CacheConfig
 
 _POLICIES = {"lineage": LineagePolicy, "exact": ExactPolicy}
@@ -146,6 +147,7 @@ class CacheManager:
         self._unread: set[int] = set()  # entries indexed from a file no commit has restored yet
         self.misses = MissLog()  # the earlier prompts, to explain a miss (engine.cache.misses)
         self._miss_kinds: Counter[str] = Counter()
+        self.session_entries = SessionEntries()  # the entry each session's last commit stored
         policy = _POLICIES.get(config.mode)
         self._policy = None
         if policy is not None:
@@ -320,6 +322,7 @@ class CacheManager:
             self._unread.discard(flight.plan.entry_id)
         self._policy.commit(c, tokens, orders)
         self.misses.record(c.namespace, tokens, flight.layout)
+        self.session_entries.committed(flight.namespace, flight.session, c.entry_id)
         for point in c.captures:
             self._pin_waiters(point.entry_id)
         taken = {p.entry_id for p in c.captures} | flight.committed
@@ -512,6 +515,14 @@ class CacheManager:
             restores_lost=self._restores_lost,
             disk_writes_lost=self._writes_lost,
             misses=dict(sorted((k, n) for k, n in self._miss_kinds.items() if n)),
+        )
+
+    def tree(self, namespace: str | None = None) -> CacheTree:
+        """The entries of `namespace` (None: all) in RAM and on disk (engine.cache.tree)."""
+        files = self.disk_index.files.values() if self.disk_index else ()
+        disk = [f.entry for f in files if f.entry is not None]
+        return cache_tree(
+            self.config.mode, self.index.entries(), disk, self.session_entries, namespace
         )
 
     def anchors(self) -> list[AnchorUse]:

@@ -35,11 +35,12 @@ class MemoryPlan:
     pool_limit: int  # MLX's buffer pool, per replica
     replicas: int = 1
     grammars: int = 0  # the compiled grammars kept, per replica (at most, estimated)
+    draft: int = 0  # the draft model's weights, per replica (--draft-model)
 
     @property
     def total(self) -> int:
         k = self.replicas
-        per_replica = self.weights + self.pool_limit + self.grammars
+        per_replica = self.weights + self.draft + self.pool_limit + self.grammars
         return per_replica * k + self.running_kv + self.ram_budget
 
 
@@ -63,6 +64,7 @@ def plan_memory(
     max_context: int,
     machine: int | None = None,
     replicas: int = 1,
+    draft: int = 0,
 ) -> MemoryPlan:
     """Share the memory limit between weights, running KV, the RAM tier and the pool.
 
@@ -71,12 +73,13 @@ def plan_memory(
     sequences' KV (at most max_batch full contexts per replica), the compiled
     grammars each replica keeps (`--grammar-cache` of them), and the rest for
     the RAM tier (at most 48G) and the replicas' pools (at most 16G each), so
-    the defaults never over-commit the machine.
+    the defaults never over-commit the machine. `draft`: a draft model's weights,
+    which each replica loads beside its own.
     """
     cache, model = config.cache, config.model
     k = max(1, replicas)
     limit = cache.memory_limit or (machine or machine_memory()) * 3 // 4
-    free = max(0, limit - weights * k)
+    free = max(0, limit - (weights + draft) * k)
     per_token = max(1, kv_bytes_per_token)
     tokens = model.max_batch_tokens
     if tokens is None:
@@ -93,7 +96,9 @@ def plan_memory(
         pool = min(POOL_MAX, ram // 4 // k)
     if cache.pool_limit is not None:
         pool = cache.pool_limit
-    return MemoryPlan(limit, weights, kv_bytes_per_token, tokens, running, ram, pool, k, grammars)
+    return MemoryPlan(
+        limit, weights, kv_bytes_per_token, tokens, running, ram, pool, k, grammars, draft
+    )
 
 
 def with_memory(config: EngineConfig, plan: MemoryPlan) -> EngineConfig:

@@ -343,7 +343,7 @@ class InspectRequest(_message.Message):
     def __init__(self, recent: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
 
 class ReplicaFigures(_message.Message):
-    __slots__ = ("name", "queue_requests", "queue_prefill_tokens", "running", "tokens_per_s", "ttft_p50_ms", "ram_bytes", "mlx_active_bytes", "mlx_peak_bytes", "disk_written_bytes", "disk_read_bytes")
+    __slots__ = ("name", "queue_requests", "queue_prefill_tokens", "running", "tokens_per_s", "ttft_p50_ms", "ram_bytes", "mlx_active_bytes", "mlx_peak_bytes", "disk_written_bytes", "disk_read_bytes", "grammars_compiled", "grammar_hits", "grammars_held")
     NAME_FIELD_NUMBER: _ClassVar[int]
     QUEUE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -355,6 +355,9 @@ class ReplicaFigures(_message.Message):
     MLX_PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
     DISK_WRITTEN_BYTES_FIELD_NUMBER: _ClassVar[int]
     DISK_READ_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GRAMMARS_COMPILED_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_HITS_FIELD_NUMBER: _ClassVar[int]
+    GRAMMARS_HELD_FIELD_NUMBER: _ClassVar[int]
     name: str
     queue_requests: int
     queue_prefill_tokens: int
@@ -366,7 +369,10 @@ class ReplicaFigures(_message.Message):
     mlx_peak_bytes: int
     disk_written_bytes: int
     disk_read_bytes: int
-    def __init__(self, name: _Optional[str] = ..., queue_requests: _Optional[int] = ..., queue_prefill_tokens: _Optional[int] = ..., running: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., ttft_p50_ms: _Optional[float] = ..., ram_bytes: _Optional[int] = ..., mlx_active_bytes: _Optional[int] = ..., mlx_peak_bytes: _Optional[int] = ..., disk_written_bytes: _Optional[int] = ..., disk_read_bytes: _Optional[int] = ...) -> None: ...
+    grammars_compiled: int
+    grammar_hits: int
+    grammars_held: int
+    def __init__(self, name: _Optional[str] = ..., queue_requests: _Optional[int] = ..., queue_prefill_tokens: _Optional[int] = ..., running: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., ttft_p50_ms: _Optional[float] = ..., ram_bytes: _Optional[int] = ..., mlx_active_bytes: _Optional[int] = ..., mlx_peak_bytes: _Optional[int] = ..., disk_written_bytes: _Optional[int] = ..., disk_read_bytes: _Optional[int] = ..., grammars_compiled: _Optional[int] = ..., grammar_hits: _Optional[int] = ..., grammars_held: _Optional[int] = ...) -> None: ...
 
 class TierFigures(_message.Message):
     __slots__ = ("tier", "nbytes", "budget")
@@ -495,3 +501,105 @@ class ServedModel(_message.Message):
     output_format: str
     max_context: int
     def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., output_format: _Optional[str] = ..., max_context: _Optional[int] = ...) -> None: ...
+
+class CacheTreeRequest(_message.Message):
+    __slots__ = ("recent", "namespace")
+    RECENT_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    recent: int
+    namespace: str
+    def __init__(self, recent: _Optional[int] = ..., namespace: _Optional[str] = ...) -> None: ...
+
+class TreeCheckpoint(_message.Message):
+    __slots__ = ("length", "kind", "nbytes")
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    length: int
+    kind: str
+    nbytes: int
+    def __init__(self, length: _Optional[int] = ..., kind: _Optional[str] = ..., nbytes: _Optional[int] = ...) -> None: ...
+
+class TreeEntry(_message.Message):
+    __slots__ = ("entry_id", "namespace", "role", "length", "prompt_len", "nbytes", "tier", "parent", "shared", "own_bytes", "checkpoints", "sessions", "last_used")
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LEN_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
+    OWN_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    LAST_USED_FIELD_NUMBER: _ClassVar[int]
+    entry_id: int
+    namespace: str
+    role: str
+    length: int
+    prompt_len: int
+    nbytes: int
+    tier: str
+    parent: int
+    shared: int
+    own_bytes: int
+    checkpoints: _containers.RepeatedCompositeFieldContainer[TreeCheckpoint]
+    sessions: _containers.RepeatedScalarFieldContainer[str]
+    last_used: int
+    def __init__(self, entry_id: _Optional[int] = ..., namespace: _Optional[str] = ..., role: _Optional[str] = ..., length: _Optional[int] = ..., prompt_len: _Optional[int] = ..., nbytes: _Optional[int] = ..., tier: _Optional[str] = ..., parent: _Optional[int] = ..., shared: _Optional[int] = ..., own_bytes: _Optional[int] = ..., checkpoints: _Optional[_Iterable[_Union[TreeCheckpoint, _Mapping]]] = ..., sessions: _Optional[_Iterable[str]] = ..., last_used: _Optional[int] = ...) -> None: ...
+
+class ViewRequest(_message.Message):
+    __slots__ = ("request_id", "session", "namespace", "restore_kind", "prompt_tokens", "cached_tokens", "completion_tokens", "ttft_ms", "finished_at", "miss")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_KIND_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_MS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    MISS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    session: str
+    namespace: str
+    restore_kind: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    ttft_ms: float
+    finished_at: float
+    miss: str
+    def __init__(self, request_id: _Optional[str] = ..., session: _Optional[str] = ..., namespace: _Optional[str] = ..., restore_kind: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., finished_at: _Optional[float] = ..., miss: _Optional[str] = ...) -> None: ...
+
+class MemoryPart(_message.Message):
+    __slots__ = ("name", "nbytes", "used")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    nbytes: int
+    used: int
+    def __init__(self, name: _Optional[str] = ..., nbytes: _Optional[int] = ..., used: _Optional[int] = ...) -> None: ...
+
+class CacheTreeReply(_message.Message):
+    __slots__ = ("mode", "entries", "left_out", "ram_bytes", "disk_bytes", "recent", "memory_limit", "memory")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    LEFT_OUT_FIELD_NUMBER: _ClassVar[int]
+    RAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RECENT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    entries: _containers.RepeatedCompositeFieldContainer[TreeEntry]
+    left_out: int
+    ram_bytes: int
+    disk_bytes: int
+    recent: _containers.RepeatedCompositeFieldContainer[ViewRequest]
+    memory_limit: int
+    memory: _containers.RepeatedCompositeFieldContainer[MemoryPart]
+    def __init__(self, mode: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[TreeEntry, _Mapping]]] = ..., left_out: _Optional[int] = ..., ram_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., recent: _Optional[_Iterable[_Union[ViewRequest, _Mapping]]] = ..., memory_limit: _Optional[int] = ..., memory: _Optional[_Iterable[_Union[MemoryPart, _Mapping]]] = ...) -> None: ...

@@ -54,6 +54,11 @@ class EngineStub:
                 request_serializer=engine_dot_proto_dot_engine__pb2.InspectRequest.SerializeToString,
                 response_deserializer=engine_dot_proto_dot_engine__pb2.InspectReply.FromString,
                 _registered_method=True)
+        self.CacheTree = channel.unary_unary(
+                '/lineage.v1.Engine/CacheTree',
+                request_serializer=engine_dot_proto_dot_engine__pb2.CacheTreeRequest.SerializeToString,
+                response_deserializer=engine_dot_proto_dot_engine__pb2.CacheTreeReply.FromString,
+                _registered_method=True)
 
 
 class EngineServicer:
@@ -88,6 +93,14 @@ class EngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CacheTree(self, request, context):
+        """The cache page's tree: anchors, the conversations on them and their checkpoints, the
+        latest requests with why they missed, the memory plan. A tenant sees its own namespace.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -110,6 +123,11 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.Inspect,
                     request_deserializer=engine_dot_proto_dot_engine__pb2.InspectRequest.FromString,
                     response_serializer=engine_dot_proto_dot_engine__pb2.InspectReply.SerializeToString,
+            ),
+            'CacheTree': grpc.unary_unary_rpc_method_handler(
+                    servicer.CacheTree,
+                    request_deserializer=engine_dot_proto_dot_engine__pb2.CacheTreeRequest.FromString,
+                    response_serializer=engine_dot_proto_dot_engine__pb2.CacheTreeReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -220,6 +238,33 @@ class Engine:
             '/lineage.v1.Engine/Inspect',
             engine_dot_proto_dot_engine__pb2.InspectRequest.SerializeToString,
             engine_dot_proto_dot_engine__pb2.InspectReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CacheTree(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lineage.v1.Engine/CacheTree',
+            engine_dot_proto_dot_engine__pb2.CacheTreeRequest.SerializeToString,
+            engine_dot_proto_dot_engine__pb2.CacheTreeReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -122,6 +122,9 @@ class ReplicaFigures:
     mlx_peak_bytes: int
     disk_written_bytes: int
     disk_read_bytes: int
+    grammars_compiled: int = 0
+    grammar_hits: int = 0
+    grammars_held: int = 0
 
 
 @dataclass(frozen=True)
@@ -147,14 +150,24 @@ class Activity:
 
     def __init__(self, keep: int = KEEP, window_s: float = WINDOW_S):
         self.records: deque[RequestRecord] = deque(maxlen=keep)
+        # Each record's (cache namespace, session key), in step with `records`: the cache
+        # page shows a tenant its own requests only (engine.server.cache_view).
+        self.owners: deque[tuple[str, str]] = deque(maxlen=keep)
         self.window_s = window_s
 
     def record(
-        self, f: Finished, namespace: str, at: float | None = None, miss=None
+        self,
+        f: Finished,
+        namespace: str,
+        at: float | None = None,
+        miss=None,
+        owner: tuple[str, str] = ("", ""),
     ) -> RequestRecord:
-        """Keep a finished request; `miss`: its plan's Miss, if any."""
+        """Keep a finished request; `miss`: its plan's Miss, if any; `owner`: its
+        (namespace, session key)."""
         r = RequestRecord.of(f, namespace, time.time() if at is None else at, miss)
         self.records.append(r)
+        self.owners.append(owner)
         return r
 
     def latest(self, n: int) -> tuple[RequestRecord, ...]:
@@ -198,6 +211,9 @@ def replica_figures(name: str, t: TierStats, activity: Activity) -> ReplicaFigur
         mlx_peak_bytes=t.mlx_peak_bytes,
         disk_written_bytes=int(disk.get("writer", {}).get("bytes", 0)),
         disk_read_bytes=int(disk.get("load_bytes", 0)),
+        grammars_compiled=t.grammars_compiled,
+        grammar_hits=t.grammar_hits,
+        grammars_held=t.grammars_held,
     )
 
 

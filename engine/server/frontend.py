@@ -40,6 +40,7 @@ from engine.runtime.events import Finished, FinishReason, Tokens
 from engine.runtime.requests import GenerationRequest, SamplingParams
 from engine.runtime.structured.grammar import Grammar
 from engine.server.activity import Activity, Inspection, NamespaceTags, inspection
+from engine.server.cache_view import CacheView, cache_view
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
 from engine.server.prompt import PromptBuilder, PromptInput
 from engine.server.replica_events import LOST, SILENT, ReplicaEvents
@@ -74,6 +75,7 @@ class Frontend:
         namespaces: NamespaceTags | None = None,
         metrics=None,
         name: str = "",
+        memory=None,
     ):
         self.name = name  # the model's served name, in its request log lines
         self.models = list(models)  # by replica number (engine.actors.handles: what is called)
@@ -96,6 +98,8 @@ class Frontend:
         self.namespaces = namespaces or NamespaceTags()  # how namespaces show
         self.activity = Activity()
         self.metrics = metrics  # EngineMetrics, or None
+        self.memory = memory  # the MemoryPlan the actors were given, for the cache page
+        self.session_of: dict[str, str] = {}  # request id -> its session key, for the page
         # Every (namespace, id) from acceptance to the end of its stream -> the id inside.
         self.request_ids: dict[tuple[str, str], str] = {}
         self.internal_ids: set[str] = set()
@@ -186,6 +190,8 @@ class Frontend:
         request_id = given if given not in self.internal_ids else f"{given}~{uuid.uuid4().hex}"
         self.request_ids[key] = request_id
         self.internal_ids.add(request_id)
+        if session:
+            self.session_of[request_id] = session
         events = self._generate(inp, sampling, namespace, request_id, received, session, grammar)
         task = asyncio.current_task()
         self.calls.add(task)
@@ -203,6 +209,7 @@ class Frontend:
             self.internal_ids.discard(request_id)
             self.volatile.pop(request_id, None)
             self.sessions.pop(request_id, None)
+            self.session_of.pop(request_id, None)
 
     async def _generate(
         self,
@@ -300,6 +307,7 @@ class Frontend:
             req.grammar is not None,
             lambda index: model.stop.remote(branch_key(rid, index)),
         )
+        completion = 0  # over the branches: one request, however many it ran (n)
         try:
             await self._submit(model, events, req)
             while not finished:
@@ -319,7 +327,10 @@ class Frontend:
                             raise _Restarted(event.error, False)
                         *tail, event = reply.finish(event)
                         out += tail
-                        self._finished(event, req)
+                        completion += event.completion_tokens
+                        if finished:  # counted once, with every branch's tokens
+                            whole = dataclasses.replace(event, completion_tokens=completion)
+                            self._finished(whole, req)
                     if not prefilled and isinstance(event, (Tokens, Finished)):
                         prefilled = True
                         self.manager.prefilled.remote(rid)
@@ -454,7 +465,8 @@ class Frontend:
         session = self.sessions.get(req.request_id)
         log_request(f, req.plan.captures, req.plan.miss, volatile, self.name, session)
         tag = self.namespaces.tag(req.namespace)
-        self.activity.record(f, tag, miss=req.plan.miss)
+        owner = (req.namespace, self.session_of.get(req.request_id, ""))
+        self.activity.record(f, tag, miss=req.plan.miss, owner=owner)
         if self.metrics is not None:
             self.metrics.request(f, tag, req.plan.captures, req.plan.length)
 
@@ -478,6 +490,17 @@ class Frontend:
         return inspection(
             cache, anchors, live, self.budgets, self.activity, self.namespaces, recent
         )
+
+    async def cache_view(
+        self, scope: str | None, recent: int = 50, operator: bool = True
+    ) -> CacheView:
+        """The cache page's figures for namespace `scope` (None: the whole cache); the
+        memory plan for the `operator` alone."""
+        try:
+            tree = await asyncio.wait_for(self.manager.tree.remote(scope), self.deadline)
+        except asyncio.TimeoutError:
+            raise Unavailable(f"the cache manager did not answer within {self.deadline:.0f} s")
+        return cache_view(tree, self.activity, scope, recent, self.memory if operator else None)
 
     async def stats(self):
         try:

@@ -38,9 +38,11 @@ TPS = [1, 5, 10, 20, 40, 80, 160, 320, 640]
 class EngineMetrics:
     """The engine's metrics; one per front end."""
 
-    def __init__(self, engine: str, model: str):
+    def __init__(self, engine: str, model: str, memory=None):
+        """`memory`: the MemoryPlan the actors were given (its parts become a gauge)."""
         self.engine = engine
         self.model = model
+        self.memory = memory
         self._seen: dict[tuple, float] = {}  # cumulative values already counted
 
         def counter(name: str, text: str, *keys: str) -> Counter:
@@ -77,6 +79,14 @@ class EngineMetrics:
         self.running = gauge("lineage_running_sequences", "sequences in the batch")
         self.mlx_active = gauge("lineage_mlx_active_bytes", "MLX memory allocated")
         self.mlx_peak = gauge("lineage_mlx_peak_bytes", "MLX memory at its peak")
+        self.grammar_compiles = counter(
+            "lineage_grammar_compiles_total", "grammars compiled (grammar cache misses)"
+        )
+        self.grammar_hits = counter(
+            "lineage_grammar_hits_total", "constrained requests whose grammar was compiled"
+        )
+        self.grammars = gauge("lineage_grammars", "compiled grammars kept")
+        self.plan = gauge("lineage_memory_plan_bytes", "the memory plan's parts", "part")
         self.ttft = histogram("lineage_ttft_ms", "time to first token (ms)", MS)
         self.queue_time = histogram("lineage_queue_ms", "queue time (ms)", MS)
         self.prefill = histogram("lineage_prefill_tokens", "prefilled tokens per request", TOKENS)
@@ -159,3 +169,23 @@ class EngineMetrics:
             self.mlx_peak.set(r.mlx_peak_bytes, rt)
             self._count(self.disk_bytes, r.disk_written_bytes, {**rt, "direction": "written"})
             self._count(self.disk_bytes, r.disk_read_bytes, {**rt, "direction": "read"})
+            self._count(self.grammar_compiles, r.grammars_compiled, rt)
+            self._count(self.grammar_hits, r.grammar_hits, rt)
+            self.grammars.set(r.grammars_held, rt)
+        if self.memory is not None:
+            for part, n in plan_parts(self.memory).items():
+                self.plan.set(n, {**tags, "part": part})
+
+
+def plan_parts(m) -> dict[str, int]:
+    """A MemoryPlan's parts in bytes, every replica's together, and its limit."""
+    k = m.replicas
+    return {
+        "limit": m.limit,
+        "weights": m.weights * k,
+        "draft": m.draft * k,
+        "running_kv": m.running_kv,
+        "ram_tier": m.ram_budget,
+        "pool": m.pool_limit * k,
+        "grammars": m.grammars * k,
+    }

@@ -309,7 +309,12 @@ async def start_group(
     machines = await asyncio.gather(*(m.machine.remote() for m in models))
     per_machine = max(Counter(machines).values())
     memory = plan_memory(
-        config, info.weights_bytes, info.kv_bytes_per_token, info.max_context, replicas=per_machine
+        config,
+        info.weights_bytes,
+        info.kv_bytes_per_token,
+        info.max_context,
+        replicas=per_machine,
+        draft=info.draft_bytes,
     )
     config = with_memory(config, memory)
     _log_memory(memory)
@@ -349,8 +354,9 @@ async def start_group(
         supervisor,
         budgets=budgets,
         namespaces=NamespaceTags(config.server.metrics_namespace, config.server.metrics_namespaces),
-        metrics=EngineMetrics(namespace, label or Path(info.path).name or info.model_type),
+        metrics=EngineMetrics(namespace, label or Path(info.path).name or info.model_type, memory),
         name=label or Path(info.path).name,
+        memory=memory,
     )
     group = ModelGroup(frontend, models, manager, info, namespace, names, supervisor, memory)
     group.sampler = asyncio.ensure_future(sample_metrics(frontend))
@@ -408,7 +414,7 @@ def measured_guard(cache, info):
 def _log_memory(memory) -> None:
     log.info(
         "memory: limit %s = weights %s x %d + running KV %s (%d tokens per replica) "
-        "+ RAM tier %s + pool %s x %d + grammars %s x %d",
+        "+ RAM tier %s + pool %s x %d + grammars %s x %d + draft model %s x %d",
         format_bytes(memory.limit),
         format_bytes(memory.weights),
         memory.replicas,
@@ -418,6 +424,8 @@ def _log_memory(memory) -> None:
         format_bytes(memory.pool_limit),
         memory.replicas,
         format_bytes(memory.grammars),
+        memory.replicas,
+        format_bytes(memory.draft),
         memory.replicas,
     )
     if memory.total > memory.limit:

@@ -30,6 +30,7 @@ from engine.runtime.events import Finished, FinishReason, Progress, Tokens
 from engine.runtime.requests import SamplingParams
 from engine.server.activity import Inspection, RequestRecord
 from engine.server.auth import Authenticator, AuthInterceptor, server_credentials
+from engine.server.cache_view import CacheView
 from engine.server.constraints import to_grammar
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable, UnknownModel
 from engine.server.figures import ClientFigures
@@ -189,6 +190,37 @@ def to_inspect_reply(i: Inspection) -> engine_pb2.InspectReply:
     )
 
 
+def to_tree_reply(v: CacheView) -> engine_pb2.CacheTreeReply:
+    """CacheView -> CacheTreeReply: the messages carry the dataclasses' field names."""
+
+    def entry(e) -> engine_pb2.TreeEntry:
+        fields = dataclasses.asdict(e)
+        fields["checkpoints"] = [engine_pb2.TreeCheckpoint(**c) for c in fields["checkpoints"]]
+        return engine_pb2.TreeEntry(**fields)
+
+    t = v.tree
+    return engine_pb2.CacheTreeReply(
+        mode=t.mode,
+        entries=[entry(e) for e in t.entries],
+        left_out=t.left_out,
+        ram_bytes=t.ram_bytes,
+        disk_bytes=t.disk_bytes,
+        recent=[engine_pb2.ViewRequest(**dataclasses.asdict(r)) for r in v.recent],
+        memory_limit=v.memory_limit,
+        memory=[engine_pb2.MemoryPart(**dataclasses.asdict(p)) for p in v.memory],
+    )
+
+
+def tree_scope(auth: Authenticator, metadata, requested: str | None) -> tuple[str | None, bool]:
+    """(the namespace whose cache a caller may see, whether it is the operator): a tenant
+    its own, whatever it names; an admin (or anyone, with no tokens) the one it names, or
+    every one (None)."""
+    identity = auth.identity(metadata)
+    if auth.enabled and (identity is None or not identity.admin):
+        return (identity.namespace if identity is not None else ""), False
+    return requested, True
+
+
 class EngineServicer(engine_pb2_grpc.EngineServicer):
     def __init__(
         self,
@@ -255,6 +287,17 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         await self._require_admin(context, "Inspect")
         frontend = await self._current(context, request.model)
         return to_inspect_reply(await frontend.inspect(request.recent or 20))
+
+    async def CacheTree(self, request, context):
+        requested = request.namespace if request.HasField("namespace") else None
+        scope, operator = tree_scope(self.auth, context.invocation_metadata(), requested)
+        try:
+            if scope:
+                check_identifier("namespace", scope, self.frontend.limits)
+            view = await self.frontend.cache_view(scope, request.recent or 50, operator)
+        except DOMAIN_ERRORS as e:
+            await self._abort(context, *status_of(e))
+        return to_tree_reply(view)
 
     async def ModelInfo(self, request, context):
         i = self.frontend.info

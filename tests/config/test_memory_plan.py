@@ -84,3 +84,16 @@ def test_each_replica_on_a_machine_counts_its_weights_batch_and_pool(
     assert plan.running_kv == k * plan.max_batch_tokens * (64 << 10)
     one = plan_memory(_config(), weights_gb * GB, 64 << 10, 32768, machine=machine)
     assert plan.ram_budget <= one.ram_budget and plan.max_batch_tokens <= one.max_batch_tokens
+
+
+def test_a_draft_model_is_in_the_plan_beside_each_replicas_weights():
+    """A draft model (--draft-model) is loaded by each replica beside the served one: left
+    out, the plan would give its room to the cache and over-commit the machine."""
+    args = (_config(), 20 * GB, 64 << 10, 32768)
+    without = plan_memory(*args, machine=64 * GB, replicas=2)
+    plan = plan_memory(*args, machine=64 * GB, replicas=2, draft=3 * GB)
+    assert without.total + 2 * 3 * GB > without.limit  # what the draft model would add
+    assert plan.draft == 3 * GB and plan.total <= plan.limit, plan
+    per_replica = plan.weights + plan.draft + plan.pool_limit + plan.grammars
+    assert plan.total == 2 * per_replica + plan.running_kv + plan.ram_budget
+    assert plan.ram_budget < without.ram_budget

@@ -98,3 +98,13 @@ def test_cancelling_ends_every_branch(tiny_loop):
     _, finals = branches(events, 3)
     assert {f.finish_reason for f in finals} == {FinishReason.CANCELLED}
     assert tiny_loop.ask(lambda g: len(g.active)) == 0
+
+
+def test_the_fork_copy_is_charged_to_the_request(tiny_loop, tiny_loaded):
+    """The gather that forks n branches copies n rows of the prompt's KV (and state): the
+    copy ledger charges it to the request (branch 0's figures), like every other reshuffle."""
+    _, (_, _, info) = tiny_loaded
+    prompt = [(i * 23) % 3000 + 20 for i in range(80)]
+    _, finals = branches(submit(tiny_loop, prompt, 3, max_tokens=4)[1], 3)
+    forked = 3 * info.kv_bytes_per_token * len(prompt)
+    assert finals[0].timing.bytes_copied_batch >= forked, finals[0].timing

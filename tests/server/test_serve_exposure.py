@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import signal
-import socket
 import struct
-import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.serve_process import free_port, lineage_serve
+
 pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux /proc")
 
 
@@ -78,27 +74,10 @@ def listening(pids) -> list[tuple[str, object, int]]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_serve_and_its_ray_listen_on_loopback_alone(model_cache_dir, tmp_path):
-    metrics, http = _free_port(), _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "LINEAGE_"))}
-    env.update(PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
-    command = [sys.executable, "-m", "clients.cli", "serve", "--port", "0"]
-    command += ["--cache-dir", str(model_cache_dir), "--ram-budget", "1G"]
-    command += ["--http-port", str(http), "--metrics-port", str(metrics)]
-    out = (tmp_path / "serve.out").open("w+")
-    serve = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
-    try:
-        deadline = time.monotonic() + 300
-        while "OpenAI-compatible bridge on" not in Path(out.name).read_text():
-            assert serve.poll() is None, Path(out.name).read_text()[-3000:]
-            assert time.monotonic() < deadline, Path(out.name).read_text()[-3000:]
-            time.sleep(0.5)
+    metrics, http = free_port(), free_port()
+    flags = ("--http-port", str(http), "--metrics-port", str(metrics))
+    with lineage_serve(model_cache_dir, tmp_path, *flags) as serve:
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=30) as r:
             assert r.status == 200  # the exporter is up, on loopback
         sockets = listening(_tree(serve.pid))
@@ -106,11 +85,3 @@ def test_serve_and_its_ray_listen_on_loopback_alone(model_cache_dir, tmp_path):
         assert {metrics, http} <= ports, sockets
         exposed = [s for s in sockets if not s[1].is_loopback]
         assert not exposed, exposed
-    finally:
-        serve.send_signal(signal.SIGINT)
-        try:
-            serve.wait(120)
-        except subprocess.TimeoutExpired:
-            serve.kill()
-            serve.wait(30)
-        out.close()

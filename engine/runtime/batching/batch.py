@@ -280,8 +280,15 @@ class LineagePromptBatch(PromptProcessingBatch):
         if not extra:
             return last
         keep = list(range(len(self.uids))) + [i for i, _ in extra]
-        for c in self.prompt_cache:  # a gather: each branch's KV rows and state, copied
-            c.filter(keep)
+
+        def gather():  # each branch's KV rows and state, copied (with every kept row)
+            for c in self.prompt_cache:
+                c.filter(keep)
+
+        if self.ledger is not None:  # charged to the sequences forked from
+            self.ledger.filter(self.prompt_cache, list(self.uids), keep, gather)
+        else:
+            gather()
         self.uids = list(self.uids) + [b.uid for _, b in extra]
         self.tokens = list(self.tokens) + [list(self.tokens[i]) for i, _ in extra]
         self.samplers = list(self.samplers) + [b.sampler for _, b in extra]

@@ -33,6 +33,7 @@ class ModelInfo:
     guard_min_suffix: int = 256
     weights_bytes: int = 0  # the loaded parameters
     kv_bytes_per_token: int = 0  # KV one token of one sequence holds (state layers: none)
+    draft_bytes: int = 0  # the draft model's parameters (--draft-model), loaded beside it
 
 
 def resolve_model_path(config: EngineConfig) -> Path:
@@ -68,10 +69,13 @@ def load_model(config: EngineConfig):
 
     path = resolve_model_path(config)
     model, tokenizer, raw = mlx_lm.load(str(path), return_config=True)
+    draft_bytes = 0
     if config.model.draft_model:  # refused here, at startup, not at the first draft
-        from engine.runtime.speculative.draft_model import check_draft
+        from engine.runtime.speculative.draft_model import check_draft, load_draft
 
-        check_draft(config.model.draft_model, tokenizer)
+        check_draft(config.model.draft_model, tokenizer)  # loads it, once per process
+        draft = load_draft(config.model.draft_model)[0]
+        draft_bytes = sum(v.nbytes for _, v in tree_flatten(draft.parameters()))
     active = install_kernels(model, config)
     kinds = [layer_caches.layer_kind(c) for c in model.make_cache()]
     dtype = kv_dtype(model)
@@ -95,6 +99,7 @@ def load_model(config: EngineConfig):
         guard_min_suffix=guard_threshold(forward_ms, token_ms, config.cache.guard_offset),
         weights_bytes=sum(v.nbytes for _, v in tree_flatten(model.parameters())),
         kv_bytes_per_token=measure_kv_bytes_per_token(model),
+        draft_bytes=draft_bytes,
     )
     return model, tokenizer, info
 

@@ -1,0 +1,117 @@
+"""What the cache page shows: the cache tree of a scope, its latest requests, the memory plan.
+
+`cache_view(...)` joins the cache manager's tree (engine.cache.tree) with the
+front end's latest requests (engine.server.activity), each with its session
+key, time to first token, cached share and the reason it missed in words
+(`miss_words`), and, for the operator, the memory plan as parts of the limit.
+A scope (a namespace) holds that namespace's entries and requests only; a
+tenant's view is its own namespace's, without the plan, whose figures are
+every tenant's together.
+No Ray, no gRPC: the front end fetches, the servicer translates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.cache.tree import CacheTree, visible
+from engine.server.activity import Activity
+
+MAX_RECENT = 200
+
+# The kinds of engine.cache.kinds.MissKind, in words.
+_WHY = {
+    "system": "the system prompt changed",
+    "tools": "the tools changed",
+    "history": "an earlier message was edited or dropped",
+    "template": "the chat template rendered the same messages to other tokens",
+    "evicted": "the cache it continues was evicted",
+}
+
+
+def miss_words(kind: str, token: int, message: int) -> str:
+    """Why a request restored less than an earlier prompt offered, as a sentence ("": it
+    did not): `system@812 m0` -> "the system prompt changed at token 812, in message 0"."""
+    if not kind:
+        return ""
+    where = "before the first message" if message < 0 else f"in message {message}"
+    return f"{_WHY.get(kind, kind)} at token {token}, {where}"
+
+
+@dataclass(frozen=True)
+class ViewRequest:
+    request_id: str
+    session: str
+    namespace: str
+    restore_kind: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    ttft_ms: float
+    finished_at: float  # unix seconds
+    miss: str  # miss_words
+
+
+@dataclass(frozen=True)
+class MemoryPart:
+    name: str  # weights, running KV, RAM tier, ...
+    nbytes: int  # planned (the bar's segment)
+    used: int = -1  # held now, where known (-1: not measured)
+
+
+@dataclass(frozen=True)
+class CacheView:
+    tree: CacheTree
+    recent: tuple[ViewRequest, ...]  # newest first
+    memory_limit: int = 0  # 0: no plan shown
+    memory: tuple[MemoryPart, ...] = ()
+
+
+def recent_requests(activity: Activity, scope: str | None, n: int) -> tuple[ViewRequest, ...]:
+    """The latest `n` finished requests of `scope` (None: all), newest first."""
+    out = []
+    for r, (namespace, session) in zip(reversed(activity.records), reversed(activity.owners)):
+        if len(out) >= n:
+            break
+        if not visible(namespace, scope):
+            continue
+        out.append(
+            ViewRequest(
+                r.request_id,
+                session,
+                namespace,
+                r.restore_kind,
+                r.prompt_tokens,
+                r.cached_tokens,
+                r.completion_tokens,
+                r.timing.ttft_ms,
+                r.finished_at,
+                miss_words(r.miss_kind, r.miss_token, r.miss_message),
+            )
+        )
+    return tuple(out)
+
+
+def memory_parts(plan, tree: CacheTree) -> tuple[int, tuple[MemoryPart, ...]]:
+    """(limit, parts) of a MemoryPlan (engine.config.memory), the RAM tier's use from `tree`."""
+    if plan is None:
+        return 0, ()
+    k = plan.replicas
+    parts = (
+        MemoryPart("weights", plan.weights * k),
+        MemoryPart("draft model", plan.draft * k),
+        MemoryPart("running KV", plan.running_kv),
+        MemoryPart("RAM tier", plan.ram_budget, tree.ram_bytes),
+        MemoryPart("MLX pool", plan.pool_limit * k),
+        MemoryPart("grammars", plan.grammars * k),
+    )
+    return plan.limit, tuple(p for p in parts if p.nbytes > 0)
+
+
+def cache_view(
+    tree: CacheTree, activity: Activity, scope: str | None, recent: int, plan=None
+) -> CacheView:
+    """The page's figures; `plan`: the MemoryPlan, for the operator's view (None: a tenant's),
+    its RAM tier held as the tree's (the scope's) bytes."""
+    limit, parts = memory_parts(plan, tree)
+    return CacheView(tree, recent_requests(activity, scope, min(recent, MAX_RECENT)), limit, parts)

@@ -1,0 +1,105 @@
+"""The cache page's figures (engine.server.cache_view): misses in words, a tenant's requests
+alone, the memory plan for the operator only, and their translation to the CacheTree
+reply (no Ray)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.cache.kinds import MissKind
+from engine.cache.messages import Miss
+from engine.cache.tree import CacheTree, TreeCheckpoint, TreeEntry
+from engine.config import GB, EngineConfig, plan_memory
+from engine.server.activity import Activity
+from engine.server.cache_view import cache_view, miss_words
+from engine.server.service import to_tree_reply
+from tests.server.test_activity import finished
+
+
+@pytest.mark.parametrize(
+    "kind, token, message, words",
+    [
+        ("", 0, 0, ""),
+        ("system", 812, 0, "the system prompt changed at token 812, in message 0"),
+        ("tools", 40, -1, "the tools changed at token 40, before the first message"),
+        ("history", 900, 3, "an earlier message was edited or dropped at token 900, in message 3"),
+        (
+            "evicted",
+            0,
+            -1,
+            "the cache it continues was evicted at token 0, before the first message",
+        ),
+    ],
+)
+def test_miss_in_words(kind, token, message, words):
+    assert miss_words(kind, token, message) == words
+
+
+def _activity() -> Activity:
+    a = Activity()
+    a.record(finished("r1", "none", 100, 0, 5, 40.0), "t1", owner=("acme", "s1"))
+    miss = Miss(MissKind.SYSTEM, 50, 0, 200)
+    a.record(finished("r2", "anchor", 120, 60, 5, 9.0), "t1", miss=miss, owner=("acme/dev", "s2"))
+    a.record(finished("r3", "entry", 100, 99, 5, 2.0), "t2", owner=("zeta", "s3"))
+    return a
+
+
+TREE = CacheTree(
+    "lineage",
+    (
+        TreeEntry(
+            7,
+            "acme",
+            "conversation",
+            30,
+            20,
+            999,
+            "ram",
+            3,
+            10,
+            500,
+            (TreeCheckpoint(20, "reply", 64),),
+            ("s1",),
+            4,
+        ),
+    ),
+    ram_bytes=999,
+)
+
+
+def test_a_tenant_sees_its_requests_and_no_plan_the_operator_everything():
+    plan = plan_memory(EngineConfig(), 4 * GB, 1 << 10, 4096, machine=64 * GB, draft=GB // 2)
+    tenant = cache_view(TREE, _activity(), "acme", 50, None)
+    assert [r.request_id for r in tenant.recent] == ["r2", "r1"]  # newest first, acme/dev too
+    assert tenant.recent[0].miss == "the system prompt changed at token 50, in message 0"
+    assert (tenant.memory_limit, tenant.memory) == (0, ())
+    operator = cache_view(TREE, _activity(), None, 2, plan)
+    assert [r.request_id for r in operator.recent] == ["r3", "r2"]
+    parts = {p.name: p for p in operator.memory}
+    assert operator.memory_limit == plan.limit
+    assert parts["draft model"].nbytes == GB // 2 and parts["RAM tier"].used == 999
+    assert sum(p.nbytes for p in operator.memory) == plan.total
+
+
+def test_the_reply_carries_every_field():
+    reply = to_tree_reply(cache_view(TREE, _activity(), None, 50, None))
+    (entry,) = reply.entries
+    assert (entry.entry_id, entry.parent, entry.shared, entry.own_bytes) == (7, 3, 10, 500)
+    assert [(c.kind, c.length, c.nbytes) for c in entry.checkpoints] == [("reply", 20, 64)]
+    assert list(entry.sessions) == ["s1"] and reply.ram_bytes == 999
+    assert [r.session for r in reply.recent] == ["s3", "s2", "s1"]
+    assert reply.memory_limit == 0
+
+
+def test_a_tenant_sees_its_own_namespace_whatever_it_names_and_no_plan():
+    from engine.config import Identity
+    from engine.server.auth import Authenticator
+    from engine.server.service import tree_scope
+
+    auth = Authenticator((Identity("op", "", admin=True), Identity("al", "alice")))
+    bearer = lambda token: (("authorization", f"Bearer {token}"),)  # noqa: E731
+    assert tree_scope(auth, bearer("al"), "bob") == ("alice", False)
+    assert tree_scope(auth, bearer("al"), None) == ("alice", False)
+    assert tree_scope(auth, bearer("op"), "bob") == ("bob", True)
+    assert tree_scope(auth, bearer("op"), None) == (None, True)
+    assert tree_scope(Authenticator(), (), "bob") == ("bob", True)  # no tokens: loopback

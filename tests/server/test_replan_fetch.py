@@ -177,7 +177,7 @@ def test_prompt_cache_key_keeps_a_conversation_on_its_replica(replicated, caplog
     is, while a request without a key goes to replica 1. The request log names the key."""
     import ray
 
-    from tests.clients.test_bridge import BridgeThread
+    from tests.clients.bridge.test_bridge import BridgeThread
 
     def chat(text: str, **key):
         messages = [{"role": "user", "content": text + " a b" * 40}]

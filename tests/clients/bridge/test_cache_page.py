@@ -23,8 +23,8 @@ import pytest
 
 from clients.bridge.server import bridge_security
 from tests.browser import Browser, programs
-from tests.clients.test_bridge import BridgeThread
-from tests.clients.test_bridge_identity import Bridge
+from tests.clients.bridge.test_bridge import BridgeThread
+from tests.clients.bridge.test_bridge_identity import Bridge
 
 SYSTEM = (
     "You are a coding agent working in a Python repository. Read files before you edit "

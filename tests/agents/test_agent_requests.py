@@ -19,7 +19,7 @@ from clients.bridge.responses_tools import tools_of
 from engine.server.prompt import PromptBuilder, PromptInput
 
 HERE = Path(__file__).resolve().parent
-ASSETS = HERE.parents[1] / "engine" / "runtime" / "assets" / "tokenizer"
+ASSETS = HERE.parents[1] / "engine" / "runtime" / "model" / "assets" / "tokenizer"
 CAPTURED = sorted((HERE / "requests").glob("*.json"))
 
 

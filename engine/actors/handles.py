@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         Release,
         RestorePlan,
     )
+    from engine.cache.tree import CacheTree
     from engine.runtime.model.loader import ModelInfo
     from engine.runtime.requests import GenerationRequest
     from engine.runtime.tier.stats import TierStats
@@ -130,3 +131,6 @@ class ManagerCalls(Protocol):
 
     def anchors(self) -> list[AnchorUse]:
         """The anchors held, and their use."""
+
+    def tree(self, namespace: str | None = None) -> CacheTree:
+        """The cache as plain data (one namespace's, or every one's)."""

@@ -162,7 +162,7 @@ def test_lineage_top_once_renders_against_a_real_server(engine):
         messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "on"}]
         client.generate(messages=messages, max_tokens=3, namespace="tenant-a")
     console = Console(record=True, width=160, force_terminal=False)
-    args = argparse.Namespace(server=engine.address, once=True, requests=10, interval=1.0)
+    args = argparse.Namespace(server=engine.address, once=True, requests=10, interval=1.0, model="")
     assert top.run(args, console) == 0
     frame = console.export_text()
     for heading in ("replicas", "bytes per tier", "anchors", "restores over the last 60 s"):

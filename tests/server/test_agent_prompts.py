@@ -77,6 +77,6 @@ def test_a_changed_system_line_is_explained_in_the_log_inspect_and_top(engine, c
     )
     assert live["cache"]["misses"].get("system", 0) >= 1
     console = Console(record=True, width=200, force_terminal=False)
-    args = argparse.Namespace(server=engine.address, once=True, requests=10, interval=1.0)
+    args = argparse.Namespace(server=engine.address, once=True, requests=10, interval=1.0, model="")
     assert top.run(args, console) == 0
     assert f"system@{token} m0" in console.export_text()

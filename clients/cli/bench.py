@@ -44,7 +44,7 @@ BENCHES = {
     ),
     "decode": (
         "clients.bench.decode",
-        "decode tokens/s layer by layer (loop, gRPC, bridge) beside mlx_lm.generate and .server",
+        "decode tokens/s layer by layer (loop, gRPC, bridge) beside mlx_lm, mlx-vlm, Rapid-MLX",
     ),
     "speculative": (
         "clients.bench.speculative",

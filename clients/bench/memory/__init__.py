@@ -170,7 +170,7 @@ def report(out: dict) -> str:
 
 def add_arguments(p) -> None:
     from engine.config.units import GB, parse_bytes
-    from engine.runtime.model.shape_models import shape_names
+    from engine.runtime.model import shape_names  # their names alone: no MLX
 
     add_serve_arguments(p)
     p.add_argument("--shapes", nargs="+", choices=shape_names(), default=shape_names())

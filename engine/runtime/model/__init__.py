@@ -13,3 +13,11 @@ It must not import `batching`, `structured`, the `tier`, the generator or anythi
 above the runtime; it uses `layer_caches`, the kernels, and `speculative` for the
 draft check and the MTP head's file name (tests/test_layering.py).
 """
+
+
+def shape_names() -> list[str]:
+    """The shape-true models' names (files of shapes/; engine.runtime.model.shape_models
+    builds them): read without MLX, for a parser's choices."""
+    from pathlib import Path
+
+    return sorted(p.stem for p in (Path(__file__).parent / "shapes").glob("*.json"))

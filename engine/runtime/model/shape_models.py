@@ -24,6 +24,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from engine.runtime.model import shape_names as names_of_shapes
+
 SHAPES_DIR = Path(__file__).parent / "shapes"
 DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
 
@@ -48,7 +50,7 @@ class Shape:
 
 
 def shape_names() -> list[str]:
-    return sorted(p.stem for p in SHAPES_DIR.glob("*.json"))
+    return names_of_shapes()
 
 
 def load_shape(name: str) -> Shape:

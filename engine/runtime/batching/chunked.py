@@ -328,9 +328,10 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
     def __del__(self):
         # mlx-lm's __del__ calls close(), and the collector runs it on whichever thread
         # allocates: one starting a thread holds threading's shutdown lock there, which
-        # the worker's thread needs to end, so a join deadlocks both. Never wait here.
+        # the worker's thread needs to end, so a join deadlocks both. Never wait here, and
+        # submit nothing: this may run inside another executor's submit, under its lock.
         if getattr(self, "worker", None) is not None:
-            self.worker.close(wait=False)
+            self.worker.close(wait=False, release=False)
         LineageBatchGenerator.close(self)
 
     def _forget(self, uid: int) -> None:

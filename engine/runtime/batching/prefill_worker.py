@@ -137,13 +137,17 @@ class PrefillWorker:
         finally:
             self._flight = None
 
-    def close(self, wait: bool = True) -> None:
+    def close(self, wait: bool = True, release: bool = True) -> None:
         """End the thread once the chunk in flight ends; with `wait`, wait for that here.
-        Its last task drops its MLX state (engine.kernels.cpu_streams.release_thread)."""
+        With `release`, its last task drops its MLX state
+        (engine.kernels.cpu_streams.release_thread). A finalizer passes False: the collector
+        may run it inside another executor's `submit`, which holds the lock a second
+        `submit` takes (a deadlock on one thread)."""
         if not self._closed:
             self._closed = True
-            try:
-                self._pool.submit(release_thread)
-            except RuntimeError:  # the interpreter is exiting: its threads are joined already
-                pass
+            if release:
+                try:
+                    self._pool.submit(release_thread)
+                except RuntimeError:  # the interpreter is exiting: its threads are joined
+                    pass
         self._pool.shutdown(wait=wait)

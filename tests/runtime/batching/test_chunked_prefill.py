@@ -297,3 +297,29 @@ def test_collecting_a_generator_never_waits_for_its_worker_thread(loaded):
         t.start()
         assert finalized.wait(10), "the finalizer waited for the worker's thread"
     t.join(10)
+
+
+def test_a_finalizer_inside_another_executors_submit_returns(loaded):
+    """The collector may run the generator's finalizer inside another executor's `submit`
+    (the disk tier's read pool starting a thread), which holds concurrent.futures' global
+    shutdown lock: a finalizer that submitted the worker's last task there deadlocked one
+    thread with itself. It submits nothing, and returns."""
+    from concurrent.futures import thread as futures_thread
+
+    eng = engine(loaded, budget=64, overlap=True)
+    submit(eng, "b", tokens(600, 2))
+    bg = eng.generator.bg
+    while bg.worker._pool._threads == set():  # a chunk ran on the worker: its thread is up
+        eng.generator.step()
+    run_all(eng)
+    finalized = threading.Event()
+
+    def collect():
+        with futures_thread._global_shutdown_lock:  # as ThreadPoolExecutor.submit holds it
+            bg.__del__()
+        finalized.set()
+
+    t = threading.Thread(target=collect, daemon=True)
+    t.start()
+    assert finalized.wait(10), "the finalizer submitted under the executor's lock"
+    t.join(10)

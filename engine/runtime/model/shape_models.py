@@ -24,7 +24,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from engine.runtime.model import shape_names as names_of_shapes
+from engine.runtime.model import shape_names
 
 SHAPES_DIR = Path(__file__).parent / "shapes"
 DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
@@ -47,10 +47,6 @@ class Shape:
     @property
     def dtype(self) -> mx.Dtype:
         return DTYPES[self.published.get("torch_dtype", "bfloat16")]
-
-
-def shape_names() -> list[str]:
-    return names_of_shapes()
 
 
 def load_shape(name: str) -> Shape:

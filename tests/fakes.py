@@ -44,6 +44,7 @@ from engine.cache.messages import (
     Release,
     RestorePlan,
 )
+from engine.cache.shared_rows import prefix_source
 from engine.config import CacheConfig
 from engine.runtime.ordering import OrderLedger
 from engine.storage import file_format, writer
@@ -95,6 +96,8 @@ class Stored:
     tokens: np.ndarray
     states: set[int]  # lengths with a state snapshot, the full length included
     logits: set[int] = field(default_factory=set)  # lengths with the last position's logits
+    # (entry id, length): its first rows are that entry's (engine.cache.shared_rows)
+    prefix: tuple[int, int] | None = None
 
 
 @dataclass
@@ -111,6 +114,8 @@ class FakeModelActor:
     # Store new entries at once, as the RAM tier did before it staged them (a test
     # shows what that costs).
     eager: bool = False
+    # A restore of at least this many tokens is read, not copied (CacheConfig.shared_rows_min)
+    shared_rows_min: int = CacheConfig().shared_rows_min
 
     @property
     def nbytes(self) -> int:
@@ -121,7 +126,14 @@ class FakeModelActor:
         """One entry's bytes, as the index counts them: rows, states, log-probabilities."""
         e = self.stored[entry_id]
         state = STATE if self.state_layers else 0
-        return len(e.tokens) * KVPT + state * len(e.states) + self.logits_bytes * len(e.logits)
+        rows = len(e.tokens) - (e.prefix[1] if e.prefix else 0)
+        return rows * KVPT + state * len(e.states) + self.logits_bytes * len(e.logits)
+
+    def held(self, entry_id: int | None) -> Stored | None:
+        """The entry under `entry_id`, stored or staged (RamTier.held)."""
+        if entry_id in self.stored:
+            return self.stored[entry_id]
+        return next((e for es in self.staged.values() for i, e in es if i == entry_id), None)
 
     def enter(self, key: str | None) -> None:
         """The Orders of a commit arrived: its staged entries are stored (before applying)."""
@@ -152,8 +164,13 @@ class FakeModelActor:
         reply=(),
         taken: int | None = None,
         upto: int | None = None,
+        anchor: tuple[int, int] | None = None,
     ):
         """Prefill from the restore point, taking the first `taken` capture points (all when None).
+
+        `anchor`: (entry id, length) of an anchor this prefill stored mid-way (the
+        driver's `capture_anchor`); the new entry reads its first rows from it or from
+        a restore source that stays, by the model actor's rule (engine.cache.shared_rows).
 
         `upto`: the request is cancelled after prefilling that many prompt tokens;
         it commits that prefix (no reply) with the captures reached. Returns the
@@ -172,6 +189,8 @@ class FakeModelActor:
                 checkpoints.add(point.length)
             else:
                 self.store_capture(point.entry_id, prompt, point.length, key)
+                if point.kind == "anchor" and (anchor is None or point.length > anchor[1]):
+                    anchor = (point.entry_id, point.length)
         if plan.new_entry_id is None:
             return None
         reply = np.asarray(reply, dtype=np.int32)
@@ -179,7 +198,11 @@ class FakeModelActor:
         states = checkpoints | {len(stored)} | ({len(prompt)} if plan.store_reply else set())
         # Kept when prefill reached the end, where a resend can use them (lineage mode).
         logits_at = len(prompt) if upto is None and plan.store_reply else None
-        self._store(plan.new_entry_id, stored, states, key, logits_at)
+        prefix = prefix_source(plan.shares, anchor, self.shared_rows_min)
+        held = self.held(prefix[0]) if prefix is not None else None
+        if held is None or len(held.tokens) < prefix[1] or prefix[1] >= len(stored):
+            prefix = None
+        self._store(plan.new_entry_id, stored, states, key, logits_at, prefix)
         return Commit(
             request_id=plan.request_id,
             namespace="",  # the driver fills it in
@@ -193,15 +216,18 @@ class FakeModelActor:
             state_bytes=STATE if self.state_layers else 0,
             logits_at=logits_at,
             logits_bytes=self.logits_bytes,
+            prefix=prefix,
         )
 
     def store_capture(self, entry_id: int, prompt: np.ndarray, length: int, key: str) -> None:
         """Stage a separate-entry capture (anchor, exact snapshot) taken during prefill."""
         self._store(entry_id, prompt[:length], {length}, key)
 
-    def _store(self, entry_id, stored: np.ndarray, states: set[int], key: str, logits_at=None):
+    def _store(
+        self, entry_id, stored: np.ndarray, states: set[int], key: str, logits_at=None, prefix=None
+    ):
         assert entry_id not in self.stored, f"entry id {entry_id} stored twice"
-        entry = Stored(stored.copy(), set(states), {logits_at} - {None})
+        entry = Stored(stored.copy(), set(states), {logits_at} - {None}, prefix)
         self.staged.setdefault(key, []).append((entry_id, entry))
         if self.eager:
             self.enter(key)
@@ -227,8 +253,16 @@ class FakeModelActor:
             assert length != len(held.tokens), "a drop never takes an entry's own state"
             held.states.remove(length)
             held.logits.discard(length)
+        for entry_id in orders.rejoin:
+            held = self.stored.get(entry_id)
+            assert held is not None and held.prefix is not None, f"rejoin {entry_id}: no prefix"
+            held.prefix = None
         for entry_id in orders.free:
             self.stored.pop(entry_id, None)  # ids a request never stored are freed blindly
+        for entry_id, held in self.stored.items():  # a prefix entry leaves after its readers
+            assert held.prefix is None or held.prefix[0] in self.stored, (
+                f"entry {entry_id} reads rows of {held.prefix[0]}, freed without a rejoin"
+            )
 
 
 class HeldLink:
@@ -301,6 +335,7 @@ class Driver:
     def _start(self, manager: CacheManager, actor: FakeModelActor) -> None:
         self.manager = manager
         self.actor = actor
+        actor.shared_rows_min = manager.config.shared_rows_min  # the model actor's setting
         self.link = HeldLink(manager)
         self.ledger = OrderLedger(self.link)  # the model actor's own ordering rule
         self._requests: dict[str, tuple[RestorePlan, np.ndarray, str]] = {}
@@ -458,10 +493,13 @@ class Driver:
         self._restored.discard(request_id)
         self._rooms.pop(request_id, None)
         early = self._early.pop(request_id, set())
+        stored_early = [(p.length, p.entry_id) for p in plan.captures if p.entry_id in early]
+        anchor = max(stored_early, default=None)
         plan = replace(plan, captures=tuple(p for p in plan.captures if p.entry_id not in early))
         if cold:
             plan = replace(plan, entry_id=None, length=0, kind="none")
-        commit = self.actor.prefill(plan, prompt, tokens(reply), taken, upto)
+        anchor = (anchor[1], anchor[0]) if anchor is not None else None
+        commit = self.actor.prefill(plan, prompt, tokens(reply), taken, upto, anchor)
         if commit is None:
             commit = _off_commit(plan, prompt, namespace)
         self.ledger.commit(replace(commit, namespace=namespace), self._entering(request_id))
@@ -620,7 +658,7 @@ class FakeDiskActor(FakeModelActor):
             lengths = {n for n, _ in record.checkpoints} | {len(record.tokens)}
             assert held.states == lengths, (record.entry_id, held.states, lengths)
             self.queue.append(("write", record))
-        super().apply(Orders(free=orders.free))
+        super().apply(Orders(rejoin=orders.rejoin, free=orders.free))
         for entry_id in orders.delete_files:
             dropped = self._queued(entry_id)
             if dropped is None:

@@ -48,6 +48,11 @@ class Entry:
     # a prompt equal to tokens[:logits_at] restores there whole.
     logits_at: int | None = None
     logits_bytes: int = 0
+    # The indexed entry whose rows [:prefix_len] this one reads as its own first rows
+    # (engine.cache.shared_rows); None: it holds every row. The index keeps it true:
+    # when that entry leaves, this one holds (and counts) every row again.
+    prefix_id: int | None = None
+    prefix_len: int = 0
 
     @classmethod
     def committed(cls, c: Commit, entry_id: int, role: Role, tokens: np.ndarray) -> "Entry":
@@ -57,6 +62,8 @@ class Entry:
         entry = cls(entry_id, c.namespace, role, tokens, prompt_len, *sizes)
         if role == Role.CONVERSATION and c.logits_at == prompt_len:
             entry.logits_at, entry.logits_bytes = prompt_len, c.logits_bytes
+        if entry_id == c.entry_id and c.prefix is not None:
+            entry.prefix_id, entry.prefix_len = c.prefix
         return entry
 
     @property
@@ -65,8 +72,9 @@ class Entry:
 
     @property
     def nbytes(self) -> int:
-        """RAM bytes: the entry's rows and state, plus one state per checkpoint."""
-        rows = self.length * self.kv_bytes_per_token
+        """RAM bytes: the entry's own rows (not its prefix entry's) and state, plus one
+        state per checkpoint."""
+        rows = (self.length - self.prefix_len) * self.kv_bytes_per_token
         logits = self.logits_bytes if self.logits_at is not None else 0
         return rows + self.state_bytes * (1 + len(self.checkpoints)) + logits
 
@@ -106,3 +114,7 @@ class Entry:
             assert self.logits_at == self.length or self.logits_at in self.checkpoints
         if self.role != Role.CONVERSATION:
             assert not self.checkpoints, (self.id, self.role)
+        if self.prefix_id is None:
+            assert self.prefix_len == 0, (self.id, self.prefix_len)
+        else:
+            assert 0 < self.prefix_len < self.length, (self.id, self.prefix_len)

@@ -52,6 +52,8 @@ class Index:
 
     def __init__(self) -> None:
         self._entries: dict[int, Entry] = {}
+        # entry id -> ids of the indexed entries that read their first rows from it
+        self._dependents: dict[int, set[int]] = {}
         self._by_namespace: dict[str, dict[int, Entry]] = {}
         self._clock = 0
         self._pins: dict[str, tuple[int, int]] = {}  # request id -> (entry id, length)
@@ -62,14 +64,36 @@ class Index:
     def add(self, entry: Entry) -> None:
         """Index a new entry as the most recently used."""
         assert entry.id not in self._entries and entry.id not in self._deferred_free, entry.id
+        base = self._entries.get(entry.prefix_id) if entry.prefix_id is not None else None
+        n = entry.prefix_len
+        if (
+            base is None  # gone meanwhile (evicted, absorbed): it holds every row
+            or not 0 < n <= base.length
+            or n >= entry.length
+            or not np.array_equal(base.tokens[:n], entry.tokens[:n])
+        ):
+            entry.prefix_id, entry.prefix_len = None, 0
+        else:
+            self._dependents.setdefault(base.id, set()).add(entry.id)
         self._entries[entry.id] = entry
         self._by_namespace.setdefault(entry.namespace, {})[entry.id] = entry
         self.touch(entry)
 
     def touch(self, entry: Entry) -> None:
-        """Make `entry` the most recently used."""
-        self._clock += 1
-        entry.last_used = self._clock
+        """Make `entry` the most recently used, and after it the entries it reads its
+        first rows from (so the LRU order reaches an entry after those that read it)."""
+        while entry is not None:
+            self._clock += 1
+            entry.last_used = self._clock
+            entry = self._entries.get(entry.prefix_id) if entry.prefix_id is not None else None
+
+    def has_dependents(self, entry_id: int) -> bool:
+        """Whether an indexed entry reads its first rows from `entry_id`."""
+        return bool(self._dependents.get(entry_id))
+
+    def shared_bytes(self) -> int:
+        """RAM bytes the entries that read rows from another do not hold twice."""
+        return sum(e.prefix_len * e.kv_bytes_per_token for e in self._entries.values())
 
     def get(self, entry_id: int | None) -> Entry | None:
         return self._entries.get(entry_id) if entry_id is not None else None
@@ -149,6 +173,16 @@ class Index:
         """Remove an entry from the index; order its free now, or once no request pins it."""
         entry = self._entries.pop(entry_id)
         del self._by_namespace[entry.namespace][entry_id]
+        if entry.prefix_id is not None:
+            self._dependents.get(entry.prefix_id, set()).discard(entry_id)
+            if not self._dependents.get(entry.prefix_id, True):
+                del self._dependents[entry.prefix_id]
+        for dependent in sorted(self._dependents.pop(entry_id, ())):
+            # It holds (and counts) every row from now on: the actor's tier copies them
+            # into its own buffers before it applies this free.
+            held = self._entries[dependent]
+            held.prefix_id, held.prefix_len = None, 0
+            orders.rejoin(dependent)
         if not self._by_namespace[entry.namespace]:
             del self._by_namespace[entry.namespace]
         if self.pinned(entry_id):
@@ -200,6 +234,19 @@ class Index:
             assert entry.id == entry_id
             assert 0 < entry.last_used <= self._clock
             entry.check()
+        for entry in self._entries.values():
+            if entry.prefix_id is not None:
+                base = self._entries.get(entry.prefix_id)
+                assert base is not None, (entry.id, entry.prefix_id)
+                assert entry.prefix_len <= base.length, (entry.id, entry.prefix_len)
+                assert np.array_equal(
+                    base.tokens[: entry.prefix_len], entry.tokens[: entry.prefix_len]
+                )
+                assert entry.id in self._dependents.get(base.id, ()), entry.id
+                assert base.last_used > entry.last_used, "a prefix entry is older than its reader"
+        for base_id, dependents in self._dependents.items():
+            assert dependents and base_id in self._entries, base_id
+            assert all(self._entries[d].prefix_id == base_id for d in dependents)
         clocks = [e.last_used for e in self._entries.values()]
         assert len(set(clocks)) == len(clocks), "LRU clock values repeat"
         assert not set(self._deferred_free) & set(self._entries)

@@ -259,6 +259,8 @@ class LineagePolicy:
             # copies the state, leaving the source whole until then).
             self.index.free(source.id, orders)
         self.index.add(entry)
+        if c.prefix is not None and entry.prefix_id is None:  # its prefix entry is gone
+            orders.rejoin(entry.id)
         for new in [self.index.get(p.entry_id) for p in c.captures] + [entry]:
             if new is not None:  # an anchor indexed now (not a duplicate), the new entry
                 self._persist(new, orders)
@@ -323,7 +325,15 @@ class LineagePolicy:
         over: list[Entry] = []
         while True:  # a victim a request pins still holds RAM: the rest fits what it leaves
             room = max(0, cfg.ram_budget - self.index.deferred_bytes)
-            more = victims(sorted(self.index.entries(), key=ram_priority), max_bytes=room)
+            # An entry others read their first rows from goes after them (its free
+            # would only move those rows into theirs): each round frees leaves.
+            entries = self.index.entries()
+            total = sum(e.nbytes for e in entries)
+            leaves = [e for e in entries if not self.index.has_dependents(e.id)]
+            more = victims(
+                sorted(leaves, key=ram_priority),
+                max_bytes=room - (total - sum(e.nbytes for e in leaves)),
+            )
             if not more:
                 break
             for entry in more:

@@ -77,6 +77,7 @@ from engine.cache.messages import (
 )
 from engine.cache.misses import MissLog, shared_prefix
 from engine.cache.orders import OrderBook
+from engine.cache.shared_rows import plan_prefix
 from engine.cache.tokens import as_tokens
 from engine.cache.tree import CacheTree, SessionEntries, cache_tree
 from engine.config import CacheConfig
@@ -154,6 +155,9 @@ class CacheManager:
             self._policy = policy(
                 config, self.index, self._new_id, has_state_layers, self.disk_index
             )
+        # Lineage mode stores shared prefix rows once (engine.cache.shared_rows); exact
+        # mode keeps whole snapshots, as it always did.
+        self._shares_rows = isinstance(self._policy, LineagePolicy)
 
     def _new_id(self) -> int:
         return next(self._ids)
@@ -201,7 +205,12 @@ class CacheManager:
             self._unread.add(plan.entry_id)
         elif plan.entry_id in self._unread:
             plan = replace(plan, load_from_disk=True)
-        plan = replace(plan, after_orders=self._seq, miss=self._explain(req, prompt, plan.length))
+        plan = replace(
+            plan,
+            after_orders=self._seq,
+            miss=self._explain(req, prompt, plan.length),
+            shares=plan_prefix(self.index, plan) if self._shares_rows else None,
+        )
         source = self.index.get(plan.entry_id)
         if source is not None:
             self.index.touch(source)

@@ -156,6 +156,11 @@ class RestorePlan:
     # every Orders up to this one: a free, move or write decided before the plan
     # is never applied after the restore it would change.
     after_orders: int = 0
+    # (entry id, length): the new entry may read its first `length` rows from that
+    # entry (Commit.prefix) instead of holding a copy: the restore source when it
+    # outlives the commit, else the entry the source reads its own first rows from
+    # (engine.cache.shared_rows). None: nothing to read.
+    shares: tuple[int, int] | None = None
     # Why this prompt restores less than an earlier one of its namespace offered (None:
     # it does not, or it starts a conversation of its own): logged, shown by `lineage top`.
     miss: Miss | None = None
@@ -200,6 +205,10 @@ class Commit:
     # prefills nothing. None: not kept (cut short, exact mode).
     logits_at: int | None = None
     logits_bytes: int = 0
+    # (entry id, length): the stored entry reads its first `length` rows from that
+    # entry (the anchor its prefill captured, or the restore source that stays) and
+    # holds the rest; None: it holds every row (engine.cache.shared_rows).
+    prefix: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -301,6 +310,9 @@ class Orders:
     moves: tuple[CheckpointMove, ...] = ()
     drop_checkpoints: tuple[tuple[int, int], ...] = ()  # (entry_id, length)
     free: tuple[int, ...] = ()  # entry ids to drop from RAM
+    # Entries that take every row into buffers of their own, before the frees: the
+    # entry they read their first rows from leaves (or was never counted as theirs).
+    rejoin: tuple[int, ...] = ()
     write: tuple[int, ...] = ()  # entry ids to write to the disk tier
     delete_files: tuple[int, ...] = ()  # entry ids whose disk files go
     # One record per id in `write`, same order: the file header. The actor
@@ -315,7 +327,12 @@ class Orders:
 
     def __bool__(self) -> bool:
         return bool(
-            self.moves or self.drop_checkpoints or self.free or self.write or self.delete_files
+            self.moves
+            or self.drop_checkpoints
+            or self.free
+            or self.rejoin
+            or self.write
+            or self.delete_files
         )
 
 

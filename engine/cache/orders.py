@@ -20,6 +20,7 @@ class OrderBook:
         self._moves: list[CheckpointMove] = []
         self._drops: list[tuple[int, int]] = []
         self._free: list[int] = []
+        self._rejoin: list[int] = []
         self._writes: dict[int, EntryRecord] = {}
         self._deletes: list[int] = []
 
@@ -32,6 +33,11 @@ class OrderBook:
     def free(self, entry_id: int) -> None:
         if entry_id not in self._free:
             self._free.append(entry_id)
+
+    def rejoin(self, entry_id: int) -> None:
+        """`entry_id` holds every row from now on (its prefix entry leaves)."""
+        if entry_id not in self._rejoin:
+            self._rejoin.append(entry_id)
 
     def unfree(self, entry_id: int) -> bool:
         """Take back a free not handed out yet (the entry is indexed again)."""
@@ -67,6 +73,7 @@ class OrderBook:
             moves=tuple(self._moves),
             drop_checkpoints=tuple(self._drops),
             free=tuple(self._free),
+            rejoin=tuple(self._rejoin),
             write=tuple(self._writes),
             delete_files=tuple(self._deletes),
             records=tuple(self._writes.values()),

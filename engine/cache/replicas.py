@@ -228,6 +228,9 @@ class Replicas:
         for entry_id, length in orders.drop_checkpoints:
             for r in self.holders.get(entry_id, ()):
                 book(r)["drop_checkpoints"].append((entry_id, length))
+        for entry_id in orders.rejoin:
+            for r in self.holders.get(entry_id) or {fallback}:
+                book(r)["rejoin"].append(entry_id)
         deletes = list(orders.delete_files)
         for record in orders.records:
             held = self.holders.get(record.entry_id, set())
@@ -351,7 +354,7 @@ class Replicas:
         return tuple(out)
 
 
-_FIELDS = ("moves", "drop_checkpoints", "free", "write", "delete_files", "records")
+_FIELDS = ("moves", "drop_checkpoints", "free", "rejoin", "write", "delete_files", "records")
 
 
 def _allocated(plan: RestorePlan) -> list[int]:

@@ -15,7 +15,7 @@ from engine.config.units import GB, parse_bytes
 
 CACHE_MODES = ("lineage", "exact", "off")
 # How a checkpoint's recurrent states are kept (engine.runtime.packed_state).
-CHECKPOINT_PRECISIONS = ("exact", "bfloat16", "int8")
+CHECKPOINT_PRECISIONS = ("exact", "float16", "bfloat16", "int8")
 
 
 def default_cache_dir() -> Path:
@@ -89,6 +89,9 @@ class CacheConfig:
     system_interval: int = 2048
     message_max: int = 4  # points of both kinds a prefill captures, at most
     divergence_min_gain: int = 256
+    # A conversation restored from an anchor or a sibling that stays reads its first
+    # rows from that entry when it restored at least this many (engine.cache.shared_rows).
+    shared_rows_min: int = 64
     anchor_slack: int = 2  # BPE merges at the anchor boundary
     exact_max_entries: int = 8  # exact mode: plain LRU by entry count and bytes
     cache_dir: str | None = setting(

@@ -40,6 +40,7 @@ class ActiveRequest:
     copied_commit: int = 0
     progress_sent: int = 0  # prompt tokens done at the last Progress event
     taken: dict = field(default_factory=dict)  # length -> (CapturePoint, StateSnapshot)
+    anchor: tuple[int, int] | None = None  # (entry id, length) of the anchor it stored
     prompt_end_state: object = None
     prompt_end_logits: object = None  # what the first token was sampled from
     resent: bool = False  # restored at the prompt end: its first token came from stored logits

@@ -47,6 +47,7 @@ from mlx_lm.generate import StopSequences
 
 from engine.cache.kinds import CaptureKind
 from engine.cache.messages import AnchorCommit, Orders, Release
+from engine.cache.shared_rows import prefix_source
 from engine.config import EngineConfig
 from engine.runtime import layer_caches
 from engine.runtime.active import ActiveRequest
@@ -67,7 +68,7 @@ from engine.runtime.sampling import make_sampler
 from engine.runtime.structured.masked_batch import sample_first
 from engine.runtime.structured.matcher import Grammars
 from engine.runtime.tier.finished_entries import finished_entries
-from engine.runtime.tier.ram import RamTier, StoredEntry, digest
+from engine.runtime.tier.ram import Prefix, RamTier, StoredEntry, digest
 from engine.runtime.tier.restore import Restorer
 
 log = logging.getLogger(__name__)
@@ -440,6 +441,7 @@ class Generator:
         key = _staging_key(act.req.request_id, point.entry_id)
         tokens = np.asarray(act.req.tokens[: point.length], dtype=np.int32)
         anchor = StoredEntry(layers, point.length, {point.length: state}, tokens=tokens)
+        act.anchor = (point.entry_id, point.length)
         anchor.digests[point.length] = digest(act.req.tokens[: point.length])
         self.tier.stage(key, [(point.entry_id, anchor)], point.length)
         self.order_ledger.commit_anchor(
@@ -491,7 +493,7 @@ class Generator:
         key = _staging_key(act.req.request_id, plan.new_entry_id)
         try:
             precision = self.config.cache.stored_precision
-            finished = finished_entries(act, cache, all_tokens, precision)
+            finished = finished_entries(act, cache, all_tokens, precision, self._prefix(act))
         except Exception as e:  # the stream still ends, and the ids go back
             log.exception("request %s: storing its cache failed", act.req.request_id)
             self._release(act.req)
@@ -509,6 +511,16 @@ class Generator:
             act.emit(self._final_event(act, reason, commit_ms=commit_ms))
 
         self.order_ledger.commit(finished.commit, on_orders)
+
+    def _prefix(self, act: ActiveRequest) -> Prefix | None:
+        """The entry `act`'s new entry reads its first rows from (the anchor it stored, or
+        the restore source that stays: engine.cache.shared_rows), if the tier holds it."""
+        cfg = self.config.cache
+        found = prefix_source(act.req.plan.shares, act.anchor, cfg.shared_rows_min)
+        held = self.tier.held(found[0]) if found is not None else None
+        if held is None or held.length < found[1]:
+            return None
+        return Prefix(found[0], held, found[1])
 
     def _release(self, req: GenerationRequest) -> None:
         """Give a request's plan back to the manager, storing nothing (its ids are freed)."""

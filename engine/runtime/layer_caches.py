@@ -391,18 +391,43 @@ def store_entry(
 # --- restore ------------------------------------------------------------------
 
 
-def _restore_kv(layer: StoredKV, n: int, counter: CopyCounter) -> Any:
-    if n > layer.length:
-        raise ValueError(f"restore length {n} beyond stored KV length {layer.length}")
-    if layer.quant is None:
+def _restore_kv(segments: Sequence[tuple[StoredKV, int]], counter: CopyCounter) -> Any:
+    """A KVCache over `segments` ((stored layer, rows) pairs, in token order): views of
+    each segment's first rows. Rows from several segments (an entry that reads its
+    prefix from the entry it was restored from) are joined lazily: `keys` is their
+    concatenation, evaluated only if something reads it, and `segments` holds the
+    views, so the batch merge writes each into place without the join's copy."""
+    first = segments[0][0]
+    for layer, rows in segments:
+        if rows > layer.length:
+            raise ValueError(f"restore length {rows} beyond stored KV length {layer.length}")
+    if first.quant is None:
         cache = KVCache()
     else:
-        cache = QuantizedKVCache(group_size=layer.quant[0], bits=layer.quant[1])
-    if n > 0 and layer.keys is not None:
-        cache.keys, cache.values = tree_map(lambda a: a[..., :n, :], (layer.keys, layer.values))
-        counter.shared_kv += nbytes((cache.keys, cache.values))
+        cache = QuantizedKVCache(group_size=first.quant[0], bits=first.quant[1])
+    parts = [
+        tree_map(lambda a, r=rows: a[..., :r, :], (layer.keys, layer.values))
+        for layer, rows in segments
+        if rows > 0 and layer.keys is not None
+    ]
+    n = sum(rows for _, rows in segments)
+    if len(parts) == 1:
+        cache.keys, cache.values = parts[0]
+    elif parts:
+        cache.keys, cache.values = (_join([kv[i] for kv in parts]) for i in (0, 1))
+        if first.quant is None:
+            cache.segments = tuple(parts)  # read by the batch merge (engine.runtime.batching)
+    counter.shared_kv += nbytes(parts)
     cache.offset = n
     return cache
+
+
+def _join(pieces: list) -> Any:
+    """Arrays (or quantized (packed, scales, biases) tuples) joined along the token axis;
+    lazy: nothing is copied unless the result is evaluated."""
+    if isinstance(pieces[0], tuple):
+        return tuple(mx.concatenate(list(p), axis=-2) for p in zip(*pieces))
+    return mx.concatenate(pieces, axis=-2)
 
 
 def _restore_state(state: LayerState, n: int, counter: CopyCounter) -> Any:
@@ -428,19 +453,23 @@ def _restore_state(state: LayerState, n: int, counter: CopyCounter) -> Any:
     raise ValueError(f"not a layer state: {type(state).__name__}")
 
 
-def _restore_layer(layer: EntryLayer, state: Any, n: int, counter: CopyCounter):
+def _restore_layer(segments: list, state: Any, counter: CopyCounter):
+    """One layer's cache from its stored form in each segment ((layer, rows) pairs)."""
+    layer = segments[0][0]
     if isinstance(layer, StoredList):
         if not isinstance(state, ListState) or len(state.parts) != len(layer.parts):
             raise ValueError("a CacheList entry layer needs a matching ListState")
-        parts = zip(layer.parts, state.parts)
-        return CacheList(*(_restore_layer(p, s, n, counter) for p, s in parts))
+        parts = []
+        for i, s in enumerate(state.parts):
+            parts.append(_restore_layer([(seg.parts[i], r) for seg, r in segments], s, counter))
+        return CacheList(*parts)
     if isinstance(layer, StoredKV):
         if state is not None:
             raise ValueError("an append-only layer has a state snapshot")
-        return _restore_kv(layer, n, counter)
+        return _restore_kv(segments, counter)
     if state is None:
         raise ValueError("a state layer has neither stored KV nor a snapshot")
-    return _restore_state(state, n, counter)
+    return _restore_state(state, sum(r for _, r in segments), counter)
 
 
 def restore(
@@ -448,13 +477,16 @@ def restore(
     state: StateSnapshot,
     n: int,
     counter: Optional[CopyCounter] = None,
+    prefix: Sequence[tuple[Sequence[EntryLayer], int]] = (),
 ) -> list:
     """Fresh single-sequence layer caches at length ``n``; copies nothing.
 
-    Append-only layers are views ``[..., :n, :]`` of the entry's arrays; state
-    layers are new cache objects over ``state``'s arrays, which must have been
-    taken at ``n``. Writes into the result never reach the entry or the
-    snapshot (copy-on-write, see the module docstring). The list can go
+    Append-only layers are views ``[..., :rows, :]`` of the entry's arrays, after
+    those of ``prefix``: (layers, rows) segments that hold the first rows (an entry
+    that reads its prefix from another), so ``entry_layers`` serve the last
+    ``n - sum(rows)``. State layers are new cache objects over ``state``'s arrays,
+    which must have been taken at ``n``. Writes into the result never reach the entry
+    or the snapshot (copy-on-write, see the module docstring). The list can go
     straight to ``BatchGenerator.insert(caches=...)`` for kinds mlx-lm batches.
     """
     if len(entry_layers) != len(state.layers):
@@ -462,5 +494,71 @@ def restore(
     # A model without state layers restores anywhere from any snapshot.
     if n < 0 or (state.holds_state and state.length not in (None, n)):
         raise ValueError(f"snapshot taken at {state.length}, restore asked {n}")
+    own = n - sum(rows for _, rows in prefix)
+    if own < 0:
+        raise ValueError(f"restore length {n} within the prefix's {n - own} rows")
     counter = counter if counter is not None else CopyCounter()
-    return [_restore_layer(layer, s, n, counter) for layer, s in zip(entry_layers, state.layers)]
+    segments = [*prefix, (entry_layers, own)]
+    return [
+        _restore_layer([(layers[i], rows) for layers, rows in segments], s, counter)
+        for i, s in enumerate(state.layers)
+    ]
+
+
+def split_rows(
+    layers: Sequence[EntryLayer], start: int, counter: Optional[CopyCounter] = None
+) -> tuple:
+    """An entry's append-only layers without their first ``start`` rows: rows
+    ``[start:]`` copied into buffers of their own (evaluated), so the buffer they came
+    from is not held; what an entry stores when another entry holds its first rows."""
+    counter = counter if counter is not None else CopyCounter()
+
+    def cut(layer: EntryLayer) -> EntryLayer:
+        if isinstance(layer, StoredList):
+            return StoredList(tuple(cut(p) for p in layer.parts))
+        if layer is None:
+            return None
+        if start > layer.length:
+            raise ValueError(f"split at {start} beyond stored KV length {layer.length}")
+        if layer.keys is None:
+            return StoredKV(None, None, 0, layer.quant)
+        keys, values = tree_map(lambda a: mx.array(a[..., start:, :]), (layer.keys, layer.values))
+        out = StoredKV(keys, values, layer.length - start, layer.quant)
+        counter.copied_kv += out.nbytes
+        return out
+
+    out = tuple(cut(layer) for layer in layers)
+    mx.eval(list(_arrays(out)))
+    return out
+
+
+def join_rows(segments: Sequence[tuple[Sequence[EntryLayer], int]]) -> tuple:
+    """One entry's append-only layers from its segments ((layers, rows) pairs, in token
+    order): each layer's rows in one buffer of its own (evaluated); what a file or a
+    peer gets of an entry that reads its prefix from another, and what such an entry
+    keeps once that other entry is gone."""
+    if len(segments) == 1 and segments[0][1] == entry_length(segments[0][0]):
+        return tuple(segments[0][0])
+
+    def join(parts: list) -> EntryLayer:
+        layer = parts[0][0]
+        if isinstance(layer, StoredList):
+            return StoredList(
+                tuple(join([(p.parts[i], r) for p, r in parts]) for i in range(len(layer.parts)))
+            )
+        if layer is None:
+            return None
+        rows = sum(r for _, r in parts)
+        kept = [(p, r) for p, r in parts if r > 0 and p.keys is not None]
+        if not kept:
+            return StoredKV(None, None, 0, layer.quant)
+
+        def cat(get):
+            return _join([tree_map(lambda a, r=r: a[..., :r, :], get(p)) for p, r in kept])
+
+        return StoredKV(cat(lambda p: p.keys), cat(lambda p: p.values), rows, layer.quant)
+
+    count = len(segments[0][0])
+    out = tuple(join([(layers[i], r) for layers, r in segments]) for i in range(count))
+    mx.eval(list(_arrays(out)))
+    return out

@@ -42,7 +42,9 @@ class PortableEntry:
 
 
 def to_portable(entry: StoredEntry) -> PortableEntry:
-    """The entry's arrays as numpy views (rows beyond its length left out); no copy."""
+    """The entry's arrays as numpy views (rows beyond its length left out); no copy, but
+    for rows a prefix entry holds (joined into the entry's own buffers first)."""
+    entry = entry.whole()
     enc = Encoder()
     layers = enc.tree(list(entry.layers), rows=entry.length)
     states = tuple((n, enc.tree(s)) for n, s in sorted(entry.states.items()))

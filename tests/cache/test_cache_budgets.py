@@ -95,7 +95,7 @@ def test_anchor_caps_evict_the_least_recently_used_anchor(knobs):
     plan, _ = anchored(d, 1, user=1)  # a new session on system prompt 1 touches anchor 2: entry 5
     assert (plan.entry_id, plan.kind) == (2, "anchor")
     _, orders = anchored(d, 3)  # entry 6, anchor 7
-    assert orders == Orders(free=(4,))
+    assert orders == Orders(free=(4,), rejoin=(3,))  # entry 3 read its first rows from 4
     assert sorted(a.id for a in d.manager.index.entries("anchor")) == [2, 7]
 
 

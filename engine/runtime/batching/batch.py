@@ -127,11 +127,21 @@ def _merge_kv(layers: list, room: int, copied: list) -> BatchKVCache:
     values = mx.zeros((B, H, capacity, ref.values.shape[3]), dtype=ref.values.dtype)
     padding = [longest - n for n in lengths]
     for i, (p, c) in enumerate(zip(padding, layers)):
-        if c.keys is not None and c.offset:
-            rows_k, rows_v = c.keys[..., : c.offset, :], c.values[..., : c.offset, :]
-            keys[i : i + 1, :, p : p + c.offset] = rows_k
-            values[i : i + 1, :, p : p + c.offset] = rows_v
+        if c.keys is None or not c.offset:
+            continue
+        # A restore over several stored segments (engine.runtime.layer_caches) writes
+        # each into place: its joined `keys` is never evaluated.
+        segments = getattr(c, "segments", None)
+        if not segments or sum(k.shape[2] for k, _ in segments) != c.offset:
+            segments = ((c.keys, c.values),)  # one buffer (or rows written since)
+        at = p
+        for seg_k, seg_v in segments:
+            rows = min(seg_k.shape[2], p + c.offset - at)
+            rows_k, rows_v = seg_k[..., :rows, :], seg_v[..., :rows, :]
+            keys[i : i + 1, :, at : at + rows] = rows_k
+            values[i : i + 1, :, at : at + rows] = rows_v
             copied[i] += rows_k.nbytes + rows_v.nbytes
+            at += rows
     merged = LineageBatchKVCache(padding)
     merged.keys, merged.values = keys, values
     merged.offset = merged.offset + longest

@@ -20,7 +20,7 @@ from engine.cache.messages import CapturedPoint, Commit
 from engine.runtime import layer_caches
 from engine.runtime.active import ActiveRequest
 from engine.runtime.packed_state import pack_snapshot, pack_states
-from engine.runtime.tier.ram import StoredEntry, digest
+from engine.runtime.tier.ram import Prefix, StoredEntry, digest
 
 
 @dataclass(frozen=True)
@@ -28,25 +28,31 @@ class FinishedEntries:
     commit: Commit
     entries: list[tuple[int, StoredEntry]]  # (entry id, entry), the new entry last
     tokens: int  # tokens the new entry covers
-    copied: int  # bytes the snapshots copied: the end state, the captured states
+    copied: int  # bytes copied: the end state, the captured states, rows split off a prefix
 
 
 def finished_entries(
-    act: ActiveRequest, cache: list, all_tokens: list, precision: str = "exact"
+    act: ActiveRequest,
+    cache: list,
+    all_tokens: list,
+    precision: str = "exact",
+    prefix: Prefix | None = None,
 ) -> FinishedEntries:
     """The entries and Commit of `act`, whose batch caches are `cache` over `all_tokens`;
-    its snapshots kept at `precision` (engine.runtime.packed_state)."""
+    its snapshots kept at `precision` (engine.runtime.packed_state). With `prefix`, the
+    new entry reads its first rows from that entry and keeps a copy of the rest only
+    (engine.cache.shared_rows), so the buffer its rows came from is let go."""
     plan = act.req.plan
     L = act.prompt_len
     counter = layer_caches.CopyCounter()
     layers, end_state = layer_caches.store_entry(cache, counter)
+    kv_bytes_per_token = layer_caches.kv_bytes_per_token(layers)
     end_state = pack_snapshot(end_state, precision)
     # What the snapshot code copied (the end state), and the states captured in
     # prefill and at the prompt end (each a copy).
-    captured = [s for _, s in act.taken.values()]
+    snapshots = [s for _, s in act.taken.values()]
     if act.prompt_end_state is not None and not act.resent:  # a resend's is shared
-        captured.append(act.prompt_end_state)
-    copied = counter.copied_kv + counter.copied_state + sum(s.nbytes for s in captured)
+        snapshots.append(act.prompt_end_state)
     tokens = np.asarray(all_tokens, dtype=np.int32)
     if act.prompt_end_state is None:  # cancelled in prefill: the prefix done so far
         L = length = int(tokens.shape[0])
@@ -76,10 +82,16 @@ def finished_entries(
     # snapshots are matched one token short, and its index does not count them).
     if act.prompt_end_logits is not None and L in states and plan.store_reply:
         logits = {L: act.prompt_end_logits}
-    entry = StoredEntry(layers, length, pack_states(states, precision), logits, tokens)
+    own = layers
+    if prefix is not None and not prefix.length < length:
+        prefix = None
+    if prefix is not None:
+        own = layer_caches.split_rows(layers, prefix.length, counter)
+    entry = StoredEntry(own, length, pack_states(states, precision), logits, tokens, prefix=prefix)
     # Digests at its restore points, from the token list at hand (the next turn checks them).
     entry.digests = {n: digest(all_tokens[:n]) for n in states}
     entries.append((plan.new_entry_id, entry))
+    copied = counter.copied_kv + counter.copied_state + sum(s.nbytes for s in snapshots)
     commit = Commit(
         request_id=act.req.request_id,
         namespace=act.req.namespace,
@@ -89,9 +101,10 @@ def finished_entries(
         restored_from=plan.entry_id if act.restore_length else None,
         restored_length=act.restore_length,
         captures=tuple(points),
-        kv_bytes_per_token=layer_caches.kv_bytes_per_token(layers),
+        kv_bytes_per_token=kv_bytes_per_token,
         state_bytes=end_state.nbytes,
         logits_at=L if logits else None,
         logits_bytes=sum(a.nbytes for a in logits.values()),
+        prefix=(prefix.entry_id, prefix.length) if prefix is not None else None,
     )
     return FinishedEntries(commit, entries, length, copied)

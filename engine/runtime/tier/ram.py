@@ -36,6 +36,7 @@ of it, and a failed read is never handed to a later plan.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from concurrent.futures import Future
@@ -65,12 +66,52 @@ class StoredEntry:
     # length -> `digest(tokens[:length])`, taken where the entry is made (from the
     # request's own token list) or at its first check there.
     digests: dict[int, int] = field(default_factory=dict)
+    # The entry whose rows [:prefix.length] this one reads as its own first rows (the
+    # anchor or conversation it was restored from); `layers` then hold only rows
+    # [prefix.length:length]. None: `layers` hold every row.
+    prefix: Prefix | None = None
 
     @property
     def nbytes(self) -> int:
-        kv = layer_caches.kv_bytes_per_token(self.layers) * self.length
+        kv = layer_caches.kv_bytes_per_token(self.layers) * self.own_rows
         logits = sum(a.nbytes for a in self.logits.values())
         return kv + sum(s.nbytes for s in self.states.values()) + logits
+
+    @property
+    def own_rows(self) -> int:
+        """The rows `layers` hold (all but the prefix's)."""
+        return self.length - (self.prefix.length if self.prefix else 0)
+
+    def segments(self, n: int) -> list[tuple[tuple, int]]:
+        """(layers, rows) pairs, in token order, that hold rows [:n]: the prefix entry's
+        (its own prefix's first), then this entry's."""
+        if self.prefix is None:
+            return [(self.layers, n)]
+        base = self.prefix.length
+        if n <= base:
+            return self.prefix.entry.segments(n)
+        return [*self.prefix.entry.segments(base), (self.layers, n - base)]
+
+    def whole_layers(self) -> tuple:
+        """Every row in buffers of this entry's own (a copy, evaluated, where a prefix
+        entry holds the first rows)."""
+        return layer_caches.join_rows(self.segments(self.length))
+
+    def whole(self) -> StoredEntry:
+        """This entry with every row its own (itself when it has no prefix): what a file
+        or a peer gets."""
+        if self.prefix is None:
+            return self
+        return dataclasses.replace(self, layers=self.whole_layers(), prefix=None)
+
+
+@dataclass(frozen=True, eq=False)
+class Prefix:
+    """The first `length` rows of an entry, read from `entry` (held under `entry_id`)."""
+
+    entry_id: int
+    entry: StoredEntry
+    length: int
 
 
 class DiskTier(Protocol):
@@ -119,6 +160,7 @@ class RamTier:
         # "request id#entry id"): (entry id, entry) pairs and the tokens they cover.
         self._staged: dict[str, tuple[list[tuple[int, StoredEntry]], int]] = {}
         self.peak = 0  # the most the tier held after any change (bench load reads it)
+        self.rejoined = 0  # entries that took their prefix's rows when its entry left
         self._held = 0  # `nbytes`, kept up to date at each change (a sum over entries is slow)
 
     def start_load(self, plan: RestorePlan, done=None) -> Future | None:
@@ -241,6 +283,7 @@ class RamTier:
         # It replaces a held entry that could not serve.
         self._held -= _size(self.entries.pop(plan.entry_id, None))
         self._put(plan.entry_id, entry)
+        self._rejoin()  # entries that read their prefix from the one replaced
         self.note_peak()
         return True
 
@@ -281,12 +324,14 @@ class RamTier:
         return length in entry.states or not self.has_state_layers
 
     def restore(self, entry_id: int, length: int, counter=None) -> list:
-        """Fresh single-sequence layer caches at `length` (views, no KV copy)."""
+        """Fresh single-sequence layer caches at `length` (views, no KV copy; rows a
+        prefix entry holds are views of its buffers)."""
         entry = self.entries[entry_id]
         state = entry.states.get(length)
         if state is None:  # no state layers: any snapshot gives the layout
             state = next(iter(entry.states.values()))
-        return layer_caches.restore(entry.layers, state, length, counter)
+        *prefix, (layers, _) = entry.segments(length)
+        return layer_caches.restore(layers, state, length, counter, prefix)
 
     def apply(self, orders: Orders) -> None:
         """Moves (absorption), dropped checkpoints, writes, frees, then file deletes.
@@ -307,6 +352,10 @@ class RamTier:
             if entry is not None and length != entry.length:
                 self._held -= _size(entry.states.pop(length, None))
                 self._held -= _size(entry.logits.pop(length, None))
+        for entry_id in orders.rejoin:  # their prefix entry leaves: its rows become theirs
+            entry = self.entries.get(entry_id)
+            if entry is not None and entry.prefix is not None and entry_id not in orders.free:
+                self._take_prefix(entry)
         if self.disk_tier is not None:
             for record in orders.records:
                 entry = self.entries.get(record.entry_id)
@@ -314,15 +363,31 @@ class RamTier:
                     log.warning("write of entry %d: not held", record.entry_id)
                     continue
                 try:
-                    self.disk_tier.write(entry, record)
+                    self.disk_tier.write(entry.whole(), record)  # a file holds every row
                 except ValueError:
                     log.exception("write of entry %d skipped", record.entry_id)
         for entry_id in orders.free:
             self._held -= _size(self.entries.pop(entry_id, None))
+        self._rejoin()
         if self.disk_tier is not None:
             for entry_id in orders.delete_files:
                 self.disk_tier.delete(entry_id)
         self.note_peak()  # moves count a shared state twice, as the index does
+
+    def _rejoin(self) -> None:
+        """The safety net under Orders.rejoin: an entry whose prefix entry the tier no
+        longer holds (freed, replaced by its file) takes those rows into buffers of its
+        own, so the tier never holds rows it does not count."""
+        for entry in self.entries.values():
+            p = entry.prefix
+            if p is not None and self.entries.get(p.entry_id) is not p.entry:
+                self._take_prefix(entry)
+
+    def _take_prefix(self, entry: StoredEntry) -> None:
+        before = entry.nbytes
+        entry.layers, entry.prefix = entry.whole_layers(), None
+        self._held += entry.nbytes - before
+        self.rejoined += 1
 
     @property
     def nbytes(self) -> int:

@@ -10,10 +10,11 @@ commit, disk write and read times, for exact checkpoints (the baseline) and at
 the served --checkpoint-precision; the drift of a packed restore against an exact
 one (clients.bench.memory.drift), on each shape and on the trained embedded model;
 and the warm sessions agent traffic keeps in a budget, replayed through the
-cache policy at each shape's published-depth bytes (clients.bench.memory.sessions).
+cache policy at each shape's published-depth bytes (clients.bench.memory.sessions),
+and those a public hash-ID trace's conversations keep (clients.bench.memory.trace).
 `--json` writes, per shape, `checkpoint_bytes` and `kv_bytes_per_token`
-({"served", "baseline"}, at the published depth), `sessions` ({"baseline",
-"default"}) and `drift`.
+({"served", "baseline"}, at the published depth), `sessions` and `trace` ({"baseline",
+"default"}: warm sessions; `sessions_replay`, `trace_replay`: every figure) and `drift`.
 """
 
 from __future__ import annotations
@@ -31,9 +32,19 @@ def shape_dir(root, name: str):
     return Path(root).expanduser() / name
 
 
-def run_bench(config, names, length: int, root, drift_tokens: int, budget: int, agents: int):
+def run_bench(
+    config,
+    names,
+    length: int,
+    root,
+    drift_tokens: int,
+    budget: int,
+    agents: int,
+    trace: dict | None = None,
+):
     from clients.bench.memory.measure import measure_shape, shape_config
     from clients.bench.memory.sessions import warm_sessions
+    from clients.bench.memory.trace import trace_sessions
     from engine.runtime.model.shape_models import load_shape, write_shape_dir
 
     served = config.cache.stored_precision
@@ -55,6 +66,10 @@ def run_bench(config, names, length: int, root, drift_tokens: int, budget: int, 
             )
             figures["sessions_replay"] = replay
             figures["sessions"] = {k: replay[k]["warm_sessions"] for k in ("baseline", "default")}
+            states = {"baseline": ck["baseline"], "default": ck["served"]}
+            replay = trace_sessions(config.cache, kv, states, budget, **(trace or {}))
+            figures["trace_replay"] = replay
+            figures["trace"] = {k: replay[k]["warm_sessions"] for k in ("baseline", "default")}
         shapes[name] = figures
         print(f"  {name}: done", flush=True)
     out = {"tokens": length, "served_precision": served, "shapes": shapes}
@@ -158,6 +173,22 @@ def report(out: dict) -> str:
                     f"{k} {replay[k]['warm_sessions']} ({replay[k]['share_of_oracle']:.3f} of "
                     "the oracle)"
                     for k in ("baseline", "default", "bfloat16", "int8")
+                    if k in replay
+                )
+            )
+        replay = s.get("trace_replay")
+        if replay:
+            t = replay["trace"]
+            lines.append(
+                f"  {s['shape']}: trace replay in {replay['budget_bytes'] / GiB:.1f} GiB "
+                f"({t['source']}, {t['requests']} requests, {t['sessions']} sessions, "
+                f"{t['returning_sessions']} returning; {t['block']} tokens a "
+                f"{t['trace_block']}-token block): "
+                + ", ".join(
+                    f"{k} {replay[k]['warm_sessions']} warm, "
+                    f"{replay[k]['warm_returning_sessions']} of the returning "
+                    f"({replay[k]['share_of_oracle']:.3f} of the oracle)"
+                    for k in ("baseline", "default")
                 )
             )
     for p, d in out.get("embedded_drift", {}).items():
@@ -196,12 +227,57 @@ def add_arguments(p) -> None:
         "(what a 64 GB Mac holding an 80B-A3B model in 4 bits leaves; 0: skip the replay)",
     )
     p.add_argument("--agents", type=int, default=12, help="sub-agents of the replay's traffic")
+    p.add_argument(
+        "--trace",
+        metavar="PATH",
+        help="a hash-ID trace (JSON lines, Mooncake's or Qwen-Bailian's format) replayed "
+        "beside the agent traffic (default: traffic generated with the statistics of "
+        "Mooncake's conversation trace; clients.bench.memory.trace_traffic)",
+    )
+    p.add_argument(
+        "--trace-format",
+        choices=("mooncake", "bailian"),
+        default="mooncake",
+        help="the trace's block size: mooncake 512 tokens, bailian 16",
+    )
+    p.add_argument(
+        "--trace-block",
+        type=int,
+        default=64,
+        metavar="N",
+        help="tokens the replay gives one trace block (at most the trace's)",
+    )
+    p.add_argument(
+        "--trace-every",
+        type=int,
+        default=1,
+        metavar="N",
+        help="replay one session of the trace in N (fewer users than the trace's service)",
+    )
     p.add_argument("--json", help="write the figures to this file")
 
 
 def run(args) -> int:
     config = engine_config(args)
+    from pathlib import Path
+
+    from clients.bench.memory.trace import TRACE_BLOCKS
+
+    trace_block = TRACE_BLOCKS[args.trace_format]
+    trace = {
+        "lines": Path(args.trace).read_text().splitlines() if args.trace else None,
+        "trace_block": trace_block,
+        "block": min(args.trace_block, trace_block),
+        "every": args.trace_every,
+    }
     out = run_bench(
-        config, args.shapes, args.tokens, args.dir, args.drift_tokens, args.budget, args.agents
+        config,
+        args.shapes,
+        args.tokens,
+        args.dir,
+        args.drift_tokens,
+        args.budget,
+        args.agents,
+        trace,
     )
     return emit(out, args, report)

@@ -58,9 +58,50 @@ def _lcp(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if len(diff) else n
 
 
-def replay(traffic, cache_config, kv_bytes_per_token: int, state_bytes: int) -> dict:
-    """The traffic through a CacheManager at these bytes; restored and oracle tokens."""
+@dataclasses.dataclass(frozen=True)
+class Turn:
+    """One request of a replay, as the cache sees it, and the reply it gets (empty when
+    its stream was dropped). `oracle`: the longest prefix an earlier prompt or reply of
+    its namespace shares, where its traffic knows it; None: the replay compares them."""
+
+    rid: str
+    session: str
+    namespace: str
+    prompt: np.ndarray
+    anchor: int
+    layout: object  # engine.cache.messages.PromptLayout
+    reply: np.ndarray
+    oracle: int | None = None
+
+
+def agent_turns(traffic):
+    """The agent traffic's requests as Turns, step by step; each request's messages carry
+    the replies of the requests before it (recorded once the caller took its turn)."""
     from clients.bench.agents.traffic import Sessions
+    from engine.cache.messages import PromptLayout
+
+    sessions = Sessions(traffic)
+    for step in traffic.steps():
+        for spec in step:
+            messages = sessions.messages(spec)
+            prompt, anchor, starts, roles = render(messages, traffic.tools)
+            reply_text = f"reply {spec.rid} " + " ".join(["done"] * spec.max_tokens)
+            completed = not spec.drop_after
+            reply = np.asarray(token_ids(reply_text), np.int32) if completed else prompt[:0]
+            layout = PromptLayout(starts, roles=roles)
+            turn = Turn(f"r{spec.rid}", spec.session, spec.namespace, prompt, anchor, layout, reply)
+            yield [turn]
+            sessions.record(spec, messages, reply_text, completed)
+
+
+def replay(traffic, cache_config, kv_bytes_per_token: int, state_bytes: int) -> dict:
+    """The agent traffic through a CacheManager at these bytes; restored and oracle tokens."""
+    return replay_turns(agent_turns(traffic), cache_config, kv_bytes_per_token, state_bytes)
+
+
+def replay_turns(steps, cache_config, kv_bytes_per_token: int, state_bytes: int) -> dict:
+    """Turns (lists of them, in order) through a CacheManager at these bytes; restored and
+    oracle tokens, warm sessions."""
     from engine.cache.kinds import CaptureKind
     from engine.cache.manager import CacheManager
     from engine.cache.messages import (
@@ -68,24 +109,22 @@ def replay(traffic, cache_config, kv_bytes_per_token: int, state_bytes: int) -> 
         CapturedPoint,
         Commit,
         PlanRequest,
-        PromptLayout,
     )
 
     manager = CacheManager(cache_config, fingerprint="memory", has_state_layers=True)
-    sessions = Sessions(traffic)
     seen: dict[str, list[np.ndarray]] = {}
     latest: dict[str, int] = {}
     cold: set[str] = set()  # sessions a returning turn of which found less than 90% warm
-    restored = oracle = warm_turns = 0
-    for step in traffic.steps():
+    restored = oracle = warm_turns = requests = 0
+    for step in steps:
         for spec in step:
-            messages = sessions.messages(spec)
-            prompt, anchor, starts, roles = render(messages, traffic.tools)
+            prompt, anchor, layout, rid = spec.prompt, spec.anchor, spec.layout, spec.rid
             ns = spec.namespace
-            best = max((_lcp(prompt, s) for s in seen.get(ns, ())), default=0)
+            best = spec.oracle
+            if best is None:
+                best = max((_lcp(prompt, s) for s in seen.get(ns, ())), default=0)
             best = min(best, len(prompt) - 1)
-            layout = PromptLayout(starts, roles=roles)
-            rid = f"r{spec.rid}"
+            requests += 1
             plan = manager.plan(PlanRequest(rid, prompt, anchor, ns, layout=layout))
             restored += plan.length
             oracle += best
@@ -93,9 +132,7 @@ def replay(traffic, cache_config, kv_bytes_per_token: int, state_bytes: int) -> 
             warm_turns += warm
             if spec.session in latest and not warm:
                 cold.add(spec.session)
-            reply_text = f"reply {spec.rid} " + " ".join(["done"] * spec.max_tokens)
-            completed = not spec.drop_after
-            reply = np.asarray(token_ids(reply_text), np.int32) if completed else prompt[:0]
+            reply = spec.reply
             for c in plan.captures:
                 if c.kind == CaptureKind.ANCHOR and c.entry_id is not None:
                     manager.commit_anchor(
@@ -124,12 +161,12 @@ def replay(traffic, cache_config, kv_bytes_per_token: int, state_bytes: int) -> 
                 )
             )
             latest[spec.session] = plan.new_entry_id
-            seen.setdefault(ns, []).append(tokens)
-            sessions.record(spec, messages, reply_text, completed)
+            if spec.oracle is None:
+                seen.setdefault(ns, []).append(tokens)
     held = {e.id for e in manager.index.entries()}
     stats = manager.stats()
     return {
-        "requests": len(traffic.requests),
+        "requests": requests,
         "sessions": len(latest),
         "warm_sessions": len(latest) - len(cold),
         "held_at_end": sum(1 for e in latest.values() if e in held),

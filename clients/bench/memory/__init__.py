@@ -57,16 +57,15 @@ def run_bench(
         )
         if budget:
             ck, kv = figures["checkpoint_bytes"], figures["kv_bytes_per_token"]["served"]
-            replay = warm_sessions(
-                config.cache,
-                kv,
-                {"baseline": ck["baseline"], "default": ck["served"]},
-                budget,
-                agents,
-            )
+            # The baseline: exact checkpoints, every entry holding every row (the engine
+            # before it stored shared rows once); the default: as served.
+            variants = {"baseline": (ck["baseline"], False), "default": (ck["served"], True)}
+            for p, nbytes in figures["checkpoint_bytes_by_precision"].items():
+                variants[f"shared {p}"] = (nbytes, True)
+            replay = warm_sessions(config.cache, kv, variants, budget, agents)
             figures["sessions_replay"] = replay
             figures["sessions"] = {k: replay[k]["warm_sessions"] for k in ("baseline", "default")}
-            states = {"baseline": ck["baseline"], "default": ck["served"]}
+            states = {k: variants[k] for k in ("baseline", "default")}
             replay = trace_sessions(config.cache, kv, states, budget, **(trace or {}))
             figures["trace_replay"] = replay
             figures["trace"] = {k: replay[k]["warm_sessions"] for k in ("baseline", "default")}
@@ -84,13 +83,15 @@ def embedded_drift(config, tokens: int) -> dict:
     from pathlib import Path
 
     from clients.bench.memory.drift import measure_drift
+    from engine.config.cache import CHECKPOINT_PRECISIONS
     from engine.runtime.model.loader import load_model
 
     config = dataclasses.replace(config, model=dataclasses.replace(config.model, path=None))
     loaded = load_model(config)
     text = (Path(__file__).parents[3] / "docs" / "architecture.md").read_text()
     prompt = loaded[1].encode(text[:8000])[:600]
-    return measure_drift(config, loaded, prompt, ("bfloat16", "int8"), tokens)
+    packed = [p for p in CHECKPOINT_PRECISIONS if p != "exact"]
+    return measure_drift(config, loaded, prompt, packed, tokens)
 
 
 def report(out: dict) -> str:
@@ -172,8 +173,8 @@ def report(out: dict) -> str:
                 + ", ".join(
                     f"{k} {replay[k]['warm_sessions']} ({replay[k]['share_of_oracle']:.3f} of "
                     "the oracle)"
-                    for k in ("baseline", "default", "bfloat16", "int8")
-                    if k in replay
+                    for k in replay
+                    if k not in ("budget_bytes", "traffic")
                 )
             )
         replay = s.get("trace_replay")

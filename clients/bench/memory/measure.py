@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.config.cache import CHECKPOINT_PRECISIONS
+
 REPEATS = 5
 
 
@@ -236,7 +238,7 @@ def measure_shape(
     from engine.runtime.model.shape_models import expected
 
     loaded = load_model(config)
-    precisions = ["exact", "bfloat16", "int8"]
+    precisions = list(CHECKPOINT_PRECISIONS)
     restorers, by = {}, {}
     for p in precisions:
         restorers[p], by[p] = measure_precision(config, loaded, shape, length, p, seed)
@@ -257,6 +259,7 @@ def measure_shape(
             "served": out_p["checkpoint_bytes"],
             "baseline": base["checkpoint_bytes"],
         },
+        "checkpoint_bytes_by_precision": {p: by[p]["checkpoint_bytes"] for p in precisions},
         "kv_bytes_per_token": {
             "served": out_p["kv_bytes_per_token"],
             "baseline": base["kv_bytes_per_token"],
@@ -278,6 +281,6 @@ def measure_shape(
         rng = np.random.default_rng(seed + 7)
         vocab = loaded[2].vocab_size
         prompt = [int(t) for t in rng.integers(10, vocab - 10, size=min(length, 512))]
-        others = [p for p in ("bfloat16", "int8") if p != "exact"]
+        others = [p for p in precisions if p != "exact"]
         out["drift"] = measure_drift(config, loaded, prompt, others, drift_tokens)
     return out

@@ -94,14 +94,24 @@ def agent_turns(traffic):
             sessions.record(spec, messages, reply_text, completed)
 
 
-def replay(traffic, cache_config, kv_bytes_per_token: int, state_bytes: int) -> dict:
+def replay(
+    traffic, cache_config, kv_bytes_per_token: int, state_bytes: int, shared_rows: bool = True
+) -> dict:
     """The agent traffic through a CacheManager at these bytes; restored and oracle tokens."""
-    return replay_turns(agent_turns(traffic), cache_config, kv_bytes_per_token, state_bytes)
+    turns = agent_turns(traffic)
+    return replay_turns(turns, cache_config, kv_bytes_per_token, state_bytes, shared_rows)
 
 
-def replay_turns(steps, cache_config, kv_bytes_per_token: int, state_bytes: int) -> dict:
+def replay_turns(
+    steps, cache_config, kv_bytes_per_token: int, state_bytes: int, shared_rows: bool = True
+) -> dict:
     """Turns (lists of them, in order) through a CacheManager at these bytes; restored and
-    oracle tokens, warm sessions."""
+    oracle tokens, warm sessions.
+
+    Each commit says where its entry reads its first rows from as the model actor
+    would (engine.cache.shared_rows: the plan's offer or the anchor it stored, when
+    still indexed); `shared_rows=False` stores every entry whole, as the engine did
+    before it stored shared prefix rows once."""
     from engine.cache.kinds import CaptureKind
     from engine.cache.manager import CacheManager
     from engine.cache.messages import (
@@ -110,6 +120,7 @@ def replay_turns(steps, cache_config, kv_bytes_per_token: int, state_bytes: int)
         Commit,
         PlanRequest,
     )
+    from engine.cache.shared_rows import prefix_source
 
     manager = CacheManager(cache_config, fingerprint="memory", has_state_layers=True)
     seen: dict[str, list[np.ndarray]] = {}
@@ -133,6 +144,7 @@ def replay_turns(steps, cache_config, kv_bytes_per_token: int, state_bytes: int)
             if spec.session in latest and not warm:
                 cold.add(spec.session)
             reply = spec.reply
+            stored_anchor = None
             for c in plan.captures:
                 if c.kind == CaptureKind.ANCHOR and c.entry_id is not None:
                     manager.commit_anchor(
@@ -140,6 +152,12 @@ def replay_turns(steps, cache_config, kv_bytes_per_token: int, state_bytes: int)
                             rid, ns, c.entry_id, prompt[: c.length], kv_bytes_per_token, state_bytes
                         )
                     )
+                    stored_anchor = (c.entry_id, c.length)
+            prefix = None
+            if shared_rows:  # the actor reads rows from an entry it holds (indexed here)
+                prefix = prefix_source(plan.shares, stored_anchor, cache_config.shared_rows_min)
+                if prefix is not None and manager.index.get(prefix[0]) is None:
+                    prefix = None
             tokens = np.concatenate([prompt, reply]) if plan.store_reply else prompt
             points = tuple(
                 CapturedPoint(c.length, c.kind, c.entry_id)
@@ -158,6 +176,7 @@ def replay_turns(steps, cache_config, kv_bytes_per_token: int, state_bytes: int)
                     points,
                     kv_bytes_per_token,
                     state_bytes,
+                    prefix=prefix,
                 )
             )
             latest[spec.session] = plan.new_entry_id
@@ -182,13 +201,14 @@ def replay_turns(steps, cache_config, kv_bytes_per_token: int, state_bytes: int)
 def warm_sessions(
     cache_config,
     kv_bytes_per_token: int,
-    state_bytes: dict,
+    variants: dict,
     budget: int,
     agents: int = 12,
     scale: float = 2.0,
     seed: int = 0,
 ) -> dict:
-    """precision -> the replay at `budget` bytes, for each checkpoint size of `state_bytes`."""
+    """name -> the replay at `budget` bytes, for each of `variants`: name -> (one
+    checkpoint's bytes, whether shared prefix rows are stored once)."""
     from clients.bench.agents.traffic import build_traffic
 
     traffic = build_traffic(seed, scale, agents, message_edits=agents // 2)
@@ -196,6 +216,6 @@ def warm_sessions(
         cache_config, ram_budget=budget, anchor_max_bytes=budget, mode="lineage"
     )
     out = {"budget_bytes": budget, "traffic": traffic.summary()}
-    for name, nbytes in state_bytes.items():
-        out[name] = replay(traffic, config, kv_bytes_per_token, nbytes)
+    for name, (nbytes, shared) in variants.items():
+        out[name] = replay(traffic, config, kv_bytes_per_token, nbytes, shared)
     return out

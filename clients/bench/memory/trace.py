@@ -226,16 +226,17 @@ def _layout(parent: TraceTurn | None, carry, anchor: int):
 def trace_sessions(
     cache_config,
     kv_bytes_per_token: int,
-    state_bytes: dict,
+    variants: dict,
     budget: int,
     lines=None,
     trace_block: int = TRACE_BLOCKS["mooncake"],
     block: int = 64,
     every: int = 1,
 ) -> dict:
-    """precision -> the trace's replay at `budget` bytes, for each checkpoint size of
-    `state_bytes`; `lines`: the trace's JSON lines (None: `generate_trace`'s); `every`:
-    one session in this many kept (a machine serving fewer users than the trace's)."""
+    """name -> the trace's replay at `budget` bytes, for each of `variants` (name ->
+    (one checkpoint's bytes, whether shared prefix rows are stored once)); `lines`: the
+    trace's JSON lines (None: `generate_trace`'s); `every`: one session in this many
+    kept (a machine serving fewer users than the trace's)."""
     import dataclasses
 
     from clients.bench.memory.sessions import Turn, replay_turns
@@ -285,8 +286,8 @@ def trace_sessions(
             / sum(len(t.prompt) for t in turns),
         },
     }
-    for name, nbytes in state_bytes.items():
-        figures = replay_turns(steps, config, kv, nbytes)
+    for name, (nbytes, shared) in variants.items():
+        figures = replay_turns(steps, config, kv, nbytes, shared)
         # Sessions of one request are warm by definition: say how many of the rest were.
         figures["warm_returning_sessions"] = returning - (len(sessions) - figures["warm_sessions"])
         out[name] = figures

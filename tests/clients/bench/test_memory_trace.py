@@ -86,7 +86,7 @@ def test_generated_trace_keeps_the_published_shape():
 
 def test_replay_figures_move_with_the_budget():
     lines = generate_trace(seed=2, requests=300)
-    states = {"baseline": 64 * MiB, "default": 32 * MiB}
+    states = {"baseline": (64 * MiB, False), "default": (32 * MiB, True)}
     big = trace_sessions(CacheConfig(), 24 << 10, states, 1 << 40, lines, block=16)
     small = trace_sessions(CacheConfig(), 24 << 10, states, 2 << 30, lines, block=16)
     assert big["trace"]["returning_sessions"] > 0

@@ -72,6 +72,11 @@ class LineagePolicy:
         self._new_id = new_id
         self.has_state_layers = has_state_layers
         self.disk_index = disk
+        # What one checkpoint costs in tokens of KV on the served model (its state bytes
+        # over a token's KV bytes, from the commits): no point is placed to save a span
+        # shorter than what its own bytes would hold of KV. 22 tokens on the embedded
+        # model (the configured floors decide there), ~3,100 at Qwen3-Next-80B-A3B's.
+        self.checkpoint_tokens = 0
 
     # -- plan ----------------------------------------------------------------
 
@@ -197,13 +202,16 @@ class LineagePolicy:
         if not self.has_state_layers:
             return
         cfg = self.config
+        worth = self.checkpoint_tokens  # the shortest span a checkpoint's bytes pay for
         lo = max(restored, anchor_len)  # a mark inside the anchor is the anchor's
         marked = [n for n in marks if lo < n < size][-cfg.message_max :] if cfg.message_max else []
         most = cfg.message_max - len(marked)
-        block = [(0, anchor_len, spacing(anchor_len, cfg.system_interval, SYSTEM_SLICES))]
+        system_floor = max(cfg.system_interval, worth) if cfg.system_interval else 0
+        block = [(0, anchor_len, spacing(anchor_len, system_floor, SYSTEM_SLICES))]
         system = message_points(block, most, restored, size)
+        message_floor = max(cfg.message_interval, worth) if cfg.message_interval else 0
         spans = [
-            (start, end, spacing(end - start, cfg.message_interval, MESSAGE_SLICES))
+            (start, end, spacing(end - start, message_floor, MESSAGE_SLICES))
             for start, end in message_spans
         ]
         messages = message_points(spans, most - len(system), restored, size)
@@ -211,16 +219,18 @@ class LineagePolicy:
         yield from ((n, CaptureKind.SYSTEM) for n in system)
         yield from ((n, CaptureKind.MESSAGE) for n in messages)
         gain = found.sibling_lcp - restored
-        if gain > 0 and gain >= self.config.divergence_min_gain:
+        if gain > 0 and gain >= max(self.config.divergence_min_gain, worth):
             yield found.sibling_lcp, CaptureKind.DIVERGENCE
         guard = size - self.config.guard_offset
-        if size - restored >= self.config.guard_min_suffix and restored < guard < size:
+        if size - restored >= max(self.config.guard_min_suffix, worth) and restored < guard < size:
             yield guard, CaptureKind.GUARD
 
     # -- commit --------------------------------------------------------------
 
     def commit(self, c: Commit, tokens: np.ndarray, orders: OrderBook) -> None:
         """Store the request's entry and anchors, absorb its source, thin the new entry."""
+        if c.kv_bytes_per_token > 0:
+            self.checkpoint_tokens = c.state_bytes // c.kv_bytes_per_token
         for point in c.captures:
             if point.entry_id is not None:  # an anchor; a duplicate of a stored one is freed
                 anchor = Entry.committed(

@@ -435,6 +435,10 @@ def _restore_state(state: LayerState, n: int, counter: CopyCounter) -> Any:
     if isinstance(state, ArraysState):
         cache = ArraysCache(len(state.arrays))
         cache.cache = [_share(a) for a in state.arrays]
+        if any(hasattr(a, "unpack") for a in state.arrays):
+            # The stored (packed) forms, for the batch merge: it joins them before it
+            # unpacks (engine.runtime.batching); `cache` is their lazy unpacking.
+            cache.packed = tuple(state.arrays)
         return cache
     if isinstance(state, WindowState):
         if state.offset != n:

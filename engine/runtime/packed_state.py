@@ -71,6 +71,30 @@ def pack_array(a: mx.array, precision: str) -> mx.array | PackedArray:
     raise ValueError(f"checkpoint precision {precision!r} is not one of {', '.join(PRECISIONS)}")
 
 
+def unpack_joined(parts: list) -> mx.array | None:
+    """The float32 arrays of `parts` (PackedArrays of one precision and layout) joined
+    along their first axis, lazily: the packed forms are joined first, then unpacked
+    once, so a batch merge of packed states moves the packed bytes plus one unpack
+    pass. None when the parts are not all such PackedArrays."""
+    first = parts[0] if parts else None
+    if not isinstance(first, PackedArray) or not all(
+        isinstance(p, PackedArray) and p.precision == first.precision for p in parts
+    ):
+        return None
+
+    def join(get):
+        arrays = [get(p) for p in parts]
+        return None if arrays[0] is None else mx.concatenate(arrays, axis=0)
+
+    joined = PackedArray(
+        first.precision,
+        join(lambda p: p.data),
+        join(lambda p: p.scales),
+        join(lambda p: p.biases),
+    )
+    return joined.unpack()
+
+
 def unpack(a):
     """The float32 array a PackedArray holds (lazy); anything else as it is."""
     return a.unpack() if isinstance(a, PackedArray) else a

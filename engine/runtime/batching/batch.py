@@ -28,11 +28,12 @@ import copy
 import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.generate import BatchGenerator, PromptProcessingBatch, _right_pad_prompts
-from mlx_lm.models.cache import BatchKVCache, CacheList, KVCache
+from mlx_lm.models.cache import ArraysCache, BatchKVCache, CacheList, KVCache
 
 from engine.config.memory import pool_limit
 from engine.runtime.batching.copies import CopyLedger
 from engine.runtime.layer_caches import snapshot_state
+from engine.runtime.packed_state import unpack_joined
 from engine.runtime.speculative.speculative_batch import SpeculativeGenerationBatch
 from engine.runtime.structured.masked_batch import LineageGenerationBatch
 
@@ -63,11 +64,32 @@ def _merge_layer(layers: list, room: int, copied: list):
         merged = CacheList()
         merged.caches = tuple(_merge_layer(list(p), room, copied) for p in parts)
         return merged
+    if all(type(c) is ArraysCache and getattr(c, "packed", None) for c in layers):
+        return _merge_packed(layers, copied)
     if not hasattr(layers[0], "merge"):
         raise ValueError(f"{type(layers[0]).__name__} does not support batching with history")
     for i, c in enumerate(layers):  # mlx-lm's merge concatenates: every state is copied
         copied[i] += _state_bytes(c)
     return layers[0].merge(layers)
+
+
+def _merge_packed(layers: list, copied: list) -> ArraysCache:
+    """mlx-lm's ArraysCache merge for states restored from packed checkpoints: each
+    state's packed forms joined, then unpacked once (engine.runtime.packed_state), not
+    unpacked per sequence and copied again into the batch. A slot whose forms are not
+    all packed alike is unpacked and joined."""
+    merged = ArraysCache(len(layers[0].cache))
+    for e in range(len(merged.cache)):
+        parts = [c.packed[e] for c in layers]
+        joined = unpack_joined(parts)
+        if joined is None:
+            if any(c.cache[e] is None for c in layers):
+                return layers[0].merge(layers)  # mlx-lm's merge fills an empty state
+            joined = mx.concatenate([c.cache[e] for c in layers], axis=0)
+        merged.cache[e] = joined
+    for i, c in enumerate(layers):
+        copied[i] += _state_bytes(c)
+    return merged
 
 
 class LineageBatchKVCache(BatchKVCache):

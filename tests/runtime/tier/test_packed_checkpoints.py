@@ -10,11 +10,13 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
+from mlx_lm.models.cache import ArraysCache
 
 from engine.cache.kinds import Role
 from engine.cache.messages import EntryRecord
 from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.runtime import layer_caches
+from engine.runtime.batching.batch import merge_with_room
 from engine.runtime.local import LocalEngine
 from engine.runtime.packed_state import PackedArray
 from engine.storage.disk_store import DiskStore
@@ -61,7 +63,7 @@ def exact(model_cache_dir, random_model_dir):
     return _stored(_engine(model_cache_dir, random_model_dir, "exact"), "exact")
 
 
-@pytest.mark.parametrize("precision, most", [("bfloat16", 0.55), ("int8", 0.35)])
+@pytest.mark.parametrize("precision, most", [("float16", 0.6), ("bfloat16", 0.55), ("int8", 0.35)])
 def test_a_packed_checkpoint_is_smaller_counted_so_and_restores(
     exact, model_cache_dir, random_model_dir, precision, most
 ):
@@ -80,6 +82,32 @@ def test_a_packed_checkpoint_is_smaller_counted_so_and_restores(
     got, want = _next_logits(engine, entry_id, L), _next_logits(exact_engine, exact_id, L)
     assert int(mx.argmax(got)) == int(mx.argmax(want))
     assert float(mx.max(mx.abs(got - want))) < 0.1 * float(mx.max(mx.abs(want)))
+
+
+@pytest.mark.parametrize("precision", ["float16", "bfloat16", "int8"])
+def test_the_batch_merge_joins_packed_states_before_unpacking(
+    model_cache_dir, random_model_dir, precision
+):
+    """Two sequences restored from packed points merge into what their unpacked states
+    merged by mlx-lm's own ArraysCache.merge give, bit for bit (the merge joins the
+    packed forms, then unpacks once)."""
+    engine, entry_id, entry = _stored(
+        _engine(model_cache_dir, random_model_dir, precision), f"merge-{precision}"
+    )
+    L = len(PROMPT)
+    other = engine.run([t + 1 for t in PROMPT], max_tokens=2, namespace="other").plan
+    pair = [engine.tier.restore(entry_id, L), engine.tier.restore(other.new_entry_id, L)]
+    merged = merge_with_room(pair, 0)
+    compared = 0
+    for i, layer in enumerate(merged):
+        if type(layer) is not ArraysCache:
+            continue
+        assert all(getattr(p[i], "packed", None) for p in pair)
+        plain = ArraysCache.merge([p[i] for p in pair])  # per-sequence unpack, then copy
+        for a, b in zip(layer.cache, plain.cache):
+            assert a.dtype == b.dtype and mx.array_equal(a, b).item()
+            compared += 1
+    assert compared
 
 
 def test_a_packed_checkpoint_survives_the_disk_tier(model_cache_dir, random_model_dir, tmp_path):

@@ -16,6 +16,7 @@ from engine.config.units import GB, parse_bytes
 CACHE_MODES = ("lineage", "exact", "off")
 # How a checkpoint's recurrent states are kept (engine.runtime.packed_state).
 CHECKPOINT_PRECISIONS = ("exact", "float16", "bfloat16", "int8")
+KV_PRECISIONS = ("exact", "int8", "int4")
 
 
 def default_cache_dir() -> Path:
@@ -54,9 +55,16 @@ class CacheConfig:
     checkpoint_precision: str = setting(
         "exact",
         "how checkpoints keep their recurrent states in the RAM tier and on disk: exact "
-        "(bit for bit), bfloat16 (half) or int8 (groupwise 8-bit, about a quarter); "
-        "--cache-mode exact keeps them exact",
+        "(bit for bit), float16 (over a per-row scale: half), bfloat16 (half) or int8 "
+        "(groupwise 8-bit, about a quarter); --cache-mode exact keeps them exact",
         choices=CHECKPOINT_PRECISIONS,
+    )
+    kv_precision: str = setting(
+        "exact",
+        "how stored entries keep their KV rows in the RAM tier and on disk: exact (the "
+        "model's dtype), int8 or int4 (groupwise, about 53% and 28% of bfloat16); the "
+        "batch computes in the model's dtype; --cache-mode exact keeps them exact",
+        choices=KV_PRECISIONS,
     )
     anchor_max_entries: int = 16
     anchor_max_bytes: int = 16 * GB
@@ -155,6 +163,11 @@ class CacheConfig:
     def stored_precision(self) -> str:
         """The precision checkpoints are kept at: exact mode's snapshots stay bit-exact."""
         return self.checkpoint_precision if self.mode == "lineage" else "exact"
+
+    @property
+    def stored_kv_precision(self) -> str:
+        """The precision stored KV rows are kept at: exact mode's stay bit-exact."""
+        return self.kv_precision if self.mode == "lineage" else "exact"
 
     @property
     def disk_queue_cap(self) -> int:

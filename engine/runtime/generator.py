@@ -437,6 +437,7 @@ class Generator:
         once per distinct system prompt.
         """
         layers, state = layer_caches.store_entry(extracted)
+        layers = layer_caches.pack_rows(layers, self.config.cache.stored_kv_precision)
         state = pack_snapshot(state, self.config.cache.stored_precision)
         key = _staging_key(act.req.request_id, point.entry_id)
         tokens = np.asarray(act.req.tokens[: point.length], dtype=np.int32)
@@ -493,7 +494,8 @@ class Generator:
         key = _staging_key(act.req.request_id, plan.new_entry_id)
         try:
             precision = self.config.cache.stored_precision
-            finished = finished_entries(act, cache, all_tokens, precision, self._prefix(act))
+            kv = self.config.cache.stored_kv_precision
+            finished = finished_entries(act, cache, all_tokens, precision, self._prefix(act), kv)
         except Exception as e:  # the stream still ends, and the ids go back
             log.exception("request %s: storing its cache failed", act.req.request_id)
             self._release(act.req)

@@ -164,13 +164,16 @@ class StoredKV:
     """An append-only layer of an entry: ``length`` rows, shared, never copied.
 
     ``keys``/``values`` are arrays, or (packed, scales, biases) tuples when
-    ``quant`` is (group_size, bits) of a QuantizedKVCache.
+    ``quant`` is (group_size, bits) of a QuantizedKVCache (the model's own cache is
+    quantized) or ``packed`` is (group_size, bits) of rows the tier keeps quantized
+    (``pack_rows``) and a restore dequantizes into the model's dtype.
     """
 
     keys: Any
     values: Any
     length: int
     quant: Optional[tuple] = None
+    packed: Optional[tuple] = None
 
     @property
     def nbytes(self) -> int:
@@ -406,7 +409,7 @@ def _restore_kv(segments: Sequence[tuple[StoredKV, int]], counter: CopyCounter) 
     else:
         cache = QuantizedKVCache(group_size=first.quant[0], bits=first.quant[1])
     parts = [
-        tree_map(lambda a, r=rows: a[..., :r, :], (layer.keys, layer.values))
+        _unpacked(layer, tree_map(lambda a, r=rows: a[..., :r, :], (layer.keys, layer.values)))
         for layer, rows in segments
         if rows > 0 and layer.keys is not None
     ]
@@ -420,6 +423,51 @@ def _restore_kv(segments: Sequence[tuple[StoredKV, int]], counter: CopyCounter) 
     counter.shared_kv += nbytes(parts)
     cache.offset = n
     return cache
+
+
+def _unpacked(layer: StoredKV, kv: tuple) -> tuple:
+    """(keys, values) rows of `layer` as the model reads them: dequantized (lazily) when
+    the tier keeps them packed."""
+    if layer.packed is None:
+        return kv
+    group, bits = layer.packed
+    return tuple(mx.dequantize(*x, group_size=group, bits=bits) for x in kv)
+
+
+def _as_read(layer: StoredKV) -> StoredKV:
+    """`layer` with its rows as the model reads them (dequantized when packed)."""
+    if layer.packed is None:
+        return layer
+    keys, values = _unpacked(layer, (layer.keys, layer.values))
+    return StoredKV(keys, values, layer.length, layer.quant)
+
+
+def pack_rows(layers: Sequence[EntryLayer], precision: str) -> tuple:
+    """An entry's append-only layers with their rows quantized (``precision`` "int8" or
+    "int4": groupwise, ``mx.quantize``, 64 values a group, 32 where a row is narrower),
+    in buffers of their own (evaluated); as they are when "exact", already quantized,
+    or a row's width has no such group."""
+    if precision == "exact":
+        return tuple(layers)
+    bits = {"int8": 8, "int4": 4}[precision]
+
+    def pack(layer: EntryLayer) -> EntryLayer:
+        if isinstance(layer, StoredList):
+            return StoredList(tuple(pack(p) for p in layer.parts))
+        if layer is None or layer.keys is None or layer.quant or layer.packed:
+            return layer
+        width = min(layer.keys.shape[-1], layer.values.shape[-1])
+        group = next((g for g in (64, 32) if width % g == 0), None)
+        if group is None:
+            return layer
+        keys, values = (
+            tuple(mx.quantize(a, group_size=group, bits=bits)) for a in (layer.keys, layer.values)
+        )
+        return StoredKV(keys, values, layer.length, None, (group, bits))
+
+    out = tuple(pack(layer) for layer in layers)
+    mx.eval(list(_arrays(out)))
+    return out
 
 
 def _join(pieces: list) -> Any:
@@ -527,7 +575,7 @@ def split_rows(
         if layer.keys is None:
             return StoredKV(None, None, 0, layer.quant)
         keys, values = tree_map(lambda a: mx.array(a[..., start:, :]), (layer.keys, layer.values))
-        out = StoredKV(keys, values, layer.length - start, layer.quant)
+        out = StoredKV(keys, values, layer.length - start, layer.quant, layer.packed)
         counter.copied_kv += out.nbytes
         return out
 
@@ -555,12 +603,16 @@ def join_rows(segments: Sequence[tuple[Sequence[EntryLayer], int]]) -> tuple:
         rows = sum(r for _, r in parts)
         kept = [(p, r) for p, r in parts if r > 0 and p.keys is not None]
         if not kept:
-            return StoredKV(None, None, 0, layer.quant)
+            return StoredKV(None, None, 0, layer.quant, layer.packed)
+        if len({p.packed for p, _ in kept}) > 1:  # packed and not: joined as the model reads
+            kept = [(_as_read(p), r) for p, r in kept]
 
         def cat(get):
             return _join([tree_map(lambda a, r=r: a[..., :r, :], get(p)) for p, r in kept])
 
-        return StoredKV(cat(lambda p: p.keys), cat(lambda p: p.values), rows, layer.quant)
+        first = kept[0][0]
+        keys, values = cat(lambda p: p.keys), cat(lambda p: p.values)
+        return StoredKV(keys, values, rows, first.quant, first.packed)
 
     count = len(segments[0][0])
     out = tuple(join([(layers[i], r) for layers, r in segments]) for i in range(count))

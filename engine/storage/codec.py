@@ -76,6 +76,7 @@ class Encoder:
                 "values": self.tree(obj.values, n),
                 "length": n,
                 "quant": self.tree(obj.quant),
+                "packed": self.tree(obj.packed),
             }
         else:
             fields = {

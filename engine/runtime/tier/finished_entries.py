@@ -37,16 +37,17 @@ def finished_entries(
     all_tokens: list,
     precision: str = "exact",
     prefix: Prefix | None = None,
+    kv_precision: str = "exact",
 ) -> FinishedEntries:
     """The entries and Commit of `act`, whose batch caches are `cache` over `all_tokens`;
-    its snapshots kept at `precision` (engine.runtime.packed_state). With `prefix`, the
+    its snapshots kept at `precision` (engine.runtime.packed_state), its KV rows at
+    `kv_precision` (layer_caches.pack_rows). With `prefix`, the
     new entry reads its first rows from that entry and keeps a copy of the rest only
     (engine.cache.shared_rows), so the buffer its rows came from is let go."""
     plan = act.req.plan
     L = act.prompt_len
     counter = layer_caches.CopyCounter()
     layers, end_state = layer_caches.store_entry(cache, counter)
-    kv_bytes_per_token = layer_caches.kv_bytes_per_token(layers)
     end_state = pack_snapshot(end_state, precision)
     # What the snapshot code copied (the end state), and the states captured in
     # prefill and at the prompt end (each a copy).
@@ -87,10 +88,13 @@ def finished_entries(
         prefix = None
     if prefix is not None:
         own = layer_caches.split_rows(layers, prefix.length, counter)
+    own = layer_caches.pack_rows(own, kv_precision)
     entry = StoredEntry(own, length, pack_states(states, precision), logits, tokens, prefix=prefix)
     # Digests at its restore points, from the token list at hand (the next turn checks them).
     entry.digests = {n: digest(all_tokens[:n]) for n in states}
     entries.append((plan.new_entry_id, entry))
+    # The KV bytes a token costs as stored (packed rows cost less than the batch's).
+    kv_bytes_per_token = layer_caches.kv_bytes_per_token(own)
     copied = counter.copied_kv + counter.copied_state + sum(s.nbytes for s in snapshots)
     commit = Commit(
         request_id=act.req.request_id,

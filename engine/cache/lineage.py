@@ -37,6 +37,9 @@ from engine.cache.thinning import thin
 from engine.config import CacheConfig
 
 
+MIN_CHECKPOINTS = 2  # what byte thinning leaves a lineage: its prompt end and its guard
+
+
 def carry_over(source: Entry, restored: int) -> list[Checkpoint]:
     """The restore points of `source` that the entry absorbing it takes over.
 
@@ -251,7 +254,7 @@ class LineagePolicy:
         mine = {p.length for p in own} | {entry.length}
         carried = [p for p in carried if p.length not in mine]  # a resend: its own state there
         live_guard = next((p.length for p in own if p.kind == CheckpointKind.GUARD), None)
-        dropped = set(thin(own + carried, self.config.max_checkpoints, live_guard))
+        dropped = set(thin(own + carried, self._checkpoint_cap(entry), live_guard))
         for checkpoint in own:
             if checkpoint in dropped:
                 orders.drop(entry.id, checkpoint.length)
@@ -285,6 +288,18 @@ class LineagePolicy:
             # without that write (over the disk budget) the source's file stays.
             self.disk_index.remove(source.id)
             orders.supersede(entry.id, source.id)
+
+    def _checkpoint_cap(self, entry: Entry) -> int:
+        """The checkpoints a lineage keeps: `max_checkpoints`; where a checkpoint costs
+        more KV than the span the placement floors were set for (`message_interval`: 22
+        tokens against 256 on the embedded model, ~3,100 at Qwen3-Next-80B-A3B's
+        shapes), no more than the KV of its own rows pays for in bytes (one checkpoint
+        per `checkpoint_tokens` of them), and `MIN_CHECKPOINTS` at least."""
+        cap = self.config.max_checkpoints
+        if self.checkpoint_tokens <= max(self.config.message_interval, 1):
+            return cap
+        own = entry.length - entry.prefix_len
+        return min(cap, max(MIN_CHECKPOINTS, own // self.checkpoint_tokens))
 
     def add_anchor(self, a, tokens: np.ndarray, orders: OrderBook) -> None:
         """Index an anchor captured mid-prefill (an AnchorCommit); a duplicate's id is freed."""

@@ -36,7 +36,6 @@ from engine.cache.ram_budget import ram_priority, victims
 from engine.cache.thinning import thin
 from engine.config import CacheConfig
 
-
 MIN_CHECKPOINTS = 2  # what byte thinning leaves a lineage: its prompt end and its guard
 
 

@@ -35,6 +35,11 @@ class KernelConfig:
         name="dense_kernel",
     )
     dense_min_keys: int = setting(1024, "the host path from N keys (shorter: MLX's)")
+    cpu_fusion: bool = setting(
+        True,
+        "RMS norms and a decode step's RoPE compiled into fused ops on the CPU backend, "
+        "where MLX's fast ops are compositions (off: MLX's ops)",
+    )
 
     def __post_init__(self):
         if not 1 <= self.sparse_decode_max <= self.sparse_gather_max:

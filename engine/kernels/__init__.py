@@ -11,6 +11,8 @@ files) and switchable off, so the stock path stays one setting away:
 - ``dense_attention``: dense attention (every model calling mlx-lm's
   ``scaled_dot_product_attention``) on the CPU backend at long contexts,
   through the host BLAS instead of MLX's CPU ops.
+- ``cpu_fusion``: RMS norms and a decode step's RoPE compiled into fused ops
+  on the CPU backend, where ``mx.fast``'s are compositions of primitives.
 
 This package knows MLX and mlx-lm's model modules; it knows nothing of the
 engine's configuration (the runtime passes plain values), caches policy,
@@ -19,7 +21,7 @@ actors or serving.
 
 from __future__ import annotations
 
-from engine.kernels import dense_attention, gated_delta, sparse_attention
+from engine.kernels import cpu_fusion, dense_attention, gated_delta, sparse_attention
 from engine.kernels.sparse_attention import SparsePlan
 
 
@@ -28,11 +30,13 @@ def install(
     sparse: SparsePlan | None,
     gated_delta_mode: str = "auto",
     dense_min_keys: int | None = None,
+    cpu_fusion_on: bool = False,
 ) -> tuple[str, ...]:
     """Install the kernels that apply to `model`; returns the names of those now active.
 
     `sparse` None leaves DSA attention on mlx-lm's path; `dense_min_keys` None
-    leaves dense attention on MLX's, else the host path takes it from that many keys.
+    leaves dense attention on MLX's, else the host path takes it from that many keys;
+    `cpu_fusion_on` fuses the norms and the decode RoPE on the CPU.
     """
     active = []
     if sparse is not None and sparse_attention.install(model, sparse):
@@ -41,6 +45,8 @@ def install(
         active.append(gated_delta.FAST)
     if dense_min_keys is not None and dense_attention.install(model, dense_min_keys):
         active.append(dense_attention.NAME)
+    if cpu_fusion_on and cpu_fusion.install(model):
+        active.append(cpu_fusion.NAME)
     return tuple(active)
 
 
@@ -49,3 +55,4 @@ def uninstall(model) -> None:
     sparse_attention.uninstall(model)
     gated_delta.uninstall(model)
     dense_attention.uninstall(model)
+    cpu_fusion.uninstall(model)

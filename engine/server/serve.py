@@ -468,6 +468,10 @@ def ray_options(config: EngineConfig) -> dict:
     (`--ray-dashboard`; the metrics agent runs without it), and no idle
     workers started ahead for tasks (the engine runs actors only, each in a
     process of its own): idle, those take a share of a core and a GiB or so.
+    Its actors run at the front end's priority: Ray starts workers at nice 15
+    (`worker_niceness`), and a model actor at 15 gets a few percent of a core
+    whenever a process at 0 wants it (the front end, a client, anything else
+    on the machine), so its decode stalls behind them.
     """
     options = dict(
         address=config.server.address,
@@ -481,5 +485,5 @@ def ray_options(config: EngineConfig) -> dict:
     if config.server.metrics_port:  # this node's metrics agent serves Prometheus text
         options["_metrics_export_port"] = config.server.metrics_port
     if config.server.address is None:  # a cluster we join keeps its own settings
-        options["_system_config"] = {"prestart_worker_first_driver": False}
+        options["_system_config"] = {"prestart_worker_first_driver": False, "worker_niceness": 0}
     return options

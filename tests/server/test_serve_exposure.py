@@ -4,7 +4,9 @@ A local `ray.init()` took the machine's network address, so Ray's Prometheus
 exporter (every namespace's exact token counts), its GCS, raylet and workers
 listened on every interface, even without `--metrics-port`. One real
 `lineage serve --http-port --metrics-port` in a process of its own; its
-process tree's listening sockets are read from /proc.
+process tree's listening sockets are read from /proc. The same tree runs at
+one priority: Ray's workers (the model actor's decode) are not niced below
+the front end.
 """
 
 from __future__ import annotations
@@ -48,6 +50,14 @@ def _tree(root: int) -> set[int]:
     return tree
 
 
+def niceness(pid: int) -> int | None:
+    """The nice value of process `pid` (/proc/PID/stat's 19th field), None once it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+    except OSError:
+        return None
+
+
 def listening(pids) -> list[tuple[str, object, int]]:
     """(process name, address, port) of every listening TCP socket of `pids`."""
     owners = {}
@@ -85,3 +95,6 @@ def test_serve_and_its_ray_listen_on_loopback_alone(model_cache_dir, tmp_path):
         assert {metrics, http} <= ports, sockets
         exposed = [s for s in sockets if not s[1].is_loopback]
         assert not exposed, exposed
+        own = niceness(serve.pid)
+        tree = {pid: niceness(pid) for pid in _tree(serve.pid)}
+        assert not {p: n for p, n in tree.items() if n not in (own, None)}, tree  # Ray's: 15

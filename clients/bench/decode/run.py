@@ -46,6 +46,9 @@ def measure(args: argparse.Namespace) -> dict:
             install(name)
     with contextlib.ExitStack() as stack:
         local = _local_engine(config)
+        # Its prefill worker drops its MLX state (compiled functions) before the process
+        # exits: left to the thread's exit handlers, the interpreter may be finalizing.
+        stack.callback(local.generator.close)
         # Prompts whose greedy replies run the longest length asked: the same for every layer.
         prompts = long_prompts(local, max(args.streams), max(args.tokens))
         print(f"prompts {prompts}", flush=True)

@@ -56,7 +56,7 @@ def install_kernels(model, config: EngineConfig) -> tuple[str, ...]:
         else None
     )
     dense = k.dense_min_keys if k.dense else None
-    return kernels.install(model, sparse, k.gated_delta, dense)
+    return kernels.install(model, sparse, k.gated_delta, dense, k.cpu_fusion)
 
 
 def load_model(config: EngineConfig):

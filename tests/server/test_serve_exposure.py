@@ -2,8 +2,8 @@
 
 A local `ray.init()` took the machine's network address, so Ray's Prometheus
 exporter (every namespace's exact token counts), its GCS, raylet and workers
-listened on every interface, even without `--metrics-port`. One real
-`lineage serve --http-port --metrics-port` in a process of its own; its
+listened on every interface, even without `--metrics-port`. The session's
+real `lineage serve --http-port --metrics-port` (the `served` fixture); its
 process tree's listening sockets are read from /proc.
 """
 
@@ -16,8 +16,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
-from tests.serve_process import free_port, lineage_serve
 
 pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux /proc")
 
@@ -74,14 +72,12 @@ def listening(pids) -> list[tuple[str, object, int]]:
     return out
 
 
-def test_serve_and_its_ray_listen_on_loopback_alone(model_cache_dir, tmp_path):
-    metrics, http = free_port(), free_port()
-    flags = ("--http-port", str(http), "--metrics-port", str(metrics))
-    with lineage_serve(model_cache_dir, tmp_path, *flags) as serve:
-        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=30) as r:
-            assert r.status == 200  # the exporter is up, on loopback
-        sockets = listening(_tree(serve.pid))
-        ports = {port for _, _, port in sockets}
-        assert {metrics, http} <= ports, sockets
-        exposed = [s for s in sockets if not s[1].is_loopback]
-        assert not exposed, exposed
+def test_serve_and_its_ray_listen_on_loopback_alone(served):
+    url = f"http://127.0.0.1:{served.metrics}/metrics"
+    with urllib.request.urlopen(url, timeout=30) as r:
+        assert r.status == 200  # the exporter is up, on loopback
+    sockets = listening(_tree(served.process.pid))
+    ports = {port for _, _, port in sockets}
+    assert {served.metrics, served.http} <= ports, sockets
+    exposed = [s for s in sockets if not s[1].is_loopback]
+    assert not exposed, exposed

@@ -144,3 +144,20 @@ def secured(ray_session, tmp_path_factory, certs, random_model_dir):
     engine.socket = socket
     yield engine
     engine.stop()
+
+
+@pytest.fixture(scope="session")
+def shared_serve(tmp_path_factory):
+    from tests.serve_process import SharedServe
+
+    holder = SharedServe(tmp_path_factory.mktemp("serve-cache"), tmp_path_factory.mktemp("serve"))
+    yield holder
+    holder.close()
+
+
+@pytest.fixture
+def served(shared_serve):
+    """One real `lineage serve --http-port --metrics-port` in a session of its own, shared
+    by the tests that only need it running (its sockets, its metrics); the SIGINT case of
+    tests/server/test_serve_stop.py stops it, and a later test gets a fresh one."""
+    return shared_serve.current()

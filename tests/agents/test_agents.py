@@ -1,8 +1,11 @@
-"""The coding agents themselves, run headless against `lineage serve --http-port` on the
-embedded model, as a user runs them: Claude Code (`claude -p`, with its default model and
-with `--model`, then `--continue`), Codex CLI (`codex exec` with the config.toml of
-docs/howto/agents.md, then `exec resume --last`) and OpenCode (`opencode run`, then
-`--continue`).
+"""The coding agents themselves, run headless against the session's `lineage serve
+--http-port` on the embedded model (the `served` fixture), as a user runs them: Claude
+Code (`claude -p`, with its default model and with `--model`, then `--continue`), Codex
+CLI (`codex exec` with the config.toml of docs/howto/agents.md, then `exec resume
+--last`) and OpenCode (`opencode run`, then `--continue`).
+
+Claude Code with `--model` runs in the deep run alone (`LINEAGE_DEEP_TESTS=1`): its
+default-model run already routes a `claude-*` name through the alias and restores.
 
 Each agent runs twice against one server through a recording proxy
 (tests/agents/recorder.py) and must exit 0 with every request answered 2xx, its second
@@ -18,16 +21,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.agents.recorder import Recorder
+from tests.deep import deep
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENTS = Path(os.environ.get("LINEAGE_AGENTS_DIR", ROOT / ".cache" / "agents"))
@@ -35,41 +36,16 @@ BIN = AGENTS / "node_modules" / ".bin"
 MARKUP = ("<tool_call>", "</tool_call>", "<think>", "</think>", "<|im_start|>", "<|im_end|>")
 RUN_TIMEOUT = 600  # seconds per CLI run: a cold Claude Code prompt is ~17k tokens
 
-pytestmark = pytest.mark.ray  # a server of its own: Ray, MLX, the bridge
+pytestmark = pytest.mark.ray  # a server with Ray, MLX and the bridge in it
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """`lineage serve --http-port` on the embedded model, serving the agents' model names."""
+@pytest.fixture
+def server(served):
+    """The session's `lineage serve --http-port` on the embedded model (the `served`
+    fixture), serving the agents' model names: its HTTP port."""
     if not BIN.is_dir():
         pytest.skip(f"no agent CLIs in {AGENTS}: run scripts/install_agents.sh")
-    http, grpc = _free_port(), _free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    argv = ["lineage", "serve", "--http-port", str(http), "--port", str(grpc)]
-    argv += ["--model-alias", "claude-*", "--model-alias", "gpt-*"]
-    argv += ["--cache-dir", str(tmp_path_factory.mktemp("cache"))]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{http}/health", timeout=2)
-                break
-            except OSError:
-                assert proc.poll() is None, log.read_text()[-3000:]
-                assert time.monotonic() < deadline, "the server did not start"
-                time.sleep(1)
-        yield http
-    finally:
-        proc.terminate()
-        proc.wait(60)
+    return served.http
 
 
 @dataclass(frozen=True)
@@ -161,14 +137,6 @@ AGENTS_RUN = [
         ),
     ),
     Agent(
-        "claude-model",
-        "claude",
-        (
-            ("-p", "Say hello.", "--max-turns", "1", "--model", "claude-sonnet-4-5"),
-            ("-p", "Say hello.", "--max-turns", "1", "--model", "claude-sonnet-4-5"),
-        ),
-    ),
-    Agent(
         "codex-exec",
         "codex",
         (
@@ -178,9 +146,22 @@ AGENTS_RUN = [
     ),
     Agent("opencode-run", "opencode", (("run", "Say hello."), ("run", "--continue", "And again."))),
 ]
+CLAUDE_MODEL = Agent(
+    "claude-model",
+    "claude",
+    (
+        ("-p", "Say hello.", "--max-turns", "1", "--model", "claude-sonnet-4-5"),
+        ("-p", "Say hello.", "--max-turns", "1", "--model", "claude-sonnet-4-5"),
+    ),
+)
+DEEP_ONLY = pytest.mark.skipif(not deep(), reason="a deep test: LINEAGE_DEEP_TESTS=1")
+CASES = [
+    pytest.param(a, id=a.id, marks=DEEP_ONLY if a is CLAUDE_MODEL else ())
+    for a in (AGENTS_RUN[0], CLAUDE_MODEL, *AGENTS_RUN[1:])
+]
 
 
-@pytest.mark.parametrize("agent", AGENTS_RUN, ids=[a.id for a in AGENTS_RUN])
+@pytest.mark.parametrize("agent", CASES)
 def test_an_agent_completes_two_runs_and_the_second_restores_its_prompt(server, agent, tmp_path):
     binary = BIN / agent.name
     if not binary.exists():

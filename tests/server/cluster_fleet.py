@@ -2,42 +2,19 @@
 
 Each node has {"mlx": 1} and a resource of its own (`node_a`, `node_b`); each model
 asks for one of them (`--model NAME=PATH,resource=node_a`), so its actors run on that
-node, and both answer through the one front end. Run in a pytest process of its own
-(tests/server/test_fleet.py does that): the cluster's driver cannot share a process with
-the session's Ray.
+node, and both answer through the one front end. The cluster is tests/server/cluster.py's, a
+plugin of the pytest process of its own that tests/server/test_replicas.py runs (after
+tests/server/cluster_replicas.py, on the same cluster): the cluster's driver cannot share
+a process with the session's Ray.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-
-import pytest
 
 from clients.client import Client
 from engine.config import FleetConfig, ModelSpec, parse_bytes
 from tests.engines import make_config
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    import ray
-    from ray.cluster_utils import Cluster
-
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    c = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 1,
-            "resources": {"mlx": 1, "node_a": 1},
-            "include_dashboard": False,
-        },
-    )
-    c.add_node(num_cpus=1, resources={"mlx": 1, "node_b": 1})
-    ray.init(address=c.address, log_to_driver=False, configure_logging=False)
-    yield c
-    ray.shutdown()
-    c.shutdown()
 
 
 def test_each_model_runs_on_the_node_with_its_resource(cluster, tmp_path_factory):

@@ -1,8 +1,9 @@
 """Two model replicas on a two-node Ray cluster (ray.cluster_utils.Cluster) on this machine.
 
 Each node has {"mlx": 1} and 1 CPU, so `--replicas auto` puts one replica on
-each. Run in a pytest process of its own (tests/server/test_replicas.py does
-that): the cluster's driver cannot share a process with the session's Ray.
+each. The cluster is tests/server/cluster.py's, a plugin of the pytest process of
+its own that tests/server/test_replicas.py runs: the cluster's driver cannot share
+a process with the session's Ray.
 
 - a session's later turns go to the replica holding its entry;
 - a new session on the second replica restores the shared system prompt's
@@ -17,7 +18,6 @@ that): the cluster's driver cannot share a process with the session's Ray.
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 import time
 
@@ -32,23 +32,6 @@ from engine.config import CacheConfig, EngineConfig, ModelConfig, ServerConfig
 SYSTEM, TOOLS = make_shared_prefix(900, seed=5)
 THRESHOLD = 256  # queued prefill tokens: a long prompt in prefill saturates a replica
 _ns = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    import ray
-    from ray.cluster_utils import Cluster
-
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    c = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "resources": {"mlx": 1}, "include_dashboard": False},
-    )
-    c.add_node(num_cpus=1, resources={"mlx": 1})
-    ray.init(address=c.address, log_to_driver=False, configure_logging=False)
-    yield c
-    ray.shutdown()
-    c.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,9 @@
 - with a plan that fits a pinned model and one other, alternating requests swap the two
   others, a conversation restores from the disk tier after a swap back, and an idle
   model is unloaded (its actor process gone) while the pinned one stays.
+
+Two models on the two nodes of a cluster: tests/server/cluster_fleet.py, which
+tests/server/test_replicas.py runs in a process of its own.
 """
 
 from __future__ import annotations
@@ -75,17 +78,17 @@ def test_two_models_answer_by_name_and_alias_in_every_wire_format(two_models, ca
         return reply["model"], reply["usage"]["completion_tokens"]
 
     def anthropic(model):
-        body = {"model": model, "messages": HI, "max_tokens": 4}
+        body = {"model": model, "messages": HI, "max_tokens": 4, "temperature": 0}
         reply = httpx.post(f"{url}/v1/messages", json=body, timeout=120).json()
         return reply["model"], reply["usage"]["output_tokens"]
 
     def responses(model):
-        body = {"model": model, "input": "Say hello.", "max_output_tokens": 4}
+        body = {"model": model, "input": "Say hello.", "max_output_tokens": 4, "temperature": 0}
         reply = httpx.post(f"{url}/v1/responses", json=body, timeout=120).json()
         return reply["model"], reply["usage"]["output_tokens"]
 
     def grpc(model):
-        result = client.generate(HI, max_tokens=4, model=model)
+        result = client.generate(HI, max_tokens=4, model=model, temperature=0)
         return model, result.usage.completion_tokens
 
     calls = [
@@ -101,6 +104,8 @@ def test_two_models_answer_by_name_and_alias_in_every_wire_format(two_models, ca
     with caplog.at_level(logging.INFO, logger="lineage.request"):
         with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
             answers = list(pool.map(lambda c: c[0](c[1]), calls))
+    # Greedy: at a sampled temperature the trained model may end a reply before its
+    # first token, and the check below is that every call reached its model and decoded.
     assert [a[0] for a in answers] == [model for _, model in calls]  # replies carry the name
     assert all(a[1] > 0 for a in answers), answers
     lines = [r.getMessage() for r in caplog.records if r.name == "lineage.request"]
@@ -197,26 +202,3 @@ def test_swap_restore_from_disk_idle_unload_and_pin(
     finally:
         client.close()
         engine.stop()
-
-
-@pytest.mark.ray
-def test_two_models_on_a_two_node_cluster():
-    """tests/server/cluster_fleet.py, in a pytest process of its own (its driver joins a
-    cluster, which cannot share a process with the session's Ray)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-s"]
-        + ["tests/server/cluster_fleet.py"],
-        cwd=root,
-        env=dict(os.environ, PYTHONPATH=path),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]

@@ -1,13 +1,14 @@
 """The metrics as a real Prometheus sees them, and the rules we ship (docs/prometheus/).
 
 Debian's `prometheus` (with `promtool`; .ci/run installs it): the rules pass
-`promtool check rules` and their unit tests (`promtool test rules`). One real
-`lineage serve --http-port --metrics-port` in a process of its own is scraped
+`promtool check rules` and their unit tests (`promtool test rules`). The session's
+real `lineage serve --http-port --metrics-port` (the `served` fixture) is scraped
 every second by a Prometheus on a free loopback port, with its own storage and
 our rules loaded; PromQL over its HTTP API then finds the engine's series: one
 request counted per request (an `n=4` request is one), its tokens, the RAM
 tier's budget, the grammar cache's compiles and hits, the memory plan's parts,
-and a recording rule's result.
+and a recording rule's result. Counters are read as their growth over this test's
+requests: another test may have used the process before.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serve_process import free_port, lineage_serve, stop
+from tests.serve_process import free_port, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "docs" / "prometheus" / "lineage.rules.yml"
@@ -127,48 +128,58 @@ class Prometheus:
         self.log.close()
 
 
-def test_prometheus_scrapes_and_queries_lineage_serve(model_cache_dir, tmp_path):
-    metrics, http = free_port(), free_port()
-    flags = ("--http-port", str(http), "--metrics-port", str(metrics))
-    with lineage_serve(model_cache_dir, tmp_path, *flags):
-        prometheus = Prometheus(metrics, tmp_path)
-        try:
-            _queries(prometheus, http)
-        finally:
-            prometheus.stop()
+def test_prometheus_scrapes_and_queries_lineage_serve(served, tmp_path):
+    prometheus = Prometheus(served.metrics, tmp_path)
+    try:
+        _queries(prometheus, served.http)
+    finally:
+        prometheus.stop()
 
 
 def _queries(prometheus: Prometheus, http: int) -> None:
     up = "up{job='lineage'}"
     _until(lambda: prometheus.value(up) == 1, time.monotonic() + 60, "no scrape")
+    requests = "sum(ray_lineage_requests_total)"
+    ttfts = "sum(ray_lineage_ttft_ms_count)"
+    compiles = "sum(ray_lineage_grammar_compiles_total)"
+    hits = "sum(ray_lineage_grammar_hits_total)"
+    grammars = "sum(ray_lineage_grammars)"
+    before = {q: prometheus.value(q) or 0 for q in (requests, ttfts, compiles, hits, grammars)}
+
+    def grew(q: str) -> float | None:
+        value = prometheus.value(q)
+        return None if value is None else value - before[q]
+
     messages = [
         {"role": "system", "content": "You answer in one short sentence."},
         {"role": "user", "content": "Name a prime number."},
     ]
+    answered = 0  # the requests that produced a token: a time to first token each
     with httpx.Client(base_url=f"http://127.0.0.1:{http}", timeout=120) as client:
         for n in (1, 4, 1):
             body = {"model": "lineage", "messages": messages, "max_tokens": 4, "n": n}
             reply = client.post("/v1/chat/completions", json=body)
             assert reply.status_code == 200, reply.text
             assert len(reply.json()["choices"]) == n
+            answered += reply.json()["usage"]["completion_tokens"] > 0
         for _ in range(2):  # one schema twice: compiled once, then a hit
             body = {"model": "lineage", "messages": messages, "max_tokens": 8}
             reply = client.post("/v1/chat/completions", json={**body, **SCHEMA})
             assert reply.status_code == 200, reply.text
-    # Five requests, one of them of four branches: five counted.
-    requests = "sum(ray_lineage_requests_total)"
+            answered += reply.json()["usage"]["completion_tokens"] > 0
+    # Five requests, one of them of four branches: five counted. Each series is exported
+    # on its own, so one scrape may hold some of them before the others.
     deadline = time.monotonic() + 90
-    _until(lambda: prometheus.value(requests) == 5, deadline, "requests_total")
+    _until(lambda: grew(requests) == 5, deadline, "requests_total")
+    _until(lambda: grew(ttfts) == answered, deadline, "ttft_ms_count")
     prompt = prometheus.value('sum(ray_lineage_tokens_total{kind="prompt"})')
     cached = prometheus.value('sum(ray_lineage_tokens_total{kind="cached"})')
     assert prompt > 0 and 0 < cached < prompt, (prompt, cached)
     budget = 'sum(ray_lineage_tier_budget_bytes{tier="ram"})'
     assert prometheus.value(budget) == 1 << 30
-    assert prometheus.value("sum(ray_lineage_ttft_ms_count)") == 5
-    compiles = "sum(ray_lineage_grammar_compiles_total)"
-    _until(lambda: prometheus.value(compiles) == 1, deadline, "grammar compiles")
-    assert prometheus.value("sum(ray_lineage_grammar_hits_total)") == 1
-    assert prometheus.value("sum(ray_lineage_grammars)") == 1
+    _until(lambda: grew(compiles) == 1, deadline, "grammar compiles")
+    _until(lambda: grew(hits) == 1, deadline, "grammar hits")
+    assert grew(compiles) == 1 and grew(grammars) == 1
     plan = 'ray_lineage_memory_plan_bytes{part="%s"}'
     assert prometheus.value(plan % "ram_tier") == 1 << 30
     assert prometheus.value(plan % "weights") > 0

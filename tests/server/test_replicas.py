@@ -1,4 +1,5 @@
-"""Runs tests/server/cluster_replicas.py in a pytest process of its own.
+"""Runs tests/server/cluster_replicas.py and tests/server/cluster_fleet.py in one pytest
+process of its own, on one two-node cluster (the plugin tests/server/cluster.py).
 
 Its driver joins a two-node `ray.cluster_utils.Cluster`, which cannot share a
 process with the session's Ray (tests/conftest.py `ray_session`).
@@ -17,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.ray
-def test_replicas_on_a_two_node_cluster():
+def test_replicas_and_a_fleet_on_a_two_node_cluster():
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
@@ -30,7 +31,10 @@ def test_replicas_on_a_two_node_cluster():
             "-q",
             "-p",
             "no:cacheprovider",
+            "-p",
+            "tests.server.cluster",
             "tests/server/cluster_replicas.py",
+            "tests/server/cluster_fleet.py",
         ],
         cwd=ROOT,
         env=env,

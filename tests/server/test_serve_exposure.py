@@ -2,8 +2,8 @@
 
 A local `ray.init()` took the machine's network address, so Ray's Prometheus
 exporter (every namespace's exact token counts), its GCS, raylet and workers
-listened on every interface, even without `--metrics-port`. One real
-`lineage serve --http-port --metrics-port` in a process of its own; its
+listened on every interface, even without `--metrics-port`. The session's
+real `lineage serve --http-port --metrics-port` (the `served` fixture); its
 process tree's listening sockets are read from /proc. The same tree runs at
 one priority: Ray's workers (the model actor's decode) are not niced below
 the front end.
@@ -18,8 +18,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
-from tests.serve_process import free_port, lineage_serve
 
 pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux /proc")
 
@@ -84,17 +82,15 @@ def listening(pids) -> list[tuple[str, object, int]]:
     return out
 
 
-def test_serve_and_its_ray_listen_on_loopback_alone(model_cache_dir, tmp_path):
-    metrics, http = free_port(), free_port()
-    flags = ("--http-port", str(http), "--metrics-port", str(metrics))
-    with lineage_serve(model_cache_dir, tmp_path, *flags) as serve:
-        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=30) as r:
-            assert r.status == 200  # the exporter is up, on loopback
-        sockets = listening(_tree(serve.pid))
-        ports = {port for _, _, port in sockets}
-        assert {metrics, http} <= ports, sockets
-        exposed = [s for s in sockets if not s[1].is_loopback]
-        assert not exposed, exposed
-        own = niceness(serve.pid)
-        tree = {pid: niceness(pid) for pid in _tree(serve.pid)}
-        assert not {p: n for p, n in tree.items() if n not in (own, None)}, tree  # Ray's: 15
+def test_serve_and_its_ray_listen_on_loopback_alone(served):
+    url = f"http://127.0.0.1:{served.metrics}/metrics"
+    with urllib.request.urlopen(url, timeout=30) as r:
+        assert r.status == 200  # the exporter is up, on loopback
+    sockets = listening(_tree(served.process.pid))
+    ports = {port for _, _, port in sockets}
+    assert {served.metrics, served.http} <= ports, sockets
+    exposed = [s for s in sockets if not s[1].is_loopback]
+    assert not exposed, exposed
+    own = niceness(served.process.pid)
+    tree = {pid: niceness(pid) for pid in _tree(served.process.pid)}
+    assert not {p: n for p, n in tree.items() if n not in (own, None)}, tree  # Ray's: 15

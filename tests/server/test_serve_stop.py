@@ -2,9 +2,11 @@
 
 A terminal's Ctrl-C (SIGINT) and `timeout` (SIGTERM) signal the whole process
 group: Ray's processes get the signal too, and may die before the engine has
-stopped (without a raylet or a GCS, Ray's calls block). One real `lineage
-serve` in a session of its own per signal; every process of that session
-(Ray's GCS, raylet, workers and agents) must be gone once it has exited.
+stopped (without a raylet or a GCS, Ray's calls block). A real `lineage serve`
+in a session of its own per signal: SIGINT stops the session's shared one (the
+`served` fixture, with its bridge and metrics export: after the tests that use it),
+SIGTERM one started here. Every process of that session (Ray's GCS, raylet, workers
+and agents) must be gone once it has exited.
 """
 
 from __future__ import annotations
@@ -12,13 +14,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.serve_process import SERVING, start_serve
+
 pytestmark = [
     pytest.mark.ray,  # starts a Ray of its own, in the served process
     pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads Linux /proc"),
@@ -56,30 +58,8 @@ def _kill_session(sid: int) -> None:
             pass
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_serve_stops_within_10s_of_its_group_signalled_and_leaves_no_process(
-    model_cache_dir, tmp_path, sig
-):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "LINEAGE_"))}
-    env.update(PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
-    command = [sys.executable, "-m", "clients.cli", "serve", "--port", "0"]
-    command += ["--cache-dir", str(model_cache_dir), "--ram-budget", "1G"]
-    log = tmp_path / "serve.out"
-    with log.open("w") as out:
-        serve = subprocess.Popen(
-            command,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=tmp_path,
-            start_new_session=True,  # its own session and process group, as under `timeout`
-        )
+def _stops_within_10s_and_leaves_no_process(serve: subprocess.Popen, log: Path, sig) -> None:
     try:
-        deadline = time.monotonic() + 300
-        while "lineage: serving" not in log.read_text():
-            assert serve.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.5)
         started = in_session(serve.pid)
         assert any("raylet" in name for name in started.values()), started  # Ray runs in it
 
@@ -100,3 +80,14 @@ def test_serve_stops_within_10s_of_its_group_signalled_and_leaves_no_process(
             serve.kill()
             serve.wait(30)
         _kill_session(serve.pid)
+
+
+def test_serve_stops_within_10s_of_sigint_to_its_group_and_leaves_no_process(served):
+    _stops_within_10s_and_leaves_no_process(served.process, served.log, signal.SIGINT)
+
+
+def test_serve_stops_within_10s_of_sigterm_to_its_group_and_leaves_no_process(
+    model_cache_dir, tmp_path
+):
+    serve, log = start_serve(model_cache_dir, tmp_path, ready=(SERVING,), new_session=True)
+    _stops_within_10s_and_leaves_no_process(serve, log, signal.SIGTERM)

@@ -19,7 +19,8 @@ or fail a request. An image part is refused with 400 by the bridge, naming it.
 The Qwen-family templates run twice: with `<tool_call>`/`</tool_call>` as added tokens
 (the session's `random_engine`) and as plain text (an engine of its own), as in the
 tokenizers of Hermes-style fine-tunes. One test per template and tokenizer sends every
-case and lists every case that went wrong.
+case and lists every case that went wrong: each case on one wire format, a different one
+from one template to the next, or on all three in the deep run (`LINEAGE_DEEP_TESTS=1`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from clients.bridge.responses_input import with_reasoning
 from engine.server.background import BackgroundEngine
 from engine.server.renders import with_text_arguments
 from tests.clients.bridge.test_bridge import BridgeThread
+from tests.deep import deep
 from tests.engines import make_config
 from tests.templates import FAMILIES, QWEN_TEMPLATES, template_model_dir
 
@@ -287,12 +289,19 @@ def error_message(reply: httpx.Response) -> str:
         return reply.text[:300]
 
 
-def verdicts(url: str, builder, namespace: str) -> list[str]:
-    """Every case on every wire; a line for each answer that is not what the template says."""
+def verdicts(url: str, builder, namespace: str, turn: int) -> list[str]:
+    """Every case on its wires; a line for each answer that is not what the template says.
+
+    The deep run (`LINEAGE_DEEP_TESTS=1`) sends every case on every wire it goes on.
+    Otherwise each case goes on one of them, the next one for each `turn` (the template's
+    place in the corpus): every template still meets every case, and every case every
+    wire, across the corpus."""
     wrong = []
     headers = {"x-cache-namespace": namespace, "x-api-key": "unused"}
     with httpx.Client(base_url=url, timeout=120, headers=headers) as http:
-        for case, (_, _, wires) in CASES.items():
+        for i, (case, (_, _, wires)) in enumerate(CASES.items()):
+            if not deep():
+                wires = (wires[(turn + i) % len(wires)],)
             for wire in wires:
                 body, messages, tools = requests_of(case, wire)
                 reply = http.post(PATHS[wire], json=body)
@@ -374,8 +383,9 @@ def test_every_case_is_answered_or_refused_by_the_template_itself(
     template, random_engine, special_bridge, corpus_dir, random_model_dir
 ):
     model = template_model_dir(corpus_dir, template, True, weights=random_model_dir)
+    turn = sorted(FAMILIES).index(template)
     with serving_template(random_engine, model) as builder:
-        wrong = verdicts(special_bridge.url, builder, f"corpus-{template}")
+        wrong = verdicts(special_bridge.url, builder, f"corpus-{template}", turn)
     assert not wrong, f"{template} ({FAMILIES[template][0]}):\n" + "\n".join(wrong)
 
 
@@ -387,7 +397,8 @@ def test_tool_markup_as_plain_text_is_answered_too(
     model = template_model_dir(corpus_dir, template, False, weights=random_model_dir)
     with serving_template(engine, model) as builder:
         assert "<tool_call>" not in builder.tokenizer.get_vocab()
-        wrong = verdicts(bridge.url, builder, f"corpus-plain-{template}")
+        turn = QWEN_TEMPLATES.index(template)
+        wrong = verdicts(bridge.url, builder, f"corpus-plain-{template}", turn)
     assert not wrong, f"{template}, <tool_call> as text:\n" + "\n".join(wrong)
 
 

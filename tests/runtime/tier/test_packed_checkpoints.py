@@ -162,3 +162,20 @@ def test_exact_keeps_checkpoints_bit_exact(exact, model_cache_dir, random_model_
 def test_an_unknown_precision_is_refused_by_its_flag():
     with pytest.raises(ValueError, match="checkpoint-precision.*int3"):
         CacheConfig(checkpoint_precision="int3")
+
+
+def test_float16_keeps_a_large_state_over_row_scales_and_a_small_one_plain():
+    from engine.runtime.packed_state import FLOAT16_PLAIN, pack_array, unpack_joined
+
+    small = mx.random.normal((1, 4, 8, 64))
+    large = small * (4 * FLOAT16_PLAIN)  # past float16's range once squared away: 65504
+    packed_small, packed_large = pack_array(small, "float16"), pack_array(large, "float16")
+    assert packed_small.scales is None and packed_large.scales is not None
+    for packed, plain in ((packed_small, small), (packed_large, large)):
+        back = packed.unpack()
+        assert back.dtype == mx.float32 and bool(mx.all(mx.isfinite(back)))
+        assert float(mx.max(mx.abs(back - plain))) <= 1e-3 * float(mx.max(mx.abs(plain)))
+    # Joined packed forms unpack as their parts do; plain and scaled ones do not mix.
+    joined = unpack_joined([packed_large, packed_large])
+    assert mx.array_equal(joined, mx.concatenate([packed_large.unpack()] * 2)).item()
+    assert unpack_joined([packed_small, packed_large]) is None

@@ -93,7 +93,7 @@ class ModelConfig:
         shown="--prefill-budget",
     )
     prefill_wait_bound: float = setting(
-        2.0,
+        1.25,
         "srpt: no prompt's prefill ends later than X times first-come-first-served would "
         "end it (counted in prefill tokens, plus one chunk); 1 is fifo, 0 turns the bound off "
         "(aging alone)",

@@ -130,7 +130,7 @@ def test_a_bound_below_one_is_refused(bound):
 def test_the_setting_is_checked_where_it_is_declared():
     from engine.config.model import ModelConfig
 
-    assert ModelConfig().prefill_wait_bound == 2.0
+    assert ModelConfig().prefill_wait_bound == 1.25
     with pytest.raises(ValueError, match="--prefill-wait-bound"):
         ModelConfig(prefill_wait_bound=0.5)
     assert ModelConfig(prefill_wait_bound=0).prefill_wait_bound == 0

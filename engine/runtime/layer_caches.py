@@ -18,9 +18,15 @@ The contract (docs/architecture.md, "The cache contract"):
   full. Every restored cache holds array objects of its own, so its writes
   never reach the entry or the snapshot, and nothing written to the cache an
   entry came from reaches the entry.
-- The one KV copy of a warm turn is mlx-lm's batch merge (``_merge_caches``),
+- The one KV copy of a warm turn is the batch merge (engine.runtime.batching),
   outside this module; ``CopyCounter`` records what this module copies and
   shares.
+- Segments: an entry that reads its first rows from another holds only the rows
+  after them (``split_rows`` copies those into buffers of its own); a restore takes
+  views of each segment (``restore(..., prefix=)``) and the merge writes each in
+  place; ``join_rows`` makes one buffer of them where one is needed (a file, a
+  peer, an entry whose prefix entry leaves). ``pack_rows`` keeps stored rows
+  quantized; a restore dequantizes them lazily.
 
 This module knows mlx-lm's cache classes and MLX arrays. It knows nothing
 about tokens, lineages, budgets, or when a snapshot should be taken.

@@ -6,6 +6,13 @@ the entry's own length and at each of its checkpoints. A restore at length n
 needs a state snapshot at exactly n (or, for a model without state layers,
 none) and reads rows [:n] of the append-only layers.
 
+An entry may read its first rows from another entry the tier holds (`Prefix`:
+a sub-agent's conversation reads its anchor's rows; engine.cache.shared_rows): its
+`layers` then hold only the rows after them, a restore reads each segment's views,
+and when that other entry leaves (`Orders.rejoin`, or found gone after a change)
+the entry joins the rows into buffers of its own, so the tier holds what the
+manager counts. A file or a handover gets the rows joined (`StoredEntry.whole`).
+
 What to keep, move, drop, write or delete comes from the cache manager as
 Orders. A new entry (a finished request's, an anchor captured mid-prefill)
 waits aside under a staging key (`stage`) until the Orders answering its

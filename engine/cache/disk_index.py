@@ -299,6 +299,8 @@ def persist(disk: DiskIndex | None, entry: Entry, orders) -> None:
     """Order the file of an entry (unless it alone exceeds the disk budget)."""
     if disk is None or entry.id in disk:
         return
+    # A file holds every row, also those the RAM entry reads from another entry.
+    entry = replace(entry, prefix_id=None, prefix_len=0)
     nbytes = file_bytes(entry)
     if nbytes <= disk.budget:
         disk.add(entry, nbytes)

@@ -148,3 +148,19 @@ def test_sub_agents_arriving_together_read_the_anchor_one_of_them_captures():
     for plan in (a, b):
         entry = d.entry(plan.new_entry_id)
         assert (entry.prefix_id, entry.prefix_len) == (anchor_id, SYSTEM)
+
+
+def test_a_sub_agents_file_counts_every_row(tmp_path):
+    """The disk tier's files hold every row (the anchor's too): its budget counts them."""
+    from tests.fakes import DiskDriver
+
+    d = DiskDriver(tmp_path)
+    try:
+        ids = [sub_agent(d, k)[0].new_entry_id for k in range(2)]
+        for entry_id in ids:
+            entry = d.entry(entry_id)
+            assert entry.prefix_id is not None
+            on_disk = d.manager.disk_index.files[entry_id].nbytes
+            assert on_disk >= entry.length * KVPT > entry.nbytes - STATE * 4
+    finally:
+        d.close()

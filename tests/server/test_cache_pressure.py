@@ -35,8 +35,13 @@ def test_four_conversations_cycle_through_a_budget_of_two(
     # the trained one's predictions.
     one = conversation_bytes(model_cache_dir, random_model_dir, 900)
     config = make_config(tmp_path, model=random_model_dir).with_cache(ram_budget=int(2.5 * one))
+    # Four sessions of their own (a system prompt each): sessions on one system prompt
+    # would hold its rows once, and four would fit where two of these do.
     messages = [
-        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user_message(c, 0)}]
+        [
+            {"role": "system", "content": f"Session {c}.\n{SYSTEM}"},
+            {"role": "user", "content": user_message(c, 0)},
+        ]
         for c in range(4)
     ]
     previous = [0] * 4

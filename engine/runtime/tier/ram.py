@@ -375,7 +375,8 @@ class RamTier:
                     log.exception("write of entry %d skipped", record.entry_id)
         for entry_id in orders.free:
             self._held -= _size(self.entries.pop(entry_id, None))
-        self._rejoin()
+        if orders.free:  # only a free takes a prefix entry away
+            self._rejoin()
         if self.disk_tier is not None:
             for entry_id in orders.delete_files:
                 self.disk_tier.delete(entry_id)

@@ -272,6 +272,16 @@ def test_the_chunk_sizing_settings_reach_the_scheduler(loaded):
     assert (scheduler.step_factor, scheduler.slice_ms) == (1.75, 20.0)
 
 
+def _worker_up_then_idle(eng):
+    """Step `eng` until a prefill chunk ran on the worker (its thread is up), then to the
+    end of every request; the batch generator."""
+    bg = eng.generator.bg
+    while bg.worker._pool._threads == set():
+        eng.generator.step()
+    run_all(eng)
+    return bg
+
+
 def test_collecting_a_generator_never_waits_for_its_worker_thread(loaded):
     """mlx-lm's BatchGenerator.__del__ closes it, and the collector may run that on a thread
     that is starting and holds threading's shutdown lock, which the prefill worker's thread
@@ -282,10 +292,7 @@ def test_collecting_a_generator_never_waits_for_its_worker_thread(loaded):
     while not ids(a):
         eng.generator.step()
     submit(eng, "b", tokens(1500, 2), namespace="b")
-    bg = eng.generator.bg
-    while bg.worker._pool._threads == set():  # a chunk ran on the worker: its thread is up
-        eng.generator.step()
-    run_all(eng)
+    bg = _worker_up_then_idle(eng)
     finalized = threading.Event()
 
     def collect():
@@ -308,10 +315,7 @@ def test_a_finalizer_inside_another_executors_submit_returns(loaded):
 
     eng = engine(loaded, budget=64, overlap=True)
     submit(eng, "b", tokens(600, 2))
-    bg = eng.generator.bg
-    while bg.worker._pool._threads == set():  # a chunk ran on the worker: its thread is up
-        eng.generator.step()
-    run_all(eng)
+    bg = _worker_up_then_idle(eng)
     finalized = threading.Event()
 
     def collect():

@@ -8,18 +8,15 @@ published models'), the engine's own Generator, CacheManager, RAM tier and DiskS
 from __future__ import annotations
 
 import mlx.core as mx
-import numpy as np
 import pytest
 from mlx_lm.models.cache import ArraysCache
 
-from engine.cache.kinds import Role
-from engine.cache.messages import EntryRecord
 from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.runtime import layer_caches
 from engine.runtime.batching.batch import merge_with_room
 from engine.runtime.local import LocalEngine
 from engine.runtime.packed_state import PackedArray
-from engine.storage.disk_store import DiskStore
+from tests.runtime.tier.disk_roundtrip import write_and_load
 
 PROMPT = [(i * 37) % 3000 + 20 for i in range(96)]
 
@@ -115,23 +112,7 @@ def test_a_packed_checkpoint_survives_the_disk_tier(model_cache_dir, random_mode
         _engine(model_cache_dir, random_model_dir, "int8"), "disk-int8"
     )
     L = len(PROMPT)
-    record = EntryRecord(
-        entry_id,
-        "disk-int8",
-        Role.CONVERSATION,
-        np.asarray(entry.tokens[: entry.length], np.int32),
-        L,
-        tuple((n, "reply") for n in sorted(entry.states) if n != entry.length),
-        layer_caches.kv_bytes_per_token(entry.layers),
-        entry.states[entry.length].nbytes,
-    )
-    store = DiskStore(tmp_path, engine.info.fingerprint)
-    try:
-        store.write(entry, record)
-        assert store.flush(30)
-        loaded = store.load(entry_id, "disk-int8")
-    finally:
-        store.close(30)
+    loaded = write_and_load(engine, entry_id, "disk-int8", L, tmp_path)
     assert loaded is not None
     assert loaded.states[L].nbytes == entry.states[L].nbytes  # the file keeps them packed
     before = _next_logits(engine, entry_id, L)

@@ -10,15 +10,13 @@ tier and DiskStore.
 from __future__ import annotations
 
 import mlx.core as mx
-import numpy as np
 import pytest
 
 from engine.cache.kinds import Role
-from engine.cache.messages import EntryRecord
 from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.runtime import layer_caches
 from engine.runtime.local import LocalEngine
-from engine.storage.disk_store import DiskStore
+from tests.runtime.tier.disk_roundtrip import write_and_load
 
 PROMPT = [(i * 37) % 3000 + 20 for i in range(160)]
 SYSTEM = 96
@@ -96,23 +94,7 @@ def test_packed_rows_survive_the_disk_tier(model_cache_dir, tmp_path):
     entry_id = engine.run(PROMPT, max_tokens=3, namespace="disk").plan.new_entry_id
     entry = engine.tier.entries[entry_id]
     L = len(PROMPT)
-    record = EntryRecord(
-        entry_id,
-        "disk",
-        Role.CONVERSATION,
-        np.asarray(entry.tokens[: entry.length], np.int32),
-        L,
-        tuple((n, "reply") for n in sorted(entry.states) if n != entry.length),
-        layer_caches.kv_bytes_per_token(entry.layers),
-        entry.states[entry.length].nbytes,
-    )
-    store = DiskStore(tmp_path, engine.info.fingerprint)
-    try:
-        store.write(entry, record)
-        assert store.flush(30)
-        loaded = store.load(entry_id, "disk")
-    finally:
-        store.close(30)
+    loaded = write_and_load(engine, entry_id, "disk", L, tmp_path)
     assert loaded is not None
     assert [layer.packed for layer in _kv_layers(loaded)] == [
         layer.packed for layer in _kv_layers(entry)

@@ -26,6 +26,7 @@ class TierStats:
     token_checks: int = 0  # restores and incoming entries whose token ids were checked
     token_check_seconds: float = 0.0  # what those checks cost, in all
     token_mismatches: int = 0  # entries refused: computed on other tokens than the request's
+    rejoined: int = 0  # entries that took their prefix entry's rows when it left
     grammars_compiled: int = 0  # compiled grammars: the grammar cache's misses
     grammar_hits: int = 0  # constrained requests whose grammar was compiled already
     grammars_held: int = 0  # compiled grammars kept (at most --grammar-cache)
@@ -52,6 +53,7 @@ def tier_stats(g) -> TierStats:
         token_checks=g.tier.token_checks,
         token_check_seconds=g.tier.token_check_seconds,
         token_mismatches=g.tier.token_mismatches,
+        rejoined=g.tier.rejoined,
         grammars_compiled=g.grammars.compiled,
         grammar_hits=g.grammars.hits,
         grammars_held=len(g.grammars.pristine),

@@ -35,6 +35,14 @@ class KernelConfig:
         name="dense_kernel",
     )
     dense_min_keys: int = setting(1024, "the host path from N keys (shorter: MLX's)")
+    host_linear: bool = setting(
+        True,
+        "a prefill chunk's dense layers on the CPU backend through the host BLAS "
+        "(off: MLX's matmul)",
+    )
+    host_linear_min_rows: int = setting(
+        16, "the host path from N rows (tokens of all sequences of a forward; fewer: MLX's)"
+    )
     cpu_fusion: bool = setting(
         True,
         "RMS norms and a decode step's RoPE compiled into fused ops on the CPU backend, "
@@ -57,6 +65,11 @@ class KernelConfig:
             raise ValueError(
                 f"{label_of(KernelConfig, 'gated_delta')}: gated delta {self.gated_delta!r} is "
                 f"not one of {', '.join(GATED_DELTA_MODES)}"
+            )
+        if self.host_linear_min_rows < 1:
+            raise ValueError(
+                f"{label_of(KernelConfig, 'host_linear_min_rows')}: host linear min rows "
+                f"{self.host_linear_min_rows} must be positive"
             )
         if self.dense_min_keys < 1:
             raise ValueError(

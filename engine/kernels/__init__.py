@@ -11,6 +11,8 @@ files) and switchable off, so the stock path stays one setting away:
 - ``dense_attention``: dense attention (every model calling mlx-lm's
   ``scaled_dot_product_attention``) on the CPU backend at long contexts,
   through the host BLAS instead of MLX's CPU ops.
+- ``host_linear``: a prefill chunk's dense layers (``nn.Linear``) on the CPU
+  backend through the host BLAS, where MLX's matmul is slow.
 - ``cpu_fusion``: RMS norms and a decode step's RoPE compiled into fused ops
   on the CPU backend, where ``mx.fast``'s are compositions of primitives.
 
@@ -21,7 +23,13 @@ actors or serving.
 
 from __future__ import annotations
 
-from engine.kernels import cpu_fusion, dense_attention, gated_delta, sparse_attention
+from engine.kernels import (
+    cpu_fusion,
+    dense_attention,
+    gated_delta,
+    host_linear,
+    sparse_attention,
+)
 from engine.kernels.sparse_attention import SparsePlan
 
 
@@ -31,12 +39,15 @@ def install(
     gated_delta_mode: str = "auto",
     dense_min_keys: int | None = None,
     cpu_fusion_on: bool = False,
+    host_linear_min_rows: int | None = None,
 ) -> tuple[str, ...]:
     """Install the kernels that apply to `model`; returns the names of those now active.
 
     `sparse` None leaves DSA attention on mlx-lm's path; `dense_min_keys` None
     leaves dense attention on MLX's, else the host path takes it from that many keys;
-    `cpu_fusion_on` fuses the norms and the decode RoPE on the CPU.
+    `cpu_fusion_on` fuses the norms and the decode RoPE on the CPU;
+    `host_linear_min_rows` None leaves the dense layers on MLX's matmul, else the host
+    path takes inputs of that many rows.
     """
     active = []
     if sparse is not None and sparse_attention.install(model, sparse):
@@ -47,6 +58,8 @@ def install(
         active.append(dense_attention.NAME)
     if cpu_fusion_on and cpu_fusion.install(model):
         active.append(cpu_fusion.NAME)
+    if host_linear_min_rows is not None and host_linear.install(model, host_linear_min_rows):
+        active.append(host_linear.NAME)
     return tuple(active)
 
 
@@ -56,3 +69,4 @@ def uninstall(model) -> None:
     gated_delta.uninstall(model)
     dense_attention.uninstall(model)
     cpu_fusion.uninstall(model)
+    host_linear.uninstall(model)

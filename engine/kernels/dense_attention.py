@@ -28,9 +28,7 @@ dtypes (numpy has no BLAS for bfloat16 or float16), short contexts, and any
 device but the CPU. It is installed by pointing the model's own mlx-lm
 modules (those its layers' classes live in, each of which imported the name
 from ``base``) at the dispatcher; uninstall puts mlx-lm's function back. The
-host BLAS runs on one thread while installed (threadpoolctl): OpenBLAS's
-spinning threads fight MLX's on a small CPU (a 4-token chunk ran several
-times slower with them).
+host BLAS runs on one thread while installed (engine.kernels.host_blas).
 
 It knows mlx-lm's attention helper; nothing of the engine.
 """
@@ -44,6 +42,8 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models import base as _mlx_base
 
+from engine.kernels import host_blas
+
 NAME = "dense-attention-host"
 MIN_KEYS = 1024  # default dispatch threshold, in keys (docs/benchmarks.md)
 # Calls routed each way since import ("host", "stock"): the tests read it.
@@ -51,7 +51,6 @@ ROUTED: Counter = Counter()
 
 _stock = _mlx_base.scaled_dot_product_attention
 _INSTALLED: dict[str, object] = {}  # module name -> the function it had before install
-_blas_limit = None  # threadpoolctl's limiter while any module is installed
 
 
 def host_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask):
@@ -171,27 +170,22 @@ def model_modules(model) -> list:
 
 def install(model, min_keys: int = MIN_KEYS) -> bool:
     """Route the model's dense attention through the host path on the CPU; whether it did."""
-    global _blas_limit
     if mx.default_device() != mx.cpu:
         return False
     modules = model_modules(model)
     for module in modules:
         _INSTALLED.setdefault(module.__name__, module.scaled_dot_product_attention)
         module.scaled_dot_product_attention = dispatcher(min_keys)
-    if modules and _blas_limit is None:
-        from threadpoolctl import threadpool_limits
-
-        _blas_limit = threadpool_limits(limits=1, user_api="blas")
+    if modules:
+        host_blas.hold(NAME)
     return bool(modules)
 
 
 def uninstall(model) -> None:
     """Give the model's mlx-lm modules mlx-lm's own function back."""
-    global _blas_limit
     for module in model_modules(model):
         previous = _INSTALLED.pop(module.__name__, None)
         if previous is not None:
             module.scaled_dot_product_attention = previous
-    if not _INSTALLED and _blas_limit is not None:
-        _blas_limit.restore_original_limits()
-        _blas_limit = None
+    if not _INSTALLED:
+        host_blas.let_go(NAME)

@@ -14,6 +14,7 @@ import grpc
 
 from engine.kernels import cpu_fusion as cf
 from engine.kernels import dense_attention as da
+from engine.kernels import host_linear as hl
 from engine.kernels import sparse_attention as sa
 from engine.proto import engine_pb2, engine_pb2_grpc
 from engine.runtime.model.tiny_models import write_model_dir
@@ -32,7 +33,13 @@ def test_warm_turn_greedy_tokens_equal_the_stock_path(ray_session, tmp_path):
         with grpc.insecure_channel(e.address) as ch:
             stub = engine_pb2_grpc.EngineStub(ch)
             info = stub.ModelInfo(engine_pb2.ModelInfoRequest())
-            assert list(info.kernels) == [sa.DECODE_SHAPE, sa.BLOCK_GATHER, da.NAME, cf.NAME]
+            assert list(info.kernels) == [
+                sa.DECODE_SHAPE,
+                sa.BLOCK_GATHER,
+                da.NAME,
+                cf.NAME,
+                hl.NAME,
+            ]
             reply, _, _ = collect(stub, request(prompt_ids=first, max_tokens=6))
             warm = first + reply + [(i * 31) % 3000 + 10 for i in range(40)]
             ids, _, final = collect(stub, request(prompt_ids=warm, max_tokens=8))
@@ -55,8 +62,8 @@ def test_warm_turn_greedy_tokens_equal_the_stock_path(ray_session, tmp_path):
 
 
 def test_the_switch_off_loads_no_kernel(tmp_path):
-    """LINEAGE_SPARSE_KERNELS=0, LINEAGE_DENSE_KERNEL=0 and LINEAGE_CPU_FUSION=0: mlx-lm's
-    attention and norms stay."""
+    """LINEAGE_SPARSE_KERNELS=0, LINEAGE_DENSE_KERNEL=0, LINEAGE_CPU_FUSION=0 and
+    LINEAGE_HOST_LINEAR=0: mlx-lm's attention, norms and linear layers stay."""
     from engine.config import EngineConfig
     from engine.runtime.model.loader import load_model
 
@@ -65,6 +72,7 @@ def test_the_switch_off_loads_no_kernel(tmp_path):
         "LINEAGE_SPARSE_KERNELS": "0",
         "LINEAGE_DENSE_KERNEL": "0",
         "LINEAGE_CPU_FUSION": "0",
+        "LINEAGE_HOST_LINEAR": "0",
         "LINEAGE_CACHE_DIR": str(tmp_path),
     }
     config = EngineConfig.from_sources({"model": str(model_dir)}, env)
@@ -73,6 +81,7 @@ def test_the_switch_off_loads_no_kernel(tmp_path):
     assert type(model.model.layers[0].self_attn).__name__ == "DeepseekV32Attention"
     on = EngineConfig.from_sources({"model": str(model_dir)}, {"LINEAGE_CACHE_DIR": str(tmp_path)})
     model, _, info = load_model(on)
-    assert info.kernels == (sa.DECODE_SHAPE, sa.BLOCK_GATHER, da.NAME, cf.NAME)
+    assert info.kernels == (sa.DECODE_SHAPE, sa.BLOCK_GATHER, da.NAME, cf.NAME, hl.NAME)
     assert type(model.model.layers[0].self_attn).__name__ == "SparseDeepseekV32Attention"
     da.uninstall(model)
+    hl.uninstall(model)

@@ -1,6 +1,6 @@
 """`lineage bench kernels`: the engine/kernels/ paths against mlx-lm's stock ones.
 
-Four measurements in one run:
+Five measurements in one run:
 - **one sparse-attention layer** (mlx-lm's ``DeepseekV32Attention``, random
   weights, no model load) at a long context with ``index_topk`` scaled so the
   context is 8x it: ms per forward of a chunk of L tokens on that cache, for L
@@ -16,11 +16,14 @@ Four measurements in one run:
 - **gated delta**: mlx-lm's per-token op loop against
   ``mx.fast.gated_delta_update`` (the ground for ``--gated-delta auto``);
 - **dense attention** (`dense_kernel`): one forward of the tiny qwen3_next per
-  context and chunk length, MLX's attention against the host-BLAS path.
+  context and chunk length, MLX's attention against the host-BLAS path;
+- **host linear** (`linear_kernel`): one matmul, then the tiny qwen3_next's
+  prefill per chunk length and decode steps, MLX's matmul against the host BLAS.
 
-The layer lives in `sparse_layer`, the dense part in `dense_kernel`; this
-module runs the rest and reports all four. Cheap to import: MLX, mlx-lm and
-matplotlib are imported inside the functions.
+The layer lives in `sparse_layer`, the dense part in `dense_kernel`, the
+linear part in `linear_kernel`; this module runs the rest and reports all
+five. Cheap to import: MLX, mlx-lm and matplotlib are imported inside the
+functions.
 """
 
 from __future__ import annotations
@@ -42,9 +45,12 @@ from clients.bench.figures import (
     table_row,
 )
 from clients.bench.kernels import dense as dense_kernel
+from clients.bench.kernels import linear as linear_kernel
 from clients.bench.kernels.sparse import CHUNKS, layer_bench
 
-HELP = "sparse-attention, gated-delta and dense-attention kernels against the stock paths"
+HELP = (
+    "sparse-attention, gated-delta, dense-attention and host-linear kernels against the stock paths"
+)
 
 
 # ------------------------------------------------------- whole warm turns ----
@@ -230,6 +236,8 @@ def report(out: dict) -> str:
                 )
     if out.get("dense"):
         lines += dense_kernel.report(out["dense"])
+    if out.get("linear"):
+        lines += linear_kernel.report(out["linear"])
     gd = out.get("gated_delta")
     if gd:
         lines.append("gated delta, ms per call (B=1, 16/32 heads, 128x128): op loop vs mx.fast")
@@ -316,6 +324,11 @@ def add_arguments(p) -> None:
     p.add_argument("--skip-warm", action="store_true", help="the layer measurement only")
     p.add_argument("--skip-layer", action="store_true", help="no DSA layer figures")
     p.add_argument("--skip-dense", action="store_true", help="no dense-attention figures")
+    p.add_argument("--skip-linear", action="store_true", help="no host-linear figures")
+    p.add_argument(
+        "--linear-chunks", type=int, nargs="+", default=list(linear_kernel.CHUNKS), metavar="L",
+        help="prefill chunk lengths of the host-linear figures",
+    )  # fmt: skip
     p.add_argument(
         "--dense-contexts", type=int, nargs="+", default=[0, 2048, 8192], metavar="N",
         help="contexts of the dense-attention forwards (32768 takes minutes to fill)",
@@ -355,4 +368,7 @@ def run(args) -> int:
         out["dense"] = dense_kernel.dense_bench(
             tuple(args.dense_contexts), tuple(args.dense_chunks)
         )
+    if not args.skip_linear:
+        print("host linear:", flush=True)
+        out["linear"] = linear_kernel.linear_bench(tuple(args.linear_chunks))
     return emit(out, args, report, plot)

@@ -17,8 +17,9 @@ its ceiling for as long as it runs, so a decode step's eval waited for one
 of the worker's tasks per array it scheduled: 1.6 ms decode forwards took
 15-21 ms (docs/benchmarks.md, "`--prefill-eval`: a long prefill evaluated
 module by module"). With `module_eval` the worker evaluates each module's
-output as a long prefill's forward goes (every module class of the model has
-its `__call__` wrapped once, process-wide; the wrapper evaluates only on a
+output as a long prefill's forward goes (every module class of the model but
+the model's own, whose output is logits no chunk reads, has its `__call__`
+wrapped once, process-wide; the wrapper evaluates only on a
 worker thread that asked for it, and does nothing elsewhere), so its queue
 stays a few tasks deep and the decode's arrays are scheduled without
 waiting. That costs the worker its pipelining (the next module's graph is
@@ -77,7 +78,9 @@ def install_module_eval(model) -> int:
     set `module_eval`: the wrapper then only reads a thread-local flag.
     """
     wrapped = 0
-    for cls in {type(m) for m in model.modules()}:
+    # Not the model's own class: its output is every position's logits, which a prefill
+    # chunk never reads (only its caches' state is evaluated), at the price of the LM head.
+    for cls in {type(m) for m in model.modules()} - {type(model)}:
         owner = next((c for c in cls.__mro__ if "__call__" in vars(c)), None)
         if owner is None or owner in (object, dict):
             continue  # a container module with no forward of its own

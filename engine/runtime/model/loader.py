@@ -56,7 +56,8 @@ def install_kernels(model, config: EngineConfig) -> tuple[str, ...]:
         else None
     )
     dense = k.dense_min_keys if k.dense else None
-    return kernels.install(model, sparse, k.gated_delta, dense, k.cpu_fusion)
+    linear = k.host_linear_min_rows if k.host_linear else None
+    return kernels.install(model, sparse, k.gated_delta, dense, k.cpu_fusion, linear)
 
 
 def load_model(config: EngineConfig):

@@ -94,3 +94,20 @@ def test_dense_figures_report_equal_logits():
     text = kernels.report({"dense": rows})
     assert "ctx   1100  L   3" in text and "batch 1100/825/550" in text
     json.dumps(rows)
+
+
+def test_linear_figures_report_both_paths_and_agreeing_logits():
+    """The host-linear part: the product's two rates, a prefill row and a decode row, MLX's
+    matmul vs the host BLAS, logits agreeing to float32 rounding; the report names them."""
+    from clients.bench.kernels import linear as linear_kernel
+
+    out = linear_kernel.linear_bench(chunks=(40,), tokens=81, decode_rows=(2,), repeats=1)
+    rows = out["rows"]
+    assert [r.get("prefill_chunk") for r in rows] == [40, None] and rows[1]["decode_rows"] == 2
+    assert out["product"]["mlx_gflops"] > 0 and out["product"]["host_gflops"] > 0
+    assert all(r["max_logit_diff"] <= 1e-4 and r["same_argmax"] for r in rows)
+    assert all(r["stock_ms"] > 0 and r["host_ms"] > 0 for r in rows)
+    text = kernels.report({"linear": out})
+    assert "prefill in chunks of   40" in text and "decode step of  2 rows" in text
+    assert "GFLOP/s" in text
+    json.dumps(out)

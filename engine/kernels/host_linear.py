@@ -1,12 +1,13 @@
 """A prefill chunk's dense layers on the CPU backend through the host BLAS.
 
-MLX's CPU backend multiplies matrices with its own code (mlx 0.32 on this
-x86 CPU): about 5 GFLOP/s, where numpy's OpenBLAS on one thread does 80 (a
-1024-cube product: 400 ms against 25). A prefill chunk of the tiny
-qwen3_next spends most of its time in its `nn.Linear` layers (the
-projections and the MLP), so a cold prompt's prefill ran at MLX's matmul
-rate: mlx-lm's, mlx-vlm's, ours alike (docs/architecture.md, "Where prefill
-and decode time goes, in each server").
+MLX's CPU backend multiplies matrices with the reference BLAS its wheel
+ships (mlx 0.32 on this x86 CPU): about 5 GFLOP/s, where numpy's OpenBLAS on
+one thread does 72-98 (`lineage bench kernels`: a 1024-cube product, 14x).
+A prefill chunk of the tiny qwen3_next spends most of its time in its
+`nn.Linear` layers (the projections and the MLP), so a cold prompt's
+prefill ran at MLX's matmul rate: mlx-lm's, mlx-vlm's, ours alike
+(docs/architecture.md, "Where prefill and decode time goes, in each
+server").
 
 `HostLinear` is `nn.Linear` with one more path: on the CPU device, for a
 float32 input of at least `min_rows` rows (tokens of all sequences together)
@@ -16,7 +17,8 @@ MLX. Below `min_rows` (a decode step: one row per sequence) it is
 `nn.Linear`: there the step's graph is evaluated whole and asynchronously
 (mlx-lm's `async_eval` overlaps the next step's build with this one's
 compute), and stopping it at every layer costs more than MLX's small matmuls
-(a one-row step: 5.3 ms against 4.1). Inside a function transformation
+(a one-row step 1.56x the time, an eight-row one 0.87x, a sixteen-row one
+0.74x: docs/benchmarks.md, "Host linear"). Inside a function transformation
 (`mx.compile`, `vmap`), where nothing may be evaluated, it is `nn.Linear`
 too. Other dtypes (numpy has no BLAS for bfloat16 or float16), quantized
 layers (`nn.QuantizedLinear`, another class) and any device but the CPU keep

@@ -67,6 +67,35 @@ def test_host_path_gives_the_stock_logits_and_tokens(arch):
         assert mx.array_equal(a, b).item()
 
 
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bfloat16", "float16"])
+def test_half_precision_layers_multiply_in_float32_and_keep_their_dtype(dtype):
+    model = build_model("qwen3_next")
+    model.set_dtype(dtype)
+    stock_logits, stock_tokens = _run(model)
+    assert host_linear.install(model)
+    try:
+        before = host_linear.ROUTED["host"]
+        logits, tokens = _run(model)
+        routed = host_linear.ROUTED["host"] - before
+    finally:
+        host_linear.uninstall(model)
+    assert routed > 0, "the half-precision chunks took MLX's path"
+    assert all(a.dtype == dtype for a in logits)
+    assert tokens == stock_tokens
+    for a, b in zip(logits, stock_logits, strict=True):  # the inputs' own rounding
+        assert mx.allclose(a.astype(mx.float32), b.astype(mx.float32), atol=0.1).item()
+    mx.random.seed(7)
+    layer = nn.Linear(24, 40)
+    layer.set_dtype(dtype)
+    x = mx.random.normal((2, 20, 24)).astype(dtype)
+    expected = x.astype(mx.float32) @ layer.weight.astype(mx.float32).T
+    expected = expected + layer.bias.astype(mx.float32)  # the float32 product
+    layer.__class__ = HostLinear
+    got = layer(x)
+    assert got.dtype == dtype
+    assert mx.allclose(got.astype(mx.float32), expected, rtol=1e-2, atol=1e-2).item()
+
+
 def test_the_host_product_is_the_linear_map_with_its_bias():
     layer = nn.Linear(24, 40, bias=True)
     x = mx.random.normal((3, 7, 24))
@@ -92,8 +121,8 @@ def test_short_inputs_other_dtypes_and_transformations_keep_mlx_path():
     half = nn.Linear(16, 16)
     half.set_dtype(mx.bfloat16)
     half.__class__ = HostLinear
-    out = half(mx.ones((1, 64, 16), dtype=mx.bfloat16))
-    assert out.dtype == mx.bfloat16 and routed("host") == 0
+    out = half(mx.ones((1, 64, 16)))  # a float32 input into a bfloat16 layer: mixed
+    assert out.dtype == mx.float32 and routed("host") == 0
     compiled = mx.compile(lambda x: layer(x))
     x = mx.random.normal((2, 32, 16))
     assert mx.allclose(compiled(x), x @ layer.weight.T + layer.bias).item()

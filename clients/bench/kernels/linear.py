@@ -1,7 +1,8 @@
 """`lineage bench kernels`' host-linear part: a prefill of a real model, MLX's matmul vs host.
 
-First one product alone: a 1024-cube float32 matmul on MLX's CPU backend
-against numpy's BLAS on one thread (GFLOP/s each). Then the model (default:
+First one layer alone: a 1024 x 1024 `nn.Linear` over 256 rows in float32,
+bfloat16 and float16, on MLX's CPU backend against `HostLinear` (numpy's
+BLAS on one thread; the half precisions multiplied in float32), GFLOP/s. Then the model (default:
 the embedded tiny qwen3_next, its other kernels installed as the engine runs
 it): a prompt of `tokens` tokens prefilled in chunks of L, the caches'
 state evaluated after each chunk as the engine's prefill does, with the
@@ -27,30 +28,39 @@ TOKENS = 1024
 DECODE_ROWS = (1, 8)
 
 
-def matmul_gflops(n: int = 1024, repeats: int = 5) -> dict:
-    """One n-cube float32 product: MLX's CPU backend against numpy's BLAS on one thread."""
+def matmul_gflops(n: int = 1024, rows: int = 256, repeats: int = 5) -> dict:
+    """One n x n linear layer over `rows` rows, per dtype: `nn.Linear` on MLX's CPU backend
+    against `HostLinear` (float32 on numpy's BLAS, one thread; half precisions converted)."""
     import mlx.core as mx
-    import numpy as np
+    import mlx.nn as nn
     from threadpoolctl import threadpool_limits
 
-    a, b = mx.random.normal((n, n)), mx.random.normal((n, n))
-    mx.eval(a, b)
-    x, y = np.asarray(a), np.asarray(b)
-    flop = 2 * n**3
+    from engine.kernels.host_linear import HostLinear
 
-    def rate(fn) -> float:
-        fn()
+    flop = 2 * rows * n * n
+
+    def rate(layer, x) -> float:
+        mx.eval(layer(x))
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            fn()
+            mx.eval(layer(x))
             times.append(time.perf_counter() - t0)
         return flop / median(times) / 1e9
 
-    mlx_rate = rate(lambda: mx.eval(a @ b))
-    with threadpool_limits(limits=1, user_api="blas"):
-        host_rate = rate(lambda: x @ y)
-    return {"n": n, "mlx_gflops": round(mlx_rate, 1), "host_gflops": round(host_rate, 1)}
+    out = {"n": n, "rows": rows}
+    for name in ("float32", "bfloat16", "float16"):
+        dtype = getattr(mx, name)
+        layer = nn.Linear(n, n, bias=False)
+        layer.set_dtype(dtype)
+        x = mx.random.normal((rows, n)).astype(dtype)
+        mx.eval(layer.parameters(), x)
+        mlx_rate = rate(layer, x)
+        layer.__class__ = HostLinear
+        with threadpool_limits(limits=1, user_api="blas"):
+            host_rate = rate(layer, x)
+        out[name] = {"mlx_gflops": round(mlx_rate, 1), "host_gflops": round(host_rate, 1)}
+    return out
 
 
 def _prefill_ms(model, ids, chunk: int, repeats: int) -> tuple[float, object]:
@@ -153,10 +163,13 @@ def linear_bench(
 
 
 def _product_line(p: dict) -> str:
-    ratio = p["host_gflops"] / p["mlx_gflops"] if p["mlx_gflops"] else float("nan")
-    return (
-        f"{p['n']}-cube float32 product: MLX {p['mlx_gflops']} GFLOP/s, host BLAS (1 thread) "
-        f"{p['host_gflops']} GFLOP/s, x{ratio:.1f}"
+    parts = []
+    for name in ("float32", "bfloat16", "float16"):
+        r = p[name]
+        ratio = r["host_gflops"] / r["mlx_gflops"] if r["mlx_gflops"] else float("nan")
+        parts.append(f"{name} {r['mlx_gflops']} / {r['host_gflops']} (x{ratio:.1f})")
+    return f"a {p['n']}x{p['n']} layer over {p['rows']} rows, GFLOP/s MLX / host: " + ", ".join(
+        parts
     )
 
 

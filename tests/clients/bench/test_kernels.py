@@ -104,10 +104,11 @@ def test_linear_figures_report_both_paths_and_agreeing_logits():
     out = linear_kernel.linear_bench(chunks=(40,), tokens=81, decode_rows=(2,), repeats=1)
     rows = out["rows"]
     assert [r.get("prefill_chunk") for r in rows] == [40, None] and rows[1]["decode_rows"] == 2
-    assert out["product"]["mlx_gflops"] > 0 and out["product"]["host_gflops"] > 0
+    for name in ("float32", "bfloat16", "float16"):
+        assert out["product"][name]["mlx_gflops"] > 0 and out["product"][name]["host_gflops"] > 0
     assert all(r["max_logit_diff"] <= 1e-4 and r["same_argmax"] for r in rows)
     assert all(r["stock_ms"] > 0 and r["host_ms"] > 0 for r in rows)
     text = kernels.report({"linear": out})
     assert "prefill in chunks of   40" in text and "decode step of  2 rows" in text
-    assert "GFLOP/s" in text
+    assert "GFLOP/s" in text and "bfloat16" in text
     json.dumps(out)

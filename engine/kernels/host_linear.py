@@ -2,7 +2,7 @@
 
 MLX's CPU backend multiplies matrices with the reference BLAS its wheel
 ships (mlx 0.32 on this x86 CPU): about 5 GFLOP/s, where numpy's OpenBLAS on
-one thread does 72-98 (`lineage bench kernels`: a 1024-cube product, 14x).
+one thread does 72-83 (`lineage bench kernels`: 14-35x).
 A prefill chunk of the tiny qwen3_next spends most of its time in its
 `nn.Linear` layers (the projections and the MLP), so a cold prompt's
 prefill ran at MLX's matmul rate: mlx-lm's, mlx-vlm's, ours alike
@@ -17,12 +17,12 @@ into MLX. numpy has no BLAS for bfloat16 or float16, so those layers are
 multiplied in float32: the input and the layer's weight converted by MLX for
 the call (one layer's float32 copy at a time, let go after it) and the output
 rounded back to the input's dtype (`lineage bench kernels`: a 1024-wide layer
-over 256 rows, bfloat16 and float16 about 15x MLX's own). Below `min_rows` (a
+over 256 rows, bfloat16 and float16 12-15x MLX's own). Below `min_rows` (a
 decode step: one row per sequence) it is `nn.Linear`: there the step's graph
 is evaluated whole and asynchronously (mlx-lm's `async_eval` overlaps the next
 step's build with this one's compute), and stopping it at every layer costs
-more than MLX's small matmuls (a one-row step 1.56x the time, an eight-row one
-0.87x, a sixteen-row one 0.74x: docs/benchmarks.md, "Host linear"). Inside a
+more than MLX's small matmuls (a one-row step 1.5x the time, an eight-row one
+0.87-1.2x, a sixteen-row one 0.74x: docs/benchmarks.md, "Host linear"). Inside a
 function transformation (`mx.compile`, `vmap`), where nothing may be
 evaluated, it is `nn.Linear` too. Mixed dtypes, quantized layers
 (`nn.QuantizedLinear`, another class) and any device but the CPU keep MLX's

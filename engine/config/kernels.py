@@ -35,6 +35,9 @@ class KernelConfig:
         name="dense_kernel",
     )
     dense_min_keys: int = setting(1024, "the host path from N keys (shorter: MLX's)")
+    dense_chunk_min_keys: int = setting(
+        128, "a chunk of 16 or more queries (a prefill) takes the host path from N keys"
+    )
     host_linear: bool = setting(
         True,
         "a prefill chunk's dense layers on the CPU backend through the host BLAS "
@@ -70,6 +73,11 @@ class KernelConfig:
             raise ValueError(
                 f"{label_of(KernelConfig, 'host_linear_min_rows')}: host linear min rows "
                 f"{self.host_linear_min_rows} must be positive"
+            )
+        if self.dense_chunk_min_keys < 1:
+            raise ValueError(
+                f"{label_of(KernelConfig, 'dense_chunk_min_keys')}: dense chunk min keys "
+                f"{self.dense_chunk_min_keys} must be positive"
             )
         if self.dense_min_keys < 1:
             raise ValueError(

@@ -38,13 +38,15 @@ def install(
     sparse: SparsePlan | None,
     gated_delta_mode: str = "auto",
     dense_min_keys: int | None = None,
+    dense_chunk_min_keys: int | None = None,
     cpu_fusion_on: bool = False,
     host_linear_min_rows: int | None = None,
 ) -> tuple[str, ...]:
     """Install the kernels that apply to `model`; returns the names of those now active.
 
     `sparse` None leaves DSA attention on mlx-lm's path; `dense_min_keys` None
-    leaves dense attention on MLX's, else the host path takes it from that many keys;
+    leaves dense attention on MLX's, else the host path takes it from that many keys
+    (a chunk of queries from `dense_chunk_min_keys`, None: the same);
     `cpu_fusion_on` fuses the norms and the decode RoPE on the CPU;
     `host_linear_min_rows` None leaves the dense layers on MLX's matmul, else the host
     path takes inputs of that many rows.
@@ -54,7 +56,9 @@ def install(
         active += [sparse_attention.DECODE_SHAPE, sparse_attention.BLOCK_GATHER]
     if gated_delta.install(model, gated_delta_mode):
         active.append(gated_delta.FAST)
-    if dense_min_keys is not None and dense_attention.install(model, dense_min_keys):
+    if dense_min_keys is not None and dense_attention.install(
+        model, dense_min_keys, dense_chunk_min_keys
+    ):
         active.append(dense_attention.NAME)
     if cpu_fusion_on and cpu_fusion.install(model):
         active.append(cpu_fusion.NAME)

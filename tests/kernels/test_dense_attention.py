@@ -104,6 +104,22 @@ def test_dispatch_takes_the_host_path_only_where_it_applies():
     assert da.ROUTED["host"] == host
 
 
+def test_a_chunk_of_queries_takes_the_host_path_from_its_own_threshold():
+    sdpa = da.dispatcher(min_keys=1024, chunk_min_keys=128)
+    before = da.ROUTED["host"]
+    q, k, v = _qkv(1, 4, 2, da.CHUNK_ROWS, 200)  # a prefill chunk at 200 keys
+    out = sdpa(q, k, v, None, 0.25, "causal")
+    assert da.ROUTED["host"] == before + 1
+    stock = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask="causal")
+    assert mx.abs(out - stock).max().item() <= TOL
+    sdpa(q[:, :, :1], k, v, None, 0.25, "causal")  # one query (decode) at 200 keys
+    sdpa(q[:, :, : da.CHUNK_ROWS - 1], k, v, None, 0.25, "causal")  # a verify's few
+    sdpa(q, k[:, :, :127], v[:, :, :127], None, 0.25, "causal")  # a chunk under 128 keys
+    assert da.ROUTED["host"] == before + 1
+    assert da.dispatcher(1024, None).chunk_min_keys == 1024  # None: the one threshold
+    assert da.dispatcher(64, 128).chunk_min_keys == 64  # never above min_keys
+
+
 def _batch_cache(model, prompts):
     """A merged (BatchKVCache) cache of the prompts, as the model loop builds it."""
     caches = []

@@ -26,7 +26,7 @@ class KernelConfig:
     gated_delta: str = setting(
         "auto",
         "the gated delta recurrence off Metal: the mx.fast primitive or mlx-lm's op loop "
-        "(auto: the primitive off Metal)",
+        "(auto: the primitive off Metal, a prefill chunk's in numpy on the CPU)",
         choices=GATED_DELTA_MODES,
     )
     dense: bool = setting(
@@ -45,6 +45,11 @@ class KernelConfig:
     )
     host_linear_min_rows: int = setting(
         16, "the host path from N rows (tokens of all sequences of a forward; fewer: MLX's)"
+    )
+    gated_delta_host_min_steps: int = setting(
+        16,
+        "under --gated-delta auto on the CPU, a recurrence of N or more steps (a prefill "
+        "chunk) runs in numpy; 0: never",
     )
     cpu_fusion: bool = setting(
         True,
@@ -68,6 +73,11 @@ class KernelConfig:
             raise ValueError(
                 f"{label_of(KernelConfig, 'gated_delta')}: gated delta {self.gated_delta!r} is "
                 f"not one of {', '.join(GATED_DELTA_MODES)}"
+            )
+        if self.gated_delta_host_min_steps < 0:
+            raise ValueError(
+                f"{label_of(KernelConfig, 'gated_delta_host_min_steps')}: gated delta host min "
+                f"steps {self.gated_delta_host_min_steps} must be 0 (never) or positive"
             )
         if self.host_linear_min_rows < 1:
             raise ValueError(

@@ -7,7 +7,8 @@ files) and switchable off, so the stock path stays one setting away:
 - ``sparse_attention``: DSA attention (deepseek_v32, glm_moe_dsa) for chunks
   of 2 to ``gather_max`` tokens: the decode shape and block-gather.
 - ``gated_delta``: the gated delta recurrence off Metal, dispatched to
-  ``mx.fast.gated_delta_update`` off Metal.
+  ``mx.fast.gated_delta_update`` off Metal, and a prefill chunk's on the
+  host (numpy) on the CPU.
 - ``dense_attention``: dense attention (every model calling mlx-lm's
   ``scaled_dot_product_attention``) on the CPU backend at long contexts,
   through the host BLAS instead of MLX's CPU ops.
@@ -41,6 +42,7 @@ def install(
     dense_chunk_min_keys: int | None = None,
     cpu_fusion_on: bool = False,
     host_linear_min_rows: int | None = None,
+    gated_delta_host_min_steps: int | None = None,
 ) -> tuple[str, ...]:
     """Install the kernels that apply to `model`; returns the names of those now active.
 
@@ -49,13 +51,17 @@ def install(
     (a chunk of queries from `dense_chunk_min_keys`, None: the same);
     `cpu_fusion_on` fuses the norms and the decode RoPE on the CPU;
     `host_linear_min_rows` None leaves the dense layers on MLX's matmul, else the host
-    path takes inputs of that many rows.
+    path takes inputs of that many rows; `gated_delta_host_min_steps` None leaves the
+    recurrence on the primitive, else (``auto``, CPU) calls of that many steps run on
+    the host.
     """
     active = []
     if sparse is not None and sparse_attention.install(model, sparse):
         active += [sparse_attention.DECODE_SHAPE, sparse_attention.BLOCK_GATHER]
-    if gated_delta.install(model, gated_delta_mode):
+    if gated_delta.install(model, gated_delta_mode, gated_delta_host_min_steps):
         active.append(gated_delta.FAST)
+        if gated_delta.host_active():
+            active.append(gated_delta.HOST)
     if dense_min_keys is not None and dense_attention.install(
         model, dense_min_keys, dense_chunk_min_keys
     ):

@@ -57,8 +57,16 @@ def install_kernels(model, config: EngineConfig) -> tuple[str, ...]:
     )
     dense = k.dense_min_keys if k.dense else None
     linear = k.host_linear_min_rows if k.host_linear else None
+    recurrence = k.gated_delta_host_min_steps or None
     return kernels.install(
-        model, sparse, k.gated_delta, dense, k.dense_chunk_min_keys, k.cpu_fusion, linear
+        model,
+        sparse,
+        k.gated_delta,
+        dense,
+        k.dense_chunk_min_keys,
+        k.cpu_fusion,
+        linear,
+        recurrence,
     )
 
 

@@ -159,9 +159,12 @@ def _warm_side(model_dir, tmp, sparse, context, new_tokens, decode_tokens, turns
 
 
 def gated_delta_bench(repeats: int, steps=(1, 16, 128, 512)) -> list:
-    """ms per call: mlx-lm's op loop against mx.fast.gated_delta_update (qwen3_next dims)."""
+    """ms per call: mlx-lm's op loop against mx.fast.gated_delta_update and the host
+    recurrence (engine/kernels/gated_delta.py), at qwen3_next's dims."""
     import mlx.core as mx
     from mlx_lm.models.gated_delta import gated_delta_ops
+
+    from engine.kernels.gated_delta import host_recurrence
 
     rows = []
     B, Hk, Hv, Dk, Dv = 1, 16, 32, 128, 128
@@ -182,18 +185,27 @@ def gated_delta_bench(repeats: int, steps=(1, 16, 128, 512)) -> list:
         def fast(inputs=inputs):
             mx.eval(mx.fast.gated_delta_update(*inputs))
 
-        ops(), fast()
+        def host(inputs=inputs):
+            mx.eval(host_recurrence(*inputs))
+
+        ops(), fast(), host()
         y0, s0 = gated_delta_ops(q, k, v, g, beta, state)
         y1, s1 = mx.fast.gated_delta_update(q, k, v, g, beta, state)
+        y2, s2 = host_recurrence(q, k, v, g, beta, state)
         rows.append(
             {
                 "steps": T,
                 "ops_ms": median_ms(ops, repeats),
                 "fast_ms": median_ms(fast, repeats),
+                "host_ms": median_ms(host, repeats),
                 "bit_identical": bool(mx.array_equal(y0, y1) and mx.array_equal(s0, s1)),
+                "host_max_diff": float(
+                    max(mx.abs(y2 - y0).max().item(), mx.abs(s2 - s0).max().item())
+                ),
             }
         )
         rows[-1]["speedup"] = rows[-1]["ops_ms"] / rows[-1]["fast_ms"]
+        rows[-1]["host_speedup"] = rows[-1]["fast_ms"] / rows[-1]["host_ms"]
     return rows
 
 
@@ -240,11 +252,15 @@ def report(out: dict) -> str:
         lines += linear_kernel.report(out["linear"])
     gd = out.get("gated_delta")
     if gd:
-        lines.append("gated delta, ms per call (B=1, 16/32 heads, 128x128): op loop vs mx.fast")
+        lines.append(
+            "gated delta, ms per call (B=1, 16/32 heads, 128x128): op loop vs mx.fast vs host"
+        )
         for r in gd:
             lines.append(
                 f"  T={r['steps']:4d}  ops {r['ops_ms']:8.1f}  fast {r['fast_ms']:8.1f}  "
-                f"x{r['speedup']:5.2f}  bit-identical {r['bit_identical']}"
+                f"x{r['speedup']:5.2f}  bit-identical {r['bit_identical']}  "
+                f"host {r['host_ms']:8.1f}  x{r['host_speedup']:5.2f} of fast  "
+                f"max diff {r['host_max_diff']:.1e}"
             )
     return "\n".join(lines)
 

@@ -25,8 +25,9 @@ def test_layer_and_gated_delta_figures_report(figures):
     assert [r["path"] for r in rows] == ["stock", "decode", "decode"]
     assert all(r["rel_l2"] <= 1e-5 for r in rows)
     assert rows[2]["block_union"] is not None and figures["gated_delta"][0]["bit_identical"]
+    assert figures["gated_delta"][0]["host_max_diff"] <= 1e-4  # the host recurrence agrees
     text = kernels.report(figures)
-    assert "context 256, index_topk 32" in text and "T=   1" in text
+    assert "context 256, index_topk 32" in text and "T=   1" in text and "host" in text
     assert "      L    stock ms     ours ms   speedup  path    rel L2   block union" in text
     json.dumps(figures)  # --json writes it as is
 

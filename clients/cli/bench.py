@@ -36,7 +36,8 @@ BENCHES = {
     ),
     "kernels": (
         "clients.bench.kernels",
-        "sparse-attention, gated-delta and dense-attention kernels against the stock paths",
+        "sparse-attention, gated-delta, dense-attention and host-linear kernels against the "
+        "stock paths",
     ),
     "concurrency": (
         "clients.bench.concurrency",

@@ -22,7 +22,7 @@ PROMPT = [(i * 37) % 3000 + 20 for i in range(96)]
 
 
 def _engine(
-    model_cache_dir, model_dir, precision: str, mode: str = "lineage", host_linear: bool = True
+    model_cache_dir, model_dir, precision: str, mode: str = "lineage", host_paths: bool = True
 ) -> LocalEngine:
     cache = CacheConfig(
         cache_dir=str(model_cache_dir),
@@ -31,7 +31,11 @@ def _engine(
         checkpoint_precision=precision,
         guard_min_suffix=256,
     )
-    kernels = KernelConfig(host_linear=host_linear)
+    kernels = KernelConfig(
+        host_linear=host_paths,
+        gated_delta_host_min_steps=16 if host_paths else 0,
+        dense_chunk_min_keys=128 if host_paths else 1024,
+    )
     return LocalEngine(
         EngineConfig(model=ModelConfig(path=str(model_dir)), cache=cache, kernels=kernels)
     )
@@ -126,15 +130,16 @@ def test_a_packed_checkpoint_survives_the_disk_tier(model_cache_dir, random_mode
 
 
 def test_exact_keeps_checkpoints_bit_exact(model_cache_dir, random_model_dir):
-    # MLX's matmul in both: the two modes stop their chunks at different capture points, and
-    # the host path's sums follow a chunk's rows (engine/kernels/host_linear.py).
-    lineage = _engine(model_cache_dir, random_model_dir, "exact", host_linear=False)
+    # MLX's paths in both: the two modes stop their chunks at different capture points, and
+    # whether a chunk takes a host path (engine/kernels: host_linear, the recurrence's, the
+    # chunk attention's) follows its length.
+    lineage = _engine(model_cache_dir, random_model_dir, "exact", host_paths=False)
     _, exact_id, exact_entry = _stored(lineage, "exact")
     L = len(PROMPT)
     assert not any(isinstance(a, PackedArray) for a in _packed(exact_entry.states[L]))
     # Exact mode ignores a reduced precision: its snapshots are whole prompts, bit for bit.
     engine, entry_id, entry = _stored(
-        _engine(model_cache_dir, random_model_dir, "int8", mode="exact", host_linear=False),
+        _engine(model_cache_dir, random_model_dir, "int8", mode="exact", host_paths=False),
         "exact-mode",
     )
     for n, state in entry.states.items():

@@ -64,33 +64,21 @@ class KernelConfig:
                 f"({self.sparse_decode_max}) <= {label_of(KernelConfig, 'sparse_gather_max')} "
                 f"({self.sparse_gather_max})"
             )
-        if self.sparse_block < 1:
-            raise ValueError(
-                f"{label_of(KernelConfig, 'sparse_block')}: sparse block {self.sparse_block} "
-                "must be positive"
-            )
         if self.gated_delta not in GATED_DELTA_MODES:
             raise ValueError(
                 f"{label_of(KernelConfig, 'gated_delta')}: gated delta {self.gated_delta!r} is "
                 f"not one of {', '.join(GATED_DELTA_MODES)}"
             )
-        if self.gated_delta_host_min_steps < 0:
-            raise ValueError(
-                f"{label_of(KernelConfig, 'gated_delta_host_min_steps')}: gated delta host min "
-                f"steps {self.gated_delta_host_min_steps} must be 0 (never) or positive"
-            )
-        if self.host_linear_min_rows < 1:
-            raise ValueError(
-                f"{label_of(KernelConfig, 'host_linear_min_rows')}: host linear min rows "
-                f"{self.host_linear_min_rows} must be positive"
-            )
-        if self.dense_chunk_min_keys < 1:
-            raise ValueError(
-                f"{label_of(KernelConfig, 'dense_chunk_min_keys')}: dense chunk min keys "
-                f"{self.dense_chunk_min_keys} must be positive"
-            )
-        if self.dense_min_keys < 1:
-            raise ValueError(
-                f"{label_of(KernelConfig, 'dense_min_keys')}: dense min keys "
-                f"{self.dense_min_keys} must be positive"
-            )
+        for name, least in (
+            ("sparse_block", 1),
+            ("dense_min_keys", 1),
+            ("dense_chunk_min_keys", 1),
+            ("host_linear_min_rows", 1),
+            ("gated_delta_host_min_steps", 0),  # 0: never
+        ):
+            value = getattr(self, name)
+            if value < least:
+                raise ValueError(
+                    f"{label_of(KernelConfig, name)}: {name.replace('_', ' ')} {value} must be "
+                    f"at least {least}"
+                )

@@ -47,6 +47,10 @@ def test_environment_then_flags():
         ({"LINEAGE_GATED_DELTA": "turbo"}, "--gated-delta"),
         ({"LINEAGE_DENSE_KERNEL": "sometimes"}, "--dense-kernel"),
         ({"LINEAGE_DENSE_MIN_KEYS": "0"}, "dense min keys"),
+        ({"LINEAGE_DENSE_CHUNK_MIN_KEYS": "0"}, "--dense-chunk-min-keys"),
+        ({"LINEAGE_HOST_LINEAR_MIN_ROWS": "0"}, "--host-linear-min-rows"),
+        ({"LINEAGE_HOST_LINEAR": "maybe"}, "--host-linear"),
+        ({"LINEAGE_GATED_DELTA_HOST_MIN_STEPS": "-1"}, "--gated-delta-host-min-steps"),
     ],
 )
 def test_bad_values_name_the_setting(env, needle):

@@ -17,16 +17,18 @@ Outputs at masked (padding) steps differ: the primitive writes zeros, the op
 loop a value nobody reads; the state is identical.
 
 On the CPU the primitive runs a chunk's recurrence slowly (256 steps of the
-tiny qwen3_next's layer: 21-35 ms; 64 steps at Qwen3-Next's 32 heads of
-128 x 128: 112 ms), and once a prefill chunk's dense layers and attention ran
-on the host BLAS it was the larger half of the chunk. So under ``auto`` on
-the CPU a call of at least ``host_min_steps`` steps (a prefill chunk; a
-decode step stays on the primitive, inside the step's asynchronous graph)
-runs the recurrence in numpy (`host_recurrence`): the gate and beta computed
-as above, the inputs evaluated and viewed, one step at a time with the state
-in float32 (3.6 ms and 26 ms for the two cases above), the outputs copied
-back. It equals the op loop to float32 rounding (tested within 1e-5, as the
-primitive); masked steps keep the state and output zeros, as the primitive.
+tiny qwen3_next's layer: 21-35 ms; 64 steps at Qwen3-Next's 32 heads of 128 x
+128: 112 ms), and once a prefill chunk's dense layers and attention ran on the
+host BLAS it was the larger half of the chunk. So under ``auto`` on the CPU a
+call of at least ``host_min_steps`` steps (a prefill chunk; a decode step
+stays on the primitive, inside the step's asynchronous graph) runs the
+recurrence in numpy (`host_recurrence`): the gate and beta computed as above,
+the inputs evaluated and viewed, one step at a time with the state in float32
+(3.6 ms and 26 ms for the two cases above), the outputs copied back (its
+per-step products are the host BLAS's, on one thread while it is on:
+engine.kernels.host_blas). It equals the op loop to float32 rounding (tested
+within 1e-5, as the primitive); masked steps keep the state and output zeros,
+as the primitive.
 
 It knows mlx-lm's gated-delta helpers and numpy; nothing of the engine.
 """
@@ -40,6 +42,8 @@ from typing import Optional
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models import gated_delta as _mlx_gated_delta
+
+from engine.kernels import host_blas
 
 MODES = ("auto", "fast", "ops")
 FAST = "gated-delta-fast"
@@ -65,7 +69,7 @@ def host_recurrence(q, k, v, g, beta, state, mask=None):
     qn, kn, vn, gn, bn, sn = (np.asarray(a) for a in arrays)
     if Hv // Hk > 1:
         qn, kn = np.repeat(qn, Hv // Hk, axis=2), np.repeat(kn, Hv // Hk, axis=2)
-    s = np.array(sn, dtype=np.float32, copy=True)
+    s = sn  # never written in place: each step makes the next state
     keep = None if mask is None else np.asarray(mask).astype(bool)
     y = np.zeros(vn.shape, dtype=np.float32)
     for t in range(T):
@@ -158,6 +162,7 @@ def install(model, mode: str, host_min_steps: int | None = HOST_MIN_STEPS) -> bo
     module.gated_delta_update = fast_gated_delta_update
     on_host = mode == "auto" and mx.default_device() == mx.cpu and host_min_steps is not None
     _host_min_steps = host_min_steps if on_host else None
+    (host_blas.hold if on_host else host_blas.let_go)(HOST)  # its matmuls are the host BLAS's
     return True
 
 
@@ -170,6 +175,7 @@ def uninstall(model) -> None:
     """Give the model's mlx-lm module mlx-lm's own ``gated_delta_update`` back."""
     global _host_min_steps
     _host_min_steps = None
+    host_blas.let_go(HOST)
     module = _model_module(model)
     if module is not None:
         module.gated_delta_update = _stock

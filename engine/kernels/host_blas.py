@@ -1,6 +1,7 @@
 """The host BLAS on one thread while any host-path kernel is installed.
 
-The host-path kernels (dense_attention, host_linear) compute on numpy's BLAS
+The host-path kernels (dense_attention, host_linear, gated_delta's host
+recurrence) compute on numpy's BLAS
 (OpenBLAS) beside MLX's own threads. OpenBLAS's spinning worker threads fight
 MLX's on a small CPU (a 4-token attention chunk ran several times slower with
 them), and the model loop already runs the prefill worker beside the decode
@@ -34,3 +35,8 @@ def let_go(kernel: str) -> None:
     if not _holders and _limit is not None:
         _limit.restore_original_limits()
         _limit = None
+
+
+def held() -> frozenset[str]:
+    """The kernels that hold the host BLAS to one thread now."""
+    return frozenset(_holders)

@@ -4,18 +4,20 @@
 Kept whichever way the dispatch goes (``auto`` takes the primitive off Metal,
 where it measured as fast or faster on CPU, and the host recurrence for a
 chunk on the CPU): scalar and per-key gates, grouped heads, padding masks,
-and a whole tiny qwen3_next forward.
+and whole tiny qwen3_next and kimi_linear forwards.
 """
 
 from __future__ import annotations
 
+import importlib
+
 import mlx.core as mx
 import pytest
 from mlx_lm.models import gated_delta as mlx_gd
-from mlx_lm.models import qwen3_next
 from mlx_lm.models.cache import ArraysCache
 
 from engine.kernels import gated_delta as gd
+from engine.kernels import host_blas
 from engine.runtime.model.tiny_models import build_model
 
 TOL = 1e-5
@@ -59,16 +61,19 @@ def test_fast_primitive_and_host_equal_the_op_loop(vector_gate, masked, steps, h
     assert _rel(y1, y0) <= TOL
 
 
+@pytest.mark.parametrize("arch", ["qwen3_next", "kimi_linear"])  # scalar, per-key gates
 @pytest.mark.parametrize("mode", ["fast", "auto"])
-def test_installed_dispatch_gives_the_stock_forward(mode):
-    model = build_model("qwen3_next")
+def test_installed_dispatch_gives_the_stock_forward(mode, arch):
+    model = build_model(arch)
+    module = importlib.import_module(type(model).__module__)
     tokens = mx.array([[5, 17, 300, 42, 99, 1000, 7, 8, 9, 10, 11, 12] * 2])
     stock_cache = model.make_cache()
     stock = [model(tokens, cache=stock_cache), model(tokens[:, :1], cache=stock_cache)]
     assert gd.install(model, mode)
     try:
-        assert qwen3_next.gated_delta_update is gd.fast_gated_delta_update
+        assert module.gated_delta_update is gd.fast_gated_delta_update
         assert gd.host_active() == (mode == "auto")  # auto on the CPU: chunks on the host
+        assert (gd.HOST in host_blas.held()) == (mode == "auto")  # its BLAS on one thread
         before = dict(gd.ROUTED)
         cache = model.make_cache()
         ours = [model(tokens, cache=cache), model(tokens[:, :1], cache=cache)]  # chunk, step
@@ -83,8 +88,8 @@ def test_installed_dispatch_gives_the_stock_forward(mode):
         assert routed == {"host": layers, "fast": layers}
     else:
         assert routed.get("host", 0) == 0 and routed["fast"] == 2 * layers
-    assert qwen3_next.gated_delta_update is mlx_gd.gated_delta_update
-    assert not gd.host_active()
+    assert module.gated_delta_update is mlx_gd.gated_delta_update
+    assert not gd.host_active() and gd.HOST not in host_blas.held()
 
 
 def test_auto_takes_the_primitive_off_metal_and_bad_modes_are_refused():

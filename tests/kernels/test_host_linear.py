@@ -18,7 +18,7 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 from threadpoolctl import threadpool_info
 
-from engine.kernels import host_linear
+from engine.kernels import host_blas, host_linear
 from engine.kernels.host_linear import HostLinear
 from engine.runtime.model.tiny_models import ARCHS, build_model
 
@@ -139,7 +139,9 @@ def test_install_swaps_the_stock_instances_and_one_blas_thread_while_installed()
     assert [nn.Linear if t is HostLinear else t for t in during] == before
     blas = [i for i in threadpool_info() if i["user_api"] == "blas"]
     assert blas and all(i["num_threads"] == 1 for i in blas)
+    assert host_linear.NAME in host_blas.held()
     host_linear.uninstall(model)
     assert [type(m) for m in model.modules()] == before
+    assert host_linear.NAME not in host_blas.held()
     with pytest.raises(ValueError, match="min_rows"):
         host_linear.install(model, min_rows=0)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import random
 import time
 
-from clients.bench.figures import median
+from clients.bench.figures import median, median_ms
 
 CHUNKS = (64, 256, 1024)
 TOKENS = 1024
@@ -40,13 +40,8 @@ def matmul_gflops(n: int = 1024, rows: int = 256, repeats: int = 5) -> dict:
     flop = 2 * rows * n * n
 
     def rate(layer, x) -> float:
-        mx.eval(layer(x))
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            mx.eval(layer(x))
-            times.append(time.perf_counter() - t0)
-        return flop / median(times) / 1e9
+        mx.eval(layer(x))  # warm
+        return flop / median_ms(lambda: mx.eval(layer(x)), repeats) / 1e6
 
     out = {"n": n, "rows": rows}
     for name in ("float32", "bfloat16", "float16"):

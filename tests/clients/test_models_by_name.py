@@ -130,9 +130,13 @@ def test_a_cut_download_fails_in_one_line_and_the_next_resumes_it(local_hub, mon
     weights = h.repos["org/tiny"].files["model.safetensors"]
     kept = partial.stat().st_size
     assert 0 < kept <= len(weights) // 2
-    # offline, the partial download is no model: never loaded
-    with pytest.raises(hub.HubError, match="is not in the Hugging Face cache"):
-        hub.resolve("org/tiny", hub.HubSettings.from_env({**env, "HF_HUB_OFFLINE": "1"}))
+    # offline, the partial download is no model: never loaded, by name or by its commit
+    # (whose snapshot folder exists, holding the files that did arrive)
+    assert (folder / "snapshots" / ("a" * 40) / "config.json").is_file()
+    offline = hub.HubSettings.from_env({**env, "HF_HUB_OFFLINE": "1"})
+    for ref in ("org/tiny", "org/tiny@" + "a" * 40):
+        with pytest.raises(hub.HubError, match="is not in the Hugging Face cache"):
+            hub.resolve(ref, offline)
     h.cut.clear()
     h.requests.clear()
     path = hub.resolve("org/tiny", settings)

@@ -9,10 +9,12 @@ tests/clients/test_models_by_name.py.
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
 
+from clients.cli.main import main
 from clients.client import Client
 from tests.hub import Hub, start_hub
 from tests.serve_process import SERVING, start_serve, stop
@@ -73,7 +75,7 @@ def test_a_first_start_downloads_and_serves_and_the_next_is_offline(
     assert h.requests == []
 
 
-def test_two_fleet_models_by_name(local_hub, tmp_path):
+def test_two_fleet_models_by_name(local_hub, tmp_path, capsys):
     from engine.runtime.model.tiny_models import write_model_dir
 
     server, h = local_hub
@@ -89,5 +91,9 @@ def test_two_fleet_models_by_name(local_hub, tmp_path):
                 assert reply.usage.completion_tokens == 2
             served = {m["name"]: m["model"] for m in client.model_info()["models"]}
         assert served == {"one": "a" * 40, "two": "b" * 40}  # each its snapshot
+        # `lineage models` marks both served
+        assert main(["models", "--server", _address(log)], dict(os.environ)) == 0
+        rows = [re.split(r"\s{2,}", line) for line in capsys.readouterr().out.splitlines()]
+        assert [(r[0], r[-1]) for r in rows[1:]] == [("org/other", "yes"), ("org/tiny", "yes")]
     finally:
         stop(serve)

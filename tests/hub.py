@@ -25,7 +25,8 @@ from urllib.parse import unquote, urlparse
 class Repo:
     files: dict[str, bytes]
     sha: str = "a" * 40
-    gated_token: str | None = None  # set: 401 GatedRepo unless `Bearer <token>` comes
+    gated_token: str | None = None  # set: 401 unless `Bearer <token>` comes
+    denied: str = "GatedRepo"  # the X-Error-Code of that 401 ("": none, as for a private one)
 
 
 @dataclass
@@ -62,8 +63,11 @@ def _handler(hub: Hub):
                 self.wfile.write(body)
 
         def _error(self, code: int, error_code: str):
-            body = json.dumps({"error": error_code}).encode()
-            self._send(code, body, {"X-Error-Code": error_code, "Content-Type": "application/json"})
+            body = json.dumps({"error": error_code or "denied"}).encode()
+            headers = {"Content-Type": "application/json"}
+            if error_code:
+                headers["X-Error-Code"] = error_code
+            self._send(code, body, headers)
 
         def _repo(self, repo_id: str) -> Repo | None:
             repo = hub.repos.get(repo_id)
@@ -74,7 +78,7 @@ def _handler(hub: Hub):
                 repo.gated_token
                 and self.headers.get("Authorization") != f"Bearer {repo.gated_token}"
             ):
-                self._error(401, "GatedRepo")
+                self._error(401, repo.denied)
                 return None
             return repo
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -191,58 +192,56 @@ def _size(sibling) -> int:
     return int((lfs.size if lfs else None) or sibling.size or 0)
 
 
-class _hub_errors:
-    """huggingface_hub's and the network's errors during a call -> one HubError line."""
+@contextmanager
+def _hub_errors(ref: ModelRef, settings: HubSettings, label: str):
+    """huggingface_hub's and the network's errors in the block -> one HubError line."""
+    try:
+        yield
+    except HubError:
+        raise
+    except Exception as error:  # translated, never hidden: the line names its type
+        raise HubError(_line(error, ref, settings, label), _status(error)) from error
 
-    def __init__(self, ref: ModelRef, settings: HubSettings, label: str):
-        self.ref, self.settings, self.label = ref, settings, label
 
-    def __enter__(self):
-        return self
+def _status(error: Exception) -> int:
+    import httpx2
 
-    def __exit__(self, kind, error, tb):
-        if error is None or isinstance(error, HubError):
-            return False
-        if not isinstance(error, Exception):
-            return False  # KeyboardInterrupt and the like: not ours to translate
-        raise HubError(self.message(error), self.status(error)) from error
+    broke = (httpx2.TransportError, ConnectionError, Corrupt)
+    return EXIT_FAILED if isinstance(error, broke) else EXIT_SETUP
 
-    def status(self, error: Exception) -> int:
-        import httpx2
 
-        broke = (httpx2.TransportError, ConnectionError, Corrupt)
-        return EXIT_FAILED if isinstance(error, broke) else EXIT_SETUP
+def _line(error: Exception, ref: ModelRef, settings: HubSettings, label: str) -> str:
+    """What went wrong and what to do, in one line."""
+    import httpx2
+    from huggingface_hub import errors
 
-    def message(self, error: Exception) -> str:
-        import httpx2
-        from huggingface_hub import errors
-
-        ref, where, label = self.ref, self.settings.endpoint, self.label
-        has_token = bool(self.settings.token)
-        if isinstance(error, errors.GatedRepoError):
-            then = "HF_TOKEN's account has no access yet" if has_token else "set HF_TOKEN"
-            return f"{_at(label)}{ref} is gated on {where}: accept its terms there, then {then}" + (
-                "" if has_token else " to a token of that account"
-            )
-        if isinstance(error, errors.RepositoryNotFoundError):
-            code = getattr(getattr(error, "response", None), "status_code", 0)
-            if code in (401, 403):
-                then = "HF_TOKEN cannot read it" if has_token else "set HF_TOKEN to a token"
-                return f"{_at(label)}{ref} on {where} is private or gated: {then}"
-            return f"{_at(label)}{ref}: no such repository on {where} (check the name)"
-        if isinstance(error, errors.RevisionNotFoundError):
-            return f"{_at(label)}{ref}: no revision {ref.revision!r} in {ref.repo} on {where}"
-        if isinstance(error, errors.RemoteEntryNotFoundError):
-            return f"{_at(label)}{ref}: a file it lists is missing on {where} ({error})"
-        if isinstance(error, Corrupt):
-            return (
-                f"{_at(label)}a file of {ref} from {where} arrived corrupt ({error}): it was "
-                "deleted, run again to fetch it anew"
-            )
-        if isinstance(error, (httpx2.TransportError, ConnectionError)):
-            return (
-                f"{_at(label)}the download of {ref} from {where} was interrupted "
-                f"({str(error).split(':')[0] or type(error).__name__}): run again to resume it"
-            )
-        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        return f"{_at(label)}{ref} from {where}: {type(error).__name__}: {first}"
+    at, where, has_token = _at(label), settings.endpoint, bool(settings.token)
+    if isinstance(error, errors.GatedRepoError):
+        then = "HF_TOKEN's account has no access yet" if has_token else "set HF_TOKEN"
+        then += "" if has_token else " to a token of that account"
+        return f"{at}{ref} is gated on {where}: accept its terms there, then {then}"
+    code = getattr(getattr(error, "response", None), "status_code", 0)
+    if isinstance(error, errors.HfHubHTTPError) and code in (401, 403):
+        # the Hub's answer without a token to a missing repository too (huggingface_hub
+        # calls it RepositoryNotFoundError on an https endpoint, a bare HTTP error elsewhere)
+        then = "HF_TOKEN cannot read it" if has_token else "set HF_TOKEN to a token that can"
+        return f"{at}{ref} on {where} does not exist, or is private or gated: {then}"
+    if isinstance(error, errors.RepositoryNotFoundError):
+        return f"{at}{ref}: no such repository on {where} (check the name)"
+    if isinstance(error, errors.RevisionNotFoundError):
+        return f"{at}{ref}: no revision {ref.revision!r} in {ref.repo} on {where}"
+    if isinstance(error, errors.RemoteEntryNotFoundError):
+        return f"{at}{ref}: a file it lists is missing on {where}"
+    if isinstance(error, Corrupt):
+        return (
+            f"{at}a file of {ref} from {where} arrived corrupt ({error}): it was deleted, "
+            "run again to fetch it anew"
+        )
+    if isinstance(error, (httpx2.TransportError, ConnectionError)):
+        why = str(error).split(":")[0] or type(error).__name__
+        return (
+            f"{at}the download of {ref} from {where} was interrupted ({why}): "
+            "run again to resume it"
+        )
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{at}{ref} from {where}: {type(error).__name__}: {first}"

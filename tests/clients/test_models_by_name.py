@@ -201,6 +201,14 @@ def test_a_new_revision_keys_a_new_cache_and_the_same_one_the_same(local_hub, tm
             "account has no access yet",
         ),
         (
+            "private",
+            "org/private",
+            {},
+            2,
+            "{flag}: org/private on {url} does not exist, or is private or gated: set HF_TOKEN "
+            "to a token that can",
+        ),
+        (
             None,
             "org/missing",
             {},
@@ -246,6 +254,8 @@ def test_serve_refuses_a_model_it_cannot_have_in_one_line_before_ray(
     files = {p.name: p.read_bytes() for p in random_model_dir.iterdir()}
     if setup == "gated":
         h.add_dir("org/gated", random_model_dir, gated_token="right")
+    elif setup == "private":
+        h.add_dir("org/private", random_model_dir, gated_token="right", denied="")
     elif setup == "torch":
         h.repos["org/torch"] = type(h.repos["org/tiny"])(
             {"config.json": files["config.json"], "pytorch_model.bin": b"\0" * 64}

@@ -286,3 +286,23 @@ def test_a_local_directory_is_taken_as_before(random_model_dir, tmp_path):
     assert hub.parse_ref("org/name@v1") == hub.ModelRef("org/name", "v1")
     settings = hub.HubSettings(endpoint="http://127.0.0.1:9", cache_dir=tmp_path)
     assert hub.resolve(str(random_model_dir), settings) == random_model_dir
+
+
+def test_every_model_and_draft_model_by_name_becomes_its_snapshot(local_hub):
+    from engine.config import EngineConfig
+    from engine.server.preflight import fetch_models
+
+    h, env = local_hub
+    settings = _settings(env)
+    snapshot = str(
+        fetch.repo_folder(settings, hub.parse_ref("org/tiny")) / "snapshots" / ("a" * 40)
+    )
+    flags = {"model": ["org/tiny"], "draft_model": "org/tiny", "speculative": "draft"}
+    config = fetch_models(EngineConfig.from_sources(flags, {}), settings)
+    assert (config.model.path, config.model.draft_model) == (snapshot, snapshot)
+    assert config.fleet.models[0].path == snapshot
+    fleet = {"model": ["one=org/tiny,draft_model=org/tiny,speculative=draft", "two="]}
+    config = fetch_models(EngineConfig.from_sources(fleet, {}), settings)
+    one, two = config.fleet.models
+    assert (one.path, one.draft_model, two.path) == (snapshot, snapshot, None)
+    assert len([p for _, p, _ in h.requests if p.startswith("/api/")]) == 1  # fetched once

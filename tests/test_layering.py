@@ -116,6 +116,21 @@ FORBIDDEN = {
     "engine.runtime": OUTSIDE_RUNTIME,
     "engine.actors": ("grpc", "engine.server", "engine.proto", "clients"),
     "engine.server": ("clients",),
+    # models by name know the Hub and its cache: no MLX, no Ray, nothing of serving.
+    "engine.hub": (
+        "mlx",
+        "mlx_lm",
+        "ray",
+        "grpc",
+        "engine.cache",
+        "engine.storage",
+        "engine.runtime",
+        "engine.kernels",
+        "engine.server",
+        "engine.actors",
+        "engine.proto",
+        "clients",
+    ),
     "engine.proto": ("clients",),
     "engine": ("clients",),
 }

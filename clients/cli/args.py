@@ -29,6 +29,14 @@ class UsageError(Exception):
     """Bad input found after parsing (an unreadable file, a bad setting, ...): exit 2."""
 
 
+class CommandError(Exception):
+    """A command that cannot go on, said in one line, with its exit status."""
+
+    def __init__(self, message: str, status: int = EXIT_ERROR):
+        super().__init__(message)
+        self.status = status
+
+
 # ------------------------------------------------------------- settings ----
 
 

@@ -19,13 +19,27 @@ import os
 import sys
 from typing import Mapping
 
-from clients.cli import bench, bridge, cache, chat, fanout, generate, serve, stats, top
-from clients.cli.args import EXIT_ERROR, EXIT_USAGE, UsageError, connect_from_args
+from clients.cli import (
+    bench,
+    bridge,
+    cache,
+    chat,
+    fanout,
+    generate,
+    models,
+    pull,
+    serve,
+    stats,
+    top,
+)
+from clients.cli.args import EXIT_ERROR, EXIT_USAGE, CommandError, UsageError, connect_from_args
 from clients.client import DEFAULT_SERVER, LineageError
 
 # In the order `lineage -h` lists them.
 COMMANDS = {
     "serve": serve,
+    "pull": pull,
+    "models": models,
     "generate": generate,
     "chat": chat,
     "fanout": fanout,
@@ -71,6 +85,9 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
     except UsageError as error:
         print(f"lineage {args.command}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except CommandError as error:
+        print(f"lineage {args.command}: error: {error}", file=sys.stderr)
+        return error.status
     except LineageError as error:
         print(f"lineage {args.command}: {error}", file=sys.stderr)
         return EXIT_ERROR

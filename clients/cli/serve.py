@@ -3,16 +3,19 @@
 Builds the EngineConfig from the flags given and the environment, refuses an
 exposed bind without a token, a port another process holds and a model
 directory that holds no model (engine.server.preflight), each in one line with
-exit status 2, then hands it to `engine.server.lifecycle.run`: MLX
-and Ray load there, and only there. With `--http-port` it starts the OpenAI
-bridge (clients.bridge) once the engine serves.
+exit status 2. A model given by its Hugging Face name (`org/name[@rev]`) is
+taken from the cache or downloaded there first, before Ray (engine.hub; a
+failure is one line, exit 2, or 1 for a download that broke). Then it hands
+it to `engine.server.lifecycle.run`: MLX and Ray load there, and only there.
+With `--http-port` it starts the OpenAI bridge (clients.bridge) once the engine
+serves.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from clients.cli.args import UsageError, add_serve_arguments, config_from_args
+from clients.cli.args import CommandError, UsageError, add_serve_arguments, config_from_args
 from engine.config import EngineConfig, ServerConfig
 from engine.config.declare import label_of
 
@@ -24,12 +27,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.server import preflight  # sockets and files only: no Ray, no MLX
+    from engine.hub import HubError, HubSettings
+    from engine.server import preflight  # sockets, files, the Hub: no Ray, no MLX
 
     try:
         config = config_from_args(args, args.env)
         config.server.check_exposure()
+        preflight.check_ports(config.server)  # before a download, not after it
+        config = preflight.fetch_models(config, HubSettings.from_env(args.env))
         preflight.check(config)  # a taken port, a missing model: before Ray or the model
+    except HubError as error:
+        raise CommandError(str(error), error.status)
     except (ValueError, OSError) as error:
         raise UsageError(str(error))
     from engine.server import lifecycle  # MLX and Ray load here, and only here

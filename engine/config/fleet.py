@@ -1,6 +1,8 @@
 """The fleet branch of the configuration: the models one server serves, and when they load.
 
 `--model` is repeatable. `--model PATH` alone keeps its old meaning (one model);
+a PATH may be a Hugging Face repository, `org/name[@rev]`, which `lineage serve`
+resolves to its snapshot directory before anything starts (engine.hub);
 `--model NAME=PATH[,KEY=VALUE...]` declares a named model, its options after
 commas: `output_format=`, `speculative=`, `draft_model=` (as the flags of the
 same names, for this model only) and `resource=NAME[:AMOUNT]` (a Ray custom
@@ -84,9 +86,10 @@ class FleetConfig:
 
     models: tuple[ModelSpec, ...] = setting(
         (),
-        "a model directory; NAME=PATH[,output_format=F,speculative=S,draft_model=P,"
-        "resource=R[:N]] declares one of several, served by NAME (empty PATH: the "
-        "embedded model)",
+        "a model directory or a Hugging Face repository, org/name[@revision] (taken from "
+        "the HF cache, downloaded there first if need be); NAME=PATH[,output_format=F,"
+        "speculative=S,draft_model=P,resource=R[:N]] declares one of several, served by "
+        "NAME (empty PATH: the embedded model)",
         name="model",
         repeat=True,
         parse=parse_model_spec,

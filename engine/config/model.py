@@ -127,8 +127,8 @@ class ModelConfig:
     )
     draft_model: str | None = setting(
         None,
-        "draft model directory (same tokenizer as the model) for --speculative draft or "
-        "auto (the embedded model's: engine/runtime/model/assets/draft)",
+        "draft model directory or org/name[@revision] (same tokenizer as the model) for "
+        "--speculative draft or auto (the embedded model's: engine/runtime/model/assets/draft)",
         metavar="PATH",
         shown="none",
     )

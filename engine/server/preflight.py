@@ -4,7 +4,9 @@ A port another process holds (`--port`, `--http-port`, `--metrics-port`), or
 the same port given to two of them, and a `--model` or `--draft-model` that
 is no model directory are found here, in a second, each as one ValueError
 naming the flag: not after Ray has started and the weights have loaded, when
-a bind or a load fails inside an actor.
+a bind or a load fails inside an actor. A model given by its Hugging Face name
+is resolved here too (`fetch_models`: the cache, else a download; engine.hub),
+so that what Ray starts with is local directories only.
 
 It knows the sockets the server will bind and the files mlx-lm loads; it
 imports neither Ray nor MLX. A port can still be taken between this check and
@@ -15,11 +17,46 @@ from __future__ import annotations
 
 import errno
 import socket
+from dataclasses import replace
 
 from engine.config import EngineConfig, ModelConfig, ServerConfig
 from engine.config.declare import label_of
 from engine.config.fleet import FleetConfig
 from engine.config.model import check_model_dir
+from engine.hub import HubSettings, parse_ref, resolve
+
+
+def fetch_models(config: EngineConfig, settings: HubSettings, **options) -> EngineConfig:
+    """`config` with each model and draft model given as `org/name[@rev]` replaced by its
+    snapshot directory in the Hugging Face cache (downloaded if need be; `options` go to
+    engine.hub `resolve`). HubError, one line naming the flag, for what cannot be had."""
+    model = label_of(FleetConfig, "models")
+    done: dict[str, str] = {}
+
+    def local(text: str | None, label: str) -> str | None:
+        if not text or parse_ref(text) is None:
+            return text
+        if text not in done:
+            done[text] = str(resolve(text, settings, label=label, **options))
+        return done[text]
+
+    specs = tuple(
+        replace(
+            spec,
+            path=local(spec.path, f"{model} {spec.name}=" if spec.name else model),
+            draft_model=local(spec.draft_model, f"{model} {spec.name}=...,draft_model"),
+        )
+        for spec in config.fleet.models
+    )
+    return replace(
+        config,
+        model=replace(
+            config.model,
+            path=local(config.model.path, model),
+            draft_model=local(config.model.draft_model, label_of(ModelConfig, "draft_model")),
+        ),
+        fleet=replace(config.fleet, models=specs),
+    )
 
 
 def check(config: EngineConfig) -> None:

@@ -23,7 +23,7 @@ chat template and the tokenizer; engine.server.output_format):
   `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{…}<｜tool▁call▁end｜>` (DeepSeek-V3, V3.1);
 - `dsml`: `<think>…</think>`, and `<｜DSML｜function_calls>` around calls
   `<｜DSML｜invoke name="NAME"><｜DSML｜parameter name="K" string="true|false">V
-  </｜DSML｜parameter></｜DSML｜invoke>` (DeepSeek-V3.2);
+  </｜DSML｜parameter></｜DSML｜invoke>` (DeepSeek-V3.2; V4 names the section `tool_calls`);
 - `plain`: no markup: everything is text.
 
 A `-thinking` suffix (`qwen-thinking`, ...) says the template's generation
@@ -47,10 +47,31 @@ Plain Python, no MLX: a client process imports it.
 import json
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence, Union
 
-FAMILIES = ("qwen", "qwen_xml", "glm", "kimi", "deepseek", "dsml", "plain")
+from clients.bridge import call_bodies as bodies
+
+FAMILIES = (
+    "qwen",
+    "qwen_xml",
+    "glm",
+    "kimi",
+    "deepseek",
+    "dsml",
+    "llama3_json",
+    "pythonic",
+    "mistral",
+    "harmony",
+    "gemma4",
+    "command_r",
+    "command_r7b",
+    "minimax",
+    "nemotron",
+    "granite",
+    "phi4",
+    "plain",
+)
 THINKING = "-thinking"  # suffix: the output starts inside the reasoning block
 
 
@@ -97,8 +118,18 @@ class Call:
     call_id: str
 
 
-# A call's body (the text between its markers) -> Call, or None when malformed.
-CallParser = Callable[[str, Sequence[Mapping] | None], Union[Call, None]]
+# A call's body (the text between its markers) -> its Call(s), or None when malformed.
+CallParser = Callable[[str, Sequence[Mapping] | None], Union[Call, list[Call], None]]
+
+
+def _calls(read: Callable) -> CallParser:
+    """A clients.bridge.call_bodies reader as a CallParser (each call its own id)."""
+
+    def parse(body: str, tools=None) -> list[Call] | None:
+        found = read(body, tools)
+        return found and [Call(n, a, t, _call_id()) for n, a, t in found]
+
+    return parse
 
 
 @dataclass(frozen=True)
@@ -106,9 +137,11 @@ class Markup:
     """How one family marks reasoning and tool calls."""
 
     think: tuple[str, str] | None
-    call: tuple[str, str] | None
+    call: tuple[str, str | None] | None  # closer None: the call runs to the output's end
     parse: CallParser | None = None
     section: tuple[str, str] | None = None  # a wrapper around a run of calls (kimi)
+    drop: tuple[str, ...] = ()  # more markup between the parts (harmony's headers)
+    lead: str = ""  # characters that open a call when the output starts with one
 
 
 def _call_id() -> str:
@@ -220,9 +253,13 @@ _DEEPSEEK_SEP = "<｜tool▁sep｜>"
 
 
 def parse_deepseek_call(body: str, tools=None) -> Call | None:
-    """`NAME<｜tool▁sep｜>{...}` (V3.1 may fence the JSON in ```json ... ```)."""
+    """`NAME<｜tool▁sep｜>{...}` (V3.1; the JSON may be fenced in ```json ... ```), or
+    `function<｜tool▁sep｜>NAME` then the JSON in a ```json fence (V3, the R1 distills)."""
     name, marker, args_text = body.partition(_DEEPSEEK_SEP)
-    name = name.strip().removeprefix("function").strip()
+    name = name.strip()
+    if name == "function" and not args_text.lstrip().startswith(("{", "`")):
+        name, _, args_text = args_text.partition("\n")
+        name = name.strip()
     args_text = args_text.strip().removeprefix("```json").removesuffix("```").strip()
     if not marker or not name or any(c in name for c in "<>\n{"):
         return None
@@ -285,6 +322,15 @@ def parse_kimi_call(body: str, tools=None) -> Call | None:
 
 
 THINK = ("<think>", "</think>")
+# gpt-oss's message headers around the channels (`<|start|>assistant<|channel|>final...`).
+HARMONY_HEADERS = (
+    "<|start|>assistant",
+    "<|channel|>final<|message|>",
+    "<|channel|>commentary",
+    "<|message|>",
+    "<|return|>",
+    "<|call|>",
+)
 MARKUPS: dict[str, Markup] = {
     "qwen": Markup(THINK, ("<tool_call>", "</tool_call>"), parse_qwen_call),
     "qwen_xml": Markup(THINK, ("<tool_call>", "</tool_call>"), parse_xml_call),
@@ -306,7 +352,41 @@ MARKUPS: dict[str, Markup] = {
         (f'<{_DSML}invoke name="', f"</{_DSML}invoke>"),
         parse_dsml_call,
         section=(f"<{_DSML}function_calls>", f"</{_DSML}function_calls>"),
+        drop=(f"<{_DSML}tool_calls>", f"</{_DSML}tool_calls>"),  # DeepSeek-V4's section
     ),
+    "llama3_json": Markup(None, ("<|python_tag|>", None), _calls(bodies.llama3_objects), lead="{"),
+    "pythonic": Markup(
+        None, ("<|python_start|>", "<|python_end|>"), _calls(bodies.pythonic_calls), lead="["
+    ),
+    "mistral": Markup(
+        ("[THINK]", "[/THINK]"), ("[TOOL_CALLS]", None), _calls(bodies.mistral_calls)
+    ),
+    "harmony": Markup(
+        ("<|channel|>analysis<|message|>", "<|end|>"),
+        ("to=functions.", "<|call|>"),
+        _calls(bodies.harmony_call),
+        drop=HARMONY_HEADERS,
+    ),
+    "gemma4": Markup(
+        ("<|channel>thought", "<channel|>"),
+        ("<|tool_call>", "<tool_call|>"),
+        _calls(bodies.gemma_call),
+    ),
+    "command_r": Markup(None, ("Action:", None), _calls(bodies.cohere_list)),
+    "command_r7b": Markup(
+        ("<|START_THINKING|>", "<|END_THINKING|>"),
+        ("<|START_ACTION|>", "<|END_ACTION|>"),
+        _calls(bodies.cohere_list),
+        drop=("<|START_RESPONSE|>", "<|END_RESPONSE|>"),
+    ),
+    "minimax": Markup(
+        THINK, ("<minimax:tool_call>", "</minimax:tool_call>"), _calls(bodies.minimax_invokes)
+    ),
+    "nemotron": Markup(THINK, ("<TOOLCALL>", "</TOOLCALL>"), _calls(bodies.json_list)),
+    "granite": Markup(
+        THINK, ("<|tool_call|>", None), _calls(bodies.json_list), drop=("<response>", "</response>")
+    ),
+    "phi4": Markup(None, ("functools", None), _calls(bodies.json_list)),
     "plain": Markup(None, None),
 }
 
@@ -333,6 +413,7 @@ class OutputParser:
         self.opener = ""  # the open call's marker
         self.body = ""  # the open call's text
         self.index = 0  # calls that parsed
+        self.at_start = bool(markup.lead) and self.state == _TEXT  # a lead may open a call
 
     def feed(self, text: str) -> list[Part]:
         self.held += text
@@ -368,10 +449,13 @@ class OutputParser:
                 out[m.think[1]] = "drop"  # a stray closer is markup too
             if m.call:
                 out[m.call[0]] = "call"
-                out[m.call[1]] = "drop"
+                if m.call[1]:
+                    out[m.call[1]] = "drop"
             if m.section:
                 out[m.section[0]] = "section"
                 out[m.section[1]] = "drop"
+            for marker in m.drop:
+                out.setdefault(marker, "drop")
         elif self.state == _REASONING:
             out[m.think[1]] = "text"
             if self.opened:
@@ -379,12 +463,14 @@ class OutputParser:
         elif self.state == _SECTION:
             out[m.call[0]] = "call"
             out[m.section[1]] = "text"
-        else:
+        elif m.call[1]:
             out[m.call[1]] = "end"
         return out
 
     def _step(self, out: list[Part]) -> bool:
         """Handle the held text up to the next marker; False when none is whole yet."""
+        if self.at_start:
+            return self._lead()
         markers = self._markers()
         found = [(self.held.find(k), -len(k), k) for k in markers]
         found = [f for f in found if f[0] >= 0]
@@ -397,6 +483,18 @@ class OutputParser:
         self._handle(self.held[:at], out)
         self.held = self.held[at + len(marker) :]
         self._act(markers[marker], marker, out)
+        return True
+
+    def _lead(self) -> bool:
+        """At the output's start, a call that opens without a marker (Llama 3's JSON,
+        pythonic lists) or not; False while only whitespace has come."""
+        rest = self.held.lstrip()
+        if not rest:
+            return False
+        self.at_start = False
+        if rest[0] in self.markup.lead:
+            self.call_lead, self.held = self.held[: len(self.held) - len(rest)], rest
+            self.state, self.opener, self.body, self.in_section = _CALL, "", "", False
         return True
 
     def _handle(self, text: str, out: list[Part]) -> None:
@@ -454,17 +552,20 @@ class OutputParser:
     def _end_call(self, out: list[Part], raw: str) -> bool:
         """The open call's parts; False when it does not parse (one ToolCallEnd, its raw
         text with the whitespace before it)."""
-        call = self.markup.parse(self.body, self.tools) if self.markup.parse else None
-        if call is None:
+        calls = self.markup.parse(self.body, self.tools) if self.markup.parse else None
+        if isinstance(calls, Call):
+            calls = [calls]
+        if not calls:
             out.append(ToolCallEnd(self.index, None, self.call_lead + raw))
             return False
-        i = self.index
-        self.index += 1
-        out += [
-            ToolCallStart(i, call.call_id, call.name),
-            ToolCallDelta(i, call.arguments_text),
-            ToolCallEnd(i, call.arguments, raw),
-        ]
+        for call in calls:
+            i = self.index
+            self.index += 1
+            out += [
+                ToolCallStart(i, call.call_id, call.name),
+                ToolCallDelta(i, call.arguments_text),
+                ToolCallEnd(i, call.arguments, raw),
+            ]
         return True
 
 
@@ -503,7 +604,7 @@ def make_parser(family: str, *, tool_calls: bool = True, tools=None) -> OutputPa
         )
     markup = MARKUPS[name]
     if not tool_calls:
-        markup = Markup(markup.think, None)
+        markup = replace(markup, call=None, parse=None, section=None, lead="")
     return OutputParser(markup, reasoning=family.endswith(THINKING), tools=tools)
 
 

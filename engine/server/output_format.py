@@ -33,22 +33,48 @@ MARKERS = ("<tool_call>", "</tool_call>", "<think>", "</think>")
 
 
 def family_of(template: str, vocab) -> str:
-    """The family whose markup the template and the vocabulary show."""
-    if "<|tool_calls_section_begin|>" in template or "<|tool_calls_section_begin|>" in vocab:
-        return "kimi"
-    if "<｜tool▁calls▁begin｜>" in template or "<｜tool▁calls▁begin｜>" in vocab:
-        return "deepseek"
-    if "｜DSML｜" in template:
-        return "dsml"
-    if "<arg_key>" in template or "<arg_key>" in vocab:
-        return "glm"
-    if "<function=" in template and "<parameter=" in template:
-        return "qwen_xml"
-    if "<tool_call>" in template or "<tool_call>" in vocab:
-        return "qwen"
-    if "<think>" in vocab or "<think>" in template:
-        return "qwen"
-    return "plain"
+    """The family whose markup the template shows (each family's marks, in _SHOWN's
+    order), else whose markup the vocabulary holds as tokens (_HELD), else `plain`."""
+    for family, marks in _SHOWN:
+        if all(m in template for m in marks):
+            return family
+    for family, token in _HELD:
+        if token in vocab:
+            return family
+    return "qwen" if "<think>" in vocab or "<think>" in template else "plain"
+
+
+# family -> the markup its template shows, every piece of it (checked in this order: the
+# first that matches decides).
+_SHOWN = (
+    ("kimi", ("<|tool_calls_section_begin|>",)),
+    ("deepseek", ("<｜tool▁calls▁begin｜>",)),
+    ("dsml", ("｜DSML｜",)),
+    ("glm", ("<arg_key>",)),
+    ("harmony", ("<|channel|>", "<|start|>assistant to=")),
+    ("gemma4", ("<|tool_call>", "<tool_call|>")),
+    ("minimax", ("<minimax:tool_call>",)),
+    ("nemotron", ("<TOOLCALL>",)),
+    ("command_r7b", ("<|START_ACTION|>",)),
+    ("command_r", ("<|START_OF_TURN_TOKEN|>", "Action:")),
+    ("mistral", ("[TOOL_CALLS]",)),
+    ("phi4", ("functools[",)),
+    ("granite", ("<|tool_call|>",)),
+    ("qwen_xml", ("<function=", "<parameter=")),
+    ("qwen", ("<tool_call>",)),
+    ("pythonic", ("<|python_start|>",)),
+    ("llama3_json", ("<|python_tag|>",)),
+    ("llama3_json", ("<|start_header_id|>", '"parameters": ')),  # Llama 3.2: no python_tag
+)
+# family -> a token of its markup in the vocabulary (a template that shows none of it).
+_HELD = (
+    ("kimi", "<|tool_calls_section_begin|>"),
+    ("deepseek", "<｜tool▁calls▁begin｜>"),
+    ("glm", "<arg_key>"),
+    ("qwen", "<tool_call>"),
+    ("pythonic", "<|python_start|>"),
+    ("llama3_json", "<|python_tag|>"),
+)
 
 
 def opens_reasoning(render: Callable[[list], "str | None"]) -> bool:

@@ -12,9 +12,8 @@ SDIST=".cache/templates/llama_cpp_python-$VERSION.tar.gz"
 [ -f "$DIR/.llama-cpp-python-$VERSION" ] && exit 0
 mkdir -p .cache/templates
 if ! echo "$SHA256  $SDIST" | sha256sum -c --quiet 2>/dev/null; then
-  python -m pip download -q --no-deps --no-binary :all: --no-build-isolation \
-    -d .cache/templates "llama-cpp-python==$VERSION" 2>/dev/null ||
-    python -m pip download -q --no-deps --no-binary :all: -d .cache/templates "llama-cpp-python==$VERSION"
+  python -m pip download -q --no-deps --no-binary :all: -d .cache/templates \
+    "llama-cpp-python==$VERSION"
   echo "$SHA256  $SDIST" | sha256sum -c --quiet
 fi
 rm -rf "$DIR" && mkdir -p "$DIR"

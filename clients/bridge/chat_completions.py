@@ -188,7 +188,8 @@ class ChatShape(_Shape):
                 out.append(self._chunk({"tool_calls": [call]}))
             elif isinstance(p, ToolCallEnd) and p.arguments is None:
                 malformed_call(self.rid, p.raw)
-                out.append(self._chunk({"content": p.raw}))
+                if p.raw:  # "": a call the output's end cut, dropped
+                    out.append(self._chunk({"content": p.raw}))
         return out
 
     def delta(self, text: str, logprobs=()) -> list[dict]:

@@ -428,7 +428,11 @@ class OutputParser:
         rest, self.held = self.held, ""
         if self.state == _CALL:
             self.body += rest
-            self._end_call(out, self.opener + self.body)
+            # a call its marker opened and the output's end cut (max_tokens, a stop string)
+            # is markup, not text: when it does not parse it is dropped (raw ""); a call
+            # that opened without a marker (a lead) was text after all
+            cut = bool(self.opener)
+            self._end_call(out, "" if cut else self.opener + self.body, keep_lead=not cut)
         elif self.state == _REASONING:
             self._content(rest, ReasoningPart, out)
         else:
@@ -549,14 +553,14 @@ class OutputParser:
         if body:
             out.append(kind(body))
 
-    def _end_call(self, out: list[Part], raw: str) -> bool:
+    def _end_call(self, out: list[Part], raw: str, keep_lead: bool = True) -> bool:
         """The open call's parts; False when it does not parse (one ToolCallEnd, its raw
         text with the whitespace before it)."""
         calls = self.markup.parse(self.body, self.tools) if self.markup.parse else None
         if isinstance(calls, Call):
             calls = [calls]
         if not calls:
-            out.append(ToolCallEnd(self.index, None, self.call_lead + raw))
+            out.append(ToolCallEnd(self.index, None, self.call_lead + raw if keep_lead else raw))
             return False
         for call in calls:
             i = self.index

@@ -190,3 +190,55 @@ def test_every_split_gives_the_same_parts(case):
 
 def test_the_engine_and_the_bridge_name_the_same_families():
     assert FAMILIES == OUTPUT_FAMILIES
+
+
+# A call the output's end cut (max_tokens, a stop string) anywhere after its opening
+# marker: no markup
+# reaches the text, on the chat completions stream and on the blocks that Anthropic
+# Messages and Responses stream.
+CUT = [
+    (
+        "qwen",
+        'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>',
+    ),
+    ("mistral", 'Sure.[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}'),
+    (
+        "harmony",
+        '<|channel|>final<|message|>Sure.<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Rome"}<|call|>',
+    ),
+    ("gemma4", 'Sure.<|tool_call>call:get_weather{city:<|"|>Rome<|"|>}<tool_call|>'),
+    (
+        "minimax",
+        'Sure.<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Rome</parameter>\n</invoke>\n</minimax:tool_call>',
+    ),
+    (
+        "command_r7b",
+        'Sure.<|START_ACTION|>[{"tool_name": "get_weather", "parameters": {"city": "Rome"}}]<|END_ACTION|>',
+    ),
+]
+
+
+@pytest.mark.parametrize("family, output", CUT, ids=[c[0] for c in CUT])
+def test_a_call_cut_by_the_outputs_end_leaks_no_markup(family, output):
+    from clients.bridge.blocks import TEXT, Blocks
+    from clients.bridge.chat_completions import ChatShape
+    from clients.bridge.parsers import make_parser
+    from clients.wire import Final, Restore, Timing, Usage
+
+    from clients.bridge.parsers import MARKUPS
+
+    opener = MARKUPS[family].call[0]
+    start = output.index(opener) + len(opener)  # (a cut inside a marker may be text)
+    for end in range(start, len(output)):
+        cut = output[:end]
+        shape = ChatShape("r1", {"id": "tiny", "fingerprint": "fp"}, make_parser(family))
+        chunks = [c for ch in cut for c in shape.delta(ch)]
+        chunks += shape.finish(Final("length", Usage(1, 0, 1), Restore(), Timing(), "r1"))
+        content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+        blocks = Blocks(make_parser(family))
+        for ch in cut:
+            blocks.feed(ch, 1)
+        blocks.close()
+        texts = "".join(b.text for b in blocks.blocks if b.kind == TEXT)
+        for shown in (content, texts):
+            assert shown.strip() in ("Sure.", ""), (cut, shown)

@@ -11,10 +11,10 @@ ones), and the strings a model of it stops on (its end of turn).
 from __future__ import annotations
 
 import hashlib
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = Path(__file__).parent / "published.toml"

@@ -204,16 +204,19 @@ CUT = [
     ("mistral", 'Sure.[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}'),
     (
         "harmony",
-        '<|channel|>final<|message|>Sure.<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Rome"}<|call|>',
+        "<|channel|>final<|message|>Sure.<|end|><|start|>assistant to=functions.get_weather"
+        '<|channel|>commentary json<|message|>{"city": "Rome"}<|call|>',
     ),
     ("gemma4", 'Sure.<|tool_call>call:get_weather{city:<|"|>Rome<|"|>}<tool_call|>'),
     (
         "minimax",
-        'Sure.<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Rome</parameter>\n</invoke>\n</minimax:tool_call>',
+        'Sure.<minimax:tool_call>\n<invoke name="get_weather">\n'
+        '<parameter name="city">Rome</parameter>\n</invoke>\n</minimax:tool_call>',
     ),
     (
         "command_r7b",
-        'Sure.<|START_ACTION|>[{"tool_name": "get_weather", "parameters": {"city": "Rome"}}]<|END_ACTION|>',
+        'Sure.<|START_ACTION|>[{"tool_name": "get_weather", "parameters": {"city": "Rome"}}]'
+        "<|END_ACTION|>",
     ),
 ]
 
@@ -222,10 +225,8 @@ CUT = [
 def test_a_call_cut_by_the_outputs_end_leaks_no_markup(family, output):
     from clients.bridge.blocks import TEXT, Blocks
     from clients.bridge.chat_completions import ChatShape
-    from clients.bridge.parsers import make_parser
+    from clients.bridge.parsers import MARKUPS, make_parser
     from clients.wire import Final, Restore, Timing, Usage
-
-    from clients.bridge.parsers import MARKUPS
 
     opener = MARKUPS[family].call[0]
     start = output.index(opener) + len(opener)  # (a cut inside a marker may be text)

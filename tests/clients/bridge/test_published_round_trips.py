@@ -142,7 +142,7 @@ def test_the_engine_picks_the_manifests_family(name):
 def test_a_past_call_is_read_back_as_the_same_call(name):
     template = Template(name, calls=True)
     out, results = round_trip(template, turn(CALLS[:1]))
-    for text, reasoning, calls in results:
+    for text, _, calls in results:
         assert calls == CALLS[:1], f"{template.family} did not read back {out!r}"
         assert text == "", f"markup reached the text: {text!r} (of {out!r})"
 

@@ -184,10 +184,11 @@ class TemplateRenders:
 
             kwargs.pop("tokenize")
             specials = getattr(self.tokenizer, "special_tokens_map", None) or {}
+            template = self.tokenizer.chat_template
+            if hasattr(self.tokenizer, "get_chat_template"):  # a named one: tool_use with tools
+                template = self.tokenizer.get_chat_template(None, kwargs.get("tools"))
             return render_jinja_template(
-                conversations=[messages],
-                chat_template=self.tokenizer.chat_template,
-                **{**specials, **kwargs},
+                conversations=[messages], chat_template=template, **{**specials, **kwargs}
             )[0][0]
         return self.tokenizer.apply_chat_template(messages, **kwargs)
 

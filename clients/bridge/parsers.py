@@ -20,19 +20,44 @@ chat template and the tokenizer; engine.server.output_format):
 - `kimi`: `<think>…</think>`, and `<|tool_calls_section_begin|>` around calls
   `<|tool_call_begin|>functions.NAME:I<|tool_call_argument_begin|>{…}<|tool_call_end|>`;
 - `deepseek`: `<think>…</think>`, and `<｜tool▁calls▁begin｜>` around calls
-  `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{…}<｜tool▁call▁end｜>` (DeepSeek-V3, V3.1);
+  `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{…}<｜tool▁call▁end｜>` (V3.1), or
+  `function<｜tool▁sep｜>NAME` and a ```json fence (V3, the R1 distills);
 - `dsml`: `<think>…</think>`, and `<｜DSML｜function_calls>` around calls
   `<｜DSML｜invoke name="NAME"><｜DSML｜parameter name="K" string="true|false">V
   </｜DSML｜parameter></｜DSML｜invoke>` (DeepSeek-V3.2; V4 names the section `tool_calls`);
+- `llama3_json`: `{"name": …, "parameters": {…}}` (several by `;`) at the output's start
+  or after `<|python_tag|>` (Llama 3.1, 3.2, 3.3);
+- `pythonic`: `[NAME(k=v, …), …]` at the output's start or inside
+  `<|python_start|>…<|python_end|>` (Llama 4);
+- `mistral`: `[THINK]…[/THINK]`, and `[TOOL_CALLS]` then a JSON list or `NAME[ARGS]{…}`
+  (`[CALL_ID]ID` may precede `[ARGS]`), one per `[TOOL_CALLS]`, to the output's end;
+- `harmony` (gpt-oss): the `analysis` channel is reasoning, `final` text, and a call
+  `to=functions.NAME … <|message|>{…}<|call|>`; the message headers are dropped;
+- `gemma4`: `<|channel>thought…<channel|>`, and
+  `<|tool_call>call:NAME{k:<|"|>v<|"|>,…}<tool_call|>`;
+- `command_r`: `Action:` then a ```json fenced list of `{"tool_name", "parameters"}`;
+- `command_r7b`: `<|START_THINKING|>…<|END_THINKING|>`, and the same list in
+  `<|START_ACTION|>…<|END_ACTION|>` (`<|START_RESPONSE|>` is dropped);
+- `minimax`: `<think>…</think>`, and `<minimax:tool_call>` around
+  `<invoke name="NAME"><parameter name="K">V</parameter></invoke>` calls;
+- `nemotron`: `<think>…</think>`, and `<TOOLCALL>[{"name", "arguments"}, …]</TOOLCALL>`;
+- `granite`: `<think>…</think>`, and `<|tool_call|>[…]` to the output's end;
+- `phi4`: `functools[…]` to the output's end (Phi-4 mini);
 - `plain`: no markup: everything is text.
+
+A call with no marker (llama3_json, pythonic) opens only where the output starts
+with its first character; if it does not parse at the end it was text. A call
+whose marker opened it and that the output's end cut (max_tokens, a stop string)
+before it parses is dropped: its markup is not text.
 
 A `-thinking` suffix (`qwen-thinking`, ...) says the template's generation
 prompt opens the reasoning block itself, so the output starts inside it.
 
 A tool call comes whole, once its closing marker arrives (or the output ends):
 ToolCallStart, one ToolCallDelta carrying its arguments as JSON text, then
-ToolCallEnd. Nothing of a call is streamed before it parses, because what was
-streamed cannot be taken back: a call whose markup does not parse comes as a
+ToolCallEnd (a body that holds several calls gives each its three parts).
+Nothing of a call is streamed before it parses, because what was streamed
+cannot be taken back: a call whose markup does not parse comes as a
 ToolCallEnd alone, with `arguments` None and its `raw` markup, which the
 endpoint returns as text (with a warning in its log). Indexes count the calls
 that parsed, from 0. The arguments text is the model's own where the format

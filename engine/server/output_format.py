@@ -1,13 +1,15 @@
 """Which markup the served model writes its reasoning and tool calls in, decided at load.
 
-The family (`qwen`, `qwen_xml`, `glm`, `kimi`, `deepseek`, `dsml`, `plain`;
-clients.bridge.parsers reads each) comes
-from the chat template and the tokenizer's vocabulary, the way the template shows
-the model its own past calls: Kimi's `<|tool_calls_section_begin|>`, GLM's
-`<arg_key>`, DeepSeek's `<｜tool▁calls▁begin｜>` (V3, V3.1) and `｜DSML｜` (V3.2),
-Qwen3-Coder's `<function=…><parameter=…>` inside `<tool_call>`,
-Qwen's (and Hermes') JSON inside `<tool_call>`; `<think>` tokens alone mean
-Qwen-style reasoning. `-thinking` follows when the template's generation prompt
+The family (engine.config.prompt.OUTPUT_FAMILIES; clients.bridge.parsers reads each)
+comes from the chat template, the way it shows the model its own past calls: each
+family's marks, checked in `_SHOWN`'s order (Kimi's `<|tool_calls_section_begin|>`,
+DeepSeek's `<｜tool▁calls▁begin｜>` and `｜DSML｜`, GLM's `<arg_key>`, gpt-oss's
+channels, Gemma 4's `<|tool_call>`, MiniMax's, Nemotron's `<TOOLCALL>`, Command-R's,
+Mistral's `[TOOL_CALLS]`, Phi-4's `functools[`, Granite's `<|tool_call|>`,
+Qwen3-Coder's `<function=…><parameter=…>`, Qwen's and Hermes' `<tool_call>`, Llama 4's
+`<|python_start|>`, Llama 3's `<|python_tag|>` or its `"parameters": ` JSON); else from
+the vocabulary's tokens (`_HELD`); else `<think>` alone means Qwen-style reasoning.
+`-thinking` follows when the template's generation prompt
 ends inside an open `<think>` (the model's output starts in its reasoning).
 `--output-format` (engine.config.prompt) overrides the family. It reaches
 clients through ModelInfo.output_format.

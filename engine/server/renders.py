@@ -59,11 +59,16 @@ class TemplateRenders:
         tools,
         add_generation_prompt: bool,
         continue_final_message: bool = False,
+        template_kwargs=None,
     ) -> str:
         """The client's conversation as the template writes it; InvalidRequest when the
-        template refuses it (its own message)."""
+        template refuses it (its own message). `template_kwargs`: the client's extra
+        template variables (the engine's own renders go without them, and keep only
+        what agrees with this render)."""
         try:
-            return self._render(messages, tools, add_generation_prompt, continue_final_message)
+            return self._render(
+                messages, tools, add_generation_prompt, continue_final_message, template_kwargs
+            )
         except Exception as e:  # a template error is the request's fault
             raise InvalidRequest(f"the chat template failed on these messages: {e}")
 
@@ -126,14 +131,16 @@ class TemplateRenders:
             errors.append(e)
             return None
 
-    def _render(self, messages, tools, add_generation_prompt, continue_final_message=False):
+    def _render(
+        self, messages, tools, add_generation_prompt, continue_final_message=False, extra=None
+    ):
         """The template's text; its own error when it refuses the messages. Templates
         disagree on a past call's arguments: most read a mapping (`| tojson`), DeepSeek's
         concatenate a JSON string. The engine passes a mapping; a template that refuses it
         gets the same arguments as their JSON text. They disagree on a call turn without
         text too (`null_content`)."""
         messages = with_call_content(messages, None if self.null_content() else "")
-        args = (tools, add_generation_prompt, continue_final_message)
+        args = (tools, add_generation_prompt, continue_final_message, extra)
         try:
             return self._apply(messages, *args)
         except Exception:
@@ -171,8 +178,12 @@ class TemplateRenders:
             )
         return self._null_content
 
-    def _apply(self, messages, tools, add_generation_prompt, continue_final_message):
-        kwargs = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
+    def _apply(self, messages, tools, add_generation_prompt, continue_final_message, extra=None):
+        kwargs = {
+            **(extra or {}),
+            "tokenize": False,
+            "add_generation_prompt": add_generation_prompt,
+        }
         if tools:
             kwargs["tools"] = list(tools)
         if continue_final_message:
@@ -183,6 +194,9 @@ class TemplateRenders:
             from transformers.utils.chat_template_utils import render_jinja_template
 
             kwargs.pop("tokenize")
+            if isinstance(getattr(self.tokenizer, "has_thinking", None), bool):
+                # as mlx-lm's wrapper passes it to every render
+                kwargs.setdefault("enable_thinking", self.tokenizer.has_thinking)
             specials = getattr(self.tokenizer, "special_tokens_map", None) or {}
             template = self.tokenizer.chat_template
             if hasattr(self.tokenizer, "get_chat_template"):  # a named one: tool_use with tools

@@ -77,10 +77,10 @@ class PromptConfig:
     output_format: str = setting(
         "auto",
         "how the model marks reasoning and tool calls in its output: auto (from its chat "
-        "template and tokenizer), qwen, qwen_xml, glm, kimi, deepseek, dsml or plain; "
-        "-thinking after any but plain: the generation prompt opens the reasoning",
+        "template and tokenizer) or a family (docs/api.md, Output formats); -thinking after "
+        "any but plain: the generation prompt opens the reasoning",
         choices=OUTPUT_FORMATS,
-        metavar="auto|qwen|qwen_xml|glm|kimi|deepseek|dsml|plain",
+        metavar="auto|" + "|".join(OUTPUT_FAMILIES),
     )
 
     def __post_init__(self):

@@ -337,6 +337,7 @@ def build_request(
     n: int = 1,
     model: str = "",
     cache_marks: Sequence[int] = (),
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> engine_pb2.GenerateRequest:
     """Arguments of generate()/stream() -> GenerateRequest.
 
@@ -349,7 +350,8 @@ def build_request(
     at each position; `n` asks for that many branches from one prefill (their events
     carry `index`); `model` names the model when the server serves several;
     `cache_marks`: indexes of the messages the client marked as places it comes back to
-    (their ends become capture points). Raises ValueError naming the bad argument.
+    (their ends become capture points); `template_kwargs`: extra variables for the chat
+    template (`enable_thinking`, ...). Raises ValueError naming the bad argument.
     """
     given = [
         n
@@ -402,6 +404,10 @@ def build_request(
         request.add_generation_prompt = not continue_final_message
         request.continue_final_message = continue_final_message
         request.cache_marks.extend(wire_int(k, "cache_marks", 32) for k in cache_marks)
+        if template_kwargs:
+            if not isinstance(template_kwargs, Mapping):
+                raise InvalidInput("chat_template_kwargs must be an object")
+            request.template_kwargs_json = json.dumps(dict(template_kwargs), ensure_ascii=False)
     elif prompt is not None:
         request.prompt_text = str(prompt)
     else:

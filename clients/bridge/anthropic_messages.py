@@ -23,7 +23,13 @@ from types import SimpleNamespace
 
 from clients.bridge.anthropic_request import Prompt, prompt_of
 from clients.bridge.blocks import REASONING, TEXT, Blocks, Closed, Grew, Opened
-from clients.bridge.callers import caller_of, drain, engine_call
+from clients.bridge.callers import (
+    caller_of,
+    drain,
+    engine_call,
+    output_family,
+    thinking_switches,
+)
 from clients.bridge.errors import (
     engine_status,
     error_json,
@@ -207,6 +213,14 @@ def add_routes(app, backend, served) -> None:
 
     s = _schemas()
 
+    def switches_of(body) -> dict | None:
+        """`thinking: {type: disabled|enabled}` as the template's reasoning switch."""
+        thinking = (body.model_extra or {}).get("thinking")
+        kind = thinking.get("type") if isinstance(thinking, dict) else None
+        if kind not in ("disabled", "enabled"):
+            return None
+        return thinking_switches(disabled=kind == "disabled")
+
     async def begin(body, request: Request, max_tokens: int, held: bool = False, **sampling):
         """(caller, model name, info, prompt, stream) of a request the engine runs; `held`:
         its output is held to its tool_choice (any, tool, none; auto with tools is lazy)."""
@@ -219,6 +233,7 @@ def add_routes(app, backend, served) -> None:
         kwargs["model"] = info["engine_model"]
         if held:
             kwargs["constraint"] = constraint_for(None, body.tool_choice, None, prompt.tools)
+        kwargs["template_kwargs"] = switches_of(body)
         stream = backend.stream(
             caller.gate,
             messages=list(prompt.messages),
@@ -246,7 +261,8 @@ def add_routes(app, backend, served) -> None:
             session=user if isinstance(user, str) else None,
         )
         tools = list(prompt.tools) or None
-        parser = make_parser(info["output_format"], tool_calls=prompt.parse_tools, tools=tools)
+        family = output_family(info["output_format"], switches_of(body))
+        parser = make_parser(family, tool_calls=prompt.parse_tools, tools=tools)
         cache_on = info["reply"].get("cache_mode", "lineage") != "off"
         shape = MessageShape(rid, model, cache_on, Blocks(parser))
         if not body.stream:

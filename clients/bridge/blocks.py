@@ -121,8 +121,9 @@ class Blocks:
     def _tool_call(self, end: ToolCallEnd) -> list[BlockEvent]:
         start = self._calls.pop(end.index, None)
         if end.arguments is None or start is None:
-            log.warning("bridge: malformed tool call returned as text: %.200r", end.raw)
-            return self._grow(TEXT, end.raw)
+            if end.raw:
+                log.warning("bridge: malformed tool call returned as text: %.200r", end.raw)
+            return self._grow(TEXT, end.raw)  # "": a call the output's end cut, dropped
         events = self._close_open()
         arguments = json.dumps(end.arguments, ensure_ascii=False)
         block = Block(len(self.blocks), TOOL_CALL, arguments, start.call_id, start.name)

@@ -81,3 +81,31 @@ async def drain(stream, feed):
     if final is None:
         raise LineageError("INTERNAL", "the stream ended without a final event")
     return final
+
+
+EFFORTS = ("none", "minimal", "low", "medium", "high")
+
+
+def thinking_switches(disabled: bool | None = None, effort: str | None = None) -> dict | None:
+    """The chat templates' reasoning switches for a client's Anthropic `thinking` (its
+    type: `disabled` or `enabled`) or Responses `reasoning.effort`: `enable_thinking`
+    (Qwen3, GLM, DeepSeek's hybrids, ...) and gpt-oss's `reasoning_effort`. Both are
+    passed; a template reads the one it has and ignores the other. None: no switch."""
+    out: dict = {}
+    if disabled is not None:
+        out["enable_thinking"] = not disabled
+    if effort is not None:
+        if effort not in EFFORTS:
+            raise ValueError(f"reasoning.effort: {effort!r} is not one of {', '.join(EFFORTS)}")
+        out["enable_thinking"] = effort != "none"
+        if effort != "none":
+            out["reasoning_effort"] = "low" if effort == "minimal" else effort
+    return out or None
+
+
+def output_family(family: str, template_kwargs) -> str:
+    """The output format a request's parser reads: without `-thinking` when the client
+    switched reasoning off (the template's generation prompt then closes it)."""
+    if template_kwargs and template_kwargs.get("enable_thinking") is False:
+        return family.removesuffix("-thinking")
+    return family

@@ -29,6 +29,7 @@ import time
 import uuid
 from types import SimpleNamespace
 
+from clients.bridge.callers import output_family
 from clients.bridge.errors import lineage_error, unless_disconnected
 from clients.bridge.guard import caller_of
 from clients.bridge.parsers import (
@@ -188,7 +189,8 @@ class ChatShape(_Shape):
                 out.append(self._chunk({"tool_calls": [call]}))
             elif isinstance(p, ToolCallEnd) and p.arguments is None:
                 malformed_call(self.rid, p.raw)
-                out.append(self._chunk({"content": p.raw}))
+                if p.raw:  # "": a call the output's end cut, dropped
+                    out.append(self._chunk({"content": p.raw}))
         return out
 
     def delta(self, text: str, logprobs=()) -> list[dict]:
@@ -415,6 +417,7 @@ def _schemas() -> SimpleNamespace:
         tool_choice: str | dict | None = None
         parallel_tool_calls: bool | None = None
         response_format: dict | None = None
+        chat_template_kwargs: dict | None = None  # vLLM's and SGLang's: to the template
         max_completion_tokens: int | None = None
         top_logprobs: int | None = None
 
@@ -453,9 +456,10 @@ def add_routes(app, backend) -> None:
             messages=messages,
             tools=body.tools,
             session=session_of(request.headers, body),
+            template_kwargs=body.chat_template_kwargs,
             **kwargs,
         )
-        family = info.get("output_format") or "plain"
+        family = output_family(info.get("output_format") or "plain", body.chat_template_kwargs)
         calls = bool(body.tools) and body.tool_choice != "none"
 
         def parser() -> OutputParser:

@@ -20,19 +20,44 @@ chat template and the tokenizer; engine.server.output_format):
 - `kimi`: `<think>…</think>`, and `<|tool_calls_section_begin|>` around calls
   `<|tool_call_begin|>functions.NAME:I<|tool_call_argument_begin|>{…}<|tool_call_end|>`;
 - `deepseek`: `<think>…</think>`, and `<｜tool▁calls▁begin｜>` around calls
-  `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{…}<｜tool▁call▁end｜>` (DeepSeek-V3, V3.1);
+  `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{…}<｜tool▁call▁end｜>` (V3.1), or
+  `function<｜tool▁sep｜>NAME` and a ```json fence (V3, the R1 distills);
 - `dsml`: `<think>…</think>`, and `<｜DSML｜function_calls>` around calls
   `<｜DSML｜invoke name="NAME"><｜DSML｜parameter name="K" string="true|false">V
-  </｜DSML｜parameter></｜DSML｜invoke>` (DeepSeek-V3.2);
+  </｜DSML｜parameter></｜DSML｜invoke>` (DeepSeek-V3.2; V4 names the section `tool_calls`);
+- `llama3_json`: `{"name": …, "parameters": {…}}` (several by `;`) at the output's start
+  or after `<|python_tag|>` (Llama 3.1, 3.2, 3.3);
+- `pythonic`: `[NAME(k=v, …), …]` at the output's start or inside
+  `<|python_start|>…<|python_end|>` (Llama 4);
+- `mistral`: `[THINK]…[/THINK]`, and `[TOOL_CALLS]` then a JSON list or `NAME[ARGS]{…}`
+  (`[CALL_ID]ID` may precede `[ARGS]`), one per `[TOOL_CALLS]`, to the output's end;
+- `harmony` (gpt-oss): the `analysis` channel is reasoning, `final` text, and a call
+  `to=functions.NAME … <|message|>{…}<|call|>`; the message headers are dropped;
+- `gemma4`: `<|channel>thought…<channel|>`, and
+  `<|tool_call>call:NAME{k:<|"|>v<|"|>,…}<tool_call|>`;
+- `command_r`: `Action:` then a ```json fenced list of `{"tool_name", "parameters"}`;
+- `command_r7b`: `<|START_THINKING|>…<|END_THINKING|>`, and the same list in
+  `<|START_ACTION|>…<|END_ACTION|>` (`<|START_RESPONSE|>` is dropped);
+- `minimax`: `<think>…</think>`, and `<minimax:tool_call>` around
+  `<invoke name="NAME"><parameter name="K">V</parameter></invoke>` calls;
+- `nemotron`: `<think>…</think>`, and `<TOOLCALL>[{"name", "arguments"}, …]</TOOLCALL>`;
+- `granite`: `<think>…</think>`, and `<|tool_call|>[…]` to the output's end;
+- `phi4`: `functools[…]` to the output's end (Phi-4 mini);
 - `plain`: no markup: everything is text.
+
+A call with no marker (llama3_json, pythonic) opens only where the output starts
+with its first character; if it does not parse at the end it was text. A call
+whose marker opened it and that the output's end cut (max_tokens, a stop string)
+before it parses is dropped: its markup is not text.
 
 A `-thinking` suffix (`qwen-thinking`, ...) says the template's generation
 prompt opens the reasoning block itself, so the output starts inside it.
 
 A tool call comes whole, once its closing marker arrives (or the output ends):
 ToolCallStart, one ToolCallDelta carrying its arguments as JSON text, then
-ToolCallEnd. Nothing of a call is streamed before it parses, because what was
-streamed cannot be taken back: a call whose markup does not parse comes as a
+ToolCallEnd (a body that holds several calls gives each its three parts).
+Nothing of a call is streamed before it parses, because what was streamed
+cannot be taken back: a call whose markup does not parse comes as a
 ToolCallEnd alone, with `arguments` None and its `raw` markup, which the
 endpoint returns as text (with a warning in its log). Indexes count the calls
 that parsed, from 0. The arguments text is the model's own where the format
@@ -44,13 +69,42 @@ comes through unchanged.
 Plain Python, no MLX: a client process imports it.
 """
 
-import json
-import re
-import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence, Union
 
-FAMILIES = ("qwen", "qwen_xml", "glm", "kimi", "deepseek", "dsml", "plain")
+from clients.bridge import call_bodies as bodies
+from clients.bridge.calls import (
+    _DSML,
+    Call,
+    _call_id,
+    parse_deepseek_call,
+    parse_dsml_call,
+    parse_glm_call,
+    parse_kimi_call,
+    parse_qwen_call,
+    parse_xml_call,
+)
+
+FAMILIES = (
+    "qwen",
+    "qwen_xml",
+    "glm",
+    "kimi",
+    "deepseek",
+    "dsml",
+    "llama3_json",
+    "pythonic",
+    "mistral",
+    "harmony",
+    "gemma4",
+    "command_r",
+    "command_r7b",
+    "minimax",
+    "nemotron",
+    "granite",
+    "phi4",
+    "plain",
+)
 THINKING = "-thinking"  # suffix: the output starts inside the reasoning block
 
 
@@ -87,18 +141,18 @@ class ToolCallEnd:
 Part = Union[TextPart, ReasoningPart, ToolCallStart, ToolCallDelta, ToolCallEnd]
 
 
-@dataclass(frozen=True)
-class Call:
-    """One parsed tool call: its name, arguments, their JSON text, and its id."""
-
-    name: str
-    arguments: dict
-    arguments_text: str
-    call_id: str
+# A call's body (the text between its markers) -> its Call(s), or None when malformed.
+CallParser = Callable[[str, Sequence[Mapping] | None], Union[Call, list[Call], None]]
 
 
-# A call's body (the text between its markers) -> Call, or None when malformed.
-CallParser = Callable[[str, Sequence[Mapping] | None], Union[Call, None]]
+def _calls(read: Callable) -> CallParser:
+    """A clients.bridge.call_bodies reader as a CallParser (each call its own id)."""
+
+    def parse(body: str, tools=None) -> list[Call] | None:
+        found = read(body, tools)
+        return found and [Call(n, a, t, _call_id()) for n, a, t in found]
+
+    return parse
 
 
 @dataclass(frozen=True)
@@ -106,185 +160,23 @@ class Markup:
     """How one family marks reasoning and tool calls."""
 
     think: tuple[str, str] | None
-    call: tuple[str, str] | None
+    call: tuple[str, str | None] | None  # closer None: the call runs to the output's end
     parse: CallParser | None = None
     section: tuple[str, str] | None = None  # a wrapper around a run of calls (kimi)
-
-
-def _call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
-# `{"name": "...", "arguments": ` as the templates render it: the arguments' own text follows.
-_QWEN_HEAD = re.compile(
-    r'\{\s*"name"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*"(?:arguments|parameters)"\s*:\s*'
-)
-
-
-def parse_qwen_call(body: str, tools=None) -> Call | None:
-    """`{"name": ..., "arguments": {...}}` (arguments may be a JSON string of an object)."""
-    text = body.strip()
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    args_text = None
-    if isinstance(args, str):
-        args_text = args
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            return None
-    elif (head := _QWEN_HEAD.match(text)) is not None:
-        try:  # the model's own text of the arguments, when they come right after the name
-            value, end = json.JSONDecoder().raw_decode(text, head.end())
-            if value == args and text[end:].strip() == "}":
-                args_text = text[head.end() : end]
-        except json.JSONDecodeError:
-            pass
-    if not isinstance(args, dict):
-        return None
-    if args_text is None:
-        args_text = json.dumps(args, ensure_ascii=False)
-    return Call(obj["name"], args, args_text, _call_id())
-
-
-_GLM_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
-
-
-def _string_arguments(name: str, tools) -> set[str]:
-    """The parameters a tool declares as strings (their values are never JSON-decoded)."""
-    for tool in tools or ():
-        fn = tool.get("function", tool) if isinstance(tool, Mapping) else None
-        if isinstance(fn, Mapping) and fn.get("name") == name:
-            props = (fn.get("parameters") or {}).get("properties") or {}
-            return {
-                k for k, v in props.items() if isinstance(v, Mapping) and v.get("type") == "string"
-            }
-    return set()
-
-
-def parse_glm_call(body: str, tools=None) -> Call | None:
-    """`NAME<arg_key>K</arg_key><arg_value>V</arg_value>...`: a value is JSON unless the tool
-    declares it a string or it does not decode."""
-    name, _, rest = body.partition("<arg_key>")
-    name = name.strip()
-    if not name or any(c in name for c in "<>\n{"):
-        return None
-    rest = "<arg_key>" + rest if rest else ""
-    strings = _string_arguments(name, tools)
-    args = {}
-    for m in _GLM_PAIR.finditer(rest):
-        key, value = m.group(1).strip(), m.group(2).strip()
-        if key not in strings:
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError:
-                pass
-        args[key] = value
-    if _GLM_PAIR.sub("", rest).strip():  # something besides the pairs: not this format
-        return None
-    return Call(name, args, json.dumps(args, ensure_ascii=False), _call_id())
-
-
-_XML_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*", re.DOTALL)
-_XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
-
-
-def parse_xml_call(body: str, tools=None) -> Call | None:
-    """`<function=NAME><parameter=K>V</parameter>...</function>`: a value is JSON unless
-    the tool declares it a string or it does not decode."""
-    m = _XML_FUNCTION.fullmatch(body)
-    if m is None:
-        return None
-    name, rest = m.group(1).strip(), m.group(2)
-    strings = _string_arguments(name, tools)
-    args = {}
-    for p in _XML_PARAMETER.finditer(rest):
-        key, value = p.group(1).strip(), p.group(2)
-        if key not in strings:
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError:
-                pass
-        args[key] = value
-    if not name or _XML_PARAMETER.sub("", rest).strip():  # something besides parameters
-        return None
-    return Call(name, args, json.dumps(args, ensure_ascii=False), _call_id())
-
-
-_DEEPSEEK_SEP = "<｜tool▁sep｜>"
-
-
-def parse_deepseek_call(body: str, tools=None) -> Call | None:
-    """`NAME<｜tool▁sep｜>{...}` (V3.1 may fence the JSON in ```json ... ```)."""
-    name, marker, args_text = body.partition(_DEEPSEEK_SEP)
-    name = name.strip().removeprefix("function").strip()
-    args_text = args_text.strip().removeprefix("```json").removesuffix("```").strip()
-    if not marker or not name or any(c in name for c in "<>\n{"):
-        return None
-    try:
-        args = json.loads(args_text) if args_text else {}
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(args, dict):
-        return None
-    return Call(name, args, args_text or "{}", _call_id())
-
-
-_DSML = "｜DSML｜"
-_DSML_PARAMETER = re.compile(
-    r'<｜DSML｜parameter name="([^"]+)"(?: string="(true|false)")?>(.*?)</｜DSML｜parameter>',
-    re.DOTALL,
-)
-
-
-def parse_dsml_call(body: str, tools=None) -> Call | None:
-    """`NAME">` then `<｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>`
-    (the opener `<｜DSML｜invoke name="` is the call's marker)."""
-    name, marker, rest = body.partition('">')
-    name = name.strip()
-    if not marker or not name or any(c in name for c in '<>"\n'):
-        return None
-    args = {}
-    for m in _DSML_PARAMETER.finditer(rest):
-        key, is_string, value = m.group(1), m.group(2), m.group(3)
-        if is_string != "true":
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError:
-                pass
-        args[key] = value
-    if _DSML_PARAMETER.sub("", rest).strip():  # something besides parameters
-        return None
-    return Call(name, args, json.dumps(args, ensure_ascii=False), _call_id())
-
-
-_KIMI_ARGS = "<|tool_call_argument_begin|>"
-_KIMI_ID = re.compile(r"(?:functions\.)?([^\s:]+):\d+")
-
-
-def parse_kimi_call(body: str, tools=None) -> Call | None:
-    """`functions.NAME:I<|tool_call_argument_begin|>{...}`; the id stays `functions.NAME:I`
-    (the template renders it back)."""
-    head, marker, args_text = body.partition(_KIMI_ARGS)
-    call_id, args_text = head.strip(), args_text.strip()
-    m = _KIMI_ID.fullmatch(call_id)
-    if not marker or m is None:
-        return None
-    try:
-        args = json.loads(args_text)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(args, dict):
-        return None
-    return Call(m.group(1), args, args_text, call_id)
+    drop: tuple[str, ...] = ()  # more markup between the parts (harmony's headers)
+    lead: str = ""  # characters that open a call when the output starts with one
 
 
 THINK = ("<think>", "</think>")
+# gpt-oss's message headers around the channels (`<|start|>assistant<|channel|>final...`).
+HARMONY_HEADERS = (
+    "<|start|>assistant",
+    "<|channel|>final<|message|>",
+    "<|channel|>commentary",
+    "<|message|>",
+    "<|return|>",
+    "<|call|>",
+)
 MARKUPS: dict[str, Markup] = {
     "qwen": Markup(THINK, ("<tool_call>", "</tool_call>"), parse_qwen_call),
     "qwen_xml": Markup(THINK, ("<tool_call>", "</tool_call>"), parse_xml_call),
@@ -306,7 +198,41 @@ MARKUPS: dict[str, Markup] = {
         (f'<{_DSML}invoke name="', f"</{_DSML}invoke>"),
         parse_dsml_call,
         section=(f"<{_DSML}function_calls>", f"</{_DSML}function_calls>"),
+        drop=(f"<{_DSML}tool_calls>", f"</{_DSML}tool_calls>"),  # DeepSeek-V4's section
     ),
+    "llama3_json": Markup(None, ("<|python_tag|>", None), _calls(bodies.llama3_objects), lead="{"),
+    "pythonic": Markup(
+        None, ("<|python_start|>", "<|python_end|>"), _calls(bodies.pythonic_calls), lead="["
+    ),
+    "mistral": Markup(
+        ("[THINK]", "[/THINK]"), ("[TOOL_CALLS]", None), _calls(bodies.mistral_calls)
+    ),
+    "harmony": Markup(
+        ("<|channel|>analysis<|message|>", "<|end|>"),
+        ("to=functions.", "<|call|>"),
+        _calls(bodies.harmony_call),
+        drop=HARMONY_HEADERS,
+    ),
+    "gemma4": Markup(
+        ("<|channel>thought", "<channel|>"),
+        ("<|tool_call>", "<tool_call|>"),
+        _calls(bodies.gemma_call),
+    ),
+    "command_r": Markup(None, ("Action:", None), _calls(bodies.cohere_list)),
+    "command_r7b": Markup(
+        ("<|START_THINKING|>", "<|END_THINKING|>"),
+        ("<|START_ACTION|>", "<|END_ACTION|>"),
+        _calls(bodies.cohere_list),
+        drop=("<|START_RESPONSE|>", "<|END_RESPONSE|>"),
+    ),
+    "minimax": Markup(
+        THINK, ("<minimax:tool_call>", "</minimax:tool_call>"), _calls(bodies.minimax_invokes)
+    ),
+    "nemotron": Markup(THINK, ("<TOOLCALL>", "</TOOLCALL>"), _calls(bodies.json_list)),
+    "granite": Markup(
+        THINK, ("<|tool_call|>", None), _calls(bodies.json_list), drop=("<response>", "</response>")
+    ),
+    "phi4": Markup(None, ("functools", None), _calls(bodies.json_list)),
     "plain": Markup(None, None),
 }
 
@@ -333,6 +259,7 @@ class OutputParser:
         self.opener = ""  # the open call's marker
         self.body = ""  # the open call's text
         self.index = 0  # calls that parsed
+        self.at_start = bool(markup.lead) and self.state == _TEXT  # a lead may open a call
 
     def feed(self, text: str) -> list[Part]:
         self.held += text
@@ -347,7 +274,11 @@ class OutputParser:
         rest, self.held = self.held, ""
         if self.state == _CALL:
             self.body += rest
-            self._end_call(out, self.opener + self.body)
+            # a call its marker opened and the output's end cut (max_tokens, a stop string)
+            # is markup, not text: when it does not parse it is dropped (raw ""); a call
+            # that opened without a marker (a lead) was text after all
+            cut = bool(self.opener)
+            self._end_call(out, "" if cut else self.opener + self.body, keep_lead=not cut)
         elif self.state == _REASONING:
             self._content(rest, ReasoningPart, out)
         else:
@@ -368,10 +299,13 @@ class OutputParser:
                 out[m.think[1]] = "drop"  # a stray closer is markup too
             if m.call:
                 out[m.call[0]] = "call"
-                out[m.call[1]] = "drop"
+                if m.call[1]:
+                    out[m.call[1]] = "drop"
             if m.section:
                 out[m.section[0]] = "section"
                 out[m.section[1]] = "drop"
+            for marker in m.drop:
+                out.setdefault(marker, "drop")
         elif self.state == _REASONING:
             out[m.think[1]] = "text"
             if self.opened:
@@ -379,12 +313,14 @@ class OutputParser:
         elif self.state == _SECTION:
             out[m.call[0]] = "call"
             out[m.section[1]] = "text"
-        else:
+        elif m.call[1]:
             out[m.call[1]] = "end"
         return out
 
     def _step(self, out: list[Part]) -> bool:
         """Handle the held text up to the next marker; False when none is whole yet."""
+        if self.at_start:
+            return self._lead()
         markers = self._markers()
         found = [(self.held.find(k), -len(k), k) for k in markers]
         found = [f for f in found if f[0] >= 0]
@@ -397,6 +333,18 @@ class OutputParser:
         self._handle(self.held[:at], out)
         self.held = self.held[at + len(marker) :]
         self._act(markers[marker], marker, out)
+        return True
+
+    def _lead(self) -> bool:
+        """At the output's start, a call that opens without a marker (Llama 3's JSON,
+        pythonic lists) or not; False while only whitespace has come."""
+        rest = self.held.lstrip()
+        if not rest:
+            return False
+        self.at_start = False
+        if rest[0] in self.markup.lead:
+            self.call_lead, self.held = self.held[: len(self.held) - len(rest)], rest
+            self.state, self.opener, self.body, self.in_section = _CALL, "", "", False
         return True
 
     def _handle(self, text: str, out: list[Part]) -> None:
@@ -451,20 +399,23 @@ class OutputParser:
         if body:
             out.append(kind(body))
 
-    def _end_call(self, out: list[Part], raw: str) -> bool:
+    def _end_call(self, out: list[Part], raw: str, keep_lead: bool = True) -> bool:
         """The open call's parts; False when it does not parse (one ToolCallEnd, its raw
         text with the whitespace before it)."""
-        call = self.markup.parse(self.body, self.tools) if self.markup.parse else None
-        if call is None:
-            out.append(ToolCallEnd(self.index, None, self.call_lead + raw))
+        calls = self.markup.parse(self.body, self.tools) if self.markup.parse else None
+        if isinstance(calls, Call):
+            calls = [calls]
+        if not calls:
+            out.append(ToolCallEnd(self.index, None, self.call_lead + raw if keep_lead else raw))
             return False
-        i = self.index
-        self.index += 1
-        out += [
-            ToolCallStart(i, call.call_id, call.name),
-            ToolCallDelta(i, call.arguments_text),
-            ToolCallEnd(i, call.arguments, raw),
-        ]
+        for call in calls:
+            i = self.index
+            self.index += 1
+            out += [
+                ToolCallStart(i, call.call_id, call.name),
+                ToolCallDelta(i, call.arguments_text),
+                ToolCallEnd(i, call.arguments, raw),
+            ]
         return True
 
 
@@ -503,7 +454,7 @@ def make_parser(family: str, *, tool_calls: bool = True, tools=None) -> OutputPa
         )
     markup = MARKUPS[name]
     if not tool_calls:
-        markup = Markup(markup.think, None)
+        markup = replace(markup, call=None, parse=None, section=None, lead="")
     return OutputParser(markup, reasoning=family.endswith(THINKING), tools=tools)
 
 

@@ -40,7 +40,13 @@ from clients.bridge.blocks import (
     Grew,
     Opened,
 )
-from clients.bridge.callers import caller_of, drain, engine_call
+from clients.bridge.callers import (
+    caller_of,
+    drain,
+    engine_call,
+    output_family,
+    thinking_switches,
+)
 from clients.bridge.errors import WireError, unless_disconnected
 from clients.bridge.parsers import make_parser
 from clients.bridge.response_store import ID, Record, StoredNotFound, tenant_key
@@ -404,13 +410,23 @@ def add_routes(app, backend, served, store) -> None:
             tools,
             where="text.format",
         )
+        effort = (body.reasoning or {}).get("effort")
+        try:  # the template's reasoning switch, where it has one
+            switches = thinking_switches(effort=effort) if effort is not None else None
+        except ValueError as e:
+            raise InvalidInput(str(e)) from None
         stream = backend.stream(
-            caller.gate, messages=system + prepared, tools=tools or None, **kwargs
+            caller.gate,
+            messages=system + prepared,
+            tools=tools or None,
+            template_kwargs=switches,
+            **kwargs,
         )
         build_ms = f"{(time.perf_counter() - started) * 1000:.3f}"
         # 3) the answer, whole or streamed
         parsing = bool(tools) and tool_choice_parses(choice)
-        parser = make_parser(info["output_format"], tool_calls=parsing, tools=tools or None)
+        family = output_family(info["output_format"], switches)
+        parser = make_parser(family, tool_calls=parsing, tools=tools or None)
         cache_on = info["reply"].get("cache_mode", "lineage") != "off"
         shape = ResponseShape(rid, model, body, Blocks(parser), cache_on, offered)
         turn = Turn(shape, store, caller, conversation, prepared)

@@ -21,7 +21,28 @@ VOLATILE_DEFAULTS = (BILLING_HEADER,)
 
 # How a model marks reasoning and tool calls in its output (clients.bridge.parsers);
 # -thinking: the chat template's generation prompt opens the reasoning block itself.
-OUTPUT_FAMILIES = ("qwen", "qwen_xml", "glm", "kimi", "deepseek", "dsml", "plain")
+# The same names as clients.bridge.parsers.FAMILIES (tests/clients/bridge/test_parsers.py
+# holds them equal); `plain` last.
+OUTPUT_FAMILIES = (
+    "qwen",
+    "qwen_xml",
+    "glm",
+    "kimi",
+    "deepseek",
+    "dsml",
+    "llama3_json",
+    "pythonic",
+    "mistral",
+    "harmony",
+    "gemma4",
+    "command_r",
+    "command_r7b",
+    "minimax",
+    "nemotron",
+    "granite",
+    "phi4",
+    "plain",
+)
 OUTPUT_FORMATS = ("auto", *OUTPUT_FAMILIES, *(f"{f}-thinking" for f in OUTPUT_FAMILIES[:-1]))
 
 
@@ -56,10 +77,10 @@ class PromptConfig:
     output_format: str = setting(
         "auto",
         "how the model marks reasoning and tool calls in its output: auto (from its chat "
-        "template and tokenizer), qwen, qwen_xml, glm, kimi, deepseek, dsml or plain; "
-        "-thinking after any but plain: the generation prompt opens the reasoning",
+        "template and tokenizer) or a family (docs/api.md, Output formats); -thinking after "
+        "any but plain: the generation prompt opens the reasoning",
         choices=OUTPUT_FORMATS,
-        metavar="auto|qwen|qwen_xml|glm|kimi|deepseek|dsml|plain",
+        metavar="auto|" + "|".join(OUTPUT_FAMILIES),
     )
 
     def __post_init__(self):

@@ -87,7 +87,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "namespace", "messages", "tools_json", "prompt_ids", "prompt_text", "sampling", "add_generation_prompt", "continue_final_message", "session", "constraint", "model", "cache_marks")
+    __slots__ = ("request_id", "namespace", "messages", "tools_json", "prompt_ids", "prompt_text", "sampling", "add_generation_prompt", "continue_final_message", "session", "constraint", "model", "cache_marks", "template_kwargs_json")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,7 @@ class GenerateRequest(_message.Message):
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CACHE_MARKS_FIELD_NUMBER: _ClassVar[int]
+    TEMPLATE_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     namespace: str
     messages: _containers.RepeatedCompositeFieldContainer[Message]
@@ -114,7 +115,8 @@ class GenerateRequest(_message.Message):
     constraint: Constraint
     model: str
     cache_marks: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., namespace: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., tools_json: _Optional[str] = ..., prompt_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ..., session: _Optional[str] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., model: _Optional[str] = ..., cache_marks: _Optional[_Iterable[int]] = ...) -> None: ...
+    template_kwargs_json: str
+    def __init__(self, request_id: _Optional[str] = ..., namespace: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., tools_json: _Optional[str] = ..., prompt_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ..., session: _Optional[str] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., model: _Optional[str] = ..., cache_marks: _Optional[_Iterable[int]] = ..., template_kwargs_json: _Optional[str] = ...) -> None: ...
 
 class PrefillProgress(_message.Message):
     __slots__ = ("done", "total")

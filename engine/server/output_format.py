@@ -1,13 +1,15 @@
 """Which markup the served model writes its reasoning and tool calls in, decided at load.
 
-The family (`qwen`, `qwen_xml`, `glm`, `kimi`, `deepseek`, `dsml`, `plain`;
-clients.bridge.parsers reads each) comes
-from the chat template and the tokenizer's vocabulary, the way the template shows
-the model its own past calls: Kimi's `<|tool_calls_section_begin|>`, GLM's
-`<arg_key>`, DeepSeek's `<｜tool▁calls▁begin｜>` (V3, V3.1) and `｜DSML｜` (V3.2),
-Qwen3-Coder's `<function=…><parameter=…>` inside `<tool_call>`,
-Qwen's (and Hermes') JSON inside `<tool_call>`; `<think>` tokens alone mean
-Qwen-style reasoning. `-thinking` follows when the template's generation prompt
+The family (engine.config.prompt.OUTPUT_FAMILIES; clients.bridge.parsers reads each)
+comes from the chat template, the way it shows the model its own past calls: each
+family's marks, checked in `_SHOWN`'s order (Kimi's `<|tool_calls_section_begin|>`,
+DeepSeek's `<｜tool▁calls▁begin｜>` and `｜DSML｜`, GLM's `<arg_key>`, gpt-oss's
+channels, Gemma 4's `<|tool_call>`, MiniMax's, Nemotron's `<TOOLCALL>`, Command-R's,
+Mistral's `[TOOL_CALLS]`, Phi-4's `functools[`, Granite's `<|tool_call|>`,
+Qwen3-Coder's `<function=…><parameter=…>`, Qwen's and Hermes' `<tool_call>`, Llama 4's
+`<|python_start|>`, Llama 3's `<|python_tag|>` or its `"parameters": ` JSON); else from
+the vocabulary's tokens (`_HELD`); else `<think>` alone means Qwen-style reasoning.
+`-thinking` follows when the template's generation prompt
 ends inside an open `<think>` (the model's output starts in its reasoning).
 `--output-format` (engine.config.prompt) overrides the family. It reaches
 clients through ModelInfo.output_format.
@@ -33,22 +35,48 @@ MARKERS = ("<tool_call>", "</tool_call>", "<think>", "</think>")
 
 
 def family_of(template: str, vocab) -> str:
-    """The family whose markup the template and the vocabulary show."""
-    if "<|tool_calls_section_begin|>" in template or "<|tool_calls_section_begin|>" in vocab:
-        return "kimi"
-    if "<｜tool▁calls▁begin｜>" in template or "<｜tool▁calls▁begin｜>" in vocab:
-        return "deepseek"
-    if "｜DSML｜" in template:
-        return "dsml"
-    if "<arg_key>" in template or "<arg_key>" in vocab:
-        return "glm"
-    if "<function=" in template and "<parameter=" in template:
-        return "qwen_xml"
-    if "<tool_call>" in template or "<tool_call>" in vocab:
-        return "qwen"
-    if "<think>" in vocab or "<think>" in template:
-        return "qwen"
-    return "plain"
+    """The family whose markup the template shows (each family's marks, in _SHOWN's
+    order), else whose markup the vocabulary holds as tokens (_HELD), else `plain`."""
+    for family, marks in _SHOWN:
+        if all(m in template for m in marks):
+            return family
+    for family, token in _HELD:
+        if token in vocab:
+            return family
+    return "qwen" if "<think>" in vocab or "<think>" in template else "plain"
+
+
+# family -> the markup its template shows, every piece of it (checked in this order: the
+# first that matches decides).
+_SHOWN = (
+    ("kimi", ("<|tool_calls_section_begin|>",)),
+    ("deepseek", ("<｜tool▁calls▁begin｜>",)),
+    ("dsml", ("｜DSML｜",)),
+    ("glm", ("<arg_key>",)),
+    ("harmony", ("<|channel|>", "<|start|>assistant to=")),
+    ("gemma4", ("<|tool_call>", "<tool_call|>")),
+    ("minimax", ("<minimax:tool_call>",)),
+    ("nemotron", ("<TOOLCALL>",)),
+    ("command_r7b", ("<|START_ACTION|>",)),
+    ("command_r", ("<|START_OF_TURN_TOKEN|>", "Action:")),
+    ("mistral", ("[TOOL_CALLS]",)),
+    ("phi4", ("functools[",)),
+    ("granite", ("<|tool_call|>",)),
+    ("qwen_xml", ("<function=", "<parameter=")),
+    ("qwen", ("<tool_call>",)),
+    ("pythonic", ("<|python_start|>",)),
+    ("llama3_json", ("<|python_tag|>",)),
+    ("llama3_json", ("<|start_header_id|>", '"parameters": ')),  # Llama 3.2: no python_tag
+)
+# family -> a token of its markup in the vocabulary (a template that shows none of it).
+_HELD = (
+    ("kimi", "<|tool_calls_section_begin|>"),
+    ("deepseek", "<｜tool▁calls▁begin｜>"),
+    ("glm", "<arg_key>"),
+    ("qwen", "<tool_call>"),
+    ("pythonic", "<|python_start|>"),
+    ("llama3_json", "<|python_tag|>"),
+)
 
 
 def opens_reasoning(render: Callable[[list], "str | None"]) -> bool:

@@ -23,6 +23,7 @@ template and tokenizer (engine.server.output_format).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -51,6 +52,7 @@ class PromptInput:
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     marks: tuple[int, ...] = ()  # messages the client marked to come back to (cache_control)
+    template_kwargs: Mapping | None = None  # extra chat template variables (enable_thinking)
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,11 @@ class PromptBuilder:
             self._check_messages(inp.messages, self.limits)
             messages, volatile = self.volatile.apply(inp.messages)
             text = self.render(
-                list(messages), inp.tools, inp.add_generation_prompt, inp.continue_final_message
+                list(messages),
+                inp.tools,
+                inp.add_generation_prompt,
+                inp.continue_final_message,
+                inp.template_kwargs,
             )
             ids, starts = encode_with_offsets(self.tokenizer, text)
             tokens = tuple(ids)
@@ -162,10 +168,13 @@ class PromptBuilder:
         tools,
         add_generation_prompt: bool,
         continue_final_message: bool = False,
+        template_kwargs: Mapping | None = None,
     ) -> str:
         """The client's conversation as the template writes it; InvalidRequest when the
         template refuses it."""
-        return self.renders.render(messages, tools, add_generation_prompt, continue_final_message)
+        return self.renders.render(
+            messages, tools, add_generation_prompt, continue_final_message, template_kwargs
+        )
 
     def anchor_length(self, messages, tools, tokens, text: str) -> int:
         """Tokens the prompt shares with what the template writes before the first message

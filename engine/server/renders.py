@@ -51,6 +51,7 @@ class TemplateRenders:
         self.failures: Counter[str] = Counter()  # analysis renders that raised, by kind
         self.placeholders = True  # the fallback on (off: the head's own render alone)
         self._logged: set[tuple[int, str]] = set()
+        self._null_content: bool | None = None  # decided on first use (null_content)
 
     def render(
         self,
@@ -58,11 +59,16 @@ class TemplateRenders:
         tools,
         add_generation_prompt: bool,
         continue_final_message: bool = False,
+        template_kwargs=None,
     ) -> str:
         """The client's conversation as the template writes it; InvalidRequest when the
-        template refuses it (its own message)."""
+        template refuses it (its own message). `template_kwargs`: the client's extra
+        template variables (the engine's own renders go without them, and keep only
+        what agrees with this render)."""
         try:
-            return self._render(messages, tools, add_generation_prompt, continue_final_message)
+            return self._render(
+                messages, tools, add_generation_prompt, continue_final_message, template_kwargs
+            )
         except Exception as e:  # a template error is the request's fault
             raise InvalidRequest(f"the chat template failed on these messages: {e}")
 
@@ -125,12 +131,16 @@ class TemplateRenders:
             errors.append(e)
             return None
 
-    def _render(self, messages, tools, add_generation_prompt, continue_final_message=False):
+    def _render(
+        self, messages, tools, add_generation_prompt, continue_final_message=False, extra=None
+    ):
         """The template's text; its own error when it refuses the messages. Templates
         disagree on a past call's arguments: most read a mapping (`| tojson`), DeepSeek's
         concatenate a JSON string. The engine passes a mapping; a template that refuses it
-        gets the same arguments as their JSON text."""
-        args = (tools, add_generation_prompt, continue_final_message)
+        gets the same arguments as their JSON text. They disagree on a call turn without
+        text too (`null_content`)."""
+        messages = with_call_content(messages, None if self.null_content() else "")
+        args = (tools, add_generation_prompt, continue_final_message, extra)
         try:
             return self._apply(messages, *args)
         except Exception:
@@ -143,18 +153,56 @@ class TemplateRenders:
             pass
         return self._apply(messages, *args)  # raises the first error again
 
-    def _apply(self, messages, tools, add_generation_prompt, continue_final_message):
-        kwargs = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
+    def null_content(self) -> bool:
+        """Whether an assistant turn with tool calls and no text reaches the template with
+        content None (as OpenAI clients send it) rather than "". DeepSeek-R1's template
+        writes a turn's calls only where its content is none; Qwen3's reads the content as
+        a string and raises on None, others print it as "None". Decided once, by rendering
+        a call turn both ways: None where the template takes it and prints no "None"."""
+        if self._null_content is None:
+            call = {"type": "function", "function": {"name": "f", "arguments": {}}}
+            probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [call]}]
+            texts = {}
+            for content in (None, ""):
+                texts[content] = None
+                turn = {**probe[1], "content": content}
+                for messages in ([probe[0], turn], with_text_arguments([probe[0], turn])):
+                    try:
+                        texts[content] = self._apply(messages, None, False, False)
+                        break
+                    except Exception:
+                        pass
+            text = texts[None]
+            self._null_content = text is not None and (
+                "None" not in text or "None" in (texts[""] or "")
+            )
+        return self._null_content
+
+    def _apply(self, messages, tools, add_generation_prompt, continue_final_message, extra=None):
+        kwargs = {
+            **(extra or {}),
+            "tokenize": False,
+            "add_generation_prompt": add_generation_prompt,
+        }
         if tools:
             kwargs["tools"] = list(tools)
         if continue_final_message:
             kwargs.update(add_generation_prompt=False, continue_final_message=True)
-        if not messages:  # transformers refuses an empty conversation; render directly
+        # Rendered directly where transformers would not: it refuses an empty conversation,
+        # and drops a None content (which DeepSeek-R1's template reads: `null_content`).
+        if not messages or any(m.get("content", "") is None for m in messages):
             from transformers.utils.chat_template_utils import render_jinja_template
 
             kwargs.pop("tokenize")
+            if isinstance(getattr(self.tokenizer, "has_thinking", None), bool):
+                # as mlx-lm's wrapper passes it to every render
+                kwargs.setdefault("enable_thinking", self.tokenizer.has_thinking)
+            specials = getattr(self.tokenizer, "special_tokens_map", None) or {}
+            template = self.tokenizer.chat_template
+            if hasattr(self.tokenizer, "get_chat_template"):  # a named one: tool_use with tools
+                template = self.tokenizer.get_chat_template(None, kwargs.get("tools"))
             return render_jinja_template(
-                conversations=[messages], chat_template=self.tokenizer.chat_template, **kwargs
+                conversations=[messages], chat_template=template, **{**specials, **kwargs}
             )[0][0]
         return self.tokenizer.apply_chat_template(messages, **kwargs)
 
@@ -176,6 +224,20 @@ def with_text_arguments(messages: Sequence[dict]) -> list[dict] | None:
             m = {**m, "tool_calls": turned}
         out.append(m)
     return out if changed else None
+
+
+def with_call_content(messages: Sequence[dict], empty: str | None) -> list[dict]:
+    """`messages` with each assistant turn that has tool calls and no text given content
+    `empty` (None or "")."""
+    return [
+        {**m, "content": empty}
+        if isinstance(m, dict)
+        and m.get("role") == "assistant"
+        and m.get("tool_calls")
+        and not m.get("content")
+        else m
+        for m in messages
+    ]
 
 
 def _placeholder(role: str, content: str) -> dict:

@@ -85,7 +85,25 @@ def to_prompt_input(req: engine_pb2.GenerateRequest, limits=DEFAULT_LIMITS) -> P
         ),
         continue_final_message=req.continue_final_message,
         marks=_marks(req.cache_marks, len(messages)),
+        template_kwargs=_template_kwargs(req.template_kwargs_json, limits),
     )
+
+
+# What the render itself passes: a client's template variable may not replace it.
+RENDER_OWN = ("messages", "tools", "documents", "add_generation_prompt", "continue_final_message")
+
+
+def _template_kwargs(text: str, limits) -> dict | None:
+    """The client's extra chat template variables; InvalidRequest names a bad one."""
+    if not text:
+        return None
+    value = parse_json("chat_template_kwargs", text, limits)
+    if not isinstance(value, dict):
+        raise InvalidRequest("chat_template_kwargs must be a JSON object")
+    for key in value:
+        if key in RENDER_OWN or not key.isidentifier():
+            raise InvalidRequest(f"chat_template_kwargs: {printable(key)!r} cannot be set")
+    return value
 
 
 def _marks(marks, n: int) -> tuple[int, ...]:

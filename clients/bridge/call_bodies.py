@@ -1,0 +1,279 @@
+"""The body of a tool call (the text between its markers) -> its calls, for the families
+whose body holds a list of calls or a syntax of its own.
+
+Each reader takes the body and the request's tool definitions and answers a list of
+`(name, arguments, arguments_text)`, or None when the body is not that family's markup
+(the endpoint then returns it as text). `arguments_text` is the model's own JSON text of
+the arguments where the format carries one, so a client that sends it back re-renders
+the same tokens; else the arguments' JSON. clients.bridge.parsers wires them to the
+families' markers. Plain Python, no MLX.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from typing import Mapping
+
+Read = list[tuple[str, dict, str]]
+
+
+def _json_values(text: str) -> list | None:
+    """The JSON values in `text`, one after another, separated by whitespace or `;`."""
+    decoder, out, at = json.JSONDecoder(), [], 0
+    while True:
+        while at < len(text) and (text[at].isspace() or text[at] == ";"):
+            at += 1
+        if at == len(text):
+            return out
+        try:
+            value, end = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            return None
+        out.append((value, text[at:end]))
+        at = end
+
+
+def _object_call(obj, name_keys=("name",), args_keys=("arguments", "parameters")):
+    """`{"name": N, "arguments": {...}}` (the arguments may be a JSON string) -> a call."""
+    if not isinstance(obj, dict):
+        return None
+    name = next((obj[k] for k in name_keys if isinstance(obj.get(k), str)), None)
+    if not name:
+        return None
+    args = next((obj[k] for k in args_keys if k in obj), {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return name, args, json.dumps(args, ensure_ascii=False)
+
+
+def _fenced(text: str) -> str:
+    """`text` without a markdown code fence around it (```json ... ```)."""
+    text = text.strip()
+    if text.startswith("```"):
+        text = text[3:].removeprefix("json").strip()
+        text = text.removesuffix("```").strip()
+    return text
+
+
+def json_list(body: str, tools=None, name_keys=("name",)) -> Read | None:
+    """A JSON list of `{"name": ..., "arguments"|"parameters": {...}}` objects (nemotron,
+    granite, phi4, Mistral's older `[TOOL_CALLS][...]`); a lone object is a list of one."""
+    values = _json_values(_fenced(body))
+    if not values or len(values) != 1:
+        return None
+    value = values[0][0]
+    items = value if isinstance(value, list) else [value]
+    calls = [_object_call(o, name_keys) for o in items]
+    if not calls or any(c is None for c in calls):
+        return None
+    return calls
+
+
+def cohere_list(body: str, tools=None) -> Read | None:
+    """Command-R's list of `{"tool_name": ..., "parameters": {...}}` (R+ fences it in
+    ```json)."""
+    return json_list(body, tools, name_keys=("tool_name", "name"))
+
+
+def llama3_objects(body: str, tools=None) -> Read | None:
+    """Llama 3's `{"name": ..., "parameters": {...}}`, several separated by `;`."""
+    values = _json_values(body)
+    if not values:
+        return None
+    out = []
+    for value, text in values:
+        call = _object_call(value)
+        if call is None:
+            return None
+        name, args, _ = call
+        inner = _own_arguments(text, args)
+        out.append((name, args, inner or json.dumps(args, ensure_ascii=False)))
+    return out
+
+
+_ARGS_HEAD = re.compile(
+    r'\{\s*"name"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*"(?:arguments|parameters)"\s*:\s*'
+)
+
+
+def _own_arguments(text: str, args: dict) -> str | None:
+    """The model's own text of the arguments, when they follow the name directly."""
+    head = _ARGS_HEAD.match(text)
+    if head is None:
+        return None
+    try:
+        value, end = json.JSONDecoder().raw_decode(text, head.end())
+    except json.JSONDecodeError:
+        return None
+    return text[head.end() : end] if value == args and text[end:].strip() == "}" else None
+
+
+def mistral_calls(body: str, tools=None) -> Read | None:
+    """After `[TOOL_CALLS]`: a JSON list (Nemo, Small 3.1), or `NAME[ARGS]{...}` with an
+    optional `[CALL_ID]ID` before `[ARGS]` (Small 3.2, Devstral, Ministral), one per
+    `[TOOL_CALLS]`."""
+    if body.lstrip().startswith("["):
+        return json_list(body, tools)
+    out = []
+    for piece in body.split("[TOOL_CALLS]"):
+        head, marker, args_text = piece.partition("[ARGS]")
+        name = head.partition("[CALL_ID]")[0].strip()
+        if not marker or not name or any(c in name for c in "[]{}<>\n"):
+            return None
+        values = _json_values(args_text)
+        if not values or len(values) != 1 or not isinstance(values[0][0], dict):
+            return None
+        out.append((name, values[0][0], values[0][1]))
+    return out
+
+
+_INVOKE = re.compile(r'\s*<invoke name="([^"]+)">(.*?)</invoke>\s*', re.DOTALL)
+_MINIMAX_PARAMETER = re.compile(r'<parameter name="([^"]+)">(.*?)</parameter>', re.DOTALL)
+
+
+def string_arguments(name: str, tools) -> set[str]:
+    """The parameters a tool declares as strings (their values are never JSON-decoded)."""
+    for tool in tools or ():
+        fn = tool.get("function", tool) if isinstance(tool, Mapping) else None
+        if isinstance(fn, Mapping) and fn.get("name") == name:
+            props = (fn.get("parameters") or {}).get("properties") or {}
+            return {
+                k for k, v in props.items() if isinstance(v, Mapping) and v.get("type") == "string"
+            }
+    return set()
+
+
+def typed_value(key: str, value: str, strings: set[str]):
+    """A parameter's text as its value: JSON unless declared a string or not JSON."""
+    if key in strings:
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value
+
+
+def minimax_invokes(body: str, tools=None) -> Read | None:
+    """`<invoke name="N"><parameter name="K">V</parameter>...</invoke>`, one or more."""
+    out, at = [], 0
+    for m in _INVOKE.finditer(body):
+        if body[at : m.start()].strip():
+            return None
+        at = m.end()
+        name, rest = m.group(1).strip(), m.group(2)
+        strings = string_arguments(name, tools)
+        args = {
+            p.group(1): typed_value(p.group(1), p.group(2).strip("\n"), strings)
+            for p in _MINIMAX_PARAMETER.finditer(rest)
+        }
+        if _MINIMAX_PARAMETER.sub("", rest).strip():
+            return None
+        out.append((name, args, json.dumps(args, ensure_ascii=False)))
+    if not out or body[at:].strip():
+        return None
+    return out
+
+
+def harmony_call(body: str, tools=None) -> Read | None:
+    """After `to=functions.`: `NAME<|channel|>commentary json<|message|>{...}` or
+    `NAME <|constrain|>json<|message|>{...}` (gpt-oss writes either order)."""
+    head, marker, args_text = body.partition("<|message|>")
+    name = re.split(r"\s|<\|", head, maxsplit=1)[0]
+    if not marker or not name:
+        return None
+    values = _json_values(args_text)
+    if values is None or len(values) > 1:
+        return None
+    args, text = values[0] if values else ({}, "{}")
+    if not isinstance(args, dict):
+        return None
+    return [(name, args, text)]
+
+
+_GEMMA_QUOTE = '<|"|>'
+
+
+def gemma_call(body: str, tools=None) -> Read | None:
+    """`call:NAME{key:value,...}`: keys bare, strings between `<|"|>`, numbers, booleans,
+    lists and nested objects as JSON writes them."""
+    if not body.startswith("call:"):
+        return None
+    name, brace, rest = body[5:].partition("{")
+    name = name.strip()
+    if not brace or not name:
+        return None
+    text = _gemma_json("{" + rest)
+    try:
+        args = json.loads(text) if text is not None else None
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(args, dict):
+        return None
+    return [(name, args, json.dumps(args, ensure_ascii=False))]
+
+
+def _gemma_json(text: str) -> str | None:
+    """Gemma's argument syntax as JSON text (None: a string is not closed)."""
+    out, at = [], 0
+    key = re.compile(r"\s*([A-Za-z_][\w.\-]*)\s*:")
+    while at < len(text):
+        if text.startswith(_GEMMA_QUOTE, at):
+            end = text.find(_GEMMA_QUOTE, at + len(_GEMMA_QUOTE))
+            if end < 0:
+                return None
+            out.append(json.dumps(text[at + len(_GEMMA_QUOTE) : end], ensure_ascii=False))
+            at = end + len(_GEMMA_QUOTE)
+            continue
+        c = text[at]
+        if c in "{,":
+            out.append(c)
+            at += 1
+            m = key.match(text, at)
+            if m is not None:
+                out.append(json.dumps(m.group(1)) + ":")
+                at = m.end()
+            continue
+        out.append(c)
+        at += 1
+    return "".join(out)
+
+
+def pythonic_calls(body: str, tools=None) -> Read | None:
+    """`[NAME(key=value, ...), ...]` with Python literals (Llama 4, Llama 3.2's pythonic)."""
+    try:
+        tree = ast.parse(body.strip(), mode="eval").body
+    except SyntaxError:
+        return None
+    if not isinstance(tree, ast.List) or not tree.elts:
+        return None
+    out = []
+    for node in tree.elts:
+        if not isinstance(node, ast.Call) or node.args:
+            return None
+        name = _dotted(node.func)
+        if name is None:
+            return None
+        try:
+            args = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+        except ValueError:
+            return None
+        if None in args:
+            return None
+        out.append((name, args, json.dumps(args, ensure_ascii=False)))
+    return out
+
+
+def _dotted(node) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        head = _dotted(node.value)
+        return head and f"{head}.{node.attr}"
+    return None

@@ -1,0 +1,189 @@
+"""The body of a tool call -> a Call, for the families whose body is one call: qwen's
+JSON, glm's `<arg_key>` pairs, qwen_xml's `<function=…>`, deepseek's `<｜tool▁sep｜>`,
+dsml's `<｜DSML｜parameter …>`, kimi's `functions.NAME:I`. Each answers None when the
+body is not its family's markup. clients.bridge.parsers wires them to the markers;
+clients.bridge.call_bodies reads the families whose body holds a list of calls.
+Plain Python, no MLX.
+"""
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+
+from clients.bridge.call_bodies import string_arguments as _string_arguments
+
+
+@dataclass(frozen=True)
+class Call:
+    """One parsed tool call: its name, arguments, their JSON text, and its id."""
+
+    name: str
+    arguments: dict
+    arguments_text: str
+    call_id: str
+
+
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+# `{"name": "...", "arguments": ` as the templates render it: the arguments' own text follows.
+_QWEN_HEAD = re.compile(
+    r'\{\s*"name"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*"(?:arguments|parameters)"\s*:\s*'
+)
+
+
+def parse_qwen_call(body: str, tools=None) -> Call | None:
+    """`{"name": ..., "arguments": {...}}` (arguments may be a JSON string of an object)."""
+    text = body.strip()
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    args_text = None
+    if isinstance(args, str):
+        args_text = args
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    elif (head := _QWEN_HEAD.match(text)) is not None:
+        try:  # the model's own text of the arguments, when they come right after the name
+            value, end = json.JSONDecoder().raw_decode(text, head.end())
+            if value == args and text[end:].strip() == "}":
+                args_text = text[head.end() : end]
+        except json.JSONDecodeError:
+            pass
+    if not isinstance(args, dict):
+        return None
+    if args_text is None:
+        args_text = json.dumps(args, ensure_ascii=False)
+    return Call(obj["name"], args, args_text, _call_id())
+
+
+_GLM_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+
+
+def parse_glm_call(body: str, tools=None) -> Call | None:
+    """`NAME<arg_key>K</arg_key><arg_value>V</arg_value>...`: a value is JSON unless the tool
+    declares it a string or it does not decode."""
+    name, _, rest = body.partition("<arg_key>")
+    name = name.strip()
+    if not name or any(c in name for c in "<>\n{"):
+        return None
+    rest = "<arg_key>" + rest if rest else ""
+    strings = _string_arguments(name, tools)
+    args = {}
+    for m in _GLM_PAIR.finditer(rest):
+        key, value = m.group(1).strip(), m.group(2).strip()
+        if key not in strings:
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                pass
+        args[key] = value
+    if _GLM_PAIR.sub("", rest).strip():  # something besides the pairs: not this format
+        return None
+    return Call(name, args, json.dumps(args, ensure_ascii=False), _call_id())
+
+
+_XML_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*", re.DOTALL)
+_XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+
+
+def parse_xml_call(body: str, tools=None) -> Call | None:
+    """`<function=NAME><parameter=K>V</parameter>...</function>`: a value is JSON unless
+    the tool declares it a string or it does not decode."""
+    m = _XML_FUNCTION.fullmatch(body)
+    if m is None:
+        return None
+    name, rest = m.group(1).strip(), m.group(2)
+    strings = _string_arguments(name, tools)
+    args = {}
+    for p in _XML_PARAMETER.finditer(rest):
+        key, value = p.group(1).strip(), p.group(2)
+        if key not in strings:
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                pass
+        args[key] = value
+    if not name or _XML_PARAMETER.sub("", rest).strip():  # something besides parameters
+        return None
+    return Call(name, args, json.dumps(args, ensure_ascii=False), _call_id())
+
+
+_DEEPSEEK_SEP = "<｜tool▁sep｜>"
+
+
+def parse_deepseek_call(body: str, tools=None) -> Call | None:
+    """`NAME<｜tool▁sep｜>{...}` (V3.1; the JSON may be fenced in ```json ... ```), or
+    `function<｜tool▁sep｜>NAME` then the JSON in a ```json fence (V3, the R1 distills)."""
+    name, marker, args_text = body.partition(_DEEPSEEK_SEP)
+    name = name.strip()
+    if name == "function" and not args_text.lstrip().startswith(("{", "`")):
+        name, _, args_text = args_text.partition("\n")
+        name = name.strip()
+    args_text = args_text.strip().removeprefix("```json").removesuffix("```").strip()
+    if not marker or not name or any(c in name for c in "<>\n{"):
+        return None
+    try:
+        args = json.loads(args_text) if args_text else {}
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(args, dict):
+        return None
+    return Call(name, args, args_text or "{}", _call_id())
+
+
+_DSML = "｜DSML｜"
+_DSML_PARAMETER = re.compile(
+    r'<｜DSML｜parameter name="([^"]+)"(?: string="(true|false)")?>(.*?)</｜DSML｜parameter>',
+    re.DOTALL,
+)
+
+
+def parse_dsml_call(body: str, tools=None) -> Call | None:
+    """`NAME">` then `<｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>`
+    (the opener `<｜DSML｜invoke name="` is the call's marker)."""
+    name, marker, rest = body.partition('">')
+    name = name.strip()
+    if not marker or not name or any(c in name for c in '<>"\n'):
+        return None
+    args = {}
+    for m in _DSML_PARAMETER.finditer(rest):
+        key, is_string, value = m.group(1), m.group(2), m.group(3)
+        if is_string != "true":
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                pass
+        args[key] = value
+    if _DSML_PARAMETER.sub("", rest).strip():  # something besides parameters
+        return None
+    return Call(name, args, json.dumps(args, ensure_ascii=False), _call_id())
+
+
+_KIMI_ARGS = "<|tool_call_argument_begin|>"
+_KIMI_ID = re.compile(r"(?:functions\.)?([^\s:]+):\d+")
+
+
+def parse_kimi_call(body: str, tools=None) -> Call | None:
+    """`functions.NAME:I<|tool_call_argument_begin|>{...}`; the id stays `functions.NAME:I`
+    (the template renders it back)."""
+    head, marker, args_text = body.partition(_KIMI_ARGS)
+    call_id, args_text = head.strip(), args_text.strip()
+    m = _KIMI_ID.fullmatch(call_id)
+    if not marker or m is None:
+        return None
+    try:
+        args = json.loads(args_text)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(args, dict):
+        return None
+    return Call(m.group(1), args, args_text, call_id)

@@ -33,6 +33,7 @@ until then only it reads them (engine.cache.replicas).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import uuid
@@ -208,9 +209,11 @@ class CacheManagerActor:
                 "replica %d lost %d file writes (%s): %s", replica, len(forgotten), why, forgotten
             )
 
-    def files_written(self, entry_ids: list[int], replica: int = 0) -> None:
-        """Files `replica`'s writer made durable: any replica of its machine may read them."""
-        self.cache.files_written(entry_ids, replica)
+    def files_written(self, written: list[tuple[int, int]], replica: int = 0) -> None:
+        """Files `replica`'s writer made durable, (id, bytes) each: any replica of its
+        machine may read them, and the disk budget counts their bytes; the entries whose
+        writes were lost are ordered written again at their holders."""
+        self._deliver(self.cache.files_written(written, replica), None)
 
     def alive(self) -> list[int]:
         return self.cache.replicas.alive()
@@ -226,7 +229,12 @@ class CacheManagerActor:
 
     @ray.method(max_task_retries=3)
     def stats(self) -> CacheStats:
-        return self.cache.stats()
+        stats = self.cache.stats()
+        if self.directory is None:
+            return stats
+        return dataclasses.replace(
+            stats, disk_file_bytes=self.directory.nbytes(), disk_free_bytes=self.directory.free()
+        )
 
     def anchors(self) -> list[AnchorUse]:
         return self.manager.anchors()

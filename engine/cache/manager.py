@@ -43,7 +43,8 @@ A file write the model actor could not do (its writer's queue was full, the
 disk was) comes back through `files_lost`: the disk index forgets the file,
 so it offers no restore point and counts against no budget
 (`disk_writes_lost`). The entry stays in RAM, and is ordered written again
-when it is evicted (spill_on_evict).
+as soon as a file is reported written (`files_written`: the disk takes writes
+again), or when it is evicted (spill_on_evict).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from functools import partial
 
 import numpy as np
 
-from engine.cache.disk_index import DiskIndex, evict_disk
+from engine.cache.disk_index import DiskIndex, evict_disk, persist
 from engine.cache.entry import Entry
 from engine.cache.exact import ExactPolicy
 from engine.cache.index import Index
@@ -142,6 +143,7 @@ class CacheManager:
         self._prompt_tokens = 0
         self._restores_lost = 0
         self._writes_lost = 0
+        self._unwritten: set[int] = set()  # RAM entries whose file write was lost
         self._seq = 0  # the number of the last Orders handed out
         self._pending = OrderBook()  # evictions made at a plan, ordered with the next Orders
         self._pending_entries: dict[int, Entry] = {}  # the entries `_pending` frees
@@ -397,7 +399,30 @@ class CacheManager:
                 self.disk_index.remove(entry_id)
                 out.append(entry_id)
         self._writes_lost += len(out)
+        self._unwritten.update(out)
         return out
+
+    def files_written(self, written) -> Orders:
+        """Files the model actor wrote, (id, bytes) each: the disk budget counts a file at
+        its bytes on disk from now on, no longer at the estimate made when it was ordered.
+
+        A write done is the sign that the disk takes writes again: the entries still in
+        RAM whose writes were lost are ordered written now (the Orders returned), so a
+        full disk loses files only for the entries that left RAM meanwhile."""
+        if self.disk_index is None:
+            return Orders()
+        for entry_id, nbytes in written:
+            self.disk_index.resize(entry_id, nbytes)
+        if not written or not self._unwritten:
+            return Orders()
+        orders = OrderBook()
+        for entry_id in sorted(self._unwritten):
+            entry = self.index.get(entry_id)
+            if entry is not None:
+                persist(self.disk_index, entry, orders)
+        self._unwritten.clear()
+        self._disk_evictions += len(evict_disk(self.disk_index, self.index, orders))
+        return self._hand_out(orders)
 
     def prompt_len(self, request_id: str) -> int:
         """The prompt length of a request in flight."""

@@ -472,9 +472,14 @@ class ReplicatedCache:
     def revived(self, replica: int, machine: str | None = None) -> None:
         self.replicas.revived(replica, machine)
 
-    def files_written(self, entry_ids, replica: int) -> None:
-        """`replica`'s writer made these files durable (Replicas.written)."""
-        self.replicas.written(entry_ids, replica)
+    def files_written(self, written, replica: int) -> dict[int, Orders]:
+        """`replica`'s writer made these files durable, (id, bytes) each
+        (Replicas.written): the disk budget counts their bytes as written. Returns the
+        Orders per replica that write again the entries whose writes were lost
+        (CacheManager.files_written)."""
+        written = [(int(i), int(n)) for i, n in written]
+        self.replicas.written([i for i, _ in written], replica)
+        return self._split(self.manager.files_written(written), None)
 
     def check_invariants(self) -> None:
         """The manager's invariants, and the placement's (Replicas.check)."""

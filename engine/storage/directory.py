@@ -175,6 +175,24 @@ def scan_directory(directory: Path, remove_temps: bool = True) -> Scan:
     return Scan(tuple(files), tuple(removed), max_id)
 
 
+def files_bytes(directory: Path) -> int:
+    """The bytes of the entry files in `directory`, quarantined ones too (temporary files
+    left out): what the disk index counts against the budget once the writers are idle."""
+    total = 0
+    try:
+        with os.scandir(directory) as it:
+            for d in it:
+                if file_id(Path(d.name)) is None:
+                    continue
+                try:
+                    total += d.stat(follow_symlinks=False).st_size
+                except FileNotFoundError:  # deleted meanwhile
+                    pass
+    except FileNotFoundError:
+        return 0
+    return total
+
+
 def _remove(path: Path) -> int:
     """Unlink `path`; the bytes freed (0 when it was not there)."""
     try:
@@ -245,6 +263,18 @@ class OpenDirectory:
         """A fresh index of what is on disk now (the lock stays held)."""
         self.index = index_scan(scan_directory(self.path), fingerprint, budget, caps)
         return self.index
+
+    def nbytes(self) -> int:
+        """The bytes of the files in the directory now (`files_bytes`)."""
+        return files_bytes(self.path)
+
+    def free(self) -> int:
+        """The bytes free to this user on the directory's filesystem (0 when unreadable)."""
+        try:
+            st = os.statvfs(self.path)
+        except OSError:
+            return 0
+        return st.f_bavail * st.f_frsize
 
     def entry_ids(self) -> set[int]:
         """The ids of the entry files in the directory now (quarantined copies left out);

@@ -55,6 +55,7 @@ class WriterStats:
     deleted: int = 0
     refused: int = 0  # not queued: the queue held its byte cap
     no_space: int = 0  # given up on a full disk (ENOSPC), or while writing paused after one
+    skipped: int = 0  # never queued: the entry was not held, or did not match its record
 
     def as_dict(self) -> dict:
         out = dataclasses.asdict(self)
@@ -166,10 +167,10 @@ class DiskWriter:
     reach the disk (refused, given up, failed) is *lost*: the files it
     superseded go too (the index forgot them when it ordered the write), and
     its id is reported by `take_lost()`, so the disk index forgets a file that
-    does not exist. A written file is reported by `take_written()` (durable:
-    any reader of the directory finds it now), a few at a time: when the queue
-    runs dry, or every REPORT_EVERY files. `on_report` runs when there is
-    something to take.
+    does not exist. A written file is reported by `take_written()` with its
+    bytes (durable: any reader of the directory finds it now), a few at a time:
+    when the queue runs dry, or every REPORT_EVERY files. `on_report` runs when
+    there is something to take.
     """
 
     def __init__(
@@ -189,7 +190,7 @@ class DiskWriter:
         self._pending: dict[int, WriteJob] = {}
         self._queued_bytes = 0  # of the writes in _pending
         self._lost: list[int] = []  # ids whose write did not reach the disk, not taken yet
-        self._written: list[int] = []  # ids whose file is durable, not taken yet
+        self._written: list[tuple[int, int]] = []  # (id, bytes) of durable files, not taken
         self._pause = backoff[0]  # the next pause after a full disk
         self._paused_until = 0.0  # monotonic time: writes before it are given up
         self._current: WriteJob | None = None  # the write under way
@@ -248,8 +249,18 @@ class DiskWriter:
             lost, self._lost = self._lost, []
         return lost
 
-    def take_written(self) -> list[int]:
-        """Ids whose file was written (and is durable) since the last call."""
+    def skip(self, entry_id: int, supersedes=()) -> None:
+        """A write ordered but never queued (its entry was not held, or did not match its
+        record): lost like a refused one, and the files it was to replace go."""
+        with self._cond:
+            self.stats.skipped += 1
+            self._lost.append(entry_id)
+            self._queue.extend(("delete", old) for old in supersedes)
+            self._cond.notify_all()
+        self._report()
+
+    def take_written(self) -> list[tuple[int, int]]:
+        """(id, bytes) of the files written (and durable) since the last call."""
         with self._cond:
             written, self._written = self._written, []
         return written
@@ -292,6 +303,11 @@ class DiskWriter:
         """Writing pauses after a full disk."""
         return time.monotonic() < self._paused_until
 
+    @property
+    def paused_s(self) -> float:
+        """Seconds left of the pause after a full disk (0: writing)."""
+        return max(0.0, self._paused_until - time.monotonic())
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything asked so far is on disk (or lost); False on timeout."""
         with self._cond:
@@ -316,7 +332,7 @@ class DiskWriter:
                 if job is not None:
                     self._queued_bytes -= job.nbytes
                 self._current, self._busy = job, True
-            lost = wrote = False
+            lost, wrote = False, 0  # wrote: the bytes of the file written
             try:
                 if op == "delete":
                     delete_files(self.directory, entry_id)
@@ -325,8 +341,7 @@ class DiskWriter:
                     self.stats.no_space += 1
                     lost = True
                 elif job is not None:
-                    self._write(job)
-                    wrote = True
+                    wrote = self._write(job)
             except OSError as e:
                 lost = op == "write"
                 if lost and e.errno in NO_SPACE:
@@ -352,7 +367,7 @@ class DiskWriter:
                 if lost:
                     self._lose(job)
                 if wrote:
-                    self._written.append(job.entry_id)
+                    self._written.append((job.entry_id, wrote))
                 batch = not self._queue or len(self._written) >= REPORT_EVERY
                 report = lost or (bool(self._written) and batch)
                 self._current, self._busy = None, False
@@ -360,7 +375,8 @@ class DiskWriter:
             if report:
                 self._report()
 
-    def _write(self, job: WriteJob) -> None:
+    def _write(self, job: WriteJob) -> int:
+        """Write the job's file; its bytes."""
         t0 = time.perf_counter()
         nbytes = write_file(self.directory, job)
         self.stats.seconds += time.perf_counter() - t0
@@ -369,6 +385,7 @@ class DiskWriter:
         self._pause = self.backoff[0]  # the disk takes writes again
         for old in job.supersedes:  # only now that the successor is durable
             self._delete_quietly(old)
+        return nbytes
 
     def _delete_quietly(self, entry_id: int) -> None:
         try:

@@ -138,8 +138,9 @@ def test_the_disk_index_stays_true_to_the_directory_when_writes_are_lost(
     engine = LocalEngine(config, loaded, store, opened.index)
 
     def on_disk() -> set[int]:
-        assert store.flush(10)
-        engine.report_lost()
+        for _ in range(2):  # a report may order the lost writes again: flushed in turn
+            assert store.flush(10)
+            engine.report_lost()
         return {int(p.stem) for p in store.directory.glob("*.entry")}
 
     def indexed() -> set[int]:
@@ -160,8 +161,10 @@ def test_the_disk_index_stays_true_to_the_directory_when_writes_are_lost(
         _wait_unpaused(store)  # past the pause: a new turn's file is written and indexed
         final = engine.run(sessions[1] + [7, 8], max_tokens=2).final
         assert final.restore_kind != "none", "the entry whose file was lost is still in RAM"
+        # The new turn absorbed its session's entry; the other lost one, still in RAM, is
+        # written again once a write shows the disk takes them.
         after = on_disk()
-        assert after == indexed() and len(after) == 2
+        assert after == indexed() and len(after) == 3, after
         engine.manager.check_invariants()
     finally:
         store.close(10)

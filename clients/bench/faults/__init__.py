@@ -315,6 +315,8 @@ def _final_check(engine, config, client, tries: int = 30) -> dict:
     while messages may still be in flight)."""
     import ray
 
+    from clients.bench.disk_leak import disk_leaked_bytes
+
     client.wait_ready(120)
     found = None
     for _ in range(tries):
@@ -326,9 +328,11 @@ def _final_check(engine, config, client, tries: int = 30) -> dict:
             break
     if isinstance(found, str):
         return {"clean": False, "why": f"the check could not read: {found}"}
+    disk_leaked = disk_leaked_bytes(client, config.cache.cache_dir, config.cache.mode, 30.0)
     return {
-        "clean": not found,
+        "clean": not found and not disk_leaked,
         "leaked_bytes": sum(found.leaked.values()),
+        "disk_leaked_bytes": disk_leaked,
         "leaked": sorted(found.leaked),
         "orphaned_files": sorted(found.orphans),
         "unwritten_files": sorted(found.unwritten),
@@ -421,7 +425,9 @@ def _figures(faulted: dict, baseline: dict, args) -> dict:
         "compared_replies": compared,
         "wrong_replies": wrong,
         "wrong_examples": examples[:3],
-        "leaked_bytes": max(lasting["leaked_bytes"], faulted["final"].get("leaked_bytes", 0)),
+        "leaked_bytes": max(lasting["leaked_bytes"], faulted["final"].get("leaked_bytes", 0))
+        + faulted["final"].get("disk_leaked_bytes", 0),
+        "disk_leaked_bytes": faulted["final"].get("disk_leaked_bytes", 0),
         "orphaned_files": max(
             lasting["orphaned_files"], len(faulted["final"].get("orphaned_files", []))
         ),
@@ -468,8 +474,9 @@ def report(f: dict) -> str:
         f"{f['client_errors']}), {f['retried_by_server']} by the server",
         f"replies compared     {f['compared_replies']} with the fault-free run's",
         f"wrong replies        {f['wrong_replies']}",
-        f"leaked bytes         {f['leaked_bytes']} (lasting {c['lasting_after_checks']} checks"
-        f" of {c['checks']}; final check {'clean' if f['final']['clean'] else 'NOT clean'})",
+        f"leaked bytes         {f['leaked_bytes']}: RAM (lasting {c['lasting_after_checks']} "
+        f"checks of {c['checks']}), and the disk budget against the files "
+        f"{f['disk_leaked_bytes']}; final check {'clean' if f['final']['clean'] else 'NOT clean'}",
         f"orphaned files       {f['orphaned_files']}",
         f"invariant violations {f['invariant_violations']} {c['first_violation']}".rstrip(),
         f"unwritten, miscounted, drifting (lasting): {c['unwritten_files']}, "

@@ -247,13 +247,16 @@ def reconcile(directory, cache: ReplicatedCache, replica: int) -> tuple[list[int
     """After replica `replica` restarted: the files its writer never wrote leave the disk
     index, and the files the index no longer holds (deletes that writer never did) leave
     the directory. Only for a replica of this machine (others write their own
-    directories). Returns (forgotten, deleted)."""
+    directories). The budget counts the files there at their bytes on disk. Returns
+    (forgotten, deleted)."""
     replicas = cache.replicas
     if directory is None or replicas.machines[replica] != replicas.home:
         return [], []
     unwritten, orphans = cache.restarted(replica, directory.entry_ids())
     forgotten = cache.files_lost(unwritten)
     freed = directory.delete(orphans)
+    # Files it wrote whose report died with it count at their bytes, as reported ones do.
+    cache.manager.file_sizes(directory.sizes().items())
     if forgotten or orphans:
         log.warning(
             "replica %d restarted: %d file writes lost %s, %d files deleted (%.1f MB) that its "

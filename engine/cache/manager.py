@@ -409,11 +409,9 @@ class CacheManager:
         A write done is the sign that the disk takes writes again: the entries still in
         RAM whose writes were lost are ordered written now (the Orders returned), so a
         full disk loses files only for the entries that left RAM meanwhile."""
-        if self.disk_index is None:
-            return Orders()
-        for entry_id, nbytes in written:
-            self.disk_index.resize(entry_id, nbytes)
-        if not written or not self._unwritten:
+        written = list(written)
+        self.file_sizes(written)
+        if self.disk_index is None or not written or not self._unwritten:
             return Orders()
         orders = OrderBook()
         for entry_id in sorted(self._unwritten):
@@ -423,6 +421,13 @@ class CacheManager:
         self._unwritten.clear()
         self._disk_evictions += len(evict_disk(self.disk_index, self.index, orders))
         return self._hand_out(orders)
+
+    def file_sizes(self, sizes) -> None:
+        """(id, bytes) of files on disk: the disk budget counts each one still indexed at
+        its bytes, no longer at the estimate made when its write was ordered."""
+        if self.disk_index is not None:
+            for entry_id, nbytes in sizes:
+                self.disk_index.resize(entry_id, nbytes)
 
     def prompt_len(self, request_id: str) -> int:
         """The prompt length of a request in flight."""

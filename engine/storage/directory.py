@@ -175,22 +175,29 @@ def scan_directory(directory: Path, remove_temps: bool = True) -> Scan:
     return Scan(tuple(files), tuple(removed), max_id)
 
 
-def files_bytes(directory: Path) -> int:
-    """The bytes of the entry files in `directory`, quarantined ones too (temporary files
-    left out): what the disk index counts against the budget once the writers are idle."""
-    total = 0
+def file_sizes(directory: Path) -> dict[int, int]:
+    """Entry id -> bytes of its file in `directory` (a quarantined copy added in; temporary
+    files left out)."""
+    out: dict[int, int] = {}
     try:
         with os.scandir(directory) as it:
             for d in it:
-                if file_id(Path(d.name)) is None:
+                entry_id = file_id(Path(d.name))
+                if entry_id is None:
                     continue
                 try:
-                    total += d.stat(follow_symlinks=False).st_size
+                    out[entry_id] = out.get(entry_id, 0) + d.stat(follow_symlinks=False).st_size
                 except FileNotFoundError:  # deleted meanwhile
                     pass
     except FileNotFoundError:
-        return 0
-    return total
+        pass
+    return out
+
+
+def files_bytes(directory: Path) -> int:
+    """The bytes of the entry files in `directory`, quarantined ones too (temporary files
+    left out): what the disk index counts against the budget once the writers are idle."""
+    return sum(file_sizes(directory).values())
 
 
 def _remove(path: Path) -> int:
@@ -267,6 +274,10 @@ class OpenDirectory:
     def nbytes(self) -> int:
         """The bytes of the files in the directory now (`files_bytes`)."""
         return files_bytes(self.path)
+
+    def sizes(self) -> dict[int, int]:
+        """Entry id -> bytes of its file now (`file_sizes`)."""
+        return file_sizes(self.path)
 
     def free(self) -> int:
         """The bytes free to this user on the directory's filesystem (0 when unreadable)."""

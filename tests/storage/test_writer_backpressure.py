@@ -117,6 +117,23 @@ def test_the_queue_holds_at_most_its_byte_cap(tmp_path, monkeypatch):
     store.close(10)
 
 
+def test_a_write_never_queued_is_lost_with_the_files_it_replaces_and_files_report_bytes(
+    tmp_path,
+):
+    entry = _entry("hybrid-float32")
+    store = DiskStore(tmp_path, "fp")
+    store.write(entry, _record(1, 30))
+    assert store.flush(10)
+    ((written, nbytes),) = store.take_written()
+    assert written == 1 and nbytes == (tmp_path / "1.entry").stat().st_size
+    (tmp_path / "7.entry").write_bytes(b"old")
+    store.skip(replace(_record(2, 30), supersedes=(7,)))  # the entry was not held
+    assert store.flush(10) and store.take_lost() == [2]
+    assert _files(tmp_path) == ["1.entry"], "7 left behind (the index forgot it at the order)"
+    assert store.stats()["writer"]["skipped"] == 1
+    store.close(10)
+
+
 def test_the_disk_index_stays_true_to_the_directory_when_writes_are_lost(
     model_cache_dir, random_model_dir, tmp_path, monkeypatch
 ):

@@ -215,6 +215,11 @@ class CacheManagerActor:
         writes were lost are ordered written again at their holders."""
         self._deliver(self.cache.files_written(written, replica), None)
 
+    def disk_resumed(self, replica: int = 0) -> None:
+        """`replica`'s writer resumed after a full disk: the entries whose writes were lost
+        are ordered written again at their holders."""
+        self._deliver(self.cache.write_lost(), None)
+
     def alive(self) -> list[int]:
         return self.cache.replicas.alive()
 

@@ -411,7 +411,12 @@ class CacheManager:
         full disk loses files only for the entries that left RAM meanwhile."""
         written = list(written)
         self.file_sizes(written)
-        if self.disk_index is None or not written or not self._unwritten:
+        return self.write_lost() if written else Orders()
+
+    def write_lost(self) -> Orders:
+        """Order written again the entries still in RAM whose writes were lost (the disk
+        takes writes again, or may: the writer's pause after a full disk ended)."""
+        if self.disk_index is None or not self._unwritten:
             return Orders()
         orders = OrderBook()
         for entry_id in sorted(self._unwritten):

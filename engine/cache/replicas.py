@@ -481,6 +481,11 @@ class ReplicatedCache:
         self.replicas.written([i for i, _ in written], replica)
         return self._split(self.manager.files_written(written), None)
 
+    def write_lost(self) -> dict[int, Orders]:
+        """The Orders per replica that write again the entries whose writes were lost
+        (CacheManager.write_lost)."""
+        return self._split(self.manager.write_lost(), None)
+
     def check_invariants(self) -> None:
         """The manager's invariants, and the placement's (Replicas.check)."""
         self.manager.check_invariants()

@@ -93,10 +93,14 @@ class LocalEngine:
         the ids its disk index forgot."""
         if self.tier.disk_tier is None:
             return []
-        lost = self.manager.files_lost(self.tier.disk_tier.take_lost())
-        orders = self.manager.files_written(self.tier.disk_tier.take_written())
-        if orders:  # the entries whose writes were lost, ordered written again
-            self.generator.apply_unasked(orders)
+        disk = self.tier.disk_tier
+        lost = self.manager.files_lost(disk.take_lost())
+        for orders in (
+            self.manager.files_written(disk.take_written()),
+            self.manager.write_lost() if disk.take_resumed() else None,
+        ):
+            if orders:  # the entries whose writes were lost, ordered written again
+                self.generator.apply_unasked(orders)
         return lost
 
     def run(

@@ -126,6 +126,11 @@ class DiskStore:
         """(id, bytes) of the files written since the last call (durable)."""
         return self.writer.take_written()
 
+    def take_resumed(self) -> bool:
+        """Whether writing resumed after a full disk since the last call (writes were given
+        up meanwhile: DiskWriter.take_resumed)."""
+        return self.writer.take_resumed()
+
     @property
     def on_report(self):
         return self.writer.on_report

@@ -193,6 +193,8 @@ class DiskWriter:
         self._written: list[tuple[int, int]] = []  # (id, bytes) of durable files, not taken
         self._pause = backoff[0]  # the next pause after a full disk
         self._paused_until = 0.0  # monotonic time: writes before it are given up
+        self._gave_up = False  # writes were given up to a full disk since the last one done
+        self._resumed = False  # the pause after them ended: reported, not taken yet
         self._current: WriteJob | None = None  # the write under way
         self._busy = False  # an operation is under way
         self._closed = False
@@ -320,18 +322,40 @@ class DiskWriter:
             self._cond.notify_all()
         return done
 
+    def _resume_due(self) -> bool:
+        """Writes were given up to a full disk and the pause is over (call holding the lock)."""
+        return self._gave_up and not self.paused
+
+    def take_resumed(self) -> bool:
+        """Whether a pause after a full disk ended since the last call, with writes given up
+        meanwhile: the entries they were for may be ordered written again."""
+        with self._cond:
+            resumed, self._resumed = self._resumed, False
+        return resumed
+
     def _run(self) -> None:
         lower_priority()
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._queue or self._closed)
-                if not self._queue:
-                    return
-                op, entry_id = self._queue.popleft()
-                job = self._pending.pop(entry_id, None) if op == "write" else None
-                if job is not None:
-                    self._queued_bytes -= job.nbytes
-                self._current, self._busy = job, True
+                idle = lambda: self._queue or self._closed or self._resume_due()  # noqa: E731
+                # While writes are given up, it wakes when the pause ends, queue or not.
+                self._cond.wait_for(idle, self.paused_s + 0.01 if self._gave_up else None)
+                resumed = not self._queue and self._resume_due()
+                if resumed:
+                    self._gave_up, self._resumed = False, True
+                elif not self._queue:
+                    if self._closed:
+                        return
+                    continue
+                else:
+                    op, entry_id = self._queue.popleft()
+                    job = self._pending.pop(entry_id, None) if op == "write" else None
+                    if job is not None:
+                        self._queued_bytes -= job.nbytes
+                    self._current, self._busy = job, True
+            if resumed:
+                self._report()
+                continue
             lost, wrote = False, 0  # wrote: the bytes of the file written
             try:
                 if op == "delete":
@@ -339,13 +363,14 @@ class DiskWriter:
                     self.stats.deleted += 1
                 elif job is not None and self.paused:  # the disk was full a moment ago
                     self.stats.no_space += 1
-                    lost = True
+                    lost = self._gave_up = True
                 elif job is not None:
                     wrote = self._write(job)
             except OSError as e:
                 lost = op == "write"
                 if lost and e.errno in NO_SPACE:
                     self.stats.no_space += 1
+                    self._gave_up = True
                     self._paused_until = time.monotonic() + self._pause
                     log.error(
                         "disk tier: the disk is full (writing entry %d); writes pause %.1f s",
@@ -383,6 +408,7 @@ class DiskWriter:
         self.stats.files += 1
         self.stats.bytes += nbytes
         self._pause = self.backoff[0]  # the disk takes writes again
+        self._gave_up = False
         for old in job.supersedes:  # only now that the successor is durable
             self._delete_quietly(old)
         return nbytes

@@ -11,6 +11,8 @@ same directory) restores every conversation from its file.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig
@@ -86,6 +88,39 @@ def test_after_a_full_disk_new_and_lost_entries_are_written_and_restored_after_a
             turn = engine.run(tokens + [7, 8], max_tokens=2)
             assert turn.plan.load_from_disk, "not restored from a file after the restart"
             assert turn.final.cached_tokens >= len(tokens) - 16, turn.final.cached_tokens
+    finally:
+        store.close(10)
+        opened.close()
+
+
+def test_an_idle_engine_writes_its_lost_entries_once_the_pause_after_a_full_disk_ends(
+    model_cache_dir, random_model_dir, tmp_path, monkeypatch
+):
+    from engine.runtime.model.loader import load_model
+
+    disk = FullDisk(monkeypatch)
+    config = EngineConfig(
+        model=ModelConfig(path=str(random_model_dir), prefill_step_size=128),
+        cache=CacheConfig(cache_dir=str(model_cache_dir), ram_budget=1 << 30, guard_min_suffix=256),
+    )
+    loaded = load_model(config)
+    config = config.with_cache(cache_dir=str(tmp_path))
+    rng = np.random.default_rng(2)
+    sessions = [list(rng.integers(20, 3000, 200)) for _ in range(2)]
+    engine, store, opened = _open(config, loaded)
+    try:
+        disk.full = True
+        for tokens in sessions:
+            engine.run(tokens, max_tokens=2)
+        assert store.flush(10) and not _settle(engine, store)
+        disk.full = False  # the disk has room; no request comes
+        _wait_unpaused(store)
+        deadline = time.monotonic() + 10
+        while len(_settle(engine, store)) < 2:
+            assert time.monotonic() < deadline, "the lost entries were never written"
+            time.sleep(0.1)
+        assert _settle(engine, store) == set(engine.manager.disk_index.files)
+        engine.manager.check_invariants()
     finally:
         store.close(10)
         opened.close()

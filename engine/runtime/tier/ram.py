@@ -134,6 +134,8 @@ class DiskTier(Protocol):
 
     def skip(self, record: EntryRecord) -> None: ...  # a write ordered that is not done
 
+    def take_resumed(self) -> bool: ...  # writing resumed after a full disk
+
     def load(
         self, entry_id: int, namespace: str | None = None, tokens=None
     ) -> StoredEntry | None: ...

@@ -27,10 +27,12 @@ have flushed, the same check runs strictly.
 A fault-free engine then replays every prompt the faulted run sent, in the
 same steps at the same concurrency, at temperature 0: every reply completed
 in both runs must be the same tokens. Figures: faults survived, requests
-(completed, failed, retried), wrong replies (must be 0), leaked bytes and
-orphaned files (must be 0), restores lost, token mismatches, and what the
-token check costs per restore. Exit status 1 unless every fault was survived
-and wrong replies, leaked bytes, orphaned files and invariant violations are 0.
+(completed, failed, retried), wrong replies (must be 0), leaked bytes (RAM
+the index does not place, and the disk budget's bytes against the files' once
+the writers flushed: clients.bench.disk_leak) and orphaned files (must be 0),
+restores lost, token mismatches, and what the token check costs per restore.
+Exit status 1 unless every fault was survived and wrong replies, leaked
+bytes, orphaned files and invariant violations are 0.
 """
 
 from __future__ import annotations

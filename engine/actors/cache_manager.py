@@ -218,7 +218,7 @@ class CacheManagerActor:
     def disk_resumed(self, replica: int = 0) -> None:
         """`replica`'s writer resumed after a full disk: the entries whose writes were lost
         are ordered written again at their holders."""
-        self._deliver(self.cache.write_lost(), None)
+        self._deliver(self.cache.write_lost(replica), None)
 
     def alive(self) -> list[int]:
         return self.cache.replicas.alive()

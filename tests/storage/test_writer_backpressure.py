@@ -173,7 +173,8 @@ def test_the_disk_index_stays_true_to_the_directory_when_writes_are_lost(
             engine.run(tokens, max_tokens=2)
         first = on_disk()
         assert first == indexed(), (first, indexed())
-        assert len(first) == 1 and engine.manager.stats().disk_writes_lost == 2
+        # (at least 2: a pause that ends mid-window orders them again, lost again)
+        assert len(first) == 1 and engine.manager.stats().disk_writes_lost >= 2
         disk.full = False
         _wait_unpaused(store)  # past the pause: a new turn's file is written and indexed
         final = engine.run(sessions[1] + [7, 8], max_tokens=2).final

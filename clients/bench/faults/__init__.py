@@ -116,6 +116,8 @@ def run(args) -> int:
     try:
         with own_ray(logs=False):
             faulted = _faulted_run(_config(base, root / "faulted", "faults"), faults, args)
+            # Shown before the replay, which a loaded machine may fail to start.
+            print("\n".join(_fault_lines(faulted["faults"])), flush=True)
             baseline = _replay(_config(base, root / "baseline", "baseline"), faulted["sent"])
     finally:
         if not args.cache_dir:
@@ -455,13 +457,17 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
+def _fault_lines(faults: list[dict]) -> list[str]:
+    out = []
+    for fault in faults:
+        mark = "survived" if fault["survived"] else f"NOT survived ({fault['why']})"
+        out.append(f"  {fault['fault']:<8} {mark} in {fault['recovery_s']:.1f} s: {fault['mark']}")
+    return out
+
+
 def report(f: dict) -> str:
     lines = ["lineage bench faults: 2 replicas under agent traffic", ""]
-    for fault in f["faults"]:
-        mark = "survived" if fault["survived"] else f"NOT survived ({fault['why']})"
-        lines.append(
-            f"  {fault['fault']:<8} {mark} in {fault['recovery_s']:.1f} s: {fault['mark']}"
-        )
+    lines += _fault_lines(f["faults"])
     c = f["checks"]
     check_ms = f["token_check_us"] / 1000
     of_restore = check_ms / f["restore_ms_mean"] if f["restore_ms_mean"] else 0.0

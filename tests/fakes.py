@@ -612,7 +612,7 @@ class FakeDiskActor(FakeModelActor):
     loads: int = 0
     paused: bool = False
     queue: list = field(default_factory=list)  # ("write", EntryRecord) | ("delete", id)
-    written: list = field(default_factory=list)  # ids written since the last take_written()
+    written: list = field(default_factory=list)  # (id, bytes) written since take_written()
 
     def load(self, plan: RestorePlan) -> bool:
         """Read a plan's restore source (`read`) and store it, unless the entry held serves
@@ -680,11 +680,12 @@ class FakeDiskActor(FakeModelActor):
             write_fake_file(self.directory, item, self.fingerprint)
             for superseded in item.supersedes:  # after the successor's file is durable
                 delete_files(self.directory, superseded)
-            self.written.append(item.entry_id)
+            path = file_format.entry_path(self.directory, item.entry_id)
+            self.written.append((item.entry_id, path.stat().st_size))
         return [item.entry_id for op, item in done if op == "write"]
 
-    def take_written(self) -> list[int]:
-        """Ids written since the last call (what the real writer reports durable)."""
+    def take_written(self) -> list[tuple[int, int]]:
+        """(id, bytes) written since the last call (what the real writer reports durable)."""
         written, self.written = self.written, []
         return written
 

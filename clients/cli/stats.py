@@ -1,7 +1,9 @@
 """`lineage stats`: a running engine's cache counters, as a table or as JSON.
 
-One CacheStats call (with `--json`, one Inspect call: the counters plus the live
-figures `lineage top` shows). It needs grpc alone: never MLX, never Ray.
+One Inspect call: the CacheStats counters, then the disk tier's state
+(clients.cli.disk_tier: writing or paused, writes lost by cause, the budget's
+bytes against the files'); with `--json`, the counters plus the live figures
+`lineage top` shows. It needs grpc alone: never MLX, never Ray.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import argparse
 import json
 
 from clients.cli.args import EXIT_OK, add_server_arguments, format_stats
+from clients.cli.disk_tier import disk_lines
 from clients.client import Client
 
 HELP = "show the engine's cache counters"
@@ -26,10 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     with Client(args.server, **args.connect) as client:
-        if not args.json:
-            print(format_stats(client.cache_stats()))
-            return EXIT_OK
-        live = client.inspect()
+        live = client.inspect(recent=0 if not args.json else 20)
+    if not args.json:
+        print("\n".join([format_stats(live["cache"]), *disk_lines(live)]))
+        return EXIT_OK
     # The CacheStats counters at the top, then the live figures `lineage top` shows.
     print(json.dumps({**live.pop("cache"), **live}, indent=2))
     return EXIT_OK

@@ -72,6 +72,26 @@ def _tiers(snap: dict):
     return t
 
 
+def _has_disk(replica: dict) -> bool:
+    return (replica.get("disk_state") or "off") != "off"
+
+
+def _disk(snap: dict):
+    """The disk tier: each replica writing or paused, its writes lost by cause; the budget's
+    bytes against the files' (clients.cli.disk_tier)."""
+    from rich.table import Table
+
+    from clients.cli.disk_tier import budget_text, lost_text, state_text
+
+    t = Table(title=f"disk tier: {budget_text(snap['cache'])}", expand=True)
+    for name in ("replica", "state", "files written", "writes lost"):
+        t.add_column(name, justify="left" if name != "files written" else "right")
+    for r in snap["replicas"]:
+        if _has_disk(r):
+            t.add_row(r["name"], state_text(r), str(r.get("disk_files_written", 0)), lost_text(r))
+    return t
+
+
 def _cache(snap: dict):
     from rich.table import Table
 
@@ -172,6 +192,7 @@ def render(snap: dict, server: str):
         _replicas(snap),
         _cache(snap),
         _tiers(snap),
+        *([_disk(snap)] if any(_has_disk(r) for r in snap["replicas"]) else []),
         _anchors(snap),
         _hits(snap),
         _requests(snap),

@@ -33,6 +33,7 @@ until then only it reads them (engine.cache.replicas).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import uuid
@@ -208,9 +209,16 @@ class CacheManagerActor:
                 "replica %d lost %d file writes (%s): %s", replica, len(forgotten), why, forgotten
             )
 
-    def files_written(self, entry_ids: list[int], replica: int = 0) -> None:
-        """Files `replica`'s writer made durable: any replica of its machine may read them."""
-        self.cache.files_written(entry_ids, replica)
+    def files_written(self, written: list[tuple[int, int]], replica: int = 0) -> None:
+        """Files `replica`'s writer made durable, (id, bytes) each: any replica of its
+        machine may read them, and the disk budget counts their bytes; the entries whose
+        writes were lost are ordered written again at their holders."""
+        self._deliver(self.cache.files_written(written, replica), None)
+
+    def disk_resumed(self, replica: int = 0) -> None:
+        """`replica`'s writer resumed after a full disk: the entries whose writes were lost
+        are ordered written again at their holders."""
+        self._deliver(self.cache.write_lost(replica), None)
 
     def alive(self) -> list[int]:
         return self.cache.replicas.alive()
@@ -226,7 +234,12 @@ class CacheManagerActor:
 
     @ray.method(max_task_retries=3)
     def stats(self) -> CacheStats:
-        return self.cache.stats()
+        stats = self.cache.stats()
+        if self.directory is None:
+            return stats
+        return dataclasses.replace(
+            stats, disk_file_bytes=self.directory.nbytes(), disk_free_bytes=self.directory.free()
+        )
 
     def anchors(self) -> list[AnchorUse]:
         return self.manager.anchors()
@@ -239,13 +252,16 @@ def reconcile(directory, cache: ReplicatedCache, replica: int) -> tuple[list[int
     """After replica `replica` restarted: the files its writer never wrote leave the disk
     index, and the files the index no longer holds (deletes that writer never did) leave
     the directory. Only for a replica of this machine (others write their own
-    directories). Returns (forgotten, deleted)."""
+    directories). The budget counts the files there at their bytes on disk. Returns
+    (forgotten, deleted)."""
     replicas = cache.replicas
     if directory is None or replicas.machines[replica] != replicas.home:
         return [], []
     unwritten, orphans = cache.restarted(replica, directory.entry_ids())
     forgotten = cache.files_lost(unwritten)
     freed = directory.delete(orphans)
+    # Files it wrote whose report died with it count at their bytes, as reported ones do.
+    cache.manager.file_sizes(directory.sizes().items())
     if forgotten or orphans:
         log.warning(
             "replica %d restarted: %d file writes lost %s, %d files deleted (%.1f MB) that its "

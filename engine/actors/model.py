@@ -185,14 +185,18 @@ class ModelActor:
     def _report_disk(self, disk) -> None:
         """Writes the disk writer lost or did (on its thread): the manager's disk index
         forgets the lost ones, and lets the other replicas of the machine read the written
-        ones. Without a manager (not attached yet, restarting) its next scan finds the
+        ones; when writing resumed after a full disk, it orders the lost ones written
+        again. Without a manager (not attached yet, restarting) its next scan finds the
         directory as it is."""
         lost, written = disk.take_lost(), disk.take_written()
+        resumed = disk.take_resumed()
         manager = self.link.manager
         if lost and manager is not None:
             manager.files_lost.remote(lost, self.replica)
         if written and manager is not None:
             manager.files_written.remote(written, self.replica)
+        if resumed and manager is not None:
+            manager.disk_resumed.remote(self.replica)
 
     @ray.method(max_task_retries=3)
     def info(self) -> ModelInfo:

@@ -119,6 +119,12 @@ class DiskIndex:
                 del self._buckets[key]
         return f
 
+    def resize(self, entry_id: int, nbytes: int) -> None:
+        """The file of `entry_id` (if still indexed) holds `nbytes` on disk."""
+        f = self.files.get(entry_id)
+        if f is not None:
+            f.nbytes = nbytes
+
     def touch(self, entry_id: int) -> None:
         if entry_id in self.files:
             self._clock += 1

@@ -43,7 +43,8 @@ A file write the model actor could not do (its writer's queue was full, the
 disk was) comes back through `files_lost`: the disk index forgets the file,
 so it offers no restore point and counts against no budget
 (`disk_writes_lost`). The entry stays in RAM, and is ordered written again
-when it is evicted (spill_on_evict).
+as soon as a file is reported written (`files_written`: the disk takes writes
+again), or when it is evicted (spill_on_evict).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from functools import partial
 
 import numpy as np
 
-from engine.cache.disk_index import DiskIndex, evict_disk
+from engine.cache.disk_index import DiskIndex, evict_disk, persist
 from engine.cache.entry import Entry
 from engine.cache.exact import ExactPolicy
 from engine.cache.index import Index
@@ -142,6 +143,7 @@ class CacheManager:
         self._prompt_tokens = 0
         self._restores_lost = 0
         self._writes_lost = 0
+        self._unwritten: set[int] = set()  # RAM entries whose file write was lost
         self._seq = 0  # the number of the last Orders handed out
         self._pending = OrderBook()  # evictions made at a plan, ordered with the next Orders
         self._pending_entries: dict[int, Entry] = {}  # the entries `_pending` frees
@@ -397,7 +399,43 @@ class CacheManager:
                 self.disk_index.remove(entry_id)
                 out.append(entry_id)
         self._writes_lost += len(out)
+        self._unwritten.update(out)
         return out
+
+    def files_written(self, written, ours=None) -> Orders:
+        """Files the model actor wrote, (id, bytes) each: the disk budget counts a file at
+        its bytes on disk from now on, no longer at the estimate made when it was ordered.
+
+        A write done is the sign that the disk takes writes again: the entries still in
+        RAM whose writes were lost are ordered written now (the Orders returned), so a
+        full disk loses files only for the entries that left RAM meanwhile."""
+        written = list(written)
+        self.file_sizes(written)
+        return self.write_lost(ours) if written else Orders()
+
+    def write_lost(self, ours=None) -> Orders:
+        """Order written again the entries still in RAM whose writes were lost (the disk
+        takes writes again, or may: the writer's pause after a full disk ended); `ours`:
+        only the ids it says are that writer's (the others wait for their own writer)."""
+        if self.disk_index is None or not self._unwritten:
+            return Orders()
+        orders = OrderBook()
+        for entry_id in sorted(self._unwritten):
+            if ours is not None and not ours(entry_id) and entry_id in self.index:
+                continue
+            self._unwritten.discard(entry_id)
+            entry = self.index.get(entry_id)
+            if entry is not None:
+                persist(self.disk_index, entry, orders)
+        self._disk_evictions += len(evict_disk(self.disk_index, self.index, orders))
+        return self._hand_out(orders)
+
+    def file_sizes(self, sizes) -> None:
+        """(id, bytes) of files on disk: the disk budget counts each one still indexed at
+        its bytes, no longer at the estimate made when its write was ordered."""
+        if self.disk_index is not None:
+            for entry_id, nbytes in sizes:
+                self.disk_index.resize(entry_id, nbytes)
 
     def prompt_len(self, request_id: str) -> int:
         """The prompt length of a request in flight."""

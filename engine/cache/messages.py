@@ -363,6 +363,10 @@ class CacheStats:
     # disk): the disk index forgot them.
     disk_writes_lost: int = 0
     misses: dict[str, int] = field(default_factory=dict)  # explained misses, by MissKind
+    # The bytes of the files in the cache directory (read by the cache manager's actor),
+    # against `disk_bytes`, what the disk budget holds: equal while no write is queued.
+    disk_file_bytes: int = 0
+    disk_free_bytes: int = 0  # free on the cache directory's filesystem (0: no disk tier)
 
 
 @dataclass(frozen=True)

@@ -472,9 +472,23 @@ class ReplicatedCache:
     def revived(self, replica: int, machine: str | None = None) -> None:
         self.replicas.revived(replica, machine)
 
-    def files_written(self, entry_ids, replica: int) -> None:
-        """`replica`'s writer made these files durable (Replicas.written)."""
-        self.replicas.written(entry_ids, replica)
+    def files_written(self, written, replica: int) -> dict[int, Orders]:
+        """`replica`'s writer made these files durable, (id, bytes) each
+        (Replicas.written): the disk budget counts their bytes as written. Returns the
+        Orders per replica that write again the entries whose writes were lost
+        (CacheManager.files_written)."""
+        written = [(int(i), int(n)) for i, n in written]
+        self.replicas.written([i for i, _ in written], replica)
+        return self._split(self.manager.files_written(written, self._held_by(replica)), None)
+
+    def write_lost(self, replica: int) -> dict[int, Orders]:
+        """The Orders per replica that write again the entries `replica` holds whose
+        writes were lost (CacheManager.write_lost): its writer resumed, another's may not
+        have."""
+        return self._split(self.manager.write_lost(self._held_by(replica)), None)
+
+    def _held_by(self, replica: int):
+        return lambda entry_id: replica in self.replicas.holders.get(entry_id, ())
 
     def check_invariants(self) -> None:
         """The manager's invariants, and the placement's (Replicas.check)."""

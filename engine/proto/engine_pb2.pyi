@@ -241,7 +241,7 @@ class CacheStatsRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class CacheStatsReply(_message.Message):
-    __slots__ = ("mode", "entries", "anchors", "checkpoints", "ram_bytes", "anchor_bytes", "disk_bytes", "disk_entries", "hits", "evictions", "disk_evictions", "damaged_files", "cached_tokens", "prompt_tokens", "replicas", "restores_lost", "disk_writes_lost", "misses")
+    __slots__ = ("mode", "entries", "anchors", "checkpoints", "ram_bytes", "anchor_bytes", "disk_bytes", "disk_entries", "hits", "evictions", "disk_evictions", "damaged_files", "cached_tokens", "prompt_tokens", "replicas", "restores_lost", "disk_writes_lost", "misses", "disk_file_bytes", "disk_free_bytes")
     class CheckpointsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -281,6 +281,8 @@ class CacheStatsReply(_message.Message):
     RESTORES_LOST_FIELD_NUMBER: _ClassVar[int]
     DISK_WRITES_LOST_FIELD_NUMBER: _ClassVar[int]
     MISSES_FIELD_NUMBER: _ClassVar[int]
+    DISK_FILE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
     mode: str
     entries: int
     anchors: int
@@ -299,7 +301,9 @@ class CacheStatsReply(_message.Message):
     restores_lost: int
     disk_writes_lost: int
     misses: _containers.ScalarMap[str, int]
-    def __init__(self, mode: _Optional[str] = ..., entries: _Optional[int] = ..., anchors: _Optional[int] = ..., checkpoints: _Optional[_Mapping[str, int]] = ..., ram_bytes: _Optional[int] = ..., anchor_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., disk_entries: _Optional[int] = ..., hits: _Optional[_Mapping[str, int]] = ..., evictions: _Optional[int] = ..., disk_evictions: _Optional[int] = ..., damaged_files: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStats, _Mapping]]] = ..., restores_lost: _Optional[int] = ..., disk_writes_lost: _Optional[int] = ..., misses: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    disk_file_bytes: int
+    disk_free_bytes: int
+    def __init__(self, mode: _Optional[str] = ..., entries: _Optional[int] = ..., anchors: _Optional[int] = ..., checkpoints: _Optional[_Mapping[str, int]] = ..., ram_bytes: _Optional[int] = ..., anchor_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., disk_entries: _Optional[int] = ..., hits: _Optional[_Mapping[str, int]] = ..., evictions: _Optional[int] = ..., disk_evictions: _Optional[int] = ..., damaged_files: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStats, _Mapping]]] = ..., restores_lost: _Optional[int] = ..., disk_writes_lost: _Optional[int] = ..., misses: _Optional[_Mapping[str, int]] = ..., disk_file_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ...) -> None: ...
 
 class ReplicaStats(_message.Message):
     __slots__ = ("replica", "alive", "entries", "ram_bytes", "queued_prefill_tokens", "in_flight", "requests", "restores", "handovers", "handover_bytes", "sessions", "session_moves")
@@ -345,7 +349,14 @@ class InspectRequest(_message.Message):
     def __init__(self, recent: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
 
 class ReplicaFigures(_message.Message):
-    __slots__ = ("name", "queue_requests", "queue_prefill_tokens", "running", "tokens_per_s", "ttft_p50_ms", "ram_bytes", "mlx_active_bytes", "mlx_peak_bytes", "disk_written_bytes", "disk_read_bytes", "grammars_compiled", "grammar_hits", "grammars_held")
+    __slots__ = ("name", "queue_requests", "queue_prefill_tokens", "running", "tokens_per_s", "ttft_p50_ms", "ram_bytes", "mlx_active_bytes", "mlx_peak_bytes", "disk_written_bytes", "disk_read_bytes", "grammars_compiled", "grammar_hits", "grammars_held", "disk_writes_lost", "disk_state", "disk_paused_s", "disk_files_written")
+    class DiskWritesLostEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     QUEUE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -360,6 +371,10 @@ class ReplicaFigures(_message.Message):
     GRAMMARS_COMPILED_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_HITS_FIELD_NUMBER: _ClassVar[int]
     GRAMMARS_HELD_FIELD_NUMBER: _ClassVar[int]
+    DISK_WRITES_LOST_FIELD_NUMBER: _ClassVar[int]
+    DISK_STATE_FIELD_NUMBER: _ClassVar[int]
+    DISK_PAUSED_S_FIELD_NUMBER: _ClassVar[int]
+    DISK_FILES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     name: str
     queue_requests: int
     queue_prefill_tokens: int
@@ -374,7 +389,11 @@ class ReplicaFigures(_message.Message):
     grammars_compiled: int
     grammar_hits: int
     grammars_held: int
-    def __init__(self, name: _Optional[str] = ..., queue_requests: _Optional[int] = ..., queue_prefill_tokens: _Optional[int] = ..., running: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., ttft_p50_ms: _Optional[float] = ..., ram_bytes: _Optional[int] = ..., mlx_active_bytes: _Optional[int] = ..., mlx_peak_bytes: _Optional[int] = ..., disk_written_bytes: _Optional[int] = ..., disk_read_bytes: _Optional[int] = ..., grammars_compiled: _Optional[int] = ..., grammar_hits: _Optional[int] = ..., grammars_held: _Optional[int] = ...) -> None: ...
+    disk_writes_lost: _containers.ScalarMap[str, int]
+    disk_state: str
+    disk_paused_s: float
+    disk_files_written: int
+    def __init__(self, name: _Optional[str] = ..., queue_requests: _Optional[int] = ..., queue_prefill_tokens: _Optional[int] = ..., running: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., ttft_p50_ms: _Optional[float] = ..., ram_bytes: _Optional[int] = ..., mlx_active_bytes: _Optional[int] = ..., mlx_peak_bytes: _Optional[int] = ..., disk_written_bytes: _Optional[int] = ..., disk_read_bytes: _Optional[int] = ..., grammars_compiled: _Optional[int] = ..., grammar_hits: _Optional[int] = ..., grammars_held: _Optional[int] = ..., disk_writes_lost: _Optional[_Mapping[str, int]] = ..., disk_state: _Optional[str] = ..., disk_paused_s: _Optional[float] = ..., disk_files_written: _Optional[int] = ...) -> None: ...
 
 class TierFigures(_message.Message):
     __slots__ = ("tier", "nbytes", "budget")
@@ -586,8 +605,43 @@ class MemoryPart(_message.Message):
     used: int
     def __init__(self, name: _Optional[str] = ..., nbytes: _Optional[int] = ..., used: _Optional[int] = ...) -> None: ...
 
+class DiskWriterView(_message.Message):
+    __slots__ = ("replica", "state", "paused_s", "files_written", "writes_lost")
+    class WritesLostEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_S_FIELD_NUMBER: _ClassVar[int]
+    FILES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    WRITES_LOST_FIELD_NUMBER: _ClassVar[int]
+    replica: str
+    state: str
+    paused_s: float
+    files_written: int
+    writes_lost: _containers.ScalarMap[str, int]
+    def __init__(self, replica: _Optional[str] = ..., state: _Optional[str] = ..., paused_s: _Optional[float] = ..., files_written: _Optional[int] = ..., writes_lost: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class DiskTierView(_message.Message):
+    __slots__ = ("held_bytes", "file_bytes", "free_bytes", "budget", "writers")
+    HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FILE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    WRITERS_FIELD_NUMBER: _ClassVar[int]
+    held_bytes: int
+    file_bytes: int
+    free_bytes: int
+    budget: int
+    writers: _containers.RepeatedCompositeFieldContainer[DiskWriterView]
+    def __init__(self, held_bytes: _Optional[int] = ..., file_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., budget: _Optional[int] = ..., writers: _Optional[_Iterable[_Union[DiskWriterView, _Mapping]]] = ...) -> None: ...
+
 class CacheTreeReply(_message.Message):
-    __slots__ = ("mode", "entries", "left_out", "ram_bytes", "disk_bytes", "recent", "memory_limit", "memory")
+    __slots__ = ("mode", "entries", "left_out", "ram_bytes", "disk_bytes", "recent", "memory_limit", "memory", "disk")
     MODE_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     LEFT_OUT_FIELD_NUMBER: _ClassVar[int]
@@ -596,6 +650,7 @@ class CacheTreeReply(_message.Message):
     RECENT_FIELD_NUMBER: _ClassVar[int]
     MEMORY_LIMIT_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
+    DISK_FIELD_NUMBER: _ClassVar[int]
     mode: str
     entries: _containers.RepeatedCompositeFieldContainer[TreeEntry]
     left_out: int
@@ -604,4 +659,5 @@ class CacheTreeReply(_message.Message):
     recent: _containers.RepeatedCompositeFieldContainer[ViewRequest]
     memory_limit: int
     memory: _containers.RepeatedCompositeFieldContainer[MemoryPart]
-    def __init__(self, mode: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[TreeEntry, _Mapping]]] = ..., left_out: _Optional[int] = ..., ram_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., recent: _Optional[_Iterable[_Union[ViewRequest, _Mapping]]] = ..., memory_limit: _Optional[int] = ..., memory: _Optional[_Iterable[_Union[MemoryPart, _Mapping]]] = ...) -> None: ...
+    disk: DiskTierView
+    def __init__(self, mode: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[TreeEntry, _Mapping]]] = ..., left_out: _Optional[int] = ..., ram_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., recent: _Optional[_Iterable[_Union[ViewRequest, _Mapping]]] = ..., memory_limit: _Optional[int] = ..., memory: _Optional[_Iterable[_Union[MemoryPart, _Mapping]]] = ..., disk: _Optional[_Union[DiskTierView, _Mapping]] = ...) -> None: ...

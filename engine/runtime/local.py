@@ -88,11 +88,20 @@ class LocalEngine:
         self._ids = itertools.count()
 
     def report_lost(self) -> list[int]:
-        """Tell the manager which file writes were lost so far (what ModelActor does on
-        the writer's report); the ids its disk index forgot."""
+        """Tell the manager which file writes were lost or done so far (what ModelActor
+        does on the writer's report), and apply the Orders that write the lost ones again;
+        the ids its disk index forgot."""
         if self.tier.disk_tier is None:
             return []
-        return self.manager.files_lost(self.tier.disk_tier.take_lost())
+        disk = self.tier.disk_tier
+        lost = self.manager.files_lost(disk.take_lost())
+        for orders in (
+            self.manager.files_written(disk.take_written()),
+            self.manager.write_lost() if disk.take_resumed() else None,
+        ):
+            if orders:  # the entries whose writes were lost, ordered written again
+                self.generator.apply_unasked(orders)
+        return lost
 
     def run(
         self,

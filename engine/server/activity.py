@@ -125,6 +125,33 @@ class ReplicaFigures:
     grammars_compiled: int = 0
     grammar_hits: int = 0
     grammars_held: int = 0
+    disk_writes_lost: dict = dataclasses.field(default_factory=dict)  # by cause (LOST_CAUSES)
+    disk_state: str = "off"  # writing | paused (the disk was full) | off (no disk tier)
+    disk_paused_s: float = 0.0  # seconds left of the pause
+    disk_files_written: int = 0
+
+
+# A lost disk write's cause, by the disk writer's counter that counts it.
+LOST_CAUSES = {
+    "refused": "queue_full",
+    "no_space": "disk_full",
+    "failed": "failed",
+    "skipped": "not_held",
+}
+
+
+def disk_figures(disk: dict | None) -> dict:
+    """A replica's disk tier as ReplicaFigures shows it, from its DiskStore.stats()."""
+    if not disk:
+        return {}
+    writer = disk.get("writer", {})
+    paused = float(disk.get("paused_s", 0.0))
+    return {
+        "disk_writes_lost": {c: int(writer.get(k, 0)) for k, c in LOST_CAUSES.items()},
+        "disk_state": "paused" if paused > 0 else "writing",
+        "disk_paused_s": paused,
+        "disk_files_written": int(writer.get("files", 0)),
+    }
 
 
 @dataclass(frozen=True)
@@ -214,6 +241,7 @@ def replica_figures(name: str, t: TierStats, activity: Activity) -> ReplicaFigur
         grammars_compiled=t.grammars_compiled,
         grammar_hits=t.grammar_hits,
         grammars_held=t.grammars_held,
+        **disk_figures(t.disk),
     )
 
 

@@ -60,11 +60,44 @@ class MemoryPart:
 
 
 @dataclass(frozen=True)
+class DiskWriterView:
+    replica: str
+    state: str  # writing | paused (the disk was full) | off
+    paused_s: float
+    files_written: int
+    writes_lost: dict  # by cause (engine.server.activity.LOST_CAUSES)
+
+
+@dataclass(frozen=True)
+class DiskTierView:
+    held_bytes: int = 0  # what the disk budget holds
+    file_bytes: int = 0  # the files in the cache directory
+    free_bytes: int = 0
+    budget: int = 0
+    writers: tuple[DiskWriterView, ...] = ()
+
+
+@dataclass(frozen=True)
 class CacheView:
     tree: CacheTree
     recent: tuple[ViewRequest, ...]  # newest first
     memory_limit: int = 0  # 0: no plan shown
     memory: tuple[MemoryPart, ...] = ()
+    disk: DiskTierView = DiskTierView()  # the operator's view only
+
+
+def disk_view(s) -> DiskTierView:
+    """The disk tier of an Inspection (engine.server.activity): budget, files, writers."""
+    budget = next((t.budget for t in s.tiers if t.tier == "disk"), 0)
+    writers = tuple(
+        DiskWriterView(
+            r.name, r.disk_state, r.disk_paused_s, r.disk_files_written, dict(r.disk_writes_lost)
+        )
+        for r in s.replicas
+        if r.disk_state != "off"
+    )
+    c = s.cache
+    return DiskTierView(c.disk_bytes, c.disk_file_bytes, c.disk_free_bytes, budget, writers)
 
 
 def recent_requests(activity: Activity, scope: str | None, n: int) -> tuple[ViewRequest, ...]:
@@ -109,9 +142,16 @@ def memory_parts(plan, tree: CacheTree) -> tuple[int, tuple[MemoryPart, ...]]:
 
 
 def cache_view(
-    tree: CacheTree, activity: Activity, scope: str | None, recent: int, plan=None
+    tree: CacheTree,
+    activity: Activity,
+    scope: str | None,
+    recent: int,
+    plan=None,
+    disk: DiskTierView | None = None,
 ) -> CacheView:
     """The page's figures; `plan`: the MemoryPlan, for the operator's view (None: a tenant's),
-    its RAM tier held as the tree's (the scope's) bytes."""
+    its RAM tier held as the tree's (the scope's) bytes; `disk`: the disk tier, for the
+    operator's view."""
     limit, parts = memory_parts(plan, tree)
-    return CacheView(tree, recent_requests(activity, scope, min(recent, MAX_RECENT)), limit, parts)
+    requests = recent_requests(activity, scope, min(recent, MAX_RECENT))
+    return CacheView(tree, requests, limit, parts, disk or DiskTierView())

@@ -40,7 +40,7 @@ from engine.runtime.events import Finished, FinishReason, Tokens
 from engine.runtime.requests import GenerationRequest, SamplingParams
 from engine.runtime.structured.grammar import Grammar
 from engine.server.activity import Activity, Inspection, NamespaceTags, inspection
-from engine.server.cache_view import CacheView, cache_view
+from engine.server.cache_view import CacheView, cache_view, disk_view
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
 from engine.server.prompt import PromptBuilder, PromptInput
 from engine.server.replica_events import LOST, SILENT, ReplicaEvents
@@ -500,7 +500,14 @@ class Frontend:
             tree = await asyncio.wait_for(self.manager.tree.remote(scope), self.deadline)
         except asyncio.TimeoutError:
             raise Unavailable(f"the cache manager did not answer within {self.deadline:.0f} s")
-        return cache_view(tree, self.activity, scope, recent, self.memory if operator else None)
+        if not operator:
+            return cache_view(tree, self.activity, scope, recent)
+        try:  # the disk tier's state: the operator's alone (it is the whole cache's)
+            disk = disk_view(await asyncio.wait_for(self.inspect(0), self.deadline))
+        except Exception as e:  # a replica restarting, the manager busy: the page still shows
+            log.warning("cache page: the disk tier's state not read (%s)", e)
+            disk = None
+        return cache_view(tree, self.activity, scope, recent, self.memory, disk)
 
     async def stats(self):
         try:

@@ -60,6 +60,12 @@ class EngineMetrics:
         self.captures = counter("lineage_captures_total", "planned captures by kind", "kind")
         self.evictions = counter("lineage_evictions_total", "evicted entries by tier", "tier")
         self.disk_bytes = counter("lineage_disk_bytes_total", "disk tier bytes", "direction")
+        self.disk_writes_lost = counter(
+            "lineage_disk_writes_lost_total",
+            "file writes that never reached the disk, by cause "
+            "(queue_full, disk_full, failed, not_held)",
+            "cause",
+        )
         self.restore_failures = counter(
             "lineage_restore_failures_total", "planned restores that prefilled cold"
         )
@@ -77,6 +83,15 @@ class EngineMetrics:
         self.queue_requests = gauge("lineage_queue_requests", "requests waiting for admission")
         self.queue_tokens = gauge("lineage_queue_prefill_tokens", "their uncached prompt tokens")
         self.running = gauge("lineage_running_sequences", "sequences in the batch")
+        self.disk_writing = gauge(
+            "lineage_disk_writing", "1: the replica's disk tier writes; 0: paused (disk full)"
+        )
+        self.disk_file_bytes = gauge(
+            "lineage_disk_file_bytes", "bytes of the files in the cache directory"
+        )
+        self.disk_free_bytes = gauge(
+            "lineage_disk_free_bytes", "bytes free on the cache directory's filesystem"
+        )
         self.mlx_active = gauge("lineage_mlx_active_bytes", "MLX memory allocated")
         self.mlx_peak = gauge("lineage_mlx_peak_bytes", "MLX memory at its peak")
         self.grammar_compiles = counter(
@@ -160,6 +175,9 @@ class EngineMetrics:
         for t in s.tiers:
             self.tier_bytes.set(t.nbytes, {**tags, "tier": t.tier})
             self.tier_budget.set(t.budget, {**tags, "tier": t.tier})
+        if any(t.tier == "disk" and t.budget for t in s.tiers):
+            self.disk_file_bytes.set(cache.disk_file_bytes, tags)
+            self.disk_free_bytes.set(cache.disk_free_bytes, tags)
         for r in s.replicas:
             rt = self._tags(r.name)
             self.queue_requests.set(r.queue_requests, rt)
@@ -172,6 +190,10 @@ class EngineMetrics:
             self._count(self.grammar_compiles, r.grammars_compiled, rt)
             self._count(self.grammar_hits, r.grammar_hits, rt)
             self.grammars.set(r.grammars_held, rt)
+            for cause, n in r.disk_writes_lost.items():
+                self._count(self.disk_writes_lost, n, {**rt, "cause": cause})
+            if r.disk_state != "off":
+                self.disk_writing.set(1 if r.disk_state == "writing" else 0, rt)
         if self.memory is not None:
             for part, n in plan_parts(self.memory).items():
                 self.plan.set(n, {**tags, "part": part})

@@ -226,6 +226,13 @@ def to_tree_reply(v: CacheView) -> engine_pb2.CacheTreeReply:
         recent=[engine_pb2.ViewRequest(**dataclasses.asdict(r)) for r in v.recent],
         memory_limit=v.memory_limit,
         memory=[engine_pb2.MemoryPart(**dataclasses.asdict(p)) for p in v.memory],
+        disk=engine_pb2.DiskTierView(
+            held_bytes=v.disk.held_bytes,
+            file_bytes=v.disk.file_bytes,
+            free_bytes=v.disk.free_bytes,
+            budget=v.disk.budget,
+            writers=[engine_pb2.DiskWriterView(**dataclasses.asdict(w)) for w in v.disk.writers],
+        ),
     )
 
 

@@ -175,6 +175,31 @@ def scan_directory(directory: Path, remove_temps: bool = True) -> Scan:
     return Scan(tuple(files), tuple(removed), max_id)
 
 
+def file_sizes(directory: Path) -> dict[int, int]:
+    """Entry id -> bytes of its file in `directory` (a quarantined copy added in; temporary
+    files left out)."""
+    out: dict[int, int] = {}
+    try:
+        with os.scandir(directory) as it:
+            for d in it:
+                entry_id = file_id(Path(d.name))
+                if entry_id is None:
+                    continue
+                try:
+                    out[entry_id] = out.get(entry_id, 0) + d.stat(follow_symlinks=False).st_size
+                except FileNotFoundError:  # deleted meanwhile
+                    pass
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def files_bytes(directory: Path) -> int:
+    """The bytes of the entry files in `directory`, quarantined ones too (temporary files
+    left out): what the disk index counts against the budget once the writers are idle."""
+    return sum(file_sizes(directory).values())
+
+
 def _remove(path: Path) -> int:
     """Unlink `path`; the bytes freed (0 when it was not there)."""
     try:
@@ -245,6 +270,22 @@ class OpenDirectory:
         """A fresh index of what is on disk now (the lock stays held)."""
         self.index = index_scan(scan_directory(self.path), fingerprint, budget, caps)
         return self.index
+
+    def nbytes(self) -> int:
+        """The bytes of the files in the directory now (`files_bytes`)."""
+        return files_bytes(self.path)
+
+    def sizes(self) -> dict[int, int]:
+        """Entry id -> bytes of its file now (`file_sizes`)."""
+        return file_sizes(self.path)
+
+    def free(self) -> int:
+        """The bytes free to this user on the directory's filesystem (0 when unreadable)."""
+        try:
+            st = os.statvfs(self.path)
+        except OSError:
+            return 0
+        return st.f_bavail * st.f_frsize
 
     def entry_ids(self) -> set[int]:
         """The ids of the entry files in the directory now (quarantined copies left out);

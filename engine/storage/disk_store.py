@@ -110,6 +110,11 @@ class DiskStore:
         """Queue the entry's file; ValueError when the entry does not match its record."""
         self.writer.write(to_write_job(entry, record, self.fingerprint))
 
+    def skip(self, record: EntryRecord) -> None:
+        """A write ordered that will not be done (the entry is not held here, or does not
+        match its record): reported lost, so the disk index forgets the file."""
+        self.writer.skip(record.entry_id, record.supersedes)
+
     def delete(self, entry_id: int) -> None:
         self.writer.delete(entry_id)
 
@@ -117,9 +122,14 @@ class DiskStore:
         """Ids of writes lost since the last call (their files do not exist)."""
         return self.writer.take_lost()
 
-    def take_written(self) -> list[int]:
-        """Ids of files written since the last call (durable)."""
+    def take_written(self) -> list[tuple[int, int]]:
+        """(id, bytes) of the files written since the last call (durable)."""
         return self.writer.take_written()
+
+    def take_resumed(self) -> bool:
+        """Whether writing resumed after a full disk since the last call (writes were given
+        up meanwhile: DiskWriter.take_resumed)."""
+        return self.writer.take_resumed()
 
     @property
     def on_report(self):
@@ -281,6 +291,7 @@ class DiskStore:
             "writer": self.writer.stats.as_dict(),
             "queued": queued,
             "queued_bytes": queued_bytes,
+            "paused_s": self.writer.paused_s,  # > 0: writes are given up (the disk was full)
             "loads": self.loads,
             "load_bytes": self.load_bytes,
             "load_failures": self.load_failures,

@@ -55,6 +55,7 @@ class WriterStats:
     deleted: int = 0
     refused: int = 0  # not queued: the queue held its byte cap
     no_space: int = 0  # given up on a full disk (ENOSPC), or while writing paused after one
+    skipped: int = 0  # never queued: the entry was not held, or did not match its record
 
     def as_dict(self) -> dict:
         out = dataclasses.asdict(self)
@@ -166,10 +167,10 @@ class DiskWriter:
     reach the disk (refused, given up, failed) is *lost*: the files it
     superseded go too (the index forgot them when it ordered the write), and
     its id is reported by `take_lost()`, so the disk index forgets a file that
-    does not exist. A written file is reported by `take_written()` (durable:
-    any reader of the directory finds it now), a few at a time: when the queue
-    runs dry, or every REPORT_EVERY files. `on_report` runs when there is
-    something to take.
+    does not exist. A written file is reported by `take_written()` with its
+    bytes (durable: any reader of the directory finds it now), a few at a time:
+    when the queue runs dry, or every REPORT_EVERY files. `on_report` runs when
+    there is something to take.
     """
 
     def __init__(
@@ -189,9 +190,11 @@ class DiskWriter:
         self._pending: dict[int, WriteJob] = {}
         self._queued_bytes = 0  # of the writes in _pending
         self._lost: list[int] = []  # ids whose write did not reach the disk, not taken yet
-        self._written: list[int] = []  # ids whose file is durable, not taken yet
+        self._written: list[tuple[int, int]] = []  # (id, bytes) of durable files, not taken
         self._pause = backoff[0]  # the next pause after a full disk
         self._paused_until = 0.0  # monotonic time: writes before it are given up
+        self._gave_up = False  # writes were given up to a full disk since the last one done
+        self._resumed = False  # the pause after them ended: reported, not taken yet
         self._current: WriteJob | None = None  # the write under way
         self._busy = False  # an operation is under way
         self._closed = False
@@ -248,8 +251,18 @@ class DiskWriter:
             lost, self._lost = self._lost, []
         return lost
 
-    def take_written(self) -> list[int]:
-        """Ids whose file was written (and is durable) since the last call."""
+    def skip(self, entry_id: int, supersedes=()) -> None:
+        """A write ordered but never queued (its entry was not held, or did not match its
+        record): lost like a refused one, and the files it was to replace go."""
+        with self._cond:
+            self.stats.skipped += 1
+            self._lost.append(entry_id)
+            self._queue.extend(("delete", old) for old in supersedes)
+            self._cond.notify_all()
+        self._report()
+
+    def take_written(self) -> list[tuple[int, int]]:
+        """(id, bytes) of the files written (and durable) since the last call."""
         with self._cond:
             written, self._written = self._written, []
         return written
@@ -292,6 +305,11 @@ class DiskWriter:
         """Writing pauses after a full disk."""
         return time.monotonic() < self._paused_until
 
+    @property
+    def paused_s(self) -> float:
+        """Seconds left of the pause after a full disk (0: writing)."""
+        return max(0.0, self._paused_until - time.monotonic())
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything asked so far is on disk (or lost); False on timeout."""
         with self._cond:
@@ -304,33 +322,55 @@ class DiskWriter:
             self._cond.notify_all()
         return done
 
+    def _resume_due(self) -> bool:
+        """Writes were given up to a full disk and the pause is over (call holding the lock)."""
+        return self._gave_up and not self.paused
+
+    def take_resumed(self) -> bool:
+        """Whether a pause after a full disk ended since the last call, with writes given up
+        meanwhile: the entries they were for may be ordered written again."""
+        with self._cond:
+            resumed, self._resumed = self._resumed, False
+        return resumed
+
     def _run(self) -> None:
         lower_priority()
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._queue or self._closed)
-                if not self._queue:
-                    return
-                op, entry_id = self._queue.popleft()
-                job = self._pending.pop(entry_id, None) if op == "write" else None
-                if job is not None:
-                    self._queued_bytes -= job.nbytes
-                self._current, self._busy = job, True
-            lost = wrote = False
+                idle = lambda: self._queue or self._closed or self._resume_due()  # noqa: E731
+                # While writes are given up, it wakes when the pause ends, queue or not.
+                self._cond.wait_for(idle, self.paused_s + 0.01 if self._gave_up else None)
+                resumed = not self._queue and self._resume_due()
+                if resumed:
+                    self._gave_up, self._resumed = False, True
+                elif not self._queue:
+                    if self._closed:
+                        return
+                    continue
+                else:
+                    op, entry_id = self._queue.popleft()
+                    job = self._pending.pop(entry_id, None) if op == "write" else None
+                    if job is not None:
+                        self._queued_bytes -= job.nbytes
+                    self._current, self._busy = job, True
+            if resumed:
+                self._report()
+                continue
+            lost, wrote = False, 0  # wrote: the bytes of the file written
             try:
                 if op == "delete":
                     delete_files(self.directory, entry_id)
                     self.stats.deleted += 1
                 elif job is not None and self.paused:  # the disk was full a moment ago
                     self.stats.no_space += 1
-                    lost = True
+                    lost = self._gave_up = True
                 elif job is not None:
-                    self._write(job)
-                    wrote = True
+                    wrote = self._write(job)
             except OSError as e:
                 lost = op == "write"
                 if lost and e.errno in NO_SPACE:
                     self.stats.no_space += 1
+                    self._gave_up = True
                     self._paused_until = time.monotonic() + self._pause
                     log.error(
                         "disk tier: the disk is full (writing entry %d); writes pause %.1f s",
@@ -352,7 +392,7 @@ class DiskWriter:
                 if lost:
                     self._lose(job)
                 if wrote:
-                    self._written.append(job.entry_id)
+                    self._written.append((job.entry_id, wrote))
                 batch = not self._queue or len(self._written) >= REPORT_EVERY
                 report = lost or (bool(self._written) and batch)
                 self._current, self._busy = None, False
@@ -360,15 +400,18 @@ class DiskWriter:
             if report:
                 self._report()
 
-    def _write(self, job: WriteJob) -> None:
+    def _write(self, job: WriteJob) -> int:
+        """Write the job's file; its bytes."""
         t0 = time.perf_counter()
         nbytes = write_file(self.directory, job)
         self.stats.seconds += time.perf_counter() - t0
         self.stats.files += 1
         self.stats.bytes += nbytes
         self._pause = self.backoff[0]  # the disk takes writes again
+        self._gave_up = False
         for old in job.supersedes:  # only now that the successor is durable
             self._delete_quietly(old)
+        return nbytes
 
     def _delete_quietly(self, entry_id: int) -> None:
         try:

@@ -99,9 +99,12 @@ class MachinesDriver:
         self.report()
 
     def report(self) -> None:
-        """The writers' reports: the files they made durable."""
+        """The writers' reports: the files they made durable (the Orders that answer them,
+        writes of entries whose writes were lost, go to their replicas)."""
         for r, actor in enumerate(self.actors):
-            self.cache.files_written(actor.take_written(), r)
+            again = self.cache.files_written(actor.take_written(), r)
+            if any(again.values()):
+                self.deliver(again)
         self.check()
 
     def files(self, machine: str) -> set[int]:

@@ -103,3 +103,58 @@ def test_a_tenant_sees_its_own_namespace_whatever_it_names_and_no_plan():
     assert tree_scope(auth, bearer("op"), "bob") == ("bob", True)
     assert tree_scope(auth, bearer("op"), None) == (None, True)
     assert tree_scope(Authenticator(), (), "bob") == ("bob", True)  # no tokens: loopback
+
+
+def test_the_operators_reply_carries_the_disk_tier_and_each_writer():
+    from types import SimpleNamespace
+
+    from engine.cache.messages import CacheStats
+    from engine.server.activity import TierFigures, disk_figures
+    from engine.server.cache_view import disk_view
+
+    writer = {"files": 9, "refused": 1, "no_space": 3, "failed": 0, "skipped": 0}
+    replicas = [
+        SimpleNamespace(name="0", **disk_figures({"writer": writer, "paused_s": 4.0})),
+        SimpleNamespace(name="1", **disk_figures({"writer": {"files": 2}, "paused_s": 0.0})),
+        SimpleNamespace(name="2", disk_state="off"),
+    ]
+    cache = CacheStats("lineage", 0, 0, disk_bytes=700, disk_file_bytes=600, disk_free_bytes=5)
+    live = SimpleNamespace(cache=cache, replicas=replicas, tiers=[TierFigures("disk", 700, 1000)])
+    reply = to_tree_reply(cache_view(TREE, _activity(), None, 50, None, disk_view(live)))
+    d = reply.disk
+    assert (d.held_bytes, d.file_bytes, d.free_bytes, d.budget) == (700, 600, 5, 1000)
+    assert [(w.replica, w.state, w.files_written) for w in d.writers] == [
+        ("0", "paused", 9),
+        ("1", "writing", 2),
+    ]
+    assert dict(d.writers[0].writes_lost) == {
+        "queue_full": 1,
+        "disk_full": 3,
+        "failed": 0,
+        "not_held": 0,
+    }
+    assert not to_tree_reply(cache_view(TREE, _activity(), "alice", 50)).disk.writers
+
+
+def test_lineage_stats_shows_the_disk_tier_state_lost_writes_and_the_budget_against_files():
+    from clients.cli.disk_tier import disk_lines
+
+    snap = {
+        "cache": {"disk_bytes": 2048, "disk_file_bytes": 1024, "disk_free_bytes": 1 << 30},
+        "replicas": [
+            {
+                "name": "0",
+                "disk_state": "paused",
+                "disk_paused_s": 3.0,
+                "disk_files_written": 5,
+                "disk_writes_lost": {"disk_full": 3, "queue_full": 0},
+            },
+            {"name": "1", "disk_state": "off"},
+        ],
+    }
+    lines = disk_lines(snap)
+    assert len(lines) == 2, lines
+    assert "budget holds 2.0 KiB, files on disk 1.0 KiB (differ by 1.0 KiB" in lines[0]
+    assert "PAUSED (disk full) 3 s more" in lines[1] and "disk_full 3" in lines[1]
+    assert "queue_full" not in lines[1]
+    assert disk_lines({"cache": {}, "replicas": [{"name": "0", "disk_state": "off"}]}) == []

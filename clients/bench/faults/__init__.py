@@ -27,10 +27,12 @@ have flushed, the same check runs strictly.
 A fault-free engine then replays every prompt the faulted run sent, in the
 same steps at the same concurrency, at temperature 0: every reply completed
 in both runs must be the same tokens. Figures: faults survived, requests
-(completed, failed, retried), wrong replies (must be 0), leaked bytes and
-orphaned files (must be 0), restores lost, token mismatches, and what the
-token check costs per restore. Exit status 1 unless every fault was survived
-and wrong replies, leaked bytes, orphaned files and invariant violations are 0.
+(completed, failed, retried), wrong replies (must be 0), leaked bytes (RAM
+the index does not place, and the disk budget's bytes against the files' once
+the writers flushed: clients.bench.disk_leak) and orphaned files (must be 0),
+restores lost, token mismatches, and what the token check costs per restore.
+Exit status 1 unless every fault was survived and wrong replies, leaked
+bytes, orphaned files and invariant violations are 0.
 """
 
 from __future__ import annotations
@@ -114,6 +116,8 @@ def run(args) -> int:
     try:
         with own_ray(logs=False):
             faulted = _faulted_run(_config(base, root / "faulted", "faults"), faults, args)
+            # Shown before the replay, which a loaded machine may fail to start.
+            print("\n".join(_fault_lines(faulted["faults"])), flush=True)
             baseline = _replay(_config(base, root / "baseline", "baseline"), faulted["sent"])
     finally:
         if not args.cache_dir:
@@ -315,6 +319,8 @@ def _final_check(engine, config, client, tries: int = 30) -> dict:
     while messages may still be in flight)."""
     import ray
 
+    from clients.bench.disk_leak import disk_leaked_bytes
+
     client.wait_ready(120)
     found = None
     for _ in range(tries):
@@ -326,9 +332,11 @@ def _final_check(engine, config, client, tries: int = 30) -> dict:
             break
     if isinstance(found, str):
         return {"clean": False, "why": f"the check could not read: {found}"}
+    disk_leaked = disk_leaked_bytes(client, config.cache.cache_dir, config.cache.mode, 30.0)
     return {
-        "clean": not found,
+        "clean": not found and not disk_leaked,
         "leaked_bytes": sum(found.leaked.values()),
+        "disk_leaked_bytes": disk_leaked,
         "leaked": sorted(found.leaked),
         "orphaned_files": sorted(found.orphans),
         "unwritten_files": sorted(found.unwritten),
@@ -421,7 +429,9 @@ def _figures(faulted: dict, baseline: dict, args) -> dict:
         "compared_replies": compared,
         "wrong_replies": wrong,
         "wrong_examples": examples[:3],
-        "leaked_bytes": max(lasting["leaked_bytes"], faulted["final"].get("leaked_bytes", 0)),
+        "leaked_bytes": max(lasting["leaked_bytes"], faulted["final"].get("leaked_bytes", 0))
+        + faulted["final"].get("disk_leaked_bytes", 0),
+        "disk_leaked_bytes": faulted["final"].get("disk_leaked_bytes", 0),
         "orphaned_files": max(
             lasting["orphaned_files"], len(faulted["final"].get("orphaned_files", []))
         ),
@@ -447,13 +457,17 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
+def _fault_lines(faults: list[dict]) -> list[str]:
+    out = []
+    for fault in faults:
+        mark = "survived" if fault["survived"] else f"NOT survived ({fault['why']})"
+        out.append(f"  {fault['fault']:<8} {mark} in {fault['recovery_s']:.1f} s: {fault['mark']}")
+    return out
+
+
 def report(f: dict) -> str:
     lines = ["lineage bench faults: 2 replicas under agent traffic", ""]
-    for fault in f["faults"]:
-        mark = "survived" if fault["survived"] else f"NOT survived ({fault['why']})"
-        lines.append(
-            f"  {fault['fault']:<8} {mark} in {fault['recovery_s']:.1f} s: {fault['mark']}"
-        )
+    lines += _fault_lines(f["faults"])
     c = f["checks"]
     check_ms = f["token_check_us"] / 1000
     of_restore = check_ms / f["restore_ms_mean"] if f["restore_ms_mean"] else 0.0
@@ -468,8 +482,9 @@ def report(f: dict) -> str:
         f"{f['client_errors']}), {f['retried_by_server']} by the server",
         f"replies compared     {f['compared_replies']} with the fault-free run's",
         f"wrong replies        {f['wrong_replies']}",
-        f"leaked bytes         {f['leaked_bytes']} (lasting {c['lasting_after_checks']} checks"
-        f" of {c['checks']}; final check {'clean' if f['final']['clean'] else 'NOT clean'})",
+        f"leaked bytes         {f['leaked_bytes']}: RAM (lasting {c['lasting_after_checks']} "
+        f"checks of {c['checks']}), and the disk budget against the files "
+        f"{f['disk_leaked_bytes']}; final check {'clean' if f['final']['clean'] else 'NOT clean'}",
         f"orphaned files       {f['orphaned_files']}",
         f"invariant violations {f['invariant_violations']} {c['first_violation']}".rstrip(),
         f"unwritten, miscounted, drifting (lasting): {c['unwritten_files']}, "

@@ -11,7 +11,8 @@ engine serves again and the fault left its mark:
 - replica: another process answers as replica 1, the supervisor revived it;
 - stall: the supervisor reset replica 0 (a restart counted) without killing it;
 - disk: lost writes were reported while the disk was "full", and a file was
-  written after.
+  written after (it sends requests of its own until one is: the traffic may be
+  over by then).
 
 The functions sent to an actor (`_stall`, `_disk_full`) run there through
 `__ray_call__`; they import nothing the client process lacks.
@@ -137,11 +138,16 @@ class Injector(threading.Thread):
         )
         if not ok:
             return False, "no write was lost (and reported) while the disk was full"
-        self._served(deadline)
-        if not self._until(deadline, lambda: self._files_written() > written):
+        # Requests of its own until a file is written: the traffic may be over, and the
+        # writer gives up writes for a while after a full disk.
+        if not self._until(deadline, lambda: self._served(deadline) and self._written(written)):
             return False, "no file was written after the disk had room again"
         now = self.client.cache_stats().get("disk_writes_lost", 0)
         return True, f"{now - lost} writes lost and reported, files written after"
+
+    def _written(self, before: int) -> bool:
+        """More files written than `before`, waiting a little for the writers."""
+        return self._until(time.monotonic() + 2.0, lambda: self._files_written() > before)
 
     # ---- what they wait for -------------------------------------------------------
 

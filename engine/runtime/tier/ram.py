@@ -130,7 +130,11 @@ class DiskTier(Protocol):
 
     def take_lost(self) -> list[int]: ...  # writes that never reached the disk
 
-    def take_written(self) -> list[int]: ...  # files written (durable) since the last call
+    def take_written(self) -> list[tuple[int, int]]: ...  # (id, bytes) of files written
+
+    def skip(self, record: EntryRecord) -> None: ...  # a write ordered that is not done
+
+    def take_resumed(self) -> bool: ...  # writing resumed after a full disk
 
     def load(
         self, entry_id: int, namespace: str | None = None, tokens=None
@@ -368,11 +372,13 @@ class RamTier:
                 entry = self.entries.get(record.entry_id)
                 if entry is None:
                     log.warning("write of entry %d: not held", record.entry_id)
+                    self.disk_tier.skip(record)  # lost: the disk index forgets it
                     continue
                 try:
                     self.disk_tier.write(entry.whole(), record)  # a file holds every row
                 except ValueError:
                     log.exception("write of entry %d skipped", record.entry_id)
+                    self.disk_tier.skip(record)
         for entry_id in orders.free:
             self._held -= _size(self.entries.pop(entry_id, None))
         if orders.free:  # only a free takes a prefix entry away

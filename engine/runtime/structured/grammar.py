@@ -19,19 +19,12 @@ otherwise (`additionalProperties: false`), as OpenAI's strict mode does: an
 open object would let the model add keys. Whitespace between JSON tokens is
 bounded, so a model at a high temperature cannot pad forever.
 
-Tool calls are written in the model's own markup (its output format, as
-engine.server.output_format decides it). The `qwen` family (Qwen, Hermes, the
-embedded model) writes `<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>`.
-A marker the tokenizer holds as one added token (`markers`, from
-engine.server.output_format.special_markers) is matched as that token, which
-free text can never contain; a marker it spells in ordinary pieces is matched
-as text, and the free text around calls is then text without the marker (a
-lexeme that ends at the marker's first occurrence, `_until`). Either way `auto`
-is lazy (free text until the model opens a call, then the call held to the
-tools' schemas) and `none` forbids calls. The end of reasoning (`</think>`, for
-a `-thinking` format) is matched the same way. Other families have no tool
-grammar: asking them for `required` or a named tool is refused, `auto` runs
-unconstrained.
+Tool calls (`tool_grammar`, built in engine.runtime.structured.tools from each
+family's markup in engine.runtime.structured.markup) are written in the model's
+own markup. A marker the tokenizer holds as one added token (`markers`) is
+matched as that token, which free text can never contain; one it spells in
+ordinary pieces is matched as text. The end of reasoning (`</think>`, for a
+`-thinking` format) is matched the same way.
 
 `Grammar.optional` marks a grammar the engine adds on its own (the lazy `auto`
 tool grammar): one that does not compile for the served tokenizer leaves the
@@ -48,13 +41,13 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping
 
 WHITESPACE = r"[\x20\x0A\x0D\x09]{0,8}"  # at most 8 whitespace characters between JSON tokens
 TOOL_CHOICES = ("auto", "required", "none", "function")
-TOOL_OPEN, TOOL_CLOSE, THINK_CLOSE = "<tool_call>", "</tool_call>", "</think>"
+THINK_CLOSE = "</think>"
 # The markers matched as single tokens when no tokenizer says otherwise.
-SPECIAL_MARKERS = frozenset((TOOL_OPEN, TOOL_CLOSE, "<think>", THINK_CLOSE))
+SPECIAL_MARKERS = frozenset(("<tool_call>", "</tool_call>", "<think>", THINK_CLOSE))
 
 # Keywords llguidance cannot enforce (it refuses them); the walk refuses them first, with
 # their path.
@@ -213,146 +206,14 @@ def _closed(schema: Mapping) -> dict:
     return close(schema)
 
 
-# --------------------------------------------------------------- tool calls ----
-
-
-def tool_grammar(
-    tools: Sequence[Mapping[str, Any]],
-    choice: str = "auto",
-    name: str = "",
-    *,
-    parallel: bool = True,
-    output_format: str = "plain",
-    where: str = "tool_choice",
-    markers: frozenset[str] = SPECIAL_MARKERS,
-) -> Grammar | None:
-    """The output a `tool_choice` allows over `tools` (OpenAI style definitions).
-
-    - `auto`: free text, and calls (lazy: held to the tools' schemas once opened);
-    - `required` (Anthropic `any`): one call or more, nothing else;
-    - `function` with `name` (Anthropic `tool`): calls of that tool only;
-    - `none`: text only, no call markup.
-    `parallel` false: at most one call. None where nothing is to be held: `auto` for a
-    family without a tool grammar, or no tools with `auto`/`none`. Raises GrammarError.
-    """
-    if choice not in TOOL_CHOICES:
-        raise GrammarError(
-            f"{where} must be one of {', '.join(TOOL_CHOICES)} or name a function, got {choice!r}"
-        )
-    calls = _tool_schemas(tools, where)
-    if choice == "function":
-        if name not in calls:
-            known = ", ".join(sorted(calls)) or "none"
-            raise GrammarError(f"{where} names tool {name!r}, which is not in tools ({known})")
-        calls = {name: calls[name]}
-    if choice in ("required", "function") and not calls:
-        raise GrammarError(f"{where} {choice!r} needs tools")
-    family = output_format.removesuffix("-thinking")
-    if family != "qwen":
-        if choice in ("required", "function"):
-            raise GrammarError(
-                f"{where} {choice!r}: the model's output format {output_format!r} has no "
-                "tool-call grammar here (only the qwen family's)"
-            )
-        return None
-    if choice == "auto" and not calls:
-        return None
-    body = None
-    if calls:
-        body = {"anyOf": [_call_schema(n, s) for n, s in calls.items()]}
-        body["x-guidance"] = {"whitespace_pattern": WHITESPACE}
-    as_token = TOOL_OPEN in markers
-    if choice == "auto" and not as_token:  # free text ends where a call opens
-        start = "start: (OPEN call_body)* TEXT" if parallel else "start: (OPEN call_body)? TEXT"
-    else:
-        start = {
-            ("auto", True): "start: TEXT (call TEXT)*",
-            ("auto", False): "start: TEXT (call TEXT)?",
-            ("required", True): 'start: call ("\\n" call)*',
-            ("required", False): "start: call",
-            ("function", True): 'start: call ("\\n" call)*',
-            ("function", False): "start: call",
-            ("none", True): "start: TEXT",
-            ("none", False): "start: TEXT",
-        }[(choice, parallel)]
-    lines = ["%llguidance {}", start]
-    if body is not None:
-        lines.append(f"call: {_marker(TOOL_OPEN, markers)} call_body")
-        close = _marker(TOOL_CLOSE, markers)
-        lines.append(f'call_body: "\\n" %json {json.dumps(body)} "\\n" {close}')
-    if as_token:
-        lines.append("TEXT: /(.|\\n)*/")
-    else:
-        lines += [_until("OPEN", TOOL_OPEN), _without("TEXT", TOOL_OPEN)]
-    lines.append("")
-    kind = f"tools:{choice}" + ("" if parallel else ":single")
-    lark = "\n".join(lines)
-    if output_format.endswith("-thinking"):  # the output starts inside the reasoning block
-        if THINK_CLOSE in markers:
-            lark = lark.replace("start:", "start: THINK </think> body\nbody:", 1)
-            lark += "THINK: /(.|\\n)*/\n"
-        else:
-            lark = lark.replace("start:", "start: THINK_END body\nbody:", 1)
-            lark += _until("THINK_END", THINK_CLOSE) + "\n"
-    grammar = Grammar(lark, kind, optional=choice == "auto")
-    _validate(grammar, {"tools": list(tools)}, where)
-    return grammar
-
-
-def _marker(text: str, markers: frozenset[str]) -> str:
-    """A marker in Lark: the special token where the tokenizer holds one, else its text."""
-    return text if text in markers else json.dumps(text)
-
-
-def _regex(text: str) -> str:
-    """`text` as a literal inside a Lark /regex/ (Rust regex syntax, `/` escaped)."""
-    return re.escape(text).replace("/", "\\/")
-
-
-def _until(name: str, marker: str) -> str:
-    """A lexeme: any text up to and including the first `marker` (text, not a token)."""
-    m = _regex(marker)
-    return f"{name}: /(.|\\n)*{m}/ & ~/(.|\\n)*{m}(.|\\n)+/"
-
-
-def _without(name: str, marker: str) -> str:
-    """A lexeme: any text that does not contain `marker`."""
-    return f"{name}: /(.|\\n)*/ & ~/(.|\\n)*{_regex(marker)}(.|\\n)*/"
-
-
-def _tool_schemas(tools: Sequence[Mapping[str, Any]], where: str) -> dict[str, Mapping]:
-    """name -> parameters schema, each checked (its path names the tool)."""
-    out: dict[str, Mapping] = {}
-    for i, tool in enumerate(tools or ()):
-        fn = tool.get("function", tool) if isinstance(tool, Mapping) else None
-        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
-            raise GrammarError(f"tools[{i}] has no function name")
-        params = fn.get("parameters", fn.get("input_schema", {"type": "object"}))
-        check_schema(params, f"tools[{i}].function.parameters")
-        out[fn["name"]] = params
-    return out
-
-
-def _call_schema(name: str, params: Mapping) -> dict:
-    """One call in Qwen's markup: {"name": const, "arguments": its parameters}, held as a
-    strict schema (no keys beyond the declared properties, unless the schema allows them):
-    a tool reads the keys it declared."""
-    return {
-        "type": "object",
-        "properties": {"name": {"const": name}, "arguments": _closed(params)},
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    }
-
-
-def _with_reasoning(body: str, output_format: str, markers: frozenset[str]) -> str:
+def _with_reasoning(body: str, output_format: str, markers) -> str:
     """A `-thinking` family's output opens inside its reasoning block: free text up to
-    `</think>`, then the constrained body."""
+    its end (`</think>`, or the family's own), then the constrained body."""
     if not output_format.endswith("-thinking"):
         return f"start: {body}\n"
-    if THINK_CLOSE not in markers:
-        return f"start: THINK_END WS {body}\n{_until('THINK_END', THINK_CLOSE)}\nWS: /[\\n ]*/\n"
-    return f"start: THINK </think> WS {body}\nTHINK: /(.|\\n)*/\nWS: /[\\n ]*/\n"
+    from engine.runtime.structured.tools import reasoning
+
+    return reasoning(body, output_format, markers)
 
 
 # ----------------------------------------------------------- the backstop ----
@@ -407,3 +268,10 @@ def _locate(schema: Any, message: str) -> str:
             if key == "pattern" and isinstance(value, str) and "regex" in message:
                 return f"{path}/pattern"
     return ""
+
+
+def tool_grammar(*args, **kwargs) -> Grammar | None:
+    """A `tool_choice`'s grammar in the family's markup: engine.runtime.structured.tools."""
+    from engine.runtime.structured.tools import tool_grammar as build
+
+    return build(*args, **kwargs)

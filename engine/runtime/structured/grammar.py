@@ -4,15 +4,15 @@ A request may hold its output to a grammar (`Grammar`, carried by the
 GenerationRequest): a JSON schema (chat-completions `response_format`,
 Responses `text.format`), a `tool_choice` over its tools (OpenAI's
 required / named / none / auto, Anthropic's any / tool), or a grammar in
-llguidance's Lark syntax given as is (gRPC). This module builds the grammar's
-text and checks it; compiling it against the tokenizer and matching tokens is
+llguidance's Lark syntax given as is (gRPC). This module is the one way in:
+it builds the schema grammars and hands out the tool grammars (built in
+engine.runtime.structured.tools) and the checks (engine.runtime.structured.schema);
+compiling a grammar against the tokenizer and matching tokens is
 engine.runtime.structured.matcher's.
 
 Never silent: a JSON-schema keyword the engine cannot enforce is refused
 (`GrammarError`) naming the keyword and its path in the schema (a JSON
-pointer). The walk here knows the keywords llguidance refuses; llguidance's
-own check is the backstop, and its message gets the path found by looking
-the named key up in the schema.
+pointer); llguidance's own check is the backstop.
 
 Strict schemas (`strict: true`) close every object that does not say
 otherwise (`additionalProperties: false`), as OpenAI's strict mode does: an
@@ -23,8 +23,8 @@ Tool calls (`tool_grammar`, built in engine.runtime.structured.tools from each
 family's markup in engine.runtime.structured.markup) are written in the model's
 own markup. A marker the tokenizer holds as one added token (`markers`) is
 matched as that token, which free text can never contain; one it spells in
-ordinary pieces is matched as text. The end of reasoning (`</think>`, for a
-`-thinking` format) is matched the same way.
+ordinary pieces is matched as text. The end of reasoning (`</think>`, or the
+family's own, for a `-thinking` format) is matched the same way.
 
 `Grammar.optional` marks a grammar the engine adds on its own (the lazy `auto`
 tool grammar): one that does not compile for the served tokenizer leaves the
@@ -37,63 +37,37 @@ Plain Python (json, hashlib; llguidance only to check a grammar): no MLX.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
-from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
-WHITESPACE = r"[\x20\x0A\x0D\x09]{0,8}"  # at most 8 whitespace characters between JSON tokens
-TOOL_CHOICES = ("auto", "required", "none", "function")
-THINK_CLOSE = "</think>"
-# The markers matched as single tokens when no tokenizer says otherwise.
-SPECIAL_MARKERS = frozenset(("<tool_call>", "</tool_call>", "<think>", THINK_CLOSE))
-
-# Keywords llguidance cannot enforce (it refuses them); the walk refuses them first, with
-# their path.
-UNSUPPORTED = frozenset(
-    {
-        "uniqueItems",
-        "contains",
-        "minContains",
-        "maxContains",
-        "not",
-        "if",
-        "then",
-        "else",
-        "dependentRequired",
-        "dependentSchemas",
-        "dependencies",
-        "propertyNames",
-        "unevaluatedProperties",
-        "unevaluatedItems",
-        "$dynamicRef",
-        "$dynamicAnchor",
-        "$recursiveRef",
-    }
+from engine.runtime.structured.schema import (
+    SPECIAL_MARKERS,
+    TOOL_CHOICES,
+    UNSUPPORTED,
+    WHITESPACE,
+    Grammar,
+    GrammarError,
+    check_schema,
+    closed,
+    compile_error,
+    validate,
 )
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
-_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_ONE = ("additionalProperties", "items", "additionalItems")
+from engine.runtime.structured.tools import reasoning, tool_grammar
 
-
-class GrammarError(ValueError):
-    """A constraint the engine cannot enforce, or one that is malformed: the caller's fault
-    (the front end answers INVALID_ARGUMENT / 400 with this message)."""
-
-
-@dataclass(frozen=True)
-class Grammar:
-    """A constraint on one request's output: llguidance Lark text, and its cache key."""
-
-    lark: str
-    kind: str  # json_schema | json_object | tools:<choice> | lark (for logs and figures)
-    optional: bool = False  # the engine's own (lazy auto): dropped, never failed, if it fails
-
-    @property
-    def key(self) -> str:
-        """The compiled grammar's cache key: the hash of its text."""
-        return hashlib.sha256(self.lark.encode()).hexdigest()
+__all__ = [
+    "SPECIAL_MARKERS",
+    "TOOL_CHOICES",
+    "UNSUPPORTED",
+    "WHITESPACE",
+    "Grammar",
+    "GrammarError",
+    "check_schema",
+    "compile_error",
+    "json_object_grammar",
+    "lark_grammar",
+    "schema_grammar",
+    "tool_grammar",
+]
 
 
 # ------------------------------------------------------------- JSON schemas ----
@@ -111,11 +85,11 @@ def schema_grammar(
     if not isinstance(schema, Mapping):
         raise GrammarError(f"{where} must be a JSON object, got {type(schema).__name__}")
     check_schema(schema, where)
-    body = _closed(schema) if strict else dict(schema)
+    body = closed(schema) if strict else dict(schema)
     body["x-guidance"] = {"whitespace_pattern": WHITESPACE}
     lark = _with_reasoning(f"%json {json.dumps(body)}", output_format, markers)
     grammar = Grammar(lark, "json_schema")
-    _validate(grammar, schema, where)
+    validate(grammar, schema, where)
     return grammar
 
 
@@ -133,77 +107,8 @@ def lark_grammar(text: str, where: str = "grammar") -> Grammar:
     if not text.strip():
         raise GrammarError(f"{where} is empty")
     grammar = Grammar(text, "lark")
-    _validate(grammar, None, where)
+    validate(grammar, None, where)
     return grammar
-
-
-def check_schema(schema: Any, where: str = "schema") -> None:
-    """Refuse what the engine cannot enforce, naming the keyword and its path."""
-    for path, node in _subschemas(schema, "#"):
-        if isinstance(node, bool):
-            continue
-        if not isinstance(node, Mapping):
-            raise GrammarError(
-                f"{where}: the schema at {path} must be an object or a boolean, "
-                f"got {type(node).__name__}"
-            )
-        for key in sorted(UNSUPPORTED & set(node)):
-            raise GrammarError(
-                f"{where}: keyword {key!r} at {path}/{key} is not supported "
-                "(the engine cannot enforce it)"
-            )
-        ref = node.get("$ref")
-        if isinstance(ref, str) and not ref.startswith("#"):
-            raise GrammarError(
-                f"{where}: $ref {ref!r} at {path}/$ref is not supported (only references "
-                "inside the schema, '#/...')"
-            )
-
-
-def _subschemas(schema: Any, path: str) -> Iterator[tuple[str, Any]]:
-    """(JSON pointer, subschema) of every schema inside `schema`, itself first."""
-    stack = [(path, schema)]
-    while stack:
-        path, node = stack.pop()
-        yield path, node
-        if not isinstance(node, Mapping):
-            continue
-        for key in _SCHEMA_MAPS:
-            children = node.get(key)
-            if isinstance(children, Mapping):
-                stack += [(f"{path}/{key}/{_escape(k)}", v) for k, v in children.items()]
-        for key in _SCHEMA_LISTS:
-            children = node.get(key)
-            if isinstance(children, list):
-                stack += [(f"{path}/{key}/{i}", v) for i, v in enumerate(children)]
-        for key in _SCHEMA_ONE:
-            child = node.get(key)
-            if isinstance(child, list):  # draft-4 tuple items
-                stack += [(f"{path}/{key}/{i}", v) for i, v in enumerate(child)]
-            elif isinstance(child, (Mapping, bool)) and key in node:
-                stack.append((f"{path}/{key}", child))
-
-
-def _escape(key: str) -> str:
-    return str(key).replace("~", "~0").replace("/", "~1")
-
-
-def _closed(schema: Mapping) -> dict:
-    """A copy of `schema` whose objects allow no keys beyond their properties, unless they
-    say what else they allow (OpenAI's strict mode)."""
-
-    def close(node):
-        if isinstance(node, list):
-            return [close(v) for v in node]
-        if not isinstance(node, Mapping):
-            return node
-        out = {k: close(v) for k, v in node.items()}
-        is_object = out.get("type") == "object" or "properties" in out
-        if is_object and "additionalProperties" not in out and "patternProperties" not in out:
-            out["additionalProperties"] = False
-        return out
-
-    return close(schema)
 
 
 def _with_reasoning(body: str, output_format: str, markers) -> str:
@@ -211,67 +116,4 @@ def _with_reasoning(body: str, output_format: str, markers) -> str:
     its end (`</think>`, or the family's own), then the constrained body."""
     if not output_format.endswith("-thinking"):
         return f"start: {body}\n"
-    from engine.runtime.structured.tools import reasoning
-
     return reasoning(body, output_format, markers)
-
-
-# ----------------------------------------------------------- the backstop ----
-
-
-def _validate(grammar: Grammar, schema: Any, where: str) -> None:
-    """llguidance's own check: what the walk did not refuse and it cannot do is refused here,
-    with the path of the named key when it can be found in `schema`."""
-    from llguidance import LLMatcher
-
-    try:
-        text = LLMatcher.grammar_from_lark(grammar.lark)
-        failed, messages = LLMatcher.validate_grammar_with_warnings(text, None)
-    except Exception as e:  # malformed beyond its parser's reach
-        raise GrammarError(f"{where}: {e}") from None
-    if failed:
-        message = (messages[0] if messages else "refused by the grammar engine").split("\n")[0]
-        message = re.sub(r"^at \d+\(\d+\): ", "", message)  # its place in the grammar text
-        path = _locate(schema, message)
-        raise GrammarError(f"{where}: {message}" + (f" (at {path})" if path else ""))
-
-
-def compile_error(grammar: Grammar, tokenizer) -> str:
-    """Why `grammar` does not compile against llguidance's `tokenizer` ("" when it does):
-    a special token it names that the vocabulary lacks, for one."""
-    from llguidance import LLMatcher
-
-    try:
-        failed, messages = LLMatcher.validate_grammar_with_warnings(
-            LLMatcher.grammar_from_lark(grammar.lark), tokenizer
-        )
-    except Exception as e:
-        return str(e).split("\n")[0]
-    if not failed:
-        return ""
-    message = (messages[0] if messages else "refused by the grammar engine").split("\n")[0]
-    return re.sub(r"^at \d+\(\d+\): ", "", message)
-
-
-def _locate(schema: Any, message: str) -> str:
-    """The JSON pointer of the first key or format the message names, if any."""
-    if schema is None:
-        return ""
-    for path, node in _subschemas(schema, "#"):
-        if not isinstance(node, Mapping):
-            continue
-        for key, value in node.items():
-            if f'"{key}"' in message:
-                return f"{path}/{key}"
-            if key == "format" and isinstance(value, str) and value in message:
-                return f"{path}/format"
-            if key == "pattern" and isinstance(value, str) and "regex" in message:
-                return f"{path}/pattern"
-    return ""
-
-
-def tool_grammar(*args, **kwargs) -> Grammar | None:
-    """A `tool_choice`'s grammar in the family's markup: engine.runtime.structured.tools."""
-    from engine.runtime.structured.tools import tool_grammar as build
-
-    return build(*args, **kwargs)

@@ -38,14 +38,15 @@ import re
 from typing import Any, Mapping, Sequence
 
 from engine.runtime.structured import markup as table
-from engine.runtime.structured.grammar import (
+from engine.runtime.structured.schema import (
+    SPECIAL_MARKERS,
     TOOL_CHOICES,
     WHITESPACE,
     Grammar,
     GrammarError,
-    _closed,
-    _validate,
     check_schema,
+    closed,
+    validate,
 )
 from engine.runtime.structured.values import Values
 
@@ -125,8 +126,6 @@ def tool_grammar(
     markup of `output_format` (module doc). None where nothing is to be held: `auto` for
     a family without a tool grammar, or no tools with `auto`/`none`. Raises GrammarError.
     """
-    from engine.runtime.structured.grammar import SPECIAL_MARKERS
-
     if choice not in TOOL_CHOICES:
         raise GrammarError(
             f"{where} must be one of {', '.join(TOOL_CHOICES)} or name a function, got {choice!r}"
@@ -147,7 +146,7 @@ def tool_grammar(
             held = ", ".join(table.FAMILIES)
             raise GrammarError(
                 f"{where} {choice!r}: the model's output format {output_format!r} has no "
-                f"tool-call markup to hold calls to (families with a tool grammar: {held})"
+                f"tool-call grammar (its family writes no call markup; families with one: {held})"
             )
         return None
     if choice == "auto" and not calls:
@@ -163,7 +162,7 @@ def tool_grammar(
     lark = "\n".join(["%llguidance {}", f"start: {start}", *g.lines, ""])
     kind = f"tools:{choice}" + ("" if parallel else ":single")
     grammar = Grammar(lark, kind, optional=choice == "auto")
-    _validate(grammar, {"tools": list(tools)}, where)
+    validate(grammar, {"tools": list(tools)}, where)
     return grammar
 
 
@@ -217,7 +216,7 @@ def _after_opener(g: Lark, markup, calls, one: bool) -> str:
         objects = g.json(_array_schema(markup, calls, one, ids=True))
         named = g.define(
             "call",
-            " | ".join(f"{lit(n)} {g.m('[ARGS]')} {g.json(_closed(s))}" for n, s in calls.items()),
+            " | ".join(f"{lit(n)} {g.m('[ARGS]')} {g.json(closed(s))}" for n, s in calls.items()),
         )
         newer = named if one else f"{named} ({g.m('[TOOL_CALLS]')} {named})*"
         return f"({objects} | {newer})"
@@ -275,14 +274,14 @@ def _call(g: Lark, markup, name: str, params: Mapping) -> str:
     if markup.opener == "<|tool_calls_section_begin|>":  # kimi
         return (
             f'{g.m("<|tool_call_begin|>")} "functions." {n} ":" /[0-9]{{1,3}}/ '
-            f"{g.m('<|tool_call_argument_begin|>')} {g.json(_closed(params))} "
+            f"{g.m('<|tool_call_argument_begin|>')} {g.json(closed(params))} "
             f"{g.m('<|tool_call_end|>')}"
         )
     if markup.opener == "<｜tool▁calls▁begin｜>":  # deepseek: V3.1's form, or R1's
         begin, sep, end = (
             g.m(t) for t in ("<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>")
         )
-        args_json = g.json(_closed(params))
+        args_json = g.json(closed(params))
         return (
             f"{begin} {n} {sep} {args_json} {end} | "
             f'{begin} "function" {sep} {n} "\\n```json\\n" {args_json} "\\n```" {end}'
@@ -303,7 +302,7 @@ def _harmony(g: Lark, markup, calls, choice: str) -> str:
         return f"{analysis}* {final}"
     bodies = []
     for n, s in calls.items():
-        args = g.json(_closed(s))
+        args = g.json(closed(s))
         target = f'"to=functions." {lit(n)}'
         constrain = f'(" " {g.m("<|constrain|>")}? "json")?'
         bodies.append(
@@ -323,7 +322,7 @@ def _call_object(markup, name: str, params: Mapping) -> dict:
     key, args = markup.keys
     return {
         "type": "object",
-        "properties": {key: {"const": name}, args: _closed(params)},
+        "properties": {key: {"const": name}, args: closed(params)},
         "required": [key, args],
         "additionalProperties": False,
     }

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Mapping
 
-from engine.runtime.structured.grammar import _closed
+from engine.runtime.structured.schema import closed
 
 _XML = {  # style -> (before the name, between name and value, after the value)
     "qwen_xml": ("<parameter=", ">\n", "\n</parameter>\n"),
@@ -98,7 +98,7 @@ class Values:
         return self.g.until(closer, lo, None if hi is None else int(hi))
 
     def _json(self, schema) -> str:
-        return self.g.json(_closed(schema) if isinstance(schema, Mapping) else {})
+        return self.g.json(closed(schema) if isinstance(schema, Mapping) else {})
 
     # ---- keyword arguments ----
 

@@ -112,8 +112,8 @@ def lark_grammar(text: str, where: str = "grammar") -> Grammar:
 
 
 def _with_reasoning(body: str, output_format: str, markers) -> str:
-    """A `-thinking` family's output opens inside its reasoning block: free text up to
-    its end (`</think>`, or the family's own), then the constrained body."""
-    if not output_format.endswith("-thinking"):
-        return f"start: {body}\n"
-    return reasoning(body, output_format, markers)
+    """The start rule: `body`, after the format's reasoning where its output opens in
+    one (a `-thinking` format's free text up to `</think>` or the family's own end;
+    harmony's analysis messages and final channel)."""
+    start = reasoning(body, output_format, markers)
+    return f"start: {body}\n" if start is None else start

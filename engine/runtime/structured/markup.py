@@ -17,7 +17,9 @@ parameters in the family's own markup: `qwen_xml`, `minimax`, `dsml`, `glm`
 the closing tag), `gemma` (`k:<|"|>v<|"|>`), `python` (`k="v"`).
 
 `opener` is what the lazy `auto` grammar waits for (free text until it), `think_close`
-where a `-thinking` format's reasoning ends. Each text here is what the family's
+where a `-thinking` format's reasoning ends, `think_open` a reasoning block the model
+opens itself (Gemma's thought channel, Command R7B's plan, Magistral's `[THINK]`),
+allowed before the calls. Each text here is what the family's
 published chat template writes for a past call (and its documents say the model
 writes); where templates of one family differ in whitespace, the grammar allows either.
 
@@ -46,6 +48,7 @@ class Markup:
     section_close: str = ""
     keys: tuple[str, str] = ("name", "arguments")  # a JSON call's name and arguments keys
     think_close: str = THINK_CLOSE
+    think_open: str = ""  # a reasoning block the model opens itself (optional, at the start)
     words: tuple[str, ...] = ()  # further markers, for token_markers
 
 
@@ -89,7 +92,9 @@ FAMILIES: dict[str, Markup] = {
     ),
     "llama3_json": Markup("llama3_json", "<|python_tag|>", keys=("name", "parameters")),
     "pythonic": Markup("pythonic", "[", "python"),
-    "mistral": Markup("mistral", "[TOOL_CALLS]", think_close="[/THINK]", words=("[ARGS]",)),
+    "mistral": Markup(
+        "mistral", "[TOOL_CALLS]", think_close="[/THINK]", think_open="[THINK]", words=("[ARGS]",)
+    ),
     "harmony": Markup(
         "harmony",
         "<|channel|>",
@@ -102,7 +107,8 @@ FAMILIES: dict[str, Markup] = {
         "gemma",
         "<tool_call|>",
         think_close="<channel|>",
-        words=('<|"|>', "<|channel>"),
+        think_open="<|channel>",
+        words=('<|"|>',),
     ),
     "command_r": Markup("array", "Action:", keys=("tool_name", "parameters")),
     "command_r7b": Markup(
@@ -111,6 +117,7 @@ FAMILIES: dict[str, Markup] = {
         closer="<|END_ACTION|>",
         keys=("tool_name", "parameters"),
         think_close="<|END_THINKING|>",
+        think_open="<|START_THINKING|>",
     ),
     "nemotron": Markup("array", "<TOOLCALL>", closer="</TOOLCALL>"),
     "granite": Markup("array", "<|tool_call|>"),
@@ -128,14 +135,13 @@ def markers_of(markup: Markup) -> tuple[str, ...]:
         markup.section_open,
         markup.section_close,
         markup.think_close,
+        markup.think_open,
         *markup.words,
     )
     return tuple(t for t in texts if t)
 
 
-ALL_MARKERS = frozenset(
-    {m for f in FAMILIES.values() for m in markers_of(f)} | {"<think>", "[THINK]"}
-)
+ALL_MARKERS = frozenset({m for f in FAMILIES.values() for m in markers_of(f)} | {"<think>"})
 
 
 def token_markers(tokenizer) -> dict[str, int]:

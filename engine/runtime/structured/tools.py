@@ -159,6 +159,9 @@ def tool_grammar(
         start = _start(g, markup, calls, choice, one)
     if thinking and markup.shape != "harmony":
         start = f"{g.until(markup.think_close)} body_\nbody_: {start}"
+    elif markup.think_open and choice != "auto":  # auto's free text holds it already
+        block = f"{g.m(markup.think_open)} {g.until(markup.think_close)}"
+        start = f"{g.define('reasoning', block)}? body_\nbody_: {start}"
     lark = "\n".join(["%llguidance {}", f"start: {start}", *g.lines, ""])
     kind = f"tools:{choice}" + ("" if parallel else ":single")
     grammar = Grammar(lark, kind, optional=choice == "auto")
@@ -166,13 +169,29 @@ def tool_grammar(
     return grammar
 
 
-def reasoning(body: str, output_format: str, markers) -> str:
-    """The start of a `-thinking` format's schema grammar: its reasoning, then `body`."""
+def reasoning(body: str, output_format: str, markers) -> str | None:
+    """The start rule of a schema grammar (`body`) after the format's reasoning: a
+    `-thinking` format's free reasoning up to its end, harmony's analysis messages and
+    its final channel. None where the output is the body alone."""
     g = Lark(markers)
     markup = table.FAMILIES.get(output_format.removesuffix("-thinking"))
-    close = markup.think_close if markup else table.THINK_CLOSE
-    lines = [f"start: {g.until(close)} WS {body}", *g.lines, "WS: /[\\n ]*/", ""]
-    return "\n".join(lines)
+    if markup is not None and markup.shape == "harmony":
+        channel, message = g.m("<|channel|>"), g.m("<|message|>")
+        start = f'{_analysis(g)}* {channel} "final" {message} {body}'
+    elif output_format.endswith("-thinking"):
+        close = markup.think_close if markup else table.THINK_CLOSE
+        start = f"{g.until(close)} WS {body}"
+        g.lines.append("WS: /[\\n ]*/")
+    else:
+        return None
+    return "\n".join([f"start: {start}", *g.lines, ""])
+
+
+def _analysis(g: Lark) -> str:
+    """One harmony analysis message and the next message's start."""
+    channel, message, start = (g.m(t) for t in ("<|channel|>", "<|message|>", "<|start|>"))
+    body = f'{channel} "analysis" {message} {g.until("<|end|>")} {start} "assistant"'
+    return g.define("analysis", body)
 
 
 def _start(g: Lark, markup, calls, choice: str, one: bool) -> str:
@@ -181,7 +200,8 @@ def _start(g: Lark, markup, calls, choice: str, one: bool) -> str:
     text = g.text(opener)
     if choice == "none" or not calls:
         return text
-    rest = _after_opener(g, markup, calls, one)  # a block of calls, its opener taken
+    single = one or (choice == "auto" and markup.shape == "calls")  # auto repeats the opener
+    rest = _after_opener(g, markup, calls, single)  # a block of calls, its opener taken
     if markup.shape in ("llama3_json", "pythonic"):  # calls open the output, or none do
         return _leading(g, markup, rest, choice)
     if choice in ("required", "function"):
@@ -292,11 +312,8 @@ def _call(g: Lark, markup, name: str, params: Mapping) -> str:
 def _harmony(g: Lark, markup, calls, choice: str) -> str:
     """gpt-oss: analysis messages (its reasoning), then one call on the commentary
     channel (`to=functions.NAME`, either place harmony puts it) or the final answer."""
-    channel, message, end, start = (
-        g.m(t) for t in ("<|channel|>", "<|message|>", "<|end|>", "<|start|>")
-    )
-    free = g.until("<|end|>")
-    analysis = g.define("analysis", f'{channel} "analysis" {message} {free} {start} "assistant"')
+    channel, message = g.m("<|channel|>"), g.m("<|message|>")
+    analysis = _analysis(g)
     final = f'{channel} "final" {message} {g.define("FREE", ANY)}'
     if choice == "none" or not calls:
         return f"{analysis}* {final}"

@@ -95,6 +95,21 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER,
 LEADING = ("llama3_json", "pythonic", "harmony")  # calls open the output or none do
 
 
+def _two(family: str, text: str) -> str:
+    """The same call twice in one turn, as the family writes parallel calls."""
+    markup = FAMILIES[family]
+    if markup.shape == "calls" or text.startswith("[TOOL_CALLS]get_weather"):
+        return text + markup.sep + text
+    if markup.shape == "section":
+        head = markup.section_open + ("\n" if family in ("dsml", "minimax") else "")
+        inner = text[len(head) : -len(markup.section_close)]
+        return head + inner + inner + markup.section_close
+    after = len(markup.opener) if markup.opener == "[TOOL_CALLS]" else 0
+    first, last = text.index("[", after), text.rindex("]")  # a list of calls
+    inner = text[first + 1 : last]
+    return text[: first + 1] + inner + ", " + inner + text[last:]
+
+
 def test_every_family_has_its_markup_written_here():
     assert set(WRITTEN) == set(FAMILIES)
 
@@ -163,6 +178,19 @@ def test_the_family_s_own_call_is_held(family, spelling, embedded, tmp_path):
         bad = bad.replace("\nc\n", "\nk\n").replace(">c<", ">k<")
         assert bad != text and not _walk(grammars, tokenizer, required, bad), bad
         assert _walk(grammars, tokenizer, auto, text)
+        if family not in ("llama3_json", "harmony"):  # one call per turn
+            two = _two(family, text)
+            assert len(calls(family, two, SCHEMAS)) == 2, two
+            assert _walk(grammars, tokenizer, required, two) and _walk(
+                grammars, tokenizer, auto, two
+            )
+            single = grammar("required", parallel=False)
+            assert _walk(grammars, tokenizer, single, text)
+            assert not _walk(grammars, tokenizer, single, two), two
+        if FAMILIES[family].think_open:  # a reasoning block the model opens itself
+            markup = FAMILIES[family]
+            plan = f"{markup.think_open}Weather first.{markup.think_close}"
+            assert _walk(grammars, tokenizer, required, plan + text)
         if family not in LEADING:  # a call may follow text
             assert _walk(grammars, tokenizer, auto, "Let me see.\n" + text)
             assert not _walk(grammars, tokenizer, auto, "Let me see.\n" + bad)

@@ -197,6 +197,8 @@ def _analysis(g: Lark) -> str:
 def _start(g: Lark, markup, calls, choice: str, one: bool) -> str:
     """The start rule's body: text and calls as `choice` allows."""
     opener = markup.opener
+    if markup.shape in ("llama3_json", "pythonic") and (choice == "none" or not calls):
+        return _plain(g, markup)
     text = g.text(opener)
     if choice == "none" or not calls:
         return text
@@ -253,17 +255,22 @@ def _after_opener(g: Lark, markup, calls, one: bool) -> str:
 
 
 def _leading(g: Lark, markup, rest: str, choice: str) -> str:
-    """Llama 3 JSON and pythonic calls: the output is the calls (after the python tag,
-    where the tokenizer has it) or is text that does not start like one."""
+    """Llama 3 JSON and pythonic calls: the output is the calls (Llama's after its python
+    tag or not) or is text that does not start like one."""
     if markup.shape == "pythonic":
-        block, first = f'"[" {rest}', "["
+        block = f'"[" {rest}'
     else:
         tag = f"{g.m(markup.opener)}?"
-        block, first = f"{tag} {rest}", "{"
+        block = f"{tag} {rest}"
     if choice in ("required", "function"):
         return block
-    plain = g.define("PLAIN", f"/([^{_regex(first)}](.|\\n)*)?/")
-    return f"{block} | {plain}"
+    return f"{block} | {_plain(g, markup)}"
+
+
+def _plain(g: Lark, markup) -> str:
+    """Text that does not start like a call of a family whose calls open the output."""
+    first = "[" if markup.shape == "pythonic" else "{"
+    return g.define("PLAIN", f"/([^{_regex(first)}](.|\\n)*)?/")
 
 
 def _sep(g: Lark, markup) -> str:
@@ -318,16 +325,13 @@ def _harmony(g: Lark, markup, calls, choice: str) -> str:
     if choice == "none" or not calls:
         return f"{analysis}* {final}"
     bodies = []
+    end = f"{g.m('<|call|>')}?"  # a stop token of gpt-oss: the output may end before it
     for n, s in calls.items():
         args = g.json(closed(s))
         target = f'"to=functions." {lit(n)}'
         constrain = f'(" " {g.m("<|constrain|>")}? "json")?'
-        bodies.append(
-            f'{channel} "commentary " {target} {constrain} {message} {args} {g.m("<|call|>")}'
-        )
-        bodies.append(
-            f'" " {target} {channel} "commentary" {constrain} {message} {args} {g.m("<|call|>")}'
-        )
+        bodies.append(f'{channel} "commentary " {target} {constrain} {message} {args} {end}')
+        bodies.append(f'" " {target} {channel} "commentary" {constrain} {message} {args} {end}')
     call = g.define("call", " | ".join(bodies))
     if choice in ("required", "function"):
         return f"{analysis}* {call}"

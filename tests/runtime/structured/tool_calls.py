@@ -121,7 +121,7 @@ def calls(family: str, text: str, schemas: dict) -> list[tuple[str, dict]]:
     if family == "pythonic":
         return _pythonic(text)
     if family == "mistral":
-        body = found(r"^\[TOOL_CALLS\](.*)$")[0]
+        body = found(r"\[TOOL_CALLS\](.*)$")[0]
         if body.startswith("["):
             return [(c["name"], c["arguments"]) for c in json.loads(body)]
         return [
@@ -131,7 +131,7 @@ def calls(family: str, text: str, schemas: dict) -> list[tuple[str, dict]]:
     if family == "harmony":
         pattern = (
             r"to=functions\.([\w.-]+)(?:<\|channel\|>commentary)? ?(?:<\|constrain\|>)?"
-            r"(?:json)?<\|message\|>(.*?)<\|call\|>"
+            r"(?:json)?<\|message\|>(.*?)(?:<\|call\|>|$)"
         )
         return [(n, json.loads(a)) for n, a in found(pattern)]
     if family == "gemma4":

@@ -47,6 +47,7 @@ from engine.runtime.structured.schema import (
     WHITESPACE,
     Grammar,
     GrammarError,
+    Markers,
     check_schema,
     closed,
     compile_error,
@@ -61,6 +62,7 @@ __all__ = [
     "WHITESPACE",
     "Grammar",
     "GrammarError",
+    "Markers",
     "check_schema",
     "compile_error",
     "json_object_grammar",
@@ -79,7 +81,7 @@ def schema_grammar(
     strict: bool = False,
     output_format: str = "plain",
     where: str = "schema",
-    markers: frozenset[str] = SPECIAL_MARKERS,
+    markers: Markers = SPECIAL_MARKERS,
 ) -> Grammar:
     """The whole output is one JSON value valid for `schema`. Raises GrammarError."""
     if not isinstance(schema, Mapping):
@@ -94,7 +96,7 @@ def schema_grammar(
 
 
 def json_object_grammar(
-    output_format: str = "plain", markers: frozenset[str] = SPECIAL_MARKERS
+    output_format: str = "plain", markers: Markers = SPECIAL_MARKERS
 ) -> Grammar:
     """`response_format: json_object`: any JSON object."""
     body = {"type": "object", "x-guidance": {"whitespace_pattern": WHITESPACE}}

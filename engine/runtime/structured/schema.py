@@ -22,6 +22,9 @@ WHITESPACE = r"[\x20\x0A\x0D\x09]{0,8}"  # at most 8 whitespace characters betwe
 TOOL_CHOICES = ("auto", "required", "none", "function")
 # The markers matched as single tokens when no tokenizer says otherwise.
 SPECIAL_MARKERS = frozenset(("<tool_call>", "</tool_call>", "<think>", "</think>"))
+# The markers a tokenizer holds as added tokens: text -> token id (markup.token_markers),
+# or their texts alone (named in a grammar as `<text>`).
+Markers = Mapping[str, int] | frozenset[str]
 
 # Keywords llguidance cannot enforce (it refuses them); the walk refuses them first, with
 # their path.

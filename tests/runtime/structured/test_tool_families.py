@@ -228,7 +228,7 @@ def test_required_and_named_calls_in_the_batch_read_back_valid(family, tiny_loop
     markers = token_markers(tiny_tokenizer)
     runs = [("required", "", False), ("function", "search", False), ("required", "", True)]
     closed = 0
-    for seed in range(12 if reasons else 3):
+    for seed in range(30 if reasons else 3):  # a reasoning run closes about half the time
         choice, name, parallel = runs[seed % 3]
         grammar = tool_grammar(
             [WEATHER, SEARCH],
@@ -250,6 +250,6 @@ def test_required_and_named_calls_in_the_batch_read_back_valid(family, tiny_loop
             assert not name or tool == name, text
             jsonschema.validate(args, SCHEMAS[tool])
         closed += 1
-        if closed == 3:
+        if closed == 2 and reasons:
             break
     assert closed >= 2

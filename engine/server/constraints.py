@@ -26,6 +26,7 @@ from engine.runtime.structured.grammar import (
     SPECIAL_MARKERS,
     Grammar,
     GrammarError,
+    Markers,
     compile_error,
     json_object_grammar,
     lark_grammar,
@@ -42,7 +43,7 @@ def to_grammar(
     tools: tuple[dict, ...] | None,
     output_format: str,
     limits: Limits = DEFAULT_LIMITS,
-    markers: frozenset[str] = SPECIAL_MARKERS,
+    markers: Markers = SPECIAL_MARKERS,
 ) -> Grammar | None:
     """The grammar of `c`, or None when it holds nothing. Raises InvalidRequest."""
     which = c.WhichOneof("kind")

@@ -30,11 +30,12 @@ import numpy as np
 
 from engine.cache.messages import PromptLayout
 from engine.config import PromptConfig
+from engine.runtime.structured.markup import token_markers
 from engine.server.constraints import GrammarCheck
 from engine.server.errors import InvalidRequest
 from engine.server.layout import Layouts, encode_with_offsets
 from engine.server.limits import DEFAULT_LIMITS, Limits, parse_json, printable
-from engine.server.output_format import output_format, special_markers
+from engine.server.output_format import output_format
 from engine.server.renders import TemplateRenders
 from engine.server.volatile import VolatileLines
 
@@ -122,7 +123,7 @@ class PromptBuilder:
             lambda messages: self.renders.analysis("probe", messages, None, True),
         )
         # Markup the tool and reasoning grammars match as one token, not as text.
-        self.special_markers = special_markers(tokenizer)
+        self.special_markers = token_markers(tokenizer)
         self.grammars = GrammarCheck(tokenizer, vocab_size, self.renders.failed)
 
     def build(self, inp: PromptInput) -> Prompt:

@@ -1,7 +1,10 @@
 """Structured output: what grammar a request asks for, and one matcher per sequence.
 
 What it knows: `grammar` builds and checks a request's grammar (`Grammar`: a JSON
-schema, a tool choice, or Lark text as llguidance reads it); `matcher` compiles it
+schema, a tool choice, or Lark text as llguidance reads it), from `schema` (the
+Grammar, the keyword checks, llguidance's check), `tools` (a tool choice in the
+served family's call markup), `markup` (each family's markup, as a table) and
+`values` (tool arguments written as parameters in markup); `matcher` compiles it
 against the tokenizer (`Grammars`, cached per model) into one `Matcher` per
 constrained sequence (the bitmask of the tokens allowed next, accept, rollback);
 `masked_batch` is mlx-lm's generation batch with each constrained row masked by its

@@ -1,0 +1,255 @@
+"""Tool grammars of every output family: the family's own markup, held in the batch.
+
+Each family's call, as its published chat template writes a past call, is accepted by
+its `required` and lazy `auto` grammars, and a call with a bad argument is not: on
+the embedded tokenizer (where the family's markers are text, but Qwen's four) and on
+a copy whose added tokens are the family's markers instead (where they are single
+tokens). In the batch, on the random-weight model at temperature 1 (garbage but for
+the mask), every `required` and named output reads back (tests/runtime/structured/
+tool_calls.py) as calls of the allowed tools with arguments valid for their schemas.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from engine.runtime.events import FinishReason
+from engine.runtime.structured.grammar import GrammarError, tool_grammar
+from engine.runtime.structured.markup import FAMILIES, markers_of, token_markers
+from engine.runtime.structured.matcher import Grammars
+from tests.runtime.structured.test_matcher import SEARCH, WEATHER, run
+from tests.runtime.structured.tool_calls import calls
+from tests.tokenizers import tokenizer_dir
+
+VOCAB, STOP = 4096, 2
+ARGS = '{"city": "Paris", "unit": "c"}'
+BAD = ARGS.replace('"c"', '"k"')
+Q = '<|"|>'
+# What each family's model writes for get_weather(city="Paris", unit="c"), after its
+# published template (llama.cpp's models/templates); some families in two forms.
+WRITTEN = {
+    "qwen": [f'<tool_call>\n{{"name": "get_weather", "arguments": {ARGS}}}\n</tool_call>'],
+    "qwen_xml": [
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+        "<parameter=unit>\nc\n</parameter>\n</function>\n</tool_call>"
+    ],
+    "glm": [
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+        "<arg_key>unit</arg_key>\n<arg_value>c</arg_value>\n</tool_call>",  # GLM-4.5/4.6
+        "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
+        "<arg_key>unit</arg_key><arg_value>c</arg_value></tool_call>",  # GLM-4.7
+    ],
+    "kimi": [
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+        f"<|tool_call_argument_begin|>{ARGS}<|tool_call_end|><|tool_calls_section_end|>"
+    ],
+    "deepseek": [
+        f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{ARGS}"
+        "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",  # V3.1
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+        f"```json\n{ARGS}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",  # R1
+    ],
+    "dsml": [
+        '<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n'
+        '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n'
+        '<｜DSML｜parameter name="unit" string="true">c</｜DSML｜parameter>\n'
+        "</｜DSML｜invoke>\n</｜DSML｜function_calls>"
+    ],
+    "minimax": [
+        '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris'
+        '</parameter>\n<parameter name="unit">c</parameter>\n</invoke>\n</minimax:tool_call>'
+    ],
+    "llama3_json": [
+        f'{{"name": "get_weather", "parameters": {ARGS}}}',
+        f'<|python_tag|>{{"name": "get_weather", "parameters": {ARGS}}}',
+    ],
+    "pythonic": ['[get_weather(city="Paris", unit="c")]'],
+    "mistral": [
+        f'[TOOL_CALLS][{{"name": "get_weather", "arguments": {ARGS}}}]',  # Nemo
+        f"[TOOL_CALLS]get_weather[ARGS]{ARGS}",  # Small 3.2, Devstral
+    ],
+    "harmony": [
+        "<|channel|>analysis<|message|>Look it up.<|end|><|start|>assistant<|channel|>"
+        f"commentary to=functions.get_weather <|constrain|>json<|message|>{ARGS}<|call|>",
+        f" to=functions.get_weather<|channel|>commentary json<|message|>{ARGS}<|call|>",
+    ],
+    "gemma4": [f"<|tool_call>call:get_weather{{city:{Q}Paris{Q},unit:{Q}c{Q}}}<tool_call|>"],
+    "command_r": [
+        'Action:\n```json\n[\n    {\n        "tool_name": "get_weather",\n        '
+        '"parameters": {\n            "city": "Paris",\n            "unit": "c"\n        }\n'
+        "    }\n]\n```"
+    ],
+    "command_r7b": [
+        '<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", '
+        f'"parameters": {ARGS}}}\n]<|END_ACTION|>'
+    ],
+    "nemotron": [f'<TOOLCALL>[{{"name": "get_weather", "arguments": {ARGS}}}]</TOOLCALL>'],
+    "granite": [f'<|tool_call|>[{{"name": "get_weather", "arguments": {ARGS}}}]'],
+    "phi4": [f'functools[{{"name": "get_weather", "arguments": {ARGS}}}]'],
+}
+TEXT_MARKERS = {"Action:", "functools", "["}  # ordinary words, never added tokens
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, SEARCH)}
+LEADING = ("llama3_json", "pythonic", "harmony")  # calls open the output or none do
+
+
+def _two(family: str, text: str) -> str:
+    """The same call twice in one turn, as the family writes parallel calls."""
+    markup = FAMILIES[family]
+    if markup.shape == "calls" or text.startswith("[TOOL_CALLS]get_weather"):
+        return text + markup.sep + text
+    if markup.shape == "section":
+        head = markup.section_open + ("\n" if family in ("dsml", "minimax") else "")
+        inner = text[len(head) : -len(markup.section_close)]
+        return head + inner + inner + markup.section_close
+    after = len(markup.opener) if markup.opener == "[TOOL_CALLS]" else 0
+    first, last = text.index("[", after), text.rindex("]")  # a list of calls
+    inner = text[first + 1 : last]
+    return text[: first + 1] + inner + ", " + inner + text[last:]
+
+
+def test_every_family_has_its_markup_written_here():
+    assert set(WRITTEN) == set(FAMILIES)
+
+
+def _load(path):
+    from mlx_lm.utils import load_tokenizer
+
+    return load_tokenizer(path)
+
+
+def _family_tokenizer(dst, family):
+    """The embedded tokenizer whose four added markup tokens are the family's markers."""
+    path = tokenizer_dir(dst)
+    words = [m for m in markers_of(FAMILIES[family]) if m not in TEXT_MARKERS][:4]
+    tj = json.loads((path / "tokenizer.json").read_text())
+    tc = json.loads((path / "tokenizer_config.json").read_text())
+    for token, word in zip([t for t in tj["added_tokens"] if t["id"] >= 4092], words):
+        token["content"] = word
+        tc["added_tokens_decoder"][str(token["id"])]["content"] = word
+    (path / "tokenizer.json").write_text(json.dumps(tj))
+    (path / "tokenizer_config.json").write_text(json.dumps(tc))
+    return _load(path), words
+
+
+def _walk(grammars, tokenizer, grammar, text) -> bool:
+    c = grammars.matcher(grammar)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return all(c.accept(t) for t in ids) and c.accept(STOP)
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    from tests.tokenizers import ASSETS
+
+    tokenizer = _load(ASSETS)
+    return tokenizer, Grammars(tokenizer, VOCAB, {STOP})
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("spelling", ["text", "tokens"])
+def test_the_family_s_own_call_is_held(family, spelling, embedded, tmp_path):
+    if spelling == "text":
+        tokenizer, grammars = embedded
+    else:
+        tokenizer, words = _family_tokenizer(tmp_path, family)
+        assert all(len(tokenizer.encode(w, add_special_tokens=False)) == 1 for w in words)
+        grammars = Grammars(tokenizer, VOCAB, {STOP})
+    markers = token_markers(tokenizer)
+
+    def grammar(choice, name="", fmt=family, **kw):
+        return tool_grammar(
+            [WEATHER, SEARCH], choice, name, output_format=fmt, markers=markers, **kw
+        )
+
+    required, auto = grammar("required"), grammar("auto")
+    named, other = grammar("function", "get_weather"), grammar("function", "search")
+    for text in WRITTEN[family]:
+        assert calls(family, text, SCHEMAS) == [("get_weather", {"city": "Paris", "unit": "c"})]
+        assert _walk(grammars, tokenizer, required, text), text
+        assert _walk(grammars, tokenizer, named, text) and not _walk(
+            grammars, tokenizer, other, text
+        )
+        assert not _walk(grammars, tokenizer, required, text.replace("Paris", "P" * 13))
+        bad = text.replace(ARGS, BAD).replace('"unit": "c"', '"unit": "k"')
+        bad = bad.replace('unit="c"', 'unit="k"').replace(f"{Q}c{Q}", f"{Q}k{Q}")
+        bad = bad.replace("\nc\n", "\nk\n").replace(">c<", ">k<")
+        assert bad != text and not _walk(grammars, tokenizer, required, bad), bad
+        assert _walk(grammars, tokenizer, auto, text)
+        if family not in ("llama3_json", "harmony"):  # one call per turn
+            two = _two(family, text)
+            assert len(calls(family, two, SCHEMAS)) == 2, two
+            assert _walk(grammars, tokenizer, required, two) and _walk(
+                grammars, tokenizer, auto, two
+            )
+            single = grammar("required", parallel=False)
+            assert _walk(grammars, tokenizer, single, text)
+            assert not _walk(grammars, tokenizer, single, two), two
+        if FAMILIES[family].think_open:  # a reasoning block the model opens itself
+            markup = FAMILIES[family]
+            plan = f"{markup.think_open}Weather first.{markup.think_close}"
+            assert _walk(grammars, tokenizer, required, plan + text)
+        if family not in LEADING:  # a call may follow text
+            assert _walk(grammars, tokenizer, auto, "Let me see.\n" + text)
+            assert not _walk(grammars, tokenizer, auto, "Let me see.\n" + bad)
+            assert _walk(grammars, tokenizer, grammar("none"), "Let me see.\n")
+            assert not _walk(grammars, tokenizer, required, "Let me see.\n" + text)
+        if family != "harmony":
+            think = FAMILIES[family].think_close
+            thinking = grammar("required", fmt=f"{family}-thinking")
+            assert _walk(grammars, tokenizer, thinking, f"Hm, weather.{think}{text}")
+            assert not _walk(grammars, tokenizer, thinking, text)
+    if family in ("llama3_json", "pythonic"):  # text, but never a call opening the output
+        assert _walk(grammars, tokenizer, grammar("none"), "See [1] and {2}.")
+        assert not _walk(grammars, tokenizer, grammar("none"), WRITTEN[family][0])
+    answer = "The weather is fine."
+    if family == "harmony":  # every harmony message names its channel
+        answer = "<|channel|>final<|message|>" + answer
+    assert _walk(grammars, tokenizer, auto, answer)
+
+
+def test_a_family_without_call_markup_refuses_required_naming_it():
+    for choice, name in (("required", ""), ("function", "search")):
+        with pytest.raises(GrammarError, match="output format 'plain'"):
+            tool_grammar([WEATHER, SEARCH], choice, name, output_format="plain")
+    assert tool_grammar([WEATHER], "auto", output_format="plain") is None
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_required_and_named_calls_in_the_batch_read_back_valid(family, tiny_loop, tiny_tokenizer):
+    """One call (`parallel` off) must close. Garbage may run on until max_tokens where
+    the grammar lets it: with parallel calls on (more calls), and in a reasoning block
+    the family opens itself (Gemma's thought channel, harmony's analysis...). What
+    closes reads back as valid calls, and at least two outputs of each family close."""
+    markup = FAMILIES[family]
+    reasons = markup.think_open or ("<|channel|>analysis" if family == "harmony" else "")
+    markers = token_markers(tiny_tokenizer)
+    runs = [("required", "", False), ("function", "search", False), ("required", "", True)]
+    closed = 0
+    for seed in range(30 if reasons else 3):  # a reasoning run closes about half the time
+        choice, name, parallel = runs[seed % 3]
+        grammar = tool_grammar(
+            [WEATHER, SEARCH],
+            choice,
+            name,
+            parallel=parallel,
+            output_format=family,
+            markers=markers,
+        )
+        ids, final = run(tiny_loop, [25, 36, 48 + seed], grammar, seed=seed, max_tokens=400)
+        text = tiny_tokenizer.decode(ids)
+        if final.finish_reason == FinishReason.LENGTH:
+            if parallel or (reasons and text.startswith(reasons)):
+                continue
+        assert final.finish_reason == FinishReason.STOP and not final.incomplete, text
+        read = calls(family, text, SCHEMAS)
+        assert read and (parallel or len(read) == 1), text
+        for tool, args in read:
+            assert not name or tool == name, text
+            jsonschema.validate(args, SCHEMAS[tool])
+        closed += 1
+        if closed == 2 and reasons:
+            break
+    assert closed >= 2

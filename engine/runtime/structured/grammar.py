@@ -20,10 +20,10 @@ open object would let the model add keys. Whitespace between JSON tokens is
 bounded, so a model at a high temperature cannot pad forever.
 
 Tool calls are written in the model's own markup (its output format, as
-engine.server.output_format decides it). The `qwen` family (Qwen, Hermes, the
+engine.server.prompts.output_format decides it). The `qwen` family (Qwen, Hermes, the
 embedded model) writes `<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>`.
 A marker the tokenizer holds as one added token (`markers`, from
-engine.server.output_format.special_markers) is matched as that token, which
+engine.server.prompts.output_format.special_markers) is matched as that token, which
 free text can never contain; a marker it spells in ordinary pieces is matched
 as text, and the free text around calls is then text without the marker (a
 lexeme that ends at the marker's first occurrence, `_until`). Either way `auto`

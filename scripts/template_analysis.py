@@ -18,7 +18,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from engine.server.prompt import PromptBuilder, PromptInput
+from engine.server.prompts.prompt import PromptBuilder, PromptInput
 from tests.tokenizers import MARKUP, ROOT, tokenizer_dir
 
 TOOLS = (

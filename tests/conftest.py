@@ -17,7 +17,7 @@ import os
 import pytest
 
 from engine.config import Identity
-from engine.server.background import BackgroundEngine
+from engine.server.running.background import BackgroundEngine
 from tests.engines import make_config
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")

@@ -54,6 +54,11 @@ RUNTIME_TOP = (
     "engine.runtime.local",
 )
 
+# The server's packages from the top floor down; the last three share the ground floor
+# (none imports another) and import only `engine.server.errors` of the server.
+SERVER_FLOORS = ("running", "rpc", "front", "prompts", "observe", "supervision", "security")
+SERVER_GROUND = ("observe", "supervision", "security")
+
 # layer -> import prefixes it must never import
 FORBIDDEN = {
     "engine.cache": (
@@ -115,6 +120,12 @@ FORBIDDEN = {
     ),
     "engine.runtime": OUTSIDE_RUNTIME,
     "engine.actors": ("grpc", "engine.server", "engine.proto", "clients"),
+    # The server's packages, top floor first: each imports only the floors below it
+    # (engine/server/__init__.py is the map).
+    **{
+        f"engine.server.{name}": ("clients", *(f"engine.server.{up}" for up in SERVER_FLOORS[:i]))
+        for i, name in enumerate(SERVER_FLOORS)
+    },
     "engine.server": ("clients",),
     # models by name know the Hub and its cache: no MLX, no Ray, nothing of serving.
     "engine.hub": (
@@ -224,6 +235,28 @@ def test_the_runtime_is_a_few_packages_each_with_its_index():
         assert index and "one way in" in index and "must not import" in index, name
 
 
+def test_the_server_is_a_few_packages_each_with_its_index():
+    server = ROOT / "engine" / "server"
+    top = sorted(p.name for p in server.iterdir() if p.name != "__pycache__")
+    assert len(top) <= 10, top
+    assert sorted(p.parent.name for p in server.glob("*/__init__.py")) == sorted(SERVER_FLOORS)
+    for name in SERVER_FLOORS:
+        index = ast.get_docstring(ast.parse((server / name / "__init__.py").read_text()))
+        assert index and "import" in index, name
+
+
+def test_the_server_ground_floor_imports_nothing_of_the_server_but_its_errors():
+    server = ROOT / "engine" / "server"
+    for name in SERVER_GROUND:
+        for path in (server / name).glob("*.py"):
+            for line, module in imports(path):
+                inside = module.startswith("engine.server.")
+                own = module.startswith(f"engine.server.{name}") or module.startswith(
+                    "engine.server.errors"
+                )
+                assert not inside or own, f"{path.relative_to(ROOT)}:{line} imports {module}"
+
+
 def test_the_benchmarks_are_one_package_each_beside_the_shared_helpers():
     bench = ROOT / "clients" / "bench"
     top = sorted(p.name for p in bench.glob("*.py"))
@@ -267,6 +300,16 @@ def test_no_module_in_the_engine_root_but_init_and_the_config_package():
             "engine.runtime.speculative imports engine.runtime.generator",
         ),
         ("engine/server/x.py", "from clients.client import Client\n", "clients.client"),
+        (
+            "engine/server/prompts/x.py",
+            "from engine.server.front.frontend import Frontend\n",
+            "engine.server.prompts imports engine.server.front",
+        ),
+        (
+            "engine/server/rpc/x.py",
+            "def f():\n    from engine.server.running import serve\n",
+            "engine.server.rpc imports engine.server.running",
+        ),
         ("engine/x.py", "import clients.cli\n", "clients.cli"),
     ],
 )

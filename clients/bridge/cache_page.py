@@ -5,7 +5,7 @@ The page holds no data, so it is served without a token (clients.bridge.guard's
 OPEN_PATHS); its script asks `/ui/tree` with the token the operator types in
 (kept in the browser's session storage), and the engine decides what that
 token may see: the operator every namespace (or the one named by
-`?namespace=`), a tenant its own (engine.server.service `tree_scope`; the
+`?namespace=`), a tenant its own (engine.server.rpc.service `tree_scope`; the
 bridge also narrows a tenant it knows itself). It knows the backend's
 `cache_tree` and HTTP; nothing of the engine's internals.
 """

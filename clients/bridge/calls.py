@@ -24,7 +24,7 @@ class Call:
     call_id: str
 
 
-def _call_id() -> str:
+def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
@@ -62,7 +62,7 @@ def parse_qwen_call(body: str, tools=None) -> Call | None:
         return None
     if args_text is None:
         args_text = json.dumps(args, ensure_ascii=False)
-    return Call(obj["name"], args, args_text, _call_id())
+    return Call(obj["name"], args, args_text, new_call_id())
 
 
 _GLM_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
@@ -88,7 +88,7 @@ def parse_glm_call(body: str, tools=None) -> Call | None:
         args[key] = value
     if _GLM_PAIR.sub("", rest).strip():  # something besides the pairs: not this format
         return None
-    return Call(name, args, json.dumps(args, ensure_ascii=False), _call_id())
+    return Call(name, args, json.dumps(args, ensure_ascii=False), new_call_id())
 
 
 _XML_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*", re.DOTALL)
@@ -114,7 +114,7 @@ def parse_xml_call(body: str, tools=None) -> Call | None:
         args[key] = value
     if not name or _XML_PARAMETER.sub("", rest).strip():  # something besides parameters
         return None
-    return Call(name, args, json.dumps(args, ensure_ascii=False), _call_id())
+    return Call(name, args, json.dumps(args, ensure_ascii=False), new_call_id())
 
 
 _DEEPSEEK_SEP = "<｜tool▁sep｜>"
@@ -137,11 +137,11 @@ def parse_deepseek_call(body: str, tools=None) -> Call | None:
         return None
     if not isinstance(args, dict):
         return None
-    return Call(name, args, args_text or "{}", _call_id())
+    return Call(name, args, args_text or "{}", new_call_id())
 
 
-_DSML = "｜DSML｜"
-_DSML_PARAMETER = re.compile(
+DSML = "｜DSML｜"
+DSML_PARAMETER = re.compile(
     r'<｜DSML｜parameter name="([^"]+)"(?: string="(true|false)")?>(.*?)</｜DSML｜parameter>',
     re.DOTALL,
 )
@@ -155,7 +155,7 @@ def parse_dsml_call(body: str, tools=None) -> Call | None:
     if not marker or not name or any(c in name for c in '<>"\n'):
         return None
     args = {}
-    for m in _DSML_PARAMETER.finditer(rest):
+    for m in DSML_PARAMETER.finditer(rest):
         key, is_string, value = m.group(1), m.group(2), m.group(3)
         if is_string != "true":
             try:
@@ -163,9 +163,9 @@ def parse_dsml_call(body: str, tools=None) -> Call | None:
             except json.JSONDecodeError:
                 pass
         args[key] = value
-    if _DSML_PARAMETER.sub("", rest).strip():  # something besides parameters
+    if DSML_PARAMETER.sub("", rest).strip():  # something besides parameters
         return None
-    return Call(name, args, json.dumps(args, ensure_ascii=False), _call_id())
+    return Call(name, args, json.dumps(args, ensure_ascii=False), new_call_id())
 
 
 _KIMI_ARGS = "<|tool_call_argument_begin|>"

@@ -3,12 +3,12 @@
 
 `InProcessBackend(engine)` offers what the routes use of `Backend` (`stream`
 for a Caller, `model_info`, `checks_tokens`, `health`, `close`), over a
-RunningEngine (engine.server.serve). A call runs exactly the gRPC servicer's
-domain side (engine.server.service `generate_events`: the same limits, the
+RunningEngine (engine.server.running.serve). A call runs exactly the gRPC servicer's
+domain side (engine.server.rpc.service `generate_events`: the same limits, the
 caller's token and the identity it names, its namespace, the same errors as
 status names), and its events become the client library's (clients.wire:
 Chunk, Progress, Final) without a proto in between, shown as the gRPC server
-shows them (engine.server.figures: exact, or the block alone). A token the
+shows them (engine.server.observe.figures: exact, or the block alone). A token the
 engine does not know is refused here as the gRPC interceptor refuses it.
 
 It knows the engine's front end and the client library's types; it is imported
@@ -34,8 +34,8 @@ from clients.wire import (
 )
 from engine.runtime.events import Finished, Tokens
 from engine.runtime.events import Progress as EngineProgress
-from engine.server.figures import ClientFigures
-from engine.server.service import (
+from engine.server.observe.figures import ClientFigures
+from engine.server.rpc.service import (
     DOMAIN_ERRORS,
     generate_events,
     status_of,

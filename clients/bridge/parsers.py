@@ -9,7 +9,7 @@ split across feeds at any position is held back until it is whole, or until the
 output ends and shows it was text after all.
 
 Families (`ModelInfo.output_format`, which the engine decides at load from the
-chat template and the tokenizer; engine.server.output_format):
+chat template and the tokenizer; engine.server.prompts.output_format):
 
 - `qwen`: `<think>…</think>`, and `<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>`
   (Qwen, Hermes-style models, the embedded model);
@@ -74,9 +74,9 @@ from typing import Callable, Mapping, Sequence, Union
 
 from clients.bridge import call_bodies as bodies
 from clients.bridge.calls import (
-    _DSML,
+    DSML,
     Call,
-    _call_id,
+    new_call_id,
     parse_deepseek_call,
     parse_dsml_call,
     parse_glm_call,
@@ -150,7 +150,7 @@ def _calls(read: Callable) -> CallParser:
 
     def parse(body: str, tools=None) -> list[Call] | None:
         found = read(body, tools)
-        return found and [Call(n, a, t, _call_id()) for n, a, t in found]
+        return found and [Call(n, a, t, new_call_id()) for n, a, t in found]
 
     return parse
 
@@ -195,10 +195,10 @@ MARKUPS: dict[str, Markup] = {
     ),
     "dsml": Markup(
         THINK,
-        (f'<{_DSML}invoke name="', f"</{_DSML}invoke>"),
+        (f'<{DSML}invoke name="', f"</{DSML}invoke>"),
         parse_dsml_call,
-        section=(f"<{_DSML}function_calls>", f"</{_DSML}function_calls>"),
-        drop=(f"<{_DSML}tool_calls>", f"</{_DSML}tool_calls>"),  # DeepSeek-V4's section
+        section=(f"<{DSML}function_calls>", f"</{DSML}function_calls>"),
+        drop=(f"<{DSML}tool_calls>", f"</{DSML}tool_calls>"),  # DeepSeek-V4's section
     ),
     "llama3_json": Markup(None, ("<|python_tag|>", None), _calls(bodies.llama3_objects), lead="{"),
     "pythonic": Markup(

@@ -7,7 +7,7 @@ benchmark (`lineage bench` imports its benchmark when it runs). `main` parses,
 fills the engine address and the connection from the environment, runs the
 command and maps its failures to exit codes. It is every command's one way
 out: a Ray the command started and left up is shut down there, with a deadline
-(`lineage serve` stops its own within one; engine.server.lifecycle), and the
+(`lineage serve` stops its own within one; engine.server.running.lifecycle), and the
 threads that ran MLX drop their state before they end
 (engine.kernels.cpu_streams.release_thread), so no exit aborts.
 """
@@ -113,7 +113,7 @@ def _stop_ray(within_s: float = 10.0) -> None:
     hook would block the same way."""
     import ray
 
-    from engine.server.stopping import end_process, within
+    from engine.server.running.stopping import end_process, within
 
     if not within(within_s, ray.shutdown):
         end_process(EXIT_ERROR, ["Ray's shutdown"])

@@ -2,11 +2,11 @@
 
 Builds the EngineConfig from the flags given and the environment, refuses an
 exposed bind without a token, a port another process holds and a model
-directory that holds no model (engine.server.preflight), each in one line with
+directory that holds no model (engine.server.running.preflight), each in one line with
 exit status 2. A model given by its Hugging Face name (`org/name[@rev]`) is
 taken from the cache or downloaded there first, before Ray (engine.hub; a
 failure is one line, exit 2, or 1 for a download that broke). Then it hands
-it to `engine.server.lifecycle.run`: MLX and Ray load there, and only there.
+it to `engine.server.running.lifecycle.run`: MLX and Ray load there, and only there.
 With `--http-port` it starts the OpenAI bridge (clients.bridge) once the engine
 serves.
 """
@@ -60,12 +60,12 @@ def bridge_sidecar(config: EngineConfig, quiet: bool = False):
     options = bridge_options(config)
 
     async def start(engine):
-        from engine.server.serve import StartError
+        from engine.server.running.serve import StartError
 
         backend = InProcessBackend(engine)
         try:
             handle = await start_bridge(backend, host, port, security, options)
-        except OSError as error:  # taken since the check (engine.server.preflight)
+        except OSError as error:  # taken since the check (engine.server.running.preflight)
             flag = label_of(ServerConfig, "http_port")
             raise StartError(f"{flag}: cannot listen on {host}:{port}: {error.strerror or error}")
         if not quiet:

@@ -24,7 +24,7 @@ notices a closed peer (`on_lost`). A peer that stops reading is dropped once
 its buffer passes `MAX_BUFFER`.
 
 `encode`/`decode` are the frame format, shared with the front end's reader
-(engine.server.replica_events). It knows sockets and the events' dataclasses;
+(engine.server.supervision.replica_events). It knows sockets and the events' dataclasses;
 nothing of Ray, MLX or the Generator.
 """
 

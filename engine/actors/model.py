@@ -16,7 +16,7 @@ never a Ray round trip per token. The cache manager is reached through
 `RayCacheLink`: its Orders come back on a Ray future and are handed to the
 loop thread, never waited for there.
 
-Supervision (engine.server.supervisor drives it): Ray restarts the actor when
+Supervision (engine.server.supervision.supervisor drives it): Ray restarts the actor when
 its process dies. Each incarnation has an id that `hello` reports with the
 epoch it was last synchronised to, and whether its loop thread answered a
 ping in time; `resync` ends every request UNAVAILABLE, empties the RAM tier,

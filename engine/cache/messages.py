@@ -26,7 +26,7 @@ from engine.cache.kinds import CaptureKind, CheckpointKind, MissKind, RestoreKin
 
 @dataclass(frozen=True)
 class PromptLayout:
-    """A chat prompt's messages as the cache sees them (engine.server.layout builds it):
+    """A chat prompt's messages as the cache sees them (engine.server.prompts.layout builds it):
     where each starts in the tokens, a digest of each, their roles, a digest of the
     tools. Empty for a prompt of raw tokens or text."""
 

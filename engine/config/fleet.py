@@ -15,7 +15,7 @@ and its own Ray namespace (the server's, a dash, its name);
 `EngineConfig.for_model` derives its configuration.
 
 `--idle-unload SECONDS` unloads a model nobody used for that long; `--pin NAME`
-keeps one loaded. It checks names and values; engine.server.fleet applies them.
+keeps one loaded. It checks names and values; engine.server.running.fleet applies them.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 `Limits` is one branch of the configuration tree (`EngineConfig.limits`), each
 limit a setting declared beside its field (a flag `--max-...`, a variable
 `LINEAGE_MAX_...`; sizes take 4M, 256K). It checks its own values;
-engine.server.limits checks requests against them, the bridge its bodies. It
+engine.server.security.limits checks requests against them, the bridge its bodies. It
 knows nothing of where a limit is applied.
 """
 
@@ -21,7 +21,7 @@ MAX_JSON_DEPTH = 512  # the JSON parser and the chat template recurse this deep
 
 @dataclass(frozen=True)
 class Limits:
-    """Limits on client input (why these defaults: engine/server/limits.py)."""
+    """Limits on client input (why these defaults: engine/server/security/limits.py)."""
 
     max_stop_strings: int = setting(16, "stop strings per request")
     max_stop_length: int = setting(256, "characters per stop string")

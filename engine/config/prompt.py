@@ -2,7 +2,8 @@
 
 Each operator setting is declared once here, beside its field (engine.config.declare).
 It checks its own values: every volatile-line rule compiles and never matches an
-empty line. engine/server applies them (engine.server.volatile, engine.server.output_format).
+empty line. engine/server applies them (engine.server.prompts.volatile and
+.output_format).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ It is the step loop that composes three parts:
 - `final_event` (engine.runtime.output): the Finished event.
 
 It emits token ids only. Detokenizing and stop strings are the front end's
-(engine.server.text), which handles a whole step's tokens at once: the loop
+(engine.server.front.text), which handles a whole step's tokens at once: the loop
 only computes, samples and stops at a stop token, max_tokens, or when the
 front end says a stop string ended the text (`cancel(..., reason=STOP)`).
 

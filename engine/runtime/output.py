@@ -3,7 +3,7 @@
 `final_event` and `unstarted_event` build the Finished event from counts, the
 request's timestamps (`Stamps`) and the bytes its restore, commit and batch
 copied (`Copied`). The text of the tokens is not made here: the front end
-detokenizes (engine.server.text), a whole step's tokens at once.
+detokenizes (engine.server.front.text), a whole step's tokens at once.
 
 It knows numbers and the events' dataclasses; nothing of the batch, the
 cache, MLX arrays or where events go.

@@ -16,7 +16,7 @@ import pytest
 from clients.bridge.anthropic_request import prompt_of
 from clients.bridge.responses_input import messages_of
 from clients.bridge.responses_tools import tools_of
-from engine.server.prompt import PromptBuilder, PromptInput
+from engine.server.prompts.prompt import PromptBuilder, PromptInput
 
 HERE = Path(__file__).resolve().parent
 ASSETS = HERE.parents[1] / "engine" / "runtime" / "model" / "assets" / "tokenizer"

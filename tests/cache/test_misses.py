@@ -1,7 +1,7 @@
 """Miss explanations (engine.cache.misses): where and why a prompt left the earlier one.
 
 Prompts are built here from messages of token ranges with their layout (where each
-starts, a digest of what it said), as engine.server.layout makes them from a chat
+starts, a digest of what it said), as engine.server.prompts.layout makes them from a chat
 template; the tools come first, as the embedded template renders them. Each case
 runs earlier turns through the real manager (tests.fakes.Driver), then plans the
 new prompt and checks the plan's Miss: kind, token, message.

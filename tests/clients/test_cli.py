@@ -304,10 +304,10 @@ def test_serve_runs_the_engine_lifecycle_with_the_config(monkeypatch):
     import engine.server
 
     seen = []
-    fake = types.ModuleType("engine.server.lifecycle")
+    fake = types.ModuleType("engine.server.running.lifecycle")
     fake.run = lambda config, sidecars=(): seen.append(config) or 0
     fake.StartError = ValueError
-    monkeypatch.setitem(sys.modules, "engine.server.lifecycle", fake)
+    monkeypatch.setitem(sys.modules, "engine.server.running.lifecycle", fake)
     monkeypatch.setattr(engine.server, "lifecycle", fake, raising=False)
     assert run_cli(["serve", "--port", "1234", "--cache-mode", "off"])[0] == 0
     assert (seen[0].server.port, seen[0].cache.mode) == (1234, "off")

@@ -290,7 +290,7 @@ def test_a_local_directory_is_taken_as_before(random_model_dir, tmp_path):
 
 def test_every_model_and_draft_model_by_name_becomes_its_snapshot(local_hub):
     from engine.config import EngineConfig
-    from engine.server.preflight import fetch_models
+    from engine.server.running.preflight import fetch_models
 
     h, env = local_hub
     settings = _settings(env)

@@ -18,7 +18,7 @@ from engine.kernels import host_linear as hl
 from engine.kernels import sparse_attention as sa
 from engine.proto import engine_pb2, engine_pb2_grpc
 from engine.runtime.model.tiny_models import write_model_dir
-from engine.server.background import BackgroundEngine
+from engine.server.running.background import BackgroundEngine
 from tests.engines import make_config
 from tests.server.test_server import collect, reference_greedy, request
 

@@ -21,7 +21,7 @@ def test_each_model_runs_on_the_node_with_its_resource(cluster, tmp_path_factory
     import ray
 
     from engine.runtime.model.tiny_models import write_model_dir
-    from engine.server.background import BackgroundEngine
+    from engine.server.running.background import BackgroundEngine
 
     qwen = write_model_dir("qwen3_next", tmp_path_factory.mktemp("random-qwen3_next"))
     kimi = write_model_dir("kimi_linear", tmp_path_factory.mktemp("random-kimi_linear"))

@@ -37,7 +37,7 @@ _ns = itertools.count()
 @pytest.fixture(scope="module")
 def engine(cluster, tmp_path_factory):
     from engine.runtime.model.tiny_models import write_model_dir
-    from engine.server.background import BackgroundEngine
+    from engine.server.running.background import BackgroundEngine
 
     # A random-weight qwen3_next: routing and handover need a hybrid model, not the
     # trained one's predictions, and its prefill is the faster one on a CPU.

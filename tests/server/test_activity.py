@@ -8,7 +8,7 @@ import pytest
 
 from engine.cache.kinds import RestoreKind
 from engine.runtime.events import Finished, FinishReason, Timing
-from engine.server.activity import OTHER_NAMESPACES, Activity, NamespaceTags
+from engine.server.observe.activity import OTHER_NAMESPACES, Activity, NamespaceTags
 
 
 def finished(rid: str, kind: str, prompt: int, cached: int, out: int, ttft: float, replica="0"):

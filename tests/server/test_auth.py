@@ -17,9 +17,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.client import Client, LineageError
 from engine.config import EngineConfig, Identity, Limits, ServerConfig, read_token_file
-from engine.server.auth import Authenticator
-from engine.server.background import BackgroundLoop
-from engine.server.service import create_server
+from engine.server.rpc.service import create_server
+from engine.server.running.background import BackgroundLoop
+from engine.server.security.auth import Authenticator
 from tests.certs import make_certs
 
 TOKENS = (Identity("op-token", "", admin=True), Identity("alice-token", "alice"))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from clients.client import Client
 from clients.fanout import make_shared_prefix, user_message
-from engine.server.background import BackgroundEngine
+from engine.server.running.background import BackgroundEngine
 from tests.engines import make_config
 
 SYSTEM, TOOLS = make_shared_prefix(600, seed=21)

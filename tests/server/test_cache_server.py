@@ -195,7 +195,7 @@ def test_cache_stats_count_hits_and_checkpoints(client):
 
 @pytest.fixture(scope="module")
 def exact_engine(ray_session, model_cache_dir, random_model_dir):
-    from engine.server.background import BackgroundEngine
+    from engine.server.running.background import BackgroundEngine
     from tests.engines import make_config
 
     e = BackgroundEngine(make_config(model_cache_dir, model=random_model_dir, mode="exact"))
@@ -205,7 +205,7 @@ def exact_engine(ray_session, model_cache_dir, random_model_dir):
 
 @pytest.fixture(scope="module")
 def off_engine(ray_session, model_cache_dir, random_model_dir):
-    from engine.server.background import BackgroundEngine
+    from engine.server.running.background import BackgroundEngine
     from tests.engines import make_config
 
     e = BackgroundEngine(make_config(model_cache_dir, model=random_model_dir, mode="off"))

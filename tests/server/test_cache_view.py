@@ -1,4 +1,4 @@
-"""The cache page's figures (engine.server.cache_view): misses in words, a tenant's requests
+"""The cache page's figures (engine.server.observe.cache_view): misses in words, a tenant's requests
 alone, the memory plan for the operator only, and their translation to the CacheTree
 reply (no Ray)."""
 
@@ -10,9 +10,9 @@ from engine.cache.kinds import MissKind
 from engine.cache.messages import Miss
 from engine.cache.tree import CacheTree, TreeCheckpoint, TreeEntry
 from engine.config import GB, EngineConfig, plan_memory
-from engine.server.activity import Activity
-from engine.server.cache_view import cache_view, miss_words
-from engine.server.service import to_tree_reply
+from engine.server.observe.activity import Activity
+from engine.server.observe.cache_view import cache_view, miss_words
+from engine.server.rpc.service import to_tree_reply
 from tests.server.test_activity import finished
 
 
@@ -93,8 +93,8 @@ def test_the_reply_carries_every_field():
 
 def test_a_tenant_sees_its_own_namespace_whatever_it_names_and_no_plan():
     from engine.config import Identity
-    from engine.server.auth import Authenticator
-    from engine.server.service import tree_scope
+    from engine.server.rpc.service import tree_scope
+    from engine.server.security.auth import Authenticator
 
     auth = Authenticator((Identity("op", "", admin=True), Identity("al", "alice")))
     bearer = lambda token: (("authorization", f"Bearer {token}"),)  # noqa: E731
@@ -109,8 +109,8 @@ def test_the_operators_reply_carries_the_disk_tier_and_each_writer():
     from types import SimpleNamespace
 
     from engine.cache.messages import CacheStats
-    from engine.server.activity import TierFigures, disk_figures
-    from engine.server.cache_view import disk_view
+    from engine.server.observe.activity import TierFigures, disk_figures
+    from engine.server.observe.cache_view import disk_view
 
     writer = {"files": 9, "refused": 1, "no_space": 3, "failed": 0, "skipped": 0}
     replicas = [

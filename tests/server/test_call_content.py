@@ -1,9 +1,9 @@
 """A past assistant turn with tool calls and no text reaches the chat template with content
 None (as OpenAI clients send it), unless the template prints "None" for it or refuses it:
-then with "". Decided per template by rendering (engine.server.renders.null_content).
+then with "". Decided per template by rendering (engine.server.prompts.renders.null_content).
 
 The turn goes the way a request carries it: the client's dict, its wire message
-(clients.wire), the engine's message (engine.server.service), the engine's render.
+(clients.wire), the engine's message (engine.server.rpc.service), the engine's render.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 from mlx_lm.utils import load_tokenizer
 
 from clients.wire import message_to_proto
-from engine.server.renders import TemplateRenders
-from engine.server.service import _message
+from engine.server.prompts.renders import TemplateRenders
+from engine.server.rpc.service import _message
 from tests.templates.published import published_text
 from tests.tokenizers import tokenizer_dir
 

@@ -1,10 +1,10 @@
-"""The figures a client is told (engine.server.figures), event by event; plain Python."""
+"""The figures a client is told (engine.server.observe.figures), event by event; plain Python."""
 
 from __future__ import annotations
 
 from engine.cache.kinds import RestoreKind
 from engine.runtime.events import Finished, FinishReason, Progress, Timing, Tokens
-from engine.server.figures import PROGRESS_EVERY_S, ClientFigures, rounded
+from engine.server.observe.figures import PROGRESS_EVERY_S, ClientFigures, rounded
 
 TIMING = Timing(
     queue_ms=3.0,

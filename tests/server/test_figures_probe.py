@@ -21,7 +21,7 @@ import httpx
 from clients.bridge.server import bridge_security, start_bridge
 from clients.client import Client, Final, Progress
 from engine.config import CACHE_BLOCK
-from engine.server.background import BackgroundLoop
+from engine.server.running.background import BackgroundLoop
 
 SECRET = [(i * 41 + 17) % 480 + 9 for i in range(600)]
 # Common prefixes inside one block: a probe must not tell them apart.

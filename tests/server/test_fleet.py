@@ -1,4 +1,4 @@
-"""Several models behind one server (engine.server.fleet), on the session's Ray.
+"""Several models behind one server (engine.server.running.fleet), on the session's Ray.
 
 - two models (the embedded qwen3_next and a random-weight kimi_linear) answer by name and
   alias through OpenAI chat, Anthropic Messages, Responses and gRPC at the same time;
@@ -45,7 +45,7 @@ def two_models(ray_session, tmp_path_factory, kimi_dir):
     from clients.bridge.app import BridgeOptions
     from clients.bridge.in_process import InProcessBackend
     from clients.bridge.server import start_bridge
-    from engine.server.background import BackgroundEngine
+    from engine.server.running.background import BackgroundEngine
 
     models = (ModelSpec("tiny", None), ModelSpec("hybrid", str(kimi_dir)))
     aliases = ("claude-*haiku*=hybrid", "claude-*=tiny", "gpt-*=hybrid")
@@ -147,7 +147,7 @@ def _actor_rss(namespace: str) -> dict[str, int]:
 def test_swap_restore_from_disk_idle_unload_and_pin(
     ray_session, tmp_path_factory, kimi_dir, random_model_dir
 ):
-    from engine.server.background import BackgroundEngine
+    from engine.server.running.background import BackgroundEngine
 
     models = (
         ModelSpec("pinned", None),

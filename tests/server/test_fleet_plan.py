@@ -12,7 +12,7 @@ import pytest
 
 from engine.config import EngineConfig, FleetConfig, ModelSpec
 from engine.server.errors import Overloaded, UnknownModel
-from engine.server.fleet import Fleet
+from engine.server.running.fleet import Fleet
 
 MB = 1 << 20
 

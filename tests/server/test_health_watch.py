@@ -23,8 +23,8 @@ from clients.client import Client, LineageError
 from engine.cache.kinds import RestoreKind
 from engine.config import Identity, Limits, ServerConfig
 from engine.runtime.events import Finished, FinishReason
-from engine.server.background import BackgroundLoop
-from engine.server.service import create_server
+from engine.server.rpc.service import create_server
+from engine.server.running.background import BackgroundLoop
 from tests.server.test_auth import serving
 
 WATCH = health_pb2.HealthCheckRequest(service="")

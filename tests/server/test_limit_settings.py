@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from engine.config import EngineConfig, Limits
-from engine.server.limits import DEFAULT_LIMITS
+from engine.server.security.limits import DEFAULT_LIMITS
 from tests.clients.test_cli import run_cli
 from tests.server.test_server import PROMPTS, collect, request
 
@@ -119,7 +119,7 @@ def test_the_bridge_applies_its_body_limit():
 
     from clients.bridge.server import bridge_security, start_bridge
     from engine.config import ServerConfig
-    from engine.server.background import BackgroundLoop
+    from engine.server.running.background import BackgroundLoop
 
     loop = BackgroundLoop("bridge-body")
     security = bridge_security(ServerConfig(), Limits(max_body_bytes=1000))

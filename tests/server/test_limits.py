@@ -16,7 +16,9 @@ from engine.config import Limits
 from engine.proto import engine_pb2 as pb
 from engine.runtime.requests import SamplingParams
 from engine.server.errors import InvalidRequest
-from engine.server.limits import (
+from engine.server.prompts.prompt import PromptBuilder, PromptInput, parse_tools
+from engine.server.rpc.service import to_prompt_input
+from engine.server.security.limits import (
     DEFAULT_LIMITS,
     check_identifier,
     check_sampling,
@@ -24,8 +26,6 @@ from engine.server.limits import (
     parse_json,
     printable,
 )
-from engine.server.prompt import PromptBuilder, PromptInput, parse_tools
-from engine.server.service import to_prompt_input
 from tests.server.test_server import PROMPTS, collect, request
 
 
@@ -129,7 +129,7 @@ def test_the_anchor_memo_has_a_byte_cap():
 
 def test_prompts_are_built_off_the_event_loop():
     from engine.config import EngineConfig
-    from engine.server.frontend import Frontend
+    from engine.server.front.frontend import Frontend
 
     tok = CountingTokenizer()
     info = SimpleNamespace(vocab_size=50, max_context=10_000)

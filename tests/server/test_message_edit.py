@@ -24,7 +24,7 @@ from clients.fanout import make_shared_prefix
 from engine.cache.message_points import MESSAGE_SLICES, spacing
 from engine.cache.tokens import common_prefix
 from engine.config import CacheConfig
-from engine.server.prompt import PromptBuilder, PromptInput
+from engine.server.prompts.prompt import PromptBuilder, PromptInput
 
 pytestmark = pytest.mark.ray
 

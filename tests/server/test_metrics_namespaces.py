@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from clients.client import Client
 from engine.config import ServerConfig
-from engine.server.activity import OTHER_NAMESPACES
+from engine.server.observe.activity import OTHER_NAMESPACES
 
 
 def namespace_tags(port: int, engine_tag: str) -> set[str]:

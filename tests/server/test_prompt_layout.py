@@ -11,10 +11,10 @@ import pytest
 from engine.cache.kinds import MissKind
 from engine.cache.misses import MissLog
 from engine.config import PromptConfig
-from engine.server.layout import Layouts
-from engine.server.output_format import family_of, output_format
-from engine.server.prompt import PromptBuilder, PromptInput
-from engine.server.volatile import VolatileLines
+from engine.server.prompts.layout import Layouts
+from engine.server.prompts.output_format import family_of, output_format
+from engine.server.prompts.prompt import PromptBuilder, PromptInput
+from engine.server.prompts.volatile import VolatileLines
 
 ROOT = Path(__file__).resolve().parents[2]
 ASSETS = ROOT / "engine" / "runtime" / "model" / "assets" / "tokenizer"

@@ -9,8 +9,8 @@ import logging
 import pytest
 
 from engine.server.errors import InvalidRequest
-from engine.server.prompt import PromptBuilder, PromptInput
-from engine.server.renders import with_text_arguments
+from engine.server.prompts.prompt import PromptBuilder, PromptInput
+from engine.server.prompts.renders import with_text_arguments
 from tests.tokenizers import tokenizer_dir
 
 # Renders only a conversation whose last message is the user's "go": every analysis render
@@ -32,7 +32,7 @@ def picky(tmp_path_factory):
 
 
 def test_analysis_is_lost_counted_and_logged_once_but_the_request_is_served(picky, caplog):
-    caplog.set_level(logging.WARNING, logger="engine.server.renders")
+    caplog.set_level(logging.WARNING, logger="engine.server.prompts.renders")
     builder = PromptBuilder(picky, 1 << 20, 1 << 20)
     messages = (
         {"role": "system", "content": "Be brief."},

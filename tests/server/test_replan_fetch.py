@@ -87,7 +87,7 @@ def _ids(seed: int, n: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def replicated(ray_session, tmp_path_factory, random_model_dir):
-    from engine.server.background import BackgroundEngine
+    from engine.server.running.background import BackgroundEngine
 
     # no file to replan to; two replicas of the session's random-weight qwen3_next
     config = make_config(tmp_path_factory.mktemp("replan"), random_model_dir, disk_budget=0)

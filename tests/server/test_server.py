@@ -70,7 +70,7 @@ def test_greedy_matches_mlx_lm_on_another_architecture(ray_session, tmp_path):
     """A plain llama-style transformer served with --model PATH."""
     from engine.proto import engine_pb2_grpc
     from engine.runtime.model.tiny_models import write_model_dir
-    from engine.server.background import BackgroundEngine
+    from engine.server.running.background import BackgroundEngine
     from tests.engines import make_config
 
     model_dir = write_model_dir("llama", tmp_path / "llama")
@@ -239,7 +239,7 @@ def test_stop_goes_not_serving_and_ends_streams_unavailable(
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from engine.proto import engine_pb2_grpc
-    from engine.server.background import BackgroundEngine
+    from engine.server.running.background import BackgroundEngine
     from tests.engines import make_config
 
     e = BackgroundEngine(make_config(model_cache_dir, random_model_dir))
@@ -258,7 +258,7 @@ def test_stop_goes_not_serving_and_ends_streams_unavailable(
 
 
 async def _stop_and_probe(e, health_pb2, health_pb2_grpc):
-    from engine.server.service import SERVICE
+    from engine.server.rpc.service import SERVICE
 
     for name in ("", SERVICE):
         await e.engine.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -295,7 +295,7 @@ def test_health_goes_not_serving_when_the_model_actor_dies(
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from engine.proto import engine_pb2_grpc
-    from engine.server.background import BackgroundEngine
+    from engine.server.running.background import BackgroundEngine
     from tests.engines import make_config
 
     e = BackgroundEngine(make_config(model_cache_dir, random_model_dir))

@@ -20,7 +20,7 @@ from tests.server.test_server import PROMPTS, collect, request
 @pytest.mark.parametrize("mode", ["lookup", "mtp"])
 def test_speculating_engine_streams_what_the_plain_one_streams(ray_session, stub, tmp_path, mode):
     from engine.proto import engine_pb2_grpc
-    from engine.server.background import BackgroundEngine
+    from engine.server.running.background import BackgroundEngine
     from tests.engines import make_config
 
     quoted = []

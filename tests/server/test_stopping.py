@@ -1,4 +1,4 @@
-"""Bounded stop steps (engine.server.stopping): a call that blocks is left behind, on time.
+"""Bounded stop steps (engine.server.running.stopping): a call that blocks is left behind, on time.
 
 A blocking call stands in for Ray's without a raylet: an Event nobody sets. The
 loop must stay free while it blocks, the wait must end at its timeout, and
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.server.stopping import off_loop, within
+from engine.server.running.stopping import off_loop, within
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,7 +65,7 @@ def test_within_says_whether_the_call_returned_in_time():
 def test_a_call_left_blocking_does_not_hold_the_interpreters_exit():
     code = (
         "import threading\n"
-        "from engine.server.stopping import within\n"
+        "from engine.server.running.stopping import within\n"
         "assert not within(0.2, threading.Event().wait)\n"
         "print('left')\n"
     )

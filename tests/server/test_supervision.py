@@ -23,7 +23,7 @@ RECOVERY_S = 30.0
 
 @pytest.fixture(scope="module")
 def engine(ray_session, tmp_path_factory, model_cache_dir):
-    from engine.server.background import BackgroundEngine
+    from engine.server.running.background import BackgroundEngine
     from tests.engines import make_config
 
     config = make_config(tmp_path_factory.mktemp("supervised")).with_server(

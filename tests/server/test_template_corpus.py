@@ -33,8 +33,8 @@ import httpx
 import pytest
 
 from clients.bridge.responses_input import with_reasoning
-from engine.server.background import BackgroundEngine
-from engine.server.renders import with_text_arguments
+from engine.server.prompts.renders import with_text_arguments
+from engine.server.running.background import BackgroundEngine
 from tests.clients.bridge.test_bridge import BridgeThread
 from tests.deep import deep
 from tests.engines import make_config
@@ -334,7 +334,7 @@ def serving_template(engine: BackgroundEngine, model_dir):
     `model_dir`, built as `lineage serve` builds it; the engine's own afterwards."""
     from mlx_lm.utils import load_tokenizer
 
-    from engine.server.prompt import PromptBuilder
+    from engine.server.prompts.prompt import PromptBuilder
 
     frontend = engine.engine.frontend
     config = engine.config

@@ -17,7 +17,7 @@ import pytest
 from clients.bridge.server import bridge_security, start_bridge
 from clients.client import Client, Final, LineageError, Progress
 from engine.config import CACHE_BLOCK
-from engine.server.background import BackgroundLoop
+from engine.server.running.background import BackgroundLoop
 
 SECRET = [(i * 37 + 11) % 500 + 3 for i in range(600)]  # alice's prompt (token ids)
 # Common prefixes the probes try. On a hybrid model the first probe at k plants a

@@ -1,4 +1,4 @@
-"""The front end's completion text (engine.server.text) on the committed byte-level BPE
+"""The front end's completion text (engine.server.front.text) on the committed byte-level BPE
 tokenizer, through mlx-lm's own TokenizerWrapper: the text streamed id by id is the
 tokenizer's whole decode (a reply's leading space and indentation kept), and a stop
 string ends it at its start, whichever step it completes in."""
@@ -7,7 +7,7 @@ import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 from engine.runtime.model.tiny_models import TOKENIZER_DIR
-from engine.server.text import TextStream
+from engine.server.front.text import TextStream
 
 REPLIES = [
     "        return self.path\n",  # a method body: eight spaces of indentation

@@ -80,7 +80,7 @@ class PromptIds:
 
         from mlx_lm.utils import load_tokenizer
 
-        from engine.server.prompt import PromptBuilder
+        from engine.server.prompts.prompt import PromptBuilder
 
         self.tokenizer = load_tokenizer(Path(model_path))
         self.builder = PromptBuilder(self.tokenizer, 1 << 30, 1 << 30)
@@ -88,7 +88,7 @@ class PromptIds:
     def encode(self, messages: list, tools) -> np.ndarray:
         """Prompt ids as the server builds them (through the wire format)."""
         from clients.client import build_request
-        from engine.server.service import to_prompt_input
+        from engine.server.rpc.service import to_prompt_input
 
         inp = to_prompt_input(build_request(messages=messages, tools=list(tools), max_tokens=1))
         return np.asarray(self.builder.build(inp).tokens, dtype=np.int32)
@@ -155,7 +155,7 @@ def run_engine(
     from concurrent.futures import ThreadPoolExecutor
 
     from clients.client import Client
-    from engine.server.background import BackgroundEngine
+    from engine.server.running.background import BackgroundEngine
 
     config = _engine_config(mode, opts, cache_dir, replicas)
     files = _FilesSeen(cache_dir)

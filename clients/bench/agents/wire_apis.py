@@ -217,7 +217,7 @@ class Served:
         from clients.bridge.app import BridgeOptions
         from clients.bridge.models import ServedModels
         from clients.bridge.server import start_bridge
-        from engine.server.background import BackgroundEngine, BackgroundLoop
+        from engine.server.running.background import BackgroundEngine, BackgroundLoop
 
         self.engine = BackgroundEngine(config, timeout=600)
         self.loop = BackgroundLoop("bench-bridge")

@@ -58,7 +58,7 @@ class EngineSender:
     ):
         from clients.client import Client
         from engine.config import CacheConfig, EngineConfig, ServerConfig
-        from engine.server.background import BackgroundEngine
+        from engine.server.running.background import BackgroundEngine
 
         model = ModelConfig(
             path=opts.model,

@@ -91,7 +91,7 @@ def _servers(config, layers):
             stack.enter_context(_serve_ray(config))
             import tempfile
 
-            from engine.server.background import BackgroundEngine
+            from engine.server.running.background import BackgroundEngine
 
             private = stack.enter_context(tempfile.TemporaryDirectory(prefix="lineage-"))
             s.engine = BackgroundEngine(config, local_socket=f"{private}/grpc.sock")
@@ -116,7 +116,7 @@ def _serve_ray(config):
     """Ray started with the options `lineage serve` starts it with (dashboard included)."""
     import ray
 
-    from engine.server.serve import ray_options
+    from engine.server.running.serve import ray_options
 
     ray.init(**ray_options(config))
     try:

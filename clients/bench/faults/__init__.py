@@ -148,7 +148,7 @@ def _faulted_run(config, faults: list[str], args) -> dict:
     from clients.bench.faults.checks import Lasting
     from clients.bench.faults.injection import Injector
     from clients.client import Client
-    from engine.server.background import BackgroundEngine
+    from engine.server.running.background import BackgroundEngine
 
     with BackgroundEngine(config, timeout=600) as engine, Client(engine.address, timeout=300) as c:
         lasting = Lasting(args.lasting)
@@ -371,7 +371,7 @@ def _tier_figures(engine) -> list[dict]:
 def _replay(config, sent: list[Sent]) -> dict:
     """Every prompt of the faulted run on a fault-free engine, step by step; its replies."""
     from clients.client import Client
-    from engine.server.background import BackgroundEngine
+    from engine.server.running.background import BackgroundEngine
 
     steps: dict[tuple[int, int], list[Sent]] = {}
     for s in sent:

@@ -57,7 +57,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from engine.config import EngineConfig, parse_bytes
-    from engine.server.background import BackgroundEngine
+    from engine.server.running.background import BackgroundEngine
 
     cache_dir = Path(args.cache_dir or tempfile.mkdtemp(prefix="lineage-load-"))
     flags = {"model": args.model, "cache_dir": str(cache_dir), "ram_budget": args.ram_budget}

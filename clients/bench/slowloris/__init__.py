@@ -62,7 +62,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from clients.bridge.server import bridge_security, start_bridge
     from engine.config import EngineConfig
-    from engine.server.background import BackgroundEngine
+    from engine.server.running.background import BackgroundEngine
 
     cache_dir = Path(args.cache_dir or tempfile.mkdtemp(prefix="lineage-slowloris-"))
     private = tempfile.mkdtemp(prefix="lineage-slowloris-sock-")

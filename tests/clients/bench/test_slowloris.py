@@ -9,7 +9,7 @@ import threading
 from clients.bench.slowloris import slow_clients
 from clients.bridge.guard import BridgeSecurity
 from clients.bridge.server import start_bridge
-from engine.server.background import BackgroundLoop
+from engine.server.running.background import BackgroundLoop
 
 
 def test_the_slow_clients_count_what_the_bridge_does_to_them():

@@ -16,7 +16,7 @@ from clients.bridge.chat_completions import ChatShape
 from clients.bridge.parsers import make_parser
 from clients.bridge.server import start_bridge
 from clients.client import Final, Restore, Result, Timing, Usage
-from engine.server.background import BackgroundLoop
+from engine.server.running.background import BackgroundLoop
 
 
 class BridgeThread:

@@ -14,7 +14,7 @@ import pytest
 from clients.bridge.server import bridge_security, start_bridge
 from clients.client import Client
 from engine.config import ServerConfig
-from engine.server.background import BackgroundLoop
+from engine.server.running.background import BackgroundLoop
 from tests.conftest import TENANT_TOKENS
 
 BOBS = [(i * 29 + 5) % 480 + 7 for i in range(400)]  # bob's prompt (token ids)

@@ -21,7 +21,7 @@ import pytest
 from clients.bridge.guard import BridgeSecurity
 from clients.bridge.server import bridge_security, start_bridge
 from engine.config import Limits, ServerConfig
-from engine.server.background import BackgroundLoop
+from engine.server.running.background import BackgroundLoop
 
 LOOP_NAME = "bridge-receive"
 

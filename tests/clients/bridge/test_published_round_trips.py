@@ -2,7 +2,7 @@
 parser the engine picks for that template, gives the same calls.
 
 For every template of tests/templates/published.toml: the family the engine decides at
-load (engine.server.output_format, from the template and the tokenizer's vocabulary) is
+load (engine.server.prompts.output_format, from the template and the tokenizer's vocabulary) is
 the manifest's. For each that writes tool calls: an assistant turn with a call (its
 arguments as an object), rendered by the engine's own render path, is what a model of
 that family was trained to write; the text after the generation prompt, cut at the
@@ -21,8 +21,8 @@ from transformers import AutoTokenizer
 
 from clients.bridge.parsers import MARKUPS, THINKING, joined, make_parser
 from engine.server.errors import InvalidRequest
-from engine.server.output_format import output_format
-from engine.server.renders import TemplateRenders
+from engine.server.prompts.output_format import output_format
+from engine.server.prompts.renders import TemplateRenders
 from tests.templates.published import manifest, published_text
 from tests.tokenizers import ASSETS
 

@@ -15,10 +15,10 @@ import pytest
 
 from engine.runtime.structured.grammar import json_object_grammar, lark_grammar, tool_grammar
 from engine.runtime.structured.matcher import Grammars
-from engine.server.constraints import GrammarCheck
 from engine.server.errors import InvalidRequest
-from engine.server.output_format import special_markers
-from engine.server.renders import TemplateRenders
+from engine.server.prompts.constraints import GrammarCheck
+from engine.server.prompts.output_format import special_markers
+from engine.server.prompts.renders import TemplateRenders
 from tests.tokenizers import MARKUP, tokenizer_dir
 
 VOCAB = 4096

@@ -35,7 +35,7 @@ from engine.runtime.structured.grammar import (
 )
 from engine.runtime.structured.matcher import llguidance_tokenizer
 from engine.server.errors import InvalidRequest
-from engine.server.limits import DEFAULT_LIMITS, parse_json
+from engine.server.security.limits import DEFAULT_LIMITS, parse_json
 
 
 def to_grammar(

@@ -2,7 +2,7 @@
 
 `HealthGate` serves grpc.health.v1 over the `HealthServicer` that holds the
 statuses (the supervisor sets them): `Check` answers anyone at once; a `Watch`
-stream needs a token when tokens are on (engine.server.auth), at most
+stream needs a token when tokens are on (engine.server.security.auth), at most
 `health_watchers` stream at once (more: RESOURCE_EXHAUSTED) and each ends, OK,
 after `health_watch_seconds` (the client watches again). `EngineSlots` caps
 the Engine's calls at once (RESOURCE_EXHAUSTED past the cap) and counts

@@ -1,13 +1,13 @@
 """The front end's domain side: prompt, plan, run, stream. No gRPC types here.
 
-It tokenizes and renders the chat template (engine.server.prompt), asks the cache
+It tokenizes and renders the chat template (engine.server.prompts.prompt), asks the cache
 manager for a RestorePlan, submits the request to the model replica the plan
 names and yields its events, which come on that replica's event stream
-(engine.server.replica_events: a step's events of every request in one frame).
+(engine.server.supervision.replica_events: a step's events of every request in one frame).
 The model sends token ids: their text, the stop strings and the
-log-probabilities' token text are one request's `Reply` (engine.server.reply),
+log-probabilities' token text are one request's `Reply` (engine.server.front.reply),
 and a stop string found tells the replica to stop. The
-gRPC servicer (engine.server.service) and the in-process bridge only translate.
+gRPC servicer (engine.server.rpc.service) and the in-process bridge only translate.
 
 Admission: a queue slot is taken at the first check (`max_queue`), a request
 that alone needs more tokens than the batch holds (`max_batch_tokens`) is
@@ -39,13 +39,13 @@ from engine.runtime.branches import branch_key
 from engine.runtime.events import Finished, FinishReason, Tokens
 from engine.runtime.requests import GenerationRequest, SamplingParams
 from engine.runtime.structured.grammar import Grammar
-from engine.server.activity import Activity, Inspection, NamespaceTags, inspection
-from engine.server.cache_view import CacheView, cache_view, disk_view
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
-from engine.server.prompt import PromptBuilder, PromptInput
-from engine.server.replica_events import LOST, SILENT, ReplicaEvents
-from engine.server.reply import Reply
-from engine.server.supervisor import Supervisor
+from engine.server.front.reply import Reply
+from engine.server.observe.activity import Activity, Inspection, NamespaceTags, inspection
+from engine.server.observe.cache_view import CacheView, cache_view, disk_view
+from engine.server.prompts.prompt import PromptBuilder, PromptInput
+from engine.server.supervision.replica_events import LOST, SILENT, ReplicaEvents
+from engine.server.supervision.supervisor import Supervisor
 
 log = logging.getLogger("lineage.request")
 
@@ -87,7 +87,7 @@ class Frontend:
         self.closing = asyncio.Event()
         self.max_queue = config.model.max_queue
         self.max_batch_tokens = config.model.max_batch_tokens
-        self.limits = config.limits  # on what clients send (engine.server.limits)
+        self.limits = config.limits  # on what clients send (engine.server.security.limits)
         self.deadline = config.server.call_deadline
         self.stream_deadline = config.server.stream_deadline
         self.queued = 0  # requests holding a queue slot: taken at the first check
@@ -170,7 +170,7 @@ class Frontend:
         grammar: Grammar | None = None,
     ):
         """Yield lists of events (Progress, Tokens, Finished) for one request; `grammar`
-        holds its output (engine.server.constraints built it from the wire's constraint).
+        holds its output (engine.server.prompts.constraints built it from the wire's constraint).
 
         Raises Overloaded when the queue is full (the slot is taken at this first
         check, so a burst cannot slip past it) or when the request alone needs more

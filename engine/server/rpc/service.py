@@ -3,13 +3,13 @@
 Every domain error becomes a status code here, in one place:
 InvalidRequest -> INVALID_ARGUMENT, Unavailable (and a dead actor) -> UNAVAILABLE,
 a full queue -> RESOURCE_EXHAUSTED, an unknown model -> NOT_FOUND. With several
-models served (engine.server.fleet) a call goes to the one it names. Standard
+models served (engine.server.running.fleet) a call goes to the one it names. Standard
 health checking is served beside the Engine service (Check open, Watch capped:
-engine.server.health), and server reflection on loopback (or by flag). With tokens configured
-(engine.server.auth) every call but Health/Check needs a bearer token, and the
+engine.server.rpc.health), and server reflection on loopback (or by flag). With tokens configured
+(engine.server.security.auth) every call but Health/Check needs a bearer token, and the
 namespace comes from the token. Unless the operator asks
 for exact figures, every figure that depends on the restore length goes out
-from its block alone (engine.server.figures), so a caller cannot probe a
+from its block alone (engine.server.observe.figures), so a caller cannot probe a
 prompt it shares token by token.
 """
 
@@ -28,15 +28,16 @@ from engine.config import ServerConfig
 from engine.proto import engine_pb2, engine_pb2_grpc
 from engine.runtime.events import Finished, FinishReason, Progress, Tokens
 from engine.runtime.requests import SamplingParams
-from engine.server.activity import Inspection, RequestRecord
-from engine.server.auth import Authenticator, AuthInterceptor, server_credentials
-from engine.server.cache_view import CacheView
-from engine.server.constraints import to_grammar
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable, UnknownModel
-from engine.server.figures import ClientFigures
-from engine.server.frontend import Frontend
-from engine.server.health import EngineSlots, HealthGate
-from engine.server.limits import (
+from engine.server.front.frontend import Frontend
+from engine.server.observe.activity import Inspection, RequestRecord
+from engine.server.observe.cache_view import CacheView
+from engine.server.observe.figures import ClientFigures
+from engine.server.prompts.constraints import to_grammar
+from engine.server.prompts.prompt import PromptInput, parse_tools
+from engine.server.rpc.health import EngineSlots, HealthGate
+from engine.server.security.auth import Authenticator, AuthInterceptor, server_credentials
+from engine.server.security.limits import (
     DEFAULT_LIMITS,
     check_identifier,
     check_request_bytes,
@@ -44,7 +45,6 @@ from engine.server.limits import (
     parse_json,
     printable,
 )
-from engine.server.prompt import PromptInput, parse_tools
 
 log = logging.getLogger(__name__)
 SERVICE = engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name
@@ -56,7 +56,7 @@ def check_request(
     vocab_size: int,
     limits=DEFAULT_LIMITS,
 ) -> None:
-    """Every check of a Generate request's values, in one place (engine.server.limits): its
+    """Every check of a Generate request's values, in one place (engine.server.security.limits): its
     size, its identifiers, its sampling. What depends on the prompt (its length against
     the context and the batch) is the front end's, once the prompt is built."""
     check_request_bytes(req.ByteSize(), limits)
@@ -257,7 +257,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         self.frontend = frontend
         self.auth = auth or Authenticator()
         self.exact_figures = exact_figures
-        self.fleet = fleet  # engine.server.fleet.Fleet: several models, routed by name
+        self.fleet = fleet  # engine.server.running.fleet.Fleet: several models, routed by name
 
     async def Generate(self, request, context):
         try:
@@ -420,7 +420,7 @@ async def create_server(
 
     Health is SERVING unless `health_servicer` is given: then it says what its
     owner (the supervisor) set. It is served through a HealthGate (Check open,
-    Watch streams capped and ended after a while; engine.server.health).
+    Watch streams capped and ended after a while; engine.server.rpc.health).
 
     `security` brings tokens, TLS, reflection, the figures' rounding and the
     health watchers' limits (its host and port are not used); None serves as
@@ -485,7 +485,7 @@ async def set_serving(health_servicer: health.aio.HealthServicer, up: bool) -> N
 async def stop_server(server, health_servicer, frontend: Frontend, grace: float = 2.0) -> None:
     """Health NOT_SERVING, in-flight streams end with UNAVAILABLE, then the server stops."""
     await set_serving(health_servicer, False)
-    if frontend is not None:  # None: the caller closes its front ends (engine.server.fleet)
+    if frontend is not None:  # None: the caller closes its front ends (engine.server.running.fleet)
         frontend.close()
     await asyncio.sleep(0.2)  # let the streams in flight end with UNAVAILABLE
     await server.stop(grace)

@@ -3,9 +3,9 @@
 Only the render of the client's whole conversation may refuse a request
 (`TemplateRenders.render`: InvalidRequest with the template's message). The
 engine also renders parts of a conversation for its own analysis: the text
-before each message (engine.server.layout: message starts for message points
+before each message (engine.server.prompts.layout: message starts for message points
 and miss explanations), the (system messages + tools) head (the anchor), a
-probe of the generation prompt (engine.server.output_format). Published
+probe of the generation prompt (engine.server.prompts.output_format). Published
 templates refuse many of those partial conversations: Qwen's read
 `messages[0]` under `{% if tools %}` (an empty conversation raises), Mistral's
 and Gemma's `raise_exception` on a conversation that does not start with a

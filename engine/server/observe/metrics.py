@@ -6,7 +6,7 @@ P`: http://127.0.0.1:P/metrics) and its dashboard shows them; each name starts
 namespace its actors are named in), `model`, `replica` and `namespace`;
 cache-wide figures carry an empty replica and namespace, and the namespace is
 its root tenant's salted short hash unless the operator opts in, one of at
-most `--metrics-namespaces` tags (engine.server.activity.NamespaceTags), so
+most `--metrics-namespaces` tags (engine.server.observe.activity.NamespaceTags), so
 the series stay few.
 
 Three sources: `request(...)` at each request's end (the Finished event: counts,
@@ -14,7 +14,7 @@ tokens, timings), and `sample(inspection)` about once a second from the cache
 manager's CacheStats and each replica's TierStats, whose cumulative counters
 are turned into counter increments (so the metrics equal CacheStats), and
 `analysis(failures)` with it, the prompt builder's count of its own renders and
-grammars that failed on the model's template (engine.server.renders). The
+grammars that failed on the model's template (engine.server.prompts.renders). The
 cache policy stays free of Ray: nothing here reaches into engine/cache but its
 messages.
 """
@@ -27,7 +27,7 @@ from ray.util.metrics import Counter, Gauge, Histogram
 
 from engine.cache.kinds import RestoreKind
 from engine.runtime.events import Finished
-from engine.server.activity import Inspection
+from engine.server.observe.activity import Inspection
 
 TAGS = ("engine", "model", "replica", "namespace")
 MS = [5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000]
@@ -147,7 +147,7 @@ class EngineMetrics:
 
     def analysis(self, failures: Mapping[str, int]) -> None:
         """The prompt builder's cumulative analysis failures by kind (layout, anchor, probe,
-        grammar: engine.server.renders)."""
+        grammar: engine.server.prompts.renders)."""
         tags = self._tags()
         for kind, n in failures.items():
             self._count(self.analysis_failures, n, {**tags, "kind": kind})

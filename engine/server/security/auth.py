@@ -21,7 +21,7 @@ import grpc
 from engine.config import Identity, ServerConfig
 
 # A load balancer's probe answers without a token; a Watch stream stays open, so it
-# needs one (engine.server.health caps them).
+# needs one (engine.server.rpc.health caps them).
 OPEN_METHODS = ("/grpc.health.v1.Health/Check",)
 DENIED = "missing or invalid bearer token (send `authorization: Bearer <token>` metadata)"
 

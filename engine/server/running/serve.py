@@ -2,13 +2,13 @@
 
 `start_engine(config)` builds a running engine inside an initialized Ray (the
 tests use it with their session-wide Ray; `lineage serve` with the Ray it
-starts or joins, engine.server.lifecycle): the model replicas, the memory
+starts or joins, engine.server.running.lifecycle): the model replicas, the memory
 plan once the weights are known (engine.config.plan_memory), the cache
-manager, the supervisor (engine.server.supervisor: restarts, epochs, health)
+manager, the supervisor (engine.server.supervision.supervisor: restarts, epochs, health)
 and the gRPC server; a start that fails kills the actors it made.
 `RunningEngine.stop` stops them within a deadline whatever died first (health
 NOT_SERVING, in-flight streams end with UNAVAILABLE, disk writes flushed,
-actors killed: engine.server.stopping).
+actors killed: engine.server.running.stopping).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import ray
 
 from engine.config import EngineConfig, format_bytes
 from engine.config.declare import label_of
-from engine.server.stopping import release_actors
+from engine.server.running.stopping import release_actors
 
 log = logging.getLogger("lineage")
 
@@ -41,13 +41,13 @@ class RunningEngine:
     info: object
     namespace: str = "lineage"  # the Ray namespace the actors are named in
     names: tuple = ()  # their names
-    supervisor: object = None  # engine.server.supervisor.Supervisor
+    supervisor: object = None  # engine.server.supervision.supervisor.Supervisor
     memory: object = None  # the MemoryPlan the actors were given
     sampler: object = None  # the metrics sampling task
     local_socket: str | None = None  # gRPC on this Unix socket too (a sidecar's way in)
     auth: object = None  # the Authenticator the gRPC server checks tokens with
     exact_figures: bool = True  # cached-token figures sent to clients unrounded
-    fleet: object = None  # engine.server.fleet.Fleet, when several models are served
+    fleet: object = None  # engine.server.running.fleet.Fleet, when several models are served
 
     @property
     def model(self):
@@ -63,10 +63,10 @@ class RunningEngine:
 
         Health NOT_SERVING, in-flight streams end with UNAVAILABLE, queued disk-tier
         writes land, the actors are killed and give up their names (off the loop:
-        engine.server.stopping). False when a step was left waiting on Ray at the
+        engine.server.running.stopping). False when a step was left waiting on Ray at the
         deadline: the caller must not wait for Ray again (serve.run ends the process).
         """
-        from engine.server.service import stop_server
+        from engine.server.rpc.service import stop_server
 
         loop = asyncio.get_running_loop()
         end = loop.time() + within
@@ -123,7 +123,7 @@ async def start_engine(
     A start that fails or is cancelled (a stop signal while the model loads)
     kills the actors it made before it raises. StartError: a port or an actor
     name is taken. With several models declared (engine.config.fleet) each is a
-    ModelGroup of its own, loaded and unloaded by an engine.server.fleet.Fleet
+    ModelGroup of its own, loaded and unloaded by an engine.server.running.fleet.Fleet
     behind the one gRPC server; the engine's `frontend`, `models` and `manager`
     are the first loaded model's.
     """
@@ -152,15 +152,15 @@ async def _start(config: EngineConfig, port, local_socket, started: _Started) ->
 
     from grpc_health.v1 import health
 
-    from engine.server.auth import Authenticator
-    from engine.server.service import create_server, set_serving
+    from engine.server.rpc.service import create_server, set_serving
+    from engine.server.security.auth import Authenticator
 
     # The supervisor drives health from its first check on; stop() stops it first.
     health_servicer = health.aio.HealthServicer()
     await set_serving(health_servicer, True)
     fleet = None
     if config.fleet.several:
-        from engine.server.fleet import Fleet
+        from engine.server.running.fleet import Fleet
 
         fleet = Fleet(
             config, partial(start_group, started=started), partial(set_serving, health_servicer)
@@ -237,7 +237,7 @@ class ModelGroup:
 
 async def release(models, manager, namespace: str, names: Sequence[str], within: float) -> bool:
     """Flush each replica's disk tier, then kill the actors and wait for their names, all
-    within `within` seconds (engine.server.stopping); False when Ray kept a step waiting."""
+    within `within` seconds (engine.server.running.stopping); False when Ray kept a step waiting."""
     loop = asyncio.get_running_loop()
     end = loop.time() + within
 
@@ -277,11 +277,11 @@ async def start_group(
     from engine.actors.cache_manager import CacheManagerActor
     from engine.actors.model import ModelActor
     from engine.config import plan_memory, with_memory
-    from engine.server.activity import NamespaceTags
-    from engine.server.frontend import Frontend
-    from engine.server.metrics import EngineMetrics
-    from engine.server.prompt import PromptBuilder
-    from engine.server.supervisor import Supervisor
+    from engine.server.front.frontend import Frontend
+    from engine.server.observe.activity import NamespaceTags
+    from engine.server.observe.metrics import EngineMetrics
+    from engine.server.prompts.prompt import PromptBuilder
+    from engine.server.supervision.supervisor import Supervisor
 
     namespace = config.server.ray_namespace
     count = replica_count(config, placement)

@@ -1,23 +1,23 @@
 """Prompts from requests: validation, volatile lines, the chat template, the anchor boundary.
 
 Before the template renders a chat request, the volatile-line rules remove the
-lines of its system messages that change on every request (engine.server.volatile),
+lines of its system messages that change on every request (engine.server.prompts.volatile),
 and `Prompt.volatile` counts them for the request's log line.
 
 The anchor is where (system messages + tools) ends and the first user message
 begins: what the chat template writes before the first message after the
-leading system messages (engine.server.renders `before`: their render with the
+leading system messages (engine.server.prompts.renders `before`: their render with the
 tools, or where the template refuses that, the part a placeholder message does
 not change), tokenized once per distinct text (memoized), and its common prefix
 with the prompt, minus a few tokens of slack for BPE merges at the boundary
 (docs/architecture.md, "The cache contract"). Only the render of the client's
 whole conversation may refuse a request; the engine's own renders (anchor,
-layout, output-format probe) degrade to no analysis (engine.server.renders).
+layout, output-format probe) degrade to no analysis (engine.server.prompts.renders).
 
 `Prompt.layout` says where each message starts in the tokens and what each said
-(engine.server.layout), for the cache manager's miss explanations. The model's
+(engine.server.prompts.layout), for the cache manager's miss explanations. The model's
 output format (ModelInfo.output_format) is decided here at load, from the same
-template and tokenizer (engine.server.output_format).
+template and tokenizer (engine.server.prompts.output_format).
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ import numpy as np
 from engine.cache.messages import PromptLayout
 from engine.config import PromptConfig
 from engine.runtime.structured.markup import token_markers
-from engine.server.constraints import GrammarCheck
 from engine.server.errors import InvalidRequest
-from engine.server.layout import Layouts, encode_with_offsets
-from engine.server.limits import DEFAULT_LIMITS, Limits, parse_json, printable
-from engine.server.output_format import output_format
-from engine.server.renders import TemplateRenders
-from engine.server.volatile import VolatileLines
+from engine.server.prompts.constraints import GrammarCheck
+from engine.server.prompts.layout import Layouts, encode_with_offsets
+from engine.server.prompts.output_format import output_format
+from engine.server.prompts.renders import TemplateRenders
+from engine.server.prompts.volatile import VolatileLines
+from engine.server.security.limits import DEFAULT_LIMITS, Limits, parse_json, printable
 
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")  # roles of chat messages
 

@@ -178,7 +178,7 @@ class Activity:
     def __init__(self, keep: int = KEEP, window_s: float = WINDOW_S):
         self.records: deque[RequestRecord] = deque(maxlen=keep)
         # Each record's (cache namespace, session key), in step with `records`: the cache
-        # page shows a tenant its own requests only (engine.server.cache_view).
+        # page shows a tenant its own requests only (engine.server.observe.cache_view).
         self.owners: deque[tuple[str, str]] = deque(maxlen=keep)
         self.window_s = window_s
 

@@ -1,7 +1,7 @@
 """What the cache page shows: the cache tree of a scope, its latest requests, the memory plan.
 
 `cache_view(...)` joins the cache manager's tree (engine.cache.tree) with the
-front end's latest requests (engine.server.activity), each with its session
+front end's latest requests (engine.server.observe.activity), each with its session
 key, time to first token, cached share and the reason it missed in words
 (`miss_words`), and, for the operator, the memory plan as parts of the limit.
 A scope (a namespace) holds that namespace's entries and requests only; a
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.cache.tree import CacheTree, visible
-from engine.server.activity import Activity
+from engine.server.observe.activity import Activity
 
 MAX_RECENT = 200
 
@@ -65,7 +65,7 @@ class DiskWriterView:
     state: str  # writing | paused (the disk was full) | off
     paused_s: float
     files_written: int
-    writes_lost: dict  # by cause (engine.server.activity.LOST_CAUSES)
+    writes_lost: dict  # by cause (engine.server.observe.activity.LOST_CAUSES)
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class CacheView:
 
 
 def disk_view(s) -> DiskTierView:
-    """The disk tier of an Inspection (engine.server.activity): budget, files, writers."""
+    """The disk tier of an Inspection (engine.server.observe.activity): budget, files, writers."""
     budget = next((t.budget for t in s.tiers if t.tier == "disk"), 0)
     writers = tuple(
         DiskWriterView(

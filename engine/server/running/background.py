@@ -40,7 +40,7 @@ class BackgroundEngine:
     """`start_engine(config)` on a BackgroundLoop; `address` is where it serves gRPC."""
 
     def __init__(self, config: EngineConfig, timeout: float = 300, local_socket: str | None = None):
-        from engine.server.serve import start_engine
+        from engine.server.running.serve import start_engine
 
         self.config = config
         self.background = BackgroundLoop("engine-loop")

@@ -1,9 +1,9 @@
 """The life of `lineage serve`: Ray, the engine and its sidecars, a stop within a deadline.
 
-`run(config)` starts or joins Ray, starts the engine (engine.server.serve) and
+`run(config)` starts or joins Ray, starts the engine (engine.server.running.serve) and
 the sidecars beside it (the OpenAI bridge), serves until SIGINT or SIGTERM,
 then stops them and the Ray it started within STOP_WITHIN + RAY_STOP_WITHIN
-seconds, whatever died first (engine.server.stopping): a terminal's Ctrl-C
+seconds, whatever died first (engine.server.running.stopping): a terminal's Ctrl-C
 and `timeout` signal the whole process group, Ray's processes included. A
 signal while the model loads stops the start. A StartError (a port or an
 actor name taken) is the operator's to fix: `lineage serve` says it in one
@@ -24,14 +24,14 @@ from typing import Awaitable, Callable, Protocol, Sequence
 import ray
 
 from engine.config import EngineConfig
-from engine.server.serve import (
+from engine.server.running.serve import (
     RunningEngine,
     StartError,
     loopback_ray,
     ray_options,
     start_engine,
 )
-from engine.server.stopping import end_process, within
+from engine.server.running.stopping import end_process, within
 
 log = logging.getLogger("lineage")
 EXIT_USAGE = 2  # a StartError: as `lineage`'s usage errors
@@ -60,7 +60,7 @@ def run(config: EngineConfig, sidecars: Sequence[Sidecar] = ()) -> int:
     STOP_WITHIN + RAY_STOP_WITHIN seconds whatever died first: a terminal's
     Ctrl-C and `timeout` signal the whole process group, Ray's processes
     included. When a step is left waiting on Ray, the process ends at once
-    (engine.server.stopping.end_process).
+    (engine.server.running.stopping.end_process).
     """
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr

@@ -2,7 +2,7 @@
 log-probabilities' token text.
 
 The model replica streams token ids (engine.runtime.events); a `Reply` turns them into
-what the front end yields: each Tokens event with its text (engine.server.text's
+what the front end yields: each Tokens event with its text (engine.server.front.text's
 TextStream, one per branch of `SamplingParams.n`) and its log-probabilities named by
 their tokens' text; a stop string found cuts the event there and tells the replica to
 stop that branch (`stop(index)`); a branch's Finished comes after the text held back at
@@ -17,7 +17,7 @@ from typing import Callable
 
 from engine.runtime.events import Finished, FinishReason, Tokens
 from engine.runtime.requests import SamplingParams
-from engine.server.text import TextStream
+from engine.server.front.text import TextStream
 
 
 class Reply:

@@ -3,7 +3,7 @@
 The cache manager explains a miss with it (engine.cache.misses): the token where
 a prompt left an earlier one falls in some message, and comparing that message
 (and the tools) with the earlier prompt's says why. Message k starts where what
-the chat template writes before it (engine.server.renders `before`: the render
+the chat template writes before it (engine.server.prompts.renders `before`: the render
 of the messages before it, with the tools, or where the template refuses that,
 the same followed by a placeholder message) stops matching the whole prompt's
 text, mapped to the token holding that character (the tokenizer's offsets);

@@ -1,7 +1,7 @@
 """Several models behind one server: routed by name, loaded and unloaded in one memory plan.
 
 Each declared model (engine.config.fleet) is a ModelGroup of its own
-(engine.server.serve `start_group`): its replicas, its cache manager (its own
+(engine.server.running.serve `start_group`): its replicas, its cache manager (its own
 index, RAM tier and disk directory, so an entry of one model is never offered
 to another), its supervisor and its Frontend. The Fleet routes a request by the
 model it names (a served name, or a `--model-alias` pattern), loads a model
@@ -49,7 +49,7 @@ class Member:
     aliases: tuple[str, ...]
     pinned: bool
     share: int  # bytes of the memory limit it takes when loaded (estimated until loaded)
-    group: object = None  # engine.server.serve.ModelGroup
+    group: object = None  # engine.server.running.serve.ModelGroup
     state: str = UNLOADED
     loading: asyncio.Task | None = None
     active: int = 0  # requests routed to it and not yet ended
@@ -148,8 +148,8 @@ class Fleet:
 
     async def generate_events(self, auth, request, metadata):
         """A Generate call on the model it names: loaded first if need be (Progress events
-        meanwhile), then as engine.server.service `generate_events` runs it."""
-        from engine.server.service import generate_events
+        meanwhile), then as engine.server.rpc.service `generate_events` runs it."""
+        from engine.server.rpc.service import generate_events
 
         member = self.resolve(request.model)
         member.active += 1
@@ -294,11 +294,11 @@ class Fleet:
 
 def _announced(config: EngineConfig) -> str:
     """The output format a model not loaded yet announces, from its tokenizer alone (as
-    engine.server.prompt decides it at load)."""
+    engine.server.prompts.prompt decides it at load)."""
     from mlx_lm.utils import load_tokenizer
 
-    from engine.server.output_format import output_format
-    from engine.server.renders import TemplateRenders
+    from engine.server.prompts.output_format import output_format
+    from engine.server.prompts.renders import TemplateRenders
 
     if config.prompt.output_format != "auto":
         return config.prompt.output_format

@@ -16,6 +16,7 @@ import json
 import jsonschema
 import pytest
 
+from clients.bridge.parsers import joined, make_parser
 from engine.runtime.events import FinishReason
 from engine.runtime.structured.grammar import GrammarError, tool_grammar
 from engine.runtime.structured.markup import FAMILIES, markers_of, token_markers
@@ -210,6 +211,34 @@ def test_the_family_s_own_call_is_held(family, spelling, embedded, tmp_path):
     assert _walk(grammars, tokenizer, auto, answer)
 
 
+def _parsed(family: str, text: str) -> list[tuple[str, dict]]:
+    """The calls the bridge's own parser reads from `text`, fed whole and then in pieces of
+    three characters: what a client of that family would get back."""
+    got = []
+    for size in (len(text) or 1, 3):
+        parser = make_parser(family, tools=[WEATHER, SEARCH])
+        parts = [q for i in range(0, len(text), size) for q in parser.feed(text[i : i + size])]
+        _, _, read = joined(parts + parser.close())
+        got.append([(start.name, _stripped(end.arguments)) for start, end in read])
+    assert got[0] == got[1], got
+    return got[0]
+
+
+def _stripped(args: dict) -> dict:
+    """String values without the whitespace around them (markup layout, not the value)."""
+    return {k: v.strip() if isinstance(v, str) else v for k, v in args.items()}
+
+
+def test_the_bridge_reads_every_family_s_markup_as_the_grammar_writes_it():
+    """The grammar and the parser agree on each family's markup: what the grammar holds a
+    model to is what the bridge gives its client as calls."""
+    for family, texts in WRITTEN.items():
+        for text in texts:
+            assert _parsed(family, text) == [("get_weather", {"city": "Paris", "unit": "c"})]
+            if family not in ("llama3_json", "harmony"):
+                assert len(_parsed(family, _two(family, text))) == 2, family
+
+
 def test_a_family_without_call_markup_refuses_required_naming_it():
     for choice, name in (("required", ""), ("function", "search")):
         with pytest.raises(GrammarError, match="output format 'plain'"):
@@ -249,6 +278,7 @@ def test_required_and_named_calls_in_the_batch_read_back_valid(family, tiny_loop
         for tool, args in read:
             assert not name or tool == name, text
             jsonschema.validate(args, SCHEMAS[tool])
+        assert _parsed(family, text) == [(t, _stripped(a)) for t, a in read], text
         closed += 1
         if closed == 2 and reasons:
             break

@@ -9,7 +9,7 @@ anchor (tokens; 0 = none) and the message starts found (distinct starts after th
 first, of the messages after the first), with the engine's fallback (placeholder
 messages) and without it (the head's own render alone), and the conversations the
 template itself refuses (the client's render: a 400 with its message).
-docs/architecture.md ("What users bring") sums up what it prints.
+docs/templates.md sums up what it prints.
 """
 
 from __future__ import annotations

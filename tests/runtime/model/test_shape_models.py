@@ -1,10 +1,10 @@
 """The shape-true models: each shape's caches hold, layer for layer, what its config says.
 
-Each shape is built at its cut depth with its hidden and MLP widths narrowed (the caches
-do not depend on them: every head count and head width is the published one), run on a
-few tokens, and its checkpoint's and KV token's bytes are compared with the arithmetic
-of `engine.runtime.model.shape_models`; the published Qwen3-Next-80B-A3B figures are
-checked against the numbers of its config.
+Each shape is built at its cut depth narrowed as `lineage bench memory` runs it by default
+(`shape_models.narrowed`: the widths no cache depends on made small), run on a few tokens,
+and its checkpoint's and KV token's bytes are compared with the arithmetic of
+`engine.runtime.model.shape_models`, which must equal the full-width cut model's; the
+published Qwen3-Next-80B-A3B figures are checked against the numbers of its config.
 """
 
 from __future__ import annotations

@@ -264,9 +264,10 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--trace-every",
         type=int,
-        default=1,
+        default=8,
         metavar="N",
-        help="replay one session of the trace in N (fewer users than the trace's service)",
+        help="replay one session of the trace in N (fewer users than the trace's service; "
+        "1: every session, eight times the replay)",
     )
     p.add_argument("--json", help="write the figures to this file")
 

@@ -8,8 +8,8 @@ built as the front end builds them. Printed per template: the output family, the
 anchor (tokens; 0 = none) and the message starts found (distinct starts after the
 first, of the messages after the first), with the engine's fallback (placeholder
 messages) and without it (the head's own render alone), and the conversations the
-template itself refuses (the client's render: a 400 with its message). The table
-in docs/architecture.md ("What users bring") is this command's output.
+template itself refuses (the client's render: a 400 with its message).
+docs/templates.md sums up what it prints.
 """
 
 from __future__ import annotations

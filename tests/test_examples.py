@@ -1,4 +1,4 @@
-"""The examples never put a token on a command line (issue 28).
+"""The examples never put a token on a command line.
 
 Every user of a machine reads every process's arguments (`ps`, /proc), so the
 examples give the engine its tokens in a file and clients theirs through the

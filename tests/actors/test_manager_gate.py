@@ -1,5 +1,5 @@
 """A restarted cache manager plans nothing before its resync, and every plan carries the epoch of
-the replica it is placed on (issue 29, item 1). The actor on the session's Ray, no model."""
+the replica it is placed on. The actor on the session's Ray, no model."""
 
 from __future__ import annotations
 

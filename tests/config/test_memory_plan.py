@@ -1,6 +1,6 @@
 """The memory plan (engine.config.plan_memory), pure: what the limit holds and what is kept.
 
-The issue's case: a 64 GB machine serving a 35 GB model. The old defaults
+The case it is sized for: a 64 GB machine serving a 35 GB model. The old defaults
 (a RAM tier of min(48G, RAM/2) plus a pool of a quarter of it, weights not
 counted) asked for 35 + 32 + 8 = 75 GB.
 """

@@ -1,4 +1,4 @@
-"""Through the server: a warm turn on a tiny glm_moe_dsa model, sparse paths on (issue 14).
+"""Through the server: a warm turn on a tiny glm_moe_dsa model, sparse paths on.
 
 The warm turn restores the first turn's cache and prefills a few dozen new
 tokens: with the context past index_topk that chunk takes the decode shape.

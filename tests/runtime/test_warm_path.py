@@ -1,4 +1,4 @@
-"""Cheap warm turns (issue 4): counters, the flag-file layer timer, the opt-in pool clear.
+"""Cheap warm turns: counters, the flag-file layer timer, the opt-in pool clear.
 
 These drive the server's own Generator and CacheManager in-process (no Ray):
 what is asserted are byte counters and log lines, never times.

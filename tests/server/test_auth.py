@@ -1,4 +1,4 @@
-"""Authentication, TLS and exposure (issue 15, part 4), on a real gRPC server.
+"""Authentication, TLS and exposure, on a real gRPC server.
 
 The server here has no engine behind it: the token check, TLS, mTLS and
 reflection all act before the servicer, so a refused call never reaches it

@@ -1,4 +1,4 @@
-"""The lineage cache through the running server: real gRPC, Ray and MLX (issue 3), on the
+"""The lineage cache through the running server: real gRPC, Ray and MLX, on the
 session's random-weight engine and two of its own (exact and off modes).
 
 Each test uses a namespace of its own, so entries of one test never serve

@@ -1,6 +1,7 @@
-"""Deadlines and token admission end to end (issue 15): real gRPC, Ray actors and MLX.
+"""Deadlines and token admission end to end: real gRPC, Ray actors and MLX.
 
-Each call past its deadline ends with the status the issue names and leaves
+Each call past its deadline ends with a clear status (UNAVAILABLE past a deadline,
+RESOURCE_EXHAUSTED past the token budget, an empty answer past the link's) and leaves
 nothing behind: its queue slot, its request id, its batch slot, its plan's pin
 at the cache manager. The session's engine is shared: a test shortens one
 deadline or limit of its front end, and puts it back.

@@ -1,4 +1,4 @@
-"""A probe that shares a prompt's start learns nothing finer than a block (issue 28).
+"""A probe that shares a prompt's start learns nothing finer than a block.
 
 Alice's token, her own namespace: what a co-tenant holding her token sees. For
 several common-prefix lengths inside one 64-token block, a probe plants a

@@ -1,4 +1,4 @@
-"""Fuzz every field of GenerateRequest (issue 15, part 3).
+"""Fuzz every field of GenerateRequest.
 
 Each generated request either answers (a final event that is not an error, or
 a stream we cut short after a few events) or fails with INVALID_ARGUMENT; a

@@ -1,4 +1,4 @@
-"""Health checks never take the engine's request slots (issue 28).
+"""Health checks never take the engine's request slots.
 
 `Health/Watch` streams never end on their own, and gRPC's own cap on calls at
 once counted them: 320 watchers (max-queue + 64) and every Generate was

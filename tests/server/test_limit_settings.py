@@ -1,4 +1,4 @@
-"""The input limits are operator settings (issue 15): one `Limits` in the configuration
+"""The input limits are operator settings: one `Limits` in the configuration
 tree, a flag and a variable each, the defaults as before, nonsense refused at startup,
 and what the operator set is what the server applies (gRPC and the bridge)."""
 

@@ -1,4 +1,4 @@
-"""Limits on every input (issue 15, part 3): each bad value is INVALID_ARGUMENT naming it,
+"""Limits on every input: each bad value is INVALID_ARGUMENT naming it,
 and the server keeps serving. The table is checked without a server first, then over gRPC."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""How cache namespaces show in metrics and Inspect (issue 28): salted, and few.
+"""How cache namespaces show in metrics and Inspect: salted, and few.
 
 The tag was 8 hex digits of an unsalted SHA-256, so a dictionary of tenant
 names reversed it; and every new namespace made new series, kept forever.

@@ -1,4 +1,4 @@
-"""A replanned request whose new restore source a peer holds fetches it first (issue 12).
+"""A replanned request whose new restore source a peer holds fetches it first.
 
 With replicas, a lost restore is planned again on the replica that lost it;
 when only another replica holds the new source, the plan names `fetch_from`.

@@ -1,4 +1,4 @@
-"""`lineage serve` listens on loopback alone (issue 28): its Ray included.
+"""`lineage serve` listens on loopback alone: its Ray included.
 
 A local `ray.init()` took the machine's network address, so Ray's Prometheus
 exporter (every namespace's exact token counts), its GCS, raylet and workers

@@ -1,4 +1,5 @@
-"""End to end: real gRPC on localhost, real Ray actors, real MLX (issue 2)."""
+"""End to end: real gRPC on localhost, real Ray actors, real MLX: greedy tokens equal mlx-lm's,
+concurrent streams, cancellation, bad input, health and a full queue."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Supervision end to end (issue 15): real processes killed with SIGKILL, a real wedged loop.
+"""Supervision end to end: real processes killed with SIGKILL, a real wedged loop.
 
 One engine serves the module: the model actor's process is killed mid-stream,
 then the cache manager's, then the model loop is wedged. After each, a
@@ -140,7 +140,7 @@ def test_a_replica_that_misses_one_ping_is_reset_and_holds_only_what_is_placed(e
     """A loop stalled past --loop-deadline once (not twice: it is not killed) is reported
     lost, then answers: it is reset like a restarted replica (its old tier emptied, a new
     epoch), and afterwards its tier holds exactly what the manager places there and every
-    file the disk index holds is on disk (issue 29, item 2)."""
+    file the disk index holds is on disk."""
     import ray
 
     from clients.bench.faults.checks import Holdings, compare, entry_files, read_holdings

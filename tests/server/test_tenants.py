@@ -1,4 +1,4 @@
-"""Tenants that cannot read each other (issue 15, parts 4 and 5), end to end.
+"""Tenants that cannot read each other, end to end.
 
 One engine with tokens, TLS and rounded cache figures, on real gRPC, Ray and
 MLX: a TLS round trip with the Python client and with the `openai` client

@@ -1,4 +1,4 @@
-"""Cache files are private and a load trusts nothing it did not plan (issue 15, part 5).
+"""Cache files are private and a load trusts nothing it did not plan.
 
 0600 files in a 0700 directory, refused when another user owns it; temporary
 files created O_EXCL|O_NOFOLLOW; the scan reads regular files only; a load

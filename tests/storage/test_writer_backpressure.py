@@ -1,4 +1,4 @@
-"""Disk writer backpressure (issue 15): a byte cap on the queue, and a full disk (ENOSPC).
+"""Disk writer backpressure: a byte cap on the queue, and a full disk (ENOSPC).
 
 Real files in a temporary directory; a full disk is an OSError(ENOSPC) raised
 from the writer's write path. A lost write must leave no file behind, be

@@ -2,7 +2,10 @@
 
 For each shape of engine/runtime/model/shapes/ (published configs cut in depth,
 experts and vocab, random weights; engine.runtime.model.shape_models), a cut model
-is written once under --dir and served in process; one conversation is run
+is written once under --dir and served in process: by default narrowed (hidden and MLP
+widths 256; its caches are byte for byte the full-width cut model's, so every byte figure
+and the replays are the same; the times of the forward steps are not), with --full-width
+at the cut model's published widths; one conversation is run
 through the engine and its stored entry measured (clients.bench.memory.measure):
 the bytes of one checkpoint and of one token of KV in the batch, the RAM tier and
 on disk, at the cut depth and at the published depth, and the capture, restore,
@@ -12,9 +15,10 @@ one (clients.bench.memory.drift), on each shape and on the trained embedded mode
 and the warm sessions agent traffic keeps in a budget, replayed through the
 cache policy at each shape's published-depth bytes (clients.bench.memory.sessions),
 and those a public hash-ID trace's conversations keep (clients.bench.memory.trace).
-`--json` writes, per shape, `checkpoint_bytes` and `kv_bytes_per_token`
-({"served", "baseline"}, at the published depth), `sessions` and `trace` ({"baseline",
-"default"}: warm sessions; `sessions_replay`, `trace_replay`: every figure) and `drift`.
+`--json` writes `width` ("narrowed" or "full") and, per shape, `checkpoint_bytes` and
+`kv_bytes_per_token` ({"served", "baseline"}, at the published depth), `sessions` and
+`trace` ({"baseline", "default"}: warm sessions; `sessions_replay`, `trace_replay`: every
+figure) and `drift`.
 """
 
 from __future__ import annotations
@@ -26,10 +30,10 @@ HELP = "cache bytes and times at the shapes users run (checkpoint, KV, tiers, di
 MiB, KiB, GiB = 1 << 20, 1 << 10, 1 << 30
 
 
-def shape_dir(root, name: str):
+def shape_dir(root, name: str, full_width: bool = False):
     from pathlib import Path
 
-    return Path(root).expanduser() / name
+    return Path(root).expanduser() / (name if full_width else f"{name}-narrowed")
 
 
 def run_bench(
@@ -41,17 +45,18 @@ def run_bench(
     budget: int,
     agents: int,
     trace: dict | None = None,
+    full_width: bool = False,
 ):
     from clients.bench.memory.measure import measure_shape, shape_config
     from clients.bench.memory.sessions import warm_sessions
     from clients.bench.memory.trace import trace_sessions
-    from engine.runtime.model.shape_models import load_shape, write_shape_dir
+    from engine.runtime.model.shape_models import load_shape, narrowed, write_shape_dir
 
     served = config.cache.stored_precision
     shapes = {}
     for name in names:
-        shape = load_shape(name)
-        directory = write_shape_dir(shape, shape_dir(root, name))
+        shape = load_shape(name) if full_width else narrowed(load_shape(name))
+        directory = write_shape_dir(shape, shape_dir(root, name, full_width))
         figures = measure_shape(
             shape_config(config, directory), shape, directory, length, served, drift_tokens
         )
@@ -71,7 +76,8 @@ def run_bench(
             figures["trace"] = {k: replay[k]["warm_sessions"] for k in ("baseline", "default")}
         shapes[name] = figures
         print(f"  {name}: done", flush=True)
-    out = {"tokens": length, "served_precision": served, "shapes": shapes}
+    width = "full" if full_width else "narrowed"
+    out = {"tokens": length, "served_precision": served, "width": width, "shapes": shapes}
     if drift_tokens:
         out["embedded_drift"] = embedded_drift(config, drift_tokens)
     return out
@@ -132,8 +138,9 @@ def report(out: dict) -> str:
             )
         )
     lines = [
-        f"at the published depth (bytes measured per layer on the cut model); "
-        f"{out['tokens']}-token conversations; times of the exact baseline",
+        f"at the published depth (bytes measured per layer on the cut model, "
+        f"{out.get('width', 'full')} width); {out['tokens']}-token conversations; "
+        "times of the exact baseline",
         *table(columns, rows),
     ]
     for s in out["shapes"].values():
@@ -208,6 +215,12 @@ def add_arguments(p) -> None:
     p.add_argument("--shapes", nargs="+", choices=shape_names(), default=shape_names())
     p.add_argument("--tokens", type=int, default=1024, help="the conversation's prompt length")
     p.add_argument(
+        "--full-width",
+        action="store_true",
+        help="serve the cut models at their published hidden and MLP widths (the caches are "
+        "the same bytes as the default narrowed models'; the forward steps are slower)",
+    )
+    p.add_argument(
         "--dir",
         default="~/.cache/lineage-engine/shapes",
         help="where the cut models are written (once; reused while their config holds)",
@@ -251,9 +264,10 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--trace-every",
         type=int,
-        default=1,
+        default=8,
         metavar="N",
-        help="replay one session of the trace in N (fewer users than the trace's service)",
+        help="replay one session of the trace in N (fewer users than the trace's service; "
+        "1: every session, eight times the replay)",
     )
     p.add_argument("--json", help="write the figures to this file")
 
@@ -280,5 +294,6 @@ def run(args) -> int:
         args.budget,
         args.agents,
         trace,
+        args.full_width,
     )
     return emit(out, args, report)

@@ -21,6 +21,7 @@ what two prompts share is what their texts share. Reported per precision:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 import zlib
@@ -31,8 +32,11 @@ WORDS = re.compile(r"\w+|[^\w\s]|\s+")
 VOCAB = 150_000
 
 
-def token_ids(text: str) -> list[int]:
-    return [zlib.crc32(w.encode()) % VOCAB + 16 for w in WORDS.findall(text)]
+@functools.lru_cache(maxsize=1 << 16)
+def token_ids(text: str) -> tuple[int, ...]:
+    """The ids of `text`, a word (or gap) at a time. Cached by text: every turn re-sends its
+    conversation, so the same system prompt and messages come back hundreds of times."""
+    return tuple(zlib.crc32(w.encode()) % VOCAB + 16 for w in WORDS.findall(text))
 
 
 def render(messages: list[dict], tools: tuple) -> tuple[np.ndarray, int, tuple, tuple]:
@@ -216,6 +220,7 @@ def warm_sessions(
         cache_config, ram_budget=budget, anchor_max_bytes=budget, mode="lineage"
     )
     out = {"budget_bytes": budget, "traffic": traffic.summary()}
+    turns = list(agent_turns(traffic))  # the traffic's requests, rendered once for every variant
     for name, (nbytes, shared) in variants.items():
-        out[name] = replay(traffic, config, kv_bytes_per_token, nbytes, shared)
+        out[name] = replay_turns(turns, config, kv_bytes_per_token, nbytes, shared)
     return out

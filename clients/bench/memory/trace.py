@@ -35,6 +35,7 @@ statistics of its conversation workload (clients.bench.memory.trace_traffic).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -223,28 +224,15 @@ def _layout(parent: TraceTurn | None, carry, anchor: int):
     return parent.starts + ends, parent.roles + ("assistant", "user")
 
 
-def trace_sessions(
-    cache_config,
-    kv_bytes_per_token: int,
-    variants: dict,
-    budget: int,
-    lines=None,
-    trace_block: int = TRACE_BLOCKS["mooncake"],
-    block: int = 64,
-    every: int = 1,
-) -> dict:
-    """name -> the trace's replay at `budget` bytes, for each of `variants` (name ->
-    (one checkpoint's bytes, whether shared prefix rows are stored once)); `lines`: the
-    trace's JSON lines (None: `generate_trace`'s); `every`: one session in this many
-    kept (a machine serving fewer users than the trace's)."""
-    import dataclasses
-
-    from clients.bench.memory.sessions import Turn, replay_turns
+@functools.lru_cache(maxsize=4)
+def _trace_steps(lines: tuple | None, trace_block: int, block: int, every: int):
+    """The trace's requests, their turns and the replay's steps: the same for every shape
+    and variant of a run, so derived once (`lines` None: `generate_trace`'s)."""
+    from clients.bench.memory.sessions import Turn
     from clients.bench.memory.trace_traffic import generate_trace
     from engine.cache.messages import PromptLayout
 
-    generated = lines is None
-    requests = read_trace(generate_trace() if generated else lines)
+    requests = read_trace(generate_trace() if lines is None else lines)
     turns = trace_turns(requests, trace_block, block)
     if every > 1:  # a session's requests are kept or dropped together, then re-derived
         requests = [r for r, t in zip(requests, turns) if t.session % every == 0]
@@ -264,6 +252,31 @@ def trace_sessions(
         ]
         for i, t in enumerate(turns)
     ]
+    return requests, turns, steps
+
+
+def trace_sessions(
+    cache_config,
+    kv_bytes_per_token: int,
+    variants: dict,
+    budget: int,
+    lines=None,
+    trace_block: int = TRACE_BLOCKS["mooncake"],
+    block: int = 64,
+    every: int = 1,
+) -> dict:
+    """name -> the trace's replay at `budget` bytes, for each of `variants` (name ->
+    (one checkpoint's bytes, whether shared prefix rows are stored once)); `lines`: the
+    trace's JSON lines (None: `generate_trace`'s); `every`: one session in this many
+    kept (a machine serving fewer users than the trace's)."""
+    import dataclasses
+
+    from clients.bench.memory.sessions import replay_turns
+
+    generated = lines is None
+    requests, turns, steps = _trace_steps(
+        None if generated else tuple(lines), trace_block, block, every
+    )
     sessions = Counter(t.session for t in turns)
     returning = sum(1 for n in sessions.values() if n > 1)
     config = dataclasses.replace(

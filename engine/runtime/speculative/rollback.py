@@ -25,8 +25,8 @@ Why replay and not per-step capture: capturing the state after every verify
 position needs each recurrent kernel (GDN, KDA, Mamba's SSM, their conv
 windows) to write out T states instead of one, per architecture; the replay
 is mlx-lm's own batched prefill path, the same for every cache kind, and is
-paid only on a step where some row rejected a draft (see docs/architecture.md,
-"Speculative decoding").
+paid only on a step where some row rejected a draft (see docs/speculative.md,
+"Why replay, not per-step capture").
 
 It knows mlx-lm's batch caches; it knows nothing of drafts or acceptance.
 """

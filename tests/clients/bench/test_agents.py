@@ -1,4 +1,4 @@
-"""`lineage bench agents` (issue 7): the traffic generator, the oracle, and a small real run.
+"""`lineage bench agents`: the traffic generator, the oracle, and a small real run.
 
 The traffic and oracle tests are plain Python; the run, at scale 0.05 with 2 agents,
 drives each kind of policy once: the lineage engine on the session's Ray, mlx-lm's own

@@ -1,4 +1,4 @@
-"""Fuzz the bridge's JSON bodies (issue 15, part 3): every body is answered 200 or 400
+"""Fuzz the bridge's JSON bodies: every body is answered 200 or 400
 (413 when too large), never 500, and a well-formed stream beside it keeps its tokens.
 A hundred cases here; `LINEAGE_DEEP_TESTS=1` runs 10,000."""
 

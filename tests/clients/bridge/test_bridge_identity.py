@@ -1,4 +1,4 @@
-"""The bridge's identity (issue 28): who a caller is at the bridge is who the engine serves.
+"""The bridge's identity: who a caller is at the bridge is who the engine serves.
 
 Real bridges in front of real engines (gRPC, Ray, MLX): the tenants' engine of
 conftest (tokens for an operator, alice and bob) and the session's open engine.

@@ -1,4 +1,4 @@
-"""The bridge's receive path under slow or heavy clients (issue 28), on real sockets.
+"""The bridge's receive path under slow or heavy clients, on real sockets.
 
 Under `lineage serve --http-port` the bridge shares the engine's event loop:
 slow headers on many sockets held file descriptors forever, and bodies four

@@ -1,4 +1,4 @@
-"""The copy counters equal the copies MLX measures, path by path (issue 12, part 5).
+"""The copy counters equal the copies MLX measures, path by path.
 
 Each copy the engine's batches make is done once on sequences with many MB
 of KV each (restored from a stored entry whose rows are tiled), everything

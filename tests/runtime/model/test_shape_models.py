@@ -1,10 +1,10 @@
 """The shape-true models: each shape's caches hold, layer for layer, what its config says.
 
-Each shape is built at its cut depth with its hidden and MLP widths narrowed (the caches
-do not depend on them: every head count and head width is the published one), run on a
-few tokens, and its checkpoint's and KV token's bytes are compared with the arithmetic
-of `engine.runtime.model.shape_models`; the published Qwen3-Next-80B-A3B figures are
-checked against the numbers of its config.
+Each shape is built at its cut depth narrowed as `lineage bench memory` runs it by default
+(`shape_models.narrowed`: the widths no cache depends on made small), run on a few tokens,
+and its checkpoint's and KV token's bytes are compared with the arithmetic of
+`engine.runtime.model.shape_models`, which must equal the full-width cut model's; the
+published Qwen3-Next-80B-A3B figures are checked against the numbers of its config.
 """
 
 from __future__ import annotations
@@ -14,17 +14,9 @@ import pytest
 
 from engine.runtime import layer_caches
 from engine.runtime.model import shape_models
-from engine.runtime.model.shape_models import Shape, expected, load_shape, shape_names
+from engine.runtime.model.shape_models import expected, load_shape, narrowed, shape_names
 
 MiB, KiB = 1 << 20, 1 << 10
-
-
-def narrowed(shape: Shape) -> Shape:
-    """The shape with the widths no cache depends on made small (fast to build)."""
-    cut = {**shape.cut, "hidden_size": 256, "intermediate_size": 256}
-    if "q_lora_rank" in shape.published and shape.published["q_lora_rank"]:
-        cut["q_lora_rank"] = 128
-    return Shape(shape.name, shape.source, shape.cut_note, shape.period, shape.published, cut)
 
 
 @pytest.mark.parametrize("name", shape_names())
@@ -37,6 +29,8 @@ def test_cut_model_caches_match_the_config(name):
     want = expected(shape.config)
     assert state.nbytes == want["checkpoint_bytes"], name
     assert layer_caches.kv_bytes_per_token(layers) == want["kv_bytes_per_token"], name
+    # The narrowing touches no width a cache holds.
+    assert want == expected(load_shape(name).config), name
     # Whole periods only: the cut depth is a multiple of the period.
     assert shape.config["num_hidden_layers"] % shape.period == 0
 

@@ -213,7 +213,13 @@ def add_arguments(p) -> None:
 
     add_serve_arguments(p)
     p.add_argument("--shapes", nargs="+", choices=shape_names(), default=shape_names())
-    p.add_argument("--tokens", type=int, default=1024, help="the conversation's prompt length")
+    p.add_argument(
+        "--tokens",
+        type=int,
+        default=256,
+        help="the conversation's prompt length (a checkpoint's bytes and a token's KV do not "
+        "depend on it; the capture, restore and disk times do)",
+    )
     p.add_argument(
         "--full-width",
         action="store_true",
@@ -228,7 +234,7 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--drift-tokens",
         type=int,
-        default=256,
+        default=64,
         metavar="N",
         help="greedy tokens compared after a packed vs an exact restore (0: skip)",
     )

@@ -191,6 +191,7 @@ BENCHMARKS = (
     "load",
     "restart",
     "slowloris",
+    "soak",
     "speculative",
     "structured",
     "warm",

@@ -182,6 +182,9 @@ def read_stream(api: str, reply, drop_after: int = 0, pause: float | None = None
             if drop_after and chunks >= drop_after:
                 break
         _usage(api, event, out)
+        error = event.get("error") or (event.get("response") or {}).get("error")
+        if error:  # the server's own word on why the stream ends
+            out["error"] = error.get("message", str(error)) if isinstance(error, dict) else error
     out["ttft_ms"] = ((first or time.perf_counter()) - t0) * 1000
     return out
 

@@ -94,6 +94,7 @@ class Soak:
         self.probes = Probes(max_tokens=args.max_tokens)
         self.schedule = None
         self.client = None
+        self.sample_errors: list[str] = []
 
 
 def run(args) -> int:
@@ -110,8 +111,10 @@ def run(args) -> int:
         soak.disk.unmount()
         if not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
+    from clients.bench.figures import write_json
     from clients.bench.soak.report import format_report, plot
 
+    write_json(work / "report.json" if args.work_dir else args.json or os.devnull, figures)
     emit(figures, args, format_report, plot)
     return 0 if figures["verdict"]["ok"] else 1
 
@@ -163,6 +166,7 @@ def _soak(soak: Soak, args) -> dict:
     soak.schedule.join(60)
     final = _final_stop(soak)
     sampler.stop()
+    soak.sample_errors = sampler.errors
     soak.client.close()
     return report.figures(
         sampler.samples, soak.log.events, soak.schedule.results, soak.probes, final, soak, args

@@ -128,30 +128,38 @@ class Schedule(threading.Thread):
         }
 
     def _disconnect(self, deadline: float) -> dict:
-        import httpx
+        """A raw HTTP request on a socket of its own, closed `--disconnect-after` seconds
+        after it was sent: no reply byte read, so the hang-up falls inside the prefill of
+        a prompt nobody sent before (unless the server answered that fast: then it says so)."""
+        import json
+        import socket
 
         rng = np.random.default_rng(len(self.results))
         words = " ".join(f"w{int(x)}" for x in rng.integers(0, 10**6, self.args.disconnect_words))
-        body = {
-            "model": "lineage",
-            "messages": [{"role": "user", "content": f"Summarize: {words}"}],
-            "max_tokens": 8,
-            "stream": True,
-        }
-        first = None
-        with httpx.Client(base_url=self.soak.serve.url, timeout=60) as http:
-            t0 = time.monotonic()
-            with http.stream("POST", "/v1/chat/completions", json=body) as reply:
-                for line in reply.iter_lines():  # the headers came: the prefill runs
-                    if line.startswith("data: ") and '"content"' in line:
-                        first = time.monotonic() - t0
-                    break
-                time.sleep(self.args.disconnect_after)
-            # leaving the block closes the connection, mid-prefill unless it already answered
+        body = json.dumps(
+            {
+                "model": "lineage",
+                "messages": [{"role": "user", "content": f"Summarize: {words}"}],
+                "max_tokens": 8,
+                "stream": True,
+            }
+        ).encode()
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        with socket.create_connection(("127.0.0.1", self.soak.serve.http_port), 30) as sock:
+            sock.sendall(head + body)
+            time.sleep(self.args.disconnect_after)
+            sock.setblocking(False)
+            try:
+                answered = bool(sock.recv(1 << 16))
+            except BlockingIOError:
+                answered = False
         if not self._served(deadline):
             return {"survived": False, "why": "the engine did not serve after the hang-up"}
-        mid = "mid-prefill" if first is None else "after the first token (prefill was done)"
-        return {"survived": True, "mark": f"hung up {mid}, served after"}
+        when = "after the reply began" if answered else "before any reply byte (mid-prefill)"
+        return {"survived": True, "mark": f"{len(words.split())} words, hung up {when}"}
 
     def _restart(self, deadline: float) -> dict:
         import httpx

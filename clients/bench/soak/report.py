@@ -41,7 +41,7 @@ def figures(samples, events, faults, probes, final, soak, args) -> dict:
     width = args.window * 60 if args.window else max(seconds / 12, 10.0)
     span = max((s["t"] for s in samples), default=0.0)
     judged = span - warmup >= JUDGED_AFTER
-    processes = process_slopes(samples, warmup, span)
+    processes = process_slopes(samples, warmup, span, faults)
     disk = disk_figures(samples, soak.disk_budget)
     windows = ttft_windows(events, samples, width, span)
     drift = ttft_drift(events, warmup, span)
@@ -81,6 +81,7 @@ def figures(samples, events, faults, probes, final, soak, args) -> dict:
             for k in ("ram_budget", "disk_budget", "scale", "agents", "long_sessions", "seed")
         },
         "requests": len(events),
+        "samples": {"taken": len(samples), "failed": soak.sample_errors[:5]},
         "serve": {"starts": soak.serve.starts, "failed_starts": soak.serve.failed_starts},
         "faults": faults,
         "processes": processes,
@@ -107,15 +108,20 @@ def figures(samples, events, faults, probes, final, soak, args) -> dict:
 # ---- the figures ---------------------------------------------------------------------
 
 
-def process_slopes(samples: list[dict], warmup: float, span: float) -> dict:
-    """Per role: the RSS slope of its longest-lived process after warm-up."""
+def process_slopes(samples: list[dict], warmup: float, span: float, faults=()) -> dict:
+    """Per role: the RSS slope of its longest-lived process after warm-up (counted from
+    when it was first seen, or from the end of the fault it was started in)."""
     runs: dict[tuple[str, int], list] = {}
     for s in samples:
         for role, p in s["processes"].items():
             runs.setdefault((role, p["pid"]), []).append((s["t"], p))
     best: dict[str, dict] = {}
     for (role, pid), points in runs.items():
-        after = [(t, p) for t, p in points if t >= points[0][0] + warmup]
+        born = points[0][0]
+        for f in faults:
+            if f["begin"] <= born <= f["end"]:
+                born = f["end"]
+        after = [(t, p) for t, p in points if t >= born + warmup]
         if len(after) < 3:
             continue
         t = np.array([a[0] for a in after]) / 3600
@@ -161,6 +167,8 @@ def disk_figures(samples: list[dict], budget: int) -> dict:
         # the files' bytes against the engine's count of them (in flight: writes queued)
         "largest_gap_bytes": max(gaps, default=0),
         "temps_seen": max((s["disk"]["temps"] for s in samples), default=0),
+        "responses_first_bytes": samples[0]["disk"].get("responses_bytes", 0) if samples else 0,
+        "responses_last_bytes": samples[-1]["disk"].get("responses_bytes", 0) if samples else 0,
     }
 
 
@@ -233,7 +241,7 @@ def error_figures(events: list, faults: list[dict]) -> dict:
                     "message": e.message[:200],
                 }
             )
-        if not e.message or not e.error.startswith(("http ", "transport ")):
+        if not e.message:  # no status or message the user could act on
             unclean += 1
     return {
         "by_kind": dict(sorted(by_kind.items())),
@@ -356,9 +364,9 @@ def format_report(f: dict) -> str:
             (
                 "final stop",
                 f"{fin['stop']['seconds']:.1f} s, exit {fin['stop']['returncode']}; "
-                f"{fin['files']} files, {fin['indexed']} indexed, orphaned {len(fin['orphaned'])}, "
-                f"temporary left {len(fin['temps_left'])}, missing {len(fin['missing'])}"
-                + (f" ({fin['why']})" if fin["why"] else ""),
+                f"{fin['files']} files, {fin['counted']} counted by the engine, orphaned "
+                f"{fin['orphaned']}, temporary left {len(fin['temps_left'])}; the files' bytes "
+                f"less the engine's count {fin['bytes_gap']}",
             ),
             ("cache", str(fin["cache"])),
             (

@@ -10,7 +10,8 @@ A sample holds, at its time `t` (seconds since the soak began):
 - `object_store_bytes`: bytes in Ray's object store;
 - `disk`: the entry files in the cache directory (bytes, count, temporary
   files, quarantined ones) beside what the engine says its disk tier holds
-  (`stats_bytes`, `stats_entries`, from CacheStats) and its RAM tier;
+  (`stats_bytes`, `stats_entries`, from CacheStats) and its RAM tier, and the
+  bridge's stored Responses (`responses_bytes`, in the same directory);
 - `logs`: the serve's log and its Ray session's logs, in bytes;
 - `window`: the requests that ended since the previous sample: how many, time
   to first token p50 and p99, errors by kind, cached share (cached tokens over
@@ -104,6 +105,7 @@ class Sampler(threading.Thread):
         super().__init__(name="soak-sampler", daemon=True)
         self.soak, self.path, self.every = soak, Path(path), every
         self.samples: list[dict] = []
+        self.errors: list[str] = []  # samples that could not be taken, and why
         self._halt = threading.Event()
 
     def stop(self) -> None:
@@ -114,7 +116,11 @@ class Sampler(threading.Thread):
         since = 0.0
         with self.path.open("a") as out:
             while not self._halt.wait(self.every):
-                sample = self.sample(since)
+                try:
+                    sample = self.sample(since)
+                except Exception as e:  # a sample that broke is a line saying so, not the end
+                    self.errors.append(f"{type(e).__name__}: {e}")
+                    continue
                 since = sample["t"]
                 self.samples.append(sample)
                 out.write(json.dumps(sample) + "\n")
@@ -126,6 +132,7 @@ class Sampler(threading.Thread):
         stats = {} if soak.stopping.is_set() else _stats(soak.client)
         disk = read_disk(soak.entries)
         disk.update(
+            responses_bytes=_tree_bytes(soak.cache_dir / "responses"),
             stats_bytes=stats.get("disk_bytes"),
             stats_entries=stats.get("disk_entries"),
             ram_bytes=stats.get("ram_bytes"),
@@ -146,6 +153,17 @@ class Sampler(threading.Thread):
             "fault": soak.schedule.current if soak.schedule else "",
             "read_s": round(time.monotonic() - t0, 3),
         }
+
+
+def _tree_bytes(path: Path) -> int:
+    total = 0
+    for root, _, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                pass
+    return total
 
 
 def _stats(client) -> dict:

@@ -91,7 +91,8 @@ class Serve:
 
     def start(self, timeout: float = 600, tries: int = 10) -> float:
         """Start it, again after a start that failed (as a service manager restarts it: on a
-        loaded machine Ray's node may miss its 30 s to register); the seconds until it
+        loaded machine Ray's raylet aborts when its agents take over 15 s to report their
+        ports); the seconds until it
         served (its bridge up), the failed tries included."""
         t0 = time.monotonic()
         for attempt in range(1, tries + 1):
@@ -230,7 +231,9 @@ class Serve:
         import urllib.request
 
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", 5) as r:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
+            ) as r:
                 text = r.read().decode()
         except OSError:
             return None

@@ -337,7 +337,7 @@ class Probes:
             try:
                 ids = client.generate(
                     messages=messages, max_tokens=self.max_tokens, temperature=0.0
-                ).ids
+                ).token_ids
             except LineageError as e:
                 self.failed.append({"t": log.now(), "probe": k, "error": f"{e.code}: {e}"})
                 continue

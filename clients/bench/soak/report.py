@@ -254,18 +254,17 @@ def error_figures(events: list, faults: list[dict]) -> dict:
 
 
 def log_figures(samples: list[dict]) -> dict:
+    """Per log, its size first and last and its growth per hour (a restart starts the Ray
+    session's logs anew: growth is summed over the rises between samples)."""
     if not samples:
         return {}
-    first, last = samples[0], samples[-1]
-    hours = max(last["t"] - first["t"], 1.0) / 3600
-    return {
-        k: {
-            "first": first["logs"][k],
-            "last": last["logs"][k],
-            "bytes_per_hour": (last["logs"][k] - first["logs"][k]) / hours,
-        }
-        for k in first["logs"]
-    }
+    hours = max(samples[-1]["t"] - samples[0]["t"], 1.0) / 3600
+    out = {}
+    for k in samples[0]["logs"]:
+        sizes = [s["logs"][k] for s in samples]
+        grown = sum(max(0, b - a) for a, b in zip(sizes, sizes[1:]))
+        out[k] = {"first": sizes[0], "last": sizes[-1], "bytes_per_hour": grown / hours}
+    return out
 
 
 def _first_last_max(values: list) -> dict:

@@ -19,9 +19,10 @@ A sample holds, at its time `t` (seconds since the soak began):
 - `probes`: probe replies checked and wrong so far; `fault`: the fault under
   way ("" for none).
 
-The disk tier's two counts are sampled side by side: the files are the truth
-of what the disk holds, the stats what the budget is held to; where they part
-for long, the budget does not hold the disk.
+The disk tier's counts are sampled side by side: the files are the truth of
+what the disk holds, `stats_bytes` what the budget is held to, and (on an
+engine that reports it) `stats_file_bytes` the engine's own sum of its files;
+where they part for long, the budget does not hold the disk.
 """
 
 from __future__ import annotations
@@ -135,6 +136,7 @@ class Sampler(threading.Thread):
             responses_bytes=_tree_bytes(soak.cache_dir / "responses"),
             stats_bytes=stats.get("disk_bytes"),
             stats_entries=stats.get("disk_entries"),
+            stats_file_bytes=stats.get("disk_file_bytes"),  # the engine's own read of the files
             ram_bytes=stats.get("ram_bytes"),
         )
         t0 = time.monotonic()

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -117,3 +118,45 @@ def test_a_short_soak_survives_every_fault_within_the_bounds(tmp_path):
     assert f["final"]["files"] > 0 and f["final"]["bytes_gap"] == 0
     samples = (tmp_path / "work" / "samples.jsonl").read_text().splitlines()
     assert len(samples) >= 20 and "model-0" in json.loads(samples[-1])["processes"]
+
+
+def test_the_verdict_fails_on_an_orphaned_file_a_wrong_reply_or_a_disk_over_budget():
+    from clients.bench.soak.users import Probes
+
+    samples = [_sample(t, {"model-0": _proc(7, 100 << 20)}, 100, 100) for t in range(0, 120, 2)]
+    events = [Event(t, "u", "chat", "user", ttft_ms=50, prompt=100, cached=80) for t in range(120)]
+    final = {
+        "stop": {"seconds": 1.0, "returncode": 0, "killed": 0},
+        "files": 3,
+        "counted": 3,
+        "orphaned": 0,
+        "temps_left": [],
+        "disk": {},
+        "stats_disk_bytes": 100,
+        "bytes_gap": 0,
+        "cache": {},
+    }
+    soak = SimpleNamespace(
+        disk_budget=1000, serve=SimpleNamespace(starts=1, failed_starts=[]), sample_errors=[]
+    )
+    args = SimpleNamespace(
+        minutes=2,
+        warmup=None,
+        window=None,
+        ram_budget="8M",
+        disk_budget="1K",
+        scale=0.1,
+        agents=2,
+        long_sessions=1,
+        seed=0,
+    )
+    clean = report.figures(samples, events, [], Probes(), final, soak, args)
+    assert clean["verdict"]["ok"], clean["verdict"]
+    assert "lineage bench soak" in report.format_report(clean)
+    orphan = report.figures(samples, events, [], Probes(), final | {"orphaned": 1}, soak, args)
+    assert not orphan["verdict"]["checks"]["no_orphaned_files"]
+    wrong = Probes(wrong=[{"t": 5, "probe": 0, "got": [1], "want": [2]}])
+    assert not report.figures(samples, events, [], wrong, final, soak, args)["verdict"]["ok"]
+    full = [_sample(t, {}, 2000, 2000) for t in range(0, 120, 2)]
+    over = report.figures(full, events, [], Probes(), final, soak, args)
+    assert not over["verdict"]["checks"]["disk_within_budget"]

@@ -109,6 +109,7 @@ class Serve:
                 self.failed_starts.append(str(e)[-500:])
                 if attempt == tries:
                     raise
+                self.metrics_port = free_port()  # a failed start's own may still be held
         raise AssertionError("unreachable")
 
     def _start_once(self, timeout: float) -> None:
@@ -172,12 +173,22 @@ class Serve:
         return {"seconds": time.monotonic() - t0, "returncode": code, "killed": len(alive)}
 
     def kill(self) -> None:
-        """Its whole process group, at once (a start that failed, a run cut short)."""
-        if self.process is not None and self.process.poll() is None:
+        """All its processes, at once (a start that failed, a run cut short): its process
+        group and any descendant Ray started in a session of its own."""
+        import psutil
+
+        if self.process is not None:
+            group = self._group()
             try:
                 os.killpg(self.process.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+            for p in group:
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+            psutil.wait_procs(group, timeout=30)
             self.process.wait(30)
         self.process = None
 

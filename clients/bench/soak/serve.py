@@ -27,11 +27,6 @@ import time
 from pathlib import Path
 
 SERVING, BRIDGE = "lineage: serving", "OpenAI-compatible bridge on"  # the lines it prints
-# Started as root, the serve runs at nice -START_NICE until it serves, then at 0 again: on a
-# loaded machine Ray's raylet aborts its start when its dashboard agent takes over 15 s to
-# report its ports (a wait Ray does not let one set), and at a load of 15-20 on 2 cores
-# most starts failed so. The priority covers the start alone, never what is measured.
-START_NICE = 10
 ALIASES = ("claude-*", "gpt-*")  # the agents' model names, served as the model
 # cmdline pattern -> role; the first that matches names the process
 ROLES = (
@@ -77,7 +72,6 @@ class Serve:
         self.process: subprocess.Popen | None = None
         self.starts = 0
         self.failed_starts: list[str] = []  # the tail of each failed start's output
-        self.start_boost = True  # as root: started at a higher priority (see START_NICE)
 
     @property
     def address(self) -> str:
@@ -117,7 +111,6 @@ class Serve:
         env["RAY_USAGE_STATS_ENABLED"] = "0"
         offset = self.log.stat().st_size if self.log.exists() else 0
         t0 = time.monotonic()
-        boost = self.start_boost and hasattr(os, "geteuid") and os.geteuid() == 0
         with self.log.open("a") as out:
             self.process = subprocess.Popen(
                 self.command(),
@@ -126,7 +119,6 @@ class Serve:
                 stderr=subprocess.STDOUT,
                 cwd=self.workdir,
                 start_new_session=True,
-                preexec_fn=(lambda: os.nice(-START_NICE)) if boost else None,
             )
         self.starts += 1
         while True:
@@ -134,22 +126,11 @@ class Serve:
                 f.seek(offset)
                 text = f.read()
             if SERVING in text and BRIDGE in text:
-                if boost:  # served: every process of it back to the machine's own priority
-                    self._renice(0)
                 return
             if self.process.poll() is not None or time.monotonic() - t0 > timeout:
                 self.kill()
                 raise RuntimeError(f"lineage serve did not start:\n{text[-3000:]}")
             time.sleep(0.5)
-
-    def _renice(self, value: int) -> None:
-        import psutil
-
-        for p in self._group():
-            try:
-                p.nice(value)
-            except psutil.Error:
-                pass
 
     def stop(self, timeout: float = 120) -> dict:
         """SIGTERM, as a service manager stops it; the seconds it took and its exit status.

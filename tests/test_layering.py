@@ -217,6 +217,7 @@ BENCHMARKS = (
     "load",
     "restart",
     "slowloris",
+    "soak",
     "speculative",
     "structured",
     "warm",

@@ -16,7 +16,7 @@ import importlib.util
 
 HELP = (
     "benchmarks: warm turns, checkpoint bytes, agent traffic, warm restarts, concurrency, "
-    "slow clients"
+    "slow clients, soak"
 )
 EXTRA = "pip install 'lineage-engine[bench]'"
 # name -> (module, one line of help: the module's HELP)
@@ -62,6 +62,10 @@ BENCHES = {
     "faults": (
         "clients.bench.faults",
         "faults: kill the manager and a replica, stall a loop, fill the disk, under agent traffic",
+    ),
+    "soak": (
+        "clients.bench.soak",
+        "soak: a real serve under agent traffic and faults for M minutes; what grows, what drifts",
     ),
     "memory": (
         "clients.bench.memory",

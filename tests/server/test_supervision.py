@@ -136,6 +136,24 @@ def test_kill_9_of_the_cache_manager_mid_stream_then_served_warm(engine, client)
     assert stats["disk_entries"] >= 1
 
 
+def test_cache_stats_while_the_cache_manager_restarts_are_unavailable_with_why(engine, client):
+    """The operator's figures asked for while the cache manager restarts: UNAVAILABLE naming
+    the cache manager (never UNKNOWN from an error the servicer let through), then served."""
+    pid = pid_of(engine.engine.manager)
+    os.kill(pid, signal.SIGKILL)
+    refused, deadline = [], time.monotonic() + RECOVERY_S
+    while True:
+        try:
+            client.cache_stats()
+            break
+        except LineageError as e:
+            refused.append((e.code, str(e)))
+            assert time.monotonic() < deadline, refused[-3:]
+            time.sleep(0.05)
+    assert refused, "the stats were answered at once: nothing was checked"
+    assert all(code == "UNAVAILABLE" and "cache manager" in why for code, why in refused), refused
+
+
 def test_a_replica_that_misses_one_ping_is_reset_and_holds_only_what_is_placed(engine, client):
     """A loop stalled past --loop-deadline once (not twice: it is not killed) is reported
     lost, then answers: it is reset like a restarted replica (its old tier emptied, a new

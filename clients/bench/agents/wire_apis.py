@@ -163,11 +163,14 @@ def _continues(held: list, rest: list) -> bool:
 # ----------------------------------------------------------- the replies ----
 
 
-def read_stream(api: str, reply, drop_after: int = 0) -> dict:
-    """An SSE reply -> {text, prompt, cached, completed, response_id, ttft_ms}."""
+def read_stream(api: str, reply, drop_after: int = 0, pause: float | None = None) -> dict:
+    """An SSE reply -> {text, prompt, cached, completed, response_id, ttft_ms}. `pause`:
+    seconds slept after each line read (a slow reader)."""
     out = {"text": "", "prompt": 0, "cached": 0, "completed": False, "response_id": None}
     t0, first, chunks = time.perf_counter(), None, 0
     for line in reply.iter_lines():
+        if pause:
+            time.sleep(pause)
         if not line.startswith("data: ") or line == "data: [DONE]":
             continue
         event = json.loads(line[6:])
@@ -179,6 +182,9 @@ def read_stream(api: str, reply, drop_after: int = 0) -> dict:
             if drop_after and chunks >= drop_after:
                 break
         _usage(api, event, out)
+        error = event.get("error") or (event.get("response") or {}).get("error")
+        if error:  # the server's own word on why the stream ends
+            out["error"] = error.get("message", str(error)) if isinstance(error, dict) else error
     out["ttft_ms"] = ((first or time.perf_counter()) - t0) * 1000
     return out
 

@@ -484,6 +484,8 @@ class Frontend:
             return_exceptions=True,
         )
         for value in (cache, anchors):
+            if isinstance(value, ActorGone):
+                raise Unavailable(f"the cache manager is unavailable (restarting): {value}")
             if isinstance(value, BaseException):
                 raise value
         live = {str(i): t for i, t in enumerate(tiers) if not isinstance(t, BaseException)}
@@ -496,10 +498,7 @@ class Frontend:
     ) -> CacheView:
         """The cache page's figures for namespace `scope` (None: the whole cache); the
         memory plan for the `operator` alone."""
-        try:
-            tree = await asyncio.wait_for(self.manager.tree.remote(scope), self.deadline)
-        except asyncio.TimeoutError:
-            raise Unavailable(f"the cache manager did not answer within {self.deadline:.0f} s")
+        tree = await self._ask_manager(self.manager.tree.remote(scope))
         if not operator:
             return cache_view(tree, self.activity, scope, recent)
         try:  # the disk tier's state: the operator's alone (it is the whole cache's)
@@ -510,10 +509,17 @@ class Frontend:
         return cache_view(tree, self.activity, scope, recent, self.memory, disk)
 
     async def stats(self):
+        return await self._ask_manager(self.manager.stats.remote())
+
+    async def _ask_manager(self, ref):
+        """A read of the cache manager; Unavailable, saying why, while it is restarting (a
+        kill, a crash) or does not answer within the deadline."""
         try:
-            return await asyncio.wait_for(self.manager.stats.remote(), self.deadline)
+            return await asyncio.wait_for(ref, self.deadline)
         except asyncio.TimeoutError:
             raise Unavailable(f"the cache manager did not answer within {self.deadline:.0f} s")
+        except ActorGone as e:
+            raise Unavailable(f"the cache manager is unavailable (restarting): {e}") from None
 
 
 async def _resolve(ref):

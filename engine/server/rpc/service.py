@@ -305,13 +305,21 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
     async def CacheStats(self, request, context):
         await self._require_admin(context, "CacheStats")
-        s = await (await self._current(context, request.model)).stats()
+        frontend = await self._current(context, request.model)
+        try:
+            s = await frontend.stats()
+        except DOMAIN_ERRORS as e:  # the cache manager restarting: UNAVAILABLE, saying so
+            await self._abort(context, *status_of(e))
         return engine_pb2.CacheStatsReply(**dataclasses.asdict(s))
 
     async def Inspect(self, request, context):
         await self._require_admin(context, "Inspect")
         frontend = await self._current(context, request.model)
-        return to_inspect_reply(await frontend.inspect(request.recent or 20))
+        try:
+            inspection = await frontend.inspect(request.recent or 20)
+        except DOMAIN_ERRORS as e:
+            await self._abort(context, *status_of(e))
+        return to_inspect_reply(inspection)
 
     async def CacheTree(self, request, context):
         requested = request.namespace if request.HasField("namespace") else None

@@ -141,6 +141,12 @@ async def start_engine(
         raise
 
 
+# Ray keeps an event in its GCS for every actor call unless told not to (by default up to
+# 100k of them, a few KB each), and the engine never reads them: under steady traffic
+# (requests, supervisor pings, stats) the GCS's memory grew with every call toward that cap.
+ACTOR_OPTIONS = {"enable_task_events": False}
+
+
 def _actor_names(replicas: int) -> tuple[str, ...]:
     from engine.actors.names import CACHE_MANAGER, model_actor_name
 
@@ -292,7 +298,7 @@ async def start_group(
     resources = {"mlx": 1} if mlx else {}
     resources.update(placement)  # a model's own (--model NAME=PATH,resource=R)
     options = {"resources": resources} if resources else {}
-    restarts = {"max_restarts": config.server.max_restarts}
+    restarts = {"max_restarts": config.server.max_restarts, **ACTOR_OPTIONS}
     shipped = without_tokens(config)
     models = [
         ModelActor.options(name=names[r], namespace=namespace, **restarts, **options).remote(

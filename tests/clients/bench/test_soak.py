@@ -1,0 +1,162 @@
+"""`lineage bench soak`: its schedule and report on plain values, and a short soak of a real
+`lineage serve` (every fault once) held to the bounds."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from clients.bench.soak import faults, report
+from clients.bench.soak.users import Event
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_the_plan_holds_every_fault_once_and_the_restart_half_way():
+    short = faults.plan(150, 240)
+    assert sorted(name for _, name in short) == sorted(faults.ALL)
+    assert (75.0, "restart") in short
+    assert all(0 < t < 150 for t, _ in short)
+    hour = faults.plan(3600, 240)
+    assert [name for _, name in hour].count("restart") == 1
+    assert {name for _, name in hour} == set(faults.ALL)
+    assert len(hour) == 1 + 14  # a fault every 4 minutes, and the restart
+
+
+def _sample(t, processes, disk_bytes=0, stats_bytes=0):
+    return {
+        "t": t,
+        "load": (1.0, 1.0, 1.0),
+        "processes": processes,
+        "object_store_bytes": 0,
+        "disk": {"bytes": disk_bytes, "files": 1, "temps": 0, "stats_bytes": stats_bytes},
+        "logs": {"serve_log_bytes": 10 * t, "ray_log_bytes": 0},
+        "window": {"ttft_p50_ms": 1.0, "ttft_p99_ms": 2.0},
+        "fault": "",
+    }
+
+
+def _proc(pid, rss, fds=40, threads=20):
+    return {"pid": pid, "rss": rss, "fds": fds, "threads": threads}
+
+
+def test_a_growing_process_is_told_from_a_flat_one_after_warm_up():
+    mb = 1 << 20
+    samples = [
+        _sample(
+            t,
+            {
+                # grows 10 MiB an hour on 100 MiB: 10% an hour; a warm-up spike before 600 s
+                "model-0": _proc(7, 100 * mb + (50 * mb if t < 600 else 0) + t * 10 * mb // 3600),
+                "frontend": _proc(5, 200 * mb + (t % 20) * 1000),  # flat, noisy
+            },
+        )
+        for t in range(0, 3600, 10)
+    ]
+    slopes = report.process_slopes(samples, warmup=600, span=3590)
+    assert slopes["model-0"]["pct_per_hour"] == pytest.approx(10.0, rel=0.1)
+    assert abs(slopes["frontend"]["pct_per_hour"]) < 0.1
+    assert slopes["model-0"]["judged"] and slopes["model-0"]["from_s"] >= 600
+
+
+def test_the_longest_lived_process_of_a_role_is_the_one_judged():
+    samples = [_sample(t, {"model-0": _proc(1 if t < 100 else 2, 1000 + t)}) for t in range(300)]
+    slopes = report.process_slopes(samples, warmup=10, span=299)
+    assert slopes["model-0"]["pid"] == 2 and slopes["model-0"]["incarnations"] == 2
+
+
+def test_errors_during_a_fault_are_its_own_and_an_error_without_a_message_is_unclean():
+    events = [
+        Event(10, "u", "chat", "user", error="transport ConnectError", message="refused"),
+        Event(50, "u", "chat", "user", error="http 503 unavailable", message="restarting"),
+        Event(200, "u", "chat", "user", error="stream ended early"),
+        Event(300, "u", "chat", "user"),
+    ]
+    fault = [{"fault": "restart", "begin": 5, "end": 40}]
+    e = report.error_figures(events, fault)
+    assert e["by_fault"] == {"restart": 2}
+    assert e["outside_faults"] == 1 and e["unclean"] == 1
+
+
+def test_the_disk_peak_is_the_files_and_the_gap_is_against_the_engines_count():
+    samples = [_sample(0, {}, 100, 100), _sample(5, {}, 300, 200), _sample(10, {}, 50, None)]
+    d = report.disk_figures(samples, budget=250)
+    assert d["peak_bytes"] == 300 > d["budget_bytes"] and d["largest_gap_bytes"] == 100
+
+
+@pytest.mark.ray
+def test_a_short_soak_survives_every_fault_within_the_bounds(tmp_path):
+    """Two minutes of traffic on a real `lineage serve`, every fault once (the restart half
+    way): faults survived, the disk within its budget, no orphaned file, no wrong reply,
+    every error clean, warm after the restart. (The rates, RSS slopes and TTFT drift, are
+    the long run's: two minutes cannot tell a slope.)"""
+    out = tmp_path / "soak.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "LINEAGE_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    command = [sys.executable, "-m", "clients.cli", "bench", "soak", "--minutes", "2"]
+    command += ["--work-dir", str(tmp_path / "work"), "--json", str(out)]
+    command += ["--sample-every", "2", "--disk-full", "4", "--long-sessions", "1"]
+    command += ["--agents", "2", "--max-tokens", "8", "--probe-every", "10"]
+    kinds = list(faults.ALL)
+    if os.geteuid() != 0:  # the disk-full fault needs a filesystem of its own (a tmpfs)
+        kinds.remove("disk")
+    command += ["--faults", ",".join(kinds)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
+    assert out.exists(), done.stdout[-3000:] + done.stderr[-3000:]
+    f = json.loads(out.read_text())
+    checks = f["verdict"]["checks"]
+    assert sorted(x["fault"] for x in f["faults"]) == sorted(kinds)
+    assert all(checks.values()), (checks, f["final"], f["faults"])
+    assert done.returncode == 0
+    assert f["probes"]["checked"] > len(f["probes"]["wrong"]) == 0
+    assert f["final"]["files"] > 0
+    samples = (tmp_path / "work" / "samples.jsonl").read_text().splitlines()
+    assert len(samples) >= 20 and "model-0" in json.loads(samples[-1])["processes"]
+
+
+def test_the_verdict_fails_on_an_orphaned_file_a_wrong_reply_or_a_disk_over_budget():
+    from clients.bench.soak.users import Probes
+
+    samples = [_sample(t, {"model-0": _proc(7, 100 << 20)}, 100, 100) for t in range(0, 120, 2)]
+    events = [Event(t, "u", "chat", "user", ttft_ms=50, prompt=100, cached=80) for t in range(120)]
+    final = {
+        "stop": {"seconds": 1.0, "returncode": 0, "killed": 0},
+        "files": 3,
+        "counted": 3,
+        "orphaned": 0,
+        "temps_left": [],
+        "disk": {},
+        "stats_disk_bytes": 100,
+        "bytes_gap": 0,
+        "cache": {},
+    }
+    soak = SimpleNamespace(
+        disk_budget=1000, serve=SimpleNamespace(starts=1, failed_starts=[]), sample_errors=[]
+    )
+    args = SimpleNamespace(
+        minutes=2,
+        warmup=None,
+        window=None,
+        ram_budget="8M",
+        disk_budget="1K",
+        scale=0.1,
+        agents=2,
+        long_sessions=1,
+        seed=0,
+    )
+    clean = report.figures(samples, events, [], Probes(), final, soak, args)
+    assert clean["verdict"]["ok"], clean["verdict"]
+    assert "lineage bench soak" in report.format_report(clean)
+    orphan = report.figures(samples, events, [], Probes(), final | {"orphaned": 1}, soak, args)
+    assert not orphan["verdict"]["checks"]["no_orphaned_files"]
+    wrong = Probes(wrong=[{"t": 5, "probe": 0, "got": [1], "want": [2]}])
+    assert not report.figures(samples, events, [], wrong, final, soak, args)["verdict"]["ok"]
+    full = [_sample(t, {}, 2000, 2000) for t in range(0, 120, 2)]
+    over = report.figures(full, events, [], Probes(), final, soak, args)
+    assert not over["verdict"]["checks"]["disk_within_budget"]

@@ -84,7 +84,7 @@ def run_bench(
 
 
 def embedded_drift(config, tokens: int) -> dict:
-    """Drift of the packed precisions on the trained embedded model, on the Python source it learned from."""
+    """Drift of the packed precisions on the trained embedded model, on Python source."""
     import dataclasses
     import textwrap
     from pathlib import Path

@@ -150,6 +150,7 @@ class ChatShape(_Shape):
     def __init__(self, rid: str, info: dict, parser: OutputParser):
         super().__init__(f"chatcmpl-{rid}", info)
         self.rid, self.parser, self.calls = rid, parser, 0
+        self.started: set[int] = set()  # the calls whose start went out
         self.pending: list = []  # log-probabilities not sent yet
 
     def _chunk(self, delta: dict, finish_reason: str | None = None) -> dict:
@@ -181,13 +182,14 @@ class ChatShape(_Shape):
                 out.append(self._chunk({"reasoning_content": p.text}))
             elif isinstance(p, ToolCallStart):
                 self.calls += 1
+                self.started.add(p.index)
                 fn = {"name": p.name, "arguments": ""}
                 call = {"index": p.index, "id": p.call_id, "type": "function", "function": fn}
                 out.append(self._chunk({"tool_calls": [call]}))
             elif isinstance(p, ToolCallDelta):
                 call = {"index": p.index, "function": {"arguments": p.arguments_text}}
                 out.append(self._chunk({"tool_calls": [call]}))
-            elif isinstance(p, ToolCallEnd) and p.arguments is None:
+            elif isinstance(p, ToolCallEnd) and p.index not in self.started:
                 malformed_call(self.rid, p.raw)
                 if p.raw:  # "": a call the output's end cut, dropped
                     out.append(self._chunk({"content": p.raw}))
@@ -206,8 +208,9 @@ class ChatShape(_Shape):
         """This branch's whole choice."""
         parts = self.parser.feed(result.text) + self.parser.close()
         content, reasoning, calls = joined(parts)
+        started = {p.index for p in parts if isinstance(p, ToolCallStart)}
         for p in parts:
-            if isinstance(p, ToolCallEnd) and p.arguments is None:
+            if isinstance(p, ToolCallEnd) and p.index not in started:
                 malformed_call(self.rid, p.raw)
         message = {"role": "assistant", "content": content or (None if calls else "")}
         if reasoning:

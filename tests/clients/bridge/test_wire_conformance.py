@@ -163,7 +163,7 @@ RESPONSES_ITEM = (
     r"response\.output_item\.added "
     r"(?:response\.content_part\.added (?:response\.(?P<k>output_text|reasoning_text)\.delta )+"
     r"response\.(?:output_text|reasoning_text)\.done response\.content_part\.done "
-    r"|response\.function_call_arguments\.delta response\.function_call_arguments\.done )"
+    r"|(?:response\.function_call_arguments\.delta )+response\.function_call_arguments\.done )"
     r"response\.output_item\.done "
 )
 RESPONSES_ORDER = re.compile(

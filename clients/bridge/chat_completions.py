@@ -201,7 +201,7 @@ class ChatShape(_Shape):
 
     def finish(self, final: Final) -> list[dict]:
         out = self._deltas(self.parser.close())
-        out.append(self._chunk({}, "tool_calls" if self.calls else final.finish_reason))
+        out.append(self._chunk({}, finish_reason(final.finish_reason, self.calls)))
         return out
 
     def choice(self, result) -> dict:
@@ -228,8 +228,14 @@ class ChatShape(_Shape):
             "index": self.index,
             "message": message,
             "logprobs": chat_logprobs(result.logprobs) if self.logprobs else None,
-            "finish_reason": "tool_calls" if calls else result.finish_reason,
+            "finish_reason": finish_reason(result.finish_reason, len(calls)),
         }
+
+
+def finish_reason(reason: str, calls: int) -> str:
+    """`tool_calls` when the reply has calls, unless the length cut it (a call streamed
+    before the cut is in it, but the reply is not finished)."""
+    return "tool_calls" if calls and reason != "length" else reason
 
 
 def _arguments_text(parts, start: ToolCallStart) -> str:

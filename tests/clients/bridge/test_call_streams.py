@@ -147,3 +147,19 @@ def test_a_streamed_call_that_breaks_ends_with_what_it_streamed(family, output, 
     streamed = "".join(t["function"]["arguments"] for d in deltas for t in d.get("tool_calls", ()))
     assert streamed == _arguments(_parse(family, [output]), 0)
     assert any("streamed tool call" in r.getMessage() for r in caplog.records)
+
+
+def test_a_streamed_call_that_max_tokens_cut_is_a_call_and_the_reply_says_length():
+    from clients.bridge.chat_completions import ChatShape
+    from clients.wire import Final, Restore, Timing, Usage
+
+    output = 'Sure.<tool_call>\n{"name": "f", "arguments": {"city": "Ro'
+    shape = ChatShape("r1", {"id": "tiny", "fingerprint": "fp"}, make_parser("qwen"))
+    chunks = [c for ch in output for c in shape.delta(ch)]
+    chunks += shape.finish(Final("length", Usage(1, 0, 1), Restore(), Timing(), "r1"))
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    calls = [t for d in deltas for t in d.get("tool_calls", ())]
+    assert "".join(d.get("content") or "" for d in deltas) == "Sure."
+    assert calls[0]["function"]["name"] == "f"
+    assert "".join(t["function"]["arguments"] for t in calls) == '{"city": "Ro'
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"

@@ -431,9 +431,12 @@ class OutputParser:
         whole, and ends with the arguments it streamed."""
         if self.markup.stream is None or not self.opener:
             return
-        known = self.markup.stream(self.body, self.tools)
-        for n, k in enumerate(known):
+        for n, k in enumerate(self.markup.stream(self.body, self.tools)):
             if n == len(self.known):
+                for entry in self.known:  # a call that a later one follows is whole
+                    if not entry[2]:
+                        entry[2] = True
+                        out.append(self._streamed_end(entry[0], entry[1]))
                 self.known.append([self.index, "", False])
                 out.append(ToolCallStart(self.index, k.call_id or _call_id(), k.name))
                 self.index += 1
@@ -441,10 +444,6 @@ class OutputParser:
             if not ended and len(k.arguments) > len(sent) and k.arguments.startswith(sent):
                 out.append(ToolCallDelta(index, k.arguments[len(sent) :]))
                 self.known[n][1] = k.arguments
-        for entry in self.known[: len(known) - 1]:
-            if not entry[2]:
-                entry[2] = True
-                out.append(self._streamed_end(entry[0], entry[1]))
 
     def _streamed_end(self, index: int, sent: str) -> ToolCallEnd:
         """The end of a streamed call, its arguments what it streamed (None: not an object)."""

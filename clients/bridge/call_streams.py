@@ -17,20 +17,25 @@ Two kinds:
   (`, ` between them, the value typed as the reader types it), then `}` once the call's
   own closing tag has come: the pieces of `json.dumps` of the final arguments.
 
-Families with no streamer (the JSON lists of nemotron, granite, phi4, command_r and
-Mistral's older `[TOOL_CALLS][...]`; gemma4; pythonic; llama3_json) come whole when the
-call ends. Plain Python, no MLX.
+`Streamed` turns the answers into parts as the body grows, and settles them with what
+the reader gives when the call ends. Families with no streamer (the JSON lists of
+nemotron, granite, phi4, command_r and Mistral's older `[TOOL_CALLS][...]`; gemma4;
+pythonic; llama3_json) come whole when the call ends. Plain Python, no MLX.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass
 from typing import Callable
 
 from clients.bridge.call_bodies import string_arguments, typed_value
-from clients.bridge.calls import _DSML_PARAMETER, _GLM_PAIR, _XML_PARAMETER
+from clients.bridge.calls import _DSML_PARAMETER, _GLM_PAIR, _XML_PARAMETER, Call, _call_id
+from clients.bridge.parts import Part, ToolCallDelta, ToolCallEnd, ToolCallStart
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -266,3 +271,71 @@ STREAMERS: dict[str, Streamer] = {
     "minimax": minimax,
     "dsml": dsml,
 }
+
+
+class Streamed:
+    """The calls of the open call's body that went out: [index, text sent, ended] each.
+    A call that a later one follows is whole: it ends then, with what it streamed."""
+
+    def __init__(self):
+        self.calls: list[list] = []
+
+    def grow(self, known: list[Known], index: int, out: list[Part]) -> int:
+        """Parts for what `known` settles beyond what went out; the next call index."""
+        for n, k in enumerate(known):
+            if n == len(self.calls):
+                for entry in self.calls:
+                    if not entry[2]:
+                        entry[2] = True
+                        out.append(_streamed_end(entry[0], entry[1]))
+                self.calls.append([index, "", False])
+                out.append(ToolCallStart(index, k.call_id or _call_id(), k.name))
+                index += 1
+            at, sent, ended = self.calls[n]
+            if not ended and len(k.arguments) > len(sent) and k.arguments.startswith(sent):
+                out.append(ToolCallDelta(at, k.arguments[len(sent) :]))
+                self.calls[n][1] = k.arguments
+        return index
+
+    def end(self, calls: list[Call], raw: str, index: int, out: list[Part]) -> int:
+        """The body's end: each streamed call's rest of its reader's arguments text and its
+        end (one whose markup broke: what it streamed, a parameter object closed), then the
+        calls not streamed, whole; the next call index."""
+        streamed, self.calls = self.calls, []
+        for n, (at, sent, ended) in enumerate(streamed):
+            call = calls[n] if n < len(calls) else None
+            if ended:
+                continue
+            if call is not None and call.arguments_text.startswith(sent):
+                if len(call.arguments_text) > len(sent):
+                    out.append(ToolCallDelta(at, call.arguments_text[len(sent) :]))
+                out.append(ToolCallEnd(at, call.arguments, raw))
+                continue
+            end = _streamed_end(at, sent)
+            if end.arguments is None and _streamed_end(at, sent + "}").arguments:
+                end = _streamed_end(at, sent + "}")  # its parameters, closed
+                out.append(ToolCallDelta(at, "}"))
+            if call is None or end.arguments != call.arguments:
+                log.warning(
+                    "bridge: a streamed tool call's markup did not parse; it ends with the "
+                    "arguments it streamed: %.300r",
+                    raw,
+                )
+            out.append(end)
+        for call in calls[len(streamed) :]:
+            out += [
+                ToolCallStart(index, call.call_id, call.name),
+                ToolCallDelta(index, call.arguments_text),
+                ToolCallEnd(index, call.arguments, raw),
+            ]
+            index += 1
+        return index
+
+
+def _streamed_end(index: int, sent: str) -> ToolCallEnd:
+    """The end of a streamed call, its arguments what it streamed (None: not an object)."""
+    try:
+        arguments = json.loads(sent)
+    except json.JSONDecodeError:
+        arguments = None
+    return ToolCallEnd(index, arguments if isinstance(arguments, dict) else None, "")

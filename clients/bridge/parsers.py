@@ -75,8 +75,6 @@ comes through unchanged.
 Plain Python, no MLX: a client process imports it.
 """
 
-import json
-import logging
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence, Union
 
@@ -93,8 +91,31 @@ from clients.bridge.calls import (
     parse_qwen_call,
     parse_xml_call,
 )
+from clients.bridge.parts import (
+    Part,
+    ReasoningPart,
+    TextPart,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallStart,
+)
 
-log = logging.getLogger(__name__)
+# the parts are defined in clients.bridge.parts; the wire formats import them from here
+__all__ = [
+    "FAMILIES",
+    "MARKUPS",
+    "THINKING",
+    "Markup",
+    "OutputParser",
+    "Part",
+    "ReasoningPart",
+    "TextPart",
+    "ToolCallDelta",
+    "ToolCallEnd",
+    "ToolCallStart",
+    "joined",
+    "make_parser",
+]
 
 FAMILIES = (
     "qwen",
@@ -117,39 +138,6 @@ FAMILIES = (
     "plain",
 )
 THINKING = "-thinking"  # suffix: the output starts inside the reasoning block
-
-
-@dataclass(frozen=True)
-class TextPart:
-    text: str
-
-
-@dataclass(frozen=True)
-class ReasoningPart:
-    text: str
-
-
-@dataclass(frozen=True)
-class ToolCallStart:
-    index: int
-    call_id: str
-    name: str
-
-
-@dataclass(frozen=True)
-class ToolCallDelta:
-    index: int
-    arguments_text: str
-
-
-@dataclass(frozen=True)
-class ToolCallEnd:
-    index: int
-    arguments: dict | None  # None: the markup did not parse; `raw` goes out as text
-    raw: str
-
-
-Part = Union[TextPart, ReasoningPart, ToolCallStart, ToolCallDelta, ToolCallEnd]
 
 
 # A call's body (the text between its markers) -> its Call(s), or None when malformed.
@@ -283,7 +271,7 @@ class OutputParser:
         self.opener = ""  # the open call's marker
         self.body = ""  # the open call's text
         self.index = 0  # calls that parsed
-        self.known: list[list] = []  # the open call's calls streamed: [index, text sent, ended]
+        self.streamed = streams.Streamed()  # the open call's calls that went out
         self.at_start = bool(markup.lead) and self.state == _TEXT  # a lead may open a call
 
     def feed(self, text: str) -> list[Part]:
@@ -426,32 +414,11 @@ class OutputParser:
             out.append(kind(body))
 
     def _stream(self, out: list[Part]) -> None:
-        """The open call's settled calls and arguments text not sent yet (a call opened by
-        its marker, in a family that has a streamer); a call that a later one follows is
-        whole, and ends with the arguments it streamed."""
-        if self.markup.stream is None or not self.opener:
-            return
-        for n, k in enumerate(self.markup.stream(self.body, self.tools)):
-            if n == len(self.known):
-                for entry in self.known:  # a call that a later one follows is whole
-                    if not entry[2]:
-                        entry[2] = True
-                        out.append(self._streamed_end(entry[0], entry[1]))
-                self.known.append([self.index, "", False])
-                out.append(ToolCallStart(self.index, k.call_id or _call_id(), k.name))
-                self.index += 1
-            index, sent, ended = self.known[n]
-            if not ended and len(k.arguments) > len(sent) and k.arguments.startswith(sent):
-                out.append(ToolCallDelta(index, k.arguments[len(sent) :]))
-                self.known[n][1] = k.arguments
-
-    def _streamed_end(self, index: int, sent: str) -> ToolCallEnd:
-        """The end of a streamed call, its arguments what it streamed (None: not an object)."""
-        try:
-            arguments = json.loads(sent)
-        except json.JSONDecodeError:
-            arguments = None
-        return ToolCallEnd(index, arguments if isinstance(arguments, dict) else None, "")
+        """The open call's settled calls and arguments (a call opened by its marker, in a
+        family that has a streamer)."""
+        if self.markup.stream is not None and self.opener:
+            known = self.markup.stream(self.body, self.tools)
+            self.index = self.streamed.grow(known, self.index, out)
 
     def _end_call(self, out: list[Part], raw: str, keep_lead: bool = True) -> bool:
         """The open call's parts; False when it does not parse and nothing of it was
@@ -459,39 +426,10 @@ class OutputParser:
         calls = self.markup.parse(self.body, self.tools) if self.markup.parse else None
         if isinstance(calls, Call):
             calls = [calls]
-        known, self.known = self.known, []
-        if not calls and not known:
+        if not calls and not self.streamed.calls:
             out.append(ToolCallEnd(self.index, None, self.call_lead + raw if keep_lead else raw))
             return False
-        calls = calls or []
-        for n, (index, sent, ended) in enumerate(known):
-            call = calls[n] if n < len(calls) else None
-            if ended:
-                continue
-            if call is not None and call.arguments_text.startswith(sent):
-                if len(call.arguments_text) > len(sent):
-                    out.append(ToolCallDelta(index, call.arguments_text[len(sent) :]))
-                out.append(ToolCallEnd(index, call.arguments, raw))
-                continue
-            end = self._streamed_end(index, sent)
-            if end.arguments is None and self._streamed_end(index, sent + "}").arguments:
-                end = self._streamed_end(index, sent + "}")  # its parameters, closed
-                out.append(ToolCallDelta(index, "}"))
-            if call is None or end.arguments != call.arguments:
-                log.warning(
-                    "bridge: a streamed tool call's markup did not parse; it ends with the "
-                    "arguments it streamed: %.300r",
-                    raw or self.opener + self.body,
-                )
-            out.append(end)
-        for call in calls[len(known) :]:
-            i = self.index
-            self.index += 1
-            out += [
-                ToolCallStart(i, call.call_id, call.name),
-                ToolCallDelta(i, call.arguments_text),
-                ToolCallEnd(i, call.arguments, raw),
-            ]
+        self.index = self.streamed.end(calls or [], raw or self.opener + self.body, self.index, out)
         return True
 
 

@@ -1,6 +1,7 @@
 """A tool call streamed through the real bridge, gRPC server, Ray and MLX, on the three
-wire formats, read by the official SDKs' own stream accumulators: the call they build
-equals the one the same request answers whole, and its arguments came in pieces.
+wire formats, read by the official SDKs (chat's ChatCompletionStreamState, Anthropic's
+messages.stream, the Responses stream's typed events): the call they build equals the
+one the same request answers whole, and its arguments came in pieces.
 
 The call is forced (a named tool_choice) so the embedded model writes one; at
 temperature 0 the streamed and the whole request write the same tokens.

@@ -12,7 +12,9 @@ caches or Ray, and never loads MLX. Its modules:
 - `responses`, `responses_input`, `response_store`: `/v1/responses` and the
   stored responses a follow-up continues from (`previous_response_id`);
 - `parsers`, `blocks`: the completion's text as text, reasoning and tool calls
-  (per model family, streamed), and as the newer wires' content blocks;
+  (per model family, streamed), and as the newer wires' content blocks; `parts`
+  the parts a parser answers; `calls`, `call_bodies` read a whole call's body per
+  family, `call_streams` what of an open call is settled while it streams;
 - `models`: the served model names and alias patterns;
 - `callers`: who calls (token, tenant, namespace) and the engine call's arguments;
 - `backend`: the engine side (an AsyncClient, health, the served model);

@@ -3,17 +3,17 @@
 `Blocks` takes the engine's token chunks, runs them through the model family's
 output parser (clients.bridge.parsers) and says when a block opens, grows
 and closes: text, reasoning, or a tool call. One block is open at a time; a
-part of another kind closes it. A tool call opens only when the parser ends it
-with parsed arguments (its arguments come as one delta); one whose JSON is
-malformed becomes text, with a warning in the log, so nothing the model wrote
-is lost and no markup leaks. It also counts the completion's reasoning tokens
-(a chunk's ids go to the kind of the next part they produced). It knows parts
+part of another kind closes it. A tool call opens at the parser's
+ToolCallStart, grows by its arguments deltas and closes at its ToolCallEnd;
+one whose markup is malformed and that streamed nothing becomes text, with a
+warning in the log, so nothing the model wrote is lost and no markup leaks.
+It also counts the completion's reasoning tokens (a chunk's ids go to the
+kind of the next part they produced). It knows parts
 and engine chunks; nothing of HTTP or of either wire's shapes.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 
@@ -21,6 +21,7 @@ from clients.bridge.parsers import (
     OutputParser,
     ReasoningPart,
     TextPart,
+    ToolCallDelta,
     ToolCallEnd,
     ToolCallStart,
 )
@@ -32,7 +33,8 @@ TEXT, REASONING, TOOL_CALL = "text", "reasoning", "tool_call"
 
 @dataclass
 class Block:
-    """One content block: its kind, its text (a tool call's: its arguments' JSON)."""
+    """One content block: its kind, its text (a tool call's: its arguments' JSON text, as
+    streamed)."""
 
     index: int
     kind: str
@@ -99,10 +101,17 @@ class Blocks:
             elif isinstance(part, ReasoningPart):
                 events += self._grow(REASONING, part.text)
             elif isinstance(part, ToolCallStart):
-                self._calls[part.index] = part
+                events += self._close_open()
+                block = Block(len(self.blocks), TOOL_CALL, "", part.call_id, part.name)
+                self.blocks.append(block)
+                self._calls[part.index] = block
+                events.append(Opened(block))
+            elif isinstance(part, ToolCallDelta):
+                block = self._calls[part.index]
+                block.text += part.arguments_text
+                events.append(Grew(block, part.arguments_text))
             elif isinstance(part, ToolCallEnd):
                 events += self._tool_call(part)
-            # ToolCallDelta: the arguments come whole with the end
         return events
 
     def _grow(self, kind: str, text: str) -> list[BlockEvent]:
@@ -119,17 +128,14 @@ class Blocks:
         return events
 
     def _tool_call(self, end: ToolCallEnd) -> list[BlockEvent]:
-        start = self._calls.pop(end.index, None)
-        if end.arguments is None or start is None:
+        block = self._calls.pop(end.index, None)
+        if block is None:
             if end.raw:
                 log.warning("bridge: malformed tool call returned as text: %.200r", end.raw)
             return self._grow(TEXT, end.raw)  # "": a call the output's end cut, dropped
-        events = self._close_open()
-        arguments = json.dumps(end.arguments, ensure_ascii=False)
-        block = Block(len(self.blocks), TOOL_CALL, arguments, start.call_id, start.name)
-        block.arguments = end.arguments
-        self.blocks.append(block)
-        return events + [Opened(block), Grew(block, arguments), Closed(block)]
+        # arguments None: a streamed call whose text is no object (the parser logged it)
+        block.arguments = end.arguments if end.arguments is not None else {}
+        return [Closed(block)]
 
     def _close_open(self) -> list[BlockEvent]:
         if self._open is None:

@@ -65,7 +65,7 @@ def parse_qwen_call(body: str, tools=None) -> Call | None:
     return Call(obj["name"], args, args_text, new_call_id())
 
 
-_GLM_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+GLM_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 
 
 def parse_glm_call(body: str, tools=None) -> Call | None:
@@ -78,7 +78,7 @@ def parse_glm_call(body: str, tools=None) -> Call | None:
     rest = "<arg_key>" + rest if rest else ""
     strings = _string_arguments(name, tools)
     args = {}
-    for m in _GLM_PAIR.finditer(rest):
+    for m in GLM_PAIR.finditer(rest):
         key, value = m.group(1).strip(), m.group(2).strip()
         if key not in strings:
             try:
@@ -86,13 +86,13 @@ def parse_glm_call(body: str, tools=None) -> Call | None:
             except json.JSONDecodeError:
                 pass
         args[key] = value
-    if _GLM_PAIR.sub("", rest).strip():  # something besides the pairs: not this format
+    if GLM_PAIR.sub("", rest).strip():  # something besides the pairs: not this format
         return None
     return Call(name, args, json.dumps(args, ensure_ascii=False), new_call_id())
 
 
 _XML_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*", re.DOTALL)
-_XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
 
 
 def parse_xml_call(body: str, tools=None) -> Call | None:
@@ -104,7 +104,7 @@ def parse_xml_call(body: str, tools=None) -> Call | None:
     name, rest = m.group(1).strip(), m.group(2)
     strings = _string_arguments(name, tools)
     args = {}
-    for p in _XML_PARAMETER.finditer(rest):
+    for p in XML_PARAMETER.finditer(rest):
         key, value = p.group(1).strip(), p.group(2)
         if key not in strings:
             try:
@@ -112,7 +112,7 @@ def parse_xml_call(body: str, tools=None) -> Call | None:
             except json.JSONDecodeError:
                 pass
         args[key] = value
-    if not name or _XML_PARAMETER.sub("", rest).strip():  # something besides parameters
+    if not name or XML_PARAMETER.sub("", rest).strip():  # something besides parameters
         return None
     return Call(name, args, json.dumps(args, ensure_ascii=False), new_call_id())
 

@@ -150,6 +150,7 @@ class ChatShape(_Shape):
     def __init__(self, rid: str, info: dict, parser: OutputParser):
         super().__init__(f"chatcmpl-{rid}", info)
         self.rid, self.parser, self.calls = rid, parser, 0
+        self.started: set[int] = set()  # the calls whose start went out
         self.pending: list = []  # log-probabilities not sent yet
 
     def _chunk(self, delta: dict, finish_reason: str | None = None) -> dict:
@@ -181,13 +182,14 @@ class ChatShape(_Shape):
                 out.append(self._chunk({"reasoning_content": p.text}))
             elif isinstance(p, ToolCallStart):
                 self.calls += 1
+                self.started.add(p.index)
                 fn = {"name": p.name, "arguments": ""}
                 call = {"index": p.index, "id": p.call_id, "type": "function", "function": fn}
                 out.append(self._chunk({"tool_calls": [call]}))
             elif isinstance(p, ToolCallDelta):
                 call = {"index": p.index, "function": {"arguments": p.arguments_text}}
                 out.append(self._chunk({"tool_calls": [call]}))
-            elif isinstance(p, ToolCallEnd) and p.arguments is None:
+            elif isinstance(p, ToolCallEnd) and p.index not in self.started:
                 malformed_call(self.rid, p.raw)
                 if p.raw:  # "": a call the output's end cut, dropped
                     out.append(self._chunk({"content": p.raw}))
@@ -199,15 +201,16 @@ class ChatShape(_Shape):
 
     def finish(self, final: Final) -> list[dict]:
         out = self._deltas(self.parser.close())
-        out.append(self._chunk({}, "tool_calls" if self.calls else final.finish_reason))
+        out.append(self._chunk({}, finish_reason(final.finish_reason, self.calls)))
         return out
 
     def choice(self, result) -> dict:
         """This branch's whole choice."""
         parts = self.parser.feed(result.text) + self.parser.close()
         content, reasoning, calls = joined(parts)
+        started = {p.index for p in parts if isinstance(p, ToolCallStart)}
         for p in parts:
-            if isinstance(p, ToolCallEnd) and p.arguments is None:
+            if isinstance(p, ToolCallEnd) and p.index not in started:
                 malformed_call(self.rid, p.raw)
         message = {"role": "assistant", "content": content or (None if calls else "")}
         if reasoning:
@@ -225,8 +228,14 @@ class ChatShape(_Shape):
             "index": self.index,
             "message": message,
             "logprobs": chat_logprobs(result.logprobs) if self.logprobs else None,
-            "finish_reason": "tool_calls" if calls else result.finish_reason,
+            "finish_reason": finish_reason(result.finish_reason, len(calls)),
         }
+
+
+def finish_reason(reason: str, calls: int) -> str:
+    """`tool_calls` when the reply has calls, unless the length cut it (a call streamed
+    before the cut is in it, but the reply is not finished)."""
+    return "tool_calls" if calls and reason != "length" else reason
 
 
 def _arguments_text(parts, start: ToolCallStart) -> str:

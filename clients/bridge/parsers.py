@@ -53,15 +53,21 @@ before it parses is dropped: its markup is not text.
 A `-thinking` suffix (`qwen-thinking`, ...) says the template's generation
 prompt opens the reasoning block itself, so the output starts inside it.
 
-A tool call comes whole, once its closing marker arrives (or the output ends):
-ToolCallStart, one ToolCallDelta carrying its arguments as JSON text, then
-ToolCallEnd (a body that holds several calls gives each its three parts).
-Nothing of a call is streamed before it parses, because what was streamed
-cannot be taken back: a call whose markup does not parse comes as a
-ToolCallEnd alone, with `arguments` None and its `raw` markup, which the
-endpoint returns as text (with a warning in its log). Indexes count the calls
-that parsed, from 0. The arguments text is the model's own where the format
-has one (qwen, kimi), so a client that sends it back re-renders the same tokens.
+A tool call is ToolCallStart (index, id, name), ToolCallDeltas whose texts join to its
+arguments' JSON text, then ToolCallEnd (its parsed arguments). Where the family has a
+streamer (clients.bridge.call_streams: qwen, kimi, deepseek, mistral's `NAME[ARGS]`,
+harmony, and per parameter qwen_xml, glm, minimax, dsml), a call opened by its marker
+starts once its name is whole and its arguments stream as they settle; the other
+families' calls (and a call opened without a marker, which may yet be text) come whole
+when the call ends. What was streamed cannot be taken back: a streamed call whose markup
+then does not parse (or the output's end cuts) still ends as a call, its arguments what
+it streamed (`arguments` None where that is no JSON object), with a warning in the log,
+and none of its markup becomes text. A call that streamed nothing and does not parse
+comes as a ToolCallEnd alone (no start), `arguments` None and its `raw` markup, which the
+endpoint returns as text (with a warning in its log). Indexes count the calls started,
+from 0. The arguments text is the model's own where the format has one (qwen, kimi,
+deepseek, mistral, harmony, llama3_json), so a client that sends it back re-renders the
+same tokens; else `json.dumps` of the arguments.
 Whitespace that the markup's layout puts around reasoning and calls (the
 newline after `<think>` or `</tool_call>`) is not text; text without markup
 comes through unchanged.
@@ -73,6 +79,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence, Union
 
 from clients.bridge import call_bodies as bodies
+from clients.bridge import call_streams as streams
 from clients.bridge.calls import (
     DSML,
     Call,
@@ -84,6 +91,31 @@ from clients.bridge.calls import (
     parse_qwen_call,
     parse_xml_call,
 )
+from clients.bridge.parts import (
+    Part,
+    ReasoningPart,
+    TextPart,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallStart,
+)
+
+# the parts are defined in clients.bridge.parts; the wire formats import them from here
+__all__ = [
+    "FAMILIES",
+    "MARKUPS",
+    "THINKING",
+    "Markup",
+    "OutputParser",
+    "Part",
+    "ReasoningPart",
+    "TextPart",
+    "ToolCallDelta",
+    "ToolCallEnd",
+    "ToolCallStart",
+    "joined",
+    "make_parser",
+]
 
 FAMILIES = (
     "qwen",
@@ -106,39 +138,6 @@ FAMILIES = (
     "plain",
 )
 THINKING = "-thinking"  # suffix: the output starts inside the reasoning block
-
-
-@dataclass(frozen=True)
-class TextPart:
-    text: str
-
-
-@dataclass(frozen=True)
-class ReasoningPart:
-    text: str
-
-
-@dataclass(frozen=True)
-class ToolCallStart:
-    index: int
-    call_id: str
-    name: str
-
-
-@dataclass(frozen=True)
-class ToolCallDelta:
-    index: int
-    arguments_text: str
-
-
-@dataclass(frozen=True)
-class ToolCallEnd:
-    index: int
-    arguments: dict | None  # None: the markup did not parse; `raw` goes out as text
-    raw: str
-
-
-Part = Union[TextPart, ReasoningPart, ToolCallStart, ToolCallDelta, ToolCallEnd]
 
 
 # A call's body (the text between its markers) -> its Call(s), or None when malformed.
@@ -165,6 +164,7 @@ class Markup:
     section: tuple[str, str] | None = None  # a wrapper around a run of calls (kimi)
     drop: tuple[str, ...] = ()  # more markup between the parts (harmony's headers)
     lead: str = ""  # characters that open a call when the output starts with one
+    stream: streams.Streamer | None = None  # what of an open call is settled; None: whole
 
 
 THINK = ("<think>", "</think>")
@@ -178,20 +178,24 @@ HARMONY_HEADERS = (
     "<|call|>",
 )
 MARKUPS: dict[str, Markup] = {
-    "qwen": Markup(THINK, ("<tool_call>", "</tool_call>"), parse_qwen_call),
-    "qwen_xml": Markup(THINK, ("<tool_call>", "</tool_call>"), parse_xml_call),
-    "glm": Markup(THINK, ("<tool_call>", "</tool_call>"), parse_glm_call),
+    "qwen": Markup(THINK, ("<tool_call>", "</tool_call>"), parse_qwen_call, stream=streams.qwen),
+    "qwen_xml": Markup(
+        THINK, ("<tool_call>", "</tool_call>"), parse_xml_call, stream=streams.qwen_xml
+    ),
+    "glm": Markup(THINK, ("<tool_call>", "</tool_call>"), parse_glm_call, stream=streams.glm),
     "kimi": Markup(
         THINK,
         ("<|tool_call_begin|>", "<|tool_call_end|>"),
         parse_kimi_call,
         section=("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
+        stream=streams.kimi,
     ),
     "deepseek": Markup(
         THINK,
         ("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>"),
         parse_deepseek_call,
         section=("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),
+        stream=streams.deepseek,
     ),
     "dsml": Markup(
         THINK,
@@ -199,19 +203,24 @@ MARKUPS: dict[str, Markup] = {
         parse_dsml_call,
         section=(f"<{DSML}function_calls>", f"</{DSML}function_calls>"),
         drop=(f"<{DSML}tool_calls>", f"</{DSML}tool_calls>"),  # DeepSeek-V4's section
+        stream=streams.dsml,
     ),
     "llama3_json": Markup(None, ("<|python_tag|>", None), _calls(bodies.llama3_objects), lead="{"),
     "pythonic": Markup(
         None, ("<|python_start|>", "<|python_end|>"), _calls(bodies.pythonic_calls), lead="["
     ),
     "mistral": Markup(
-        ("[THINK]", "[/THINK]"), ("[TOOL_CALLS]", None), _calls(bodies.mistral_calls)
+        ("[THINK]", "[/THINK]"),
+        ("[TOOL_CALLS]", None),
+        _calls(bodies.mistral_calls),
+        stream=streams.mistral,
     ),
     "harmony": Markup(
         ("<|channel|>analysis<|message|>", "<|end|>"),
         ("to=functions.", "<|call|>"),
         _calls(bodies.harmony_call),
         drop=HARMONY_HEADERS,
+        stream=streams.harmony,
     ),
     "gemma4": Markup(
         ("<|channel>thought", "<channel|>"),
@@ -226,7 +235,10 @@ MARKUPS: dict[str, Markup] = {
         drop=("<|START_RESPONSE|>", "<|END_RESPONSE|>"),
     ),
     "minimax": Markup(
-        THINK, ("<minimax:tool_call>", "</minimax:tool_call>"), _calls(bodies.minimax_invokes)
+        THINK,
+        ("<minimax:tool_call>", "</minimax:tool_call>"),
+        _calls(bodies.minimax_invokes),
+        stream=streams.minimax,
     ),
     "nemotron": Markup(THINK, ("<TOOLCALL>", "</TOOLCALL>"), _calls(bodies.json_list)),
     "granite": Markup(
@@ -259,6 +271,7 @@ class OutputParser:
         self.opener = ""  # the open call's marker
         self.body = ""  # the open call's text
         self.index = 0  # calls that parsed
+        self.streamed = streams.Streamed()  # the open call's calls that went out
         self.at_start = bool(markup.lead) and self.state == _TEXT  # a lead may open a call
 
     def feed(self, text: str) -> list[Part]:
@@ -352,6 +365,7 @@ class OutputParser:
             return
         if self.state == _CALL:
             self.body += text
+            self._stream(out)
         elif self.state == _REASONING:
             self.opened = self.opened and not text.strip()
             self._content(text, ReasoningPart, out)
@@ -399,23 +413,23 @@ class OutputParser:
         if body:
             out.append(kind(body))
 
+    def _stream(self, out: list[Part]) -> None:
+        """The open call's settled calls and arguments (a call opened by its marker, in a
+        family that has a streamer)."""
+        if self.markup.stream is not None and self.opener:
+            known = self.markup.stream(self.body, self.tools)
+            self.index = self.streamed.grow(known, self.index, out)
+
     def _end_call(self, out: list[Part], raw: str, keep_lead: bool = True) -> bool:
-        """The open call's parts; False when it does not parse (one ToolCallEnd, its raw
-        text with the whitespace before it)."""
+        """The open call's parts; False when it does not parse and nothing of it was
+        streamed (one ToolCallEnd, its raw text with the whitespace before it)."""
         calls = self.markup.parse(self.body, self.tools) if self.markup.parse else None
         if isinstance(calls, Call):
             calls = [calls]
-        if not calls:
+        if not calls and not self.streamed.calls:
             out.append(ToolCallEnd(self.index, None, self.call_lead + raw if keep_lead else raw))
             return False
-        for call in calls:
-            i = self.index
-            self.index += 1
-            out += [
-                ToolCallStart(i, call.call_id, call.name),
-                ToolCallDelta(i, call.arguments_text),
-                ToolCallEnd(i, call.arguments, raw),
-            ]
+        self.index = self.streamed.end(calls or [], raw or self.opener + self.body, self.index, out)
         return True
 
 
@@ -454,13 +468,14 @@ def make_parser(family: str, *, tool_calls: bool = True, tools=None) -> OutputPa
         )
     markup = MARKUPS[name]
     if not tool_calls:
-        markup = replace(markup, call=None, parse=None, section=None, lead="")
+        markup = replace(markup, call=None, parse=None, section=None, lead="", stream=None)
     return OutputParser(markup, reasoning=family.endswith(THINKING), tools=tools)
 
 
 def joined(parts: Sequence[Part]) -> tuple[str, str, list[tuple[ToolCallStart, ToolCallEnd]]]:
-    """Parts of a whole completion -> (text, reasoning, [(start, end)] of the calls that
-    parsed). A call that did not parse is in the text, as its raw markup."""
+    """Parts of a whole completion -> (text, reasoning, [(start, end)] of the calls). A call
+    that did not parse and was not streamed is in the text, as its raw markup; one that was
+    streamed is a call (its end's `arguments` None when what it streamed is no object)."""
     text, reasoning, calls, starts = [], [], [], {}
     for p in parts:
         if isinstance(p, TextPart):
@@ -470,8 +485,8 @@ def joined(parts: Sequence[Part]) -> tuple[str, str, list[tuple[ToolCallStart, T
         elif isinstance(p, ToolCallStart):
             starts[p.index] = p
         elif isinstance(p, ToolCallEnd):
-            if p.arguments is None:
-                text.append(p.raw)
+            if p.index in starts:
+                calls.append((starts.pop(p.index), p))
             else:
-                calls.append((starts[p.index], p))
+                text.append(p.raw)
     return "".join(text), "".join(reasoning), calls

@@ -23,6 +23,7 @@ from clients.bridge.parsers import make_parser
 from clients.bridge.response_store import ResponseStore
 from clients.bridge.responses import ResponseShape, Turn
 from clients.client import Chunk, Final, LineageError, Progress, Restore, Timing, Usage
+from tests.clients.bridge import test_call_formats, test_parsers
 
 CALL = '<tool_call>\n{"name": "read_file", "arguments": {"path": "setup.py"}}\n</tool_call>'
 OUTPUTS = {
@@ -57,8 +58,8 @@ ANTHROPIC_ORDER = re.compile(
 DELTA_OF = {"text": "text_delta", "thinking": "thinking_delta", "tool_use": "input_json_delta"}
 
 
-def _anthropic_stream(text: str, reason: str = "stop") -> list[tuple[str, dict]]:
-    shape = MessageShape("r1", "claude-test", True, Blocks(make_parser("qwen")))
+def _anthropic_stream(text: str, reason: str = "stop", family="qwen") -> list[tuple[str, dict]]:
+    shape = MessageShape("r1", "claude-test", True, Blocks(make_parser(family)))
     return _sse_events(anthropic_messages._events_as_sse, shape, text, reason)
 
 
@@ -163,7 +164,7 @@ RESPONSES_ITEM = (
     r"response\.output_item\.added "
     r"(?:response\.content_part\.added (?:response\.(?P<k>output_text|reasoning_text)\.delta )+"
     r"response\.(?:output_text|reasoning_text)\.done response\.content_part\.done "
-    r"|response\.function_call_arguments\.delta response\.function_call_arguments\.done )"
+    r"|(?:response\.function_call_arguments\.delta )+response\.function_call_arguments\.done )"
     r"response\.output_item\.done "
 )
 RESPONSES_ORDER = re.compile(
@@ -191,8 +192,10 @@ def _body(**fields):
     return SimpleNamespace(**(base | fields))
 
 
-def _responses_stream(text: str, reason: str = "stop", error=None) -> list[tuple[str, dict]]:
-    shape = ResponseShape("0" * 32, "gpt-test", _body(), Blocks(make_parser("qwen")), True)
+def _responses_stream(
+    text: str, reason: str = "stop", error=None, family="qwen"
+) -> list[tuple[str, dict]]:
+    shape = ResponseShape("0" * 32, "gpt-test", _body(), Blocks(make_parser(family)), True)
     store = ResponseStore(None, 10, 1 << 20)
     turn = Turn(shape, store, Caller(None, "t", ""), [{"role": "user", "content": "q"}], [])
     return _sse_events(responses._events_as_sse, turn, text, reason, error)
@@ -255,3 +258,41 @@ def test_an_anthropic_failure_mid_stream_is_an_error_event():
     shape = MessageShape("r1", "claude-test", True, Blocks(make_parser("qwen")))
     kind, data = _sse_events(anthropic_messages._events_as_sse, shape, "Partial", error=gone)[-1]
     assert kind == "error" and data["error"]["type"] == "overloaded_error"
+
+
+# Every family's calls (the parser cases), streamed on both wires and read back by the SDKs.
+FAMILY_CALLS = [(c[0], c[1], c[2], c[5]) for c in test_parsers.CASES if c[5]]
+FAMILY_CALLS += [(c[0], c[1], c[2], c[5]) for c in test_call_formats.CASES if c[5]]
+
+
+@pytest.mark.parametrize("case", FAMILY_CALLS, ids=[c[0] for c in FAMILY_CALLS])
+def test_the_sdks_accumulate_every_familys_streamed_calls(case):
+    from anthropic.lib.streaming._messages import accumulate_event
+    from anthropic.types import RawMessageStreamEvent
+    from openai import NOT_GIVEN
+    from openai.lib.streaming.responses._responses import ResponseStreamState
+    from openai.types.responses import ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    _, family, output, calls = case
+    events = _anthropic_stream(output, family=family)
+    assert ANTHROPIC_ORDER.fullmatch("".join(kind + " " for kind, _ in events))
+    adapter, snapshot, buffers = TypeAdapter(RawMessageStreamEvent), None, {}
+    for kind, data in events:
+        if kind != "ping":
+            event = adapter.validate_python(data)
+            snapshot = accumulate_event(event=event, current_snapshot=snapshot, json_bufs=buffers)
+    uses = [(b.name, b.input) for b in snapshot.content if b.type == "tool_use"]
+    assert uses == [tuple(c) for c in calls]
+
+    events = _responses_stream(output, family=family)
+    assert RESPONSES_ORDER.fullmatch("".join(kind + " " for kind, _ in events))
+    adapter = TypeAdapter(ResponseStreamEvent)
+    state = ResponseStreamState(input_tools=[], text_format=NOT_GIVEN)
+    for _, data in events:
+        state.handle_event(adapter.validate_python(data))
+        if data["type"] == "response.function_call_arguments.done":  # the SDK's own item
+            item = state._output_items[data["output_index"]]
+            assert item.arguments == data["arguments"]
+    items = [i for i in events[-1][1]["response"]["output"] if i["type"] == "function_call"]
+    assert [(i["name"], json.loads(i["arguments"])) for i in items] == [tuple(c) for c in calls]

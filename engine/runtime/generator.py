@@ -51,14 +51,14 @@ from engine.cache.shared_rows import prefix_source
 from engine.config import EngineConfig
 from engine.runtime import layer_caches
 from engine.runtime.active import ActiveRequest
-from engine.runtime.admission import Admission, Emit
+from engine.runtime.admission import Admission
 from engine.runtime.batching.batch import bound_pool
 from engine.runtime.batching.chunked import ChunkedBatchGenerator
 from engine.runtime.batching.for_schedule import new_batch_generator
 from engine.runtime.batching.layer_timer import LayerTimer
 from engine.runtime.batching.step_profile import StepProfile
 from engine.runtime.branches import Branch, branch_key, branch_request
-from engine.runtime.events import Finished, FinishReason, Progress
+from engine.runtime.events import Emit, Finished, FinishReason, Progress
 from engine.runtime.logprobs import tokens_event
 from engine.runtime.ordering import CacheLink, OrderLedger
 from engine.runtime.output import Copied, Stamps, final_event, unstarted_event

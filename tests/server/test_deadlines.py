@@ -27,7 +27,7 @@ def _manager_holds(engine) -> tuple[int, int]:
 
     def held(actor):
         actor.manager.check_invariants()
-        return len(actor.manager._in_flight), len(actor.manager.index.pins)
+        return len(actor.manager.flights), len(actor.manager.index.pins)
 
     return ray.get(engine.engine.manager.__ray_call__.remote(held), timeout=60)
 

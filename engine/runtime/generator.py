@@ -201,7 +201,7 @@ class Generator:
         return bool(self.active) or self.admission.has_work
 
     def set_limits(self, max_batch_tokens: int | None, pool_limit: int | None) -> None:
-        """The memory plan's bounds, known once the model is loaded (engine.config.plan_memory)."""
+        """The memory shares' bounds, known once the model is loaded (engine.config.memory)."""
         self.admission.max_batch_tokens = max_batch_tokens
         if pool_limit is not None:
             self.pool_limit = bound_pool(self.config.cache.ram_budget, pool_limit)

@@ -3,7 +3,7 @@
 `start_engine(config)` builds a running engine inside an initialized Ray (the
 tests use it with their session-wide Ray; `lineage serve` with the Ray it
 starts or joins, engine.server.running.lifecycle): the model replicas, the memory
-plan once the weights are known (engine.config.plan_memory), the cache
+shares once the weights are known (engine.config.share_memory), the cache
 manager, the supervisor (engine.server.supervision.supervisor: restarts, epochs, health)
 and the gRPC server; a start that fails kills the actors it made.
 `RunningEngine.stop` stops them within a deadline whatever died first (health
@@ -42,7 +42,7 @@ class RunningEngine:
     namespace: str = "lineage"  # the Ray namespace the actors are named in
     names: tuple = ()  # their names
     supervisor: object = None  # engine.server.supervision.supervisor.Supervisor
-    memory: object = None  # the MemoryPlan the actors were given
+    memory: object = None  # the MemoryShares the actors were given
     sampler: object = None  # the metrics sampling task
     local_socket: str | None = None  # gRPC on this Unix socket too (a sidecar's way in)
     auth: object = None  # the Authenticator the gRPC server checks tokens with
@@ -212,7 +212,7 @@ async def _start(config: EngineConfig, port, local_socket, started: _Started) ->
 @dataclass
 class ModelGroup:
     """One model's actors and its front end: the replicas, the cache manager, the
-    supervisor, the memory plan they were given and the metrics sampler."""
+    supervisor, the memory shares they were given and the metrics sampler."""
 
     frontend: object
     models: list  # ModelActor handles, by replica number
@@ -262,7 +262,7 @@ async def start_group(
     placement: Mapping[str, float] | None = None,
     started: _Started | None = None,
 ) -> ModelGroup:
-    """One model's replicas, memory plan, cache manager, supervisor and front end.
+    """One model's replicas, memory shares, cache manager, supervisor and front end.
 
     `set_serving(up)` is how its supervisor reports health; `label` tags its
     metrics (default: the model directory's name); `placement` adds the Ray
@@ -276,7 +276,7 @@ async def start_group(
 
     from engine.actors.cache_manager import CacheManagerActor
     from engine.actors.model import ModelActor
-    from engine.config import plan_memory, with_memory
+    from engine.config import share_memory, with_memory
     from engine.server.front.frontend import Frontend
     from engine.server.observe.activity import NamespaceTags
     from engine.server.observe.metrics import EngineMetrics
@@ -308,7 +308,7 @@ async def start_group(
     # machine) and its memory: each loads its own weights.
     machines = await asyncio.gather(*(m.machine.remote() for m in models))
     per_machine = max(Counter(machines).values())
-    memory = plan_memory(
+    memory = share_memory(
         config,
         info.weights_bytes,
         info.kv_bytes_per_token,

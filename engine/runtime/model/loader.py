@@ -51,7 +51,7 @@ def install_kernels(model, config: EngineConfig) -> tuple[str, ...]:
 
     k = config.kernels
     sparse = (
-        kernels.SparsePlan(k.sparse_decode_max, k.sparse_gather_max, k.sparse_block)
+        kernels.SparseRouting(k.sparse_decode_max, k.sparse_gather_max, k.sparse_block)
         if k.sparse
         else None
     )

@@ -99,7 +99,7 @@ class ManagerCalls(Protocol):
     def resync(self, epoch: int, first_id: int, rescan: bool = True, lost=()) -> None:
         """Start `epoch`: entry ids from `first_id`, the index rebuilt from the files."""
 
-    def attach(self, models, machines=None) -> None:
+    def attach(self, replicas, machines=None) -> None:
         """The model replicas' handles, and the machine each runs on."""
 
     def plan(self, req: PlanRequest) -> RestorePlan:

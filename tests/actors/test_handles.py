@@ -95,6 +95,6 @@ def remote_calls(path: Path) -> set[str]:
 
 
 def test_every_call_the_server_makes_on_an_actor_is_in_a_protocol():
-    called = set().union(*(remote_calls(p) for p in (ROOT / "engine" / "server").glob("*.py")))
+    called = set().union(*(remote_calls(p) for p in (ROOT / "engine" / "server").rglob("*.py")))
     known = set(protocol_methods(ModelCalls)) | set(protocol_methods(ManagerCalls))
     assert called and called - known == set()

@@ -303,7 +303,7 @@ def check_once(engine, config, timeout: float = 5.0):
     except Exception as e:
         return f"manager: {type(e).__name__}"
     held = []
-    for r, model in enumerate(engine.engine.models):
+    for r, model in enumerate(engine.engine.replicas):
         try:
             h = ray.get(model.__ray_call__.remote(read_holdings), timeout=timeout)
         except Exception as e:  # dead or restarting: its queue is unknown
@@ -324,7 +324,7 @@ def _final_check(engine, config, client, tries: int = 30) -> dict:
     client.wait_ready(120)
     found = None
     for _ in range(tries):
-        for model in engine.engine.models:
+        for model in engine.engine.replicas:
             ray.get(model.flush_disk.remote(60), timeout=90)
         time.sleep(1.0)
         found = check_once(engine, config)
@@ -350,7 +350,7 @@ def _replica_figures(engine) -> list[dict]:
     import ray
 
     out = []
-    for model in engine.engine.models:
+    for model in engine.engine.replicas:
         t = ray.get(model.replica_stats.remote(), timeout=60)
         out.append(
             {

@@ -4,7 +4,7 @@ One actor serializes every cache decision, so the policy needs no locks. It
 holds no tensors: token arrays, lengths, kinds, sizes and ids. At start it
 opens the cache directory (engine.storage.directory: lock, header scan) and
 hands the disk index it built to the policy. With several model replicas
-(engine.cache.replicas.ReplicatedCache) it places each plan on a replica and
+(engine.cache.replicated.ReplicatedCache) it places each plan on a replica and
 answers a replica's call with that replica's Orders; the Orders for other
 replicas (frees of entries they hold too) it sends them itself, without
 waiting.
@@ -57,7 +57,8 @@ from engine.cache.messages import (
     Replanned,
     RestorePlan,
 )
-from engine.cache.replicas import DEFAULT_THRESHOLD, ReplicatedCache
+from engine.cache.replicas import DEFAULT_THRESHOLD
+from engine.cache.replicated import ReplicatedCache
 from engine.cache.tree import CacheTree
 from engine.config import CacheConfig
 from engine.storage.directory import open_cache_directory

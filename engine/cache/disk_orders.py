@@ -7,6 +7,13 @@ model actor lost (`files_lost`), files it wrote and their bytes (`file_sizes`), 
 lost writes ordered again (`write_lost`), the disk budget kept after a call decided
 (`evict`), a file that would not load (`file_failed`). It holds no index of its own
 (engine.cache.disk_index is the disk tier's) and decides no RAM eviction.
+
+A file write the model actor could not do (its writer's queue was full, the
+disk was) comes back through `files_lost`: the disk index forgets the file,
+so it offers no restore point and counts against no budget
+(`disk_writes_lost`). The entry stays in RAM, and is ordered written again
+as soon as a file is reported written (the manager's `files_written`: the disk
+takes writes again), or when it is evicted (spill_on_evict).
 """
 
 from __future__ import annotations

@@ -45,12 +45,7 @@ file will not load) comes back as a LostRestore: the entry leaves the RAM
 index (and the disk index when its file failed), `restores_lost` counts it,
 and the request is planned again (from the file, when it is sound).
 
-A file write the model actor could not do (its writer's queue was full, the
-disk was) comes back through `files_lost`: the disk index forgets the file,
-so it offers no restore point and counts against no budget
-(`disk_writes_lost`). The entry stays in RAM, and is ordered written again
-as soon as a file is reported written (`files_written`: the disk takes writes
-again), or when it is evicted (spill_on_evict).
+A lost file write: engine.cache.disk_orders.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from engine.cache.tree import CacheTree
     from engine.runtime.model.loader import ModelInfo
     from engine.runtime.requests import GenerationRequest
-    from engine.runtime.tier.stats import ReplicaStats
+    from engine.runtime.tier.stats import GeneratorStats
 
 T = TypeVar("T")
 
@@ -85,7 +85,7 @@ class ModelCalls(Protocol):
     async def step_profile(self, since: float = 0.0, until: float = float("inf")) -> dict:
         """The model loop's step times by phase, for steps that ended in [since, until]."""
 
-    async def replica_stats(self) -> ReplicaStats:
+    async def generator_stats(self) -> GeneratorStats:
         """What the replica holds right now."""
 
 

@@ -37,7 +37,7 @@ def _nothing_left(engine, timeout: float = 30.0) -> None:
     frontend = engine.engine.frontend
     deadline = time.monotonic() + timeout
     while True:
-        tier = engine.replica_stats()
+        tier = engine.generator_stats()
         left = (frontend.queued, len(frontend.request_ids), tier.active, tier.pending)
         if left == (0, 0, 0, 0) and _manager_holds(engine) == (0, 0):
             return

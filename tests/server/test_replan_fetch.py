@@ -133,9 +133,9 @@ def test_a_lost_restore_is_replanned_from_a_peers_entry_and_served_warm(replicat
         assert sibling.replica == "1" and sibling.usage.cached_tokens == 0
         _wait_idle(client)
 
-        assert ray.get(replicas[0].replica_stats.remote()).entries >= 1
+        assert ray.get(replicas[0].generator_stats.remote()).entries >= 1
         ray.get(replicas[0].apply_orders.remote(Orders(free=tuple(range(1, 1000)))))
-        assert ray.get(replicas[0].replica_stats.remote()).entries == 0  # B's entry is gone
+        assert ray.get(replicas[0].generator_stats.remote()).entries == 0  # B's entry is gone
         before = client.cache_stats()
 
         turn = b + list(first.token_ids) + _ids(4, 20)

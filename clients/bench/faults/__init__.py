@@ -351,7 +351,7 @@ def _replica_figures(engine) -> list[dict]:
 
     out = []
     for model in engine.engine.replicas:
-        t = ray.get(model.replica_stats.remote(), timeout=60)
+        t = ray.get(model.generator_stats.remote(), timeout=60)
         out.append(
             {
                 "file_loads": (t.disk or {}).get("loads", 0),

@@ -480,7 +480,7 @@ class Frontend:
         cache, anchors, *tiers = await asyncio.gather(
             self.manager.stats.remote(),
             self.manager.anchors.remote(),
-            *(m.replica_stats.remote() for m in self.models),
+            *(m.generator_stats.remote() for m in self.models),
             return_exceptions=True,
         )
         for value in (cache, anchors):

@@ -5,7 +5,7 @@
 cached tokens by restore kind, and per replica its tokens per second and
 median time to first token. `Inspection` is the frozen value the Inspect RPC
 and `lineage top` show; `inspection(...)` assembles it from the cache
-manager's CacheStats and anchors and each replica's ReplicaStats. No Ray, no
+manager's CacheStats and anchors and each replica's GeneratorStats. No Ray, no
 gRPC: the front end fetches, the servicer translates.
 """
 
@@ -23,7 +23,7 @@ from typing import Mapping
 
 from engine.cache.messages import AnchorUse, CacheStats
 from engine.runtime.events import Finished, Timing
-from engine.runtime.tier.stats import ReplicaStats
+from engine.runtime.tier.stats import GeneratorStats
 
 WINDOW_S = 60.0  # "the last minute" of `lineage top`
 KEEP = 512  # records kept
@@ -222,8 +222,8 @@ class Activity:
         return tokens / self.window_s, statistics.median(ttfts) if ttfts else 0.0
 
 
-def replica_figures(name: str, t: ReplicaStats, activity: Activity) -> ReplicaFigures:
-    """One replica's row: its ReplicaStats plus its rates from the front end's records."""
+def replica_figures(name: str, t: GeneratorStats, activity: Activity) -> ReplicaFigures:
+    """One replica's row: its GeneratorStats plus its rates from the front end's records."""
     tps, ttft = activity.rates(name)
     disk = t.disk or {}
     return ReplicaFigures(
@@ -248,7 +248,7 @@ def replica_figures(name: str, t: ReplicaStats, activity: Activity) -> ReplicaFi
 def inspection(
     cache: CacheStats,
     anchors: list[AnchorUse],
-    replicas: Mapping[str, ReplicaStats],
+    replicas: Mapping[str, GeneratorStats],
     budgets: Mapping[str, int],
     activity: Activity,
     namespaces: NamespaceTags,

@@ -11,7 +11,7 @@ the series stay few.
 
 Three sources: `request(...)` at each request's end (the Finished event: counts,
 tokens, timings), and `sample(inspection)` about once a second from the cache
-manager's CacheStats and each replica's ReplicaStats, whose cumulative counters
+manager's CacheStats and each replica's GeneratorStats, whose cumulative counters
 are turned into counter increments (so the metrics equal CacheStats), and
 `analysis(failures)` with it, the prompt builder's count of its own renders and
 grammars that failed on the model's template (engine.server.prompts.renders). The

@@ -55,11 +55,11 @@ class BackgroundEngine:
     def call(self, coro: Awaitable[T], timeout: float = 120) -> T:
         return self.background.call(coro, timeout)
 
-    def replica_stats(self):
-        """The model actor's ReplicaStats (RAM tier, batch, disk writer)."""
+    def generator_stats(self):
+        """The model actor's GeneratorStats (RAM tier, batch, disk writer)."""
         import ray
 
-        return ray.get(self.engine.model.replica_stats.remote(), timeout=60)
+        return ray.get(self.engine.model.generator_stats.remote(), timeout=60)
 
     def step_profile(self, since: float = 0.0, until: float = float("inf")) -> dict:
         """The model loop's step times by phase between two `time.perf_counter` readings."""

@@ -429,7 +429,7 @@ class AsyncClient:
     async def cache_tree(
         self, auth_token: str | None = None, namespace: str | None = None, recent: int = 50
     ) -> dict:
-        """The CacheTree RPC (the cache page's tree, latest requests and memory plan) as a
+        """The CacheTree RPC (the cache page's tree, latest requests and memory shares) as a
         dict; `namespace`: one namespace of an admin's view (None: all)."""
         request = engine_pb2.CacheTreeRequest(recent=recent)
         if namespace is not None:

@@ -83,7 +83,8 @@ FORBIDDEN = {
     # The ordering protocol and admission are plain Python too: the policy tests' fake
     # driver runs the same OrderLedger (tests/runtime/test_ordering.py imports them blocked).
     "engine.runtime.ordering": PURE_RUNTIME,
-    "engine.runtime.admission": PURE_RUNTIME,
+    # Admission sees the RAM tier through its own protocol: neither imports the other.
+    "engine.runtime.admission": (*PURE_RUNTIME, "engine.runtime.tier"),
     # The runtime's packages (each __init__ says what it knows and its one way in):
     # grammars and matchers know nothing else of the engine;
     "engine.runtime.structured": ("ray", "grpc", "engine.", "clients"),
@@ -104,16 +105,19 @@ FORBIDDEN = {
     # the RAM tier obeys Orders; it knows no batch, no drafts, no grammar;
     "engine.runtime.tier": (
         *OUTSIDE_RUNTIME,
+        "engine.runtime.admission",
         "engine.runtime.batching",
         "engine.runtime.speculative",
         "engine.runtime.structured",
         "engine.runtime.model",
         *RUNTIME_TOP,
     ),
-    # the served model's loading knows no batch, no grammar, no tier.
+    # the served model's loading knows no batch, no grammar, no tier, no drafting
+    # (speculation imports the model's files, never the other way).
     "engine.runtime.model": (
         *OUTSIDE_RUNTIME,
         "engine.runtime.batching",
+        "engine.runtime.speculative",
         "engine.runtime.structured",
         "engine.runtime.tier",
         *RUNTIME_TOP,
@@ -300,6 +304,22 @@ def test_no_module_in_the_engine_root_but_init_and_the_config_package():
             "def f():\n    from engine.runtime.generator import Generator\n",
             "engine.runtime.speculative imports engine.runtime.generator",
         ),
+        (
+            "engine/runtime/model/x.py",
+            "def f():\n    from engine.runtime.speculative.mtp import load_mtp\n",
+            "engine.runtime.model imports engine.runtime.speculative",
+        ),
+        (
+            "engine/runtime/tier/x.py",
+            "from engine.runtime.admission import Wait\n",
+            "engine.runtime.tier imports engine.runtime.admission",
+        ),
+        (
+            "engine/runtime/admission.py",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from engine.runtime.tier.ram import RamTier\n",
+            "engine.runtime.admission imports engine.runtime.tier",
+        ),
         ("engine/server/x.py", "from clients.client import Client\n", "clients.client"),
         (
             "engine/server/prompts/x.py",
@@ -356,9 +376,37 @@ def dependencies(path: Path, modules: Iterable[str]) -> set[str]:
 
 
 def cycles(files, root: Path = ROOT) -> list[list[str]]:
-    """Every set of modules that import each other in a circle (Tarjan's components)."""
+    """Every set of modules that import each other in a circle."""
     modules = module_map(files, root)
-    graph = {m: dependencies(p, modules) - {m} for m, p in modules.items()}
+    return circles({m: dependencies(p, modules) - {m} for m, p in modules.items()})
+
+
+def part_of(module: str, under: str) -> str | None:
+    """The part of `under` that `module` belongs to: `under.x` for `under.x` and all below."""
+    if not module.startswith(under + "."):
+        return None
+    return f"{under}.{module[len(under) + 1 :].split('.')[0]}"
+
+
+def part_cycles(files, under: str, root: Path = ROOT) -> list[list[str]]:
+    """Every set of the parts of `under` (its top modules and packages, each one node) that
+    import each other in a circle: a knot no module-level circle shows, as when a
+    package's module imports a top module that imports another module of the package."""
+    graph: dict[str, set[str]] = {}
+    for path in files:
+        part = part_of(module_name(path, root), under)
+        if part is None:
+            continue
+        targets = {part_of(target, under) for _, target in imports(path)}
+        graph.setdefault(part, set()).update(targets - {None, part})
+    for targets in list(graph.values()):
+        for t in targets:
+            graph.setdefault(t, set())
+    return circles(graph)
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan's)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -407,6 +455,50 @@ def private_imports(files, root: Path = ROOT) -> list[str]:
 
 def test_no_module_imports_another_in_a_circle():
     assert cycles(sources()) == []
+
+
+# The runtime's parts, the cache's and the server's: none imports another that imports
+# it back, even through different modules.
+PARTS = ("engine.runtime", "engine.cache", "engine.server", "engine")
+
+
+@pytest.mark.parametrize("under", PARTS)
+def test_no_part_imports_another_in_a_circle(under):
+    assert part_cycles(sources(), under) == []
+
+
+@pytest.mark.parametrize(
+    "files, expected",
+    [
+        (  # a top module and a package, through a type-checking import
+            {
+                "engine/runtime/admission.py": "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    from engine.runtime.tier.ram import RamTier\n",
+                "engine/runtime/tier/ram.py": "",
+                "engine/runtime/tier/restore.py": "from engine.runtime.admission import Emit\n",
+            },
+            [["engine.runtime.admission", "engine.runtime.tier"]],
+        ),
+        (  # two packages, one of them inside a function
+            {
+                "engine/runtime/model/loader.py": "def f():\n"
+                "    from engine.runtime.speculative.draft_model import check_draft\n",
+                "engine/runtime/speculative/speculation.py": "def g():\n"
+                "    from engine.runtime.model.loader import resolve_model_path\n",
+            },
+            [["engine.runtime.model", "engine.runtime.speculative"]],
+        ),
+        (  # one way only: no circle
+            {
+                "engine/runtime/speculative/mtp.py": "from engine.runtime.model import x\n",
+                "engine/runtime/model/x.py": "",
+            },
+            [],
+        ),
+    ],
+)
+def test_a_knot_between_parts_is_caught(tmp_path, files, expected):
+    assert part_cycles(_plant(tmp_path, files), "engine.runtime", tmp_path) == expected
 
 
 def test_no_module_imports_a_private_name_of_another():

@@ -4,7 +4,7 @@ One actor serializes every cache decision, so the policy needs no locks. It
 holds no tensors: token arrays, lengths, kinds, sizes and ids. At start it
 opens the cache directory (engine.storage.directory: lock, header scan) and
 hands the disk index it built to the policy. With several model replicas
-(engine.cache.replicas.ReplicatedCache) it places each plan on a replica and
+(engine.cache.replicated.ReplicatedCache) it places each plan on a replica and
 answers a replica's call with that replica's Orders; the Orders for other
 replicas (frees of entries they hold too) it sends them itself, without
 waiting.
@@ -57,7 +57,8 @@ from engine.cache.messages import (
     Replanned,
     RestorePlan,
 )
-from engine.cache.replicas import DEFAULT_THRESHOLD, ReplicatedCache
+from engine.cache.replicas import DEFAULT_THRESHOLD
+from engine.cache.replicated import ReplicatedCache
 from engine.cache.tree import CacheTree
 from engine.config import CacheConfig
 from engine.storage.directory import open_cache_directory
@@ -97,7 +98,7 @@ class CacheManagerActor:
             config.mode,
             f"cache directory {config.resolved_cache_dir}" if self.directory else "no disk tier",
         )
-        self.models: list = []  # the replicas' handles, for Orders they did not ask for
+        self.replica_handles: list = []  # the replicas' handles, for Orders they did not ask for
 
     def _build(self, first_id: int) -> ReplicatedCache:
         manager = CacheManager(
@@ -133,21 +134,21 @@ class CacheManagerActor:
     def manager(self) -> CacheManager:
         return self.cache.manager
 
-    def attach(self, models, machines=None) -> None:
+    def attach(self, replicas, machines=None) -> None:
         """The replicas' handles and machines (IP addresses; None keeps those known, at
         first all on this one)."""
-        self.models = list(models)
+        self.replica_handles = list(replicas)
         home = ray.util.get_node_ip_address()
         if machines is not None or self.placed is None:
-            self.placed = (list(machines or [home] * len(self.models)), home)
+            self.placed = (list(machines or [home] * len(self.replica_handles)), home)
             self.cache.place(*self.placed)
 
     def _deliver(self, per_replica: dict[int, Orders], caller: int | None) -> Orders:
         """The caller's Orders; the others' are sent to their replicas now."""
         own = per_replica.pop(caller, Orders()) if caller is not None else Orders()
         for replica, orders in per_replica.items():
-            if orders and replica < len(self.models):
-                self.models[replica].apply_orders.remote(orders)
+            if orders and replica < len(self.replica_handles):
+                self.replica_handles[replica].apply_orders.remote(orders)
         return own
 
     def plan(self, req: PlanRequest) -> RestorePlan:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from engine.cache.tree import CacheTree
     from engine.runtime.model.loader import ModelInfo
     from engine.runtime.requests import GenerationRequest
-    from engine.runtime.tier.stats import TierStats
+    from engine.runtime.tier.stats import GeneratorStats
 
 T = TypeVar("T")
 
@@ -85,7 +85,7 @@ class ModelCalls(Protocol):
     async def step_profile(self, since: float = 0.0, until: float = float("inf")) -> dict:
         """The model loop's step times by phase, for steps that ended in [since, until]."""
 
-    async def tier_stats(self) -> TierStats:
+    async def generator_stats(self) -> GeneratorStats:
         """What the replica holds right now."""
 
 
@@ -99,7 +99,7 @@ class ManagerCalls(Protocol):
     def resync(self, epoch: int, first_id: int, rescan: bool = True, lost=()) -> None:
         """Start `epoch`: entry ids from `first_id`, the index rebuilt from the files."""
 
-    def attach(self, models, machines=None) -> None:
+    def attach(self, replicas, machines=None) -> None:
         """The model replicas' handles, and the machine each runs on."""
 
     def plan(self, req: PlanRequest) -> RestorePlan:

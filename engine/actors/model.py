@@ -46,7 +46,7 @@ from engine.runtime.events import Finished, FinishReason
 from engine.runtime.loop import ModelLoop
 from engine.runtime.model.loader import ModelInfo, load_model
 from engine.runtime.requests import GenerationRequest
-from engine.runtime.tier.stats import TierStats, tier_stats
+from engine.runtime.tier.stats import GeneratorStats, generator_stats
 
 log = logging.getLogger(__name__)
 
@@ -434,9 +434,9 @@ class ModelActor:
         return await asyncio.to_thread(self.loop.ask, lambda g: g.profile.summary(since, until))
 
     @ray.method(max_task_retries=3)
-    async def tier_stats(self) -> TierStats:
+    async def generator_stats(self) -> GeneratorStats:
         """RAM tier, pool and disk writer figures, read on the loop thread."""
-        return await asyncio.to_thread(self.loop.ask, tier_stats)
+        return await asyncio.to_thread(self.loop.ask, generator_stats)
 
 
 def _settle(future: asyncio.Future) -> None:

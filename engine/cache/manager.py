@@ -3,8 +3,14 @@
 It validates messages, keeps the requests in flight (their restore pins and
 allocated entry ids), counts hits, and hands the deciding to the mode's
 policy (lineage.LineagePolicy or exact.ExactPolicy; none when the cache is
-off). Every entry it indexes belongs to the model fingerprint it was built
-with; requests match only entries of their own namespace.
+off). Its parts, each a module of its own: the requests in flight
+(engine.cache.flights), the numbered Orders and the frees waiting for the next
+(orders.Outbox), the disk tier's unread files and lost writes
+(engine.cache.disk_orders), and the counters and what is reported from them
+(engine.cache.counts). What is left here is the calls' order: plan, commit,
+replan, release, and how each composes those parts. Every entry it indexes
+belongs to the model fingerprint it was built with; requests match only
+entries of their own namespace.
 
 Entry ids are ints allocated here: by plan() for the request's new entry and
 for each separate-entry capture point (anchor, exact snapshot). Ids a
@@ -39,28 +45,24 @@ file will not load) comes back as a LostRestore: the entry leaves the RAM
 index (and the disk index when its file failed), `restores_lost` counts it,
 and the request is planned again (from the file, when it is sound).
 
-A file write the model actor could not do (its writer's queue was full, the
-disk was) comes back through `files_lost`: the disk index forgets the file,
-so it offers no restore point and counts against no budget
-(`disk_writes_lost`). The entry stays in RAM, and is ordered written again
-as soon as a file is reported written (`files_written`: the disk takes writes
-again), or when it is evicted (spill_on_evict).
+A lost file write: engine.cache.disk_orders.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
 
-from engine.cache.disk_index import DiskIndex, evict_disk, persist
-from engine.cache.entry import Entry
+from engine.cache.counts import Counts, anchor_uses, cache_stats
+from engine.cache.disk_index import DiskIndex
+from engine.cache.disk_orders import DiskOrders
 from engine.cache.exact import ExactPolicy
+from engine.cache.flights import Flight, Flights, waiting_plan
 from engine.cache.index import Index
-from engine.cache.kinds import CaptureKind, RestoreKind, Role
+from engine.cache.kinds import CaptureKind, RestoreKind
 from engine.cache.lineage import LineagePolicy
 from engine.cache.message_points import check_starts
 from engine.cache.messages import (
@@ -71,13 +73,12 @@ from engine.cache.messages import (
     LostRestore,
     Orders,
     PlanRequest,
-    PromptLayout,
     Release,
     Replanned,
     RestorePlan,
 )
 from engine.cache.misses import MissLog, shared_prefix
-from engine.cache.orders import OrderBook
+from engine.cache.orders import OrderBook, Outbox
 from engine.cache.shared_rows import plan_prefix
 from engine.cache.tokens import as_tokens
 from engine.cache.tree import CacheTree, SessionEntries, cache_tree
@@ -85,30 +86,6 @@ from engine.config import CacheConfig
 
 _POLICIES = {"lineage": LineagePolicy, "exact": ExactPolicy}
 DEFAULT_GUARD_MIN_SUFFIX = 256  # where no measured threshold is given (CacheConfig)
-
-
-@dataclass(frozen=True)
-class _InFlight:
-    """A planned request awaiting its commit or release."""
-
-    namespace: str
-    prompt: np.ndarray
-    anchor_len: int
-    plan: RestorePlan
-    anchor: np.ndarray | None = None  # tokens of the anchor this request captures
-    committed: set = field(default_factory=set)  # anchor ids indexed early (commit_anchor)
-    layout: PromptLayout = field(default_factory=PromptLayout)
-    session: str = ""
-
-    @property
-    def allocated(self) -> tuple[int, ...]:
-        """The entry ids its plan allocated: the new entry, then the separate-entry captures."""
-        captures = tuple(c.entry_id for c in self.plan.captures if c.entry_id is not None)
-        return (self.plan.new_entry_id, *captures)
-
-    @property
-    def prompt_len(self) -> int:
-        return len(self.prompt)
 
 
 class CacheManager:
@@ -135,21 +112,11 @@ class CacheManager:
         self.disk_index = disk_index if config.mode != "off" else None
         disk_max = disk_index.max_id if disk_index is not None else 0
         self._ids = itertools.count(max(disk_max + 1, first_id))
-        self._in_flight: dict[str, _InFlight] = {}
-        self._hits: Counter[str] = Counter()
-        self._evictions = 0
-        self._disk_evictions = 0
-        self._cached_tokens = 0
-        self._prompt_tokens = 0
-        self._restores_lost = 0
-        self._writes_lost = 0
-        self._unwritten: set[int] = set()  # RAM entries whose file write was lost
-        self._seq = 0  # the number of the last Orders handed out
-        self._pending = OrderBook()  # evictions made at a plan, ordered with the next Orders
-        self._pending_entries: dict[int, Entry] = {}  # the entries `_pending` frees
-        self._unread: set[int] = set()  # entries indexed from a file no commit has restored yet
+        self.flights = Flights()  # the requests planned, not committed or released yet
+        self.counts = Counts()
+        self.outbox = Outbox()
+        self.disk = DiskOrders(self.disk_index)
         self.misses = MissLog()  # the earlier prompts, to explain a miss (engine.cache.misses)
-        self._miss_kinds: Counter[str] = Counter()
         self.session_entries = SessionEntries()  # the entry each session's last commit stored
         policy = _POLICIES.get(config.mode)
         self._policy = None
@@ -179,7 +146,7 @@ class CacheManager:
         check_starts(req.layout.starts, len(prompt))
         if self._policy is None:
             return RestorePlan(req.request_id, None, 0, RestoreKind.NONE, (), new_entry_id=None)
-        if req.request_id in self._in_flight:
+        if req.request_id in self.flights:
             raise ValueError(f"request {req.request_id!r} is already planned")
         plan = self._policy.plan(
             req.request_id,
@@ -192,24 +159,20 @@ class CacheManager:
         anchor = None
         if any(c.kind == CaptureKind.ANCHOR for c in plan.captures):
             anchor = prompt[: req.anchor_len].copy()
-            capturing = self._capturing(req.namespace, anchor)
+            capturing = self.flights.capturing(req.namespace, anchor)
             if capturing is not None:  # another request is prefilling this anchor: wait for it
-                plan, anchor = (
-                    self._waiting_plan(plan, capturing, req.anchor_len, len(prompt)),
-                    None,
-                )
+                guard = self.config.guard_min_suffix
+                plan = waiting_plan(plan, capturing, req.anchor_len, len(prompt), guard)
+                anchor = None
         if plan.load_from_disk:  # the plan is final: only now does the file's entry enter RAM
             # Evicted at an earlier plan, its free not handed out: the actor still holds it.
-            held = self._pending_entries.pop(plan.entry_id, None)
-            if not self._pending.unfree(plan.entry_id):
-                held = None
-            self._policy.adopt(plan.entry_id, held)
-            self._unread.add(plan.entry_id)
-        elif plan.entry_id in self._unread:
+            self._policy.adopt(plan.entry_id, self.outbox.take_back(plan.entry_id))
+            self.disk.unread.add(plan.entry_id)
+        elif plan.entry_id in self.disk.unread:
             plan = replace(plan, load_from_disk=True)
         plan = replace(
             plan,
-            after_orders=self._seq,
+            after_orders=self.outbox.seq,
             miss=self._explain(req, prompt, plan.length),
             shares=plan_prefix(self.index, plan) if self._shares_rows else None,
         )
@@ -220,10 +183,10 @@ class CacheManager:
         if self.disk_index is not None and plan.entry_id is not None:
             self.disk_index.touch(plan.entry_id)
         if plan.load_from_disk:  # the file's entry is in the RAM index: make room
-            victims = self._policy.evict(self._pending)
-            self._evictions += len(victims)
-            self._hold(victims)
-        self._in_flight[req.request_id] = _InFlight(
+            victims = self._policy.evict(self.outbox.pending)
+            self.counts.evictions += len(victims)
+            self.outbox.hold(victims, self.index.deferred)
+        self.flights[req.request_id] = Flight(
             req.namespace,
             prompt.copy(),
             req.anchor_len,
@@ -232,9 +195,7 @@ class CacheManager:
             layout=req.layout,
             session=req.session,
         )
-        self._hits[plan.kind] += 1
-        self._cached_tokens += plan.length
-        self._prompt_tokens += len(prompt)
+        self.counts.planned(plan, len(prompt))
         return plan
 
     def _explain(self, req: PlanRequest, prompt: np.ndarray, restored: int):
@@ -243,41 +204,8 @@ class CacheManager:
         stored = partial(shared_prefix, tiers, req.namespace, prompt, self.has_state_layers)
         miss = self.misses.explain(req.namespace, prompt, req.layout, restored, stored)
         if miss is not None:
-            self._miss_kinds[miss.kind] += 1
+            self.counts.miss_kinds[miss.kind] += 1
         return miss
-
-    def _capturing(self, namespace: str, anchor: np.ndarray) -> int | None:
-        """The id of an anchor with these tokens that an in-flight request will capture."""
-        for flight in self._in_flight.values():
-            if flight.namespace != namespace or flight.anchor is None:
-                continue
-            if len(flight.anchor) == len(anchor) and np.array_equal(flight.anchor, anchor):
-                return next(
-                    c.entry_id for c in flight.plan.captures if c.kind == CaptureKind.ANCHOR
-                )
-        return None
-
-    def _waiting_plan(
-        self, plan: RestorePlan, anchor_id: int, anchor_len: int, size: int
-    ) -> RestorePlan:
-        """`plan` restoring from an anchor still being captured: no anchor capture of its own."""
-        guard_ok = size - anchor_len >= self.config.guard_min_suffix
-        captures = tuple(
-            c
-            for c in plan.captures
-            if c.length > anchor_len
-            and c.kind != CaptureKind.ANCHOR
-            and (c.kind != CaptureKind.GUARD or guard_ok)
-        )
-        return replace(
-            plan,
-            entry_id=anchor_id,
-            length=anchor_len,
-            kind=RestoreKind.ANCHOR,
-            captures=captures,
-            load_from_disk=False,
-            wait=True,
-        )
 
     def commit_anchor(self, a: AnchorCommit) -> Orders:
         """Index an anchor captured mid-prefill, before its request ends (see AnchorCommit).
@@ -287,7 +215,7 @@ class CacheManager:
         """
         if not isinstance(self._policy, LineagePolicy):
             return Orders()
-        flight = self._in_flight.get(a.request_id)
+        flight = self.flights.get(a.request_id)
         planned = flight is not None and any(
             c.entry_id == a.entry_id and c.kind == CaptureKind.ANCHOR for c in flight.plan.captures
         )
@@ -305,13 +233,12 @@ class CacheManager:
         """Requests waiting on an anchor that is now indexed keep it readable (pins)."""
         if anchor_id is None or anchor_id not in self.index:
             return
-        for request_id, other in self._in_flight.items():
-            if other.plan.wait and other.plan.entry_id == anchor_id:
-                self.index.pin(request_id, anchor_id, other.plan.length)
+        for request_id, other in self.flights.waiting_on(anchor_id):
+            self.index.pin(request_id, anchor_id, other.plan.length)
 
     def _evict(self, orders: OrderBook) -> None:
-        self._evictions += len(self._policy.evict(orders))
-        self._disk_evictions += len(evict_disk(self.disk_index, self.index, orders))
+        self.counts.evictions += len(self._policy.evict(orders))
+        self.disk.evict(self.index, orders)
 
     def commit(self, c: Commit) -> Orders:
         """Index a finished request's entry and captures; answer with the actor's orders.
@@ -322,15 +249,15 @@ class CacheManager:
         """
         if self._policy is None:
             return Orders()
-        tokens = self._validate(c)
-        flight = self._in_flight.pop(c.request_id)
+        tokens = self.flights.validated_tokens(c)
+        flight = self.flights.pop(c.request_id)
         self.index.unpin(c.request_id)
         orders = self._take_pending()
         if flight.plan.entry_id is not None and c.restored_from is None:
             # The actor prefilled cold without asking for a new plan (a second loss).
             self._lost(flight.plan, orders)
         elif flight.plan.load_from_disk:
-            self._unread.discard(flight.plan.entry_id)
+            self.disk.unread.discard(flight.plan.entry_id)
         self._policy.commit(c, tokens, orders)
         self.misses.record(c.namespace, tokens, flight.layout)
         self.session_entries.committed(flight.namespace, flight.session, c.entry_id)
@@ -355,7 +282,7 @@ class CacheManager:
         """
         if self._policy is None:
             return Replanned(None, Orders())
-        flight = self._in_flight.get(lost.request_id)
+        flight = self.flights.get(lost.request_id)
         if flight is None:
             return Replanned(None, self._hand_out(self._take_pending()))
         plan = flight.plan
@@ -364,17 +291,14 @@ class CacheManager:
                 f"lost restore {lost} does not match the plan of {lost.request_id!r} "
                 f"({plan.entry_id}@{plan.length})"
             )
-        del self._in_flight[lost.request_id]
+        del self.flights[lost.request_id]
         self.index.unpin(lost.request_id)
-        self._hits[plan.kind] -= 1  # the request is counted once, by its new plan
-        if plan.miss is not None:
-            self._miss_kinds[plan.miss.kind] -= 1
-        self._cached_tokens -= plan.length
-        self._prompt_tokens -= flight.prompt_len
-        self._lost(plan, self._pending, file_failed=lost.load_failed)
+        self.counts.planned(plan, flight.prompt_len, -1)  # counted once, by its new plan
+        pending = self.outbox.pending
+        self._lost(plan, pending, file_failed=lost.load_failed)
         for entry_id in flight.allocated:
-            self._pending.free(entry_id)
-        self._hold(self.index.flush(self._pending))
+            pending.free(entry_id)
+        self.outbox.hold(self.index.flush(pending), self.index.deferred)
         self._forget_unread()
         request = PlanRequest(
             lost.request_id,
@@ -387,20 +311,13 @@ class CacheManager:
         new = self.plan(request)  # may take back the source's free: its file is read again
         orders = self._hand_out(self._take_pending())
         new = replace(new, after_orders=orders.seq)
-        self._in_flight[lost.request_id] = replace(self._in_flight[lost.request_id], plan=new)
+        self.flights[lost.request_id] = replace(self.flights[lost.request_id], plan=new)
         return Replanned(new, orders)
 
     def files_lost(self, entry_ids) -> list[int]:
         """Writes the model actor reports lost: their files leave the disk index. The ids
         it indexed (others were evicted or superseded meanwhile, or never indexed)."""
-        out = []
-        for entry_id in entry_ids:
-            if self.disk_index is not None and entry_id in self.disk_index:
-                self.disk_index.remove(entry_id)
-                out.append(entry_id)
-        self._writes_lost += len(out)
-        self._unwritten.update(out)
-        return out
+        return self.disk.files_lost(entry_ids)
 
     def files_written(self, written, ours=None) -> Orders:
         """Files the model actor wrote, (id, bytes) each: the disk budget counts a file at
@@ -417,64 +334,40 @@ class CacheManager:
         """Order written again the entries still in RAM whose writes were lost (the disk
         takes writes again, or may: the writer's pause after a full disk ended); `ours`:
         only the ids it says are that writer's (the others wait for their own writer)."""
-        if self.disk_index is None or not self._unwritten:
-            return Orders()
-        orders = OrderBook()
-        for entry_id in sorted(self._unwritten):
-            if ours is not None and not ours(entry_id) and entry_id in self.index:
-                continue
-            self._unwritten.discard(entry_id)
-            entry = self.index.get(entry_id)
-            if entry is not None:
-                persist(self.disk_index, entry, orders)
-        self._disk_evictions += len(evict_disk(self.disk_index, self.index, orders))
-        return self._hand_out(orders)
+        orders = self.disk.write_lost(self.index, ours)
+        return Orders() if orders is None else self._hand_out(orders)
 
     def file_sizes(self, sizes) -> None:
         """(id, bytes) of files on disk: the disk budget counts each one still indexed at
         its bytes, no longer at the estimate made when its write was ordered."""
-        if self.disk_index is not None:
-            for entry_id, nbytes in sizes:
-                self.disk_index.resize(entry_id, nbytes)
+        self.disk.file_sizes(sizes)
 
     def prompt_len(self, request_id: str) -> int:
         """The prompt length of a request in flight."""
-        return self._in_flight[request_id].prompt_len
+        return self.flights[request_id].prompt_len
 
     def _lost(self, plan: RestorePlan, orders: OrderBook, file_failed: bool | None = None) -> None:
         """Count a restore that could not be done; its source leaves the RAM index (and the
         disk index when its file failed)."""
-        self._restores_lost += 1
+        self.counts.restores_lost += 1
         entry_id = plan.entry_id
         if file_failed is None:
             file_failed = plan.load_from_disk
         if plan.load_from_disk:
-            self._unread.discard(entry_id)
+            self.disk.unread.discard(entry_id)
         if self.index.get(entry_id) is not None:
             self.index.free(entry_id, orders)
-        if file_failed and self.disk_index is not None and entry_id in self.disk_index:
-            self.disk_index.remove(entry_id)
-            self.disk_index.damaged += 1
+        if file_failed:
+            self.disk.file_failed(entry_id)
 
     def _hand_out(self, orders: OrderBook) -> Orders:
-        """The Orders built and numbered (RestorePlan.after_orders refers to the number)."""
-        self._seq += 1
-        return orders.build(self._seq)
+        return self.outbox.hand_out(orders)
 
     def _forget_unread(self) -> None:
-        """Stop tracking unread entries that left the index and have no free pending."""
-        self._unread = {i for i in self._unread if i in self.index or i in self.index.deferred}
+        self.disk.forget_unread(self.index)
 
     def _take_pending(self) -> OrderBook:
-        orders, self._pending = self._pending, OrderBook()
-        self._pending_entries = {}
-        return orders
-
-    def _hold(self, entries) -> None:
-        """Remember the entries whose frees wait in `_pending` (deferred ones stay deferred)."""
-        for entry in entries:
-            if entry.id not in self.index.deferred:
-                self._pending_entries[entry.id] = entry
+        return self.outbox.take()
 
     def room(self, request_id: str) -> Orders:
         """The Orders that make room for a plan's file load, asked by the model actor before
@@ -487,12 +380,12 @@ class CacheManager:
     @property
     def unread(self) -> frozenset[int]:
         """Ids in the RAM index from a file the model actor may not have read yet."""
-        return frozenset(self._unread)
+        return frozenset(self.disk.unread)
 
     @property
     def pending_orders(self) -> Orders:
         """Orders decided at a plan, not handed out yet (the next commit or release does)."""
-        return self._pending.build()
+        return self.outbox.pending.build()
 
     def release(self, r: Release) -> Orders:
         """End a request without a commit: unpin, free what it stored and every id it was given.
@@ -531,7 +424,7 @@ class CacheManager:
 
     def _give_back(self, request_id: str, orders: OrderBook) -> None:
         """A request in flight ends storing nothing: unpinned, its ids freed (none if unknown)."""
-        flight = self._in_flight.pop(request_id, None)
+        flight = self.flights.pop(request_id, None)
         self.index.unpin(request_id)
         allocated = [i for i in flight.allocated if i not in flight.committed] if flight else []
         for entry_id in allocated:
@@ -541,27 +434,14 @@ class CacheManager:
         """Counters for the CacheStats RPC (all zero when the cache is off)."""
         if self._policy is None:
             return CacheStats(mode=self.config.mode, entries=0, anchors=0)
-        entries = self.index.entries()
-        anchors = [e for e in entries if e.role == Role.ANCHOR]
-        checkpoints = Counter(c.kind for e in entries for c in e.checkpoints.values())
-        return CacheStats(
-            mode=self.config.mode,
-            entries=len(entries) - len(anchors),
-            anchors=len(anchors),
-            checkpoints=dict(sorted(checkpoints.items())),
-            ram_bytes=sum(e.nbytes for e in entries),
-            anchor_bytes=sum(a.nbytes for a in anchors),
-            hits=dict(sorted(self._hits.items())),
-            evictions=self._evictions,
-            disk_bytes=self.disk_index.nbytes if self.disk_index else 0,
-            disk_entries=self.disk_index.entries if self.disk_index else 0,
-            disk_evictions=self._disk_evictions,
-            damaged_files=self.disk_index.damaged if self.disk_index else 0,
-            cached_tokens=self._cached_tokens,
-            prompt_tokens=self._prompt_tokens,
-            restores_lost=self._restores_lost,
-            disk_writes_lost=self._writes_lost,
-            misses=dict(sorted((k, n) for k, n in self._miss_kinds.items() if n)),
+        disk = self.disk
+        return cache_stats(
+            self.config.mode,
+            self.index,
+            self.disk_index,
+            self.counts,
+            disk.evictions,
+            disk.writes_lost,
         )
 
     def tree(self, namespace: str | None = None) -> CacheTree:
@@ -574,103 +454,29 @@ class CacheManager:
 
     def anchors(self) -> list[AnchorUse]:
         """Each anchor in RAM with the number of conversation entries that extend it."""
-        entries = self.index.entries()
-        out = []
-        for a in (e for e in entries if e.role == Role.ANCHOR):
-            n = a.length
-            sessions = sum(
-                1
-                for e in entries
-                if e.role == Role.CONVERSATION
-                and e.namespace == a.namespace
-                and e.length >= n
-                and np.array_equal(e.tokens[:n], a.tokens)
-            )
-            out.append(AnchorUse(a.id, a.namespace, n, a.nbytes, sessions))
-        return out
+        return anchor_uses(self.index)
 
     def check_invariants(self) -> None:
         """Assert the index's, the policy's and the in-flight requests' invariants."""
         self.index.check()
         self.misses.check()
         if self._policy is None:
-            assert not self.index.entries() and not self._in_flight
+            assert not self.index.entries() and not self.flights
             return
         self._policy.check()
-        pins = {}
-        for request_id, flight in self._in_flight.items():
+        for flight in self.flights.values():
             for entry_id in flight.allocated:
                 if entry_id in flight.committed:
                     continue
                 assert entry_id not in self.index and entry_id not in self.index.deferred, entry_id
                 assert self.disk_index is None or entry_id not in self.disk_index, entry_id
-            source = flight.plan.entry_id
-            waiting = (
-                flight.plan.wait
-                and source not in self.index
-                and (source not in self.index.deferred)
-            )
-            if source is not None and not waiting:
-                pins[request_id] = (flight.plan.entry_id, flight.plan.length)
+        pins = self.flights.pins(self.index)
         assert pins == self.index.pins, (pins, self.index.pins)
         for entry_id, length in pins.values():  # a pinned restore point stays readable
             entry = self.index.get(entry_id)
             if entry is not None:
                 restorable = length in entry.checkpoints or not self.has_state_layers
                 assert length == entry.length or restorable, (entry_id, length)
-
-    def _validate(self, c: Commit) -> np.ndarray:
-        """The commit's tokens as a fresh int32 array; ValueError unless it matches the plan.
-
-        A commit cut short in prefill (cancelled) covers the prefix prefilled so
-        far: `prompt_len` below the planned prompt's, no reply, and only the
-        captures reached.
-        """
-        flight = self._in_flight.get(c.request_id)
-        if flight is None:
-            raise ValueError(f"commit for request {c.request_id!r}, which has no plan in flight")
-        plan = flight.plan
-        if (c.entry_id, c.namespace) != (plan.new_entry_id, flight.namespace):
-            raise ValueError(
-                f"commit {c.request_id!r} stores entry {c.entry_id} in namespace {c.namespace!r}; "
-                f"its plan said {plan.new_entry_id} in {flight.namespace!r}"
-            )
-        if (c.restored_from, c.restored_length) not in ((plan.entry_id, plan.length), (None, 0)):
-            raise ValueError(
-                f"commit {c.request_id!r} restored ({c.restored_from}, {c.restored_length}), "
-                f"plan said ({plan.entry_id}, {plan.length}) (or a cold prefill)"
-            )
-        tokens = as_tokens(c.tokens, "commit tokens").copy()
-        cut_short = c.prompt_len < flight.prompt_len
-        exact_length = cut_short or not plan.store_reply  # no reply follows the prompt
-        if not 0 < c.prompt_len <= min(flight.prompt_len, len(tokens)) or (
-            exact_length and len(tokens) != c.prompt_len
-        ):
-            raise ValueError(
-                f"commit {c.request_id!r} holds {len(tokens)} tokens with prompt_len "
-                f"{c.prompt_len} for a planned {flight.prompt_len}-token prompt"
-            )
-        _check_captures(c, plan)
-        if c.kv_bytes_per_token < 0 or c.state_bytes < 0:
-            raise ValueError(f"commit {c.request_id!r} has negative sizes")
-        return tokens
-
-
-def _check_captures(c: Commit, plan: RestorePlan) -> None:
-    """ValueError unless the commit's captures are distinct planned ones within its prompt."""
-    planned = {(p.length, p.kind, p.entry_id) for p in plan.captures}
-    taken = [(p.length, p.kind, p.entry_id) for p in c.captures]
-    if len(set(taken)) != len(taken):
-        raise ValueError(f"commit {c.request_id!r} reports a capture twice: {c.captures}")
-    for point in c.captures:
-        if (point.length, point.kind, point.entry_id) not in planned:
-            raise ValueError(
-                f"commit {c.request_id!r} reports capture {point}, which its plan did not ask for"
-            )
-        if point.length > c.prompt_len:
-            raise ValueError(
-                f"commit {c.request_id!r} reports capture {point} past prompt_len {c.prompt_len}"
-            )
 
 
 def _check_config(config: CacheConfig) -> None:

@@ -1,9 +1,11 @@
-"""OrderBook: the Orders for the model actor, collected while one call decides."""
+"""OrderBook: the Orders for the model actor, collected while one call decides; Outbox:
+the manager's numbering of the Orders it hands out, and the frees that wait for the next."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from engine.cache.entry import Entry
 from engine.cache.messages import CheckpointMove, EntryRecord, Orders
 
 
@@ -78,3 +80,44 @@ class OrderBook:
             delete_files=tuple(self._deletes),
             records=tuple(self._writes.values()),
         )
+
+
+class Outbox:
+    """The Orders the manager hands out, numbered, and the frees that wait for the next.
+
+    A plan that loads a file evicts for its entry, but hands nothing out: those frees
+    wait in `pending` (with the entries they free, `held`) until the next call that
+    answers with Orders (a commit, a release, `room`) takes them. A later plan that
+    restores one of those entries takes its free back (`take_back`): the model actor
+    still holds it. Every Orders handed out carries the next number (`seq`), which a
+    plan quotes as the last one before it (RestorePlan.after_orders).
+    """
+
+    def __init__(self) -> None:
+        self.seq = 0  # the number of the last Orders handed out
+        self.pending = OrderBook()  # evictions made at a plan, ordered with the next Orders
+        self.held: dict[int, Entry] = {}  # the entries `pending` frees
+
+    def take(self) -> OrderBook:
+        """The pending orders, to add this call's to; the outbox starts a fresh book."""
+        orders, self.pending = self.pending, OrderBook()
+        self.held = {}
+        return orders
+
+    def hold(self, entries, deferred) -> None:
+        """Remember the entries whose frees wait in `pending` (those in `deferred` stay
+        deferred: their free waits for a pin, not for the next Orders)."""
+        for entry in entries:
+            if entry.id not in deferred:
+                self.held[entry.id] = entry
+
+    def take_back(self, entry_id: int | None) -> Entry | None:
+        """The entry a pending free would have freed, its free taken back (None: none
+        was pending, so the model actor may not hold it)."""
+        held = self.held.pop(entry_id, None)
+        return held if self.pending.unfree(entry_id) else None
+
+    def hand_out(self, orders: OrderBook) -> Orders:
+        """The Orders built and numbered."""
+        self.seq += 1
+        return orders.build(self.seq)

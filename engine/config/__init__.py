@@ -5,7 +5,7 @@ Frozen dataclasses, built once in ``main()`` from CLI flags and the environment
 of its own with its operator settings declared beside their fields
 (engine.config.declare; all of them listed by engine.config.catalog): `model`,
 `cache`, `server`, `prompt`, `kernels`, `limits`, `fleet`. Beside them: byte sizes (`units`), what
-the machine offers (`machine`) and the memory plan made once the model is loaded
+the machine offers (`machine`) and the memory shares made once the model is loaded
 (`memory`). This module only re-exports their names.
 """
 
@@ -15,7 +15,7 @@ from engine.config.fleet import FleetConfig, ModelSpec
 from engine.config.kernels import GATED_DELTA_MODES, KernelConfig
 from engine.config.limits import CACHE_BLOCK, MAX_JSON_DEPTH, MAX_REQUEST_BYTES, Limits
 from engine.config.machine import machine_memory
-from engine.config.memory import POOL_MAX, MemoryPlan, plan_memory, with_memory
+from engine.config.memory import POOL_MAX, MemoryShares, share_memory, with_memory
 from engine.config.model import PREFILL_EVALS, SCHEDULES, ModelConfig
 from engine.config.prompt import OUTPUT_FORMATS, PromptConfig
 from engine.config.server import (
@@ -46,7 +46,7 @@ __all__ = [
     "Identity",
     "KernelConfig",
     "Limits",
-    "MemoryPlan",
+    "MemoryShares",
     "ModelSpec",
     "ModelConfig",
     "PromptConfig",
@@ -57,7 +57,7 @@ __all__ = [
     "machine_memory",
     "parse_bool",
     "parse_bytes",
-    "plan_memory",
+    "share_memory",
     "read_token_file",
     "with_memory",
 ]

@@ -2,7 +2,7 @@
 
 Each operator setting is declared once here, beside its field (engine.config.declare);
 the fields without one are the policy's constants. The budgets' machine-derived
-defaults are applied by `EngineConfig.from_sources` and the memory plan, not here.
+defaults are applied by `EngineConfig.from_sources` and the memory shares, not here.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class CacheConfig:
         parse=parse_bytes,
         shown="sized from memory (at most 48.0 GiB)",
     )
-    # True: ram_budget is a default, sized by plan_memory once the weights are known.
+    # True: ram_budget is a default, sized by share_memory once the weights are known.
     ram_budget_auto: bool = False
     # Everything the engine holds: weights + running sequences' KV + RAM tier + MLX pool.
     memory_limit: int | None = setting(

@@ -1,8 +1,8 @@
-"""The memory plan: how the memory limit is shared once the model is loaded.
+"""The memory shares: how the memory limit is shared once the model is loaded.
 
 What the weights (each replica's), the running sequences' KV, the RAM tier
 and MLX's pools may take, from the configuration and the figures measured at
-load; `with_memory` writes the plan into the configuration the actors are
+load; `with_memory` writes the shares into the configuration the actors are
 given. Pure arithmetic: it reads no model and starts nothing.
 """
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class MemoryPlan:
+class MemoryShares:
     """How the memory limit is shared once the model is loaded (bytes, and tokens).
 
     `replicas`: the model replicas on one machine. Each holds its own weights,
@@ -57,7 +57,7 @@ def pool_limit(ram_budget: int, configured: int | None = None) -> int:
 GRAMMAR_BYTES = 2 << 20
 
 
-def plan_memory(
+def share_memory(
     config: EngineConfig,
     weights: int,
     kv_bytes_per_token: int,
@@ -65,7 +65,7 @@ def plan_memory(
     machine: int | None = None,
     replicas: int = 1,
     draft: int = 0,
-) -> MemoryPlan:
+) -> MemoryShares:
     """Share the memory limit between weights, running KV, the RAM tier and the pool.
 
     What the user set is kept. Otherwise, of what the weights leave (each of the
@@ -96,20 +96,20 @@ def plan_memory(
         pool = min(POOL_MAX, ram // 4 // k)
     if cache.pool_limit is not None:
         pool = cache.pool_limit
-    return MemoryPlan(
+    return MemoryShares(
         limit, weights, kv_bytes_per_token, tokens, running, ram, pool, k, grammars, draft
     )
 
 
-def with_memory(config: EngineConfig, plan: MemoryPlan) -> EngineConfig:
-    """The configuration with the plan's budgets written in (what the actors are given)."""
+def with_memory(config: EngineConfig, shares: MemoryShares) -> EngineConfig:
+    """The configuration with the shares' budgets written in (what the actors are given)."""
     cache = replace(
         config.cache,
-        ram_budget=plan.ram_budget,
+        ram_budget=shares.ram_budget,
         ram_budget_auto=False,
-        pool_limit=plan.pool_limit,
-        anchor_max_bytes=min(config.cache.anchor_max_bytes, plan.ram_budget),
+        pool_limit=shares.pool_limit,
+        anchor_max_bytes=min(config.cache.anchor_max_bytes, shares.ram_budget),
     )
     return replace(
-        config, cache=cache, model=replace(config.model, max_batch_tokens=plan.max_batch_tokens)
+        config, cache=cache, model=replace(config.model, max_batch_tokens=shares.max_batch_tokens)
     )

@@ -132,7 +132,7 @@ class ModelConfig:
         metavar="PATH",
         shown="none",
     )
-    # TGI's --max-batch-total-tokens; None: sized by plan_memory.
+    # TGI's --max-batch-total-tokens; None: sized by share_memory.
     max_batch_tokens: int | None = setting(
         None,
         "prompt + max_tokens of the running sequences together",

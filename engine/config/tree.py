@@ -116,7 +116,7 @@ def _cache(flags: Mapping[str, object], env: Mapping[str, str]) -> CacheConfig:
         **{
             **values,
             "ram_budget": ram,
-            # Not given: a default, sized by the memory plan once the weights are known.
+            # Not given: a default, sized by the memory shares once the weights are known.
             "ram_budget_auto": _given(CacheConfig, "ram_budget", flags, env) is None,
             "anchor_max_bytes": min(CacheConfig.anchor_max_bytes, ram),
             "disk_budget": min(values["disk_budget"], disk_room(cache_dir) // 2),

@@ -2,7 +2,7 @@
 
 `parse_bytes` reads what an operator types ('48G', '512M', '1T', '48 GiB', '1024');
 `format_bytes` writes what a person reads ('48.0 GiB'), and `parse_bytes` reads
-that back. Nothing else: it knows no setting and no memory plan.
+that back. Nothing else: it knows no setting and no memory shares.
 """
 
 from __future__ import annotations

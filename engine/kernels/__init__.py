@@ -31,12 +31,12 @@ from engine.kernels import (
     host_linear,
     sparse_attention,
 )
-from engine.kernels.sparse_attention import SparsePlan
+from engine.kernels.sparse_attention import SparseRouting
 
 
 def install(
     model,
-    sparse: SparsePlan | None,
+    sparse: SparseRouting | None,
     gated_delta_mode: str = "auto",
     dense_min_keys: int | None = None,
     dense_chunk_min_keys: int | None = None,

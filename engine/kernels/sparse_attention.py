@@ -60,7 +60,7 @@ ROUTED: Counter = Counter()
 
 
 @dataclass(frozen=True)
-class SparsePlan:
+class SparseRouting:
     """Chunk lengths routed to each path (stock outside them)."""
 
     decode_max: int = 128  # 1 < L <= decode_max: decode shape
@@ -94,7 +94,7 @@ def _sparse_call(self, x: mx.array, mask=None, cache=None) -> mx.array:
     if cache is None or hasattr(cache[0], "bits") or not isinstance(mask, (mx.array, type(None))):
         return self._stock_call(x, mask, cache)
     context = _cache_length(cache[0]) + L
-    path = self._sparse_plan.path(L, context, self.indexer.index_topk)
+    path = self._sparse_routing.path(L, context, self.indexer.index_topk)
     if path == "stock":
         ROUTED[path] += 1
         return self._stock_call(x, mask, cache)
@@ -117,7 +117,7 @@ def _sparse_call(self, x: mx.array, mask=None, cache=None) -> mx.array:
     cache[0].keys = mx.depends(cache[0].keys, (cache[1].keys, cache[1].values))
 
     if path == "gather":
-        block = self._sparse_plan.block
+        block = self._sparse_routing.block
         blocks = selected_blocks(topk, kv_latent.shape[2], block)
         if not gather_pays(self, blocks.shape[1] * block, L, topk.shape[-1]):
             path = "decode"  # the union is too wide to save anything over the decode shape
@@ -303,13 +303,13 @@ def sparse_modules(model) -> list:
     return [m for m in model.modules() if isinstance(m, DeepseekV32Attention)]
 
 
-def install(model, plan: SparsePlan) -> int:
+def install(model, routing: SparseRouting) -> int:
     """Route the model's DSA attention through the short-chunk paths; returns the layer count."""
     modules = sparse_modules(model)
     for module in modules:
         if type(module) not in _SPARSE_CLASSES.values():
             module.__class__ = _sparse_class(type(module))
-        module._sparse_plan = plan
+        module._sparse_routing = routing
     return len(modules)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.cache.kinds import RestoreKind
-from engine.runtime.admission import Emit
+from engine.runtime.events import Emit
 from engine.runtime.output import Stamps
 from engine.runtime.requests import GenerationRequest
 

@@ -24,25 +24,23 @@ The reasons, checked in this order:
 
 It knows plans, the RAM tier's staged entries and reads, the order ledger and
 the running requests' capture points and token counts. It restores nothing and
-touches no tensor (no MLX: it sees the tier through a few methods).
+touches no tensor (no MLX: it sees the tier through the few methods of `TierView`,
+and imports nothing of the tier package, which imports nothing of it).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Callable, Iterator, Protocol
+from concurrent.futures import Future
+from typing import Callable, Iterator, Protocol
 
 from engine.cache.kinds import CaptureKind, TextEnum
-from engine.cache.messages import Orders
+from engine.cache.messages import Orders, RestorePlan
+from engine.runtime.events import Emit
 from engine.runtime.ordering import OrderLedger
 from engine.runtime.requests import GenerationRequest
 
-if TYPE_CHECKING:
-    from engine.runtime.tier.ram import RamTier
-
 log = logging.getLogger(__name__)
-
-Emit = Callable[[object], None]
 
 
 class Wait(TextEnum):
@@ -54,6 +52,19 @@ class Wait(TextEnum):
     ROOM_ASKED = "room asked"
     FILE_LOADING = "file loading"
     BATCH_FULL = "batch full"
+
+
+class TierView(Protocol):
+    """What admission asks of the RAM tier (`engine.runtime.tier.ram.RamTier` answers)."""
+
+    disk_tier: object | None  # None: no disk behind the RAM tier
+    staged_tokens: int  # the tokens of the entries staged aside for their Orders
+
+    def staged(self, entry_id: int | None) -> bool: ...
+    def can_restore(self, entry_id: int | None, length: int) -> bool: ...
+    def start_load(self, plan: RestorePlan, wake: Callable[[], None]) -> Future | None: ...
+    def forget_load(self, plan: RestorePlan) -> None: ...
+    def apply(self, orders: Orders) -> None: ...
 
 
 class Running(Protocol):
@@ -70,7 +81,7 @@ class Admission:
 
     def __init__(
         self,
-        tier: RamTier,
+        tier: TierView,
         ledger: OrderLedger,
         active: dict[int, Running],
         max_batch_tokens: int | None,

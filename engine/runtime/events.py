@@ -7,8 +7,12 @@ the model actor and the front end, which translates them to gRPC events.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from engine.cache.kinds import RestoreKind, TextEnum
+
+# Where a request's events go, one at a time (the model actor's stream, a test's list).
+Emit = Callable[[object], None]
 
 
 class FinishReason(TextEnum):

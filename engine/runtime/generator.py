@@ -51,14 +51,14 @@ from engine.cache.shared_rows import prefix_source
 from engine.config import EngineConfig
 from engine.runtime import layer_caches
 from engine.runtime.active import ActiveRequest
-from engine.runtime.admission import Admission, Emit
+from engine.runtime.admission import Admission
 from engine.runtime.batching.batch import bound_pool
 from engine.runtime.batching.chunked import ChunkedBatchGenerator
 from engine.runtime.batching.for_schedule import new_batch_generator
 from engine.runtime.batching.layer_timer import LayerTimer
 from engine.runtime.batching.step_profile import StepProfile
 from engine.runtime.branches import Branch, branch_key, branch_request
-from engine.runtime.events import Finished, FinishReason, Progress
+from engine.runtime.events import Emit, Finished, FinishReason, Progress
 from engine.runtime.logprobs import tokens_event
 from engine.runtime.ordering import CacheLink, OrderLedger
 from engine.runtime.output import Copied, Stamps, final_event, unstarted_event
@@ -201,7 +201,7 @@ class Generator:
         return bool(self.active) or self.admission.has_work
 
     def set_limits(self, max_batch_tokens: int | None, pool_limit: int | None) -> None:
-        """The memory plan's bounds, known once the model is loaded (engine.config.plan_memory)."""
+        """The memory shares' bounds, known once the model is loaded (engine.config.memory)."""
         self.admission.max_batch_tokens = max_batch_tokens
         if pool_limit is not None:
             self.pool_limit = bound_pool(self.config.cache.ram_budget, pool_limit)

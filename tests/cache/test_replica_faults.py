@@ -21,7 +21,7 @@ import pytest
 
 from engine.cache import CacheManager
 from engine.cache.messages import LostRestore, Orders, PlanRequest
-from engine.cache.replicas import ReplicatedCache
+from engine.cache.replicated import ReplicatedCache
 from engine.config import CacheConfig
 from engine.storage import file_format
 from engine.storage.directory import open_cache_directory, private_directory

@@ -24,7 +24,8 @@ from engine.cache.messages import (
     Release,
     RestorePlan,
 )
-from engine.cache.replicas import Replicas, ReplicatedCache
+from engine.cache.replicas import Replicas
+from engine.cache.replicated import ReplicatedCache
 from engine.config import CacheConfig
 from tests.fakes import FakeModelActor, tokens
 

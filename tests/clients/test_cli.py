@@ -72,7 +72,7 @@ def _free_port() -> int:
 
 def active(engine) -> int:
     """Sequences in the engine's batch right now."""
-    return engine.tier_stats().active
+    return engine.generator_stats().active
 
 
 def wait_active(engine, done, timeout: float = 15) -> int:

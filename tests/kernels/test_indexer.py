@@ -19,7 +19,7 @@ from tests.kernels.test_sparse_attention import _copy, _prefilled
 @pytest.fixture(scope="module")
 def attn():
     model = build_model("glm_moe_dsa")
-    sparse_attention.install(model, sparse_attention.SparsePlan())  # _prefilled's stock call
+    sparse_attention.install(model, sparse_attention.SparseRouting())  # _prefilled's stock call
     yield model.model.layers[0].self_attn
     sparse_attention.uninstall(model)
 

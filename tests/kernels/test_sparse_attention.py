@@ -26,7 +26,7 @@ TOL = 1e-5
 def attn():
     model = build_model("glm_moe_dsa")
     layer = model.model.layers[0].self_attn
-    sa.install(model, sa.SparsePlan())
+    sa.install(model, sa.SparseRouting())
     yield layer
     sa.uninstall(model)
 
@@ -119,14 +119,14 @@ def test_below_topk_is_stock(attn, chunk, prefixes):
 def test_block_gather_equals_stock(attn, monkeypatch, chunk, prefixes, near):
     """Block-gather forced, with blocks of 3 so the union leaves some out (topk 8),
     and with nearly every position selected, the partial last block included."""
-    plan = attn._sparse_plan
-    attn._sparse_plan = sa.SparsePlan(block=3)
+    plan = attn._sparse_routing
+    attn._sparse_routing = sa.SparseRouting(block=3)
     monkeypatch.setattr(sa, "gather_pays", lambda *a: True)
     try:
         topk = max(prefixes) + chunk - 1 if near else 8
         rel, routed = _compare(attn, prefixes, chunk, topk=topk)
     finally:
-        attn._sparse_plan = plan
+        attn._sparse_routing = plan
     assert rel <= TOL, (chunk, rel)
     assert routed == {"gather": 1}
 
@@ -148,7 +148,7 @@ def test_one_token_and_long_chunks_are_untouched(attn):
 def test_install_swaps_the_class_and_uninstall_restores_it():
     model = build_model("glm_moe_dsa")
     before = dict(nn.utils.tree_flatten(model.parameters()))
-    assert sa.install(model, sa.SparsePlan()) == 2
+    assert sa.install(model, sa.SparseRouting()) == 2
     layer = model.model.layers[1].self_attn
     assert type(layer).__name__ == "SparseDeepseekV32Attention"
     after = dict(nn.utils.tree_flatten(model.parameters()))
@@ -158,13 +158,13 @@ def test_install_swaps_the_class_and_uninstall_restores_it():
 
 
 def test_no_dsa_layers_installs_nothing():
-    assert sa.install(build_model("llama"), sa.SparsePlan()) == 0
+    assert sa.install(build_model("llama"), sa.SparseRouting()) == 0
 
 
 @pytest.mark.parametrize("decode_max, gather_max, block", [(0, 512, 64), (256, 128, 64), (1, 2, 0)])
 def test_bad_thresholds_are_refused(decode_max, gather_max, block):
     with pytest.raises(ValueError, match="sparse"):
-        sa.SparsePlan(decode_max, gather_max, block)
+        sa.SparseRouting(decode_max, gather_max, block)
 
 
 def test_decode_shape_in_one_query_pieces_equals_stock(attn, monkeypatch):

@@ -24,7 +24,7 @@ from engine.runtime.loop import ModelLoop
 from engine.runtime.model.loader import load_model
 from engine.runtime.requests import GenerationRequest, SamplingParams
 from engine.runtime.tier.ram import RamTier
-from engine.runtime.tier.stats import tier_stats
+from engine.runtime.tier.stats import generator_stats
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_requests_run_on_the_loop_thread_and_stream_back(loop):
     assert final.finish_reason == FinishReason.LENGTH and len(ids) == 4
     again, warm = drain(submit(loop, "b", tokens + ids + [42, 43]))
     assert warm.cached_tokens > 0, "the second turn did not restore the first"
-    stats = loop.ask(tier_stats)
+    stats = loop.ask(generator_stats)
     assert stats.entries >= 1 and stats.active == 0 and stats.ram_bytes > 0
     owner = loop.ask(lambda g: threading.current_thread().name)
     assert owner == "model-loop" and loop.thread.name == "model-loop"

@@ -35,7 +35,7 @@ def test_each_model_runs_on_the_node_with_its_resource(cluster, tmp_path_factory
     with BackgroundEngine(config) as engine, Client(engine.address, timeout=120) as client:
         members = engine.engine.fleet.members
         nodes = {
-            name: set(ray.get([m.node.remote() for m in members[name].group.models]))
+            name: set(ray.get([m.node.remote() for m in members[name].group.replicas]))
             for name in ("big", "small")
         }
         alive = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}

@@ -82,7 +82,7 @@ def test_one_replica_per_mlx_resource(engine, client):
 
     stats = client.cache_stats()
     assert [r["alive"] for r in stats["replicas"]] == [True, True]
-    nodes = set(ray.get([m.node.remote() for m in engine.engine.models]))
+    nodes = set(ray.get([m.node.remote() for m in engine.engine.replicas]))
     assert len(nodes) == 2, "each replica on a node of its own"
 
 
@@ -200,7 +200,7 @@ def test_replica_killed_mid_stream(engine, client):
     before = requests_by_replica(client)
     r1 = chat(client, msgs, ns)
     home = routed(client, before)
-    model = engine.engine.models[home]
+    model = engine.engine.replicas[home]
     assert ray.get(model.flush_disk.remote(60), timeout=90)  # the entry's file is written
     msgs = msgs + [
         {"role": "assistant", "content": r1.text},
@@ -224,7 +224,7 @@ def test_replica_killed_mid_stream(engine, client):
 
     files = sorted(entries_dir(engine.config.cache.cache_dir).glob(f"*{SUFFIX}"))
     entry_id = int(files[-1].stem)
-    other = engine.engine.models[1 - home]
+    other = engine.engine.replicas[1 - home]
     portable = ray.get(other.export_entry.remote(entry_id, 0.0, True), timeout=60)
     assert portable is not None and portable.length > 0 and portable.nbytes > 0
     assert ray.get(other.export_entry.remote(entry_id), timeout=60) is None  # not in its RAM
@@ -254,7 +254,7 @@ def test_request_that_streamed_nothing_is_retried_on_the_other_replica(engine, c
     events = iter(stream)
     assert isinstance(next(events), Progress)  # in prefill: nothing streamed yet
     first = routed(client, before)
-    model = engine.engine.models[first]
+    model = engine.engine.replicas[first]
     ray.kill(model, no_restart=False)
     rest = list(events)
     assert isinstance(rest[-1], Final) and rest[-1].usage.completion_tokens == 4

@@ -62,6 +62,6 @@ def test_four_conversations_cycle_through_a_budget_of_two(
             stats = client.cache_stats()
         assert stats.get("restores_lost", 0) == 0, stats
         assert stats["evictions"] > 0, "the budget did not hold two conversations only"
-        assert engine.tier_stats().disk["loads"] >= 4, "turns were read back from disk"
+        assert engine.generator_stats().disk["loads"] >= 4, "turns were read back from disk"
     finally:
         engine.stop()

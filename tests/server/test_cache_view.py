@@ -1,5 +1,5 @@
 """The cache page's figures (engine.server.observe.cache_view): misses in words, a tenant's requests
-alone, the memory plan for the operator only, and their translation to the CacheTree
+alone, the memory shares for the operator only, and their translation to the CacheTree
 reply (no Ray)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from engine.cache.kinds import MissKind
 from engine.cache.messages import Miss
 from engine.cache.tree import CacheTree, TreeCheckpoint, TreeEntry
-from engine.config import GB, EngineConfig, plan_memory
+from engine.config import GB, EngineConfig, share_memory
 from engine.server.observe.activity import Activity
 from engine.server.observe.cache_view import cache_view, miss_words
 from engine.server.rpc.service import to_tree_reply
@@ -67,18 +67,18 @@ TREE = CacheTree(
 )
 
 
-def test_a_tenant_sees_its_requests_and_no_plan_the_operator_everything():
-    plan = plan_memory(EngineConfig(), 4 * GB, 1 << 10, 4096, machine=64 * GB, draft=GB // 2)
+def test_a_tenant_sees_its_requests_and_no_memory_shares_the_operator_everything():
+    shares = share_memory(EngineConfig(), 4 * GB, 1 << 10, 4096, machine=64 * GB, draft=GB // 2)
     tenant = cache_view(TREE, _activity(), "acme", 50, None)
     assert [r.request_id for r in tenant.recent] == ["r2", "r1"]  # newest first, acme/dev too
     assert tenant.recent[0].miss == "the system prompt changed at token 50, in message 0"
     assert (tenant.memory_limit, tenant.memory) == (0, ())
-    operator = cache_view(TREE, _activity(), None, 2, plan)
+    operator = cache_view(TREE, _activity(), None, 2, shares)
     assert [r.request_id for r in operator.recent] == ["r3", "r2"]
     parts = {p.name: p for p in operator.memory}
-    assert operator.memory_limit == plan.limit
+    assert operator.memory_limit == shares.limit
     assert parts["draft model"].nbytes == GB // 2 and parts["RAM tier"].used == 999
-    assert sum(p.nbytes for p in operator.memory) == plan.total
+    assert sum(p.nbytes for p in operator.memory) == shares.total
 
 
 def test_the_reply_carries_every_field():
@@ -91,7 +91,7 @@ def test_the_reply_carries_every_field():
     assert reply.memory_limit == 0
 
 
-def test_a_tenant_sees_its_own_namespace_whatever_it_names_and_no_plan():
+def test_a_tenant_sees_its_own_namespace_whatever_it_names_and_no_memory_shares():
     from engine.config import Identity
     from engine.server.rpc.service import tree_scope
     from engine.server.security.auth import Authenticator

@@ -28,7 +28,7 @@ def _manager_holds(engine) -> tuple[int, int]:
 
     def held(actor):
         actor.manager.check_invariants()
-        return len(actor.manager._in_flight), len(actor.manager.index.pins)
+        return len(actor.manager.flights), len(actor.manager.index.pins)
 
     return ray.get(engine.engine.manager.__ray_call__.remote(held), timeout=60)
 
@@ -38,7 +38,7 @@ def _nothing_left(engine, timeout: float = 30.0) -> None:
     frontend = engine.engine.frontend
     deadline = time.monotonic() + timeout
     while True:
-        tier = engine.tier_stats()
+        tier = engine.generator_stats()
         left = (frontend.queued, len(frontend.request_ids), tier.active, tier.pending)
         if left == (0, 0, 0, 0) and _manager_holds(engine) == (0, 0):
             return

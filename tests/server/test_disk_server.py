@@ -87,7 +87,7 @@ def test_restart_is_warm_skips_damaged_files_and_a_touched_model_misses(
             r3 = chat(client, convo("A fresh session's first question about parsers."))
             assert r3.restore.kind == "anchor", "the anchor written before the restart"
             assert r3.usage.cached_tokens >= r1.usage.prompt_tokens - 40
-        assert engine.tier_stats().disk["loads"] == 2
+        assert engine.generator_stats().disk["loads"] == 2
         from clients.cli.main import main
 
         assert main(["cache", "stats", "--server", engine.address, "--json"], env={}) == 0

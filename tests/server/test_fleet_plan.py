@@ -1,4 +1,4 @@
-"""The Fleet's memory plan without Ray: which model loads, which one makes room, and when
+"""The Fleet's memory shares without Ray: which model loads, which one makes room, and when
 an idle one goes. The groups are stand-ins that say how much memory they take;
 tests/server/test_fleet.py runs real ones."""
 

@@ -6,7 +6,7 @@ real `lineage serve --http-port --metrics-port` (the `served` fixture) is scrape
 every second by a Prometheus on a free loopback port, with its own storage and
 our rules loaded; PromQL over its HTTP API then finds the engine's series: one
 request counted per request (an `n=4` request is one), its tokens, the RAM
-tier's budget, the grammar cache's compiles and hits, the memory plan's parts,
+tier's budget, the grammar cache's compiles and hits, the memory shares' parts,
 and a recording rule's result. Counters are read as their growth over this test's
 requests: another test may have used the process before.
 """

@@ -120,7 +120,7 @@ def _wait_idle(client, timeout: float = 30.0) -> None:
 def test_a_lost_restore_is_replanned_from_a_peers_entry_and_served_warm(replicated, caplog):
     import ray
 
-    models = replicated.engine.models
+    replicas = replicated.engine.replicas
     common = _ids(1, COMMON)
     b = common + _ids(2, TAIL)  # conversation B, on replica 0
     a = common + _ids(3, TAIL)  # its sibling A, on replica 1, with a divergence point at 390
@@ -129,13 +129,13 @@ def test_a_lost_restore_is_replanned_from_a_peers_entry_and_served_warm(replicat
         assert first.replica == "0" and first.usage.cached_tokens == 0
         _hold(replicated, 0)
         sibling = client.generate(prompt_ids=a, max_tokens=3, namespace="n")
-        ray.get(models[0].release.remote("hold"))
+        ray.get(replicas[0].release.remote("hold"))
         assert sibling.replica == "1" and sibling.usage.cached_tokens == 0
         _wait_idle(client)
 
-        assert ray.get(models[0].tier_stats.remote()).entries >= 1
-        ray.get(models[0].apply_orders.remote(Orders(free=tuple(range(1, 1000)))))
-        assert ray.get(models[0].tier_stats.remote()).entries == 0  # B's entry is gone
+        assert ray.get(replicas[0].generator_stats.remote()).entries >= 1
+        ray.get(replicas[0].apply_orders.remote(Orders(free=tuple(range(1, 1000)))))
+        assert ray.get(replicas[0].generator_stats.remote()).entries == 0  # B's entry is gone
         before = client.cache_stats()
 
         turn = b + list(first.token_ids) + _ids(4, 20)
@@ -149,7 +149,7 @@ def test_a_lost_restore_is_replanned_from_a_peers_entry_and_served_warm(replicat
     assert after["restores_lost"] == before.get("restores_lost", 0) + 1
     fetched = after["replicas"][0].get("handovers", 0) - before["replicas"][0].get("handovers", 0)
     assert fetched == 1, "the new source was fetched from replica 1"
-    assert ray.get(models[0].handover_stats.remote()).fetched == 1
+    assert ray.get(replicas[0].handover_stats.remote()).fetched == 1
     (line,) = [
         r.getMessage()
         for r in caplog.records
@@ -208,7 +208,7 @@ def test_prompt_cache_key_keeps_a_conversation_on_its_replica(replicated, caplog
                 respond("again", previous_response_id=first[1].id, prompt_cache_key="agent-2"),
                 chat("no key"),
             ]
-            ray.get(replicated.engine.models[0].release.remote("hold"))
+            ray.get(replicated.engine.replicas[0].release.remote("hold"))
         assert [_replica_of(caplog, r) for r in first] == ["0", "0"]
         assert [_replica_of(caplog, r) for r in later] == ["0", "0", "1"]
         lines = [r.getMessage() for r in caplog.records if r.name == "lineage.request"]

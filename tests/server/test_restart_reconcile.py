@@ -12,7 +12,7 @@ from dataclasses import replace
 from engine.actors.cache_manager import reconcile
 from engine.cache import CacheManager
 from engine.cache.messages import PlanRequest
-from engine.cache.replicas import ReplicatedCache
+from engine.cache.replicated import ReplicatedCache
 from engine.config import CacheConfig
 from engine.storage import file_format
 from engine.storage.directory import open_cache_directory

@@ -114,9 +114,9 @@ def test_cancelled_stream_frees_its_slot(engine, stub):
                 call.cancel()
                 break
     deadline = time.time() + 20
-    while engine.tier_stats().active and time.time() < deadline:
+    while engine.generator_stats().active and time.time() < deadline:
         time.sleep(0.1)
-    assert engine.tier_stats().active == 0, "the cancelled sequence is still in the batch"
+    assert engine.generator_stats().active == 0, "the cancelled sequence is still in the batch"
     ids, _, final = collect(stub, request(prompt_ids=PROMPTS[0], max_tokens=4))
     assert final.finish_reason in ("length", "stop")
 
@@ -283,7 +283,7 @@ def test_a_full_queue_is_resource_exhausted_and_the_server_keeps_serving(engine,
     finally:
         frontend.max_queue = 256
     deadline = time.time() + 20
-    while engine.tier_stats().active and time.time() < deadline:
+    while engine.generator_stats().active and time.time() < deadline:
         time.sleep(0.1)
     ids, _, _ = collect(stub, request(prompt_ids=PROMPTS[0], max_tokens=2))
     assert len(ids) >= 1

@@ -35,7 +35,7 @@ def replica_figures(engine, client, observed: list, probes: int = 3) -> dict:
     import ray
 
     stats = client.cache_stats()["replicas"]
-    handovers = ray.get([m.handover_stats.remote() for m in engine.engine.models], timeout=120)
+    handovers = ray.get([m.handover_stats.remote() for m in engine.engine.replicas], timeout=120)
     records = [r for h in handovers for r in h.records]
     out = {
         "replicas": len(stats),

@@ -176,7 +176,7 @@ def _faulted_run(config, faults: list[str], args) -> dict:
             },
             "final": final,
             "cache": {**{k: stats.get(k, 0) for k in _CACHE_FIGURES}, "handovers": handovers},
-            "tiers": _tier_figures(engine),
+            "tiers": _replica_figures(engine),
             "restarts": sup.restarts,
             "wedged_restarts": sup.wedged_restarts,
             "retried_by_server": engine.engine.frontend.retries,
@@ -303,7 +303,7 @@ def check_once(engine, config, timeout: float = 5.0):
     except Exception as e:
         return f"manager: {type(e).__name__}"
     held = []
-    for r, model in enumerate(engine.engine.models):
+    for r, model in enumerate(engine.engine.replicas):
         try:
             h = ray.get(model.__ray_call__.remote(read_holdings), timeout=timeout)
         except Exception as e:  # dead or restarting: its queue is unknown
@@ -324,7 +324,7 @@ def _final_check(engine, config, client, tries: int = 30) -> dict:
     client.wait_ready(120)
     found = None
     for _ in range(tries):
-        for model in engine.engine.models:
+        for model in engine.engine.replicas:
             ray.get(model.flush_disk.remote(60), timeout=90)
         time.sleep(1.0)
         found = check_once(engine, config)
@@ -346,12 +346,12 @@ def _final_check(engine, config, client, tries: int = 30) -> dict:
     }
 
 
-def _tier_figures(engine) -> list[dict]:
+def _replica_figures(engine) -> list[dict]:
     import ray
 
     out = []
-    for model in engine.engine.models:
-        t = ray.get(model.tier_stats.remote(), timeout=60)
+    for model in engine.engine.replicas:
+        t = ray.get(model.generator_stats.remote(), timeout=60)
         out.append(
             {
                 "file_loads": (t.disk or {}).get("loads", 0),
@@ -383,7 +383,7 @@ def _replay(config, sent: list[Sent]) -> dict:
                 batch = [_fresh(s) for s in steps[key]]
                 for s in pool.map(lambda s: _send(c, s, 1), batch):
                     replies[(s.round, s.rid)] = s
-        tiers = _tier_figures(engine)
+        tiers = _replica_figures(engine)
     return {"replies": replies, "tiers": tiers}
 
 

@@ -97,19 +97,20 @@ class Injector(threading.Thread):
         return True, f"manager pid {pid} -> {self._pid(manager)}, epoch {sup.manager_epoch}"
 
     def _replica(self, deadline: float) -> tuple[bool, str]:
-        model, sup = self.engine.engine.models[-1], self.engine.engine.supervisor
+        model, sup = self.engine.engine.replicas[-1], self.engine.engine.supervisor
         pid, restarts = self._pid(model), sup.restarts
         os.kill(pid, signal.SIGKILL)
         ok = self._until(deadline, lambda: self._pid(model) not in (None, pid))
         ok = ok and self._until(deadline, lambda: sup.restarts > restarts and self._all_alive())
         if not (ok and self._served(deadline)):
             return False, "the replica did not come back and serve"
-        return True, f"replica {len(self.engine.engine.models) - 1} pid {pid} -> {self._pid(model)}"
+        last = len(self.engine.engine.replicas) - 1
+        return True, f"replica {last} pid {pid} -> {self._pid(model)}"
 
     def _stall(self, deadline: float) -> tuple[bool, str]:
         import ray
 
-        model, sup = self.engine.engine.models[0], self.engine.engine.supervisor
+        model, sup = self.engine.engine.replicas[0], self.engine.engine.supervisor
         restarts, wedged = sup.restarts, sup.wedged_restarts
         seconds = 1.5 * self.args.loop_deadline
         ray.get(model.__ray_call__.remote(_stall, seconds), timeout=30)
@@ -123,10 +124,10 @@ class Injector(threading.Thread):
     def _disk(self, deadline: float) -> tuple[bool, str]:
         import ray
 
-        models = self.engine.engine.models
+        replicas = self.engine.engine.replicas
         lost = self.client.cache_stats().get("disk_writes_lost", 0)
         seconds = self.args.disk_full
-        ray.get([m.__ray_call__.remote(_disk_full, seconds) for m in models], timeout=30)
+        ray.get([m.__ray_call__.remote(_disk_full, seconds) for m in replicas], timeout=30)
         full_until = time.monotonic() + seconds
         while time.monotonic() < full_until - 0.5:  # writes come due meanwhile: lost
             self._served(deadline)
@@ -169,7 +170,7 @@ class Injector(threading.Thread):
         import ray
 
         total = 0
-        for m in self.engine.engine.models:
+        for m in self.engine.engine.replicas:
             try:
                 total += ray.get(m.__ray_call__.remote(_writer_figures), timeout=5).get("files", 0)
             except Exception:

@@ -172,7 +172,7 @@ def layer_bench(
     attn = layer(context, heads, seed)
     hot = Clustering(attn, context, seed + 2) if clustered else None
     cache = filled_cache(attn, context, seed + 1, hot)
-    sa.install(nn.Sequential(attn), sa.SparsePlan())
+    sa.install(nn.Sequential(attn), sa.SparseRouting())
     rows = [_chunk_row(attn, cache, hot, L, seed + L, repeats, both_paths) for L in chunks]
     return {
         "context": context,
@@ -221,8 +221,8 @@ def _chunk_row(attn, cache, hot, L: int, seed: int, repeats: int, both_paths: bo
         "rel_l2": rel,
         "block_union": union,
     }
-    plan = sa.SparsePlan()
-    if both_paths and plan.decode_max < L <= plan.gather_max:
+    routing = sa.SparseRouting()
+    if both_paths and routing.decode_max < L <= routing.gather_max:
         other = "decode" if path == "gather" else "gather"
         with _forced(sa, other):
             taken = sa.ROUTED[other]

@@ -172,7 +172,7 @@ async def _sample(engine, every: float = 0.25):
     try:
         while True:
             try:
-                stats = await asyncio.wait_for(model.tier_stats.remote(), 30)
+                stats = await asyncio.wait_for(model.generator_stats.remote(), 30)
                 hello = await asyncio.wait_for(model.hello.remote(5.0), 30)
                 seen = (stats.ram_bytes, stats.ram_peak_bytes, stats.staged_bytes, _rss(hello.pid))
                 for key, value in zip(_HELD, seen):

@@ -34,7 +34,7 @@ def measure(args: argparse.Namespace) -> dict:
     if draft_model is None and "draft" in args.modes:
         draft_model = _default_draft(config)
     if draft_model is not None:
-        from engine.runtime.speculative.draft_model import check_draft
+        from engine.runtime.model.draft_files import check_draft
 
         check_draft(draft_model, tokenizer)
     engines = {}

@@ -182,7 +182,7 @@ def _detached(cache):
 
 def bound_pool(ram_budget: int, configured: int | None = None) -> int:
     """Bound the pool that the warm path keeps (instead of clearing it per chunk), at the
-    memory plan's limit (engine.config.memory.pool_limit)."""
+    memory shares' limit (engine.config.memory.pool_limit)."""
     limit = pool_limit(ram_budget, configured)
     mx.set_cache_limit(limit)
     return limit

@@ -51,7 +51,7 @@ def install_kernels(model, config: EngineConfig) -> tuple[str, ...]:
 
     k = config.kernels
     sparse = (
-        kernels.SparsePlan(k.sparse_decode_max, k.sparse_gather_max, k.sparse_block)
+        kernels.SparseRouting(k.sparse_decode_max, k.sparse_gather_max, k.sparse_block)
         if k.sparse
         else None
     )
@@ -82,7 +82,7 @@ def load_model(config: EngineConfig):
     model, tokenizer, raw = mlx_lm.load(str(path), return_config=True)
     draft_bytes = 0
     if config.model.draft_model:  # refused here, at startup, not at the first draft
-        from engine.runtime.speculative.draft_model import check_draft, load_draft
+        from engine.runtime.model.draft_files import check_draft, load_draft
 
         check_draft(config.model.draft_model, tokenizer)  # loads it, once per process
         draft = load_draft(config.model.draft_model)[0]

@@ -27,7 +27,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine.runtime.speculative.mtp import MTP_WEIGHTS_FILE
+from engine.runtime.model.draft_files import MTP_WEIGHTS_FILE
 
 ARCHS = ("qwen3_next", "kimi_linear", "mamba2", "llama", "glm_moe_dsa", "gemma3_text")
 SIZES = ("tiny", "bench", "embedded", "draft")

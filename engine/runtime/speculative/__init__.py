@@ -10,9 +10,10 @@ reads `--speculative` and builds what a replica runs.
 
 Its one way in from outside: `speculation.speculation_for(config, model)`, whose
 `Speculation` the batch generator hands to `speculative_batch`
-(benchmarks and the loader also call `draft_model.check_draft`).
+(the draft model's directory is loaded and checked by `engine.runtime.model.draft_files`).
 
 It must not import `batching`, the `tier`, the generator or anything above the
-runtime; it uses `structured` (a constrained row's mask) and, inside a function,
-the model loader's `resolve_model_path` (tests/test_layering.py).
+runtime; it uses `structured` (a constrained row's mask) and `model` (the served
+model's directory, the draft model's files); `model` never imports it back
+(tests/test_layering.py).
 """

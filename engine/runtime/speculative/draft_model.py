@@ -1,8 +1,8 @@
 """A draft model as a draft source: a smaller model of the same tokenizer guesses ahead.
 
 `DraftModel` drafts greedily with an mlx-lm model loaded from `--draft-model
-PATH` (`load_draft`, refused at startup by `check_draft` when its tokenizer's
-vocabulary is not the served model's, or the path is not a model). Per
+PATH` (engine.runtime.model.draft_files loads it, and refuses it at startup when its
+tokenizer's vocabulary is not the served model's, or the path is not a model). Per
 sequence it keeps its own layer caches and the tokens they hold (`DraftRow`):
 
 - Sync: each `propose(uid, context, k)` compares the tokens it fed with
@@ -40,10 +40,8 @@ It knows mlx-lm models and caches; nothing of the batch, the target or acceptanc
 
 from __future__ import annotations
 
-import functools
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Sequence
 
 import mlx.core as mx
@@ -53,7 +51,6 @@ from engine.runtime.speculative import rollback
 from engine.runtime.speculative.drafts import MAX_NGRAM, DraftSource, PromptLookup
 
 PREFILL_STEP = 512  # tokens per chunk of a row's first prefill
-FLAG = "--draft-model"
 # auto's lookup: n-grams at least this long are trusted before the draft model.
 LONG_MATCH = 3
 # auto's draft model: its decode step at most this fraction of the served model's.
@@ -202,32 +199,3 @@ def draft_pays(draft, target) -> tuple[bool, float]:
     if key not in _COSTS:
         _COSTS[key] = step_ms(draft) / max(step_ms(target), 1e-6)
     return _COSTS[key] <= PAYING_COST, _COSTS[key]
-
-
-# ---- loading -----------------------------------------------------------------
-
-
-@functools.cache
-def load_draft(path: str):
-    """(model, tokenizer) of the draft model at `path`, loaded once per process."""
-    import mlx_lm
-
-    where = Path(path).expanduser()
-    if not (where / "config.json").exists():
-        raise ValueError(f"{FLAG} {path}: no config.json there (not an mlx-lm model directory)")
-    return mlx_lm.load(str(where))
-
-
-def check_draft(path: str, tokenizer) -> None:
-    """Refuse a draft model whose tokenizer's vocabulary is not `tokenizer`'s (the served
-    model's): its token ids would mean other text. Loads it (once)."""
-    _, draft_tokenizer = load_draft(path)
-    ours, theirs = tokenizer.get_vocab(), draft_tokenizer.get_vocab()
-    if ours == theirs:
-        return
-    differ = sorted(set(ours.items()) ^ set(theirs.items()), key=lambda kv: kv[1])[:3]
-    raise ValueError(
-        f"{FLAG} {path}: its tokenizer's vocabulary is not the served model's "
-        f"({len(theirs)} tokens vs {len(ours)}; differing entries include {differ}); "
-        "a draft model must share the tokenizer"
-    )

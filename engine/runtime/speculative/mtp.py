@@ -50,8 +50,9 @@ from mlx_lm.models import qwen3_next
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import BatchKVCache, CacheList, KVCache
 
+from engine.runtime.model.draft_files import MTP_WEIGHTS_FILE
+
 MTP_PREFIX = "mtp."
-MTP_WEIGHTS_FILE = "mtp.safetensors"
 
 
 class MTPHead(nn.Module):

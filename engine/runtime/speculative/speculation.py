@@ -27,13 +27,14 @@ from __future__ import annotations
 import logging
 
 from engine.config import EngineConfig
+from engine.runtime.model.draft_files import load_draft
+from engine.runtime.model.loader import resolve_model_path
 from engine.runtime.speculative import mtp_costs
 from engine.runtime.speculative.draft_model import (
     PAYING_COST,
     DraftModel,
     LookupOrDraft,
     draft_pays,
-    load_draft,
 )
 from engine.runtime.speculative.drafts import PromptLookup
 from engine.runtime.speculative.mtp import load_mtp
@@ -88,8 +89,6 @@ def _paying(draft, model) -> bool:
 
 
 def _model_dir(config: EngineConfig):
-    from engine.runtime.model.loader import resolve_model_path
-
     return resolve_model_path(config)
 
 

@@ -16,7 +16,7 @@ but the end may follow, only those tokens are allowed.
 
 `Grammars` compiles a Grammar against the model's tokenizer once and keeps
 the pristine matcher by the grammar's key (bounded, least recently used
-dropped: `--grammar-cache`, which the memory plan counts); each sequence gets
+dropped: `--grammar-cache`, which the memory shares count); each sequence gets
 a deep copy (a few µs). Its counters: compiled, hits, compile time.
 
 llguidance and numpy only: no MLX (the mask is applied where the row is

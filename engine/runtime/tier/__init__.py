@@ -11,6 +11,7 @@ one), `restore.Restorer` and `finished_entries.finished_entries` (the Generator'
 the storage layer reads `ram.StoredEntry`.
 
 It must not import `batching`, `speculative`, `structured`, `model`, the generator
-or anything above the runtime; it uses the top's requests, admission and order
-ledger, and `layer_caches` (tests/test_layering.py).
+or anything above the runtime, nor `admission` (which sees the tier through its own
+`TierView`); it uses the top's requests, events and order ledger, and `layer_caches`
+(tests/test_layering.py).
 """

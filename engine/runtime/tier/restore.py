@@ -23,7 +23,7 @@ from typing import Callable
 from engine.cache.kinds import RestoreKind
 from engine.cache.messages import LostRestore, Release, Replanned
 from engine.runtime import layer_caches
-from engine.runtime.admission import Emit
+from engine.runtime.events import Emit
 from engine.runtime.ordering import OrderLedger
 from engine.runtime.requests import GenerationRequest
 from engine.runtime.tier.ram import RamTier

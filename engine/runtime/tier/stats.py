@@ -1,6 +1,6 @@
-"""What one model replica holds right now: its RAM tier, its batch, its disk writer.
+"""What one replica's generator holds right now: its RAM tier, its batch, its disk writer.
 
-Read on the model loop thread (`tier_stats(generator)`), returned as one
+Read on the model loop thread (`generator_stats(generator)`), returned as one
 frozen value; the disk figures come from the storage layer's DiskStore.stats().
 """
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class TierStats:
+class GeneratorStats:
     entries: int  # entries held in the RAM tier
     ram_bytes: int
     active: int  # sequences in the batch (prefilling or decoding)
@@ -32,12 +32,12 @@ class TierStats:
     grammars_held: int = 0  # compiled grammars kept (at most --grammar-cache)
 
 
-def tier_stats(g) -> TierStats:
+def generator_stats(g) -> GeneratorStats:
     """The figures of generator `g` (call on its loop thread)."""
     import mlx.core as mx
 
     disk = g.tier.disk_tier
-    return TierStats(
+    return GeneratorStats(
         entries=len(g.tier.entries),
         ram_bytes=g.tier.nbytes,
         active=len(g.active),

@@ -98,7 +98,7 @@ class Frontend:
         self.namespaces = namespaces or NamespaceTags()  # how namespaces show
         self.activity = Activity()
         self.metrics = metrics  # EngineMetrics, or None
-        self.memory = memory  # the MemoryPlan the actors were given, for the cache page
+        self.memory = memory  # the MemoryShares the actors were given, for the cache page
         self.session_of: dict[str, str] = {}  # request id -> its session key, for the page
         # Every (namespace, id) from acceptance to the end of its stream -> the id inside.
         self.request_ids: dict[tuple[str, str], str] = {}
@@ -480,7 +480,7 @@ class Frontend:
         cache, anchors, *tiers = await asyncio.gather(
             self.manager.stats.remote(),
             self.manager.anchors.remote(),
-            *(m.tier_stats.remote() for m in self.models),
+            *(m.generator_stats.remote() for m in self.models),
             return_exceptions=True,
         )
         for value in (cache, anchors):
@@ -497,7 +497,7 @@ class Frontend:
         self, scope: str | None, recent: int = 50, operator: bool = True
     ) -> CacheView:
         """The cache page's figures for namespace `scope` (None: the whole cache); the
-        memory plan for the `operator` alone."""
+        memory shares for the `operator` alone."""
         tree = await self._ask_manager(self.manager.tree.remote(scope))
         if not operator:
             return cache_view(tree, self.activity, scope, recent)

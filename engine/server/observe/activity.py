@@ -5,7 +5,7 @@
 cached tokens by restore kind, and per replica its tokens per second and
 median time to first token. `Inspection` is the frozen value the Inspect RPC
 and `lineage top` show; `inspection(...)` assembles it from the cache
-manager's CacheStats and anchors and each replica's TierStats. No Ray, no
+manager's CacheStats and anchors and each replica's GeneratorStats. No Ray, no
 gRPC: the front end fetches, the servicer translates.
 """
 
@@ -23,7 +23,7 @@ from typing import Mapping
 
 from engine.cache.messages import AnchorUse, CacheStats
 from engine.runtime.events import Finished, Timing
-from engine.runtime.tier.stats import TierStats
+from engine.runtime.tier.stats import GeneratorStats
 
 WINDOW_S = 60.0  # "the last minute" of `lineage top`
 KEEP = 512  # records kept
@@ -222,8 +222,8 @@ class Activity:
         return tokens / self.window_s, statistics.median(ttfts) if ttfts else 0.0
 
 
-def replica_figures(name: str, t: TierStats, activity: Activity) -> ReplicaFigures:
-    """One replica's row: its TierStats plus its rates from the front end's records."""
+def replica_figures(name: str, t: GeneratorStats, activity: Activity) -> ReplicaFigures:
+    """One replica's row: its GeneratorStats plus its rates from the front end's records."""
     tps, ttft = activity.rates(name)
     disk = t.disk or {}
     return ReplicaFigures(
@@ -248,7 +248,7 @@ def replica_figures(name: str, t: TierStats, activity: Activity) -> ReplicaFigur
 def inspection(
     cache: CacheStats,
     anchors: list[AnchorUse],
-    tiers: Mapping[str, TierStats],
+    replicas: Mapping[str, GeneratorStats],
     budgets: Mapping[str, int],
     activity: Activity,
     namespaces: NamespaceTags,
@@ -258,7 +258,7 @@ def inspection(
     held = {"ram": cache.ram_bytes, "anchors": cache.anchor_bytes, "disk": cache.disk_bytes}
     return Inspection(
         cache=cache,
-        replicas=tuple(replica_figures(n, t, activity) for n, t in sorted(tiers.items())),
+        replicas=tuple(replica_figures(n, t, activity) for n, t in sorted(replicas.items())),
         tiers=tuple(TierFigures(k, v, int(budgets.get(k, 0))) for k, v in held.items()),
         window_s=activity.window_s,
         window=activity.by_kind(),

@@ -1,11 +1,11 @@
-"""What the cache page shows: the cache tree of a scope, its latest requests, the memory plan.
+"""What the cache page shows: the cache tree of a scope, its latest requests, the memory shares.
 
 `cache_view(...)` joins the cache manager's tree (engine.cache.tree) with the
 front end's latest requests (engine.server.observe.activity), each with its session
 key, time to first token, cached share and the reason it missed in words
-(`miss_words`), and, for the operator, the memory plan as parts of the limit.
+(`miss_words`), and, for the operator, the memory shares as parts of the limit.
 A scope (a namespace) holds that namespace's entries and requests only; a
-tenant's view is its own namespace's, without the plan, whose figures are
+tenant's view is its own namespace's, without the memory shares, whose figures are
 every tenant's together.
 No Ray, no gRPC: the front end fetches, the servicer translates.
 """
@@ -81,7 +81,7 @@ class DiskTierView:
 class CacheView:
     tree: CacheTree
     recent: tuple[ViewRequest, ...]  # newest first
-    memory_limit: int = 0  # 0: no plan shown
+    memory_limit: int = 0  # 0: no memory shares shown
     memory: tuple[MemoryPart, ...] = ()
     disk: DiskTierView = DiskTierView()  # the operator's view only
 
@@ -125,20 +125,20 @@ def recent_requests(activity: Activity, scope: str | None, n: int) -> tuple[View
     return tuple(out)
 
 
-def memory_parts(plan, tree: CacheTree) -> tuple[int, tuple[MemoryPart, ...]]:
-    """(limit, parts) of a MemoryPlan (engine.config.memory), the RAM tier's use from `tree`."""
-    if plan is None:
+def memory_parts(shares, tree: CacheTree) -> tuple[int, tuple[MemoryPart, ...]]:
+    """(limit, parts) of a MemoryShares (engine.config.memory), the RAM tier's use from `tree`."""
+    if shares is None:
         return 0, ()
-    k = plan.replicas
+    k = shares.replicas
     parts = (
-        MemoryPart("weights", plan.weights * k),
-        MemoryPart("draft model", plan.draft * k),
-        MemoryPart("running KV", plan.running_kv),
-        MemoryPart("RAM tier", plan.ram_budget, tree.ram_bytes),
-        MemoryPart("MLX pool", plan.pool_limit * k),
-        MemoryPart("grammars", plan.grammars * k),
+        MemoryPart("weights", shares.weights * k),
+        MemoryPart("draft model", shares.draft * k),
+        MemoryPart("running KV", shares.running_kv),
+        MemoryPart("RAM tier", shares.ram_budget, tree.ram_bytes),
+        MemoryPart("MLX pool", shares.pool_limit * k),
+        MemoryPart("grammars", shares.grammars * k),
     )
-    return plan.limit, tuple(p for p in parts if p.nbytes > 0)
+    return shares.limit, tuple(p for p in parts if p.nbytes > 0)
 
 
 def cache_view(
@@ -146,12 +146,12 @@ def cache_view(
     activity: Activity,
     scope: str | None,
     recent: int,
-    plan=None,
+    shares=None,
     disk: DiskTierView | None = None,
 ) -> CacheView:
-    """The page's figures; `plan`: the MemoryPlan, for the operator's view (None: a tenant's),
+    """The page's figures; `shares`: the MemoryShares, for the operator's view (None: a tenant's),
     its RAM tier held as the tree's (the scope's) bytes; `disk`: the disk tier, for the
     operator's view."""
-    limit, parts = memory_parts(plan, tree)
+    limit, parts = memory_parts(shares, tree)
     requests = recent_requests(activity, scope, min(recent, MAX_RECENT))
     return CacheView(tree, requests, limit, parts, disk or DiskTierView())

@@ -11,7 +11,7 @@ the series stay few.
 
 Three sources: `request(...)` at each request's end (the Finished event: counts,
 tokens, timings), and `sample(inspection)` about once a second from the cache
-manager's CacheStats and each replica's TierStats, whose cumulative counters
+manager's CacheStats and each replica's GeneratorStats, whose cumulative counters
 are turned into counter increments (so the metrics equal CacheStats), and
 `analysis(failures)` with it, the prompt builder's count of its own renders and
 grammars that failed on the model's template (engine.server.prompts.renders). The
@@ -39,7 +39,7 @@ class EngineMetrics:
     """The engine's metrics; one per front end."""
 
     def __init__(self, engine: str, model: str, memory=None):
-        """`memory`: the MemoryPlan the actors were given (its parts become a gauge)."""
+        """`memory`: the MemoryShares the actors were given (its parts become a gauge)."""
         self.engine = engine
         self.model = model
         self.memory = memory
@@ -101,7 +101,7 @@ class EngineMetrics:
             "lineage_grammar_hits_total", "constrained requests whose grammar was compiled"
         )
         self.grammars = gauge("lineage_grammars", "compiled grammars kept")
-        self.plan = gauge("lineage_memory_plan_bytes", "the memory plan's parts", "part")
+        self.shares = gauge("lineage_memory_plan_bytes", "the memory shares' parts", "part")
         self.ttft = histogram("lineage_ttft_ms", "time to first token (ms)", MS)
         self.queue_time = histogram("lineage_queue_ms", "queue time (ms)", MS)
         self.prefill = histogram("lineage_prefill_tokens", "prefilled tokens per request", TOKENS)
@@ -196,11 +196,11 @@ class EngineMetrics:
                 self.disk_writing.set(1 if r.disk_state == "writing" else 0, rt)
         if self.memory is not None:
             for part, n in plan_parts(self.memory).items():
-                self.plan.set(n, {**tags, "part": part})
+                self.shares.set(n, {**tags, "part": part})
 
 
 def plan_parts(m) -> dict[str, int]:
-    """A MemoryPlan's parts in bytes, every replica's together, and its limit."""
+    """A MemoryShares' parts in bytes, every replica's together, and its limit."""
     k = m.replicas
     return {
         "limit": m.limit,

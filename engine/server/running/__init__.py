@@ -2,7 +2,7 @@
 
 `preflight` answers before Ray starts (ports, the model, a model fetched by name);
 `serve` starts the actors and the gRPC server; `fleet` routes several served models
-by name in one memory plan; `lifecycle` is the process (signals, sidecars, a stop
+by name in one set of memory shares; `lifecycle` is the process (signals, sidecars, a stop
 within a deadline, with `stopping`); `background` runs an engine on a thread of its
 own for tests and benchmarks. Its way in: `lifecycle.run` (the CLI).
 

@@ -55,11 +55,11 @@ class BackgroundEngine:
     def call(self, coro: Awaitable[T], timeout: float = 120) -> T:
         return self.background.call(coro, timeout)
 
-    def tier_stats(self):
-        """The model actor's TierStats (RAM tier, batch, disk writer)."""
+    def generator_stats(self):
+        """The model actor's GeneratorStats (RAM tier, batch, disk writer)."""
         import ray
 
-        return ray.get(self.engine.model.tier_stats.remote(), timeout=60)
+        return ray.get(self.engine.model.generator_stats.remote(), timeout=60)
 
     def step_profile(self, since: float = 0.0, until: float = float("inf")) -> dict:
         """The model loop's step times by phase between two `time.perf_counter` readings."""

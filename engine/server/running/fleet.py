@@ -1,4 +1,4 @@
-"""Several models behind one server: routed by name, loaded and unloaded in one memory plan.
+"""Several models behind one server: routed by name, loaded and unloaded within one memory limit.
 
 Each declared model (engine.config.fleet) is a ModelGroup of its own
 (engine.server.running.serve `start_group`): its replicas, its cache manager (its own
@@ -10,7 +10,7 @@ second keeps its stream alive), and unloads:
 
 - the least recently used model that is loaded, not pinned and serves no
   request, when the memory limit has no room for the model asked for (each
-  model's share is its memory plan's total: weights, running KV, RAM tier, pool);
+  model's share is its memory shares' total: weights, running KV, RAM tier, pool);
 - a model nobody asked for in `--idle-unload` seconds, unless pinned.
 
 Unloading flushes the model's queued disk-tier writes (every RAM-tier entry
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Awaitable, Callable
 
-from engine.config import EngineConfig, ModelSpec, format_bytes, machine_memory, plan_memory
+from engine.config import EngineConfig, ModelSpec, format_bytes, machine_memory, share_memory
 from engine.config.fleet import alias_targets, routed
 from engine.runtime.events import Progress
 from engine.server.errors import Overloaded, Unavailable, UnknownModel
@@ -315,10 +315,10 @@ def _announced(config: EngineConfig) -> str:
 
 
 def _estimate(config: EngineConfig) -> int:
-    """A model's memory plan before it is loaded: its weight files' size, a KV byte per
+    """A model's memory shares before it is loaded: its weight files' size, a KV byte per
     token (the measured plan replaces it once loaded)."""
     path = Path(config.model.path) if config.model.path else None
     weights = sum(f.stat().st_size for f in path.glob("*.safetensors")) if path else 0
     if path is None:  # the embedded model: a few MB
         weights = 8 << 20
-    return plan_memory(config, weights, 1, 4096).total
+    return share_memory(config, weights, 1, 4096).total

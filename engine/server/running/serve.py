@@ -3,7 +3,7 @@
 `start_engine(config)` builds a running engine inside an initialized Ray (the
 tests use it with their session-wide Ray; `lineage serve` with the Ray it
 starts or joins, engine.server.running.lifecycle): the model replicas, the memory
-plan once the weights are known (engine.config.plan_memory), the cache
+shares once the weights are known (engine.config.share_memory), the cache
 manager, the supervisor (engine.server.supervision.supervisor: restarts, epochs, health)
 and the gRPC server; a start that fails kills the actors it made.
 `RunningEngine.stop` stops them within a deadline whatever died first (health
@@ -36,13 +36,13 @@ class RunningEngine:
     port: int
     health: object
     frontend: object
-    models: list  # ModelActor handles, by replica number
+    replicas: list  # ModelActor handles, by replica number
     manager: object
     info: object
     namespace: str = "lineage"  # the Ray namespace the actors are named in
     names: tuple = ()  # their names
     supervisor: object = None  # engine.server.supervision.supervisor.Supervisor
-    memory: object = None  # the MemoryPlan the actors were given
+    memory: object = None  # the MemoryShares the actors were given
     sampler: object = None  # the metrics sampling task
     local_socket: str | None = None  # gRPC on this Unix socket too (a sidecar's way in)
     auth: object = None  # the Authenticator the gRPC server checks tokens with
@@ -52,7 +52,7 @@ class RunningEngine:
     @property
     def model(self):
         """The first replica."""
-        return self.models[0]
+        return self.replicas[0]
 
     @property
     def address(self) -> str:
@@ -95,7 +95,7 @@ class RunningEngine:
         except asyncio.TimeoutError:
             log.error("the gRPC server did not stop within %.1f s", grace + 2)
             clean = False
-        released = await release(self.models, self.manager, self.namespace, self.names, left())
+        released = await release(self.replicas, self.manager, self.namespace, self.names, left())
         return released and clean
 
 
@@ -124,7 +124,7 @@ async def start_engine(
     kills the actors it made before it raises. StartError: a port or an actor
     name is taken. With several models declared (engine.config.fleet) each is a
     ModelGroup of its own, loaded and unloaded by an engine.server.running.fleet.Fleet
-    behind the one gRPC server; the engine's `frontend`, `models` and `manager`
+    behind the one gRPC server; the engine's `frontend`, `replicas` and `manager`
     are the first loaded model's.
     """
     started = _Started()
@@ -199,7 +199,7 @@ async def _start(config: EngineConfig, port, local_socket, started: _Started) ->
         bound,
         health_servicer,
         group.frontend,
-        group.models,
+        group.replicas,
         group.manager,
         group.info,
         group.namespace,
@@ -218,10 +218,10 @@ async def _start(config: EngineConfig, port, local_socket, started: _Started) ->
 @dataclass
 class ModelGroup:
     """One model's actors and its front end: the replicas, the cache manager, the
-    supervisor, the memory plan they were given and the metrics sampler."""
+    supervisor, the memory shares they were given and the metrics sampler."""
 
     frontend: object
-    models: list  # ModelActor handles, by replica number
+    replicas: list  # ModelActor handles, by replica number
     manager: object
     info: object
     namespace: str
@@ -238,10 +238,10 @@ class ModelGroup:
             self.sampler.cancel()
         self.frontend.close()
         self.frontend.prompt_thread.shutdown(wait=False)
-        return await release(self.models, self.manager, self.namespace, self.names, within)
+        return await release(self.replicas, self.manager, self.namespace, self.names, within)
 
 
-async def release(models, manager, namespace: str, names: Sequence[str], within: float) -> bool:
+async def release(replicas, manager, namespace: str, names: Sequence[str], within: float) -> bool:
     """Flush each replica's disk tier, then kill the actors and wait for their names, all
     within `within` seconds (engine.server.running.stopping); False when Ray kept a step waiting."""
     loop = asyncio.get_running_loop()
@@ -251,14 +251,14 @@ async def release(models, manager, namespace: str, names: Sequence[str], within:
         return max(0.1, min(at_most, end - loop.time()))
 
     # Queued disk-tier writes land before the actors go.
-    for flush in [model.flush_disk.remote(60) for model in models]:
+    for flush in [model.flush_disk.remote(60) for model in replicas]:
         try:
             await asyncio.wait_for(flush, left(70))
         except asyncio.TimeoutError:
             log.error("a replica's disk tier did not flush in time: its queued writes are lost")
         except Exception:
             log.exception("flushing the disk tier failed")
-    return await release_actors((*models, manager), namespace, names, left())
+    return await release_actors((*replicas, manager), namespace, names, left())
 
 
 async def start_group(
@@ -268,7 +268,7 @@ async def start_group(
     placement: Mapping[str, float] | None = None,
     started: _Started | None = None,
 ) -> ModelGroup:
-    """One model's replicas, memory plan, cache manager, supervisor and front end.
+    """One model's replicas, memory shares, cache manager, supervisor and front end.
 
     `set_serving(up)` is how its supervisor reports health; `label` tags its
     metrics (default: the model directory's name); `placement` adds the Ray
@@ -282,7 +282,7 @@ async def start_group(
 
     from engine.actors.cache_manager import CacheManagerActor
     from engine.actors.model import ModelActor
-    from engine.config import plan_memory, with_memory
+    from engine.config import share_memory, with_memory
     from engine.server.front.frontend import Frontend
     from engine.server.observe.activity import NamespaceTags
     from engine.server.observe.metrics import EngineMetrics
@@ -300,21 +300,21 @@ async def start_group(
     options = {"resources": resources} if resources else {}
     restarts = {"max_restarts": config.server.max_restarts, **ACTOR_OPTIONS}
     shipped = without_tokens(config)
-    models = [
+    replicas = [
         ModelActor.options(name=names[r], namespace=namespace, **restarts, **options).remote(
             shipped, r
         )
         for r in range(count)
     ]
-    started.actors += models
+    started.actors += replicas
     started.names = names
-    infos = await asyncio.gather(*(m.info.remote() for m in models))
+    infos = await asyncio.gather(*(m.info.remote() for m in replicas))
     info = infos[0]
     # Replicas of one machine share its cache directory (the manager routes files by
     # machine) and its memory: each loads its own weights.
-    machines = await asyncio.gather(*(m.machine.remote() for m in models))
+    machines = await asyncio.gather(*(m.machine.remote() for m in replicas))
     per_machine = max(Counter(machines).values())
-    memory = plan_memory(
+    memory = share_memory(
         config,
         info.weights_bytes,
         info.kv_bytes_per_token,
@@ -333,10 +333,10 @@ async def start_group(
         config.server.route_threshold,
     )
     started.actors.append(manager)
-    supervisor = Supervisor(models, manager, config, set_serving)
+    supervisor = Supervisor(replicas, manager, config, set_serving)
     started.supervisors.append(supervisor)
     await supervisor.start()
-    await manager.attach.remote(models, machines)
+    await manager.attach.remote(replicas, machines)
     tokenizer = load_tokenizer(Path(info.path))
     builder = PromptBuilder(
         tokenizer,
@@ -352,7 +352,7 @@ async def start_group(
         "disk": config.cache.disk_budget if config.cache.mode != "off" else 0,
     }
     frontend = Frontend(
-        models,
+        replicas,
         manager,
         builder,
         info,
@@ -364,7 +364,7 @@ async def start_group(
         name=label or Path(info.path).name,
         memory=memory,
     )
-    group = ModelGroup(frontend, models, manager, info, namespace, names, supervisor, memory)
+    group = ModelGroup(frontend, replicas, manager, info, namespace, names, supervisor, memory)
     group.sampler = asyncio.ensure_future(sample_metrics(frontend))
     return group
 

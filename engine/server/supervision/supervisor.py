@@ -49,13 +49,13 @@ class Supervisor:
 
     def __init__(
         self,
-        models: Sequence[Handle[ModelCalls]],
+        replicas: Sequence[Handle[ModelCalls]],
         manager: Handle[ManagerCalls],
         config: EngineConfig,
         set_health: Callable[[bool], Awaitable[None]],
         every: float = 1.0,
     ):
-        self.models = list(models)
+        self.replicas = list(replicas)
         self.manager = manager
         self.deadline = config.server.call_deadline
         self.loop_deadline = config.server.loop_deadline
@@ -69,10 +69,10 @@ class Supervisor:
         self.wedged_restarts = 0
         self._manager_known: str | None = None  # the manager incarnation of this epoch
         self.manager_epoch = 0  # the epoch of the last whole resync: requests carry it
-        self._known: list[str | None] = [None] * len(self.models)  # replica incarnations
-        self._machines: list[str | None] = [None] * len(self.models)  # where each one runs
-        self._up = [False] * len(self.models)  # replicas the manager routes to
-        self._missed = [0] * len(self.models)  # loop pings missed in a row
+        self._known: list[str | None] = [None] * len(self.replicas)  # replica incarnations
+        self._machines: list[str | None] = [None] * len(self.replicas)  # where each one runs
+        self._up = [False] * len(self.replicas)  # replicas the manager routes to
+        self._missed = [0] * len(self.replicas)  # loop pings missed in a row
         self._healthy = True
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -145,12 +145,12 @@ class Supervisor:
             self.ready.clear()
             await self._health(False, "the cache manager restarted")
             await self._sync(rescan=True)
-        hellos = await asyncio.gather(*(self._hello(m) for m in self.models))
+        hellos = await asyncio.gather(*(self._hello(m) for m in self.replicas))
         # The replicas the manager routes to: the front end may have reported one lost.
         try:
             routed = set(await asyncio.wait_for(self.manager.alive.remote(), self.deadline))
         except (RayActorError, asyncio.TimeoutError):  # the next round looks again
-            routed = set(range(len(self.models)))
+            routed = set(range(len(self.replicas)))
         dead = 0
         for r, h in enumerate(hellos):
             if isinstance(h, ActorDiedError):
@@ -165,7 +165,7 @@ class Supervisor:
                     log.error("replica %d's model loop is wedged: restarting it", r)
                     self._missed[r] = 0
                     self.wedged_restarts += 1
-                    ray.kill(self.models[r], no_restart=False)
+                    ray.kill(self.replicas[r], no_restart=False)
             else:
                 self._missed[r] = 0
                 restarted = h.incarnation != self._known[r] or h.epoch < 0
@@ -174,7 +174,7 @@ class Supervisor:
                         await self._revive(r)
                     except (RayActorError, asyncio.TimeoutError) as e:  # next round again
                         log.error("replica %d did not resynchronise: %s", r, _first_line(e))
-        if dead == len(self.models):
+        if dead == len(self.replicas):
             self.gone = "every model replica is gone for good"
         if any(self._up):
             self.ready.set()
@@ -206,10 +206,10 @@ class Supervisor:
         self._up[r] = True  # _down tells the manager, once
         await self._down(r, f"replica {r} restarted or answers again")
         epoch = self.epoch + 1
-        model = self.models[r]
+        model = self.replicas[r]
         await asyncio.wait_for(
             model.resync.remote(
-                epoch, self.manager, self.models, *self.limits, flush_timeout=self.deadline
+                epoch, self.manager, self.replicas, *self.limits, flush_timeout=self.deadline
             ),
             3 * self.deadline,
         )
@@ -231,10 +231,10 @@ class Supervisor:
         c = await asyncio.wait_for(self.manager.hello.remote(), d)
 
         async def one(r: int):
-            m = self.models[r]
+            m = self.replicas[r]
             try:
                 h = await asyncio.wait_for(m.hello.remote(self.loop_deadline), 2 * d)
-                limits = (epoch, self.manager, self.models, *self.limits)
+                limits = (epoch, self.manager, self.replicas, *self.limits)
                 max_id = await asyncio.wait_for(m.resync.remote(*limits, flush_timeout=d), 3 * d)
                 self._machines[r] = await asyncio.wait_for(m.machine.remote(), d)
                 return h.incarnation, max_id
@@ -242,13 +242,13 @@ class Supervisor:
                 log.error("replica %d did not resynchronise: %s", r, _first_line(e))
                 return None, 0
 
-        synced = await asyncio.gather(*(one(r) for r in range(len(self.models))))
+        synced = await asyncio.gather(*(one(r) for r in range(len(self.replicas))))
         max_id = max(m for _, m in synced)
         lost = [r for r, (incarnation, _) in enumerate(synced) if incarnation is None]
         await asyncio.wait_for(self.manager.resync.remote(epoch, max_id + 1, rescan, lost), d)
         known = [m for m in self._machines if m]
         machines = [m or known[0] for m in self._machines] if known else None
-        await asyncio.wait_for(self.manager.attach.remote(self.models, machines), d)
+        await asyncio.wait_for(self.manager.attach.remote(self.replicas, machines), d)
         for r, (incarnation, _) in enumerate(synced):
             self._known[r], self._up[r] = incarnation, incarnation is not None
         if self._manager_known is not None:

@@ -378,9 +378,9 @@ FREED_WITHIN_S = 5.0
 
 def wait_until_idle(engine, within: float) -> None:
     deadline = time.time() + within
-    while engine.tier_stats().active and time.time() < deadline:
+    while engine.generator_stats().active and time.time() < deadline:
         time.sleep(0.05)
-    assert engine.tier_stats().active == 0, "the abandoned request is still in the batch"
+    assert engine.generator_stats().active == 0, "the abandoned request is still in the batch"
 
 
 def test_abandoned_stream_frees_its_slot(engine, client):
@@ -393,7 +393,7 @@ def test_abandoned_stream_frees_its_slot(engine, client):
         if seen == 3:
             break
     assert seen == 3, "the model stopped before the stream could be abandoned"
-    assert engine.tier_stats().active == 1
+    assert engine.generator_stats().active == 1
     stream.close()
     wait_until_idle(engine, FREED_WITHIN_S)
     ok = client.chat.completions.create(model="lineage", messages=USER, max_tokens=2)

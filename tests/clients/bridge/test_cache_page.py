@@ -6,8 +6,8 @@ prompt. The page, polling `/ui/tree` through the bridge's gRPC client and the
 engine's CacheTree RPC, must show: the anchor with both conversations under it,
 a conversation's restore point at the prompt end of its latest turn (the `reply`
 checkpoint, at the prompt tokens the bridge reported), the miss in words, the
-memory plan, and a search by session key. With tokens, a tenant's `/ui/tree`
-holds its own namespace alone and no memory plan.
+memory shares, and a search by session key. With tokens, a tenant's `/ui/tree`
+holds its own namespace alone and no memory shares.
 
 `LINEAGE_SCREENSHOT_DIR=docs` keeps the page's screenshot there (docs/cache-page.png).
 """

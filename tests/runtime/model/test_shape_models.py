@@ -37,7 +37,7 @@ def test_cut_model_caches_match_the_config(name):
 
 def test_qwen3_next_published_figures():
     """36 GDN layers x (2 MiB float32 state + 48 KiB conv), 12 attention layers x 2 x 2 KV
-    heads x 256 x 2 bytes: the figures the memory plan is sized by."""
+    heads x 256 x 2 bytes: the figures the memory shares are sized by."""
     full = expected(load_shape("qwen3_next_80b_a3b").published)
     assert (full["state_layers"], full["kv_layers"]) == (36, 12)
     assert full["checkpoint_bytes"] == 36 * (2 * MiB + 48 * KiB)

@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from engine.runtime.model import tiny_models as tm
+from engine.runtime.model.draft_files import MTP_WEIGHTS_FILE
 from engine.runtime.model.fingerprint import model_fingerprint
-from engine.runtime.speculative.mtp import MTP_WEIGHTS_FILE, lm_logits, load_mtp, next_next_logits
+from engine.runtime.speculative.mtp import lm_logits, load_mtp, next_next_logits
 
 CHANCE = 1 / tm.VOCAB_SIZE
 needs_corpus = pytest.mark.skipif(

@@ -21,13 +21,9 @@ from mlx_lm.models.cache import make_prompt_cache
 from clients.cli import main as cli
 from clients.cli.args import config_from_args
 from engine.config import CacheConfig, EngineConfig, ModelConfig
+from engine.runtime.model.draft_files import check_draft, load_draft
 from engine.runtime.model.tiny_models import build_model, write_model_dir
-from engine.runtime.speculative.draft_model import (
-    DraftModel,
-    LookupOrDraft,
-    check_draft,
-    load_draft,
-)
+from engine.runtime.speculative.draft_model import DraftModel, LookupOrDraft
 from engine.runtime.speculative.drafts import PromptLookup
 from engine.runtime.speculative.speculation import speculation_for
 from engine.runtime.speculative.speculative_batch import Speculation

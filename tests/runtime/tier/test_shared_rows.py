@@ -23,7 +23,7 @@ from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.runtime import layer_caches
 from engine.runtime.batching.batch import merge_with_room
 from engine.runtime.local import LocalEngine
-from engine.runtime.tier.stats import tier_stats
+from engine.runtime.tier.stats import generator_stats
 
 SYSTEM = 300  # the anchor's tokens
 AGENTS = 3
@@ -157,7 +157,7 @@ def test_an_entry_whose_prefix_entry_leaves_takes_its_rows(loaded):
     mx.eval(keys)
     tier.apply(Orders(rejoin=tuple(ids), free=(anchor_id,)))
     assert tier.rejoined == len(ids)
-    assert tier_stats(engine.generator).rejoined == len(ids)  # what the actor reports
+    assert generator_stats(engine.generator).rejoined == len(ids)  # what the actor reports
     assert all(tier.entries[i].prefix is None for i in ids)
     again = tier.restore(ids[-1], held.length)[_first_kv(restored)].keys
     assert mx.array_equal(keys, again).item()  # the same rows, now its own

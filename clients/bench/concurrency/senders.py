@@ -56,6 +56,7 @@ class EngineSender:
         wait_bound: float | None = None,
         chunk_max: int | None = None,
     ):
+        from clients.bench.harness import bench_kernels
         from clients.client import Client
         from engine.config import CacheConfig, EngineConfig, ServerConfig
         from engine.server.background import BackgroundEngine
@@ -74,7 +75,10 @@ class EngineSender:
             prefill_chunk_max=opts.chunk_max if chunk_max is None else chunk_max,
         )
         config = EngineConfig(
-            model=model, cache=CacheConfig(cache_dir=cache_dir), server=ServerConfig(port=0)
+            model=model,
+            cache=CacheConfig(cache_dir=cache_dir),
+            server=ServerConfig(port=0),
+            kernels=bench_kernels(),
         )
         self.engine = BackgroundEngine(config, timeout=600)
         self.client = Client(self.engine.address, timeout=600)

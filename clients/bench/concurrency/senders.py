@@ -113,6 +113,11 @@ class EngineSender:
         """The model loop's steps by phase between two perf_counter readings (same machine)."""
         return self.engine.step_profile(since, until)
 
+    def prefill_log(self, since: float, until: float) -> dict:
+        """The model loop's prefill log (per request: queued, chunks, between them; the chunk
+        cost fit) for requests received between two perf_counter readings."""
+        return self.engine.prefill_log(since, until)
+
     def close(self) -> None:
         self.client.close()
         self.engine.stop()

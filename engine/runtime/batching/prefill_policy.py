@@ -69,6 +69,8 @@ MIN_CHUNK = 1  # a long prefill moves at least this many tokens per step
 STEP_FACTOR = 2.5  # a step with a chunk beside decode aims at this many idle decode steps
 SLICE_MS = 50.0  # a long prefill's chunk with nothing decoding aims at this long
 FIRST_CHUNK = 16  # a long prefill's chunk beside decode before any cost is measured
+USEFUL = 0.5  # a chunk's fixed cost is at most this share of it, whoever waits
+FIXED_SHARE = 0.1  # a long prefill alone grows its chunks until its fixed cost is this share
 WAIT_BOUND = 2.0  # srpt: no prefill ends later than this many times first-come-first-served's
 
 
@@ -100,8 +102,9 @@ class Costs:
     """Measured recently by the batch generator (ms; 0: not measured yet)."""
 
     decode_ms: float = 0.0  # a step that only decoded: a stream's idle inter-token gap
-    token_ms: float = 0.0  # a prefill token, of any cohort (for one not measured yet)
+    token_ms: float = 0.0  # a prefill token beyond a chunk's fixed cost, of any cohort
     beside_ms: float = 0.0  # what a step with a chunk spends besides the chunk's forward
+    fixed_ms: float = 0.0  # a chunk's fixed cost, whatever its size (chunk_costs); 0: unknown
 
 
 class PrefillScheduler:
@@ -131,6 +134,7 @@ class PrefillScheduler:
         self.chunk_max = budget if chunk_max is None else chunk_max
         if self.chunk_max < 1:
             raise ValueError(f"chunk_max {chunk_max} must be positive")
+        self.streak: tuple[int, int] = (-1, 0)  # (uid, its chunks in a row with nothing waiting)
         self.work = 0  # prompt tokens of every chunk planned: the bound's clock
         self.deadlines: dict[int, float] = {}  # uid -> the work by which its prefill ends
 
@@ -168,18 +172,28 @@ class PrefillScheduler:
         module)."""
         return total <= self.budget
 
-    def allowance(self, head: Candidate, decoding: int, costs: Costs) -> int:
-        """Prompt tokens `head` may prefill this step (module doc: budget, in time)."""
+    def allowance(
+        self, head: Candidate, decoding: int, costs: Costs, alone: bool = False, streak: int = 0
+    ) -> int:
+        """Prompt tokens `head` may prefill this step (module doc: budget, in time; growth).
+        `alone`: no other sequence waits for a chunk; `streak`: its chunks in a row so."""
         if self.short(head.remaining if head.total is None else head.total):
             return self.budget  # whole, decoding or not
         token_ms = head.token_ms or costs.token_ms
         if token_ms <= 0 or (decoding and not self.overlap and costs.decode_ms <= 0):
             return min(self.budget, FIRST_CHUNK) if decoding else self.budget
-        if decoding and not self.overlap:
+        in_step = decoding and not self.overlap  # the chunk is part of a decode step
+        if in_step:
             room = self.step_factor * costs.decode_ms - costs.beside_ms
         else:
             room = self.slice_ms
-        return max(MIN_CHUNK, min(self.chunk_max, int(room / token_ms)))
+        fixed = costs.fixed_ms
+        room = max(room, fixed / USEFUL)  # never a chunk of mostly fixed cost
+        if alone and not in_step and streak:
+            # Nobody waits: double the time each chunk in a row, until the fixed cost is
+            # FIXED_SHARE of it (at least twice the slice, so the fit sees sizes vary).
+            room = min(room * 2**streak, max(2 * room, fixed / FIXED_SHARE))
+        return max(MIN_CHUNK, min(self.chunk_max, int((room - fixed) / token_ms)))
 
     def plan(
         self, candidates: list[Candidate], step: int, decoding: int = 0, costs: Costs = Costs()
@@ -190,25 +204,35 @@ class PrefillScheduler:
         )
         if not ready:
             return None
-        chunk = self._chunk(ready[0], ready, candidates, decoding, costs)
+        chunk = self._chunk(ready[0], ready, ready, candidates, decoding, costs)
         if self.schedule == "srpt" and self.wait_bound:
             self._deadlines(candidates)
             if not self._feasible(ready, chunk):  # the earliest deadline first, alone
                 head = min(ready, key=lambda c: (self.deadlines[c.uid], c.arrived, c.uid))
-                chunk = self._chunk(head, [head], candidates, decoding, costs)
+                chunk = self._chunk(head, [head], ready, candidates, decoding, costs)
         self.work += chunk.tokens * len(chunk.uids)
+        alone = all(c.uid in chunk.uids for c in ready)
+        uid, count = self.streak
+        self.streak = (chunk.uids[0], count + 1 if alone and uid == chunk.uids[0] else int(alone))
         return chunk
 
     def _chunk(
         self,
         head: Candidate,
         ready: list[Candidate],
+        waiting: list[Candidate],
         candidates: list[Candidate],
         decoding: int,
         costs: Costs,
     ) -> Chunk:
-        """`head`'s chunk: its cohort, or it and similar unstarted ones of `ready`."""
-        allowance = self.allowance(head, decoding, costs)
+        """`head`'s chunk: its cohort, or it and similar unstarted ones of `ready` (`waiting`:
+        every sequence with prefill left, to tell whether anyone else waits)."""
+        own = {head.uid}
+        if head.cohort is not None:
+            own |= {c.uid for c in candidates if c.cohort == head.cohort}
+        alone = all(c.uid in own for c in waiting)
+        streak = self.streak[1] if self.streak[0] in own else 0
+        allowance = self.allowance(head, decoding, costs, alone, streak)
         if head.cohort is not None:  # a started cohort runs whole: one prompt batch
             members = [c for c in candidates if c.cohort == head.cohort]
         else:

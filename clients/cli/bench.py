@@ -75,6 +75,10 @@ BENCHES = {
         "clients.bench.memory",
         "cache bytes and times at the shapes users run (checkpoint, KV, tiers, disk)",
     ),
+    "simulate": (
+        "clients.bench.simulate",
+        "our prefill policy against FCFS whole prefill (mlx-vlm's), simulated on a Mac's costs",
+    ),
     "structured": (
         "clients.bench.structured",
         "structured output: decode held to a tool schema vs free, mask and compile time, n=4 vs 4",

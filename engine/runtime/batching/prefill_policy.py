@@ -46,6 +46,23 @@ prefill chunk that runs beside it, within a token budget:
   guard; `chunk_max` only caps the chunk where tokens are cheap, and the
   smaller it is, the more of the prefill goes to each chunk's fixed cost
   and to the steps between one chunk's end and the next one's start.
+- Costs, learned: a chunk's forward is a fixed cost plus a cost per token
+  (engine.runtime.batching.chunk_costs fits both to the chunks run, on
+  whatever backend), and the chunk is sized on the per-token part after the
+  fixed one. Once the fixed cost is known, no chunk is so short that the
+  prefill runs below 1 / X of its own rate (X: the wait bound, else
+  1 / (1 - USEFUL)): with the step's other work (the decode, when the chunk is
+  part of the step) and the fixed cost, a chunk of time T gives the prefill
+  (T - fixed) / (T + other) of the machine, so T >= (X * fixed + other) /
+  (X - 1). Where a forward's fixed cost is several decode steps long (a
+  Mac's MoE) that outweighs the streams' gap target: the bound's promise is
+  kept in time, not only in tokens.
+- Growth: a long prefill that nobody else waits for (no other sequence has
+  prefill left), with its chunk not part of a decode step, doubles its
+  chunk's time each chunk in a row (from the slice) until the fixed cost is
+  FIXED_SHARE of it (at least twice the slice, so the sizes vary for the
+  fit); a sequence that arrives cuts it back to the slice, and growth starts
+  over once it is alone again.
 - A short prefill (its whole uncached prompt within `budget` tokens) runs
   whole in one chunk, also beside decode: its first token comes one step
   later instead of many, at the price of one longer gap for the decoding
@@ -69,7 +86,7 @@ MIN_CHUNK = 1  # a long prefill moves at least this many tokens per step
 STEP_FACTOR = 2.5  # a step with a chunk beside decode aims at this many idle decode steps
 SLICE_MS = 50.0  # a long prefill's chunk with nothing decoding aims at this long
 FIRST_CHUNK = 16  # a long prefill's chunk beside decode before any cost is measured
-USEFUL = 0.5  # a chunk's fixed cost is at most this share of it, whoever waits
+USEFUL = 0.5  # without a wait bound, a prefill beside other work keeps this share of its rate
 FIXED_SHARE = 0.1  # a long prefill alone grows its chunks until its fixed cost is this share
 WAIT_BOUND = 2.0  # srpt: no prefill ends later than this many times first-come-first-served's
 
@@ -188,7 +205,9 @@ class PrefillScheduler:
         else:
             room = self.slice_ms
         fixed = costs.fixed_ms
-        room = max(room, fixed / USEFUL)  # never a chunk of mostly fixed cost
+        if fixed > 0:  # known (the fit told it apart): the prefill keeps its rate (module doc)
+            x = self.wait_bound if self.wait_bound > 1 else 1 / (1 - USEFUL)
+            room = max(room, (x * fixed + (costs.beside_ms if in_step else 0.0)) / (x - 1))
         if alone and not in_step and streak:
             # Nobody waits: double the time each chunk in a row, until the fixed cost is
             # FIXED_SHARE of it (at least twice the slice, so the fit sees sizes vary).

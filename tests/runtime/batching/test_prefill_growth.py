@@ -107,3 +107,23 @@ def test_nothing_decoding_grows_too_and_chunk_max_caps_the_growth():
     cheap = Costs(10.0, 0.01, 10.0, fixed_ms=20.0)  # 200 ms would be 18,000 tokens
     sizes = [default.plan([long()], step, decoding=0, costs=cheap).tokens for step in range(3)]
     assert sizes == [256, 256, 256]  # chunk_max defaults to the budget
+
+
+MAC = Costs(decode_ms=33.0, token_ms=1000 / 420, beside_ms=33.0, fixed_ms=130.0)
+
+
+def test_beside_decode_a_chunk_keeps_the_prefill_within_the_wait_bound_of_its_own_rate():
+    # A forward's fixed cost several decode steps long (a Mac's): the streams' gap target
+    # (2.5 idle steps) would leave the prefill a third of its rate; the chunk is sized so the
+    # prefill keeps 1 / 1.25 of it: (1.25 * 130 + 33) / 0.25 = 782 ms a step.
+    s = PrefillScheduler("srpt", 256, step_factor=2.5, wait_bound=1.25, chunk_max=4096)
+    chunk = s.plan([long()], 0, decoding=2, costs=MAC)
+    assert chunk.tokens == int((782.0 - 130.0) / MAC.token_ms)
+    useful = chunk.tokens * MAC.token_ms
+    assert useful / (useful + MAC.fixed_ms + MAC.beside_ms) == pytest.approx(1 / 1.25, abs=0.01)
+
+
+def test_until_the_fixed_cost_is_known_the_gap_target_alone_sizes_the_chunk():
+    s = PrefillScheduler("srpt", 256, step_factor=2.5, wait_bound=1.25, chunk_max=4096)
+    costs = Costs(33.0, 1000 / 420, 33.0)
+    assert s.plan([long()], 0, decoding=2, costs=costs).tokens == int(49.5 / costs.token_ms)

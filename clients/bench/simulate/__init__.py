@@ -71,7 +71,7 @@ def run_bench(args) -> dict:
     }
     out = {}
     for name, (requests, closed) in traffics.items():
-        model = ModelConfig(max_batch=args.max_batch)
+        model = ModelConfig(max_batch=args.max_batch, prefill_wait_bound=args.wait_bound)
         runs = {
             "ours": summarize(run_ours(requests, costs, closed, model)),
             "fcfs": summarize(run_fcfs(requests, costs, closed, args.prefill_step, args.max_batch)),
@@ -154,6 +154,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--load", type=float, default=0.5, help="trace: offered prefill / capacity")
     parser.add_argument("--prefill-step", type=int, default=2048, help="fcfs: tokens a chunk")
     parser.add_argument("--max-batch", type=int, default=8)
+    parser.add_argument(
+        "--wait-bound",
+        type=float,
+        default=ModelConfig.prefill_wait_bound,
+        help="ours: the engine's --prefill-wait-bound",
+    )
     parser.add_argument(
         "--chunk-max", type=int, help="also ours with --prefill-chunk-max N (default: none)"
     )

@@ -189,6 +189,7 @@ BENCHMARKS = (
     "decode",
     "faults",
     "kernels",
+    "simulate",
     "memory",
     "load",
     "restart",

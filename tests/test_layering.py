@@ -80,6 +80,8 @@ FORBIDDEN = {
     "engine.storage": ("ray", "grpc", "engine.server", "engine.actors", "engine.proto", "clients"),
     # The prefill policy is plain Python like the cache policy (a test imports it blocked).
     "engine.runtime.batching.prefill_policy": PLAIN,
+    "engine.runtime.batching.chunk_costs": PLAIN,
+    "engine.runtime.batching.prefill_log": PLAIN,
     # The ordering protocol and admission are plain Python too: the policy tests' fake
     # driver runs the same OrderLedger (tests/runtime/test_ordering.py imports them blocked).
     "engine.runtime.ordering": PURE_RUNTIME,
@@ -217,6 +219,7 @@ BENCHMARKS = (
     "decode",
     "faults",
     "kernels",
+    "simulate",
     "memory",
     "load",
     "restart",

@@ -140,8 +140,13 @@ def emit(
     format_table: Callable[[dict], str],
     plot: Callable[[dict, str], None] | None = None,
 ) -> int:
-    """Print the figures' table; write --json and --plot when asked."""
+    """Print the figures' table and the kernel set they ran with; write --json (with the
+    kernel set) and --plot when asked."""
+    from clients.bench.harness import kernel_set
+
+    figures = {"kernels": kernel_set(), **figures}
     print(format_table(figures))
+    print(f"kernels: {figures['kernels']} (lineage bench NAME --kernels ours|peers)")
     if getattr(args, "json", None):
         write_json(args.json, figures)
     if plot is not None and getattr(args, "plot", None):

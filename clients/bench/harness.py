@@ -1,5 +1,7 @@
 """What a benchmark starts: its own Ray, the serve flags' EngineConfig, the model directory.
 
+Every benchmark runs with one kernel set (`kernel_set`: `--kernels ours|peers`,
+our engine/kernels/ or none of them, as every MLX server runs).
 The benchmarks that run the engine in process (`warm`, `checkpoint`) take the
 serve flags and build the same EngineConfig as `lineage serve`; the ones that
 start engines as actors do so on a Ray of their own, never on another user's
@@ -17,7 +19,33 @@ import os
 
 from clients.cli.args import add_serve_arguments, config_from_args
 
-__all__ = ["add_serve_arguments", "engine_config", "model_path", "own_ray"]
+__all__ = [
+    "add_serve_arguments",
+    "bench_kernels",
+    "engine_config",
+    "kernel_set",
+    "model_path",
+    "own_ray",
+]
+KERNELS_VAR = "LINEAGE_KERNELS"  # `lineage bench --kernels` sets it for the whole run
+
+
+def kernel_set() -> str:
+    """The kernels every engine of this run installs: `ours` or `peers` (`lineage bench
+    NAME --kernels`, else LINEAGE_KERNELS, else ours). Named in every benchmark's output."""
+    from engine.config import KERNEL_SETS
+
+    value = os.environ.get(KERNELS_VAR) or "ours"
+    if value not in KERNEL_SETS:
+        raise ValueError(f"{KERNELS_VAR}: {value!r} is not one of {', '.join(KERNEL_SETS)}")
+    return value
+
+
+def bench_kernels():
+    """The KernelConfig of `kernel_set` (for a benchmark that builds its EngineConfig)."""
+    from engine.config import KernelConfig
+
+    return KernelConfig(kernels=kernel_set())
 
 
 def engine_config(args: argparse.Namespace):

@@ -5,7 +5,9 @@
 clients.bench.NAME alone, parses the rest with that module's
 `add_arguments(parser)` and calls its `run(args) -> int`. A benchmark whose
 optional dependency is missing, or a `--plot` without matplotlib, is refused in
-one line naming the extra to install.
+one line naming the extra to install. Every benchmark takes `--kernels ours|peers`
+(engine.config.kernels: our engine/kernels/, or none of them as every MLX server
+runs), set for the whole run and named in its output.
 """
 
 from __future__ import annotations
@@ -13,6 +15,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
+
+from clients.bench.harness import KERNELS_VAR
+from clients.cli.args import add_settings
+from engine.config import KernelConfig
+from engine.config.declare import setting_named
 
 HELP = (
     "benchmarks: warm turns, checkpoint bytes, agent traffic, warm restarts, concurrency, "
@@ -71,6 +79,10 @@ BENCHES = {
         "clients.bench.memory",
         "cache bytes and times at the shapes users run (checkpoint, KV, tiers, disk)",
     ),
+    "simulate": (
+        "clients.bench.simulate",
+        "our prefill policy against FCFS whole prefill (mlx-vlm's), simulated on a Mac's costs",
+    ),
     "structured": (
         "clients.bench.structured",
         "structured output: decode held to a tool schema vs free, mask and compile time, n=4 vs 4",
@@ -101,11 +113,15 @@ def run(args: argparse.Namespace) -> int:
         return 1
     parser = argparse.ArgumentParser(prog=f"lineage bench {args.bench}", description=module.HELP)
     module.add_arguments(parser)
+    if "--kernels" not in parser._option_string_actions:  # not among the serve flags it took
+        add_settings(parser, [setting_named(KernelConfig, "kernels")])
     try:
         bench_args = parser.parse_args(args.rest)
     except SystemExit as exit_:
         return int(exit_.code or 0)
     bench_args.bench, bench_args.env = args.bench, args.env
+    if bench_args.kernels:  # every engine of the run, its Ray workers and subprocesses
+        os.environ[KERNELS_VAR] = bench_args.kernels
     return launch(bench_args, module.run)
 
 

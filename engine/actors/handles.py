@@ -85,6 +85,9 @@ class ModelCalls(Protocol):
     async def step_profile(self, since: float = 0.0, until: float = float("inf")) -> dict:
         """The model loop's step times by phase, for steps that ended in [since, until]."""
 
+    async def prefill_log(self, since: float = 0.0, until: float = float("inf")) -> dict:
+        """Each request's prefill timings and the chunk cost fit, received in [since, until]."""
+
     async def generator_stats(self) -> GeneratorStats:
         """What the replica holds right now."""
 

@@ -433,6 +433,12 @@ class ModelActor:
         that ended in [since, until], in `time.perf_counter` seconds (one clock per machine)."""
         return await asyncio.to_thread(self.loop.ask, lambda g: g.profile.summary(since, until))
 
+    async def prefill_log(self, since: float = 0.0, until: float = float("inf")) -> dict:
+        """Each request's prefill (queued, its chunks, the time between them) and the chunk
+        cost fit (engine.runtime.batching.prefill_log), for requests received in [since,
+        until], `time.perf_counter` seconds."""
+        return await asyncio.to_thread(self.loop.ask, lambda g: g.prefill_log.report(since, until))
+
     @ray.method(max_task_retries=3)
     async def generator_stats(self) -> GeneratorStats:
         """RAM tier, pool and disk writer figures, read on the loop thread."""

@@ -12,7 +12,7 @@ the machine offers (`machine`) and the memory shares made once the model is load
 from engine.config.cache import CACHE_MODES, CacheConfig, default_cache_dir
 from engine.config.declare import parse_bool
 from engine.config.fleet import FleetConfig, ModelSpec
-from engine.config.kernels import GATED_DELTA_MODES, KernelConfig
+from engine.config.kernels import GATED_DELTA_MODES, KERNEL_SETS, KernelConfig
 from engine.config.limits import CACHE_BLOCK, MAX_JSON_DEPTH, MAX_REQUEST_BYTES, Limits
 from engine.config.machine import machine_memory
 from engine.config.memory import POOL_MAX, MemoryShares, share_memory, with_memory
@@ -32,6 +32,7 @@ __all__ = [
     "CACHE_BLOCK",
     "CACHE_MODES",
     "GATED_DELTA_MODES",
+    "KERNEL_SETS",
     "GB",
     "MAX_JSON_DEPTH",
     "MAX_REQUEST_BYTES",

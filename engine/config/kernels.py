@@ -11,6 +11,12 @@ from dataclasses import dataclass
 from engine.config.declare import label_of, setting
 
 GATED_DELTA_MODES = ("auto", "fast", "ops")
+KERNEL_SETS = ("ours", "peers")
+# What `--kernels peers` sets: every path of engine/kernels/ off, mlx-lm's and MLX's own
+# ops in their place (what every MLX server runs, on every backend).
+PEERS_KERNELS = dict(
+    sparse=False, gated_delta="ops", dense=False, host_linear=False, cpu_fusion=False
+)
 
 
 @dataclass(frozen=True)
@@ -56,8 +62,23 @@ class KernelConfig:
         "RMS norms and a decode step's RoPE compiled into fused ops on the CPU backend, "
         "where MLX's fast ops are compositions (off: MLX's ops)",
     )
+    kernels: str = setting(
+        "ours",
+        "ours: each kernel as its own flag says; peers: every engine kernel off, the "
+        "kernels every MLX server runs (--sparse-kernels off --dense-kernel off "
+        "--host-linear off --cpu-fusion off --gated-delta ops, whatever those flags say)",
+        choices=KERNEL_SETS,
+    )
 
     def __post_init__(self):
+        if self.kernels not in KERNEL_SETS:
+            raise ValueError(
+                f"{label_of(KernelConfig, 'kernels')}: {self.kernels!r} is not one of "
+                f"{', '.join(KERNEL_SETS)}"
+            )
+        if self.kernels == "peers":  # the set wins over the single switches
+            for name, value in PEERS_KERNELS.items():
+                object.__setattr__(self, name, value)
         if not 1 <= self.sparse_decode_max <= self.sparse_gather_max:
             raise ValueError(
                 f"sparse thresholds: need 1 <= {label_of(KernelConfig, 'sparse_decode_max')} "

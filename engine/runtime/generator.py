@@ -56,6 +56,7 @@ from engine.runtime.batching.batch import bound_pool
 from engine.runtime.batching.chunked import ChunkedBatchGenerator
 from engine.runtime.batching.for_schedule import new_batch_generator
 from engine.runtime.batching.layer_timer import LayerTimer
+from engine.runtime.batching.prefill_log import PrefillLog
 from engine.runtime.batching.step_profile import StepProfile
 from engine.runtime.branches import Branch, branch_key, branch_request
 from engine.runtime.events import Emit, Finished, FinishReason, Progress
@@ -114,7 +115,8 @@ class Generator:
         self.eos_ids = frozenset(int(t) for t in tokenizer.eos_token_ids)
         self.pool_limit = bound_pool(config.cache.ram_budget, config.cache.pool_limit)
         self.profile = StepProfile()  # where each step's wall time goes
-        self.bg = new_batch_generator(self.model, self.config, self.profile)
+        self.prefill_log = PrefillLog()  # each prefill's chunks, each request's row
+        self.bg = new_batch_generator(self.model, self.config, self.profile, self.prefill_log)
         self.active: dict[int, ActiveRequest] = {}  # uid -> request
         self.by_request: dict[str, int] = {}  # request_id -> uid
         self.admission = Admission(
@@ -229,7 +231,7 @@ class Generator:
             self._forget(uid)
             act.emit(self._final_event(act, FinishReason.UNAVAILABLE, error=error))
         self.close()
-        self.bg = new_batch_generator(self.model, self.config, self.profile)
+        self.bg = new_batch_generator(self.model, self.config, self.profile, self.prefill_log)
         self.tier.clear()
         self.order_ledger.reset()  # the manager numbers its Orders anew
 
@@ -240,7 +242,7 @@ class Generator:
             self._release(act.req)
             act.emit(self._final_event(act, FinishReason.ERROR, error=message))
         self.close()
-        self.bg = new_batch_generator(self.model, self.config, self.profile)
+        self.bg = new_batch_generator(self.model, self.config, self.profile, self.prefill_log)
 
     # ---- the loop ---------------------------------------------------------
 
@@ -399,6 +401,22 @@ class Generator:
 
     # ---- prefill events ----------------------------------------------------
 
+    def _log_prefill(self, act: ActiveRequest, uid: int) -> None:
+        """The request's row in the prefill log: its clock and its chunks' track."""
+        take = getattr(self.bg, "prefill_track", None)
+        if take is None or act.index:  # batched: no chunk log; a branch: its first's row
+            return
+        shift = time.perf_counter() - time.time()  # Stamps' clock -> the log's
+        self.prefill_log.request_row(
+            take(uid),
+            act.stamps.received + shift,
+            act.stamps.admitted + shift,
+            request_id=act.key,
+            namespace=act.req.namespace,
+            prompt_tokens=act.prompt_len,
+            restored=act.restore_length,
+        )
+
     def _on_prompt(self, r) -> None:
         act = self.active.get(r.uid)
         if act is None:
@@ -414,6 +432,7 @@ class Generator:
             act.emit(Progress(done=done, total=act.prompt_len))
         if r.end_of_prompt:
             act.stamps.prefill_end = time.time()
+            self._log_prefill(act, r.uid)
             for index in range(1, act.branches):  # its branches, forked now
                 branch = self.active.get(self.by_request.get(branch_key(act.key, index), -1))
                 if branch is not None:

@@ -56,3 +56,25 @@ def test_environment_then_flags():
 def test_bad_values_name_the_setting(env, needle):
     with pytest.raises(ValueError, match=needle):
         EngineConfig.from_sources({}, {"LINEAGE_CACHE_DIR": "/tmp", **env})
+
+
+def test_the_peers_set_turns_every_kernel_off_whatever_the_single_switches_say():
+    env = {"LINEAGE_HOST_LINEAR": "on", "LINEAGE_GATED_DELTA": "fast"}
+    k = _config(["--kernels", "peers", "--cpu-fusion", "on"], env).kernels
+    assert (k.sparse, k.dense, k.host_linear, k.cpu_fusion) == (False,) * 4
+    assert k.gated_delta == "ops"
+    assert _config([], {"LINEAGE_KERNELS": "peers"}).kernels.host_linear is False
+    assert _config([], {}).kernels.host_linear is True
+    with pytest.raises(ValueError, match="--kernels"):
+        EngineConfig.from_sources({}, {"LINEAGE_CACHE_DIR": "/tmp", "LINEAGE_KERNELS": "theirs"})
+
+
+def test_the_peers_set_installs_no_kernel_into_the_model(random_model_dir):
+    import mlx_lm
+
+    from engine.runtime.model.loader import install_kernels
+
+    model, _ = mlx_lm.load(str(random_model_dir))
+    assert install_kernels(model, EngineConfig())  # ours: some are active on this model
+    model, _ = mlx_lm.load(str(random_model_dir))
+    assert install_kernels(model, EngineConfig(kernels=KernelConfig(kernels="peers"))) == ()

@@ -12,7 +12,9 @@ In one run, the same seeded traffic (clients.bench.agents.traffic) goes to
 - a real `mlx_lm.server` subprocess on the same model directory
   (clients.bench.peer), fed the same messages and tools through its OpenAI
   HTTP API, one thread per lane (a dropped stream hangs up after its drop
-  point, as ours is cancelled there);
+  point, as ours is cancelled there); and so mlx-vlm's server (`mlx_vlm`, its
+  prefix cache on; asked by name, and by default under `--kernels peers`;
+  clients.bench.peers makes its venv), skipped with its reason where it cannot run;
 - with `--api chat,messages,responses`, instead of the above: the lineage engine
   behind the HTTP bridge, once per wire format (clients.bench.agents.wire_apis);
 - the oracle (clients.bench.agents.observed): for each request, the longest prefix
@@ -41,11 +43,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from clients.bench.agents.drive import drive
-from clients.bench.agents.observed import POLICIES, Observed, PolicyRun
+from clients.bench.agents.observed import PEER_SERVERS, POLICIES, Observed, PolicyRun
 from clients.bench.agents.report import format_table, plot, summarize
 from clients.bench.agents.traffic import Traffic, build_traffic
 from clients.bench.figures import emit, plot_ready
-from clients.bench.harness import model_path, own_ray
+from clients.bench.harness import kernel_set, model_path, own_ray
 
 HELP = "agent traffic against lineage, exact, off and mlx-lm's prompt cache, beside the oracle"
 
@@ -193,12 +195,14 @@ def run_engine(
 
 
 def _engine_config(mode: str, opts: BenchOptions, cache_dir: str, replicas: int):
+    from clients.bench.harness import bench_kernels
     from engine.config import CacheConfig, EngineConfig, ModelConfig, ServerConfig
 
     interval = {} if opts.message_interval is None else {"message_interval": opts.message_interval}
     return EngineConfig(
         model=ModelConfig(path=opts.model, prefill_step_size=opts.prefill_step_size),
         cache=CacheConfig(mode=mode, ram_budget=opts.ram_budget, cache_dir=cache_dir, **interval),
+        kernels=bench_kernels(),
         server=ServerConfig(
             port=0,
             replicas=replicas,
@@ -252,16 +256,20 @@ class _FilesSeen:
 # ------------------------------------------------------------------ mlx-lm ----
 
 
-def run_mlx_lm_server(traffic: Traffic, opts: BenchOptions, ids: PromptIds) -> PolicyRun:
-    """The traffic against a real mlx_lm.server subprocess, concurrently per step."""
+def run_peer_server(
+    name: str, traffic: Traffic, opts: BenchOptions, ids: PromptIds
+) -> PolicyRun | str:
+    """The traffic against a real peer server subprocess (`mlx_lm_server`, `mlx_vlm`:
+    clients.bench.peers), concurrently per step; or why that peer cannot run here."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from clients.bench.peer import MlxLmServer
+    from clients.bench.concurrency.senders import PEER_RUNS
+    from clients.bench.peers import start_or_reason
 
-    with (
-        MlxLmServer(opts.model) as server,
-        ThreadPoolExecutor(max(1, traffic.agents)) as pool,
-    ):
+    server, reason = start_or_reason(PEER_RUNS[name], opts.model)
+    if reason:
+        return reason
+    with server, ThreadPoolExecutor(max(1, traffic.agents)) as pool:
 
         def send(spec, messages):
             return server.stream(messages, traffic.tools, spec.max_tokens, spec.drop_after)
@@ -280,7 +288,7 @@ def run_mlx_lm_server(traffic: Traffic, opts: BenchOptions, ids: PromptIds) -> P
         def sample():  # its cache figures are not exposed: only the replies' usage
             return {"ram_bytes": 0, "disk_bytes": 0, "evictions": 0, "disk_bytes_written": 0}
 
-        return drive("mlx_lm_server", traffic, ids, serve, sample)
+        return drive(name, traffic, ids, serve, sample)
 
 
 def run_mlx_lm(traffic: Traffic, opts: BenchOptions, ids: PromptIds) -> PolicyRun:
@@ -307,7 +315,7 @@ def run_bench(opts: BenchOptions) -> dict:
     from clients.bench.agents import wire_apis
     from clients.bench.agents.replicas import parse
 
-    unknown = [p for p in opts.policies if p not in POLICIES and not parse(p)]
+    unknown = [p for p in opts.policies if p not in POLICIES + PEER_SERVERS and not parse(p)]
     unknown += [a for a in opts.apis if a not in wire_apis.APIS]
     if unknown:
         raise ValueError(
@@ -316,7 +324,7 @@ def run_bench(opts: BenchOptions) -> dict:
         )
     traffic = build_traffic(opts.seed, opts.scale, opts.agents, opts.variants, opts.message_edits)
     ids = PromptIds(opts.model)
-    runs, chain = {}, None
+    runs, chain, skipped = {}, None, {}
     work = tempfile.mkdtemp(prefix="lineage-bench-agents-", dir=opts.work_dir)
     try:
         for api in opts.apis:  # one fresh engine and bridge per wire format
@@ -332,8 +340,13 @@ def run_bench(opts: BenchOptions) -> dict:
         for name in () if opts.apis else opts.policies:
             if name == "mlx_lm":
                 runs[name] = run_mlx_lm(traffic, opts, ids)
-            elif name == "mlx_lm_server":
-                runs[name] = run_mlx_lm_server(traffic, opts, ids)
+            elif name in PEER_SERVERS:
+                got = run_peer_server(name, traffic, opts, ids)
+                if isinstance(got, str):
+                    print(f"{name}: skipped: {got}", flush=True)
+                    skipped[name] = got
+                else:
+                    runs[name] = got
             else:
                 mode, count = parse(name) or (name, 1)
                 path = os.path.join(work, name)
@@ -366,6 +379,7 @@ def run_bench(opts: BenchOptions) -> dict:
             ],
         },
         "policies": policies,
+        **({"skipped": skipped} if skipped else {}),
         **({"apis": apis} if apis else {}),
     }
 
@@ -391,8 +405,8 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument(
         "--policies",
-        default=",".join(POLICIES),
-        help=f"comma-separated subset of {','.join(POLICIES)}",
+        help=f"comma-separated subset of {','.join(POLICIES + PEER_SERVERS[1:])} (default: "
+        f"{','.join(POLICIES)}, and mlx_vlm under --kernels peers)",
     )
     parser.add_argument(
         "--replicas",
@@ -453,9 +467,10 @@ def options_from_args(args) -> BenchOptions:
         if args.ram_budget
         else EngineConfig.from_sources({}, {}).cache.ram_budget
     )
-    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    given = args.policies or ",".join(POLICIES + (("mlx_vlm",) if kernel_set() == "peers" else ()))
+    policies = tuple(p.strip() for p in given.split(",") if p.strip())
     replicas = getattr(args, "replicas", 1) or 1
-    if replicas > 1 and args.policies == ",".join(POLICIES):  # --policies not given
+    if replicas > 1 and not args.policies:
         policies = ("lineage", f"lineage_x{replicas}")
     return BenchOptions(
         model=model_path(args.model),
@@ -478,7 +493,7 @@ def run(args) -> int:
     if not plot_ready(args, "lineage bench agents"):
         return 1
     opts = options_from_args(args)
-    engines = opts.apis or [p for p in opts.policies if p not in ("mlx_lm", "mlx_lm_server")]
+    engines = opts.apis or [p for p in opts.policies if p != "mlx_lm" and p not in PEER_SERVERS]
     with own_ray(needed=bool(engines)):
         report = run_bench(opts)
     return emit(report, args, format_report, plot)

@@ -16,6 +16,7 @@ import numpy as np
 from engine.cache.tokens import common_prefix
 
 POLICIES = ("lineage", "exact", "off", "mlx_lm", "mlx_lm_server")
+PEER_SERVERS = ("mlx_lm_server", "mlx_vlm")  # servers in subprocesses (clients.bench.peers)
 
 
 @dataclass

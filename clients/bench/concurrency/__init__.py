@@ -51,6 +51,7 @@ from clients.bench.agents.traffic import Sessions, Traffic, build_traffic
 from clients.bench.concurrency.forward_costs import floor_probe, grouping_probe
 from clients.bench.concurrency.report import HEADLINE, format_table, plot, summarize
 from clients.bench.concurrency.senders import PEER_RUNS, EngineSender, PeerSender, Sent  # noqa: F401
+from clients.bench.concurrency.time_split import time_split
 from clients.bench.figures import emit, percentile, plot_ready
 from clients.bench.harness import model_path, own_ray
 from clients.fanout import make_system_prompt
@@ -309,13 +310,17 @@ def _one_run(opts, traffic, solo, name: str, work: str, probed: bool) -> dict:
         directory = os.path.join(work, f"{name}-{time.monotonic_ns()}")
         sender = EngineSender(opts, schedule, group, directory, wait_bound=bound, chunk_max=chunk)
     try:
+        t0 = time.perf_counter()
         sent = drive(sender, traffic, opts, solo=False)
+        split = None
+        if hasattr(sender, "prefill_log"):  # where the traffic's prefill time went
+            split = time_split(sender.prefill_log(t0, time.perf_counter()), sent)
         probe_figures = None
         if probed and name not in PEER_RUNS and (opts.probes is None or name in opts.probes):
             probe_figures = probe(sender, opts)
     finally:
         sender.close()
-    return summarize(sent, solo, probe_figures)
+    return summarize(sent, solo, probe_figures) | ({"time_split": split} if split else {})
 
 
 def add_arguments(parser) -> None:

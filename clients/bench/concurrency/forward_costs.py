@@ -18,14 +18,15 @@ from clients.bench.figures import median
 
 
 def _engine_model(model_dir: str):
-    """The model as the engine runs it: mlx-lm's, with the default kernels installed."""
+    """The model as the engine runs it: mlx-lm's, with the run's kernel set installed."""
     import mlx_lm
 
+    from clients.bench.harness import bench_kernels
     from engine.config import EngineConfig
     from engine.runtime.model.loader import install_kernels
 
     model, _ = mlx_lm.load(model_dir)
-    install_kernels(model, EngineConfig())
+    install_kernels(model, EngineConfig(kernels=bench_kernels()))
     return model
 
 

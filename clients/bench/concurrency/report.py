@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from clients.bench.concurrency.time_split import split_lines
 from clients.bench.figures import markdown_table, percentile, pyplot, save_figure
 
 SHORT_TURN = 256  # uncached tokens of a "short warm turn"
@@ -199,6 +200,9 @@ def format_table(report: dict) -> str:
             f"prefill {v['prefill_tok_per_s']:.2f}x"
             for n, v in over.items() if n != "batched"
         )]  # fmt: skip
+    splits = {n: r["time_split"] for n, r in report["runs"].items() if r.get("time_split")}
+    if splits:
+        lines += split_lines(splits)
     probes = {n: r["probe"] for n, r in report["runs"].items() if r.get("probe")}
     if probes:
         lines += _probe_lines(probes)

@@ -56,6 +56,7 @@ class EngineSender:
         wait_bound: float | None = None,
         chunk_max: int | None = None,
     ):
+        from clients.bench.harness import bench_kernels
         from clients.client import Client
         from engine.config import CacheConfig, EngineConfig, ServerConfig
         from engine.server.running.background import BackgroundEngine
@@ -74,7 +75,10 @@ class EngineSender:
             prefill_chunk_max=opts.chunk_max if chunk_max is None else chunk_max,
         )
         config = EngineConfig(
-            model=model, cache=CacheConfig(cache_dir=cache_dir), server=ServerConfig(port=0)
+            model=model,
+            cache=CacheConfig(cache_dir=cache_dir),
+            server=ServerConfig(port=0),
+            kernels=bench_kernels(),
         )
         self.engine = BackgroundEngine(config, timeout=600)
         self.client = Client(self.engine.address, timeout=600)
@@ -108,6 +112,11 @@ class EngineSender:
     def step_profile(self, since: float, until: float) -> dict:
         """The model loop's steps by phase between two perf_counter readings (same machine)."""
         return self.engine.step_profile(since, until)
+
+    def prefill_log(self, since: float, until: float) -> dict:
+        """The model loop's prefill log (per request: queued, chunks, between them; the chunk
+        cost fit) for requests received between two perf_counter readings."""
+        return self.engine.prefill_log(since, until)
 
     def close(self) -> None:
         self.client.close()

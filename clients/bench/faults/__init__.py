@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clients.bench.figures import emit
-from clients.bench.harness import own_ray
+from clients.bench.harness import kernel_set, own_ray
 
 HELP = "faults: kill the manager and a replica, stall a loop, fill the disk, under agent traffic"
 FAULTS = ("manager", "replica", "stall", "disk")
@@ -104,7 +104,7 @@ def run(args) -> int:
         print(f"lineage bench faults: unknown faults {unknown}; known: {', '.join(FAULTS)}")
         return 1
     root = Path(args.cache_dir or tempfile.mkdtemp(prefix="lineage-faults-"))
-    flags = {"model": args.model, "ram_budget": args.ram_budget}
+    flags = {"model": args.model, "ram_budget": args.ram_budget, "kernels": kernel_set()}
     base = EngineConfig.from_sources(flags, {}).with_server(
         port=0,
         replicas=2,

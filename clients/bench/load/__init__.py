@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from clients.bench.figures import emit, labelled, median, percentile
-from clients.bench.harness import own_ray
+from clients.bench.harness import kernel_set, own_ray
 
 HELP = "load: concurrent sessions on a small RAM budget, then a burst past the queue"
 MB = 1 << 20
@@ -61,6 +61,7 @@ def run(args) -> int:
 
     cache_dir = Path(args.cache_dir or tempfile.mkdtemp(prefix="lineage-load-"))
     flags = {"model": args.model, "cache_dir": str(cache_dir), "ram_budget": args.ram_budget}
+    flags["kernels"] = kernel_set()
     config = EngineConfig.from_sources(flags, {}).with_model(max_queue=args.max_queue)
     config = config.with_server(port=0, ray_namespace=f"lineage-load-{os.getpid()}")
     try:

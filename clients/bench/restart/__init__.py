@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from clients.bench.figures import emit, labelled, median
+from clients.bench.harness import bench_kernels
 from clients.bench.restart.loads import big_entries, decode_during_load
 
 HELP = "warm restarts from the disk tier: time to first token, writer MB/s, decode under writes"
@@ -304,6 +305,7 @@ def run(args) -> int:
         config = EngineConfig(
             model=ModelConfig(path=args.model),
             cache=CacheConfig(cache_dir=str(root), ram_budget=8 << 30),
+            kernels=bench_kernels(),
         )
         out = run_bench(
             config,

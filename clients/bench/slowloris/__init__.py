@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from clients.bench.figures import emit, labelled, percentile
-from clients.bench.harness import own_ray
+from clients.bench.harness import kernel_set, own_ray
 
 HELP = "slow clients: slow connections to the bridge while agents run, TTFT beside none"
 
@@ -66,7 +66,8 @@ def run(args) -> int:
 
     cache_dir = Path(args.cache_dir or tempfile.mkdtemp(prefix="lineage-slowloris-"))
     private = tempfile.mkdtemp(prefix="lineage-slowloris-sock-")
-    config = EngineConfig.from_sources({"model": args.model, "cache_dir": str(cache_dir)}, {})
+    flags = {"model": args.model, "cache_dir": str(cache_dir), "kernels": kernel_set()}
+    config = EngineConfig.from_sources(flags, {})
     config = config.with_server(
         port=0,
         ray_namespace=f"lineage-slowloris-{os.getpid()}",

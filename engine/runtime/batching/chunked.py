@@ -11,7 +11,10 @@ its neighbours' long ones. Here each step
 With `overlap` (`--prefill-overlap on`, the default) step 3 only starts the
 chunk: its forward runs on a PrefillWorker thread while the following steps
 decode, and the step after it ends lands it (its responses, its costs); one
-chunk is in flight at a time, and the next is planned once it has landed.
+chunk is in flight at a time, and the next is planned once it has landed. A
+chunk that ends no segment and is done by the end of a step's decode lands
+there and the next chunk starts at once (its responses go out with the next
+step), so the worker does not idle through a decode step between chunks.
 With nothing decoding the chunk runs in the step, on the loop thread, as
 without overlap: there is no decode to overlap, and a newcomer is admitted
 after one chunk (started on the worker, the next chunk would have started
@@ -43,7 +46,15 @@ import mlx.core as mx
 from mlx_lm.generate import PromptProcessingBatch
 
 from engine.runtime.batching.batch import LineageBatchGenerator
-from engine.runtime.batching.prefill_policy import Candidate, Chunk, Costs, PrefillScheduler
+from engine.runtime.batching.chunk_costs import ChunkCosts
+from engine.runtime.batching.prefill_log import PrefillLog
+from engine.runtime.batching.prefill_policy import (
+    FIXED_SHARE,
+    Candidate,
+    Chunk,
+    Costs,
+    PrefillScheduler,
+)
 from engine.runtime.batching.prefill_worker import PrefillWorker
 from engine.runtime.batching.step_profile import StepProfile
 
@@ -54,8 +65,10 @@ STEADY_STEPS = 32  # recent steps whose median is a step's steady cost
 class Flight:
     """A chunk started on the worker and not landed yet."""
 
-    def __init__(self, cid: int, chunk: Chunk, responses: list):
+    def __init__(self, cid: int, chunk: Chunk, responses: list, context: int = 0):
         self.cid, self.chunk, self.responses = cid, chunk, responses
+        self.context = context  # tokens in its first sequence's cache before it
+        self.start = time.perf_counter()
         self.elapsed: float | None = None  # its forward's seconds, once waited for
 
     @property
@@ -70,7 +83,7 @@ class Cohort:
     def __init__(self, batch, processing: list):
         self.batch = batch
         self.processing = processing
-        self.token_ms = 0.0  # its chunks' ms per token, at its latest context
+        self.token_ms = 0.0  # its chunks' ms per token beyond the fixed cost, lately
 
     def index(self, uid: int) -> int:
         return self.batch.uids.index(uid)
@@ -103,6 +116,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         scheduler: PrefillScheduler,
         profile: StepProfile | None = None,
         module_eval: bool = False,
+        log: PrefillLog | None = None,
         **kwargs,
     ):
         super().__init__(model, **kwargs)
@@ -113,6 +127,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         self.flight: Flight | None = None  # the chunk on the worker
         self.landed: Flight | None = None  # the chunk landed whose responses go out next
         self.profile = profile or StepProfile()
+        self.log = log or PrefillLog()  # each chunk, each prefilling sequence's track
         self.cohorts: dict[int, Cohort] = {}
         self._cohort_ids = itertools.count()
         self.steps = 0
@@ -125,7 +140,8 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         self._idle_steps: deque = deque(maxlen=STEADY_STEPS)
         self._beside_steps: deque = deque(maxlen=STEADY_STEPS)
         self._decode_part_ms = 0.0  # the decode part of any step
-        self._token_ms = 0.0  # prefill time per token, fixed cost per forward included
+        self._token_ms = 0.0  # prefill time per token beyond a chunk's fixed cost
+        self.chunk_costs = ChunkCosts()  # a chunk's fixed cost and cost per token, fitted
         self._learned: object = None  # the last profile record learned from
         self.chunks: list[Chunk] = []  # the chunks run, newest last (bounded)
 
@@ -140,10 +156,15 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
     def _next(self):
         self.steps += 1
         self._learn()
-        prompt_responses, generation_responses = [], []
+        generation_responses = []
+        held = set()  # cohorts whose landed chunk's responses go out this step
+        if self.landed is not None:  # landed after the last step's decode, or between steps
+            held.add(self.landed.cid)
+        prompt_responses = self._delivered()
         if self.flight is not None and (self.worker.done or not len(self._generation_batch)):
             self._settle()
-        held = None if self.landed is None else self.landed.cid
+        if self.landed is not None:
+            held.add(self.landed.cid)
         prompt_responses += self._delivered()
         tic = time.perf_counter()
         if len(self._generation_batch) > 0:
@@ -158,9 +179,15 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
                 mx.clear_cache()
         self._start_decoding(prompt_responses, held)
         captures = any(r.end_of_segment and not r.end_of_prompt for r in prompt_responses)
-        if self.flight is not None or captures:  # one in flight; or a snapshot due first
-            return prompt_responses, generation_responses
         decoding = len(self._generation_batch)
+        if captures:  # a snapshot due first
+            return prompt_responses, generation_responses
+        if self.flight is not None:  # one in flight: the next starts once it lands
+            if not (decoding and self.worker.done) or self._ends_segment(self.flight):
+                return prompt_responses, generation_responses
+            # Landed during the decode step: the worker gets its next chunk now, not one
+            # step later (the landed chunk's responses go out with the next step).
+            self._settle()
         chunk = self.scheduler.plan(self._candidates(), self.steps, decoding, self._costs())
         if chunk is not None:
             prompt_responses += self._prefill(chunk)
@@ -188,7 +215,8 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         """The measured costs: a decode-only step (else the decode part of a step), a token,
         a step's work besides its chunk (else the decode-only step)."""
         decode = _median(self._idle_steps) or self._decode_part_ms
-        return Costs(decode, self._token_ms, _median(self._beside_steps) or decode)
+        beside = _median(self._beside_steps) or decode
+        return Costs(decode, self._token_ms, beside, self.chunk_costs.fixed_ms)
 
     def _room(self) -> int:
         started = len(self._generation_batch) + sum(len(c.batch) for c in self.cohorts.values())
@@ -228,15 +256,15 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         self.cohorts[cid] = Cohort(*self._prompt_batch_of(taken))
         return cid
 
-    def _start_decoding(self, responses: list, held: int | None = None) -> None:
+    def _start_decoding(self, responses: list, held: set = frozenset()) -> None:
         """Sequences with only their last token left enter the generation batch; not those of
-        cohort `held`, whose chunk's responses go out this step (as a chunk run in this step,
-        they may be read at their capture point first)."""
+        the cohorts `held`, whose chunk's responses go out this step (as a chunk run in this
+        step, they may be read at their capture point first)."""
         ready = [s[0] for s in self._unprocessed_sequences if len(s[1]) == 1]
         if ready and self._room() > 0:
             self._start_cohort(ready[: self._room()])
         for cid, cohort in list(self.cohorts.items()):
-            if cid == held or (self.flight is not None and cid == self.flight.cid):
+            if cid in held or (self.flight is not None and cid == self.flight.cid):
                 continue  # its rows are ahead of its caches until it lands
             split = [i for i, row in enumerate(cohort.processing) if len(row[0]) == 1]
             if not split:
@@ -258,6 +286,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
             cid = self._start_cohort(chunk.uids[: max(1, self._room())])
         cohort = self.cohorts[cid]
         prompts, responses = [], []
+        context = cohort.processing[0][1]
         for uid, row in zip(cohort.batch.uids, cohort.processing):
             segments = row[0]
             n = min(chunk.tokens, len(segments[0]))
@@ -269,7 +298,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
             row[1] += n
             responses.append(PromptProcessingBatch.Response(uid, (row[1], row[2]), end, False))
         assert len({len(p) for p in prompts}) == 1, "a chunk is never padded"
-        flight = Flight(cid, Chunk(tuple(cohort.batch.uids), len(prompts[0])), responses)
+        flight = Flight(cid, Chunk(tuple(cohort.batch.uids), len(prompts[0])), responses, context)
         if self.worker is not None and len(self._generation_batch):  # beside the decodes
             # A stream is its thread's: what this thread left lazy (a merge, a filter) is
             # evaluated here, or the worker could not run it.
@@ -284,6 +313,12 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
             cohort.batch.forward(prompts)
         flight.elapsed = time.perf_counter() - tic
         return self._account(flight)
+
+    @staticmethod
+    def _ends_segment(flight: Flight) -> bool:
+        """Its chunk ends a segment (a capture point, a prompt end): it lands in a step of
+        its own, so the generator reads the state there before the cohort moves on."""
+        return any(r.end_of_segment for r in flight.responses)
 
     def _settle(self) -> None:
         """Land the chunk in flight: wait for it, account for it; its responses go out with
@@ -313,8 +348,14 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         self.profile.prefill_tokens += tokens
         self._counters.prompt_tokens += tokens
         self._counters.prompt_time += elapsed
-        self._token_ms = _ewma(self._token_ms, elapsed * 1000 / tokens)
-        cohort.token_ms = _ewma(cohort.token_ms, elapsed * 1000 / tokens)
+        chunk = flight.chunk
+        self.log.chunk(chunk.uids, flight.start, elapsed, chunk.tokens, flight.context)
+        ms = elapsed * 1000
+        self.chunk_costs.observe(tokens, ms)
+        # The cost per token beyond the fixed cost (the fit's, at this cohort's context).
+        marginal = max(ms - self.chunk_costs.fixed_ms, ms * FIXED_SHARE) / tokens
+        self._token_ms = _ewma(self._token_ms, marginal)
+        cohort.token_ms = _ewma(cohort.token_ms, marginal)
         for uid in cohort.batch.uids:
             self.last_chunk[uid] = self.steps
         return flight.responses
@@ -337,6 +378,10 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
     def _forget(self, uid: int) -> None:
         for table in (self.arrived, self.unblocks, self.last_chunk):
             table.pop(uid, None)
+
+    def prefill_track(self, uid: int):
+        """`uid`'s prefill track (engine.runtime.batching.prefill_log), taken out of the log."""
+        return self.log.take(uid)
 
     # ---- the engine's view of a sequence in prefill -------------------------------
 
@@ -376,6 +421,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         rest = []
         for uid in uids:
             self._forget(uid)
+            self.log.take(uid)
             cid = self._cohort_id(uid)
             if cid is None:
                 rest.append(uid)

@@ -13,13 +13,16 @@ from mlx_lm.generate import BatchGenerator
 from engine.config import EngineConfig
 from engine.runtime.batching.batch import LineageBatchGenerator
 from engine.runtime.batching.chunked import ChunkedBatchGenerator
+from engine.runtime.batching.prefill_log import PrefillLog
 from engine.runtime.batching.prefill_policy import PrefillScheduler
 from engine.runtime.batching.prefill_worker import module_eval_default
 from engine.runtime.batching.step_profile import StepProfile
 from engine.runtime.speculative.speculation import speculation_for
 
 
-def new_batch_generator(model, config: EngineConfig, profile: StepProfile) -> BatchGenerator:
+def new_batch_generator(
+    model, config: EngineConfig, profile: StepProfile, log: PrefillLog | None = None
+) -> BatchGenerator:
     """A fresh batch generator for `model` as the config's schedule asks."""
     m = config.model
     common = dict(
@@ -46,6 +49,7 @@ def new_batch_generator(model, config: EngineConfig, profile: StepProfile) -> Ba
         model,
         scheduler=scheduler,
         profile=profile,
+        log=log,
         module_eval=module_eval_default() if module_eval is None else module_eval,
         **common,
     )

@@ -46,6 +46,23 @@ prefill chunk that runs beside it, within a token budget:
   guard; `chunk_max` only caps the chunk where tokens are cheap, and the
   smaller it is, the more of the prefill goes to each chunk's fixed cost
   and to the steps between one chunk's end and the next one's start.
+- Costs, learned: a chunk's forward is a fixed cost plus a cost per token
+  (engine.runtime.batching.chunk_costs fits both to the chunks run, on
+  whatever backend), and the chunk is sized on the per-token part after the
+  fixed one. Once the fixed cost is known, no chunk is so short that the
+  prefill runs below 1 / X of its own rate (X: the wait bound, else
+  1 / (1 - USEFUL)): with the step's other work (the decode, when the chunk is
+  part of the step) and the fixed cost, a chunk of time T gives the prefill
+  (T - fixed) / (T + other) of the machine, so T >= (X * fixed + other) /
+  (X - 1). Where a forward's fixed cost is several decode steps long (a
+  Mac's MoE) that outweighs the streams' gap target: the bound's promise is
+  kept in time, not only in tokens.
+- Growth: a long prefill that nobody else waits for (no other sequence has
+  prefill left), with its chunk not part of a decode step, doubles its
+  chunk's time each chunk in a row (from the slice) until the fixed cost is
+  FIXED_SHARE of it (at least twice the slice, so the sizes vary for the
+  fit); a sequence that arrives cuts it back to the slice, and growth starts
+  over once it is alone again.
 - A short prefill (its whole uncached prompt within `budget` tokens) runs
   whole in one chunk, also beside decode: its first token comes one step
   later instead of many, at the price of one longer gap for the decoding
@@ -69,6 +86,8 @@ MIN_CHUNK = 1  # a long prefill moves at least this many tokens per step
 STEP_FACTOR = 2.5  # a step with a chunk beside decode aims at this many idle decode steps
 SLICE_MS = 50.0  # a long prefill's chunk with nothing decoding aims at this long
 FIRST_CHUNK = 16  # a long prefill's chunk beside decode before any cost is measured
+USEFUL = 0.5  # without a wait bound, a prefill beside other work keeps this share of its rate
+FIXED_SHARE = 0.1  # a long prefill alone grows its chunks until its fixed cost is this share
 WAIT_BOUND = 2.0  # srpt: no prefill ends later than this many times first-come-first-served's
 
 
@@ -100,8 +119,9 @@ class Costs:
     """Measured recently by the batch generator (ms; 0: not measured yet)."""
 
     decode_ms: float = 0.0  # a step that only decoded: a stream's idle inter-token gap
-    token_ms: float = 0.0  # a prefill token, of any cohort (for one not measured yet)
+    token_ms: float = 0.0  # a prefill token beyond a chunk's fixed cost, of any cohort
     beside_ms: float = 0.0  # what a step with a chunk spends besides the chunk's forward
+    fixed_ms: float = 0.0  # a chunk's fixed cost, whatever its size (chunk_costs); 0: unknown
 
 
 class PrefillScheduler:
@@ -131,6 +151,7 @@ class PrefillScheduler:
         self.chunk_max = budget if chunk_max is None else chunk_max
         if self.chunk_max < 1:
             raise ValueError(f"chunk_max {chunk_max} must be positive")
+        self.streak: tuple[int, int] = (-1, 0)  # (uid, its chunks in a row with nothing waiting)
         self.work = 0  # prompt tokens of every chunk planned: the bound's clock
         self.deadlines: dict[int, float] = {}  # uid -> the work by which its prefill ends
 
@@ -168,18 +189,30 @@ class PrefillScheduler:
         module)."""
         return total <= self.budget
 
-    def allowance(self, head: Candidate, decoding: int, costs: Costs) -> int:
-        """Prompt tokens `head` may prefill this step (module doc: budget, in time)."""
+    def allowance(
+        self, head: Candidate, decoding: int, costs: Costs, alone: bool = False, streak: int = 0
+    ) -> int:
+        """Prompt tokens `head` may prefill this step (module doc: budget, in time; growth).
+        `alone`: no other sequence waits for a chunk; `streak`: its chunks in a row so."""
         if self.short(head.remaining if head.total is None else head.total):
             return self.budget  # whole, decoding or not
         token_ms = head.token_ms or costs.token_ms
         if token_ms <= 0 or (decoding and not self.overlap and costs.decode_ms <= 0):
             return min(self.budget, FIRST_CHUNK) if decoding else self.budget
-        if decoding and not self.overlap:
+        in_step = decoding and not self.overlap  # the chunk is part of a decode step
+        if in_step:
             room = self.step_factor * costs.decode_ms - costs.beside_ms
         else:
             room = self.slice_ms
-        return max(MIN_CHUNK, min(self.chunk_max, int(room / token_ms)))
+        fixed = costs.fixed_ms
+        if fixed > 0:  # known (the fit told it apart): the prefill keeps its rate (module doc)
+            x = self.wait_bound if self.wait_bound > 1 else 1 / (1 - USEFUL)
+            room = max(room, (x * fixed + (costs.beside_ms if in_step else 0.0)) / (x - 1))
+        if alone and not in_step and streak:
+            # Nobody waits: double the time each chunk in a row, until the fixed cost is
+            # FIXED_SHARE of it (at least twice the slice, so the fit sees sizes vary).
+            room = min(room * 2**streak, max(2 * room, fixed / FIXED_SHARE))
+        return max(MIN_CHUNK, min(self.chunk_max, int((room - fixed) / token_ms)))
 
     def plan(
         self, candidates: list[Candidate], step: int, decoding: int = 0, costs: Costs = Costs()
@@ -190,25 +223,35 @@ class PrefillScheduler:
         )
         if not ready:
             return None
-        chunk = self._chunk(ready[0], ready, candidates, decoding, costs)
+        chunk = self._chunk(ready[0], ready, ready, candidates, decoding, costs)
         if self.schedule == "srpt" and self.wait_bound:
             self._deadlines(candidates)
             if not self._feasible(ready, chunk):  # the earliest deadline first, alone
                 head = min(ready, key=lambda c: (self.deadlines[c.uid], c.arrived, c.uid))
-                chunk = self._chunk(head, [head], candidates, decoding, costs)
+                chunk = self._chunk(head, [head], ready, candidates, decoding, costs)
         self.work += chunk.tokens * len(chunk.uids)
+        alone = all(c.uid in chunk.uids for c in ready)
+        uid, count = self.streak
+        self.streak = (chunk.uids[0], count + 1 if alone and uid == chunk.uids[0] else int(alone))
         return chunk
 
     def _chunk(
         self,
         head: Candidate,
         ready: list[Candidate],
+        waiting: list[Candidate],
         candidates: list[Candidate],
         decoding: int,
         costs: Costs,
     ) -> Chunk:
-        """`head`'s chunk: its cohort, or it and similar unstarted ones of `ready`."""
-        allowance = self.allowance(head, decoding, costs)
+        """`head`'s chunk: its cohort, or it and similar unstarted ones of `ready` (`waiting`:
+        every sequence with prefill left, to tell whether anyone else waits)."""
+        own = {head.uid}
+        if head.cohort is not None:
+            own |= {c.uid for c in candidates if c.cohort == head.cohort}
+        alone = all(c.uid in own for c in waiting)
+        streak = self.streak[1] if self.streak[0] in own else 0
+        allowance = self.allowance(head, decoding, costs, alone, streak)
         if head.cohort is not None:  # a started cohort runs whole: one prompt batch
             members = [c for c in candidates if c.cohort == head.cohort]
         else:

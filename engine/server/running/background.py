@@ -67,6 +67,13 @@ class BackgroundEngine:
 
         return ray.get(self.engine.model.step_profile.remote(since, until), timeout=60)
 
+    def prefill_log(self, since: float = 0.0, until: float = float("inf")) -> dict:
+        """The model loop's prefill log (engine.runtime.batching.prefill_log) between two
+        `time.perf_counter` readings."""
+        import ray
+
+        return ray.get(self.engine.model.prefill_log.remote(since, until), timeout=60)
+
     def stop(self, grace: float = 1.0) -> None:
         try:
             self.call(self.engine.stop(grace=grace))

@@ -1,0 +1,67 @@
+"""What a prefill chunk costs, learned from the chunks that ran: a fixed cost and a cost per token.
+
+A chunk's forward takes `fixed_ms + token_ms * tokens`: the fixed part (the
+graph built layer by layer in Python, the evaluations, the hand-over between
+threads) is paid once per chunk whatever its size; the per-token part is the
+arithmetic. Every backend has both, in proportions no constant here could
+know, so they are fitted from measured chunks (`observe`): least squares over
+the recent ones, each older one weighing FORGET times less. Until the sizes
+seen vary enough to tell the two apart (chunks of one size alone cannot), the
+fixed part reads 0 and the per-token part the plain ratio (what the policy
+did before it knew better). It knows numbers only: no clock, no MLX.
+"""
+
+from __future__ import annotations
+
+FORGET = 0.95  # weight of an observation relative to the next newer one
+SPREAD = 0.25  # the sizes' relative spread from which the fit is trusted
+
+
+class ChunkCosts:
+    """Exponentially weighted least squares of ms over tokens (module doc)."""
+
+    def __init__(self, forget: float = FORGET):
+        self.forget = forget
+        self.w = self.x = self.y = self.xx = self.xy = 0.0
+        self.count = 0
+
+    def observe(self, tokens: int, ms: float) -> None:
+        """A chunk of `tokens` prompt tokens (all its sequences') took `ms`."""
+        if tokens <= 0 or ms <= 0:
+            return
+        f = self.forget
+        self.w = f * self.w + 1
+        self.x = f * self.x + tokens
+        self.y = f * self.y + ms
+        self.xx = f * self.xx + tokens * tokens
+        self.xy = f * self.xy + tokens * ms
+        self.count += 1
+
+    def _fit(self) -> tuple[float, float] | None:
+        """(fixed_ms, token_ms) when the sizes seen tell them apart, else None."""
+        if self.count < 3:
+            return None
+        mean_x, mean_y = self.x / self.w, self.y / self.w
+        var_x = self.xx / self.w - mean_x * mean_x
+        if var_x <= (SPREAD * mean_x) ** 2:
+            return None
+        slope = (self.xy / self.w - mean_x * mean_y) / var_x
+        fixed = mean_y - slope * mean_x
+        if slope <= 0:
+            return None
+        if fixed < 0:  # superlinear at these sizes (a longer context): all of it per token
+            return 0.0, mean_y / mean_x
+        return fixed, slope
+
+    @property
+    def fixed_ms(self) -> float:
+        fit = self._fit()
+        return 0.0 if fit is None else fit[0]
+
+    @property
+    def token_ms(self) -> float:
+        """ms per token beyond the fixed cost (the plain ratio until the fit holds)."""
+        fit = self._fit()
+        if fit is not None:
+            return fit[1]
+        return self.y / self.x if self.x else 0.0

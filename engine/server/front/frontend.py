@@ -99,13 +99,12 @@ class Frontend:
         self.activity = Activity()
         self.metrics = metrics  # EngineMetrics, or None
         self.memory = memory  # the MemoryPlan the actors were given, for the cache page
-        self.session_of: dict[str, str] = {}  # request id -> its session key, for the page
+        self.sessions: dict[str, str] = {}  # request id -> the session key it named
         # Every (namespace, id) from acceptance to the end of its stream -> the id inside.
         self.request_ids: dict[tuple[str, str], str] = {}
         self.internal_ids: set[str] = set()
         self.calls: set[asyncio.Task] = set()  # the tasks iterating generate(), for close()
         self.volatile: dict[str, int] = {}  # request id -> volatile lines removed (its log line)
-        self.sessions: dict[str, str] = {}  # request id -> the session key it named (its log line)
         # Template rendering and tokenization run here, off the event loop; one
         # thread, so the builder's memo needs no lock.
         self.prompt_thread = concurrent.futures.ThreadPoolExecutor(1, "prompt-builder")
@@ -191,7 +190,7 @@ class Frontend:
         self.request_ids[key] = request_id
         self.internal_ids.add(request_id)
         if session:
-            self.session_of[request_id] = session
+            self.sessions[request_id] = session
         events = self._generate(inp, sampling, namespace, request_id, received, session, grammar)
         task = asyncio.current_task()
         self.calls.add(task)
@@ -209,7 +208,6 @@ class Frontend:
             self.internal_ids.discard(request_id)
             self.volatile.pop(request_id, None)
             self.sessions.pop(request_id, None)
-            self.session_of.pop(request_id, None)
 
     async def _generate(
         self,
@@ -230,8 +228,6 @@ class Frontend:
             prompt, sampling = await self._prepare(inp, sampling)
             if prompt.volatile:
                 self.volatile[request_id] = prompt.volatile
-            if session:
-                self.sessions[request_id] = session
             tokens = np.asarray(prompt.tokens, dtype=np.int32)
             await self._await_superseded(namespace, tokens, request_id)
             epoch = await self._ready(0)
@@ -462,10 +458,12 @@ class Frontend:
     def _finished(self, f: Finished, req: GenerationRequest) -> None:
         """Log the request, keep its record, count it."""
         volatile = self.volatile.get(req.request_id, 0)
-        session = self.sessions.get(req.request_id)
-        log_request(f, req.plan.captures, req.plan.miss, volatile, self.name, session)
+        session = self.sessions.get(req.request_id, "")
+        log_request(
+            f, req.plan.captures, req.plan.miss, volatile, self.name, session, req.namespace
+        )
         tag = self.namespaces.tag(req.namespace)
-        owner = (req.namespace, self.session_of.get(req.request_id, ""))
+        owner = (req.namespace, session)
         self.activity.record(f, tag, miss=req.plan.miss, owner=owner)
         if self.metrics is not None:
             self.metrics.request(f, tag, req.plan.captures, req.plan.length)
@@ -550,7 +548,13 @@ def _clip_max_tokens(s: SamplingParams, room: int) -> SamplingParams:
 
 
 def log_request(
-    f: Finished, captures, miss=None, volatile: int = 0, model: str = "", session=None
+    f: Finished,
+    captures,
+    miss=None,
+    volatile: int = 0,
+    model: str = "",
+    session=None,
+    namespace: str = "",
 ) -> None:
     """One key=value line per request (the cost of each turn is visible in the log).
 
@@ -558,7 +562,8 @@ def log_request(
     `volatile`: system-prompt lines the volatile-line rules removed; `model`: the model's
     served name (the directory's, with one model); `session`: the conversation's key
     (x-session-id, prompt_cache_key, ...), which names the turns of one conversation
-    beside its misses.
+    beside its misses; `namespace`: the cache namespace it ran in (after the token
+    placed it under its tenant's).
     """
     timing = " ".join(
         f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
@@ -566,7 +571,7 @@ def log_request(
     )
     log.info(
         "request id=%s model=%s replica=%s finish=%s prompt=%d cached=%d completion=%d "
-        "restore=%s@%d lost=%s captures=%s miss=%s volatile=%d session=%s %s",
+        "restore=%s@%d lost=%s captures=%s miss=%s volatile=%d namespace=%s session=%s %s",
         f.request_id,
         model or "-",
         f.replica or "-",
@@ -580,6 +585,7 @@ def log_request(
         ",".join(f"{c.kind}@{c.length}" for c in captures) or "-",
         miss or "-",
         volatile,
+        namespace or "-",
         session or "-",
         timing,
     )

@@ -16,12 +16,15 @@ caches or Ray, and never loads MLX. Its modules:
   the parts a parser answers; `calls`, `call_bodies` read a whole call's body per
   family, `call_streams` what of an open call is settled while it streams;
 - `models`: the served model names and alias patterns;
-- `callers`: who calls (token, tenant, namespace) and the engine call's arguments;
+- `engine_call`: the one road into the engine: a parsed request of any wire
+  (`Asked`) -> the backend call, with its session key and cache namespace
+  read the same on every wire;
 - `backend`: the engine side (an AsyncClient, health, the served model);
   `in_process`: the same in the engine's own process (`lineage serve
   --http-port`), calling its front end with no gRPC hop;
 - `errors`: failures as each wire's error bodies and HTTP statuses;
-- `guard`: the body cap and the token check, as ASGI middleware;
+- `guard`: who calls (`Caller`: token, identity, tenant), the body cap and the
+  token check, as ASGI middleware;
 - `server`: the app served by uvicorn (`start_bridge`, `run_bridge`).
 
 `lineage bridge` (clients.cli.bridge) and `lineage serve --http-port` start it.

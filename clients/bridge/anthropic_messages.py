@@ -23,10 +23,11 @@ from types import SimpleNamespace
 
 from clients.bridge.anthropic_request import Prompt, prompt_of
 from clients.bridge.blocks import REASONING, TEXT, Blocks, Closed, Grew, Opened
-from clients.bridge.callers import (
-    caller_of,
+from clients.bridge.engine_call import (
+    Asked,
     drain,
     engine_call,
+    hints_of,
     output_family,
     thinking_switches,
 )
@@ -35,9 +36,9 @@ from clients.bridge.errors import (
     error_json,
     unless_disconnected,
 )
+from clients.bridge.guard import caller_of
 from clients.bridge.parsers import make_parser
 from clients.client import Chunk, Final, LineageError, Progress
-from clients.constraints import constraint_for
 from clients.wire import InvalidInput
 
 STOP_REASONS = {"length": "max_tokens"}  # "stop": end_turn, or tool_use with tool calls
@@ -221,44 +222,40 @@ def add_routes(app, backend, served) -> None:
             return None
         return thinking_switches(disabled=kind == "disabled")
 
-    async def begin(body, request: Request, max_tokens: int, held: bool = False, **sampling):
-        """(caller, model name, info, prompt, stream) of a request the engine runs; `held`:
+    async def begin(body, request: Request, held: bool = False, **sampling):
+        """(model name, info, prompt, rid, stream) of a request the engine runs; `held`:
         its output is held to its tool_choice (any, tool, none; auto with tools is lazy)."""
         caller = caller_of(request)
-        info = await backend.model_info(caller.gate)
+        info = await backend.model_info(caller)
         model, info = served.route(body.model, info)
         prompt: Prompt = prompt_of(body)
         rid = uuid.uuid4().hex
-        kwargs = engine_call(caller, rid, max_tokens, **sampling)
-        kwargs["model"] = info["engine_model"]
-        if held:
-            kwargs["constraint"] = constraint_for(None, body.tool_choice, None, prompt.tools)
-        kwargs["template_kwargs"] = switches_of(body)
-        stream = backend.stream(
-            caller.gate,
+        asked = Asked(
             messages=list(prompt.messages),
             tools=list(prompt.tools) or None,
-            continue_final_message=prompt.continue_final,
+            continue_final=prompt.continue_final,
+            tool_choice=body.tool_choice if held else None,
+            template_kwargs=switches_of(body),
             cache_marks=prompt.marks,
-            **kwargs,
+            **hints_of(body),
+            **sampling,
         )
-        return caller, model, info, prompt, rid, stream
+        stream = backend.stream(caller, **engine_call(request.headers, asked, info, rid))
+        return model, info, prompt, rid, stream
 
     @app.post("/v1/messages")
     async def messages(body: s.Messages, request: Request):
         if body.max_tokens < 1:
             raise InvalidInput(f"max_tokens: must be at least 1, got {body.max_tokens}")
-        user = (body.metadata or {}).get("user_id")
-        _, model, info, prompt, rid, stream = await begin(
+        model, info, prompt, rid, stream = await begin(
             body,
             request,
-            body.max_tokens,
             held=True,
+            max_tokens=body.max_tokens,
             temperature=body.temperature,
             top_p=body.top_p,
             top_k=body.top_k,
             stop=body.stop_sequences,
-            session=user if isinstance(user, str) else None,
         )
         tools = list(prompt.tools) or None
         family = output_family(info["output_format"], switches_of(body))
@@ -282,6 +279,6 @@ def add_routes(app, backend, served) -> None:
     async def count_tokens(body: s.Count, request: Request):
         # The engine tokenizes inside Generate: one token's run counts the prompt (and
         # leaves it in the cache for the request that usually follows).
-        *_, stream = await begin(body, request, 1, temperature=0.0)
+        *_, stream = await begin(body, request, max_tokens=1, temperature=0.0)
         result = await unless_disconnected(request, stream.result())
         return {"input_tokens": result.usage.prompt_tokens}

@@ -14,11 +14,10 @@ asked for).
 An assistant message sent back with `reasoning_content` has it rendered by the
 chat template again, so its tokens match what the cache holds.
 
-The cache namespace is the `X-Cache-Namespace` header, else the request's
-`user`; the call goes to the backend for the request's Caller
-(clients.bridge.guard), whose token and identity decide the tenant. The
-session key (which replica keeps the conversation) is the
-`x-session-id` or `session_id` header, else `prompt_cache_key`, else `user`.
+A body becomes an `Asked` (clients.bridge.engine_call), which makes the engine
+call as on every wire: the session key, the cache namespace and the output's
+constraint are read there; the call goes to the backend for the request's
+Caller (clients.bridge.guard), whose token and identity decide the tenant.
 No `from __future__ import annotations`: FastAPI reads the annotations of the
 routes defined inside `add_routes`.
 """
@@ -29,7 +28,7 @@ import time
 import uuid
 from types import SimpleNamespace
 
-from clients.bridge.callers import output_family
+from clients.bridge.engine_call import Asked, engine_call, hints_of, output_family
 from clients.bridge.errors import lineage_error, unless_disconnected
 from clients.bridge.guard import caller_of
 from clients.bridge.parsers import (
@@ -43,8 +42,7 @@ from clients.bridge.parsers import (
     make_parser,
 )
 from clients.client import Chunk, Final, LineageError, Progress, Usage
-from clients.constraints import constraint_for
-from clients.wire import InvalidInput, session_key
+from clients.wire import InvalidInput
 
 log = logging.getLogger("lineage.bridge")
 
@@ -311,38 +309,23 @@ async def _events_as_sse(first, stream, shape: _Shape, include_usage: bool):
     yield "data: [DONE]\n\n"
 
 
-def session_of(headers, body) -> str:
-    """The conversation's session key: `x-session-id` or `session_id` header, else the
-    body's `prompt_cache_key`, else its `user` (clients.wire.session_key's form)."""
-    for value in (
-        headers.get("x-session-id"),
-        headers.get("session_id"),
-        getattr(body, "prompt_cache_key", None),
-        getattr(body, "user", None),
-    ):
-        if value:
-            return session_key(value)
-    return ""
-
-
-def _sampling(body, info: dict, namespace: str, rid: str) -> dict:
-    """The OpenAI sampling fields -> keyword arguments of AsyncClient.stream."""
+def _asked(body, **prompt) -> Asked:
+    """The OpenAI sampling fields and cache hints, with the prompt -> Asked."""
     max_tokens = getattr(body, "max_completion_tokens", None)
     max_tokens = max_tokens if max_tokens is not None else body.max_tokens
     stop = [body.stop] if isinstance(body.stop, str) else body.stop
-    return {
-        # No limit given: the context (the engine clips it to the room left).
-        "max_tokens": info["max_context"] if max_tokens is None else max_tokens,
-        "temperature": 1.0 if body.temperature is None else body.temperature,  # OpenAI's default
-        "top_p": body.top_p or 0.0,
-        "top_k": body.top_k or 0,
-        "seed": body.seed,
-        "stop": stop,
-        "namespace": namespace,
-        "request_id": rid,
-        "n": 1 if body.n is None else body.n,  # the engine refuses one past --max-n
+    return Asked(
+        **prompt,
+        max_tokens=max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        seed=body.seed,
+        stop=stop,
+        n=body.n,
         **_logprobs_asked(body),
-    }
+        **hints_of(body),
+    )
 
 
 def _logprobs_asked(body) -> dict:
@@ -442,32 +425,27 @@ def add_routes(app, backend) -> None:
 
     s = _schemas()
 
-    def namespace(request: Request, body) -> str:
-        return request.headers.get("x-cache-namespace") or body.user or ""
-
     @app.post("/v1/chat/completions")
     async def chat_completions(body: s.Chat, request: Request):
         caller = caller_of(request)
         info, rid = await backend.model_info(caller), uuid.uuid4().hex
         name, info = request.app.state.served.route(body.model, info)
         info = dict(info, id=name)
-        kwargs = _sampling(body, info, namespace(request, body), rid)
-        kwargs["model"] = info["engine_model"]
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
         for m in messages:  # OpenAI's newer name for the system role
             m["role"] = "system" if m["role"] == "developer" else m["role"]
-        # The output held to the response format or the tool choice (the engine checks it).
-        kwargs["constraint"] = constraint_for(
-            body.response_format, body.tool_choice, body.parallel_tool_calls, body.tools
-        )
-        stream = backend.stream(
-            caller,
+        asked = _asked(
+            body,
             messages=messages,
             tools=body.tools,
-            session=session_of(request.headers, body),
+            # The output held to the response format or the tool choice (the engine checks it).
+            response_format=body.response_format,
+            tool_choice=body.tool_choice,
+            parallel_tool_calls=body.parallel_tool_calls,
             template_kwargs=body.chat_template_kwargs,
-            **kwargs,
         )
+        kwargs = engine_call(request.headers, asked, info, rid)
+        stream = backend.stream(caller, **kwargs)
         family = output_family(info.get("output_format") or "plain", body.chat_template_kwargs)
         calls = bool(body.tools) and body.tool_choice != "none"
 
@@ -485,18 +463,17 @@ def add_routes(app, backend) -> None:
         info, rid = await backend.model_info(caller), uuid.uuid4().hex
         name, info = request.app.state.served.route(body.model, info)
         info = dict(info, id=name)
-        kwargs = _sampling(body, info, namespace(request, body), rid)
-        kwargs["model"] = info["engine_model"]
-        kwargs["session"] = session_of(request.headers, body)
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
-            stream = backend.stream(caller, prompt_ids=prompt, **kwargs)
+            asked = _asked(body, prompt_ids=prompt)
         else:
             if isinstance(prompt, list):
                 if len(prompt) != 1:
                     raise InvalidInput(f"prompt: one prompt per request, got {len(prompt)}")
                 prompt = prompt[0]
-            stream = backend.stream(caller, prompt=prompt, **kwargs)
+            asked = _asked(body, prompt=prompt)
+        kwargs = engine_call(request.headers, asked, info, rid)
+        stream = backend.stream(caller, **kwargs)
         shape = TextShape(rid, info)
         shape.logprobs, shape.n = body.logprobs is not None, kwargs["n"]
         shape.make = lambda: TextShape(rid, info)

@@ -7,9 +7,10 @@ tenant act as the admin), reads the one token (`Authorization: Bearer`, or
 Anthropic's `x-api-key`), and, when the bridge holds tokens of its own,
 refuses an unknown one (401). What it accepted
 becomes the request's `Caller` (`caller_of(request)`): the token forwarded to
-the engine, exactly that one and never another, and the identity it names.
-A route hands the Caller to its backend call; with the bridge's own tokens a
-tenant's namespace comes from its identity (`Identity.namespace_for`), as in
+the engine, exactly that one and never another, the identity it names, and the
+tenant they stand for (the response store's namespace). A route hands the
+Caller to its backend call; with the bridge's own tokens a tenant's namespace
+comes from its identity (`Identity.namespace_for`), as in
 the engine. `BodyLimit` then reads the body, at most `max_body_bytes` (413)
 within `body_deadline` seconds (408), before FastAPI parses a byte of it. Each
 refusal's body has the shape of the path's wire format (clients.bridge.errors).
@@ -17,6 +18,7 @@ It knows HTTP, ASGI and the configuration's `Identity`; nothing else of the engi
 """
 
 import asyncio
+import hashlib
 import hmac
 import json
 from dataclasses import dataclass, field
@@ -68,6 +70,16 @@ class Caller:
 
     token: str | None = field(default=None, repr=False)  # forwarded as it is; None: no token
     identity: Identity | None = None  # the bridge's own tokens name it; None: the engine decides
+
+    @property
+    def tenant(self) -> str:
+        """The tenant it stands for, the response store's namespace (never shown): the
+        identity its token names, else a digest of the token, else "" (no tokens)."""
+        if self.identity is not None:
+            return "identity:" + self.identity.namespace
+        if self.token is not None:
+            return "token:" + hashlib.sha256(self.token.encode()).hexdigest()
+        return ""
 
     def namespace(self, requested: str) -> str:
         """The namespace the backend call names: placed under the tenant's own when the

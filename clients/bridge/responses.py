@@ -40,14 +40,16 @@ from clients.bridge.blocks import (
     Grew,
     Opened,
 )
-from clients.bridge.callers import (
-    caller_of,
+from clients.bridge.engine_call import (
+    Asked,
     drain,
     engine_call,
+    hints_of,
     output_family,
     thinking_switches,
 )
 from clients.bridge.errors import WireError, unless_disconnected
+from clients.bridge.guard import caller_of
 from clients.bridge.parsers import make_parser
 from clients.bridge.response_store import ID, Record, StoredNotFound, tenant_key
 from clients.bridge.responses_input import (
@@ -58,7 +60,6 @@ from clients.bridge.responses_input import (
 )
 from clients.bridge.responses_tools import Offered, check_choice, tools_of
 from clients.client import Chunk, Final, LineageError, Progress
-from clients.constraints import constraint_for
 from clients.wire import InvalidInput, message_to_proto
 
 log = logging.getLogger("lineage.bridge")
@@ -378,8 +379,8 @@ def add_routes(app, backend, served, store) -> None:
     @app.post("/v1/responses")
     async def create(body: s.Create, request: Request):
         _check(body)
-        caller = caller_of(request, body.user or "")
-        info = await backend.model_info(caller.gate)
+        caller = caller_of(request)
+        info = await backend.model_info(caller)
         model, info = served.route(body.model, info)
         # 1) the prompt: the instructions, the stored conversation, the new items
         started = time.perf_counter()
@@ -397,31 +398,26 @@ def add_routes(app, backend, served, store) -> None:
         if offered.left_out:
             log.info("request %s: hosted tools left out: %s", rid, ", ".join(offered.left_out))
         # 2) the engine call
-        max_tokens = body.max_output_tokens or info["max_context"]
-        # the conversation's own name first: a chain's previous id changes every turn
-        session = body.prompt_cache_key or body.previous_response_id
-        kwargs = engine_call(caller, rid, max_tokens, body.temperature, body.top_p, session=session)
-        kwargs["model"] = info["engine_model"]
-        # The output held to text.format or the tool choice (the engine checks the schema).
-        kwargs["constraint"] = constraint_for(
-            (body.text or {}).get("format"),
-            choice,
-            body.parallel_tool_calls,
-            tools,
-            where="text.format",
-        )
         effort = (body.reasoning or {}).get("effort")
         try:  # the template's reasoning switch, where it has one
             switches = thinking_switches(effort=effort) if effort is not None else None
         except ValueError as e:
             raise InvalidInput(str(e)) from None
-        stream = backend.stream(
-            caller.gate,
+        asked = Asked(
             messages=system + prepared,
             tools=tools or None,
+            max_tokens=body.max_output_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            # The output held to text.format or the tool choice (the engine checks the schema).
+            response_format=(body.text or {}).get("format"),
+            tool_choice=choice,
+            parallel_tool_calls=body.parallel_tool_calls,
+            where="text.format",
             template_kwargs=switches,
-            **kwargs,
+            **hints_of(body),
         )
+        stream = backend.stream(caller, **engine_call(request.headers, asked, info, rid))
         build_ms = f"{(time.perf_counter() - started) * 1000:.3f}"
         # 3) the answer, whole or streamed
         parsing = bool(tools) and tool_choice_parses(choice)

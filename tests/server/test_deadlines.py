@@ -39,7 +39,7 @@ def _nothing_left(engine, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
         tier = engine.generator_stats()
-        left = (frontend.queued, len(frontend.request_ids), tier.active, tier.pending)
+        left = (frontend.queued, len(frontend.flight.request_ids), tier.active, tier.pending)
         if left == (0, 0, 0, 0) and _manager_holds(engine) == (0, 0):
             return
         assert time.monotonic() < deadline, (left, _manager_holds(engine))

@@ -8,7 +8,7 @@ import logging
 from engine.cache.kinds import RestoreKind
 from engine.cache.messages import CapturePoint
 from engine.runtime.events import Finished, FinishReason, Timing
-from engine.server.front.frontend import log_request
+from engine.server.front.inspection import log_request
 
 
 def test_the_log_line_names_every_timing_field(caplog):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from clients.bridge.callers import output_family, thinking_switches
+from clients.bridge.engine_call import output_family, thinking_switches
 from clients.wire import build_request
 from engine.server.errors import InvalidRequest
 from engine.server.rpc.service import to_prompt_input

@@ -1,13 +1,12 @@
-"""The front end's domain side: prompt, plan, run, stream. No gRPC types here.
+"""The front end's domain side: a request's road from prompt to plan, run and stream.
 
-It tokenizes and renders the chat template (engine.server.prompts.prompt), asks the cache
-manager for a RestorePlan, submits the request to the model replica the plan
-names and yields its events, which come on that replica's event stream
-(engine.server.supervision.replica_events: a step's events of every request in one frame).
-The model sends token ids: their text, the stop strings and the
-log-probabilities' token text are one request's `Reply` (engine.server.front.reply),
-and a stop string found tells the replica to stop. The
-gRPC servicer (engine.server.rpc.service) and the in-process bridge only translate.
+`Frontend.generate` accepts a request (its id and session: engine.server.front.in_flight),
+tokenizes and renders the chat template off the event loop
+(engine.server.prompts.prompt), asks the cache manager for a RestorePlan and
+streams the run on the replica the plan names (engine.server.front.run); what
+it shows (the request log, records, metrics, live figures) is
+engine.server.front.inspection's. The gRPC servicer (engine.server.rpc.service)
+and the in-process bridge only translate; no gRPC types here.
 
 Admission: a queue slot is taken at the first check (`max_queue`), a request
 that alone needs more tokens than the batch holds (`max_batch_tokens`) is
@@ -35,27 +34,20 @@ from engine.actors.cache_manager import NotSynchronised
 from engine.actors.handles import Handle, ManagerCalls, ModelCalls
 from engine.cache.messages import PlanRequest, Release
 from engine.config import EngineConfig
-from engine.runtime.branches import branch_key
-from engine.runtime.events import Finished, FinishReason, Tokens
+from engine.runtime.events import Finished
 from engine.runtime.requests import GenerationRequest, SamplingParams
 from engine.runtime.structured.grammar import Grammar
-from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable
-from engine.server.front.reply import Reply
-from engine.server.observe.activity import Activity, Inspection, NamespaceTags, inspection
-from engine.server.observe.cache_view import CacheView, cache_view, disk_view
+from engine.server.errors import ActorGone, Overloaded, Unavailable
+from engine.server.front.in_flight import InFlight, await_ref
+from engine.server.front.inspection import Inspector
+from engine.server.front.run import Deadlines, Restarted, Runs
+from engine.server.observe.activity import Inspection, NamespaceTags
+from engine.server.observe.cache_view import CacheView
 from engine.server.prompts.prompt import PromptBuilder, PromptInput
-from engine.server.supervision.replica_events import LOST, SILENT, ReplicaEvents
+from engine.server.supervision.replica_events import ReplicaEvents
 from engine.server.supervision.supervisor import Supervisor
 
 log = logging.getLogger("lineage.request")
-
-
-class _Restarted(Exception):
-    """The replica died (`died`) or was reset under a request; retried if nothing streamed."""
-
-    def __init__(self, message: str, died: bool):
-        super().__init__(message)
-        self.died = died
 
 
 class _NoReplica(Exception):
@@ -63,6 +55,8 @@ class _NoReplica(Exception):
 
 
 class Frontend:
+    """Requests from acceptance to their last event: admission, plan, retries."""
+
     def __init__(
         self,
         models: Sequence[Handle[ModelCalls]],
@@ -77,7 +71,6 @@ class Frontend:
         name: str = "",
         memory=None,
     ):
-        self.name = name  # the model's served name, in its request log lines
         self.models = list(models)  # by replica number (engine.actors.handles: what is called)
         self.manager = manager
         self.builder = builder
@@ -88,31 +81,51 @@ class Frontend:
         self.max_queue = config.model.max_queue
         self.max_batch_tokens = config.model.max_batch_tokens
         self.limits = config.limits  # on what clients send (engine.server.security.limits)
-        self.deadline = config.server.call_deadline
-        self.stream_deadline = config.server.stream_deadline
+        self.deadlines = Deadlines(config.server.call_deadline, config.server.stream_deadline)
         self.queued = 0  # requests holding a queue slot: taken at the first check
         self.retries = 0  # requests retried after a restart
-        self.cancelling: dict = {}  # cancel task -> (namespace, prompt): a retry may wait on it
-        self.in_flight: dict[str, tuple[str, np.ndarray]] = {}  # request_id -> (namespace, prompt)
-        self.budgets = dict(budgets or {})  # tier -> bytes, for Inspect
-        self.namespaces = namespaces or NamespaceTags()  # how namespaces show
-        self.activity = Activity()
+        self.flight = InFlight()  # ids, sessions, prompts and cancels of the requests in flight
+        self.inspector = Inspector(self.models, manager, name, budgets, namespaces, metrics, memory)
+        self.activity = self.inspector.activity  # shown by Inspect and the cache page
         self.metrics = metrics  # EngineMetrics, or None
-        self.memory = memory  # the MemoryShares the actors were given, for the cache page
-        self.session_of: dict[str, str] = {}  # request id -> its session key, for the page
-        # Every (namespace, id) from acceptance to the end of its stream -> the id inside.
-        self.request_ids: dict[tuple[str, str], str] = {}
-        self.internal_ids: set[str] = set()
+        self.namespaces = self.inspector.namespaces
         self.calls: set[asyncio.Task] = set()  # the tasks iterating generate(), for close()
-        self.volatile: dict[str, int] = {}  # request id -> volatile lines removed (its log line)
-        self.sessions: dict[str, str] = {}  # request id -> the session key it named (its log line)
         # Template rendering and tokenization run here, off the event loop; one
         # thread, so the builder's memo needs no lock.
         self.prompt_thread = concurrent.futures.ThreadPoolExecutor(1, "prompt-builder")
         ip = _node_ip()
         self.events = [
-            ReplicaEvents(m, ip, lambda: self.stream_deadline, self.deadline) for m in self.models
+            ReplicaEvents(m, ip, lambda: self.deadlines.stream, self.deadlines.call)
+            for m in self.models
         ]
+        self.runs = Runs(
+            self.models,
+            self.events,
+            manager,
+            builder.tokenizer,
+            self.flight,
+            self.inspector,
+            self.deadlines,
+            self._poke,
+        )
+
+    @property
+    def deadline(self) -> float:
+        """Seconds an actor call may take."""
+        return self.deadlines.call
+
+    @deadline.setter
+    def deadline(self, seconds: float) -> None:
+        self.deadlines.call = seconds
+
+    @property
+    def stream_deadline(self) -> float:
+        """Seconds a replica's stream may stay silent."""
+        return self.deadlines.stream
+
+    @stream_deadline.setter
+    def stream_deadline(self, seconds: float) -> None:
+        self.deadlines.stream = seconds
 
     def close(self) -> None:
         """Shutting down: every call in flight ends UNAVAILABLE, no new one starts."""
@@ -121,44 +134,6 @@ class Frontend:
             task.cancel()  # generate() turns it into Unavailable
         for events in self.events:
             events.close()
-
-    async def _await_superseded(
-        self, namespace: str, tokens: np.ndarray, request_id: str = "", patience: float = 0.5
-    ) -> None:
-        """A prompt that extends an in-flight prompt is a retry of a dropped call.
-
-        Its client has gone, but the server may not have seen the cancellation
-        yet (it races the new call): wait briefly for it to land, then for its
-        commit, so the retry restores what the dropped call computed. Only the
-        cancels of prompts this one extends (or of its own request id) are waited for.
-        """
-        deadline = time.monotonic() + patience
-        while _extends(tokens, namespace, self.in_flight.values()):
-            if time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(0.01)
-        mine = [
-            t
-            for t, (ns, prompt, rid) in self.cancelling.items()
-            if rid == request_id or _extends(tokens, namespace, [(ns, prompt)])
-        ]
-        if mine:
-            await asyncio.wait(mine, timeout=2.0)
-
-    def _cancel(self, model, request_id: str, namespace: str, tokens: np.ndarray) -> None:
-        ref = model.cancel.remote(request_id)
-        task = asyncio.ensure_future(self._await_ref(ref, self.deadline))
-        self.cancelling[task] = (namespace, tokens, request_id)
-        task.add_done_callback(lambda t: self.cancelling.pop(t, None))
-
-    @staticmethod
-    async def _await_ref(ref, deadline: float) -> None:
-        try:
-            await asyncio.wait_for(ref, deadline)
-        except (ActorGone, asyncio.TimeoutError):  # a dead or stuck actor: nothing to wait for
-            pass
-        except Exception:  # anything else is a bug in the cancel path: say so
-            log.exception("cancelling a request failed")
 
     async def generate(
         self,
@@ -182,16 +157,7 @@ class Frontend:
             raise Unavailable("the server is shutting down")
         received = time.time()
         given = request_id or uuid.uuid4().hex
-        key = (namespace, given)  # ids are unique per namespace: no tenant sees another's
-        if key in self.request_ids:
-            raise InvalidRequest(f"request_id {given!r} is already in flight")
-        # Inside the engine an id names one request; one that another namespace has in
-        # flight runs under a suffix no client id can have ('~').
-        request_id = given if given not in self.internal_ids else f"{given}~{uuid.uuid4().hex}"
-        self.request_ids[key] = request_id
-        self.internal_ids.add(request_id)
-        if session:
-            self.session_of[request_id] = session
+        request_id = self.flight.accept(namespace, given, session)
         events = self._generate(inp, sampling, namespace, request_id, received, session, grammar)
         task = asyncio.current_task()
         self.calls.add(task)
@@ -205,11 +171,7 @@ class Frontend:
         finally:
             self.calls.discard(task)
             await events.aclose()  # its cleanup (the cancel) runs now, not when collected
-            del self.request_ids[key]
-            self.internal_ids.discard(request_id)
-            self.volatile.pop(request_id, None)
-            self.sessions.pop(request_id, None)
-            self.session_of.pop(request_id, None)
+            self.flight.done(namespace, given, request_id)
 
     async def _generate(
         self,
@@ -229,11 +191,9 @@ class Frontend:
         try:
             prompt, sampling = await self._prepare(inp, sampling)
             if prompt.volatile:
-                self.volatile[request_id] = prompt.volatile
-            if session:
-                self.sessions[request_id] = session
+                self.flight.volatile[request_id] = prompt.volatile
             tokens = np.asarray(prompt.tokens, dtype=np.int32)
-            await self._await_superseded(namespace, tokens, request_id)
+            await self.flight.superseded(namespace, tokens, request_id)
             epoch = await self._ready(0)
             exclude: tuple[int, ...] = ()
             resets = attempts = 0
@@ -255,7 +215,7 @@ class Frontend:
                         session,
                         grammar,
                     )
-                    async for batch in self._run(req, streamed):
+                    async for batch in self.runs.stream(req, streamed):
                         yield batch
                     return
                 except _NoReplica as e:
@@ -264,7 +224,7 @@ class Frontend:
                     exclude = ()  # every replica failed this request: wait for a restart
                     epoch = await self._ready(epoch)
                     continue
-                except _Restarted as e:
+                except Restarted as e:
                     # The manager forgets the request (and the dead replica's RAM) first.
                     if req is not None:
                         await self._replica_gone(req.plan.replica if e.died else None, request_id)
@@ -290,85 +250,6 @@ class Frontend:
             return await self.supervisor.wait_ready(after_epoch)
         except (TimeoutError, RuntimeError) as e:
             raise Unavailable(str(e))
-
-    async def _run(self, req: GenerationRequest, streamed: list):
-        """The events of `req` on its replica, with their text; _Restarted when the replica
-        went away or was reset under it. Tells the manager when its prefill ended."""
-        model = self.models[req.plan.replica]
-        events = self.events[req.plan.replica]
-        rid = req.request_id
-        finished = prefilled = False
-        self.in_flight[rid] = (req.namespace, np.asarray(req.tokens, dtype=np.int32))
-        queue = events.register(rid)
-        # One text per branch (SamplingParams.n); the request ends with its n-th Finished.
-        reply = Reply(
-            self.builder.tokenizer,
-            req.sampling,
-            req.grammar is not None,
-            lambda index: model.stop.remote(branch_key(rid, index)),
-        )
-        completion = 0  # over the branches: one request, however many it ran (n)
-        try:
-            await self._submit(model, events, req)
-            while not finished:
-                batch = await queue.get()
-                if isinstance(batch, str):
-                    self._ended(batch, req)
-                out = []
-                for event in batch:
-                    if isinstance(event, Tokens):
-                        event = reply.tokens(event)
-                        if event is None:
-                            continue
-                    elif isinstance(event, Finished):
-                        finished = reply.end()
-                        if event.finish_reason == FinishReason.UNAVAILABLE:
-                            self._poke()
-                            raise _Restarted(event.error, False)
-                        *tail, event = reply.finish(event)
-                        out += tail
-                        completion += event.completion_tokens
-                        if finished:  # counted once, with every branch's tokens
-                            whole = dataclasses.replace(event, completion_tokens=completion)
-                            self._finished(whole, req)
-                    if not prefilled and isinstance(event, (Tokens, Finished)):
-                        prefilled = True
-                        self.manager.prefilled.remote(rid)
-                    out.append(event)
-                if any(isinstance(e, Tokens) for e in out):
-                    streamed[:] = [True]
-                if out:
-                    yield out
-        finally:
-            events.unregister(rid)
-            if not prefilled:
-                self.manager.prefilled.remote(rid)
-            if not finished:
-                self._cancel(model, rid, *self.in_flight[rid])
-            self.in_flight.pop(rid, None)
-
-    async def _submit(self, model, events: ReplicaEvents, req: GenerationRequest):
-        """Hand the request to its replica (connecting to its event stream first)."""
-        try:
-            stream = await events.connect()
-            refused = await asyncio.wait_for(model.submit.remote(req, stream), self.deadline)
-        except ActorGone as e:
-            self._poke()
-            raise _Restarted(f"model replica {req.plan.replica} died ({e!r:.200})", True)
-        except (asyncio.TimeoutError, OSError) as e:
-            self._poke()
-            raise Unavailable(f"model replica {req.plan.replica} did not answer ({e!r:.200})")
-        if refused:  # planned in another epoch of the replica's, or a former incarnation's stream
-            self._poke()
-            raise _Restarted(refused, False)
-
-    def _ended(self, signal: str, req: GenerationRequest) -> None:
-        """A request's stream ended without its final event: say why, as the caller expects."""
-        self._poke()
-        if signal == LOST:
-            raise _Restarted("the model stream ended without a final event", True)
-        assert signal == SILENT, signal
-        raise Unavailable(f"the model sent nothing for {self.stream_deadline:.0f} s")
 
     async def _replica_gone(self, replica: int | None, request_id: str) -> None:
         """Tell the manager: this request ended (and the replica's RAM is gone, if given)."""
@@ -437,7 +318,7 @@ class Frontend:
                 raise Unavailable(f"the cache manager did not plan within {self.deadline:.0f} s")
             if isinstance(e, (ActorGone, NotSynchronised)):  # restarted: wait for its resync
                 self._poke()
-                raise _Restarted(f"the cache manager is unavailable ({type(e).__name__})", False)
+                raise Restarted(f"the cache manager is unavailable ({type(e).__name__})", False)
             if isinstance(e, LookupError):  # no replica alive
                 raise _NoReplica(str(e)) from None
             raise
@@ -457,69 +338,24 @@ class Frontend:
         if planning.cancelled() or planning.exception() is not None:
             return
         model = self.models[planning.result().replica]
-        asyncio.ensure_future(self._await_ref(model.release.remote(request_id), self.deadline))
-
-    def _finished(self, f: Finished, req: GenerationRequest) -> None:
-        """Log the request, keep its record, count it."""
-        volatile = self.volatile.get(req.request_id, 0)
-        session = self.sessions.get(req.request_id)
-        log_request(f, req.plan.captures, req.plan.miss, volatile, self.name, session)
-        tag = self.namespaces.tag(req.namespace)
-        owner = (req.namespace, self.session_of.get(req.request_id, ""))
-        self.activity.record(f, tag, miss=req.plan.miss, owner=owner)
-        if self.metrics is not None:
-            self.metrics.request(f, tag, req.plan.captures, req.plan.length)
+        asyncio.ensure_future(await_ref(model.release.remote(request_id), self.deadline))
 
     def error(self, code: str) -> None:
         """A call ended with gRPC status `code` (counted for the metrics)."""
-        if self.metrics is not None:
-            self.metrics.error(code)
+        self.inspector.error(code)
 
     async def inspect(self, recent: int = 20) -> Inspection:
         """Live figures: the cache, each replica, the recent window, the latest requests."""
-        cache, anchors, *tiers = await asyncio.gather(
-            self.manager.stats.remote(),
-            self.manager.anchors.remote(),
-            *(m.generator_stats.remote() for m in self.models),
-            return_exceptions=True,
-        )
-        for value in (cache, anchors):
-            if isinstance(value, ActorGone):
-                raise Unavailable(f"the cache manager is unavailable (restarting): {value}")
-            if isinstance(value, BaseException):
-                raise value
-        live = {str(i): t for i, t in enumerate(tiers) if not isinstance(t, BaseException)}
-        return inspection(
-            cache, anchors, live, self.budgets, self.activity, self.namespaces, recent
-        )
+        return await self.inspector.inspect(recent)
 
     async def cache_view(
         self, scope: str | None, recent: int = 50, operator: bool = True
     ) -> CacheView:
-        """The cache page's figures for namespace `scope` (None: the whole cache); the
-        memory shares for the `operator` alone."""
-        tree = await self._ask_manager(self.manager.tree.remote(scope))
-        if not operator:
-            return cache_view(tree, self.activity, scope, recent)
-        try:  # the disk tier's state: the operator's alone (it is the whole cache's)
-            disk = disk_view(await asyncio.wait_for(self.inspect(0), self.deadline))
-        except Exception as e:  # a replica restarting, the manager busy: the page still shows
-            log.warning("cache page: the disk tier's state not read (%s)", e)
-            disk = None
-        return cache_view(tree, self.activity, scope, recent, self.memory, disk)
+        """The cache page's figures for namespace `scope` (None: the whole cache)."""
+        return await self.inspector.cache_view(scope, self.deadline, recent, operator)
 
     async def stats(self):
-        return await self._ask_manager(self.manager.stats.remote())
-
-    async def _ask_manager(self, ref):
-        """A read of the cache manager; Unavailable, saying why, while it is restarting (a
-        kill, a crash) or does not answer within the deadline."""
-        try:
-            return await asyncio.wait_for(ref, self.deadline)
-        except asyncio.TimeoutError:
-            raise Unavailable(f"the cache manager did not answer within {self.deadline:.0f} s")
-        except ActorGone as e:
-            raise Unavailable(f"the cache manager is unavailable (restarting): {e}") from None
+        return await self.inspector.stats(self.deadline)
 
 
 async def _resolve(ref):
@@ -533,15 +369,6 @@ def _node_ip() -> str:
     return ray.util.get_node_ip_address()
 
 
-def _extends(tokens: np.ndarray, namespace: str, prompts) -> bool:
-    """Whether `tokens` extends (or equals) one of the (namespace, prompt) pairs."""
-    for ns, prompt in prompts:
-        n = len(prompt)
-        if ns == namespace and n <= len(tokens) and np.array_equal(tokens[:n], prompt):
-            return True
-    return False
-
-
 def _as_given(event, request_id: str):
     """A Finished event under the id its client gave."""
     if isinstance(event, Finished):
@@ -553,39 +380,3 @@ def _clip_max_tokens(s: SamplingParams, room: int) -> SamplingParams:
     from dataclasses import replace
 
     return replace(s, max_tokens=max(1, room))
-
-
-def log_request(
-    f: Finished, captures, miss=None, volatile: int = 0, model: str = "", session=None
-) -> None:
-    """One key=value line per request (the cost of each turn is visible in the log).
-
-    `miss`: why it restored less than an earlier prompt offered (`kind@token/m<message>`);
-    `volatile`: system-prompt lines the volatile-line rules removed; `model`: the model's
-    served name (the directory's, with one model); `session`: the conversation's key
-    (x-session-id, prompt_cache_key, ...), which names the turns of one conversation
-    beside its misses.
-    """
-    timing = " ".join(
-        f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
-        for k, v in dataclasses.asdict(f.timing).items()
-    )
-    log.info(
-        "request id=%s model=%s replica=%s finish=%s prompt=%d cached=%d completion=%d "
-        "restore=%s@%d lost=%s captures=%s miss=%s volatile=%d session=%s %s",
-        f.request_id,
-        model or "-",
-        f.replica or "-",
-        f.finish_reason,
-        f.prompt_tokens,
-        f.cached_tokens,
-        f.completion_tokens,
-        f.restore_kind,
-        f.restore_length,
-        f.restore_lost or "-",
-        ",".join(f"{c.kind}@{c.length}" for c in captures) or "-",
-        miss or "-",
-        volatile,
-        session or "-",
-        timing,
-    )

@@ -222,7 +222,8 @@ def test_shared_system_prompt_and_tools_are_cached(client):
     assert second.prompt_tokens_details.cached_tokens > 0, "the shared prefix was not reused"
 
 
-def test_namespace_comes_from_the_header_else_user(client):
+def test_namespace_comes_from_the_header_alone(client):
+    """X-Cache-Namespace names the namespace; `user` names the session, never a namespace."""
     messages = [
         {"role": "system", "content": SYSTEM + "\nNamespaces."},
         {"role": "user", "content": "Hello."},
@@ -236,23 +237,27 @@ def test_namespace_comes_from_the_header_else_user(client):
 
     a, b, c = (f"bridge-ns-{x}-{uuid.uuid4().hex[:8]}" for x in "abc")  # fresh per bridge
     cached(extra_headers={"X-Cache-Namespace": a})
-    assert cached(user=b) == 0, "another namespace reused the first one's entries"
-    assert cached(user=b) > 0
-    assert cached(extra_headers={"X-Cache-Namespace": b}, user=c) > 0
+    assert cached(extra_headers={"X-Cache-Namespace": b}) == 0, "another namespace reused a's"
+    assert cached(extra_headers={"X-Cache-Namespace": b}, user=c) > 0, "user split the cache"
 
 
-def test_session_keys_come_from_headers_then_the_body():
+def test_session_keys_are_read_in_one_order():
     from types import SimpleNamespace
 
-    from clients.bridge.chat_completions import session_of
+    from clients.bridge.engine_call import Asked, hints_of, session_of
 
-    body = SimpleNamespace(prompt_cache_key="pck", user="u")
-    assert session_of({"x-session-id": "h1", "session_id": "h2"}, body) == "h1"
-    assert session_of({"session_id": "h2"}, body) == "h2"
-    assert session_of({}, body) == "pck"
-    assert session_of({}, SimpleNamespace(prompt_cache_key=None, user="u")) == "u"
-    assert session_of({}, SimpleNamespace(prompt_cache_key=None, user=None)) == ""
-    odd = session_of({"x-session-id": "Zoë's session #1"}, body)
+    body = SimpleNamespace(prompt_cache_key="pck", metadata={"user_id": "cc"}, user="u")
+    headers = {"x-session-id": "h1", "session_id": "h2", "x-session-affinity": "h3"}
+    asked = Asked(**hints_of(body))
+    assert session_of(headers, asked) == "pck"
+    asked = Asked(**hints_of(SimpleNamespace(metadata={"user_id": "cc"}, user="u")))
+    assert session_of(headers, asked) == "h1"
+    assert session_of({"session_id": "h2", "x-session-affinity": "h3"}, asked) == "h2"
+    assert session_of({"x-session-affinity": "h3"}, asked) == "h3"
+    assert session_of({}, asked) == "cc"
+    assert session_of({}, Asked(**hints_of(SimpleNamespace(user="u")))) == "u"
+    assert session_of({}, Asked(**hints_of(SimpleNamespace(metadata=["odd"])))) == ""
+    odd = session_of({"x-session-id": "Zoë's session #1"}, Asked())
     assert odd.startswith("h:") and len(odd) == 34  # hashed: a routing hint never fails
 
 

@@ -18,7 +18,7 @@ import pytest
 from clients.bridge import anthropic_messages, responses
 from clients.bridge.anthropic_messages import MessageShape
 from clients.bridge.blocks import Blocks
-from clients.bridge.callers import Caller
+from clients.bridge.guard import Caller
 from clients.bridge.parsers import make_parser
 from clients.bridge.response_store import ResponseStore
 from clients.bridge.responses import ResponseShape, Turn
@@ -197,7 +197,7 @@ def _responses_stream(
 ) -> list[tuple[str, dict]]:
     shape = ResponseShape("0" * 32, "gpt-test", _body(), Blocks(make_parser(family)), True)
     store = ResponseStore(None, 10, 1 << 20)
-    turn = Turn(shape, store, Caller(None, "t", ""), [{"role": "user", "content": "q"}], [])
+    turn = Turn(shape, store, Caller("t"), [{"role": "user", "content": "q"}], [])
     return _sse_events(responses._events_as_sse, turn, text, reason, error)
 
 

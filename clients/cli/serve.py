@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from engine.hub import HubError, HubSettings
-    from engine.server import preflight  # sockets, files, the Hub: no Ray, no MLX
+    from engine.server.running import preflight  # sockets, files, the Hub: no Ray, no MLX
 
     try:
         config = config_from_args(args, args.env)
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(str(error), error.status)
     except (ValueError, OSError) as error:
         raise UsageError(str(error))
-    from engine.server import lifecycle  # MLX and Ray load here, and only here
+    from engine.server.running import lifecycle  # MLX and Ray load here, and only here
 
     sidecars = [bridge_sidecar(config)] if config.server.http_port else []
     try:

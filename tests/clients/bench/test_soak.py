@@ -116,8 +116,11 @@ def test_a_short_soak_survives_every_fault_within_the_bounds(tmp_path):
     assert done.returncode == 0
     assert f["probes"]["checked"] > len(f["probes"]["wrong"]) == 0
     assert f["final"]["files"] > 0
-    samples = (tmp_path / "work" / "samples.jsonl").read_text().splitlines()
-    assert len(samples) >= 20 and "model-0" in json.loads(samples[-1])["processes"]
+    samples = [
+        json.loads(s) for s in (tmp_path / "work" / "samples.jsonl").read_text().split("\n") if s
+    ]
+    # the model actor was followed (the last samples may fall in the final stop, after it)
+    assert len(samples) >= 20 and sum("model-0" in s["processes"] for s in samples) >= 10
 
 
 def test_the_verdict_fails_on_an_orphaned_file_a_wrong_reply_or_a_disk_over_budget():

@@ -17,7 +17,6 @@ import importlib
 import importlib.util
 import os
 
-from clients.bench.harness import KERNELS_VAR
 from clients.cli.args import add_settings
 from engine.config import KernelConfig
 from engine.config.declare import setting_named
@@ -121,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
         return int(exit_.code or 0)
     bench_args.bench, bench_args.env = args.bench, args.env
     if bench_args.kernels:  # every engine of the run, its Ray workers and subprocesses
+        from clients.bench.harness import KERNELS_VAR
+
         os.environ[KERNELS_VAR] = bench_args.kernels
     return launch(bench_args, module.run)
 

@@ -416,6 +416,9 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
 
     def remove(self, uids, return_prompt_caches=False):
         """Take sequences out between steps (so a prefill stops at a chunk boundary)."""
+        for uid in uids:  # a chunk of theirs in flight lands first: what it brings goes too
+            if self._cohort_id(uid) is not None:
+                self._cohort_of(uid)
         caches = self.extract_cache(uids) if return_prompt_caches else {}
         self.forget_rows(uids)
         rest = []

@@ -99,6 +99,7 @@ from clients.bridge.parts import (
     ToolCallEnd,
     ToolCallStart,
 )
+from engine.config.prompt import OUTPUT_FAMILIES
 
 # the parts are defined in clients.bridge.parts; the wire formats import them from here
 __all__ = [
@@ -117,26 +118,7 @@ __all__ = [
     "make_parser",
 ]
 
-FAMILIES = (
-    "qwen",
-    "qwen_xml",
-    "glm",
-    "kimi",
-    "deepseek",
-    "dsml",
-    "llama3_json",
-    "pythonic",
-    "mistral",
-    "harmony",
-    "gemma4",
-    "command_r",
-    "command_r7b",
-    "minimax",
-    "nemotron",
-    "granite",
-    "phi4",
-    "plain",
-)
+FAMILIES = OUTPUT_FAMILIES  # one list, declared with the setting that names them
 THINKING = "-thinking"  # suffix: the output starts inside the reasoning block
 
 

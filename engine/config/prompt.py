@@ -22,8 +22,8 @@ VOLATILE_DEFAULTS = (BILLING_HEADER,)
 
 # How a model marks reasoning and tool calls in its output (clients.bridge.parsers);
 # -thinking: the chat template's generation prompt opens the reasoning block itself.
-# The same names as clients.bridge.parsers.FAMILIES (tests/clients/bridge/test_parsers.py
-# holds them equal); `plain` last.
+# The output families: clients.bridge.parsers reads this list (one declaration);
+# `plain` last.
 OUTPUT_FAMILIES = (
     "qwen",
     "qwen_xml",

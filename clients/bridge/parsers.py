@@ -79,6 +79,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence, Union
 
 from clients.bridge import call_bodies as bodies
+from clients.bridge import call_bodies_tagged as tagged
 from clients.bridge import call_streams as streams
 from clients.bridge.calls import (
     DSML,
@@ -150,6 +151,7 @@ class Markup:
 
 
 THINK = ("<think>", "</think>")
+APRIEL_THINK = ("Here are my reasoning steps:", "[BEGIN FINAL RESPONSE]")
 # gpt-oss's message headers around the channels (`<|start|>assistant<|channel|>final...`).
 HARMONY_HEADERS = (
     "<|start|>assistant",
@@ -227,6 +229,41 @@ MARKUPS: dict[str, Markup] = {
         THINK, ("<|tool_call|>", None), _calls(bodies.json_list), drop=("<response>", "</response>")
     ),
     "phi4": Markup(None, ("functools", None), _calls(bodies.json_list)),
+    # the families of clients.bridge.call_bodies_tagged
+    "apertus": Markup(
+        ("<|inner_prefix|>", "<|inner_suffix|>"),
+        ("<|tools_prefix|>", "<|tools_suffix|>"),
+        _calls(tagged.apertus_calls),
+        stream=tagged.apertus,
+    ),
+    "apriel": Markup(
+        APRIEL_THINK,
+        ("<tool_calls>", "</tool_calls>"),
+        _calls(tagged.apriel_calls),
+        drop=("[END FINAL RESPONSE]",),
+        stream=tagged.apriel,
+    ),
+    "seed_oss": Markup(
+        ("<seed:think>", "</seed:think>"),
+        ("<seed:tool_call>", "</seed:tool_call>"),
+        _calls(tagged.seed_call),
+        stream=tagged.seed,
+    ),
+    "gigachat3": Markup(
+        None, ("function call<|role_sep|>", "<|message_sep|>"), parse_qwen_call, stream=streams.qwen
+    ),
+    "gigachat3_1": Markup(
+        None, ("<|function_call|>", "<|message_sep|>"), parse_qwen_call, stream=streams.qwen
+    ),
+    "lfm2": Markup(THINK, ("<|tool_call_start|>", "<|tool_call_end|>"), _calls(tagged.lfm2_calls)),
+    "solar_open": Markup(
+        ("<|think|>", "<|end|>"),
+        ("<|tool_call:begin|>", "<|tool_call:end|>"),
+        tagged.solar_call,
+        section=("<|tool_calls|>", "<|calls|>"),
+        drop=("<|begin|>assistant", "<|content|>", "<|flush|>"),
+        stream=tagged.solar,
+    ),
     "plain": Markup(None, None),
 }
 

@@ -205,8 +205,10 @@ def lfm2_calls(body: str, tools=None) -> Read | None:
 
 # -- Solar Open ----------------------------------------------------------------------
 
-_SOLAR_NAME, _SOLAR_ARGS = "<|tool_call:name|>", "<|tool_call:args|>"
-_SOLAR_HEAD = re.compile(r"\s*([^<\s]*)\s*<\|tool_call:name\|>\s*([^<\s]+)\s*<\|tool_call:args\|>\s*")
+# `ID<|tool_call:name|>NAME<|tool_call:args|>`: the id (may be empty) and the name
+_SOLAR_HEAD = re.compile(
+    r"\s*([^<\s]*)\s*<\|tool_call:name\|>\s*([^<\s]+)\s*<\|tool_call:args\|>\s*"
+)
 
 
 def solar_call(body: str, tools=None) -> Call | None:

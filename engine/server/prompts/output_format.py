@@ -8,12 +8,13 @@ channels, Gemma 4's `<|tool_call>`, MiniMax's, Nemotron's `<TOOLCALL>`, Command-
 Mistral's `[TOOL_CALLS]`, Phi-4's `functools[`, Granite's `<|tool_call|>`, Apertus'
 `<|tools_prefix|>`, Apriel's `<tool_calls>` after `[BEGIN FINAL RESPONSE]`, Seed-OSS's
 `<seed:tool_call>`, GigaChat 3.1's `<|function_call|>` and 3's `function call` role,
-LFM2's `<|tool_call_start|>`, Solar Open's `<|tool_call:begin|>`, Qwen3-Coder's `<function=…><parameter=…>`, Qwen's and Hermes' `<tool_call>`, Llama 4's
-`<|python_start|>`, Llama 3's `<|python_tag|>` or its `"parameters": ` JSON); else from
-the vocabulary's tokens (`_HELD`); else `<think>` alone means Qwen-style reasoning.
-`-thinking` follows when the template's generation prompt
-ends inside an open `<think>`, or the family's own opener (`_REASONING`: Apriel 1.6's
-`Here are my reasoning steps:`): the model's output starts in its reasoning.
+LFM2's `<|tool_call_start|>`, Solar Open's `<|tool_call:begin|>`, Qwen3-Coder's
+`<function=…><parameter=…>`, Qwen's and Hermes' `<tool_call>`, Llama 4's `<|python_start|>`,
+Llama 3's `<|python_tag|>` or its `"parameters": ` JSON); else from the vocabulary's
+tokens (`_HELD`); else `<think>` alone means Qwen-style reasoning. `-thinking` follows
+when the template's generation prompt ends inside an open `<think>`, or the family's own
+opener (`_REASONING`: Apriel 1.6's `Here are my reasoning steps:`): the model's output
+starts in its reasoning.
 `--output-format` (engine.config.prompt) overrides the family. It reaches
 clients through ModelInfo.output_format.
 

@@ -166,7 +166,7 @@ def test_the_turns_text_and_reasoning_land_in_their_fields(name):
         out, results = round_trip(template, turn(CALLS[:1], CONTENT, REASONING))
     except InvalidRequest as e:  # gpt-oss: content or reasoning, not both
         pytest.skip(f"the template refuses content and reasoning beside a call: {e}")
-    if '"Paris"' not in out and "Paris<" not in out:
+    if not any(city in out for city in ('"Paris"', "Paris<", "'Paris'")):
         pytest.skip("the template writes a turn's content or its calls, not both")
     into = template.entry.get("content_field", "text")
     for text, reasoning, calls in results:

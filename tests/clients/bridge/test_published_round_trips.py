@@ -194,3 +194,17 @@ def test_the_round_trip_fails_without_the_familys_parser(monkeypatch):
     out, results = round_trip(template, turn(CALLS[:1]))
     for text, _, calls in results:
         assert calls == [] and json.loads(text)["name"] == "get_weather", out
+
+
+@pytest.mark.parametrize("name", WRITES_CALLS)
+def test_each_round_trip_is_its_familys_parser(name, monkeypatch):
+    """With the family's markup read as plain text, no template's call comes back as a
+    call: every round trip above rests on its family's own parser."""
+    import clients.bridge.parsers as parsers
+
+    template = Template(name, calls=True)
+    family = template.family.removesuffix(THINKING)
+    monkeypatch.setitem(parsers.MARKUPS, family, parsers.MARKUPS["plain"])
+    out, results = round_trip(template, turn(CALLS[:1]))
+    for text, _, calls in results:
+        assert calls == [] and "get_weather" in text, out

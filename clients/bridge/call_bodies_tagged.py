@@ -83,8 +83,32 @@ def _whole(known: list[Known], whole: bool) -> Read | None:
 
 
 def apertus_calls(body: str, tools=None) -> Read | None:
-    """Apertus: `[{"NAME": {...}}, ...]`."""
-    return _whole(*_list(body, _KEYED, keyed=True))
+    """Apertus: `[{"NAME": {...}}, ...]` (arguments written as a JSON string read too,
+    their text then `json.dumps` of them)."""
+    return _whole(*_list(body, _KEYED, keyed=True)) or _keyed_strings(body)
+
+
+def _keyed_strings(body: str) -> Read | None:
+    try:
+        items = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(items, list) or not items:
+        return None
+    out = []
+    for item in items:
+        if not isinstance(item, dict) or len(item) != 1:
+            return None
+        ((name, args),) = item.items()
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                return None
+        if not name or not isinstance(args, dict):
+            return None
+        out.append((name, args, json.dumps(args, ensure_ascii=False)))
+    return out
 
 
 def apertus(body: str, tools=None) -> list[Known]:

@@ -45,6 +45,14 @@ CASES = [
         [ROME],
     ),
     (
+        "apertus: arguments as a JSON string",
+        "apertus",
+        '<|tools_prefix|>[{"get_weather": "{\\"city\\": \\"Rome\\"}"}]<|tools_suffix|>',
+        "",
+        "",
+        [ROME],
+    ),
+    (
         "apriel 1.6: reasoning, final response, calls with ids",
         "apriel-thinking",
         "Two cities.\n[BEGIN FINAL RESPONSE]\nLooking.\n<tool_calls>["

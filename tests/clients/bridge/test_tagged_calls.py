@@ -240,11 +240,41 @@ def test_the_arguments_stream_before_the_call_ends(family, output):
 @pytest.mark.parametrize("case", [c for c in CASES if c[5]], ids=[c[0] for c in CASES if c[5]])
 def test_a_call_cut_by_the_outputs_end_leaks_no_markup(case):
     """Cut anywhere inside the first call, after its opening marker (max_tokens, a stop
-    string): the text is what came before the call, never its markup."""
+    string): the text on the chat completions stream and in the blocks Anthropic
+    Messages and Responses stream is what came before the call, never its markup."""
+    from clients.bridge.blocks import TEXT, Blocks
+    from clients.bridge.chat_completions import ChatShape
+    from clients.wire import Final, Restore, Timing, Usage
+
     _, family, output, text, *_ = case
     opener, closer = make_parser(family).markup.call
     start = output.index(opener) + len(opener)
     for end in range(start, output.index(closer, start) + len(closer)):
-        p = make_parser(family)
-        got, _, _ = joined(p.feed(output[:end]) + p.close())
-        assert got in (text, ""), (output[:end], got)
+        cut = output[:end]
+        shape = ChatShape("r1", {"id": "tiny", "fingerprint": "fp"}, make_parser(family))
+        chunks = [c for ch in cut for c in shape.delta(ch)]
+        chunks += shape.finish(Final("length", Usage(1, 0, 1), Restore(), Timing(), "r1"))
+        content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+        blocks = Blocks(make_parser(family))
+        for ch in cut:
+            blocks.feed(ch, 1)
+        blocks.close()
+        texts = "".join(b.text for b in blocks.blocks if b.kind == TEXT)
+        for shown in (content, texts):
+            assert shown.strip() in (text, ""), (cut, shown)
+
+
+@pytest.mark.parametrize("family, output", EARLY, ids=[c[0] for c in EARLY])
+def test_the_chat_stream_sends_the_call_in_pieces(family, output):
+    """On chat completions: one `tool_calls` entry with the name, then argument pieces
+    that join to the call's arguments."""
+    from clients.bridge.chat_completions import ChatShape
+    from clients.wire import Final, Restore, Timing, Usage
+
+    shape = ChatShape("r1", {"id": "tiny", "fingerprint": "fp"}, make_parser(family))
+    chunks = [c for ch in output for c in shape.delta(ch)]
+    chunks += shape.finish(Final("stop", Usage(1, 0, 1), Restore(), Timing(), "r1"))
+    calls = [t for c in chunks for t in c["choices"][0]["delta"].get("tool_calls", ())]
+    assert calls[0]["function"]["name"] == "f"
+    pieces = [t["function"]["arguments"] for t in calls[1:]]
+    assert len(pieces) > 1 and json.loads("".join(pieces)) == {"city": "Rome"}

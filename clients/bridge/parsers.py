@@ -80,6 +80,7 @@ from typing import Callable, Mapping, Sequence, Union
 
 from clients.bridge import call_bodies as bodies
 from clients.bridge import call_streams as streams
+from clients.bridge import tag_calls as tags
 from clients.bridge.calls import (
     DSML,
     Call,
@@ -147,6 +148,9 @@ class Markup:
     drop: tuple[str, ...] = ()  # more markup between the parts (harmony's headers)
     lead: str = ""  # characters that open a call when the output starts with one
     stream: streams.Streamer | None = None  # what of an open call is settled; None: whole
+    # the call's opener counts only at the output's start or right after one of these
+    # (atem's ` to=` opens a call in a message's header, not in its text)
+    call_at: tuple[str, ...] | None = None
 
 
 THINK = ("<think>", "</think>")
@@ -158,6 +162,13 @@ HARMONY_HEADERS = (
     "<|message|>",
     "<|return|>",
     "<|call|>",
+)
+# Kimi K3's message and response tags around the reasoning, the text and the calls.
+K3_DROP = (
+    "<|open|>response<|sep|>",
+    "<|close|>response<|sep|>",
+    "<|close|>message<|sep|>",
+    "<|end_of_msg|>",
 )
 MARKUPS: dict[str, Markup] = {
     "qwen": Markup(THINK, ("<tool_call>", "</tool_call>"), parse_qwen_call, stream=streams.qwen),
@@ -227,6 +238,45 @@ MARKUPS: dict[str, Markup] = {
         THINK, ("<|tool_call|>", None), _calls(bodies.json_list), drop=("<response>", "</response>")
     ),
     "phi4": Markup(None, ("functools", None), _calls(bodies.json_list)),
+    # -- calls written as tags (clients.bridge.tag_calls) --
+    "kimi_k3": Markup(
+        ("<|open|>think<|sep|>", "<|close|>think<|sep|>"),
+        ('<|open|>call tool="', "<|close|>call<|sep|>"),
+        _calls(tags.kimi_k3),
+        section=("<|open|>tools<|sep|>", "<|close|>tools<|sep|>"),
+        drop=K3_DROP,
+        stream=tags.stream_kimi_k3,
+    ),
+    "minimax_m1": Markup(
+        THINK,
+        ("<tool_calls>", "</tool_calls>"),
+        _calls(tags.minimax_m1),
+        stream=tags.stream_minimax_m1,
+    ),
+    "minimax_m3": Markup(
+        ("<mm:think>", "</mm:think>"),
+        (f"{tags.M3_NS}<tool_call>", f"{tags.M3_NS}</tool_call>"),
+        _calls(tags.minimax_m3),
+        stream=tags.stream_minimax_m3,
+    ),
+    "atem": Markup(
+        (" to=self<|message|>", "<|eom|>"),
+        (" to=", "</atem:function_calls>"),
+        _calls(tags.atem),
+        drop=("<|start|>assistant", " to=user<|message|>", "<|eot|>"),
+        stream=tags.stream_atem,
+        call_at=("<|start|>assistant",),
+    ),
+    "minicpm": Markup(
+        THINK, ('<function name="', "</function>"), _calls(tags.minicpm), stream=tags.stream_minicpm
+    ),
+    "hy3": Markup(
+        (f"<think{tags.HY}>", f"</think{tags.HY}>"),
+        (f"<tool_call{tags.HY}>", f"</tool_call{tags.HY}>"),
+        _calls(tags.hy3),
+        section=(f"<tool_calls{tags.HY}>", f"</tool_calls{tags.HY}>"),
+        stream=tags.stream_hy3,
+    ),
     "plain": Markup(None, None),
 }
 
@@ -255,6 +305,8 @@ class OutputParser:
         self.index = 0  # calls that parsed
         self.streamed = streams.Streamed()  # the open call's calls that went out
         self.at_start = bool(markup.lead) and self.state == _TEXT  # a lead may open a call
+        self.at_message = True  # at the output's start or after a call_at marker
+        self.closing = False
 
     def feed(self, text: str) -> list[Part]:
         self.held += text
@@ -266,6 +318,9 @@ class OutputParser:
     def close(self) -> list[Part]:
         """The parts the end of the output settles: held text, an unterminated call."""
         out: list[Part] = []
+        self.closing = True  # a marker that a longer one may have continued is whole now
+        while self._step(out):
+            pass
         rest, self.held = self.held, ""
         if self.state == _CALL:
             self.body += rest
@@ -293,7 +348,8 @@ class OutputParser:
                 out[m.think[0]] = "think"
                 out[m.think[1]] = "drop"  # a stray closer is markup too
             if m.call:
-                out[m.call[0]] = "call"
+                if m.call_at is None or self.at_message:
+                    out[m.call[0]] = "call"
                 if m.call[1]:
                     out[m.call[1]] = "drop"
             if m.section:
@@ -325,6 +381,12 @@ class OutputParser:
             self.held = self.held[len(self.held) - keep :]
             return False
         at, _, marker = min(found)
+        rest = self.held[at:]
+        if not self.closing and any(len(k) > len(rest) and k.startswith(rest) for k in markers):
+            # a longer marker (` to=self<|message|>` beside ` to=`) may still come whole
+            self._handle(self.held[:at], out)
+            self.held = rest
+            return False
         self._handle(self.held[:at], out)
         self.held = self.held[at + len(marker) :]
         self._act(markers[marker], marker, out)
@@ -355,12 +417,14 @@ class OutputParser:
             if text.strip():  # not markup, so it is text
                 out.append(TextPart(text))
         else:
+            self.at_message = self.at_message and not text.strip()
             self._content(text, TextPart, out)
 
     def _act(self, action: str, marker: str, out: list[Part]) -> None:
         # Whitespace beside markup is layout; before a call it is kept aside, the call's
         # if it does not parse (then its raw text is returned as it was written).
         self.lead, self.space = self.space, ""
+        self.at_message = marker in (self.markup.call_at or ())
         if action == "think":
             self.state, self.strip = _REASONING, True
         elif action == "call":

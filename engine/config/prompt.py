@@ -42,6 +42,13 @@ OUTPUT_FAMILIES = (
     "nemotron",
     "granite",
     "phi4",
+    # calls written as tags (clients.bridge.tag_calls)
+    "kimi_k3",
+    "minimax_m1",
+    "minimax_m3",
+    "atem",
+    "minicpm",
+    "hy3",
     "plain",
 )
 OUTPUT_FORMATS = ("auto", *OUTPUT_FAMILIES, *(f"{f}-thinking" for f in OUTPUT_FAMILIES[:-1]))

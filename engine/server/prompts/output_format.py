@@ -49,6 +49,13 @@ def family_of(template: str, vocab) -> str:
 # family -> the markup its template shows, every piece of it (checked in this order: the
 # first that matches decides).
 _SHOWN = (
+    # calls written as tags; their marks contain markers of families below (<tool_call>)
+    ("kimi_k3", ("<|open|>", "open_tag('call'")),
+    ("minimax_m1", ("<tool_calls>", "ai name=assistant")),
+    ("minimax_m3", ("]<]minimax[>[", "<invoke name=")),
+    ("atem", ("<atem:function_calls>", "<atem:invoke")),
+    ("minicpm", ('<function name="', '<param name="')),
+    ("hy3", ("<tool_call{}>", ":opensource")),
     ("kimi", ("<|tool_calls_section_begin|>",)),
     ("deepseek", ("<｜tool▁calls▁begin｜>",)),
     ("dsml", ("｜DSML｜",)),
@@ -79,11 +86,20 @@ _HELD = (
 )
 
 
-def opens_reasoning(render: Callable[[list], "str | None"]) -> bool:
-    """Whether the generation prompt ends inside an open `<think>` block (None: the
-    template refused the probe, so it opens nothing we can see)."""
+# family -> the marker that opens its reasoning, where it is not `<think>`.
+_THINK_OPENS = {
+    "kimi_k3": "<|open|>think<|sep|>",
+    "minimax_m3": "<mm:think>",
+    "hy3": "<think:opensource>",
+}
+
+
+def opens_reasoning(render: Callable[[list], "str | None"], family: str = "qwen") -> bool:
+    """Whether the generation prompt ends inside an open reasoning block (`<think>`, or
+    the family's own) (None: the template refused the probe, so it opens nothing we can
+    see)."""
     text = render(list(_PROBE))
-    return text is not None and text.rstrip().endswith("<think>")
+    return text is not None and text.rstrip().endswith(_THINK_OPENS.get(family, "<think>"))
 
 
 def special_markers(tokenizer) -> frozenset[str]:
@@ -107,6 +123,6 @@ def output_format(setting: str, tokenizer, render: Callable[[list], str]) -> str
     vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
     family = family_of(str(template or ""), vocab)
     assert family in OUTPUT_FAMILIES, family
-    if family != "plain" and opens_reasoning(render):
+    if family != "plain" and opens_reasoning(render, family):
         return family + THINKING
     return family

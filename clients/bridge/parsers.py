@@ -43,6 +43,14 @@ chat template and the tokenizer; engine.server.prompts.output_format):
 - `nemotron`: `<think>…</think>`, and `<TOOLCALL>[{"name", "arguments"}, …]</TOOLCALL>`;
 - `granite`: `<think>…</think>`, and `<|tool_call|>[…]` to the output's end;
 - `phi4`: `functools[…]` to the output's end (Phi-4 mini);
+- calls written as tags (clients.bridge.tag_calls has their readers and streamers):
+  `kimi_k3` (`<|open|>think<|sep|>…`, then `<|open|>tools<|sep|>` around
+  `<|open|>call tool="NAME" …<|sep|>` calls), `minimax_m1` (`<think>`, JSON lines in
+  `<tool_calls>`), `minimax_m3` (`<mm:think>`, `]<]minimax[>[<tool_call>` around invokes),
+  `atem` (Muse Glimmer: ` to=self<|message|>` reasoning, a call a ` to=NAME<|message|>`
+  message of `<atem:function_calls>`), `minicpm` (`<think>`, `<function name="NAME">`
+  calls of `<param name="K">` values), `hy3` (`<think:opensource>`, `<tool_calls:opensource>`
+  around `<tool_call:opensource>NAME<tool_sep:opensource>` and `<arg_key:…>` pairs);
 - `plain`: no markup: everything is text.
 
 A call with no marker (llama3_json, pythonic) opens only where the output starts
@@ -56,7 +64,8 @@ prompt opens the reasoning block itself, so the output starts inside it.
 A tool call is ToolCallStart (index, id, name), ToolCallDeltas whose texts join to its
 arguments' JSON text, then ToolCallEnd (its parsed arguments). Where the family has a
 streamer (clients.bridge.call_streams: qwen, kimi, deepseek, mistral's `NAME[ARGS]`,
-harmony, and per parameter qwen_xml, glm, minimax, dsml), a call opened by its marker
+harmony, and per parameter qwen_xml, glm, minimax, dsml; clients.bridge.tag_calls: the
+tag families), a call opened by its marker
 starts once its name is whole and its arguments stream as they settle; the other
 families' calls (and a call opened without a marker, which may yet be text) come whole
 when the call ends. What was streamed cannot be taken back: a streamed call whose markup

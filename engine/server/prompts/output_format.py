@@ -2,7 +2,10 @@
 
 The family (engine.config.prompt.OUTPUT_FAMILIES; clients.bridge.parsers reads each)
 comes from the chat template, the way it shows the model its own past calls: each
-family's marks, checked in `_SHOWN`'s order (Kimi's `<|tool_calls_section_begin|>`,
+family's marks, checked in `_SHOWN`'s order (first the families whose calls are tags:
+Kimi K3's `<|open|>call`, MiniMax-M1's `<tool_calls>` lines, MiniMax-M3's `]<]minimax[>[`,
+Muse Glimmer's `<atem:…>`, MiniCPM's `<function name=`, Hunyuan's `:opensource` tags;
+then Kimi's `<|tool_calls_section_begin|>`,
 DeepSeek's `<｜tool▁calls▁begin｜>` and `｜DSML｜`, GLM's `<arg_key>`, gpt-oss's
 channels, Gemma 4's `<|tool_call>`, MiniMax's, Nemotron's `<TOOLCALL>`, Command-R's,
 Mistral's `[TOOL_CALLS]`, Phi-4's `functools[`, Granite's `<|tool_call|>`,
@@ -10,7 +13,8 @@ Qwen3-Coder's `<function=…><parameter=…>`, Qwen's and Hermes' `<tool_call>`,
 `<|python_start|>`, Llama 3's `<|python_tag|>` or its `"parameters": ` JSON); else from
 the vocabulary's tokens (`_HELD`); else `<think>` alone means Qwen-style reasoning.
 `-thinking` follows when the template's generation prompt
-ends inside an open `<think>` (the model's output starts in its reasoning).
+ends inside an open `<think>` (or the family's own opener: `_THINK_OPENS`), so the
+model's output starts in its reasoning.
 `--output-format` (engine.config.prompt) overrides the family. It reaches
 clients through ModelInfo.output_format.
 

@@ -198,3 +198,19 @@ def test_the_round_trip_fails_without_the_familys_parser(monkeypatch):
     out, results = round_trip(template, turn(CALLS[:1]))
     for text, _, calls in results:
         assert calls == [] and json.loads(text)["name"] == "get_weather", out
+
+
+@pytest.mark.parametrize(
+    "name, family",
+    [("tencent-Hy3.jinja", "hy3"), ("muse-glimmer.jinja", "atem"), ("Kimi-K3.jinja", "kimi_k3")],
+)
+def test_a_tag_familys_round_trip_fails_without_its_parser(monkeypatch, name, family):
+    """The same for families whose calls are tags: with the family's markup plain text,
+    the call comes back as text, not as a call."""
+    import clients.bridge.parsers as parsers
+
+    template = Template(name)
+    monkeypatch.setitem(parsers.MARKUPS, family, parsers.MARKUPS["plain"])
+    out, results = round_trip(template, turn(CALLS[:1]))
+    for text, _, calls in results:
+        assert calls == [] and "get_weather" in text, out

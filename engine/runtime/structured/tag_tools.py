@@ -33,9 +33,11 @@ reasoning before it. Plain Python: no llguidance, no MLX.
 
 from __future__ import annotations
 
+import json
 from typing import Mapping
 
-from engine.runtime.structured.values import ANY_NAME, Values, _is_string, _lit, _string_enum
+from engine.runtime.structured.schema import closed
+from engine.runtime.structured.values import ANY_NAME, Values, is_string, string_enum
 
 NS = "]<]minimax[>["
 HY = ":opensource"
@@ -170,9 +172,11 @@ def _one_of(g, calls, write) -> str:
     return g.define("call", " | ".join(write(n, s) for n, s in calls.items()))
 
 
-def _call_object(name: str, params: Mapping) -> dict:
-    from engine.runtime.structured.schema import closed
+def _lit(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
 
+
+def _call_object(name: str, params: Mapping) -> dict:
     return {
         "type": "object",
         "properties": {"name": {"const": name}, "arguments": closed(params)},
@@ -204,17 +208,17 @@ def _param(g, family: str, key: str, schema) -> str:
     """One parameter; `key` its grammar (a literal, or any name)."""
     values = Values(g, "minimax")
     if family == "minicpm":
-        return f"{g.m(CPM_PARAM)} {key} {g.m(QUOTE_END)} {values._value(schema, '</param>')}"
+        return f"{g.m(CPM_PARAM)} {key} {g.m(QUOTE_END)} {values.until_closer(schema, '</param>')}"
     if family == "atem":
         close = "</atem:parameter>"
-        return f'"<atem:parameter name=\\"" {key} "\\">" {values._value(schema, close)} "\\n"'
+        return f'"<atem:parameter name=\\"" {key} "\\">" {values.until_closer(schema, close)} "\\n"'
     if family == "hy3":
         head = f'{g.m(f"<arg_key{HY}>")} {key} {g.m(f"</arg_key{HY}>")} "\\n" '
-        value = values._value(schema, f"</arg_value{HY}>")
+        value = values.until_closer(schema, f"</arg_value{HY}>")
         return f'{head}{g.m(f"<arg_value{HY}>")} {value} "\\n"'
     if family == "kimi_k3":
         t = schema.get("type") if isinstance(schema, Mapping) else None
-        if _is_string(schema) or _string_enum(schema) is not None:
+        if is_string(schema) or string_enum(schema) is not None:
             kind = '"string"'
         elif isinstance(t, str) and t in _K3_TYPES:
             kind = _lit(_K3_TYPES[t])
@@ -223,7 +227,7 @@ def _param(g, family: str, key: str, schema) -> str:
         open_, type_, sep, close = K3_ARGUMENT
         type_q = _lit(type_)
         head = f"{g.m(open_)} {key} {type_q} {kind} {g.m(sep)}"
-        return f"{head} {values._value(schema, close)}"
+        return f"{head} {values.until_closer(schema, close)}"
     if family == "minimax_m3":
         return _m3_param(g, key, schema, 0)
     raise AssertionError(family)
@@ -248,4 +252,4 @@ def _m3_param(g, key: str, schema, depth: int) -> str:
     if depth < 3 and t == "array" and isinstance(schema.get("items"), Mapping):
         item = g.define("item", _m3_param(g, _lit("item"), schema["items"], depth + 1))
         return f"{open_} {item}* {g.m(closer)}"
-    return f"{open_} {Values(g, 'minimax')._value(schema, closer)}"
+    return f"{open_} {Values(g, 'minimax').until_closer(schema, closer)}"

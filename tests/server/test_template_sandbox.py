@@ -1,6 +1,7 @@
-"""A chat template that changes its own lists (Kimi K2's queue of call ids) renders; it
-still cannot change the caller's messages, reach Python's internals, or change a set;
-the client's request is refused with the template's own error where it breaks a rule."""
+"""A chat template that changes its own lists (Kimi K2's queue of call ids) or hands
+`tojson` a generator (llama.cpp's DeepSeek-R1) renders; it still cannot change the
+caller's messages, reach Python's internals, or change a set; the client's request is
+refused with the template's own error where it breaks a rule."""
 
 from __future__ import annotations
 
@@ -91,3 +92,9 @@ def test_only_list_and_dict_changes_are_let_through():
     with pytest.raises(SecurityError):
         env.from_string("{{ x.add(1) }}").render(x=set())
     assert env.from_string("{% set s = [] %}{{ s.append(1) or s }}").render() == "[1]"
+
+
+def test_tojson_takes_what_map_makes(tmp_path):
+    renders = _renders(tmp_path, "{{ tools | map(attribute='function') | tojson }}")
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert renders.render(CONVERSATION, tools, False) == '[{"name": "f"}]'

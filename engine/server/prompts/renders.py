@@ -183,14 +183,15 @@ class TemplateRenders:
         return self._null_content
 
     def _apply(self, messages, tools, add_generation_prompt, continue_final_message, extra=None):
-        """The template's render; where transformers' sandbox refuses the template's
-        changes to its own lists (Kimi K2's), the own-data sandbox's (decided once)."""
+        """The template's render; where transformers' refuses the template's changes to its
+        own lists (Kimi K2's) or a generator given to `tojson` (llama.cpp's DeepSeek-R1),
+        engine.server.prompts.sandbox's (decided once)."""
         args = (messages, tools, add_generation_prompt, continue_final_message, extra)
         if not self._own_data:
             try:
                 return self._apply_transformers(*args)
-            except SecurityError as e:
-                if not sandbox.refuses_mutation(e) or continue_final_message:
+            except (SecurityError, TypeError) as e:
+                if not sandbox.needs_own_render(e) or continue_final_message:
                     raise
         text = self._apply_own_data(*args)
         self._own_data = True

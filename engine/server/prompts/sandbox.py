@@ -1,5 +1,6 @@
-"""A chat template that changes its own lists and dicts, rendered in a sandbox that lets
-it: the one thing transformers' sandbox refuses that published templates do.
+"""A chat template that changes its own lists and dicts, or hands `tojson` what Jinja's
+own filters make, rendered as llama.cpp renders it: the two things transformers'
+render refuses that published templates do.
 
 transformers renders chat templates in jinja2's `ImmutableSandboxedEnvironment`, which
 refuses every method that changes a list, dict or set (`list.append`, `dict.update`),
@@ -14,8 +15,12 @@ own data: it sees fresh JSON copies of the messages, tools and variables (as
 transformers gives it), never the caller's objects. Its environment is transformers'
 own (filters, globals, extensions) with this one class changed.
 
-`refuses_mutation(error)` says whether a render failed on exactly this. `render` is
-used only then (engine.server.prompts.renders). It knows jinja2 and transformers'
+Its `tojson` takes a generator (llama.cpp's DeepSeek-R1 template writes
+`tools | map(attribute='function') | tojson`, which transformers' `json.dumps` refuses)
+as the list it yields, as Jinja's other filters and llama.cpp's engine treat it.
+
+`needs_own_render(error)` says whether transformers' render failed on exactly one of
+these. `render` is used only then (engine.server.prompts.renders). It knows jinja2 and transformers'
 template environment, nothing of the engine.
 """
 
@@ -24,6 +29,7 @@ from __future__ import annotations
 import json
 import re
 from functools import lru_cache
+from types import GeneratorType
 
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
@@ -53,6 +59,25 @@ def refuses_mutation(error: BaseException) -> bool:
     return m is not None and m.group(1) in MUTATORS[{"list": list, "dict": dict}[m.group(2)]]
 
 
+def needs_own_render(error: BaseException) -> bool:
+    """Whether transformers' render failed on what this module's renders: a change to
+    the template's own list or dict, or a sequence that Jinja's own filters made
+    (`tools | map(attribute='function')`, a generator) given to `tojson`."""
+    generator = isinstance(error, TypeError) and "type generator is not JSON" in str(error)
+    return generator or refuses_mutation(error)
+
+
+def _listed(value):
+    """`value` with the generators Jinja's filters make turned into lists (as JSON has)."""
+    if isinstance(value, GeneratorType):
+        return [_listed(v) for v in value]
+    if isinstance(value, list):
+        return [_listed(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _listed(v) for k, v in value.items()}
+    return value
+
+
 @lru_cache(maxsize=16)
 def _compiled(template: str):
     """The template in an OwnDataSandbox built like transformers' environment."""
@@ -66,6 +91,8 @@ def _compiled(template: str):
     )
     env.filters.update(base.filters)
     env.globals.update(base.globals)
+    tojson = base.filters["tojson"]
+    env.filters["tojson"] = lambda value, *a, **kw: tojson(_listed(value), *a, **kw)
     return env.from_string(template)
 
 

@@ -36,7 +36,7 @@ from typing import Sequence
 from jinja2.exceptions import SecurityError
 
 from engine.server.errors import InvalidRequest
-from engine.server.prompts import sandbox
+from engine.server.prompts import sandbox, variables
 
 log = logging.getLogger(__name__)
 
@@ -183,9 +183,11 @@ class TemplateRenders:
         return self._null_content
 
     def _apply(self, messages, tools, add_generation_prompt, continue_final_message, extra=None):
-        """The template's render; where transformers' refuses the template's changes to its
-        own lists (Kimi K2's) or a generator given to `tojson` (llama.cpp's DeepSeek-R1),
-        engine.server.prompts.sandbox's (decided once)."""
+        """The template's render, with the variables it reads that no request defines
+        (engine.server.prompts.variables); where transformers' refuses the template's
+        changes to its own lists (Kimi K2's) or a generator given to `tojson` (llama.cpp's
+        DeepSeek-R1), engine.server.prompts.sandbox's (decided once)."""
+        extra = {**variables.missing(self._template(tools), tools), **(extra or {})}
         args = (messages, tools, add_generation_prompt, continue_final_message, extra)
         if not self._own_data:
             try:
@@ -196,6 +198,15 @@ class TemplateRenders:
         text = self._apply_own_data(*args)
         self._own_data = True
         return text
+
+    def _template(self, tools) -> str | None:
+        """The template's text (of a named one, tool_use where there are tools)."""
+        if hasattr(self.tokenizer, "get_chat_template"):
+            try:
+                return self.tokenizer.get_chat_template(None, tools or None)
+            except ValueError:  # no template at all: the render says so
+                return None
+        return self.tokenizer.chat_template
 
     def _apply_own_data(self, messages, tools, add_generation_prompt, continue_final, extra):
         if continue_final:
@@ -210,9 +221,7 @@ class TemplateRenders:
         }
         if isinstance(getattr(self.tokenizer, "has_thinking", None), bool):
             variables.setdefault("enable_thinking", self.tokenizer.has_thinking)
-        template = self.tokenizer.chat_template
-        if hasattr(self.tokenizer, "get_chat_template"):  # a named one: tool_use with tools
-            template = self.tokenizer.get_chat_template(None, tools or None)
+        template = self._template(tools)
         return sandbox.render(template, list(messages), list(tools) if tools else None, **variables)
 
     def _apply_transformers(

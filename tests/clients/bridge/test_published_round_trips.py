@@ -76,6 +76,8 @@ class Template:
             pytest.skip(f"writes {self.entry['unread']}, which no family reads")
         self.tokenizer = AutoTokenizer.from_pretrained(ASSETS)
         self.tokenizer.chat_template = published_text(name)
+        if "bos_token" in self.entry:  # the model's own; the tests' tokenizer has none
+            self.tokenizer.bos_token = self.entry["bos_token"]
         self.renders = TemplateRenders(self.tokenizer)
         self.family = output_format(
             "auto", self.tokenizer, lambda m: self.renders.analysis("probe", m, None, True)

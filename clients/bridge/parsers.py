@@ -51,6 +51,9 @@ chat template and the tokenizer; engine.server.prompts.output_format):
   message of `<atem:function_calls>`), `minicpm` (`<think>`, `<function name="NAME">`
   calls of `<param name="K">` values), `hy3` (`<think:opensource>`, `<tool_calls:opensource>`
   around `<tool_call:opensource>NAME<tool_sep:opensource>` and `<arg_key:…>` pairs);
+- `functionary_v3_1`: `<function=NAME>{…}</function>` (MeetKai's on Llama 3.1);
+- `functionary_v3_2`: messages after `>>>` (the generation prompt ends with the first):
+  `all\\n` then text, or `NAME\\n{…}` a call;
 - `plain`: no markup: everything is text.
 
 A call with no marker (llama3_json, pythonic) opens only where the output starts
@@ -160,6 +163,10 @@ class Markup:
     # the call's opener counts only at the output's start or right after one of these
     # (atem's ` to=` opens a call in a message's header, not in its text)
     call_at: tuple[str, ...] | None = None
+    # the generation prompt ends with this markup, so the output continues it (functionary
+    # v3.2's `>>>`); the closer is the next message's opener too (given back, not eaten)
+    prompt_tail: str = ""
+    closer_opens: bool = False
 
 
 THINK = ("<think>", "</think>")
@@ -286,6 +293,21 @@ MARKUPS: dict[str, Markup] = {
         section=(f"<tool_calls{tags.HY}>", f"</tool_calls{tags.HY}>"),
         stream=tags.stream_hy3,
     ),
+    "functionary_v3_1": Markup(
+        None,
+        ("<function=", "</function>"),
+        _calls(tags.functionary_v3_1),
+        stream=tags.stream_functionary_v3_1,
+    ),
+    "functionary_v3_2": Markup(
+        None,
+        (">>>", ">>>"),
+        _calls(tags.functionary_v3_2),
+        drop=(">>>all\n",),
+        stream=tags.stream_functionary_v3_2,
+        prompt_tail=">>>",
+        closer_opens=True,
+    ),
     "plain": Markup(None, None),
 }
 
@@ -303,7 +325,7 @@ class OutputParser:
         self.markup = markup
         self.tools = tools
         self.state = _REASONING if reasoning and markup.think else _TEXT
-        self.held = ""  # fed text not handled yet: it may end with part of a marker
+        self.held = markup.prompt_tail  # fed text not handled yet: it may end with part of a marker
         self.space = ""  # whitespace at the end of the text or reasoning, held
         self.lead = self.call_lead = ""  # the whitespace before the last marker, the call's
         self.strip = self.state == _REASONING  # drop leading whitespace (after a marker)
@@ -359,7 +381,7 @@ class OutputParser:
             if m.call:
                 if m.call_at is None or self.at_message:
                     out[m.call[0]] = "call"
-                if m.call[1]:
+                if m.call[1] and m.call[1] != m.call[0]:
                     out[m.call[1]] = "drop"
             if m.section:
                 out[m.section[0]] = "section"
@@ -443,8 +465,11 @@ class OutputParser:
         elif action == "section":
             self.state = _SECTION
         elif action == "end":
-            parsed = self._end_call(out, self.opener + self.body + marker)
+            reopen = self.markup.closer_opens  # the closer opens the next message too
+            parsed = self._end_call(out, self.opener + self.body + ("" if reopen else marker))
             self.state = _SECTION if self.in_section else _TEXT
+            if reopen:
+                self.held = marker + self.held
             if not parsed:  # its text stands as written, the whitespace after it too
                 self.strip = False
                 return

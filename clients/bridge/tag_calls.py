@@ -15,16 +15,20 @@ XML-ish tags or JSON lines in tags of their own.
   `N"><param name="K">V</param>...` (a value may be in `<![CDATA[...]]>`; others are
   written as Python writes them);
 - `hy3` (Hunyuan): after `<tool_call:opensource>` the body `N<tool_sep:opensource>` then
-  `<arg_key:opensource>K</arg_key:opensource><arg_value:opensource>V</arg_value:opensource>`.
+  `<arg_key:opensource>K</arg_key:opensource><arg_value:opensource>V</arg_value:opensource>`;
+- `functionary_v3_1` (MeetKai): after `<function=` the body `N>{...}`;
+- `functionary_v3_2` (MeetKai): messages after `>>>`, a call `N\\n{...}` (text is the
+  message `all\\n…`).
 
 A reader takes a call's body (the text between the markers clients.bridge.parsers
 wires it to) and the request's tool definitions, and answers
 `[(name, arguments, arguments_text)]` or None where the body is not the family's
 markup (clients.bridge.call_bodies' contract). A streamer takes an open body and
-answers `Known` calls (clients.bridge.call_streams' contract): minimax_m1's arguments
-stream as the JSON text the model writes, the others parameter by parameter once each
-parameter's closing tag has come. A value is typed as the other XML-ish families type
-it: text where the tool declares a string, else JSON where it decodes, else text.
+answers `Known` calls (clients.bridge.call_streams' contract): minimax_m1's and
+functionary's arguments stream as the JSON text the model writes, the others parameter
+by parameter once each parameter's closing tag has come. A value is typed as the other
+XML-ish families type it: text where the tool declares a string, else JSON where it
+decodes, else text.
 Plain Python, no MLX.
 """
 
@@ -348,3 +352,48 @@ def hy3(body: str, tools=None) -> Read | None:
 def stream_hy3(body: str, tools=None) -> list[Known]:
     head = _hy_head(body)
     return [] if head is None else [Known(head[0], pieces(_hy_pairs(*head, tools), False))]
+
+
+# -- functionary (MeetKai) ----------------------------------------------------------------
+
+_FN_NAME = re.compile(r"[A-Za-z_][\w.-]*")
+
+
+def _name_and_json(body: str, sep: str) -> Read | None:
+    """`NAME` `sep` `{...}`: the name, and the arguments as the model wrote them."""
+    name, marker, args_text = body.partition(sep)
+    name, args_text = name.strip(), args_text.strip()
+    if not marker or _FN_NAME.fullmatch(name) is None:
+        return None
+    try:
+        args = json.loads(args_text) if args_text else {}
+    except json.JSONDecodeError:
+        return None
+    return [(name, args, args_text or "{}")] if isinstance(args, dict) else None
+
+
+def _stream_name_and_json(body: str, sep: str) -> list[Known]:
+    name, marker, rest = body.partition(sep)
+    name = name.strip()
+    if not marker or _FN_NAME.fullmatch(name) is None:
+        return []
+    text, _ = json_object(rest, skip_space(rest, 0))
+    return [Known(name, text)] if text else []
+
+
+def functionary_v3_1(body: str, tools=None) -> Read | None:
+    """After `<function=`: `NAME>{...}`."""
+    return _name_and_json(body, ">")
+
+
+def stream_functionary_v3_1(body: str, tools=None) -> list[Known]:
+    return _stream_name_and_json(body, ">")
+
+
+def functionary_v3_2(body: str, tools=None) -> Read | None:
+    """After `>>>`: `NAME\\n{...}`."""
+    return _name_and_json(body, "\n")
+
+
+def stream_functionary_v3_2(body: str, tools=None) -> list[Known]:
+    return _stream_name_and_json(body, "\n")

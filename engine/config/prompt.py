@@ -49,6 +49,8 @@ OUTPUT_FAMILIES = (
     "atem",
     "minicpm",
     "hy3",
+    "functionary_v3_1",
+    "functionary_v3_2",
     "plain",
 )
 OUTPUT_FORMATS = ("auto", *OUTPUT_FAMILIES, *(f"{f}-thinking" for f in OUTPUT_FAMILIES[:-1]))

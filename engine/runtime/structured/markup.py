@@ -166,6 +166,8 @@ FAMILIES: dict[str, Markup] = {
             "</arg_value:opensource>",
         ),
     ),
+    "functionary_v3_1": Markup("tags", "<function=", "functionary_v3_1", "</function>"),
+    "functionary_v3_2": Markup("tags", ">>>", "functionary_v3_2"),
 }
 # Families whose format has no call markup to hold: `required` and a named tool are refused.
 UNCONSTRAINED = ("plain",)

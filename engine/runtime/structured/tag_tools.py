@@ -22,7 +22,10 @@ Each family's calls as its published chat template writes a past call
   name="N">\\n` with `<atem:parameter name="K">V</atem:parameter>\\n` each (several
   separated by `<|eom|><|start|>assistant`) or the answer ` to=user<|message|>…`.
   Like harmony its output is messages from the first character: `auto` holds the whole
-  output (a call or the answer), not a lazy trigger.
+  output (a call or the answer), not a lazy trigger;
+- `functionary_v3_1`: `<function=N>{...}</function>`, one after another;
+- `functionary_v3_2`: messages after the generation prompt's `>>>` (held whole like
+  atem's): text `all\\n…`, or calls `N\\n{...}` separated by `>>>`.
 
 Parameters go one per declared property, in order, the required ones present; a string
 as free text up to its closing tag, an enum of strings as one of them, anything else
@@ -69,6 +72,8 @@ def tag_start(g, markup, calls: Mapping[str, Mapping], choice: str, one: bool) -
         return _atem(g, calls, choice, one)
     if family == "kimi_k3":
         return _kimi_k3(g, calls, choice, one)
+    if family == "functionary_v3_2":
+        return _functionary_v3_2(g, calls, choice, one)
     opener = markup.opener
     text = g.text(opener)
     if family in _REASONING:
@@ -121,7 +126,26 @@ def _after_opener(g, markup, calls, one: bool) -> str:
         )
         many = call if one else f"{call}+"
         return f'"\\n" {many} {g.m(markup.closer)}'
+    if family == "functionary_v3_1":
+        call = _one_of(
+            g, calls, lambda n, s: f'{_lit(n)} ">" {g.json(closed(s))} {g.m(markup.closer)}'
+        )
+        return call if one else f"{call} ({g.m(markup.opener)} {call})*"
     raise AssertionError(family)
+
+
+def _functionary_v3_2(g, calls, choice: str, one: bool) -> str:
+    """Messages after the generation prompt's `>>>`: text `all\\n…` up to the next `>>>`,
+    calls `NAME\n{...}` separated by `>>>`."""
+    answer = f'"all\\n" {g.define("FREE", ANY_TEXT)}'
+    if choice == "none" or not calls:
+        return answer
+    call = _one_of(g, calls, lambda n, s: f'{_lit(n)} "\\n" {g.json(closed(s))}')
+    many = call if one else f'{call} (">>>" {call})*'
+    text_first = f'("all\\n" {g.until(">>>")})?'
+    if choice in ("required", "function"):
+        return f"{text_first} {many}"
+    return f"{text_first} {many} | {answer}"
 
 
 def _kimi_k3(g, calls, choice: str, one: bool) -> str:

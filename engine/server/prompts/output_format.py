@@ -4,7 +4,8 @@ The family (engine.config.prompt.OUTPUT_FAMILIES; clients.bridge.parsers reads e
 comes from the chat template, the way it shows the model its own past calls: each
 family's marks, checked in `_SHOWN`'s order (first the families whose calls are tags:
 Kimi K3's `<|open|>call`, MiniMax-M1's `<tool_calls>` lines, MiniMax-M3's `]<]minimax[>[`,
-Muse Glimmer's `<atem:…>`, MiniCPM's `<function name=`, Hunyuan's `:opensource` tags;
+Muse Glimmer's `<atem:…>`, MiniCPM's `<function name=`, Hunyuan's `:opensource` tags,
+functionary's `<function=` beside `<|python_tag|>` and its `>>>all` messages;
 then Kimi's `<|tool_calls_section_begin|>`,
 DeepSeek's `<｜tool▁calls▁begin｜>` and `｜DSML｜`, GLM's `<arg_key>`, gpt-oss's
 channels, Gemma 4's `<|tool_call>`, MiniMax's, Nemotron's `<TOOLCALL>`, Command-R's,
@@ -60,6 +61,8 @@ _SHOWN = (
     ("atem", ("<atem:function_calls>", "<atem:invoke")),
     ("minicpm", ('<function name="', '<param name="')),
     ("hy3", ("<tool_call{}>", ":opensource")),
+    ("functionary_v3_1", ("'<function='", "<|python_tag|>")),
+    ("functionary_v3_2", (">>>all", "<|start_header_id|>")),
     ("kimi", ("<|tool_calls_section_begin|>",)),
     ("deepseek", ("<｜tool▁calls▁begin｜>",)),
     ("dsml", ("｜DSML｜",)),

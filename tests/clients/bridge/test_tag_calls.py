@@ -135,6 +135,37 @@ CASES = [
 ]
 
 
+CASES += [
+    (
+        "functionary v3.1 text and two calls",
+        "functionary_v3_1",
+        'Sure.<function=get_weather>{"city": "Paris", "days": 2}</function>'
+        '<function=get_weather>{"city": "Rome"}</function>',
+        "Sure.",
+        "",
+        [PARIS, ROME],
+    ),
+    (
+        "functionary v3.2 text, two calls, text",
+        "functionary_v3_2",
+        'all\nSure.>>>get_weather\n{"city": "Paris", "days": 2}>>>get_weather\n'
+        '{"city": "Rome"}>>>all\nDone.',
+        "Sure.Done.",
+        "",
+        [PARIS, ROME],
+    ),
+    (
+        "functionary v3.2 a call first",
+        "functionary_v3_2",
+        'get_weather\n{"city": "Paris", "days": 2}',
+        "",
+        "",
+        [PARIS],
+    ),
+    ("functionary v3.2 text only", "functionary_v3_2", "all\nA > B >> C", "A > B >> C", "", []),
+]
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_every_split_gives_the_same_parts(case):
     _, family, output, text, reasoning, calls = case
@@ -177,7 +208,15 @@ def test_a_call_cut_by_the_outputs_end_leaks_no_markup(case):
     _, family, output, text, _, calls = case
     if not calls:
         return
-    opener, closer = MARKUPS[family.removesuffix(THINKING)].call
+    markup = MARKUPS[family.removesuffix(THINKING)]
+    opener, closer = markup.call
+    if markup.prompt_tail:  # functionary v3.2: the call runs from its name to the next >>>
+        at = output.index("get_weather")
+        stop = output.find(closer, at)
+        for end in range(at + 1, stop if stop > 0 else len(output)):
+            got_text, _, _ = joined(_parse(family, [output[:end]]))
+            assert got_text == text.partition("Done.")[0], output[:end]
+        return
     at = output.index(opener + ("get" if opener == " to=" else ""))
     for end in range(at + len(opener), output.index(closer, at) + len(closer)):
         got_text, _, _ = joined(_parse(family, [output[:end]]))

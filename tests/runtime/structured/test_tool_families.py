@@ -127,6 +127,8 @@ OWN_REASONING = {
     "minicpm": "<think>",
     "hy3": "<think:opensource>",
 }
+WRITTEN["functionary_v3_1"] = [f"<function=get_weather>{ARGS}</function>"]
+WRITTEN["functionary_v3_2"] = [f"get_weather\n{ARGS}"]
 # a tag family's block of calls: (its start, its end), or the text between two calls
 TWO_TAGS = {
     "kimi_k3": ("<|open|>tools<|sep|>", "<|close|>tools<|sep|>"),
@@ -135,10 +137,13 @@ TWO_TAGS = {
     "hy3": (f"<tool_calls{HY}>\n", f"</tool_calls{HY}>"),
     "atem": "<|eom|><|start|>assistant",
     "minicpm": "\n",
+    "functionary_v3_1": "",
+    "functionary_v3_2": ">>>",
 }
 TEXT_MARKERS = {"Action:", "functools", "["}  # ordinary words, never added tokens
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, SEARCH)}
-LEADING = ("llama3_json", "pythonic", "harmony", "kimi_k3", "atem")  # no text before calls
+# no free text before calls
+LEADING = ("llama3_json", "pythonic", "harmony", "kimi_k3", "atem", "functionary_v3_2")
 
 
 def _two(family: str, text: str) -> str:
@@ -261,6 +266,8 @@ def test_the_family_s_own_call_is_held(family, spelling, embedded, tmp_path):
         answer = "<|channel|>final<|message|>" + answer
     if family == "atem":  # every message names its recipient
         answer = " to=user<|message|>" + answer
+    if family == "functionary_v3_2":  # a message to all
+        answer = "all\n" + answer
     if family == "kimi_k3":  # the text is the response block
         answer = f"<|open|>response<|sep|>{answer}<|close|>response<|sep|>"
     assert _walk(grammars, tokenizer, auto, answer)

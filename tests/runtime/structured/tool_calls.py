@@ -168,6 +168,10 @@ def calls(family: str, text: str, schemas: dict) -> list[tuple[str, dict]]:
     if family == "minimax_m1":
         lines = found(r"<tool_calls>\n(.*?)\n</tool_calls>")[0].split("\n")
         return [(c["name"], c["arguments"]) for c in map(json.loads, lines)]
+    if family == "functionary_v3_2":
+        return [(n, json.loads(a)) for n, a in (m.split("\n", 1) for m in text.split(">>>"))]
+    if family == "functionary_v3_1":
+        return [(n, json.loads(a)) for n, a in found(r"<function=([\w.-]+)>(.*?)</function>")]
     if family in TAGS:
         return [
             (name, _params(re.findall(TAGS[family][1], body, S), props(name)))

@@ -87,6 +87,7 @@ comes through unchanged.
 Plain Python, no MLX: a client process imports it.
 """
 
+import re
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence, Union
 
@@ -312,6 +313,7 @@ MARKUPS: dict[str, Markup] = {
 }
 
 _TEXT, _REASONING, _SECTION, _CALL = "text", "reasoning", "section", "call"
+_NAME_FIRST = re.compile(r"[\w.-]*\w(\n|$)")  # a call after the prompt's tail: its name first
 
 
 class OutputParser:
@@ -332,6 +334,8 @@ class OutputParser:
         self.opened = reasoning  # the template opened the reasoning: a leading <think> repeats it
         self.in_section = False
         self.opener = ""  # the open call's marker
+        self.shown = ""  # what of it the model wrote ("" for the generation prompt's tail)
+        self.tail = markup.prompt_tail  # the generation prompt's tail, not yet acted on
         self.body = ""  # the open call's text
         self.index = 0  # calls that parsed
         self.streamed = streams.Streamed()  # the open call's calls that went out
@@ -358,8 +362,10 @@ class OutputParser:
             # a call its marker opened and the output's end cut (max_tokens, a stop string)
             # is markup, not text: when it does not parse it is dropped (raw ""); a call
             # that opened without a marker (a lead) was text after all
-            cut = bool(self.opener)
-            self._end_call(out, "" if cut else self.opener + self.body, keep_lead=not cut)
+            # a call the prompt's tail opened is cut where it began like one (a name, then
+            # its line), else it was the model's text
+            cut = bool(self.shown) or _NAME_FIRST.match(self.body) is not None
+            self._end_call(out, "" if cut else self.shown + self.body, keep_lead=not cut)
         elif self.state == _REASONING:
             self._content(rest, ReasoningPart, out)
         else:
@@ -456,17 +462,19 @@ class OutputParser:
         # if it does not parse (then its raw text is returned as it was written).
         self.lead, self.space = self.space, ""
         self.at_message = marker in (self.markup.call_at or ())
+        tail, self.tail = self.tail, ""  # only the first marker can be the prompt's tail
         if action == "think":
             self.state, self.strip = _REASONING, True
         elif action == "call":
             self.in_section = self.state == _SECTION
             self.state, self.opener, self.body = _CALL, marker, ""
+            self.shown = "" if tail == marker else marker
             self.call_lead = self.lead
         elif action == "section":
             self.state = _SECTION
         elif action == "end":
             reopen = self.markup.closer_opens  # the closer opens the next message too
-            parsed = self._end_call(out, self.opener + self.body + ("" if reopen else marker))
+            parsed = self._end_call(out, self.shown + self.body + ("" if reopen else marker))
             self.state = _SECTION if self.in_section else _TEXT
             if reopen:
                 self.held = marker + self.held

@@ -163,6 +163,8 @@ CASES += [
         [PARIS],
     ),
     ("functionary v3.2 text only", "functionary_v3_2", "all\nA > B >> C", "A > B >> C", "", []),
+    # the model's text without its recipient: text all the same
+    ("functionary v3.2 bare text", "functionary_v3_2", "Hello there.", "Hello there.", "", []),
 ]
 
 

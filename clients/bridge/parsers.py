@@ -361,11 +361,14 @@ class OutputParser:
             self.body += rest
             # a call its marker opened and the output's end cut (max_tokens, a stop string)
             # is markup, not text: when it does not parse it is dropped (raw ""); a call
-            # that opened without a marker (a lead) was text after all
-            # a call the prompt's tail opened is cut where it began like one (a name, then
-            # its line), else it was the model's text
-            cut = bool(self.shown) or _NAME_FIRST.match(self.body) is not None
+            # that opened without a marker (a lead) was text after all; one the prompt's
+            # tail opened is cut where it began like a call (a name), else it was text
+            cut = bool(self.shown) or (
+                self.opener != self.shown and _NAME_FIRST.match(self.body) is not None
+            )
             self._end_call(out, "" if cut else self.shown + self.body, keep_lead=not cut)
+        elif self.state == _SECTION:
+            pass  # between calls: what is held is the start of a marker, not text
         elif self.state == _REASONING:
             self._content(rest, ReasoningPart, out)
         else:

@@ -205,8 +205,8 @@ def test_a_call_streams_its_first_parameter_before_it_ends(case):
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_a_call_cut_by_the_outputs_end_leaks_no_markup(case):
-    """Cut anywhere inside the first call (max_tokens, a stop string): the text is what
-    came before the call, and no markup."""
+    """Cut anywhere inside the first call, or the section of calls it opens (max_tokens, a
+    stop string): the text is what came before the call, and no markup."""
     _, family, output, text, _, calls = case
     if not calls:
         return
@@ -220,6 +220,7 @@ def test_a_call_cut_by_the_outputs_end_leaks_no_markup(case):
             assert got_text == text.partition("Done.")[0], output[:end]
         return
     at = output.index(opener + ("get" if opener == " to=" else ""))
-    for end in range(at + len(opener), output.index(closer, at) + len(closer)):
+    last = output.rindex(markup.section[1]) if markup.section else output.index(closer, at)
+    for end in range(at + len(opener), last + len(closer)):  # to the section's end
         got_text, _, _ = joined(_parse(family, [output[:end]]))
         assert got_text == text, output[:end]

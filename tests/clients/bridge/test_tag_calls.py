@@ -224,3 +224,34 @@ def test_a_call_cut_by_the_outputs_end_leaks_no_markup(case):
     for end in range(at + len(opener), last + len(closer)):  # to the section's end
         got_text, _, _ = joined(_parse(family, [output[:end]]))
         assert got_text == text, output[:end]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_the_wire_formats_carry_the_calls_and_the_text(case):
+    """Chat completions' stream (tool_calls deltas whose arguments join to the call's) and
+    the blocks Anthropic Messages and Responses stream (text blocks without markup) carry
+    the case's text and calls, fed a character at a time."""
+    from clients.bridge.blocks import TEXT, Blocks
+    from clients.bridge.chat_completions import ChatShape
+    from clients.wire import Final, Restore, Timing, Usage
+
+    _, family, output, text, _, calls = case
+    shape = ChatShape("r1", {"id": "tiny", "fingerprint": "fp"}, make_parser(family))
+    chunks = [c for ch in output for c in shape.delta(ch)]
+    chunks += shape.finish(Final("stop", Usage(1, 0, 1), Restore(), Timing(), "r1"))
+    deltas = [c["choices"][0]["delta"] for c in chunks if c.get("choices")]
+    content = "".join(d.get("content") or "" for d in deltas)
+    names, arguments = {}, {}
+    for d in deltas:
+        for call in d.get("tool_calls") or ():
+            fn = call.get("function", {})
+            if fn.get("name"):
+                names[call["index"]] = fn["name"]
+            arguments[call["index"]] = arguments.get(call["index"], "") + fn.get("arguments", "")
+    got = [(names[i], json.loads(arguments[i])) for i in sorted(names)]
+    assert (content, got) == (text, calls)
+    blocks = Blocks(make_parser(family))
+    for ch in output:
+        blocks.feed(ch, 1)
+    blocks.close()
+    assert "".join(b.text for b in blocks.blocks if b.kind == TEXT) == text

@@ -72,7 +72,7 @@ def json_object(text: str, at: int) -> tuple[str, bool]:
     return text[at:], False
 
 
-def _skip_space(text: str, at: int) -> int:
+def skip_space(text: str, at: int) -> int:
     while at < len(text) and text[at].isspace():
         at += 1
     return at
@@ -82,7 +82,7 @@ def _dumps(value) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _pieces(pairs, whole: bool) -> str:
+def pieces(pairs, whole: bool) -> str:
     """`{"k": v, ...` of the parameters read so far, `}` once the call is whole."""
     out, seen = [], set()
     for key, value in pairs:
@@ -131,19 +131,19 @@ def deepseek(body: str, tools=None) -> list[Known]:
     name = name.strip()
     if not sep or not name or any(c in name for c in "<>\n{"):
         return []
-    at = _skip_space(rest, 0)
+    at = skip_space(rest, 0)
     if name == "function" and at < len(rest) and rest[at] not in "{`":
         line, newline, tail = rest.partition("\n")
         if not newline:
             return []
         name, rest = line.strip(), tail
-        at = _skip_space(rest, 0)
+        at = skip_space(rest, 0)
     if rest.startswith("`", at):
         if len(rest) - at < len("```json"):
             return []
         if not rest.startswith("```json", at):
             return []
-        at = _skip_space(rest, at + len("```json"))
+        at = skip_space(rest, at + len("```json"))
     text, _ = json_object(rest, at)
     return [Known(name, text)] if text else []
 
@@ -174,7 +174,7 @@ def harmony(body: str, tools=None) -> list[Known]:
     name = re.split(r"\s|<\|", head, maxsplit=1)[0]
     if not marker or not name:
         return []
-    text, _ = json_object(rest, _skip_space(rest, 0))
+    text, _ = json_object(rest, skip_space(rest, 0))
     return [Known(name, text)] if text else []
 
 
@@ -189,14 +189,14 @@ def qwen_xml(body: str, tools=None) -> list[Known]:
     if m is None:
         return []
     name = m.group(1).strip()
-    inner, whole = _until(body, m.end(), "</function>")
+    inner, whole = until(body, m.end(), "</function>")
     strings = string_arguments(name, tools)
     pairs = [
         (k, typed_value(k, p.group(2), strings))
         for p in XML_PARAMETER.finditer(inner)
         for k in [p.group(1).strip()]
     ]
-    return [Known(name, _pieces(pairs, whole))]
+    return [Known(name, pieces(pairs, whole))]
 
 
 def glm(body: str, tools=None) -> list[Known]:
@@ -211,7 +211,7 @@ def glm(body: str, tools=None) -> list[Known]:
         for p in GLM_PAIR.finditer(key + rest)
         for k in [p.group(1).strip()]
     ]
-    return [Known(name, _pieces(pairs, False))]
+    return [Known(name, pieces(pairs, False))]
 
 
 _INVOKE_HEAD = re.compile(r'\s*<invoke name="([^"]+)">')
@@ -223,13 +223,13 @@ def minimax(body: str, tools=None) -> list[Known]:
     out, at = [], 0
     while (m := _INVOKE_HEAD.match(body, at)) is not None:
         name = m.group(1).strip()
-        inner, whole = _until(body, m.end(), "</invoke>")
+        inner, whole = until(body, m.end(), "</invoke>")
         strings = string_arguments(name, tools)
         pairs = [
             (p.group(1), typed_value(p.group(1), p.group(2).strip("\n"), strings))
             for p in _MINIMAX_PARAMETER.finditer(inner)
         ]
-        out.append(Known(name, _pieces(pairs, whole)))
+        out.append(Known(name, pieces(pairs, whole)))
         if not whole:
             break
         at = m.end() + len(inner) + len("</invoke>")
@@ -251,10 +251,10 @@ def dsml(body: str, tools=None) -> list[Known]:
             except json.JSONDecodeError:
                 pass
         pairs.append((p.group(1), value))
-    return [Known(name, _pieces(pairs, False))]
+    return [Known(name, pieces(pairs, False))]
 
 
-def _until(text: str, at: int, closer: str) -> tuple[str, bool]:
+def until(text: str, at: int, closer: str) -> tuple[str, bool]:
     """The text from `at` to `closer` (whole) or to the end (not yet)."""
     end = text.find(closer, at)
     return (text[at:], False) if end < 0 else (text[at:end], True)

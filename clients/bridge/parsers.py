@@ -58,6 +58,17 @@ chat template and the tokenizer; engine.server.prompts.output_format):
 - `solar_open`: `<|think|>…<|end|>`, and `<|tool_calls|>` around calls
   `<|tool_call:begin|>ID<|tool_call:name|>NAME<|tool_call:args|>{…}<|tool_call:end|>`
   up to `<|calls|>` (a call keeps its ID); the message headers are dropped;
+- calls written as tags (clients.bridge.tag_calls has their readers and streamers):
+  `kimi_k3` (`<|open|>think<|sep|>…`, then `<|open|>tools<|sep|>` around
+  `<|open|>call tool="NAME" …<|sep|>` calls), `minimax_m1` (`<think>`, JSON lines in
+  `<tool_calls>`), `minimax_m3` (`<mm:think>`, `]<]minimax[>[<tool_call>` around invokes),
+  `atem` (Muse Glimmer: ` to=self<|message|>` reasoning, a call a ` to=NAME<|message|>`
+  message of `<atem:function_calls>`), `minicpm` (`<think>`, `<function name="NAME">`
+  calls of `<param name="K">` values), `hy3` (`<think:opensource>`, `<tool_calls:opensource>`
+  around `<tool_call:opensource>NAME<tool_sep:opensource>` and `<arg_key:…>` pairs);
+- `functionary_v3_1`: `<function=NAME>{…}</function>` (MeetKai's on Llama 3.1);
+- `functionary_v3_2`: messages after `>>>` (the generation prompt ends with the first):
+  `all\\n` then text, or `NAME\\n{…}` a call;
 - `plain`: no markup: everything is text.
 
 A call with no marker (llama3_json, pythonic) opens only where the output starts
@@ -73,7 +84,7 @@ arguments' JSON text, then ToolCallEnd (its parsed arguments). Where the family 
 streamer (clients.bridge.call_streams: qwen, kimi, deepseek, mistral's `NAME[ARGS]`,
 harmony, gigachat3 and 3_1, and per parameter qwen_xml, glm, minimax, dsml;
 clients.bridge.call_bodies_tagged: apertus, apriel, solar_open, and per parameter
-seed_oss), a call opened by its marker
+seed_oss; clients.bridge.tag_calls: the tag families), a call opened by its marker
 starts once its name is whole and its arguments stream as they settle; the other
 families' calls (and a call opened without a marker, which may yet be text) come whole
 when the call ends. What was streamed cannot be taken back: a streamed call whose markup
@@ -92,12 +103,14 @@ comes through unchanged.
 Plain Python, no MLX: a client process imports it.
 """
 
+import re
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence, Union
 
 from clients.bridge import call_bodies as bodies
 from clients.bridge import call_bodies_tagged as tagged
 from clients.bridge import call_streams as streams
+from clients.bridge import tag_calls as tags
 from clients.bridge.calls import (
     DSML,
     Call,
@@ -165,6 +178,13 @@ class Markup:
     drop: tuple[str, ...] = ()  # more markup between the parts (harmony's headers)
     lead: str = ""  # characters that open a call when the output starts with one
     stream: streams.Streamer | None = None  # what of an open call is settled; None: whole
+    # the call's opener counts only at the output's start or right after one of these
+    # (atem's ` to=` opens a call in a message's header, not in its text)
+    call_at: tuple[str, ...] | None = None
+    # the generation prompt ends with this markup, so the output continues it (functionary
+    # v3.2's `>>>`); the closer is the next message's opener too (given back, not eaten)
+    prompt_tail: str = ""
+    closer_opens: bool = False
 
 
 THINK = ("<think>", "</think>")
@@ -177,6 +197,13 @@ HARMONY_HEADERS = (
     "<|message|>",
     "<|return|>",
     "<|call|>",
+)
+# Kimi K3's message and response tags around the reasoning, the text and the calls.
+K3_DROP = (
+    "<|open|>response<|sep|>",
+    "<|close|>response<|sep|>",
+    "<|close|>message<|sep|>",
+    "<|end_of_msg|>",
 )
 MARKUPS: dict[str, Markup] = {
     "qwen": Markup(THINK, ("<tool_call>", "</tool_call>"), parse_qwen_call, stream=streams.qwen),
@@ -281,10 +308,65 @@ MARKUPS: dict[str, Markup] = {
         drop=("<|begin|>assistant", "<|content|>", "<|flush|>"),
         stream=tagged.solar,
     ),
+    # -- calls written as tags (clients.bridge.tag_calls) --
+    "kimi_k3": Markup(
+        ("<|open|>think<|sep|>", "<|close|>think<|sep|>"),
+        ('<|open|>call tool="', "<|close|>call<|sep|>"),
+        _calls(tags.kimi_k3),
+        section=("<|open|>tools<|sep|>", "<|close|>tools<|sep|>"),
+        drop=K3_DROP,
+        stream=tags.stream_kimi_k3,
+    ),
+    "minimax_m1": Markup(
+        THINK,
+        ("<tool_calls>", "</tool_calls>"),
+        _calls(tags.minimax_m1),
+        stream=tags.stream_minimax_m1,
+    ),
+    "minimax_m3": Markup(
+        ("<mm:think>", "</mm:think>"),
+        (f"{tags.M3_NS}<tool_call>", f"{tags.M3_NS}</tool_call>"),
+        _calls(tags.minimax_m3),
+        stream=tags.stream_minimax_m3,
+    ),
+    "atem": Markup(
+        (" to=self<|message|>", "<|eom|>"),
+        (" to=", "</atem:function_calls>"),
+        _calls(tags.atem),
+        drop=("<|start|>assistant", " to=user<|message|>", "<|eot|>"),
+        stream=tags.stream_atem,
+        call_at=("<|start|>assistant",),
+    ),
+    "minicpm": Markup(
+        THINK, ('<function name="', "</function>"), _calls(tags.minicpm), stream=tags.stream_minicpm
+    ),
+    "hy3": Markup(
+        (f"<think{tags.HY}>", f"</think{tags.HY}>"),
+        (f"<tool_call{tags.HY}>", f"</tool_call{tags.HY}>"),
+        _calls(tags.hy3),
+        section=(f"<tool_calls{tags.HY}>", f"</tool_calls{tags.HY}>"),
+        stream=tags.stream_hy3,
+    ),
+    "functionary_v3_1": Markup(
+        None,
+        ("<function=", "</function>"),
+        _calls(tags.functionary_v3_1),
+        stream=tags.stream_functionary_v3_1,
+    ),
+    "functionary_v3_2": Markup(
+        None,
+        (">>>", ">>>"),
+        _calls(tags.functionary_v3_2),
+        drop=(">>>all\n",),
+        stream=tags.stream_functionary_v3_2,
+        prompt_tail=">>>",
+        closer_opens=True,
+    ),
     "plain": Markup(None, None),
 }
 
 _TEXT, _REASONING, _SECTION, _CALL = "text", "reasoning", "section", "call"
+_NAME_FIRST = re.compile(r"[\w.-]*\w(\n|$)")  # a call after the prompt's tail: its name first
 
 
 class OutputParser:
@@ -298,17 +380,21 @@ class OutputParser:
         self.markup = markup
         self.tools = tools
         self.state = _REASONING if reasoning and markup.think else _TEXT
-        self.held = ""  # fed text not handled yet: it may end with part of a marker
+        self.held = markup.prompt_tail  # fed text not handled yet: it may end with part of a marker
         self.space = ""  # whitespace at the end of the text or reasoning, held
         self.lead = self.call_lead = ""  # the whitespace before the last marker, the call's
         self.strip = self.state == _REASONING  # drop leading whitespace (after a marker)
         self.opened = reasoning  # the template opened the reasoning: a leading <think> repeats it
         self.in_section = False
         self.opener = ""  # the open call's marker
+        self.shown = ""  # what of it the model wrote ("" for the generation prompt's tail)
+        self.tail = markup.prompt_tail  # the generation prompt's tail, not yet acted on
         self.body = ""  # the open call's text
         self.index = 0  # calls that parsed
         self.streamed = streams.Streamed()  # the open call's calls that went out
         self.at_start = bool(markup.lead) and self.state == _TEXT  # a lead may open a call
+        self.at_message = True  # at the output's start or after a call_at marker
+        self.closing = False
 
     def feed(self, text: str) -> list[Part]:
         self.held += text
@@ -320,14 +406,22 @@ class OutputParser:
     def close(self) -> list[Part]:
         """The parts the end of the output settles: held text, an unterminated call."""
         out: list[Part] = []
+        self.closing = True  # a marker that a longer one may have continued is whole now
+        while self._step(out):
+            pass
         rest, self.held = self.held, ""
         if self.state == _CALL:
             self.body += rest
             # a call its marker opened and the output's end cut (max_tokens, a stop string)
             # is markup, not text: when it does not parse it is dropped (raw ""); a call
-            # that opened without a marker (a lead) was text after all
-            cut = bool(self.opener)
-            self._end_call(out, "" if cut else self.opener + self.body, keep_lead=not cut)
+            # that opened without a marker (a lead) was text after all; one the prompt's
+            # tail opened is cut where it began like a call (a name), else it was text
+            cut = bool(self.shown) or (
+                self.opener != self.shown and _NAME_FIRST.match(self.body) is not None
+            )
+            self._end_call(out, "" if cut else self.shown + self.body, keep_lead=not cut)
+        elif self.state == _SECTION:
+            pass  # between calls: what is held is the start of a marker, not text
         elif self.state == _REASONING:
             self._content(rest, ReasoningPart, out)
         else:
@@ -347,8 +441,9 @@ class OutputParser:
                 out[m.think[0]] = "think"
                 out[m.think[1]] = "drop"  # a stray closer is markup too
             if m.call:
-                out[m.call[0]] = "call"
-                if m.call[1]:
+                if m.call_at is None or self.at_message:
+                    out[m.call[0]] = "call"
+                if m.call[1] and m.call[1] != m.call[0]:
                     out[m.call[1]] = "drop"
             if m.section:
                 out[m.section[0]] = "section"
@@ -379,6 +474,12 @@ class OutputParser:
             self.held = self.held[len(self.held) - keep :]
             return False
         at, _, marker = min(found)
+        rest = self.held[at:]
+        if not self.closing and any(len(k) > len(rest) and k.startswith(rest) for k in markers):
+            # a longer marker (` to=self<|message|>` beside ` to=`) may still come whole
+            self._handle(self.held[:at], out)
+            self.held = rest
+            return False
         self._handle(self.held[:at], out)
         self.held = self.held[at + len(marker) :]
         self._act(markers[marker], marker, out)
@@ -409,23 +510,30 @@ class OutputParser:
             if text.strip():  # not markup, so it is text
                 out.append(TextPart(text))
         else:
+            self.at_message = self.at_message and not text.strip()
             self._content(text, TextPart, out)
 
     def _act(self, action: str, marker: str, out: list[Part]) -> None:
         # Whitespace beside markup is layout; before a call it is kept aside, the call's
         # if it does not parse (then its raw text is returned as it was written).
         self.lead, self.space = self.space, ""
+        self.at_message = marker in (self.markup.call_at or ())
+        tail, self.tail = self.tail, ""  # only the first marker can be the prompt's tail
         if action == "think":
             self.state, self.strip = _REASONING, True
         elif action == "call":
             self.in_section = self.state == _SECTION
             self.state, self.opener, self.body = _CALL, marker, ""
+            self.shown = "" if tail == marker else marker
             self.call_lead = self.lead
         elif action == "section":
             self.state = _SECTION
         elif action == "end":
-            parsed = self._end_call(out, self.opener + self.body + marker)
+            reopen = self.markup.closer_opens  # the closer opens the next message too
+            parsed = self._end_call(out, self.shown + self.body + ("" if reopen else marker))
             self.state = _SECTION if self.in_section else _TEXT
+            if reopen:
+                self.held = marker + self.held
             if not parsed:  # its text stands as written, the whitespace after it too
                 self.strip = False
                 return

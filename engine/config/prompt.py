@@ -49,6 +49,15 @@ OUTPUT_FAMILIES = (
     "gigachat3_1",
     "lfm2",
     "solar_open",
+    # calls written as tags (clients.bridge.tag_calls)
+    "kimi_k3",
+    "minimax_m1",
+    "minimax_m3",
+    "atem",
+    "minicpm",
+    "hy3",
+    "functionary_v3_1",
+    "functionary_v3_2",
     "plain",
 )
 OUTPUT_FORMATS = ("auto", *OUTPUT_FAMILIES, *(f"{f}-thinking" for f in OUTPUT_FAMILIES[:-1]))

@@ -10,7 +10,9 @@ of a few shapes (`Markup.shape`):
 - `array`: the calls are one JSON array after `opener` (and before `closer`);
 - `harmony`, `pythonic`, `mistral`, `llama3_json`: a shape of their own
   (engine.runtime.structured.tools builds each); `pylist`, `gigachat`, `solar`
-  likewise (engine.runtime.structured.tagged).
+  likewise (engine.runtime.structured.tagged);
+- `tags`: calls written as tags, each family its own (`args` names it;
+  engine.runtime.structured.tag_tools builds them).
 
 The arguments of one call (`Markup.args`) are a JSON object (`json`), or
 parameters in the family's own markup: `qwen_xml`, `minimax`, `dsml`, `glm`
@@ -173,6 +175,50 @@ FAMILIES: dict[str, Markup] = {
             "<|tool_call:end|>",
         ),
     ),
+    # calls written as tags: `args` names the family (engine.runtime.structured.tag_tools)
+    "kimi_k3": Markup(
+        "tags",
+        "<|open|>tools<|sep|>",
+        "kimi_k3",
+        think_close="<|close|>think<|sep|>",
+        words=("<|open|>", "<|sep|>", "<|close|>"),
+    ),
+    "minimax_m1": Markup("tags", "<tool_calls>", "minimax_m1", "</tool_calls>"),
+    "minimax_m3": Markup(
+        "tags",
+        "]<]minimax[>[<tool_call>",
+        "minimax_m3",
+        "]<]minimax[>[</tool_call>",
+        think_close="</mm:think>",
+        words=("]<]minimax[>[", "<mm:think>"),
+    ),
+    "atem": Markup(
+        "tags",
+        " to=",
+        "atem",
+        think_close="<|eom|>",
+        words=("<|start|>", "<|message|>", "<|eom|>", "<|eot|>"),
+    ),
+    "minicpm": Markup("tags", '<function name="', "minicpm", "</function>", "\n"),
+    "hy3": Markup(
+        "tags",
+        "<tool_calls:opensource>",
+        "hy3",
+        "</tool_calls:opensource>",
+        think_close="</think:opensource>",
+        words=(
+            "<think:opensource>",
+            "<tool_call:opensource>",
+            "</tool_call:opensource>",
+            "<tool_sep:opensource>",
+            "<arg_key:opensource>",
+            "</arg_key:opensource>",
+            "<arg_value:opensource>",
+            "</arg_value:opensource>",
+        ),
+    ),
+    "functionary_v3_1": Markup("tags", "<function=", "functionary_v3_1", "</function>"),
+    "functionary_v3_2": Markup("tags", ">>>", "functionary_v3_2"),
 }
 # Families whose format has no call markup to hold: `required` and a named tool are refused.
 UNCONSTRAINED = ("plain",)

@@ -51,6 +51,7 @@ from engine.runtime.structured.schema import (
     closed,
     validate,
 )
+from engine.runtime.structured.tag_tools import tag_start
 from engine.runtime.structured.values import Values
 
 INDENTED = r"[\x20\x0A\x0D\x09]{0,24}"  # Command R+'s calls are indented by 8 and 12
@@ -67,15 +68,30 @@ class Lark:
         self.names: dict[str, str] = {}  # body -> rule / lexeme name
 
     def m(self, text: str) -> str:
-        """A marker: its added token where the tokenizer has one, else its text."""
+        """A marker: its added token where the tokenizer has one, else its text (a text
+        with added tokens inside, `]<]minimax[>[<tool_call>`, as its pieces)."""
         if isinstance(self.markers, Mapping) and text in self.markers:
             return text if _TOKEN_NAME.match(text) else f"<[{self.markers[text]}]>"
         if text in self.markers and _TOKEN_NAME.match(text):
             return text
+        pieces = self.pieces(text)
+        if len(pieces) > 1:
+            return " ".join(self.m(p) for p in pieces)
         return lit(text)
 
     def token(self, text: str) -> bool:
         return text in self.markers
+
+    def pieces(self, text: str) -> list[str]:
+        """`text` cut around the markers inside it that the tokenizer holds as tokens."""
+        if isinstance(self.markers, Mapping):
+            tokens = list(self.markers)
+        else:
+            tokens = [k for k in self.markers if _TOKEN_NAME.match(k)]
+        inner = sorted((k for k in tokens if k in text and k != text), key=len, reverse=True)
+        if not inner:
+            return [text]
+        return [p for p in re.split("(" + "|".join(map(re.escape, inner)) + ")", text) if p]
 
     def define(self, prefix: str, body: str) -> str:
         """A named rule (lower-case prefix) or lexeme (upper-case), one per distinct body."""
@@ -88,6 +104,9 @@ class Lark:
     def until(self, closer: str, lo: int = 0, hi: int | None = None) -> str:
         """Free text (lo..hi characters), then `closer`."""
         count = "*" if (lo, hi) == (0, None) else f"{{{lo},{'' if hi is None else hi}}}"
+        head, *rest = [closer] if self.token(closer) else self.pieces(closer)
+        if rest:  # a text with tokens inside: up to its first piece, then the rest
+            return f"{self.until(head, lo, hi)} {' '.join(self.m(p) for p in rest)}"
         if self.token(closer):
             free = self.define("FREE", "/(.|\\n)" + count + "/")
             return f"{free} {self.m(closer)}"
@@ -96,6 +115,8 @@ class Lark:
 
     def text(self, opener: str) -> str:
         """Free text that never opens a call."""
+        if not self.token(opener):  # a text with tokens inside: never its first piece
+            opener = self.pieces(opener)[0]
         if self.token(opener):
             return self.define("TEXT", "/(.|\\n)*/")
         return self.define("TEXT", f"/(.|\\n)*/ & ~/(.|\\n)*{_regex(opener)}(.|\\n)*/")
@@ -158,6 +179,8 @@ def tool_grammar(
     one = not parallel or markup.shape in ("llama3_json", "harmony", "gigachat")
     if markup.shape == "harmony":
         start = _harmony(g, markup, calls, choice)
+    elif markup.shape == "tags":
+        start = tag_start(g, markup, calls, choice, one)
     else:
         start = _start(g, markup, calls, choice, one)
     if thinking and markup.shape != "harmony":

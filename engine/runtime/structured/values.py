@@ -36,11 +36,11 @@ def _lit(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def _is_string(schema) -> bool:
+def is_string(schema) -> bool:
     return isinstance(schema, Mapping) and schema.get("type") == "string" and "enum" not in schema
 
 
-def _string_enum(schema) -> list[str] | None:
+def string_enum(schema) -> list[str] | None:
     if not isinstance(schema, Mapping):
         return None
     values = schema.get("enum", [schema["const"]] if "const" in schema else None)
@@ -73,24 +73,24 @@ class Values:
         g = self.g
         if self.style == "dsml":  # string values are text (string="true"), others JSON
             open_, close = '"<｜DSML｜parameter name=\\""', "</｜DSML｜parameter>"
-            textual = _is_string(schema) or not schema or _string_enum(schema) is not None
-            value = self._value(schema, close)
+            textual = is_string(schema) or not schema or string_enum(schema) is not None
+            value = self.until_closer(schema, close)
             kind = '"\\" string=\\"true\\">"' if textual else '"\\" string=\\"false\\">"'
             return f'{open_} {key} {kind} {value} "\\n"'
         before, between, after = _XML[self.style]
         if self.style == "glm":
             head = f'{g.m("<arg_key>")} {key} {g.m("</arg_key>")} "\\n"? {g.m("<arg_value>")}'
-            return f'{head} {self._value(schema, after)} "\\n"?'
+            return f'{head} {self.until_closer(schema, after)} "\\n"?'
         tail = '"\\n"?' if self.style == "minimax" else ""
-        return f"{_lit(before)} {key} {_lit(between)} {self._value(schema, after)} {tail}"
+        return f"{_lit(before)} {key} {_lit(between)} {self.until_closer(schema, after)} {tail}"
 
-    def _value(self, schema, closer: str) -> str:
+    def until_closer(self, schema, closer: str) -> str:
         """A value, then `closer`."""
         g = self.g
-        enum = _string_enum(schema)
+        enum = string_enum(schema)
         if enum is not None:
             return f"({' | '.join(map(_lit, enum))}) {g.m(closer)}"
-        if _is_string(schema) or not schema:
+        if is_string(schema) or not schema:
             return self._text(schema, closer)
         return f"{self._json(schema)} {g.m(closer)}"
 
@@ -143,10 +143,10 @@ class Values:
                 return '"None"'
             return self._json(schema)
         quote = '<|"|>'
-        enum = _string_enum(schema)
+        enum = string_enum(schema)
         if enum is not None:
             return "(" + " | ".join(f"{g.m(quote)} {_lit(v)} {g.m(quote)}" for v in enum) + ")"
-        if _is_string(schema):
+        if is_string(schema):
             return f"{g.m(quote)} {self._text(schema, quote)}"
         if t == "object" and isinstance(schema.get("properties"), Mapping):
             return f'"{{" {self.kwargs(schema, ",", ":")} "}}"'

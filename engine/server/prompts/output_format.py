@@ -2,7 +2,11 @@
 
 The family (engine.config.prompt.OUTPUT_FAMILIES; clients.bridge.parsers reads each)
 comes from the chat template, the way it shows the model its own past calls: each
-family's marks, checked in `_SHOWN`'s order (Kimi's `<|tool_calls_section_begin|>`,
+family's marks, checked in `_SHOWN`'s order (first the families whose calls are tags:
+Kimi K3's `<|open|>call`, MiniMax-M1's `<tool_calls>` lines, MiniMax-M3's `]<]minimax[>[`,
+Muse Glimmer's `<atem:…>`, MiniCPM's `<function name=`, Hunyuan's `:opensource` tags,
+functionary's `<function=` beside `<|python_tag|>` and its `>>>all` messages;
+then Kimi's `<|tool_calls_section_begin|>`,
 DeepSeek's `<｜tool▁calls▁begin｜>` and `｜DSML｜`, GLM's `<arg_key>`, gpt-oss's
 channels, Gemma 4's `<|tool_call>`, MiniMax's, Nemotron's `<TOOLCALL>`, Command-R's,
 Mistral's `[TOOL_CALLS]`, Phi-4's `functools[`, Granite's `<|tool_call|>`, Apertus'
@@ -13,8 +17,8 @@ LFM2's `<|tool_call_start|>`, Solar Open's `<|tool_call:begin|>`, Qwen3-Coder's
 Llama 3's `<|python_tag|>` or its `"parameters": ` JSON); else from the vocabulary's
 tokens (`_HELD`); else `<think>` alone means Qwen-style reasoning. `-thinking` follows
 when the template's generation prompt ends inside an open `<think>`, or the family's own
-opener (`_REASONING`: Apriel 1.6's `Here are my reasoning steps:`): the model's output
-starts in its reasoning.
+opener (`_THINK_OPENS`: Apriel 1.6's `Here are my reasoning steps:`, Kimi K3's
+`<|open|>think<|sep|>`): the model's output starts in its reasoning.
 `--output-format` (engine.config.prompt) overrides the family. It reaches
 clients through ModelInfo.output_format.
 
@@ -53,6 +57,15 @@ def family_of(template: str, vocab) -> str:
 # family -> the markup its template shows, every piece of it (checked in this order: the
 # first that matches decides).
 _SHOWN = (
+    # calls written as tags; their marks contain markers of families below (<tool_call>)
+    ("kimi_k3", ("<|open|>", "open_tag('call'")),
+    ("minimax_m1", ("<tool_calls>", "ai name=assistant")),
+    ("minimax_m3", ("]<]minimax[>[", "<invoke name=")),
+    ("atem", ("<atem:function_calls>", "<atem:invoke")),
+    ("minicpm", ('<function name="', '<param name="')),
+    ("hy3", ("<tool_call{}>", ":opensource")),
+    ("functionary_v3_1", ("'<function='", "<|python_tag|>")),
+    ("functionary_v3_2", (">>>all", "<|start_header_id|>")),
     ("kimi", ("<|tool_calls_section_begin|>",)),
     ("deepseek", ("<｜tool▁calls▁begin｜>",)),
     ("dsml", ("｜DSML｜",)),
@@ -95,20 +108,24 @@ _HELD = (
 )
 
 
-# family -> what opens its reasoning, where that is not `<think>`
-_REASONING = {
+# family -> the marker that opens its reasoning, where it is not `<think>`.
+_THINK_OPENS = {
     "apertus": "<|inner_prefix|>",
     "apriel": "Here are my reasoning steps:",  # Apriel 1.6's generation prompt ends so
     "seed_oss": "<seed:think>",
     "solar_open": "<|think|>",
+    "kimi_k3": "<|open|>think<|sep|>",
+    "minimax_m3": "<mm:think>",
+    "hy3": "<think:opensource>",
 }
 
 
-def opens_reasoning(render: Callable[[list], "str | None"], opener: str = "<think>") -> bool:
-    """Whether the generation prompt ends inside an open reasoning block (`opener`; None:
-    the template refused the probe, so it opens nothing we can see)."""
+def opens_reasoning(render: Callable[[list], "str | None"], family: str = "qwen") -> bool:
+    """Whether the generation prompt ends inside an open reasoning block (`<think>`, or
+    the family's own) (None: the template refused the probe, so it opens nothing we can
+    see)."""
     text = render(list(_PROBE))
-    return text is not None and text.rstrip().endswith(opener)
+    return text is not None and text.rstrip().endswith(_THINK_OPENS.get(family, "<think>"))
 
 
 def special_markers(tokenizer) -> frozenset[str]:
@@ -132,6 +149,6 @@ def output_format(setting: str, tokenizer, render: Callable[[list], str]) -> str
     vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
     family = family_of(str(template or ""), vocab)
     assert family in OUTPUT_FAMILIES, family
-    if family != "plain" and opens_reasoning(render, _REASONING.get(family, "<think>")):
+    if family != "plain" and opens_reasoning(render, family):
         return family + THINKING
     return family

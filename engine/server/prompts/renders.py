@@ -33,7 +33,10 @@ import logging
 from collections import Counter
 from typing import Sequence
 
+from jinja2.exceptions import SecurityError
+
 from engine.server.errors import InvalidRequest
+from engine.server.prompts import sandbox, variables
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,7 @@ class TemplateRenders:
         self.placeholders = True  # the fallback on (off: the head's own render alone)
         self._logged: set[tuple[int, str]] = set()
         self._null_content: bool | None = None  # decided on first use (null_content)
+        self._own_data = False  # the template changes its own lists: engine.server.prompts.sandbox
 
     def render(
         self,
@@ -179,6 +183,50 @@ class TemplateRenders:
         return self._null_content
 
     def _apply(self, messages, tools, add_generation_prompt, continue_final_message, extra=None):
+        """The template's render, with the variables it reads that no request defines
+        (engine.server.prompts.variables); where transformers' refuses the template's
+        changes to its own lists (Kimi K2's) or a generator given to `tojson` (llama.cpp's
+        DeepSeek-R1), engine.server.prompts.sandbox's (decided once)."""
+        extra = {**variables.missing(self._template(tools), tools), **(extra or {})}
+        args = (messages, tools, add_generation_prompt, continue_final_message, extra)
+        if not self._own_data:
+            try:
+                return self._apply_transformers(*args)
+            except (SecurityError, TypeError) as e:
+                if not sandbox.needs_own_render(e) or continue_final_message:
+                    raise
+        text = self._apply_own_data(*args)
+        self._own_data = True
+        return text
+
+    def _template(self, tools) -> str | None:
+        """The template's text (of a named one, tool_use where there are tools)."""
+        if hasattr(self.tokenizer, "get_chat_template"):
+            try:
+                return self.tokenizer.get_chat_template(None, tools or None)
+            except ValueError:  # no template at all: the render says so
+                return None
+        return self.tokenizer.chat_template
+
+    def _apply_own_data(self, messages, tools, add_generation_prompt, continue_final, extra):
+        if continue_final:
+            raise InvalidRequest(
+                "this chat template changes its own lists, which is rendered without "
+                "transformers; continuing a final message is not supported there"
+            )
+        variables = {
+            **(getattr(self.tokenizer, "special_tokens_map", None) or {}),
+            **(extra or {}),
+            "add_generation_prompt": add_generation_prompt,
+        }
+        if isinstance(getattr(self.tokenizer, "has_thinking", None), bool):
+            variables.setdefault("enable_thinking", self.tokenizer.has_thinking)
+        template = self._template(tools)
+        return sandbox.render(template, list(messages), list(tools) if tools else None, **variables)
+
+    def _apply_transformers(
+        self, messages, tools, add_generation_prompt, continue_final_message, extra=None
+    ):
         kwargs = {
             **(extra or {}),
             "tokenize": False,

@@ -76,20 +76,26 @@ class Template:
             pytest.skip(f"writes {self.entry['unread']}, which no family reads")
         self.tokenizer = AutoTokenizer.from_pretrained(ASSETS)
         self.tokenizer.chat_template = published_text(name)
+        if "bos_token" in self.entry:  # the model's own; the tests' tokenizer has none
+            self.tokenizer.bos_token = self.entry["bos_token"]
         self.renders = TemplateRenders(self.tokenizer)
         self.family = output_format(
             "auto", self.tokenizer, lambda m: self.renders.analysis("probe", m, None, True)
         )
 
     def output(self, message: dict) -> str:
-        """What the model writes for `message`: its render after the assistant turn's own
-        header (where a turn of plain text renders the same), up to the first stop."""
+        """What the model writes for `message`: its render after the generation prompt, or
+        after the assistant turn's own header (where a turn of plain text renders the
+        same) where that comes first, up to the first stop."""
         whole = self.renders.render([ASK, message], TOOLS, False)
         other = self.renders.render([ASK, {"role": "assistant", "content": "\u2460"}], TOOLS, False)
         at = 0
         while at < min(len(other), len(whole)) and other[at] == whole[at]:
             at += 1
         at = markup_start(whole, at)
+        prompt = self.renders.render([ASK], TOOLS, True)
+        if whole.startswith(prompt):  # what follows the generation prompt is the model's
+            at = min(at, len(prompt))
         think = MARKUPS[self.family.removesuffix(THINKING)].think
         if think and not self.family.endswith(THINKING) and whole[:at].rstrip().endswith(think[0]):
             at = whole.rindex(think[0], 0, at)  # the model opens its reasoning itself

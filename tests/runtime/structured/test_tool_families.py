@@ -29,6 +29,7 @@ VOCAB, STOP = 4096, 2
 ARGS = '{"city": "Paris", "unit": "c"}'
 BAD = ARGS.replace('"c"', '"k"')
 Q = '<|"|>'
+NS, HY = "]<]minimax[>[", ":opensource"
 # What each family's model writes for get_weather(city="Paris", unit="c"), after its
 # published template (llama.cpp's models/templates); some families in two forms.
 WRITTEN = {
@@ -108,16 +109,79 @@ WRITTEN = {
         "<|tool_calls|><|tool_call:begin|>a1b2c3d4e5<|tool_call:name|>get_weather"
         f"<|tool_call:args|>{ARGS}<|tool_call:end|><|calls|>"
     ],
+    # calls written as tags
+    "kimi_k3": [
+        "<|open|>response<|sep|><|close|>response<|sep|><|open|>tools<|sep|>"
+        '<|open|>call tool="get_weather" index="1"<|sep|><|open|>argument key="city" '
+        'type="string"<|sep|>Paris<|close|>argument<|sep|><|open|>argument key="unit" '
+        'type="string"<|sep|>c<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>'
+        "<|close|>message<|sep|>"
+    ],
+    "minimax_m1": [f'<tool_calls>\n{{"name": "get_weather", "arguments": {ARGS}}}\n</tool_calls>'],
+    "minimax_m3": [
+        f'{NS}<tool_call>\n{NS}<invoke name="get_weather">{NS}<city>Paris{NS}</city>'
+        f"{NS}<unit>c{NS}</unit>{NS}</invoke>\n{NS}</tool_call>"
+    ],
+    "atem": [
+        ' to=get_weather<|message|><atem:function_calls>\n<atem:invoke name="get_weather">\n'
+        '<atem:parameter name="city">Paris</atem:parameter>\n<atem:parameter name="unit">c'
+        "</atem:parameter>\n</atem:invoke>\n</atem:function_calls>"
+    ],
+    "minicpm": [
+        '<function name="get_weather"><param name="city">Paris</param><param name="unit">c'
+        "</param></function>"
+    ],
+    "hy3": [
+        f"<tool_calls{HY}>\n<tool_call{HY}>get_weather<tool_sep{HY}>\n<arg_key{HY}>city"
+        f"</arg_key{HY}>\n<arg_value{HY}>Paris</arg_value{HY}>\n<arg_key{HY}>unit</arg_key{HY}>\n"
+        f"<arg_value{HY}>c</arg_value{HY}>\n</tool_call{HY}>\n</tool_calls{HY}>"
+    ],
+}
+# the reasoning a tag family's model may write before its calls, where its grammar allows it
+OWN_REASONING = {
+    "atem": " to=self",
+    "minimax_m1": "<think>",
+    "minimax_m3": "<mm:think>",
+    "minicpm": "<think>",
+    "hy3": "<think:opensource>",
+}
+WRITTEN["functionary_v3_1"] = [f"<function=get_weather>{ARGS}</function>"]
+WRITTEN["functionary_v3_2"] = [f"get_weather\n{ARGS}"]
+# a tag family's block of calls: (its start, its end), or the text between two calls
+TWO_TAGS = {
+    "kimi_k3": ("<|open|>tools<|sep|>", "<|close|>tools<|sep|>"),
+    "minimax_m1": ("<tool_calls>", "\n</tool_calls>"),
+    "minimax_m3": ("<tool_call>\n", f"{NS}</tool_call>"),
+    "hy3": (f"<tool_calls{HY}>\n", f"</tool_calls{HY}>"),
+    "atem": "<|eom|><|start|>assistant",
+    "minicpm": "\n",
+    "functionary_v3_1": "",
+    "functionary_v3_2": ">>>",
 }
 TEXT_MARKERS = {"Action:", "functools", "["}  # ordinary words, never added tokens
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, SEARCH)}
-LEADING = ("llama3_json", "pythonic", "harmony", "solar_open")  # calls open the output or none do
+# no free text before calls
+LEADING = (
+    "llama3_json",
+    "pythonic",
+    "harmony",
+    "solar_open",
+    "kimi_k3",
+    "atem",
+    "functionary_v3_2",
+)
 ONE = ("llama3_json", "harmony", "gigachat3", "gigachat3_1")  # one call per turn
 
 
 def _two(family: str, text: str) -> str:
     """The same call twice in one turn, as the family writes parallel calls."""
     markup = FAMILIES[family]
+    if isinstance(TWO_TAGS.get(family), str):
+        return text + TWO_TAGS[family] + text
+    if family in TWO_TAGS:
+        head, tail = TWO_TAGS[family]
+        first, last = text.index(head) + len(head), text.rindex(tail)
+        return text[:last] + text[first:last] + text[last:]
     if markup.shape == "calls" or text.startswith("[TOOL_CALLS]get_weather"):
         return text + markup.sep + text
     if markup.shape == "section":
@@ -198,7 +262,7 @@ def test_the_family_s_own_call_is_held(family, spelling, embedded, tmp_path):
         assert not _walk(grammars, tokenizer, required, text.replace("Paris", "P" * 13))
         bad = text.replace(ARGS, BAD).replace('"unit": "c"', '"unit": "k"')
         bad = bad.replace('unit="c"', 'unit="k"').replace(f"{Q}c{Q}", f"{Q}k{Q}")
-        bad = bad.replace("\nc\n", "\nk\n").replace(">c<", ">k<")
+        bad = bad.replace("\nc\n", "\nk\n").replace(">c<", ">k<").replace(">c]", ">k]")
         assert bad != text and not _walk(grammars, tokenizer, required, bad), bad
         assert _walk(grammars, tokenizer, auto, text)
         if family not in ONE:
@@ -232,6 +296,12 @@ def test_the_family_s_own_call_is_held(family, spelling, embedded, tmp_path):
         answer = "<|channel|>final<|message|>" + answer
     if family == "solar_open":  # and every Solar Open message its kind
         answer = "<|content|>" + answer
+    if family == "atem":  # every message names its recipient
+        answer = " to=user<|message|>" + answer
+    if family == "functionary_v3_2":  # a message to all
+        answer = "all\n" + answer
+    if family == "kimi_k3":  # the text is the response block
+        answer = f"<|open|>response<|sep|>{answer}<|close|>response<|sep|>"
     assert _walk(grammars, tokenizer, auto, answer)
 
 
@@ -279,6 +349,7 @@ def test_required_and_named_calls_in_the_batch_read_back_valid(family, tiny_loop
     markup = FAMILIES[family]
     own = {"harmony": "<|channel|>analysis", "solar_open": "<|think|>"}
     reasons = markup.think_open or own.get(family, "")
+    reasons = reasons or OWN_REASONING.get(family, "")
     markers = token_markers(tiny_tokenizer)
     runs = [("required", "", False), ("function", "search", False), ("required", "", True)]
     closed = 0

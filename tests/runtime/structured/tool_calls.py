@@ -44,6 +44,33 @@ def _pythonic(text: str) -> list:
     return [(c.func.id, {k.arg: ast.literal_eval(k.value) for k in c.keywords}) for c in tree.elts]
 
 
+NS = re.escape("]<]minimax[>[")
+# a tag family: (a call's name and body, a parameter's key and value in the body)
+TAGS = {
+    "kimi_k3": (
+        r'<\|open\|>call tool="([\w.-]+)" index="\d+"<\|sep\|>(.*?)<\|close\|>call<\|sep\|>',
+        r'<\|open\|>argument key="([\w.-]+)" type="[a-z]+"<\|sep\|>(.*?)<\|close\|>argument',
+    ),
+    "minimax_m3": (
+        NS + r'<invoke name="([\w.-]+)">(.*?)' + NS + r"</invoke>\n",
+        NS + r"<([\w.-]+)>(.*?)" + NS + r"</\1>",
+    ),
+    "atem": (
+        r'<atem:invoke name="([\w.-]+)">\n(.*?)</atem:invoke>\n</atem:function_calls>',
+        r'<atem:parameter name="([\w.-]+)">(.*?)</atem:parameter>\n',
+    ),
+    "minicpm": (
+        r'<function name="([\w.-]+)">(.*?)</function>',
+        r'<param name="([\w.-]+)">(.*?)</param>',
+    ),
+    "hy3": (
+        r"<tool_call:opensource>([\w.-]+)<tool_sep:opensource>\n(.*?)</tool_call:opensource>\n",
+        r"<arg_key:opensource>([\w.-]+)</arg_key:opensource>\n<arg_value:opensource>(.*?)"
+        r"</arg_value:opensource>\n",
+    ),
+}
+
+
 def calls(family: str, text: str, schemas: dict) -> list[tuple[str, dict]]:
     """The calls in `text` (module doc). `schemas`: tool name -> parameters schema."""
 
@@ -159,6 +186,18 @@ def calls(family: str, text: str, schemas: dict) -> list[tuple[str, dict]]:
             r"<\|tool_call:args\|>(.*?)<\|tool_call:end\|>"
         )
         return [(n, json.loads(a)) for n, a in found(pattern)]
+    if family == "minimax_m1":
+        lines = found(r"<tool_calls>\n(.*?)\n</tool_calls>")[0].split("\n")
+        return [(c["name"], c["arguments"]) for c in map(json.loads, lines)]
+    if family == "functionary_v3_2":
+        return [(n, json.loads(a)) for n, a in (m.split("\n", 1) for m in text.split(">>>"))]
+    if family == "functionary_v3_1":
+        return [(n, json.loads(a)) for n, a in found(r"<function=([\w.-]+)>(.*?)</function>")]
+    if family in TAGS:
+        return [
+            (name, _params(re.findall(TAGS[family][1], body, S), props(name)))
+            for name, body in found(TAGS[family][0])
+        ]
     array = {
         "apriel": r"<tool_calls>(.*)</tool_calls>",
         "command_r": r"^Action:\n```json\n(.*)\n```$",

@@ -18,9 +18,8 @@ Two kinds:
   own closing tag has come: the pieces of `json.dumps` of the final arguments.
 
 `Streamed` turns the answers into parts as the body grows, and settles them with what
-the reader gives when the call ends. Families with no streamer (the JSON lists of
-nemotron, granite, phi4, command_r and Mistral's older `[TOOL_CALLS][...]`; gemma4;
-pythonic; llama3_json) come whole when the call ends. Plain Python, no MLX.
+the reader gives when the call ends. The streamers of the bodies that hold lists of
+calls or a syntax of their own are clients.bridge.body_streams'. Plain Python, no MLX.
 """
 
 from __future__ import annotations
@@ -82,7 +81,7 @@ def _dumps(value) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _pieces(pairs, whole: bool) -> str:
+def pieces(pairs, whole: bool) -> str:
     """`{"k": v, ...` of the parameters read so far, `}` once the call is whole."""
     out, seen = [], set()
     for key, value in pairs:
@@ -196,7 +195,7 @@ def qwen_xml(body: str, tools=None) -> list[Known]:
         for p in XML_PARAMETER.finditer(inner)
         for k in [p.group(1).strip()]
     ]
-    return [Known(name, _pieces(pairs, whole))]
+    return [Known(name, pieces(pairs, whole))]
 
 
 def glm(body: str, tools=None) -> list[Known]:
@@ -211,7 +210,7 @@ def glm(body: str, tools=None) -> list[Known]:
         for p in GLM_PAIR.finditer(key + rest)
         for k in [p.group(1).strip()]
     ]
-    return [Known(name, _pieces(pairs, False))]
+    return [Known(name, pieces(pairs, False))]
 
 
 _INVOKE_HEAD = re.compile(r'\s*<invoke name="([^"]+)">')
@@ -229,7 +228,7 @@ def minimax(body: str, tools=None) -> list[Known]:
             (p.group(1), typed_value(p.group(1), p.group(2).strip("\n"), strings))
             for p in _MINIMAX_PARAMETER.finditer(inner)
         ]
-        out.append(Known(name, _pieces(pairs, whole)))
+        out.append(Known(name, pieces(pairs, whole)))
         if not whole:
             break
         at = m.end() + len(inner) + len("</invoke>")
@@ -251,7 +250,7 @@ def dsml(body: str, tools=None) -> list[Known]:
             except json.JSONDecodeError:
                 pass
         pairs.append((p.group(1), value))
-    return [Known(name, _pieces(pairs, False))]
+    return [Known(name, pieces(pairs, False))]
 
 
 def _until(text: str, at: int, closer: str) -> tuple[str, bool]:

@@ -19,7 +19,14 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from clients.bridge.parsers import MARKUPS, THINKING, joined, make_parser
+from clients.bridge.parsers import (
+    MARKUPS,
+    THINKING,
+    ToolCallDelta,
+    ToolCallStart,
+    joined,
+    make_parser,
+)
 from engine.server.errors import InvalidRequest
 from engine.server.prompts.output_format import output_format
 from engine.server.prompts.renders import TemplateRenders
@@ -145,6 +152,19 @@ def test_a_past_call_is_read_back_as_the_same_call(name):
     for text, _, calls in results:
         assert calls == CALLS[:1], f"{template.family} did not read back {out!r}"
         assert text == "", f"markup reached the text: {text!r} (of {out!r})"
+
+
+@pytest.mark.parametrize("name", WRITES_CALLS)
+def test_a_past_call_streams_before_the_output_ends(name):
+    """Fed at the tokenizer's token boundaries, the call starts and its arguments come in
+    pieces before the output's last token: no family holds a call back to its end."""
+    template = Template(name, calls=True)
+    pieces = token_pieces(template.tokenizer, template.output(turn(CALLS[:1])))
+    parser, fed = make_parser(template.family, tools=TOOLS), []
+    for piece in pieces[:-1]:
+        fed += parser.feed(piece)
+    assert any(isinstance(p, ToolCallStart) for p in fed), f"no call before {pieces[-1]!r}"
+    assert len([p for p in fed if isinstance(p, ToolCallDelta)]) > 1, "the arguments came whole"
 
 
 @pytest.mark.parametrize("name", PARALLEL)

@@ -9,7 +9,9 @@ engine.runtime.structured.markup and the tools' parameter schemas:
   spelled in ordinary pieces, free text is text without it, and a lexeme ending at its
   first occurrence opens the call (`_until`/`_without`).
 - `required` (Anthropic `any`): one call or more and nothing else (but the reasoning);
-- `function` with a name (Anthropic `tool`): calls of that tool only;
+- `function` with a name (Anthropic `tool`): one call of that tool, whatever
+  `parallel` says (as vLLM's named function calling, whose output is that one
+  call's arguments): a model that does not stop by itself stops after it;
 - `none`: text only (the opener never starts);
 - `parallel` false: one call.
 
@@ -152,7 +154,7 @@ def tool_grammar(
     if choice == "auto" and not calls:
         return None
     g = Lark(SPECIAL_MARKERS if markers is None else markers)
-    one = not parallel or markup.shape in ("llama3_json", "harmony")
+    one = not parallel or choice == "function" or markup.shape in ("llama3_json", "harmony")
     if markup.shape == "harmony":
         start = _harmony(g, markup, calls, choice)
     else:
@@ -163,7 +165,7 @@ def tool_grammar(
         block = f"{g.m(markup.think_open)} {g.until(markup.think_close)}"
         start = f"{g.define('reasoning', block)}? body_\nbody_: {start}"
     lark = "\n".join(["%llguidance {}", f"start: {start}", *g.lines, ""])
-    kind = f"tools:{choice}" + ("" if parallel else ":single")
+    kind = f"tools:{choice}" + (":single" if one else "")
     grammar = Grammar(lark, kind, optional=choice == "auto")
     validate(grammar, {"tools": list(tools)}, where)
     return grammar

@@ -188,6 +188,7 @@ def test_the_family_s_own_call_is_held(family, spelling, embedded, tmp_path):
             single = grammar("required", parallel=False)
             assert _walk(grammars, tokenizer, single, text)
             assert not _walk(grammars, tokenizer, single, two), two
+            assert not _walk(grammars, tokenizer, named, two), two  # one named call
         if FAMILIES[family].think_open:  # a reasoning block the model opens itself
             markup = FAMILIES[family]
             plan = f"{markup.think_open}Weather first.{markup.think_close}"
@@ -248,14 +249,15 @@ def test_a_family_without_call_markup_refuses_required_naming_it():
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_required_and_named_calls_in_the_batch_read_back_valid(family, tiny_loop, tiny_tokenizer):
-    """One call (`parallel` off) must close. Garbage may run on until max_tokens where
-    the grammar lets it: with parallel calls on (more calls), and in a reasoning block
+    """One call (`parallel` off, or a named tool) must close. Garbage may run on until
+    max_tokens where the grammar lets it: with parallel calls on (more calls), and in a
+    reasoning block
     the family opens itself (Gemma's thought channel, harmony's analysis...). What
     closes reads back as valid calls, and at least two outputs of each family close."""
     markup = FAMILIES[family]
     reasons = markup.think_open or ("<|channel|>analysis" if family == "harmony" else "")
     markers = token_markers(tiny_tokenizer)
-    runs = [("required", "", False), ("function", "search", False), ("required", "", True)]
+    runs = [("required", "", False), ("function", "search", True), ("required", "", True)]
     closed = 0
     for seed in range(30 if reasons else 3):  # a reasoning run closes about half the time
         choice, name, parallel = runs[seed % 3]
@@ -269,12 +271,13 @@ def test_required_and_named_calls_in_the_batch_read_back_valid(family, tiny_loop
         )
         ids, final = run(tiny_loop, [25, 36, 48 + seed], grammar, seed=seed, max_tokens=400)
         text = tiny_tokenizer.decode(ids)
+        many = parallel and choice == "required"
         if final.finish_reason == FinishReason.LENGTH:
-            if parallel or (reasons and text.startswith(reasons)):
+            if many or (reasons and text.startswith(reasons)):
                 continue
         assert final.finish_reason == FinishReason.STOP and not final.incomplete, text
         read = calls(family, text, SCHEMAS)
-        assert read and (parallel or len(read) == 1), text
+        assert read and (many or len(read) == 1), text
         for tool, args in read:
             assert not name or tool == name, text
             jsonschema.validate(args, SCHEMAS[tool])

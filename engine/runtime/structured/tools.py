@@ -162,7 +162,8 @@ def tool_grammar(
     if thinking and markup.shape != "harmony":
         start = f"{g.until(markup.think_close)} body_\nbody_: {start}"
     elif markup.think_open and choice != "auto":  # auto's free text holds it already
-        block = f"{g.m(markup.think_open)} {g.until(markup.think_close)}"
+        name = lit(markup.think_name) if markup.think_name else ""
+        block = f"{g.m(markup.think_open)} {name} {g.until(markup.think_close)}"
         start = f"{g.define('reasoning', block)}? body_\nbody_: {start}"
     lark = "\n".join(["%llguidance {}", f"start: {start}", *g.lines, ""])
     kind = f"tools:{choice}" + (":single" if one else "")

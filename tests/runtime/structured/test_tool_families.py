@@ -191,8 +191,15 @@ def test_the_family_s_own_call_is_held(family, spelling, embedded, tmp_path):
             assert not _walk(grammars, tokenizer, named, two), two  # one named call
         if FAMILIES[family].think_open:  # a reasoning block the model opens itself
             markup = FAMILIES[family]
-            plan = f"{markup.think_open}Weather first.{markup.think_close}"
+            plan = f"{markup.think_open}{markup.think_name}Weather first.{markup.think_close}"
             assert _walk(grammars, tokenizer, required, plan + text)
+            # the bridge reads what the grammar allows there as reasoning, never as text
+            parser = make_parser(family, tools=[WEATHER, SEARCH])
+            said, thought, _ = joined(parser.feed(plan + text) + parser.close())
+            assert (said, thought.strip()) == ("", "Weather first."), (said, thought)
+            if markup.think_name:  # another block name is not the model's reasoning
+                other = f"{markup.think_open}code{markup.think_close}"
+                assert not _walk(grammars, tokenizer, required, other + text)
         if family not in LEADING:  # a call may follow text
             assert _walk(grammars, tokenizer, auto, "Let me see.\n" + text)
             assert not _walk(grammars, tokenizer, auto, "Let me see.\n" + bad)

@@ -123,11 +123,17 @@ def tool_grammar(
     output_format: str = "plain",
     where: str = "tool_choice",
     markers=None,
+    reasoning: bool = True,
 ) -> Grammar | None:
     """The output a `tool_choice` allows over `tools` (OpenAI style definitions), in the
     markup of `output_format` (module doc). None where nothing is to be held: `auto` for
-    a family without a tool grammar, or no tools with `auto`/`none`. Raises GrammarError.
+    a family without a tool grammar, or no tools with `auto`/`none`. `reasoning` False:
+    the client switched the reasoning off, so the generation prompt closed it (a
+    `-thinking` format is held as its family) and no reasoning block opens before the
+    calls. Raises GrammarError.
     """
+    if not reasoning:
+        output_format = output_format.removesuffix("-thinking")
     if choice not in TOOL_CHOICES:
         raise GrammarError(
             f"{where} must be one of {', '.join(TOOL_CHOICES)} or name a function, got {choice!r}"
@@ -161,7 +167,7 @@ def tool_grammar(
         start = _start(g, markup, calls, choice, one)
     if thinking and markup.shape != "harmony":
         start = f"{g.until(markup.think_close)} body_\nbody_: {start}"
-    elif markup.think_open and choice != "auto":  # auto's free text holds it already
+    elif markup.think_open and choice != "auto" and reasoning:  # auto's free text holds it
         name = lit(markup.think_name) if markup.think_name else ""
         block = f"{g.m(markup.think_open)} {name} {g.until(markup.think_close)}"
         start = f"{g.define('reasoning', block)}? body_\nbody_: {start}"

@@ -7,7 +7,8 @@ call.
 
 One engine serves the random-weight model three times, each under its family's output
 format (`--model NAME=PATH,output_format=F`); a named tool_choice holds it to one call in
-that family's markup, written token by token by the tests' tokenizer.
+that family's markup, written token by token by the tests' tokenizer. Each request
+switches the reasoning off, as a client may on each wire.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ from engine.config import FleetConfig, ModelSpec
 from tests.clients.bridge.test_bridge import BridgeThread
 from tests.engines import make_config
 
-FAMILIES = ("gemma4", "pythonic", "phi4")
+FAMILIES = ("gemma4", "pythonic", "phi4", "command_r")
+# Reasoning switched off on each wire (Gemma's thought channel would otherwise be open to
+# the random weights, which never close it): the switch reaches the grammar too.
+OFF = {
+    "chat": {"chat_template_kwargs": {"enable_thinking": False}},
+    "anthropic": {"thinking": {"type": "disabled"}},
+    "responses": {"reasoning": {"effort": "none"}},
+}
 ASK = "List the files, please."
 ARGUMENTS = {"path": "src", "recursive": False}
 TOOLS = [
@@ -71,6 +79,7 @@ def _chat(bridge, family: str, max_tokens: int = MAX):
         tool_choice={"type": "function", "function": {"name": "list_files"}},
         max_tokens=max_tokens,
         temperature=0,
+        extra_body=OFF["chat"],
     )
     with bridge.client() as client:
         whole = client.chat.completions.create(**args)
@@ -114,7 +123,7 @@ def test_anthropic_streams_input_json_deltas(bridge, family):
         messages=[{"role": "user", "content": ASK}],
         tools=ANTHROPIC_TOOLS,
         tool_choice={"type": "tool", "name": "list_files"},
-        extra_body={"temperature": 0},
+        extra_body={"temperature": 0, **OFF["anthropic"]},
     )
     with anthropic.Anthropic(base_url=bridge.url, api_key="unused", max_retries=0) as client:
         whole = client.messages.create(**args)
@@ -145,6 +154,7 @@ def test_responses_streams_function_call_arguments_deltas(bridge, family):
         max_output_tokens=MAX,
         temperature=0,
         store=False,
+        extra_body=OFF["responses"],
     )
     with bridge.client() as client:
         whole = client.responses.create(**args)

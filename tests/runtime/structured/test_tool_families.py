@@ -197,6 +197,9 @@ def test_the_family_s_own_call_is_held(family, spelling, embedded, tmp_path):
             parser = make_parser(family, tools=[WEATHER, SEARCH])
             said, thought, _ = joined(parser.feed(plan + text) + parser.close())
             assert (said, thought.strip()) == ("", "Weather first."), (said, thought)
+            off = grammar("required", reasoning=False)  # the client switched it off
+            assert _walk(grammars, tokenizer, off, text)
+            assert not _walk(grammars, tokenizer, off, plan + text)
             if markup.think_name:  # another block name is not the model's reasoning
                 other = f"{markup.think_open}code{markup.think_close}"
                 assert not _walk(grammars, tokenizer, required, other + text)
@@ -210,6 +213,9 @@ def test_the_family_s_own_call_is_held(family, spelling, embedded, tmp_path):
             thinking = grammar("required", fmt=f"{family}-thinking")
             assert _walk(grammars, tokenizer, thinking, f"Hm, weather.{think}{text}")
             assert not _walk(grammars, tokenizer, thinking, text)
+            # reasoning switched off: the generation prompt closed the block already
+            closed = grammar("required", fmt=f"{family}-thinking", reasoning=False)
+            assert _walk(grammars, tokenizer, closed, text)
     if family in ("llama3_json", "pythonic"):  # text, but never a call opening the output
         assert _walk(grammars, tokenizer, grammar("none"), "See [1] and {2}.")
         assert not _walk(grammars, tokenizer, grammar("none"), WRITTEN[family][0])

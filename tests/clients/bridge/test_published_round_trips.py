@@ -214,3 +214,15 @@ def test_the_round_trip_fails_without_the_familys_parser(monkeypatch):
     out, results = round_trip(template, turn(CALLS[:1]))
     for text, _, calls in results:
         assert calls == [] and json.loads(text)["name"] == "get_weather", out
+
+
+def test_the_docs_table_is_the_manifests():
+    """docs/api.md lists every published template with its family and round trip as the
+    manifest says (`python -m tests.templates.published` prints the table to paste)."""
+    from tests.templates.published import ROOT, TABLE_BEGIN, TABLE_END, docs_table
+
+    page = (ROOT / "docs" / "api.md").read_text()
+    assert f"{TABLE_BEGIN}\n{docs_table()}\n{TABLE_END}" in page, (
+        "docs/api.md's published templates table is not the manifest's: "
+        "paste the output of `python -m tests.templates.published` over it"
+    )

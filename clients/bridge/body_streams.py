@@ -217,23 +217,21 @@ def pythonic(body: str, tools=None) -> list[Known]:
     return out
 
 
+_PYTHON_STRINGS = {
+    q: re.compile(f"{q}(?:[^{q}\\\\]|\\\\.)*{q}", re.DOTALL) for q in ("'", '"')
+}  # one-quoted literals, escapes read past
+
+
 def _python_string(text: str, at: int) -> int | None:
     """The end of a Python string literal at `at` (None: not one; -1: not closed yet)."""
     quote = text[at]
-    if quote not in "'\"":
+    if quote not in _PYTHON_STRINGS:
         return None
     if text.startswith(quote * 3, at):
         end = text.find(quote * 3, at + 3)
         return -1 if end < 0 else end + 3
-    k = at + 1
-    while k < len(text):
-        if text[k] == "\\":
-            k += 2
-        elif text[k] == quote:
-            return k + 1
-        else:
-            k += 1
-    return -1
+    m = _PYTHON_STRINGS[quote].match(text, at)
+    return -1 if m is None else m.end()
 
 
 def _value_end(text: str, at: int, string) -> int | None:

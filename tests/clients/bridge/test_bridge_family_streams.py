@@ -2,8 +2,8 @@
 syntax, pythonic calls that open the output with no marker, a JSON list of calls) stream
 through the real bridge, gRPC server, Ray and MLX on the three wire formats: the call
 starts and its arguments come in pieces before the reply ends, the pieces join to the
-whole reply's arguments, and no markup reaches the text, also when max_tokens cuts the
-call.
+whole reply's arguments, and no markup reaches the text, also when max_tokens or a stop
+string cuts the call.
 
 One engine serves the random-weight model three times, each under its family's output
 format (`--model NAME=PATH,output_format=F`); a named tool_choice holds it to one call in
@@ -70,9 +70,10 @@ def bridge(ray_session, tmp_path_factory, random_model_dir):
     engine.stop()
 
 
-def _chat(bridge, family: str, max_tokens: int = MAX):
+def _chat(bridge, family: str, max_tokens: int = MAX, **more):
     """(the whole reply, the streamed chunks' content and call pieces, finish reason)."""
     args = dict(
+        **more,
         model=family,
         messages=[{"role": "user", "content": ASK}],
         tools=TOOLS,
@@ -113,6 +114,14 @@ def test_a_call_that_max_tokens_cuts_leaks_no_markup(bridge, family):
     _, content, names, pieces, finish = _chat(bridge, family, max_tokens=cut)
     assert finish == "length" and not content, content
     assert names == ["list_files"] and pieces, "the cut call streamed nothing"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_call_that_a_stop_string_cuts_leaks_no_markup(bridge, family):
+    whole, content, names, pieces, _ = _chat(bridge, family, stop=["src"])
+    assert not content and not (whole.choices[0].message.content or ""), content
+    assert names == ["list_files"], "the cut call streamed nothing"
+    assert [c.function.name for c in whole.choices[0].message.tool_calls] == names
 
 
 @pytest.mark.parametrize("family", FAMILIES)

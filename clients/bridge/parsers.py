@@ -101,6 +101,7 @@ from clients.bridge.parts import (
     ToolCallDelta,
     ToolCallEnd,
     ToolCallStart,
+    joined,
 )
 from engine.config.prompt import OUTPUT_FAMILIES
 
@@ -483,23 +484,3 @@ def make_parser(family: str, *, tool_calls: bool = True, tools=None) -> OutputPa
     if not tool_calls:
         markup = replace(markup, call=None, parse=None, section=None, lead="", stream=None)
     return OutputParser(markup, reasoning=family.endswith(THINKING), tools=tools)
-
-
-def joined(parts: Sequence[Part]) -> tuple[str, str, list[tuple[ToolCallStart, ToolCallEnd]]]:
-    """Parts of a whole completion -> (text, reasoning, [(start, end)] of the calls). A call
-    that did not parse and was not streamed is in the text, as its raw markup; one that was
-    streamed is a call (its end's `arguments` None when what it streamed is no object)."""
-    text, reasoning, calls, starts = [], [], [], {}
-    for p in parts:
-        if isinstance(p, TextPart):
-            text.append(p.text)
-        elif isinstance(p, ReasoningPart):
-            reasoning.append(p.text)
-        elif isinstance(p, ToolCallStart):
-            starts[p.index] = p
-        elif isinstance(p, ToolCallEnd):
-            if p.index in starts:
-                calls.append((starts.pop(p.index), p))
-            else:
-                text.append(p.raw)
-    return "".join(text), "".join(reasoning), calls

@@ -103,10 +103,8 @@ def tools_of(tools: Any) -> tuple[dict, ...]:
 
 
 def tool_choice_parses(choice: Any) -> bool:
-    """Whether tool calls are parsed out of the reply: all but `none`.
-
-    `any` and `tool` are taken as `auto`: the engine does not constrain output.
-    """
+    """Whether tool calls are parsed out of the reply: all but `none` (the engine holds
+    the output to the choice: clients.constraints)."""
     if choice is None:
         return True
     choice = _object(choice, "tool_choice")

@@ -131,8 +131,8 @@ def messages_of(input_: Any, known_calls: set[str]) -> list[dict]:
 
 
 def tool_choice_parses(choice: Any) -> bool:
-    """Whether calls are parsed out of the reply: all but "none" (`required` and a named
-    function are taken as "auto": the engine does not constrain output)."""
+    """Whether calls are parsed out of the reply: all but "none" (the engine holds the
+    output to the choice: clients.constraints)."""
     if choice is None or choice in ("auto", "required"):
         return True
     if choice == "none":

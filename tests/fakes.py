@@ -777,6 +777,8 @@ class DiskDriver(Driver):
         pending = self.manager.pending_orders
         expected = ({e.id for e in index.entries()} | set(index.deferred)) - loading
         assert expected <= set(self.actor.stored) <= expected | loading | set(pending.free)
+        if self.actor.queue:
+            return  # the writer holds writes back: the disk is behind the index
         disk_index = self.manager.disk_index
         own = {i for i, f in disk_index.files.items() if f.entry is not None} - set(pending.write)
         own -= self.actor.files(damaged=True)  # damaged since the scan: found at a load

@@ -10,7 +10,8 @@ the call's final arguments text that the rest of the output cannot change.
   object that names its arguments before its name, or writes them as a JSON string,
   streams nothing: it and the calls after it come whole when the body ends.
 - Syntaxes that are not JSON (gemma4's `call:NAME{k:<|"|>v<|"|>}`, pythonic
-  `[NAME(k=v), ...]`): a call starts once `NAME{` or `NAME(` has come; each argument
+  `[NAME(k=v), ...]`, whose values may be JSON's `true`, `false`, `null` as LFM2.5
+  writes them): a call starts once `NAME{` or `NAME(` has come; each argument
   streams as the JSON of `"key": value` once its value is whole (the `,` or closing
   bracket after it has come), `{` before the first and `}` once the call closes: the
   pieces of `json.dumps` of the final arguments, which is what the readers give.
@@ -26,6 +27,7 @@ import re
 
 from clients.bridge import call_streams
 from clients.bridge.call_bodies import gemma_json
+from clients.bridge.call_bodies_tagged import python_literal
 from clients.bridge.call_streams import Known, Streamer, json_object, pieces
 
 NAME_KEYS = ("name",)
@@ -204,8 +206,8 @@ def pythonic(body: str, tools=None) -> list[Known]:
             if end is None:
                 break
             try:
-                value = ast.literal_eval(body[key.end() : end].strip())
-            except (ValueError, SyntaxError):
+                value = python_literal(ast.parse(body[key.end() : end].strip(), mode="eval").body)
+            except (ValueError, SyntaxError, TypeError):
                 break
             pairs.append((key.group(1), value))
             at = end + 1 if body[end] == "," else end
@@ -220,6 +222,14 @@ def pythonic(body: str, tools=None) -> list[Known]:
 _PYTHON_STRINGS = {
     q: re.compile(f"{q}(?:[^{q}\\\\]|\\\\.)*{q}", re.DOTALL) for q in ("'", '"')
 }  # one-quoted literals, escapes read past
+
+
+def pythonic_or_json(body: str, tools=None) -> list[Known]:
+    """A pythonic list, or a JSON list of call objects (LFM2 writes either)."""
+    at = _space(body, 0)
+    if body.startswith("[", at) and body.startswith("{", _space(body, at + 1)):
+        return json_calls(body, tools)
+    return pythonic(body, tools)
 
 
 def _python_string(text: str, at: int) -> int | None:
@@ -262,6 +272,7 @@ STREAMERS: dict[str, Streamer] = {
     "mistral": mistral,
     "llama3_json": llama3_calls,
     "pythonic": pythonic,
+    "lfm2": pythonic_or_json,
     "gemma4": gemma,
     "command_r": cohere_calls,
     "command_r7b": cohere_calls,

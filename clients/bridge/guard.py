@@ -46,6 +46,7 @@ class BridgeSecurity:
     max_body_bytes: int = MAX_BODY_BYTES  # larger bodies get 413
     header_deadline: float = 10.0  # seconds for a request's headers, else the connection closes
     body_deadline: float = 60.0  # seconds for its body, else 408
+    keep_alive: float = 75.0  # seconds an idle kept connection stays open (then it closes)
     max_connections: int = 1024  # requests past it get 503; twice as many connections close
     allow_open_engine: bool = False  # tenants in front of an engine that checks no token
 

@@ -43,6 +43,21 @@ chat template and the tokenizer; engine.server.prompts.output_format):
 - `nemotron`: `<think>…</think>`, and `<TOOLCALL>[{"name", "arguments"}, …]</TOOLCALL>`;
 - `granite`: `<think>…</think>`, and `<|tool_call|>[…]` to the output's end;
 - `phi4`: `functools[…]` to the output's end (Phi-4 mini);
+- `apertus`: `<|inner_prefix|>…<|inner_suffix|>`, and
+  `<|tools_prefix|>[{"NAME": {…}}, …]<|tools_suffix|>`;
+- `apriel`: `Here are my reasoning steps:` … `[BEGIN FINAL RESPONSE]` (Apriel 1.6's
+  generation prompt opens it: `apriel-thinking`), and `<tool_calls>[{"name", "arguments"},
+  …]</tool_calls>`; `[END FINAL RESPONSE]` is dropped;
+- `seed_oss`: `<seed:think>…</seed:think>`, and `<seed:tool_call>\\n<function=NAME>\\n
+  <parameter=K>V</parameter>…</function>\\n</seed:tool_call>`;
+- `gigachat3`: the text, `<|message_sep|>`, then a `function call<|role_sep|>` message
+  holding `{"name": …, "arguments": {…}}`; `gigachat3_1`: the same object after
+  `<|function_call|>`; a message ends at `<|message_sep|>`;
+- `lfm2`: `<think>…</think>`, and `<|tool_call_start|>[NAME(k=v), …]<|tool_call_end|>`
+  (LFM2.5; LFM2's JSON list reads too);
+- `solar_open`: `<|think|>…<|end|>`, and `<|tool_calls|>` around calls
+  `<|tool_call:begin|>ID<|tool_call:name|>NAME<|tool_call:args|>{…}<|tool_call:end|>`
+  up to `<|calls|>` (a call keeps its ID); the message headers are dropped;
 - `plain`: no markup: everything is text.
 
 A call with no marker (llama3_json, pythonic) opens only where the output starts
@@ -55,7 +70,8 @@ prompt opens the reasoning block itself, so the output starts inside it.
 
 A tool call is ToolCallStart (index, id, name), ToolCallDeltas whose texts join to its
 arguments' JSON text, then ToolCallEnd (its parsed arguments). Every family with calls has
-a streamer (clients.bridge.call_streams, clients.bridge.body_streams): a call opened by
+a streamer (clients.bridge.call_streams, clients.bridge.body_streams,
+clients.bridge.call_bodies_tagged): a call opened by
 its marker starts once its name is whole and its arguments stream as they settle (JSON
 text as written; a syntax that is not JSON, gemma4's or pythonic, as the JSON of each
 argument once its value is whole). A call opened without a marker (llama3_json, pythonic
@@ -68,8 +84,8 @@ streamed nothing and does not parse comes as a ToolCallEnd alone (no start), `ar
 None and its `raw` markup, which the endpoint returns as text (with a warning in its
 log). Indexes count the calls started, from 0. The arguments text is the model's own
 where the format writes them as JSON (qwen, kimi, deepseek, mistral, harmony,
-llama3_json and the JSON lists), so a client that sends it back re-renders the same
-tokens; else `json.dumps` of the arguments.
+llama3_json, the JSON lists, apertus, apriel, gigachat3, solar_open), so a client that
+sends it back re-renders the same tokens; else `json.dumps` of the arguments.
 Whitespace that the markup's layout puts around reasoning and calls (the
 newline after `<think>` or `</tool_call>`) is not text; text without markup
 comes through unchanged.
@@ -82,6 +98,7 @@ from typing import Callable, Mapping, Sequence, Union
 
 from clients.bridge import body_streams as lists
 from clients.bridge import call_bodies as bodies
+from clients.bridge import call_bodies_tagged as tagged
 from clients.bridge import call_streams as streams
 from clients.bridge.calls import (
     DSML,
@@ -154,6 +171,7 @@ class Markup:
 
 
 THINK = ("<think>", "</think>")
+APRIEL_THINK = ("Here are my reasoning steps:", "[BEGIN FINAL RESPONSE]")
 # gpt-oss's message headers around the channels (`<|start|>assistant<|channel|>final...`).
 HARMONY_HEADERS = (
     "<|start|>assistant",
@@ -251,6 +269,46 @@ MARKUPS: dict[str, Markup] = {
         stream=lists.json_calls,
     ),
     "phi4": Markup(None, ("functools", None), _calls(bodies.json_list), stream=lists.json_calls),
+    # the families of clients.bridge.call_bodies_tagged
+    "apertus": Markup(
+        ("<|inner_prefix|>", "<|inner_suffix|>"),
+        ("<|tools_prefix|>", "<|tools_suffix|>"),
+        _calls(tagged.apertus_calls),
+        stream=tagged.apertus,
+    ),
+    "apriel": Markup(
+        APRIEL_THINK,
+        ("<tool_calls>", "</tool_calls>"),
+        _calls(tagged.apriel_calls),
+        drop=("[END FINAL RESPONSE]",),
+        stream=tagged.apriel,
+    ),
+    "seed_oss": Markup(
+        ("<seed:think>", "</seed:think>"),
+        ("<seed:tool_call>", "</seed:tool_call>"),
+        _calls(tagged.seed_call),
+        stream=tagged.seed,
+    ),
+    "gigachat3": Markup(
+        None, ("function call<|role_sep|>", "<|message_sep|>"), parse_qwen_call, stream=streams.qwen
+    ),
+    "gigachat3_1": Markup(
+        None, ("<|function_call|>", "<|message_sep|>"), parse_qwen_call, stream=streams.qwen
+    ),
+    "lfm2": Markup(
+        THINK,
+        ("<|tool_call_start|>", "<|tool_call_end|>"),
+        _calls(tagged.lfm2_calls),
+        stream=lists.pythonic_or_json,
+    ),
+    "solar_open": Markup(
+        ("<|think|>", "<|end|>"),
+        ("<|tool_call:begin|>", "<|tool_call:end|>"),
+        tagged.solar_call,
+        section=("<|tool_calls|>", "<|calls|>"),
+        drop=("<|begin|>assistant", "<|content|>", "<|flush|>"),
+        stream=tagged.solar,
+    ),
     "plain": Markup(None, None),
 }
 

@@ -11,9 +11,12 @@ and bytes; the least recently used record goes first, and leaves a tombstone
 (`<id>.evicted`, bounded as well) so that its tenant's next look-up says it was
 evicted. A file's first line names its id and tenant (a digest), so a start reads
 only that line of each. A record is read only by its own tenant: another tenant's id, like an
-unknown one, is a `StoredNotFound` that says nothing more. Recently used
-records are also kept in memory, so a conversation that goes on is read from
-disk only after a restart. Without a directory the store lives in memory only.
+unknown one, is a `StoredNotFound` that says nothing more. The most recently
+used records (`MEMORY_RECORDS`, at most `MEMORY_BYTES` of their files) are also
+kept in memory, so a conversation that goes on is read from disk only after a
+restart or a long pause; the rest live on disk alone, so the process holds a
+few hundred records whatever the bounds on disk. Without a directory the store
+lives in memory only, held to its own bounds.
 It knows files and JSON; nothing of HTTP or the engine.
 """
 
@@ -34,7 +37,12 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 ID = re.compile(r"resp_[0-9a-f]{32}")
-MEMORY_BYTES = 64 << 20  # records kept parsed in memory (a small share of the bound)
+# Records kept parsed in memory beside their files: the latest turns of the conversations
+# going on. A record holds about twice its file's bytes in the process (its dicts, the
+# engine messages built for it), so these cap it near 32 MB, reached within minutes;
+# kept 64 MB of files (7,000 records of an agent's turn), it grew for hours.
+MEMORY_RECORDS = 256
+MEMORY_BYTES = 16 << 20
 
 
 class StoredNotFound(LookupError):
@@ -176,11 +184,17 @@ class ResponseStore:
         self._writer.shutdown(wait=True)
 
     def _remember(self, record: Record, nbytes: int) -> None:
+        """Hold `record` parsed; past the memory bounds the least recently used go (their
+        files stay). Without a directory memory is all there is: the store's bounds hold."""
         if record.id in self._memory:
             return
         self._memory[record.id] = (record, nbytes)
         self._memory_bytes += nbytes
-        while self._memory_bytes > MEMORY_BYTES and len(self._memory) > 1:
+        if self.directory is None:
+            return
+        while len(self._memory) > 1 and (
+            len(self._memory) > MEMORY_RECORDS or self._memory_bytes > MEMORY_BYTES
+        ):
             _, (_, n) = self._memory.popitem(last=False)
             self._memory_bytes -= n
 

@@ -89,6 +89,7 @@ async def start_bridge(
         lifespan="off",
         http=guarded_protocol(security.header_deadline, 2 * security.max_connections),
         limit_concurrency=security.max_connections,
+        timeout_keep_alive=security.keep_alive,
         **security.uvicorn_options(),
     )
     server = uvicorn.Server(config)
@@ -132,9 +133,15 @@ async def _check_engine(backend, security: BridgeSecurity, patience: float = 30.
 
 
 def guarded_protocol(header_deadline: float, max_connections: int) -> type:
-    """uvicorn's h11 protocol, plus a deadline on every request's headers (a connection
-    still waiting for them after `header_deadline` seconds is closed, the next request
-    of a kept connection too) and a cap on connections (one past it is closed at once)."""
+    """uvicorn's h11 protocol, plus a deadline on every request's headers and a cap on
+    connections (one past it is closed at once).
+
+    The deadline runs from a connection's start and, on a kept connection, from the
+    first byte of its next request: a connection still waiting for the rest of the
+    headers after `header_deadline` seconds is closed. An idle kept connection is
+    uvicorn's keep-alive's to close (`timeout_keep_alive`), never the deadline's: a
+    deadline shorter than the clients' idle reuse closed connections under their next
+    request."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -154,7 +161,8 @@ def guarded_protocol(header_deadline: float, max_connections: int) -> type:
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            self._watch_headers()
+            if self.conn.trailing_data[0]:  # the next request's first bytes came already
+                self._watch_headers()
 
         def connection_lost(self, exc) -> None:
             self._stop_watch()
@@ -193,6 +201,7 @@ def bridge_security(server, limits=None) -> BridgeSecurity:
         server.tls_client_ca,
         header_deadline=server.http_header_deadline,
         body_deadline=server.http_body_deadline,
+        keep_alive=server.http_keep_alive,
         max_connections=server.http_max_connections,
         allow_open_engine=server.allow_open_engine,
         **body,

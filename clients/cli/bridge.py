@@ -36,6 +36,7 @@ BRIDGE_SETTINGS = (
     "allow_open_engine",
     "http_header_deadline",
     "http_body_deadline",
+    "http_keep_alive",
     "http_max_connections",
 )
 

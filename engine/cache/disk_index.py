@@ -90,6 +90,10 @@ class DiskIndex:
         self._clock = 0
         self.max_id = 0
         self.damaged = 0  # files found damaged: at the scan, and at loads since
+        # Superseded files still on disk: their successor's id -> their bytes. The writer
+        # deletes them once the successor's file is durable, so until then they hold
+        # disk bytes the budget must count though no lookup can find them.
+        self.leaving: dict[int, int] = {}
 
     # -- contents ----------------------------------------------------------
 
@@ -111,6 +115,18 @@ class DiskIndex:
         self.touch(entry_id)
 
     def remove(self, entry_id: int) -> DiskFile:
+        """Forget the file of `entry_id`: evicted, lost or damaged (its deletion ordered or
+        done), so the files it superseded go with it (Orders drops their wait)."""
+        self.leaving.pop(entry_id, None)
+        return self._forget(entry_id)
+
+    def supersede(self, entry_id: int, old: int) -> None:
+        """`old`'s file leaves the index for `entry_id`'s, ordered written: its bytes (and
+        those it was itself waiting to delete) stay counted until that write is done."""
+        held = self._forget(old).nbytes + self.leaving.pop(old, 0)
+        self.leaving[entry_id] = self.leaving.get(entry_id, 0) + held
+
+    def _forget(self, entry_id: int) -> DiskFile:
         f = self.files.pop(entry_id)
         if f.entry is not None and f.entry.length >= DISK_MIN_TOKENS:
             key = _key(f.entry.namespace, f.entry.tokens)
@@ -120,7 +136,9 @@ class DiskIndex:
         return f
 
     def resize(self, entry_id: int, nbytes: int) -> None:
-        """The file of `entry_id` (if still indexed) holds `nbytes` on disk."""
+        """The file of `entry_id` (if still indexed) holds `nbytes` on disk: it is
+        written, so the files it superseded are deleted."""
+        self.leaving.pop(entry_id, None)
         f = self.files.get(entry_id)
         if f is not None:
             f.nbytes = nbytes
@@ -139,7 +157,9 @@ class DiskIndex:
 
     @property
     def nbytes(self) -> int:
-        return sum(f.nbytes for f in self.files.values())
+        """The bytes the budget holds: the indexed files and the superseded ones still
+        on disk."""
+        return sum(f.nbytes for f in self.files.values()) + sum(self.leaving.values())
 
     @property
     def entries(self) -> int:

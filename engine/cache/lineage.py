@@ -285,7 +285,7 @@ class LineagePolicy:
         ):
             # The writer deletes the source's file once the new entry's is durable;
             # without that write (over the disk budget) the source's file stays.
-            self.disk_index.remove(source.id)
+            self.disk_index.supersede(entry.id, source.id)
             orders.supersede(entry.id, source.id)
 
     def _checkpoint_cap(self, entry: Entry) -> int:

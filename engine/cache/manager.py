@@ -328,7 +328,15 @@ class CacheManager:
         full disk loses files only for the entries that left RAM meanwhile."""
         written = list(written)
         self.file_sizes(written)
-        return self.write_lost(ours) if written else Orders()
+        if not written:
+            return Orders()
+        lost = self.disk.write_lost(self.index, ours)
+        orders = OrderBook() if lost is None else lost
+        evicted = self.disk.evictions
+        self.disk.evict(self.index, orders)  # a file larger than its estimate
+        if lost is None and self.disk.evictions == evicted:
+            return Orders()
+        return self._hand_out(orders)
 
     def write_lost(self, ours=None) -> Orders:
         """Order written again the entries still in RAM whose writes were lost (the disk

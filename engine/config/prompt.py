@@ -42,6 +42,13 @@ OUTPUT_FAMILIES = (
     "nemotron",
     "granite",
     "phi4",
+    "apertus",
+    "apriel",
+    "seed_oss",
+    "gigachat3",
+    "gigachat3_1",
+    "lfm2",
+    "solar_open",
     "plain",
 )
 OUTPUT_FORMATS = ("auto", *OUTPUT_FAMILIES, *(f"{f}-thinking" for f in OUTPUT_FAMILIES[:-1]))

@@ -188,6 +188,13 @@ class ServerConfig:
     http_body_deadline: float = setting(
         60.0, "seconds: a bridge request's body arrives within it, else 408", metavar="S"
     )
+    # Longer than any common client keeps an idle connection for reuse (httpx and the OpenAI
+    # and Anthropic SDKs on it 5 s, aiohttp 15 s, nginx's upstream default 60 s): a server
+    # that closes first races the client's next request on that connection, which then fails
+    # without a reply and a POST may not be resent (RFC 9110 9.2.2).
+    http_keep_alive: float = setting(
+        75.0, "seconds: an idle kept bridge connection stays open that long", metavar="S"
+    )
     http_max_connections: int = setting(
         1024, "connections the bridge holds at once (one more is closed at once)"
     )
@@ -264,7 +271,12 @@ class ServerConfig:
         for name in ("health_watchers", "http_max_connections", "metrics_namespaces"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{label_of(ServerConfig, name)} must be at least 1")
-        for name in ("health_watch_seconds", "http_header_deadline", "http_body_deadline"):
+        for name in (
+            "health_watch_seconds",
+            "http_header_deadline",
+            "http_body_deadline",
+            "http_keep_alive",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{label_of(ServerConfig, name)} must be positive")
 

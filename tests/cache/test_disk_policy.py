@@ -108,6 +108,40 @@ def test_disk_is_read_only_for_a_longer_restore_point_than_ram(tmp_path):
     assert (plan.kind, plan.length, plan.load_from_disk) == ("anchor", ANCHOR, False)
 
 
+def _dir_bytes(d: DiskDriver) -> int:
+    from engine.storage import file_format
+
+    return sum(file_format.entry_path(d.actor.directory, i).stat().st_size for i in d.actor.files())
+
+
+def test_a_superseded_file_counts_in_the_budget_until_its_successor_is_written(tmp_path):
+    """The writer deletes an absorbed entry's file only once its successor's is durable:
+    until then both are on disk, and the budget holds both, never less than the disk."""
+    d = DiskDriver(tmp_path)
+    first_turn(d)
+    d.manager.files_written(d.actor.take_written())
+    d.actor.paused = True  # the successor's write is queued, not done
+    plan, _ = d.turn(tokens(P1, R1, U2), seq(7000, 10), anchor_len=ANCHOR)
+    assert 1 not in d.manager.disk_index and {1, 2} <= d.actor.files()
+    queued = d.manager.disk_index.files[plan.new_entry_id].nbytes  # not on disk yet
+    assert d.manager.disk_index.nbytes - queued == _dir_bytes(d), "the old file left early"
+    d.actor.paused = False
+    d.actor.flush()
+    d.manager.files_written(d.actor.take_written())
+    assert d.actor.files() == {2, plan.new_entry_id}
+    assert d.manager.disk_index.nbytes == _dir_bytes(d), "the old file's bytes were let go"
+
+
+def test_a_file_larger_than_its_estimate_is_made_room_for_when_reported(tmp_path):
+    budget = 2 * _entry_file_bytes(620, 2) + 1000
+    d = DiskDriver(tmp_path, disk_budget=budget)
+    ids = [d.turn(seq(100_000 * (k + 1), 600), seq(5000, 20))[0].new_entry_id for k in range(2)]
+    d.actor.take_written()
+    orders = d.manager.files_written([(ids[1], budget // 2 + 5000)])  # bigger than estimated
+    assert orders.delete_files == (ids[0],), "the budget was left over until the next write"
+    assert d.manager.disk_index.nbytes <= budget
+
+
 def _entry_file_bytes(n_tokens: int, checkpoints: int) -> int:
     from engine.cache.disk_index import HEADER_BYTES
 

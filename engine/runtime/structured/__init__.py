@@ -3,8 +3,10 @@
 What it knows: `grammar` builds and checks a request's grammar (`Grammar`: a JSON
 schema, a tool choice, or Lark text as llguidance reads it), from `schema` (the
 Grammar, the keyword checks, llguidance's check), `tools` (a tool choice in the
-served family's call markup), `markup` (each family's markup, as a table) and
-`values` (tool arguments written as parameters in markup); `matcher` compiles it
+served family's call markup), `markup` (each family's markup, as a table), `values`
+(tool arguments written as parameters in markup) and `tagged` (what the families
+whose calls are messages or lists of their own add: Seed-OSS, LFM2, GigaChat, Solar
+Open); `matcher` compiles it
 against the tokenizer (`Grammars`, cached per model) into one `Matcher` per
 constrained sequence (the bitmask of the tokens allowed next, accept, rollback);
 `masked_batch` is mlx-lm's generation batch with each constrained row masked by its

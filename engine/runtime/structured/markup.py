@@ -9,12 +9,15 @@ of a few shapes (`Markup.shape`):
   `sep` between them;
 - `array`: the calls are one JSON array after `opener` (and before `closer`);
 - `harmony`, `pythonic`, `mistral`, `llama3_json`: a shape of their own
-  (engine.runtime.structured.tools builds each).
+  (engine.runtime.structured.tools builds each); `pylist`, `gigachat`, `solar`
+  likewise (engine.runtime.structured.tagged).
 
 The arguments of one call (`Markup.args`) are a JSON object (`json`), or
 parameters in the family's own markup: `qwen_xml`, `minimax`, `dsml`, `glm`
 (XML-ish, a parameter per declared property, string values as free text up to
-the closing tag), `gemma` (`k:<|"|>v<|"|>`), `python` (`k="v"`).
+the closing tag), `seed` (Seed-OSS, the same with no newlines around the value),
+`gemma` (`k:<|"|>v<|"|>`), `python` (`k="v"`). An `array` family's items are
+`{name-key: NAME, arguments-key: {…}}` by `keys`, or `{NAME: {…}}` (`KEYED`).
 
 `opener` is what the lazy `auto` grammar waits for (free text until it), `think_close`
 where a `-thinking` format's reasoning ends, `think_open` a reasoning block the model
@@ -35,6 +38,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 THINK_CLOSE = "</think>"
+
+
+KEYED = ("", "")  # keys of a call written `{NAME: {arguments}}` (Apertus)
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,51 @@ FAMILIES: dict[str, Markup] = {
     "nemotron": Markup("array", "<TOOLCALL>", closer="</TOOLCALL>"),
     "granite": Markup("array", "<|tool_call|>"),
     "phi4": Markup("array", "functools"),
+    # the families of engine.runtime.structured.tagged
+    "apertus": Markup(
+        "array",
+        "<|tools_prefix|>",
+        closer="<|tools_suffix|>",
+        keys=KEYED,
+        think_close="<|inner_suffix|>",
+        think_open="<|inner_prefix|>",
+    ),
+    "apriel": Markup(
+        "array",
+        "<tool_calls>",
+        closer="</tool_calls>",
+        think_close="[BEGIN FINAL RESPONSE]",
+        think_open="Here are my reasoning steps:",
+    ),
+    "seed_oss": Markup(
+        "calls",
+        "<seed:tool_call>",
+        "seed",
+        "</seed:tool_call>",
+        "\n",
+        think_close="</seed:think>",
+        think_open="<seed:think>",
+    ),
+    "gigachat3": Markup("gigachat", "<|message_sep|>", words=("<|role_sep|>",)),
+    "gigachat3_1": Markup("gigachat", "<|function_call|>", closer="<|message_sep|>"),
+    "lfm2": Markup(
+        "pylist", "<|tool_call_start|>", "python", "<|tool_call_end|>", think_open="<think>"
+    ),
+    "solar_open": Markup(
+        "solar",
+        "<|tool_calls|>",
+        think_close="<|end|>",
+        words=(
+            "<|think|>",
+            "<|begin|>",
+            "<|content|>",
+            "<|calls|>",
+            "<|tool_call:begin|>",
+            "<|tool_call:name|>",
+            "<|tool_call:args|>",
+            "<|tool_call:end|>",
+        ),
+    ),
 }
 # Families whose format has no call markup to hold: `required` and a named tool are refused.
 UNCONSTRAINED = ("plain",)

@@ -28,9 +28,11 @@ A `-thinking` format starts inside the reasoning: free text up to the family's
 channel (any number of analysis messages before the call or the final answer).
 
 Families with no call markup (`plain`) have no grammar: `required` and a named
-tool are refused naming the family; `auto` runs unconstrained. Llama 3's JSON and
-harmony write one call per turn (their templates show no other): `required` there is
-exactly one call. Plain Python; llguidance only to check the grammar.
+tool are refused naming the family; `auto` runs unconstrained. Llama 3's JSON,
+harmony and GigaChat write one call per turn (their templates show no other):
+`required` there is exactly one call. The tagged families' own parts (Seed-OSS's
+parameters, LFM2's list, GigaChat's and Solar Open's messages) come from
+engine.runtime.structured.tagged. Plain Python; llguidance only to check the grammar.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import re
 from typing import Any, Mapping, Sequence
 
 from engine.runtime.structured import markup as table
+from engine.runtime.structured import tagged
 from engine.runtime.structured.schema import (
     SPECIAL_MARKERS,
     TOOL_CHOICES,
@@ -160,7 +163,8 @@ def tool_grammar(
     if choice == "auto" and not calls:
         return None
     g = Lark(SPECIAL_MARKERS if markers is None else markers)
-    one = not parallel or choice == "function" or markup.shape in ("llama3_json", "harmony")
+    one = not parallel or choice == "function"
+    one = one or markup.shape in ("llama3_json", "harmony", "gigachat")
     if markup.shape == "harmony":
         start = _harmony(g, markup, calls, choice)
     else:
@@ -205,6 +209,8 @@ def _analysis(g: Lark) -> str:
 
 def _start(g: Lark, markup, calls, choice: str, one: bool) -> str:
     """The start rule's body: text and calls as `choice` allows."""
+    if markup.shape in ("gigachat", "solar"):  # calls as messages of their own
+        return tagged.start(g, markup, calls, choice, one)
     opener = markup.opener
     if markup.shape in ("llama3_json", "pythonic") and (choice == "none" or not calls):
         return _plain(g, markup)
@@ -226,6 +232,8 @@ def _start(g: Lark, markup, calls, choice: str, one: bool) -> str:
 def _after_opener(g: Lark, markup, calls, one: bool) -> str:
     """Everything after the opener: one call, or (parallel) one or more."""
     shape = markup.shape
+    if shape in tagged.SHAPES:
+        return tagged.after_opener(g, markup, calls, one)
     if shape == "calls":
         body = g.define("call", " | ".join(_call(g, markup, n, s) for n, s in calls.items()))
         if one:
@@ -294,6 +302,8 @@ def _call(g: Lark, markup, name: str, params: Mapping) -> str:
     n = lit(name)
     if markup.opener == "<tool_call>" and args == "json":  # qwen: name and arguments in JSON
         return f'"\\n" {g.json(_call_object(markup, name, params))} "\\n" {g.m(markup.closer)}'
+    if args == "seed":
+        return tagged.call(g, markup, name, params)
     values = Values(g, args)
     if args == "qwen_xml":
         head = f'"\\n<function=" {n} ">\\n"'
@@ -350,10 +360,21 @@ def _harmony(g: Lark, markup, calls, choice: str) -> str:
 def _call_object(markup, name: str, params: Mapping) -> dict:
     """One call as a JSON object: {name-key: const, arguments-key: its parameters}, strict."""
     key, args = markup.keys
+    if markup.keys == table.KEYED:  # {NAME: {arguments}}
+        return _keyed_object(name, params)
     return {
         "type": "object",
         "properties": {key: {"const": name}, args: closed(params)},
         "required": [key, args],
+        "additionalProperties": False,
+    }
+
+
+def _keyed_object(name: str, params: Mapping) -> dict:
+    return {
+        "type": "object",
+        "properties": {name: closed(params)},
+        "required": [name],
         "additionalProperties": False,
     }
 

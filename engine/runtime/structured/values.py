@@ -3,7 +3,8 @@
 `Values(lark, style).params(schema)`: the parameters of an XML-ish family
 (`qwen_xml` `<parameter=K>\\nV\\n</parameter>\\n`, `minimax`
 `<parameter name="K">V</parameter>`, `dsml` `<｜DSML｜parameter name="K"
-string="true|false">V</｜DSML｜parameter>`, `glm` `<arg_key>K</arg_key><arg_value>V</arg_value>`).
+string="true|false">V</｜DSML｜parameter>`, `glm` `<arg_key>K</arg_key><arg_value>V</arg_value>`,
+`seed` `<parameter=K>V</parameter>\\n`).
 `kwargs(schema, sep, eq)`: keyword arguments (`python` `k="v"`, `gemma` `k:<|"|>v<|"|>`).
 
 One parameter per declared property, in the declared order, the required ones
@@ -26,6 +27,7 @@ _XML = {  # style -> (before the name, between name and value, after the value)
     "qwen_xml": ("<parameter=", ">\n", "\n</parameter>\n"),
     "minimax": ('<parameter name="', '">', "</parameter>"),
     "glm": ("<arg_key>", "</arg_key>", "</arg_value>"),
+    "seed": ("<parameter=", ">", "</parameter>\n"),
 }
 ANY_NAME = "/[A-Za-z_][A-Za-z0-9_.-]{0,63}/"
 

@@ -5,12 +5,16 @@ comes from the chat template, the way it shows the model its own past calls: eac
 family's marks, checked in `_SHOWN`'s order (Kimi's `<|tool_calls_section_begin|>`,
 DeepSeek's `<｜tool▁calls▁begin｜>` and `｜DSML｜`, GLM's `<arg_key>`, gpt-oss's
 channels, Gemma 4's `<|tool_call>`, MiniMax's, Nemotron's `<TOOLCALL>`, Command-R's,
-Mistral's `[TOOL_CALLS]`, Phi-4's `functools[`, Granite's `<|tool_call|>`,
-Qwen3-Coder's `<function=…><parameter=…>`, Qwen's and Hermes' `<tool_call>`, Llama 4's
-`<|python_start|>`, Llama 3's `<|python_tag|>` or its `"parameters": ` JSON); else from
-the vocabulary's tokens (`_HELD`); else `<think>` alone means Qwen-style reasoning.
-`-thinking` follows when the template's generation prompt
-ends inside an open `<think>` (the model's output starts in its reasoning).
+Mistral's `[TOOL_CALLS]`, Phi-4's `functools[`, Granite's `<|tool_call|>`, Apertus'
+`<|tools_prefix|>`, Apriel's `<tool_calls>` after `[BEGIN FINAL RESPONSE]`, Seed-OSS's
+`<seed:tool_call>`, GigaChat 3.1's `<|function_call|>` and 3's `function call` role,
+LFM2's `<|tool_call_start|>`, Solar Open's `<|tool_call:begin|>`, Qwen3-Coder's
+`<function=…><parameter=…>`, Qwen's and Hermes' `<tool_call>`, Llama 4's `<|python_start|>`,
+Llama 3's `<|python_tag|>` or its `"parameters": ` JSON); else from the vocabulary's
+tokens (`_HELD`); else `<think>` alone means Qwen-style reasoning. `-thinking` follows
+when the template's generation prompt ends inside an open `<think>`, or the family's own
+opener (`_REASONING`: Apriel 1.6's `Here are my reasoning steps:`): the model's output
+starts in its reasoning.
 `--output-format` (engine.config.prompt) overrides the family. It reaches
 clients through ModelInfo.output_format.
 
@@ -62,6 +66,13 @@ _SHOWN = (
     ("mistral", ("[TOOL_CALLS]",)),
     ("phi4", ("functools[",)),
     ("granite", ("<|tool_call|>",)),
+    ("apertus", ("<|tools_prefix|>",)),
+    ("apriel", ("[BEGIN FINAL RESPONSE]", "<tool_calls>")),  # before qwen: <tool_call>
+    ("seed_oss", ("<seed:tool_call>",)),  # before qwen_xml: <function=, <parameter=
+    ("gigachat3_1", ("<|role_sep|>", "<|function_call|>")),
+    ("gigachat3", ("<|role_sep|>", "function call")),
+    ("lfm2", ("<|tool_call_start|>",)),
+    ("solar_open", ("<|tool_call:begin|>",)),
     ("qwen_xml", ("<function=", "<parameter=")),
     ("qwen", ("<tool_call>",)),
     ("pythonic", ("<|python_start|>",)),
@@ -71,6 +82,11 @@ _SHOWN = (
 # family -> a token of its markup in the vocabulary (a template that shows none of it).
 _HELD = (
     ("kimi", "<|tool_calls_section_begin|>"),
+    ("apertus", "<|tools_prefix|>"),
+    ("seed_oss", "<seed:tool_call>"),
+    ("gigachat3_1", "<|function_call|>"),
+    ("lfm2", "<|tool_call_start|>"),
+    ("solar_open", "<|tool_call:begin|>"),
     ("deepseek", "<｜tool▁calls▁begin｜>"),
     ("glm", "<arg_key>"),
     ("qwen", "<tool_call>"),
@@ -79,11 +95,20 @@ _HELD = (
 )
 
 
-def opens_reasoning(render: Callable[[list], "str | None"]) -> bool:
-    """Whether the generation prompt ends inside an open `<think>` block (None: the
-    template refused the probe, so it opens nothing we can see)."""
+# family -> what opens its reasoning, where that is not `<think>`
+_REASONING = {
+    "apertus": "<|inner_prefix|>",
+    "apriel": "Here are my reasoning steps:",  # Apriel 1.6's generation prompt ends so
+    "seed_oss": "<seed:think>",
+    "solar_open": "<|think|>",
+}
+
+
+def opens_reasoning(render: Callable[[list], "str | None"], opener: str = "<think>") -> bool:
+    """Whether the generation prompt ends inside an open reasoning block (`opener`; None:
+    the template refused the probe, so it opens nothing we can see)."""
     text = render(list(_PROBE))
-    return text is not None and text.rstrip().endswith("<think>")
+    return text is not None and text.rstrip().endswith(opener)
 
 
 def special_markers(tokenizer) -> frozenset[str]:
@@ -107,6 +132,6 @@ def output_format(setting: str, tokenizer, render: Callable[[list], str]) -> str
     vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
     family = family_of(str(template or ""), vocab)
     assert family in OUTPUT_FAMILIES, family
-    if family != "plain" and opens_reasoning(render):
+    if family != "plain" and opens_reasoning(render, _REASONING.get(family, "<think>")):
         return family + THINKING
     return family

@@ -86,6 +86,32 @@ def test_the_next_request_on_a_kept_connection_has_the_deadline_too(serve_bridge
     assert closed
 
 
+def test_an_idle_kept_connection_outlives_the_clients_idle_reuse(serve_bridge):
+    """A client pool reuses a connection idle up to its expiry (httpx, so the OpenAI and
+    Anthropic SDKs: 5 s); a server closing sooner or at the same moment races the next
+    request, which fails without a reply. Idle here past the header deadline and past
+    5 s, the connection still answers."""
+    address = serve_bridge(security())
+    with socket.create_connection(address) as sock:
+        sock.settimeout(5.0)
+        for _ in range(2):
+            sock.sendall(b"GET /v1/nothing HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert sock.recv(4096).startswith(b"HTTP/1.1 404")
+            closed, _ = closed_within(sock, 5.5)
+            assert not closed, "an idle kept connection was closed under the client"
+
+
+def test_an_idle_kept_connection_closes_after_the_keep_alive(serve_bridge):
+    address = serve_bridge(security(keep_alive=1.0))
+    with socket.create_connection(address) as sock:
+        sock.sendall(b"GET /v1/nothing HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.settimeout(5.0)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 404")
+        t0 = time.monotonic()
+        closed, _ = closed_within(sock, 5.0)
+    assert closed and 0.8 < time.monotonic() - t0 < 3.0
+
+
 def test_a_slow_body_is_answered_408(serve_bridge):
     address = serve_bridge(security())
     with socket.create_connection(address) as sock:

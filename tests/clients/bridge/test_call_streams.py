@@ -98,6 +98,7 @@ EARLY = [
     ("pythonic", '[f(city="Rome")]'),
     ("pythonic", '<|python_start|>[f(city="Rome")]<|python_end|>'),
     ("gemma4", '<|tool_call>call:f{city:<|"|>Rome<|"|>}<tool_call|>'),
+    ("lfm2", '<|tool_call_start|>[f(city="Rome")]<|tool_call_end|>'),
 ]
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 

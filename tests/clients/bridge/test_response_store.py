@@ -123,3 +123,46 @@ def test_tighter_bounds_at_a_restart_evict_the_oldest(tmp_path):
     assert error.value.evicted
     assert again.get("alice", records[3].id).id == records[3].id
     again.close()
+
+
+def test_the_records_held_in_memory_stop_growing_while_the_files_go_on(tmp_path):
+    """A process that stores every turn holds the latest few hundred parsed, not every
+    record its disk bounds allow: its memory levels off within minutes of traffic, and a
+    record no longer held is read back from its file."""
+    import gc
+    import tracemalloc
+
+    from clients.bridge import response_store
+
+    store_file = response_store.__file__
+    store = ResponseStore(tmp_path / "r", 10_000, 1 << 30)
+    tools = [{"type": "function", "name": "grep", "parameters": {"type": "object"}}]
+
+    def put(i: int) -> Record:
+        rid = f"resp_{uuid.uuid4().hex}"
+        response = {"id": rid, "instructions": f"agent {i} " * 300, "tools": tools * 8}
+        conversation = ({"role": "user", "content": f"turn {i} " + "x" * 2000},)
+        store.put(Record(rid, tenant_key("alice"), response, conversation))
+        return rid
+
+    def traced() -> int:
+        """Bytes allocated here or in the store and still held (other threads left out)."""
+        store._writer.submit(lambda: None).result()  # the writes asked for are done
+        gc.collect()
+        mine = [tracemalloc.Filter(True, __file__), tracemalloc.Filter(True, store_file)]
+        return sum(t.size for t in tracemalloc.take_snapshot().filter_traces(mine).traces)
+
+    tracemalloc.start()
+    try:
+        first = put(0)
+        sizes = []
+        for block in range(3):
+            for i in range(300):
+                put(1 + block * 300 + i)
+            sizes.append(traced())
+    finally:
+        tracemalloc.stop()
+    # each record held costs ~6 KB here; what goes on growing is its id and size (~0.2 KB)
+    assert sizes[2] - sizes[1] < 300 * 1000, sizes
+    assert store.get("alice", first).response["instructions"].startswith("agent 0 ")
+    store.close()

@@ -90,10 +90,29 @@ WRITTEN = {
     "nemotron": [f'<TOOLCALL>[{{"name": "get_weather", "arguments": {ARGS}}}]</TOOLCALL>'],
     "granite": [f'<|tool_call|>[{{"name": "get_weather", "arguments": {ARGS}}}]'],
     "phi4": [f'functools[{{"name": "get_weather", "arguments": {ARGS}}}]'],
+    "apertus": [f'<|tools_prefix|>[{{"get_weather": {ARGS}}}]<|tools_suffix|>'],
+    "apriel": [f'<tool_calls>[{{"name": "get_weather", "arguments": {ARGS}}}]</tool_calls>'],
+    "seed_oss": [
+        "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n"
+        "<parameter=unit>c</parameter>\n</function>\n</seed:tool_call>"
+    ],
+    "gigachat3": [
+        "<|message_sep|>\n\nfunction call<|role_sep|>\n"
+        f'{{"name": "get_weather", "arguments": {ARGS}}}<|message_sep|>\n\n'
+    ],
+    "gigachat3_1": [
+        f'<|function_call|>{{"name": "get_weather", "arguments": {ARGS}}}<|message_sep|>\n\n'
+    ],
+    "lfm2": ['<|tool_call_start|>[get_weather(city="Paris", unit="c")]<|tool_call_end|>'],
+    "solar_open": [
+        "<|tool_calls|><|tool_call:begin|>a1b2c3d4e5<|tool_call:name|>get_weather"
+        f"<|tool_call:args|>{ARGS}<|tool_call:end|><|calls|>"
+    ],
 }
 TEXT_MARKERS = {"Action:", "functools", "["}  # ordinary words, never added tokens
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, SEARCH)}
-LEADING = ("llama3_json", "pythonic", "harmony")  # calls open the output or none do
+LEADING = ("llama3_json", "pythonic", "harmony", "solar_open")  # calls open the output or none do
+ONE = ("llama3_json", "harmony", "gigachat3", "gigachat3_1")  # one call per turn
 
 
 def _two(family: str, text: str) -> str:
@@ -105,6 +124,9 @@ def _two(family: str, text: str) -> str:
         head = markup.section_open + ("\n" if family in ("dsml", "minimax") else "")
         inner = text[len(head) : -len(markup.section_close)]
         return head + inner + inner + markup.section_close
+    if family == "solar_open":
+        first, last = text.index("<|tool_call:begin|>"), text.index("<|calls|>")
+        return text[:last] + text[first:last].replace("a1b2", "b2c3") + text[last:]
     after = len(markup.opener) if markup.opener == "[TOOL_CALLS]" else 0
     first, last = text.index("[", after), text.rindex("]")  # a list of calls
     inner = text[first + 1 : last]
@@ -179,7 +201,7 @@ def test_the_family_s_own_call_is_held(family, spelling, embedded, tmp_path):
         bad = bad.replace("\nc\n", "\nk\n").replace(">c<", ">k<")
         assert bad != text and not _walk(grammars, tokenizer, required, bad), bad
         assert _walk(grammars, tokenizer, auto, text)
-        if family not in ("llama3_json", "harmony"):  # one call per turn
+        if family not in ONE:
             two = _two(family, text)
             assert len(calls(family, two, SCHEMAS)) == 2, two
             assert _walk(grammars, tokenizer, required, two) and _walk(
@@ -222,6 +244,8 @@ def test_the_family_s_own_call_is_held(family, spelling, embedded, tmp_path):
     answer = "The weather is fine."
     if family == "harmony":  # every harmony message names its channel
         answer = "<|channel|>final<|message|>" + answer
+    if family == "solar_open":  # and every Solar Open message its kind
+        answer = "<|content|>" + answer
     assert _walk(grammars, tokenizer, auto, answer)
 
 
@@ -249,7 +273,7 @@ def test_the_bridge_reads_every_family_s_markup_as_the_grammar_writes_it():
     for family, texts in WRITTEN.items():
         for text in texts:
             assert _parsed(family, text) == [("get_weather", {"city": "Paris", "unit": "c"})]
-            if family not in ("llama3_json", "harmony"):
+            if family not in ONE:
                 assert len(_parsed(family, _two(family, text))) == 2, family
 
 
@@ -268,7 +292,8 @@ def test_required_and_named_calls_in_the_batch_read_back_valid(family, tiny_loop
     the family opens itself (Gemma's thought channel, harmony's analysis...). What
     closes reads back as valid calls, and at least two outputs of each family close."""
     markup = FAMILIES[family]
-    reasons = markup.think_open or ("<|channel|>analysis" if family == "harmony" else "")
+    own = {"harmony": "<|channel|>analysis", "solar_open": "<|think|>"}
+    reasons = markup.think_open or own.get(family, "")
     markers = token_markers(tiny_tokenizer)
     runs = [("required", "", False), ("function", "search", True), ("required", "", True)]
     closed = 0

@@ -138,7 +138,29 @@ def calls(family: str, text: str, schemas: dict) -> list[tuple[str, dict]]:
         return [
             (n, _gemma(a)) for n, a in found(r"<\|tool_call>call:([\w.-]+)\{(.*?)\}<tool_call\|>")
         ]
+    if family == "apertus":
+        items = json.loads(found(r"<\|tools_prefix\|>(.*)<\|tools_suffix\|>")[0])
+        return [(n, a) for item in items for n, a in item.items()]
+    if family == "seed_oss":
+        out = []
+        pattern = r"<seed:tool_call>\n<function=([\w.-]+)>\n(.*?)</function>\n</seed:tool_call>"
+        for name, body in found(pattern):
+            pairs = re.findall(r"<parameter=([\w.-]+)>(.*?)</parameter>\n", body, S)
+            out.append((name, _params(pairs, props(name))))
+        return out
+    if family.startswith("gigachat3"):
+        call = json.loads(found(r"(?:call<\|role_sep\|>\n|<\|function_call\|>)\s*(\{.*\})")[0])
+        return [(call["name"], call["arguments"])]
+    if family == "lfm2":
+        return _pythonic(found(r"<\|tool_call_start\|>(.*)<\|tool_call_end\|>")[0])
+    if family == "solar_open":
+        pattern = (
+            r"<\|tool_call:begin\|>[a-z0-9]{10}<\|tool_call:name\|>([\w.-]+)"
+            r"<\|tool_call:args\|>(.*?)<\|tool_call:end\|>"
+        )
+        return [(n, json.loads(a)) for n, a in found(pattern)]
     array = {
+        "apriel": r"<tool_calls>(.*)</tool_calls>",
         "command_r": r"^Action:\n```json\n(.*)\n```$",
         "command_r7b": r"<\|START_ACTION\|>(.*)<\|END_ACTION\|>",
         "nemotron": r"<TOOLCALL>(.*)</TOOLCALL>",

@@ -61,9 +61,10 @@ chat template and the tokenizer; engine.server.prompts.output_format):
 - `plain`: no markup: everything is text.
 
 A call with no marker (llama3_json, pythonic) opens only where the output starts
-with its first character; if it does not parse at the end it was text. A call
-whose marker opened it and that the output's end cut (max_tokens, a stop string)
-before it parses is dropped: its markup is not text.
+with its first character; if it streamed nothing (it named no tool of the request)
+and does not parse at the end, it was text. A call whose marker opened it and that
+the output's end cut (max_tokens, a stop string) before it parses is dropped: its
+markup is not text.
 
 A `-thinking` suffix (`qwen-thinking`, ...) says the template's generation
 prompt opens the reasoning block itself, so the output starts inside it.

@@ -285,8 +285,9 @@ def tool_call_to_proto(call: Mapping[str, Any], where: str = "tool call") -> eng
 
 def message_to_proto(message: Mapping[str, Any], index: int = 0) -> engine_pb2.Message:
     """One {role, content, tool_calls?, tool_call_id?, name?, reasoning_content?} dict ->
-    Message. `reasoning_content` (an assistant turn's reasoning, as the parsers split it
-    off) goes back to the chat template, which renders it where it takes it. A Message
+    Message. `reasoning_content` (or `reasoning`, vLLM's name: an assistant turn's
+    reasoning, as the parsers split it off) goes back to the chat template, which writes
+    it in its model's markup or drops it. A Message
     already built (a caller that keeps a conversation's) is taken as it is."""
     if isinstance(message, engine_pb2.Message):
         return message
@@ -294,15 +295,16 @@ def message_to_proto(message: Mapping[str, Any], index: int = 0) -> engine_pb2.M
     if not isinstance(message, Mapping) or not message.get("role"):
         raise InvalidInput(f"{where} must be a dict with a role, got {message!r}")
     calls = message.get("tool_calls") or []
+    # vLLM's replies name it `reasoning`: a client sends its message back as it came
+    field = "reasoning" if message.get("reasoning_content") is None else "reasoning_content"
+    reasoning = message.get(field)
     return engine_pb2.Message(
         role=str(message["role"]),
         content=_content_text(message.get("content"), where),
         tool_calls=[tool_call_to_proto(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(calls)],
         tool_call_id=str(message.get("tool_call_id") or ""),
         name=str(message.get("name") or ""),
-        reasoning_content=_content_text(
-            message.get("reasoning_content"), f"{where}.reasoning_content"
-        ),
+        reasoning_content=_content_text(reasoning, f"{where}.{field}"),
     )
 
 

@@ -5,8 +5,9 @@ thinking and redacted_thinking blocks; `system`-role messages of text, which
 Claude Code sends), `tools` (with `input_schema`) and
 `tool_choice` become the OpenAI-shaped messages and tools the engine's chat
 template renders: a tool_result is a `tool` message, a tool_use an assistant
-tool call, a thinking block the assistant turn's reasoning, written as the
-model's own `<think>` block (redacted thinking is opaque and left out). A
+tool call, a thinking block the assistant turn's `reasoning_content`, which the
+chat template writes in the model's own markup or drops (redacted thinking is
+opaque and left out). A
 `system`-role message stays where it is: before the first user message it joins
 the system prompt (the template renders leading system messages as one system
 block, the anchor); after it, it is the template's own system turn there, so the
@@ -102,10 +103,8 @@ def tools_of(tools: Any) -> tuple[dict, ...]:
 
 
 def tool_choice_parses(choice: Any) -> bool:
-    """Whether tool calls are parsed out of the reply: all but `none`.
-
-    `any` and `tool` are taken as `auto`: the engine does not constrain output.
-    """
+    """Whether tool calls are parsed out of the reply: all but `none` (the engine holds
+    the output to the choice: clients.constraints)."""
     if choice is None:
         return True
     choice = _object(choice, "tool_choice")
@@ -143,10 +142,9 @@ def _assistant(blocks: Any, where: str) -> tuple[dict, set[str]]:
             _fail(at, f"{kind} blocks need a vision model; this model reads text")
         else:
             _fail(f"{at}.type", f"unknown block type {kind!r} in an assistant turn")
-    content = "".join(texts)
-    if reasoning:  # the model's own markup, as its template writes a past turn's reasoning
-        content = "<think>\n" + "\n".join(reasoning) + "\n</think>\n\n" + content
-    message: dict = {"role": "assistant", "content": content}
+    message: dict = {"role": "assistant", "content": "".join(texts)}
+    if reasoning:  # the chat template writes it in the model's own markup, or drops it
+        message["reasoning_content"] = "\n".join(reasoning)
     if calls:
         message["tool_calls"] = calls
     return message, {c["id"] for c in calls}

@@ -35,14 +35,16 @@ def _json_values(text: str) -> list | None:
         at = end
 
 
-def _object_call(obj, name_keys=("name",), args_keys=("arguments", "parameters")):
-    """`{"name": N, "arguments": {...}}` (the arguments may be a JSON string) -> a call."""
+def _object_call(obj, name_keys=("name",), args_keys=("arguments", "parameters"), text=""):
+    """`{"name": N, "arguments": {...}}` (the arguments may be a JSON string) -> a call;
+    its arguments text the model's own where `text` (the object's) holds them as an object."""
     if not isinstance(obj, dict):
         return None
     name = next((obj[k] for k in name_keys if isinstance(obj.get(k), str)), None)
     if not name:
         return None
-    args = next((obj[k] for k in args_keys if k in obj), {})
+    key = next((k for k in args_keys if k in obj), None)
+    args = obj[key] if key else {}
     if isinstance(args, str):
         try:
             args = json.loads(args)
@@ -50,7 +52,42 @@ def _object_call(obj, name_keys=("name",), args_keys=("arguments", "parameters")
             return None
     if not isinstance(args, dict):
         return None
-    return name, args, json.dumps(args, ensure_ascii=False)
+    own = _members(text).get(key) if text and isinstance(obj.get(key), dict) else None
+    return name, args, own or json.dumps(args, ensure_ascii=False)
+
+
+def _members(text: str) -> dict[str, str]:
+    """A whole JSON object's text -> each member's value text (the last of a repeated key)."""
+    decoder, out, at = json.JSONDecoder(), {}, 1
+    while True:
+        at = _skip(text, at)
+        if at >= len(text) or text[at] == "}":
+            return out
+        key, at = decoder.raw_decode(text, at)
+        at = _skip(text, _skip(text, at) + 1)  # past the `:`
+        _, end = decoder.raw_decode(text, at)
+        out[key] = text[at:end]
+        at = _skip(text, end)
+        at += text.startswith(",", at)
+
+
+def _elements(text: str) -> list[str]:
+    """A whole JSON list's text -> its elements' texts."""
+    decoder, out, at = json.JSONDecoder(), [], 1
+    while True:
+        at = _skip(text, at)
+        if at >= len(text) or text[at] == "]":
+            return out
+        _, end = decoder.raw_decode(text, at)
+        out.append(text[at:end])
+        at = _skip(text, end)
+        at += text.startswith(",", at)
+
+
+def _skip(text: str, at: int) -> int:
+    while at < len(text) and text[at].isspace():
+        at += 1
+    return at
 
 
 def _fenced(text: str) -> str:
@@ -68,9 +105,10 @@ def json_list(body: str, tools=None, name_keys=("name",)) -> Read | None:
     values = _json_values(_fenced(body))
     if not values or len(values) != 1:
         return None
-    value = values[0][0]
+    value, text = values[0]
     items = value if isinstance(value, list) else [value]
-    calls = [_object_call(o, name_keys) for o in items]
+    texts = _elements(text) if isinstance(value, list) else [text]
+    calls = [_object_call(o, name_keys, text=t) for o, t in zip(items, texts)]
     if not calls or any(c is None for c in calls):
         return None
     return calls
@@ -87,32 +125,8 @@ def llama3_objects(body: str, tools=None) -> Read | None:
     values = _json_values(body)
     if not values:
         return None
-    out = []
-    for value, text in values:
-        call = _object_call(value)
-        if call is None:
-            return None
-        name, args, _ = call
-        inner = _own_arguments(text, args)
-        out.append((name, args, inner or json.dumps(args, ensure_ascii=False)))
-    return out
-
-
-_ARGS_HEAD = re.compile(
-    r'\{\s*"name"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*"(?:arguments|parameters)"\s*:\s*'
-)
-
-
-def _own_arguments(text: str, args: dict) -> str | None:
-    """The model's own text of the arguments, when they follow the name directly."""
-    head = _ARGS_HEAD.match(text)
-    if head is None:
-        return None
-    try:
-        value, end = json.JSONDecoder().raw_decode(text, head.end())
-    except json.JSONDecodeError:
-        return None
-    return text[head.end() : end] if value == args and text[end:].strip() == "}" else None
+    out = [_object_call(value, text=text) for value, text in values]
+    return None if any(c is None for c in out) else out
 
 
 def mistral_calls(body: str, tools=None) -> Read | None:
@@ -209,7 +223,7 @@ def gemma_call(body: str, tools=None) -> Read | None:
     name = name.strip()
     if not brace or not name:
         return None
-    text = _gemma_json("{" + rest)
+    text = gemma_json("{" + rest)
     try:
         args = json.loads(text) if text is not None else None
     except json.JSONDecodeError:
@@ -219,7 +233,7 @@ def gemma_call(body: str, tools=None) -> Read | None:
     return [(name, args, json.dumps(args, ensure_ascii=False))]
 
 
-def _gemma_json(text: str) -> str | None:
+def gemma_json(text: str) -> str | None:
     """Gemma's argument syntax as JSON text (None: a string is not closed)."""
     out, at = [], 0
     key = re.compile(r"\s*([A-Za-z_][\w.\-]*)\s*:")

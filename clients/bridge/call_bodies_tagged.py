@@ -190,15 +190,15 @@ def seed(body: str, tools=None) -> list[Known]:
 _JSON_NAMES = {"true": True, "false": False, "null": None}
 
 
-def _literal(node):
+def python_literal(node):
     """A Python literal, where JSON's `true`, `false`, `null` may stand (LFM2.5 writes a
     dict argument with `tojson`)."""
     if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
         return _JSON_NAMES[node.id]
     if isinstance(node, ast.Dict) and None not in node.keys:
-        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values)}
+        return {python_literal(k): python_literal(v) for k, v in zip(node.keys, node.values)}
     if isinstance(node, (ast.List, ast.Tuple)):
-        return [_literal(e) for e in node.elts]
+        return [python_literal(e) for e in node.elts]
     return ast.literal_eval(node)
 
 
@@ -218,7 +218,7 @@ def lfm2_calls(body: str, tools=None) -> Read | None:
     out = []
     for c in tree.elts:
         try:
-            args = {k.arg: _literal(k.value) for k in c.keywords}
+            args = {k.arg: python_literal(k.value) for k in c.keywords}
         except (ValueError, TypeError):
             return None
         if c.args or None in args:

@@ -18,9 +18,8 @@ Two kinds:
   own closing tag has come: the pieces of `json.dumps` of the final arguments.
 
 `Streamed` turns the answers into parts as the body grows, and settles them with what
-the reader gives when the call ends. Families with no streamer (the JSON lists of
-nemotron, granite, phi4, command_r and Mistral's older `[TOOL_CALLS][...]`; gemma4;
-pythonic; llama3_json) come whole when the call ends. Plain Python, no MLX.
+the reader gives when the call ends. The streamers of the bodies that hold lists of
+calls or a syntax of their own are clients.bridge.body_streams'. Plain Python, no MLX.
 """
 
 from __future__ import annotations

@@ -72,30 +72,33 @@ chat template and the tokenizer; engine.server.prompts.output_format):
 - `plain`: no markup: everything is text.
 
 A call with no marker (llama3_json, pythonic) opens only where the output starts
-with its first character; if it does not parse at the end it was text. A call
-whose marker opened it and that the output's end cut (max_tokens, a stop string)
-before it parses is dropped: its markup is not text.
+with its first character; if it streamed nothing (it named no tool of the request)
+and does not parse at the end, it was text. A call whose marker opened it and that
+the output's end cut (max_tokens, a stop string) before it parses is dropped: its
+markup is not text.
 
 A `-thinking` suffix (`qwen-thinking`, ...) says the template's generation
 prompt opens the reasoning block itself, so the output starts inside it.
 
 A tool call is ToolCallStart (index, id, name), ToolCallDeltas whose texts join to its
-arguments' JSON text, then ToolCallEnd (its parsed arguments). Where the family has a
-streamer (clients.bridge.call_streams: qwen, kimi, deepseek, mistral's `NAME[ARGS]`,
-harmony, gigachat3 and 3_1, and per parameter qwen_xml, glm, minimax, dsml;
-clients.bridge.call_bodies_tagged: apertus, apriel, solar_open, and per parameter
-seed_oss; clients.bridge.tag_calls: the tag families), a call opened by its marker
-starts once its name is whole and its arguments stream as they settle; the other
-families' calls (and a call opened without a marker, which may yet be text) come whole
-when the call ends. What was streamed cannot be taken back: a streamed call whose markup
-then does not parse (or the output's end cuts) still ends as a call, its arguments what
-it streamed (`arguments` None where that is no JSON object), with a warning in the log,
-and none of its markup becomes text. A call that streamed nothing and does not parse
-comes as a ToolCallEnd alone (no start), `arguments` None and its `raw` markup, which the
-endpoint returns as text (with a warning in its log). Indexes count the calls started,
-from 0. The arguments text is the model's own where the format has one (qwen, kimi,
-deepseek, mistral, harmony, llama3_json, apertus, apriel, gigachat3, solar_open), so a
-client that sends it back re-renders the same tokens; else `json.dumps` of the arguments.
+arguments' JSON text, then ToolCallEnd (its parsed arguments). Every family with calls has
+a streamer (clients.bridge.call_streams, clients.bridge.body_streams,
+clients.bridge.call_bodies_tagged,
+clients.bridge.tag_calls): a call opened by
+its marker starts once its name is whole and its arguments stream as they settle (JSON
+text as written; a syntax that is not JSON, gemma4's or pythonic, as the JSON of each
+argument once its value is whole). A call opened without a marker (llama3_json, pythonic
+at the output's start), which may yet be text, streams once its first call names a tool
+of the request; else it comes whole when the output ends. What was streamed cannot be
+taken back: a streamed call whose markup then does not parse (or the output's end cuts)
+still ends as a call, its arguments what it streamed (`arguments` None where that is no
+JSON object), with a warning in the log, and none of its markup becomes text. A call that
+streamed nothing and does not parse comes as a ToolCallEnd alone (no start), `arguments`
+None and its `raw` markup, which the endpoint returns as text (with a warning in its
+log). Indexes count the calls started, from 0. The arguments text is the model's own
+where the format writes them as JSON (qwen, kimi, deepseek, mistral, harmony,
+llama3_json, the JSON lists, apertus, apriel, gigachat3, solar_open), so a client that
+sends it back re-renders the same tokens; else `json.dumps` of the arguments.
 Whitespace that the markup's layout puts around reasoning and calls (the
 newline after `<think>` or `</tool_call>`) is not text; text without markup
 comes through unchanged.
@@ -107,6 +110,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence, Union
 
+from clients.bridge import body_streams as lists
 from clients.bridge import call_bodies as bodies
 from clients.bridge import call_bodies_tagged as tagged
 from clients.bridge import call_streams as streams
@@ -129,6 +133,7 @@ from clients.bridge.parts import (
     ToolCallDelta,
     ToolCallEnd,
     ToolCallStart,
+    joined,
 )
 from engine.config.prompt import OUTPUT_FAMILIES
 
@@ -233,15 +238,25 @@ MARKUPS: dict[str, Markup] = {
         drop=(f"<{DSML}tool_calls>", f"</{DSML}tool_calls>"),  # DeepSeek-V4's section
         stream=streams.dsml,
     ),
-    "llama3_json": Markup(None, ("<|python_tag|>", None), _calls(bodies.llama3_objects), lead="{"),
+    "llama3_json": Markup(
+        None,
+        ("<|python_tag|>", None),
+        _calls(bodies.llama3_objects),
+        lead="{",
+        stream=lists.llama3_calls,
+    ),
     "pythonic": Markup(
-        None, ("<|python_start|>", "<|python_end|>"), _calls(bodies.pythonic_calls), lead="["
+        None,
+        ("<|python_start|>", "<|python_end|>"),
+        _calls(bodies.pythonic_calls),
+        lead="[",
+        stream=lists.pythonic,
     ),
     "mistral": Markup(
         ("[THINK]", "[/THINK]"),
         ("[TOOL_CALLS]", None),
         _calls(bodies.mistral_calls),
-        stream=streams.mistral,
+        stream=lists.mistral,
     ),
     "harmony": Markup(
         ("<|channel|>analysis<|message|>", "<|end|>"),
@@ -254,13 +269,17 @@ MARKUPS: dict[str, Markup] = {
         ("<|channel>thought", "<channel|>"),
         ("<|tool_call>", "<tool_call|>"),
         _calls(bodies.gemma_call),
+        stream=lists.gemma,
     ),
-    "command_r": Markup(None, ("Action:", None), _calls(bodies.cohere_list)),
+    "command_r": Markup(
+        None, ("Action:", None), _calls(bodies.cohere_list), stream=lists.cohere_calls
+    ),
     "command_r7b": Markup(
         ("<|START_THINKING|>", "<|END_THINKING|>"),
         ("<|START_ACTION|>", "<|END_ACTION|>"),
         _calls(bodies.cohere_list),
         drop=("<|START_RESPONSE|>", "<|END_RESPONSE|>"),
+        stream=lists.cohere_calls,
     ),
     "minimax": Markup(
         THINK,
@@ -268,11 +287,17 @@ MARKUPS: dict[str, Markup] = {
         _calls(bodies.minimax_invokes),
         stream=streams.minimax,
     ),
-    "nemotron": Markup(THINK, ("<TOOLCALL>", "</TOOLCALL>"), _calls(bodies.json_list)),
-    "granite": Markup(
-        THINK, ("<|tool_call|>", None), _calls(bodies.json_list), drop=("<response>", "</response>")
+    "nemotron": Markup(
+        THINK, ("<TOOLCALL>", "</TOOLCALL>"), _calls(bodies.json_list), stream=lists.json_calls
     ),
-    "phi4": Markup(None, ("functools", None), _calls(bodies.json_list)),
+    "granite": Markup(
+        THINK,
+        ("<|tool_call|>", None),
+        _calls(bodies.json_list),
+        drop=("<response>", "</response>"),
+        stream=lists.json_calls,
+    ),
+    "phi4": Markup(None, ("functools", None), _calls(bodies.json_list), stream=lists.json_calls),
     # the families of clients.bridge.call_bodies_tagged
     "apertus": Markup(
         ("<|inner_prefix|>", "<|inner_suffix|>"),
@@ -299,7 +324,12 @@ MARKUPS: dict[str, Markup] = {
     "gigachat3_1": Markup(
         None, ("<|function_call|>", "<|message_sep|>"), parse_qwen_call, stream=streams.qwen
     ),
-    "lfm2": Markup(THINK, ("<|tool_call_start|>", "<|tool_call_end|>"), _calls(tagged.lfm2_calls)),
+    "lfm2": Markup(
+        THINK,
+        ("<|tool_call_start|>", "<|tool_call_end|>"),
+        _calls(tagged.lfm2_calls),
+        stream=lists.pythonic_or_json,
+    ),
     "solar_open": Markup(
         ("<|think|>", "<|end|>"),
         ("<|tool_call:begin|>", "<|tool_call:end|>"),
@@ -558,11 +588,19 @@ class OutputParser:
             out.append(kind(body))
 
     def _stream(self, out: list[Part]) -> None:
-        """The open call's settled calls and arguments (a call opened by its marker, in a
-        family that has a streamer)."""
-        if self.markup.stream is not None and self.opener:
-            known = self.markup.stream(self.body, self.tools)
+        """The open call's settled calls and arguments. A call its marker opened streams
+        once its name is whole; one opened without a marker (a lead: it may yet be text)
+        once its first call names a tool of the request."""
+        if self.markup.stream is None:
+            return
+        known = self.markup.stream(self.body, self.tools)
+        if self.opener or self.streamed.calls or (known and known[0].name in self._names()):
             self.index = self.streamed.grow(known, self.index, out)
+
+    def _names(self) -> set[str]:
+        """The request's tool names."""
+        fns = (t.get("function", t) for t in self.tools or () if isinstance(t, Mapping))
+        return {f.get("name") for f in fns if isinstance(f, Mapping)}
 
     def _end_call(self, out: list[Part], raw: str, keep_lead: bool = True) -> bool:
         """The open call's parts; False when it does not parse and nothing of it was
@@ -614,23 +652,3 @@ def make_parser(family: str, *, tool_calls: bool = True, tools=None) -> OutputPa
     if not tool_calls:
         markup = replace(markup, call=None, parse=None, section=None, lead="", stream=None)
     return OutputParser(markup, reasoning=family.endswith(THINKING), tools=tools)
-
-
-def joined(parts: Sequence[Part]) -> tuple[str, str, list[tuple[ToolCallStart, ToolCallEnd]]]:
-    """Parts of a whole completion -> (text, reasoning, [(start, end)] of the calls). A call
-    that did not parse and was not streamed is in the text, as its raw markup; one that was
-    streamed is a call (its end's `arguments` None when what it streamed is no object)."""
-    text, reasoning, calls, starts = [], [], [], {}
-    for p in parts:
-        if isinstance(p, TextPart):
-            text.append(p.text)
-        elif isinstance(p, ReasoningPart):
-            reasoning.append(p.text)
-        elif isinstance(p, ToolCallStart):
-            starts[p.index] = p
-        elif isinstance(p, ToolCallEnd):
-            if p.index in starts:
-                calls.append((starts.pop(p.index), p))
-            else:
-                text.append(p.raw)
-    return "".join(text), "".join(reasoning), calls

@@ -5,7 +5,8 @@ assistant, system, developer; `input_text` / `output_text` parts),
 `function_call`, `function_call_output` and `reasoning`. A function call joins
 the assistant message before it (one turn: its text, reasoning and calls), as
 the chat template renders a turn; a reasoning item becomes the next assistant
-turn's reasoning, in the model's own `<think>` markup; a call's output is a
+turn's `reasoning_content` (the chat template writes it in the model's own
+markup, or drops it); a call's output is a
 `tool` message, whose `call_id` must answer a call made before it (in this
 input or the stored conversation); calls that open a follow-up's input join the
 stored reply's turn (`join_turns`). `instructions` are the system message, never
@@ -58,11 +59,11 @@ def _reasoning_text(item: dict) -> str:
 
 
 def with_reasoning(message: dict, reasoning: str) -> dict:
-    """An assistant message with its reasoning, as the model's template writes a past turn's."""
+    """An assistant message with its reasoning as `reasoning_content`, which the chat
+    template writes in the model's own markup or drops."""
     if not reasoning:
         return message
-    content = "<think>\n" + reasoning + "\n</think>\n\n" + (message.get("content") or "")
-    return dict(message, content=content)
+    return dict(message, reasoning_content=reasoning)
 
 
 def call_ids(messages) -> set[str]:
@@ -130,8 +131,8 @@ def messages_of(input_: Any, known_calls: set[str]) -> list[dict]:
 
 
 def tool_choice_parses(choice: Any) -> bool:
-    """Whether calls are parsed out of the reply: all but "none" (`required` and a named
-    function are taken as "auto": the engine does not constrain output)."""
+    """Whether calls are parsed out of the reply: all but "none" (the engine holds the
+    output to the choice: clients.constraints)."""
     if choice is None or choice in ("auto", "required"):
         return True
     if choice == "none":

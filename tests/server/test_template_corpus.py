@@ -32,7 +32,6 @@ import json
 import httpx
 import pytest
 
-from clients.bridge.responses_input import with_reasoning
 from engine.server.prompts.renders import with_text_arguments
 from engine.server.running.background import BackgroundEngine
 from tests.clients.bridge.test_bridge import BridgeThread
@@ -235,16 +234,9 @@ def image_body(wire: str) -> dict:
 
 
 def engine_messages(messages, wire: str) -> list[dict]:
-    """The messages as the engine hands them to the template from `wire`: Anthropic and
-    Responses carry an earlier turn's reasoning as the model's own <think> block."""
-    if wire == "chat":
-        return copy.deepcopy(messages)
-    out = []
-    for m in messages:
-        m = copy.deepcopy(m)
-        reasoning = m.pop("reasoning_content", "")
-        out.append(with_reasoning(m, reasoning) if reasoning else m)
-    return out
+    """The messages as the engine hands them to the template from `wire`: every wire
+    carries an earlier turn's reasoning as its `reasoning_content`."""
+    return copy.deepcopy(messages)
 
 
 PATHS = {"chat": "/v1/chat/completions", "anthropic": "/v1/messages", "responses": "/v1/responses"}

@@ -37,3 +37,32 @@ def published_text(name: str) -> str:
     digest = hashlib.sha256(data).hexdigest()
     assert digest == manifest()[name]["sha256"], f"{name}: sha256 {digest} is not the manifest's"
     return data.decode()
+
+
+# docs/api.md's table of the published templates is this manifest's, between these lines:
+TABLE_BEGIN = "<!-- published templates: python -m tests.templates.published -->"
+TABLE_END = "<!-- end of published templates -->"
+
+
+def docs_table() -> str:
+    """The manifest as docs/api.md's table: each template, the output format the engine
+    picks for it on the tests' tokenizer, and its round trip."""
+    lines = ["| published template | output format | round trip |", "|---|---|---|"]
+    for name, entry in sorted(manifest().items()):
+        if "unread" in entry:
+            status = f"no: writes `{entry['unread']}`, which no family reads"
+        elif "skip" in entry:
+            status = f"not run here: {entry['skip']}"
+        else:
+            status = {
+                "none": "no call: the template shows no past calls",
+                "one": "yes, whole and streamed (the template writes one call a turn)",
+                "parallel": "yes, whole and streamed, and two calls in one turn",
+            }[entry["calls"]]
+        status = status.replace("|", "\\|")  # a table cell's own bars
+        lines.append(f"| `{name.removesuffix('.jinja')}` | `{entry['family']}` | {status} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(TABLE_BEGIN, docs_table(), TABLE_END, sep="\n")

@@ -57,6 +57,7 @@ class Markup:
     keys: tuple[str, str] = ("name", "arguments")  # a JSON call's name and arguments keys
     think_close: str = THINK_CLOSE
     think_open: str = ""  # a reasoning block the model opens itself (optional, at the start)
+    think_name: str = ""  # the text after think_open that names the block (Gemma's channel)
     words: tuple[str, ...] = ()  # further markers, for token_markers
 
 
@@ -116,6 +117,7 @@ FAMILIES: dict[str, Markup] = {
         "<tool_call|>",
         think_close="<channel|>",
         think_open="<|channel>",
+        think_name="thought",  # the one channel a model writes: `<|channel>code` is no reasoning
         words=('<|"|>',),
     ),
     "command_r": Markup("array", "Action:", keys=("tool_name", "parameters")),

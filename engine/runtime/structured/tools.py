@@ -9,7 +9,9 @@ engine.runtime.structured.markup and the tools' parameter schemas:
   spelled in ordinary pieces, free text is text without it, and a lexeme ending at its
   first occurrence opens the call (`_until`/`_without`).
 - `required` (Anthropic `any`): one call or more and nothing else (but the reasoning);
-- `function` with a name (Anthropic `tool`): calls of that tool only;
+- `function` with a name (Anthropic `tool`): one call of that tool, whatever
+  `parallel` says (as vLLM's named function calling, whose output is that one
+  call's arguments): a model that does not stop by itself stops after it;
 - `none`: text only (the opener never starts);
 - `parallel` false: one call.
 
@@ -145,11 +147,17 @@ def tool_grammar(
     output_format: str = "plain",
     where: str = "tool_choice",
     markers=None,
+    reasoning: bool = True,
 ) -> Grammar | None:
     """The output a `tool_choice` allows over `tools` (OpenAI style definitions), in the
     markup of `output_format` (module doc). None where nothing is to be held: `auto` for
-    a family without a tool grammar, or no tools with `auto`/`none`. Raises GrammarError.
+    a family without a tool grammar, or no tools with `auto`/`none`. `reasoning` False:
+    the client switched the reasoning off, so the generation prompt closed it (a
+    `-thinking` format is held as its family) and no reasoning block opens before the
+    calls. Raises GrammarError.
     """
+    if not reasoning:
+        output_format = output_format.removesuffix("-thinking")
     if choice not in TOOL_CHOICES:
         raise GrammarError(
             f"{where} must be one of {', '.join(TOOL_CHOICES)} or name a function, got {choice!r}"
@@ -176,7 +184,8 @@ def tool_grammar(
     if choice == "auto" and not calls:
         return None
     g = Lark(SPECIAL_MARKERS if markers is None else markers)
-    one = not parallel or markup.shape in ("llama3_json", "harmony", "gigachat")
+    one = not parallel or choice == "function"
+    one = one or markup.shape in ("llama3_json", "harmony", "gigachat")
     if markup.shape == "harmony":
         start = _harmony(g, markup, calls, choice)
     elif markup.shape == "tags":
@@ -185,11 +194,12 @@ def tool_grammar(
         start = _start(g, markup, calls, choice, one)
     if thinking and markup.shape != "harmony":
         start = f"{g.until(markup.think_close)} body_\nbody_: {start}"
-    elif markup.think_open and choice != "auto":  # auto's free text holds it already
-        block = f"{g.m(markup.think_open)} {g.until(markup.think_close)}"
+    elif markup.think_open and choice != "auto" and reasoning:  # auto's free text holds it
+        name = lit(markup.think_name) if markup.think_name else ""
+        block = f"{g.m(markup.think_open)} {name} {g.until(markup.think_close)}"
         start = f"{g.define('reasoning', block)}? body_\nbody_: {start}"
     lark = "\n".join(["%llguidance {}", f"start: {start}", *g.lines, ""])
-    kind = f"tools:{choice}" + ("" if parallel else ":single")
+    kind = f"tools:{choice}" + (":single" if one else "")
     grammar = Grammar(lark, kind, optional=choice == "auto")
     validate(grammar, {"tools": list(tools)}, where)
     return grammar

@@ -44,9 +44,14 @@ def to_grammar(
     output_format: str,
     limits: Limits = DEFAULT_LIMITS,
     markers: Markers = SPECIAL_MARKERS,
+    reasoning: bool = True,
 ) -> Grammar | None:
-    """The grammar of `c`, or None when it holds nothing. Raises InvalidRequest."""
+    """The grammar of `c`, or None when it holds nothing. `reasoning` False: the request
+    switched the reasoning off (`enable_thinking` false), so its generation prompt closed
+    the reasoning block and the output opens none. Raises InvalidRequest."""
     which = c.WhichOneof("kind")
+    if not reasoning:
+        output_format = output_format.removesuffix("-thinking")
     try:
         if which is None:
             return None
@@ -72,6 +77,7 @@ def to_grammar(
             output_format=output_format,
             where="tool_choice",
             markers=markers,
+            reasoning=reasoning,
         )
     except GrammarError as e:
         raise InvalidRequest(str(e)) from None

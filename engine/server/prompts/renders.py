@@ -142,20 +142,25 @@ class TemplateRenders:
         disagree on a past call's arguments: most read a mapping (`| tojson`), DeepSeek's
         concatenate a JSON string. The engine passes a mapping; a template that refuses it
         gets the same arguments as their JSON text. They disagree on a call turn without
-        text too (`null_content`)."""
+        text too (`null_content`), and on the name of a past turn's reasoning
+        (`with_reasoning_names`); a template that refuses a turn's reasoning beside its
+        text and calls (gpt-oss) gets the turns without it."""
         messages = with_call_content(messages, None if self.null_content() else "")
         args = (tools, add_generation_prompt, continue_final_message, extra)
-        try:
-            return self._apply(messages, *args)
-        except Exception:
-            as_text = with_text_arguments(messages)
-            if as_text is None:
-                raise
-        try:
-            return self._apply(as_text, *args)
-        except Exception:
-            pass
-        return self._apply(messages, *args)  # raises the first error again
+        named, plain = with_reasoning_names(messages), without_reasoning(messages)
+        tries = [named, with_text_arguments(named)]
+        if plain is not None:
+            tries += [plain, with_text_arguments(plain)]
+        first = None
+        for attempt in tries:
+            if attempt is None:
+                continue
+            try:
+                return self._apply(attempt, *args)
+            except Exception as e:
+                if first is None:
+                    first = e
+        raise first
 
     def null_content(self) -> bool:
         """Whether an assistant turn with tool calls and no text reaches the template with
@@ -272,6 +277,34 @@ def with_text_arguments(messages: Sequence[dict]) -> list[dict] | None:
             m = {**m, "tool_calls": turned}
         out.append(m)
     return out if changed else None
+
+
+# The names published templates read a past assistant turn's reasoning by: most
+# `reasoning_content` (Qwen3, GLM, MiniMax, DeepSeek, Gemma 4, ...), gpt-oss and LFM2.5
+# `thinking`, Solar, Hy3 and Laguna `reasoning` (Cohere's any of the three). transformers 5
+# fills `thinking` itself on its render path, not `reasoning`: the engine names all three.
+REASONING_NAMES = ("reasoning_content", "reasoning", "thinking")
+
+
+def with_reasoning_names(messages: Sequence[dict]) -> list[dict]:
+    """`messages` with each turn's `reasoning_content` under every name of REASONING_NAMES
+    (a name the message sets itself keeps its value): each template reads its own and
+    writes the reasoning in the model's markup, or drops it."""
+    out = []
+    for m in messages:
+        text = m.get("reasoning_content") if isinstance(m, dict) else None
+        out.append({**dict.fromkeys(REASONING_NAMES, text), **m} if text else m)
+    return out
+
+
+def without_reasoning(messages: Sequence[dict]) -> list[dict] | None:
+    """`messages` without any turn's reasoning (None: none has any)."""
+    if not any(isinstance(m, dict) and m.get("reasoning_content") for m in messages):
+        return None
+    return [
+        {k: v for k, v in m.items() if k not in REASONING_NAMES} if isinstance(m, dict) else m
+        for m in messages
+    ]
 
 
 def with_call_content(messages: Sequence[dict], empty: str | None) -> list[dict]:

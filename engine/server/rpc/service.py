@@ -360,8 +360,14 @@ def generate_events(frontend: Frontend, auth: Authenticator, request, metadata):
     grammar = None
     if request.HasField("constraint"):
         builder = frontend.builder
+        switched_off = (inp.template_kwargs or {}).get("enable_thinking") is False
         grammar = to_grammar(
-            request.constraint, inp.tools, builder.output_format, limits, builder.special_markers
+            request.constraint,
+            inp.tools,
+            builder.output_format,
+            limits,
+            builder.special_markers,
+            reasoning=not switched_off,
         )
         grammar = builder.grammars.admit(grammar)  # compiles, or drops an optional one
     return frontend.generate(

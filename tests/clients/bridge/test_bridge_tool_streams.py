@@ -100,18 +100,34 @@ def test_anthropic_streams_input_json_deltas(bridge):
                     pieces.append((event.index, event.delta.partial_json))
             streamed = stream.get_final_message()
 
-    # the model may call again until max_tokens cuts it: the calls that closed
-    closed = {}
-    for i in {i for i, _ in pieces}:
-        try:
-            closed[i] = json.loads("".join(p for k, p in pieces if k == i))
-        except json.JSONDecodeError:
-            pass
-    assert closed and len(pieces) > len(closed), "the input came whole"
-    for i, arguments in closed.items():
-        assert streamed.content[i].type == whole.content[i].type == "tool_use"
-        assert streamed.content[i].name == whole.content[i].name == "read_file"
-        assert streamed.content[i].input == whole.content[i].input == arguments
+    # a named tool is one call, parallel calls allowed or not: the reply stops after it
+    assert whole.stop_reason == streamed.stop_reason == "tool_use"
+    assert [b.type for b in whole.content] == [b.type for b in streamed.content] == ["tool_use"]
+    assert len(pieces) > 1 and {i for i, _ in pieces} == {0}, "the input came whole"
+    assert json.loads("".join(p for _, p in pieces)) == {"path": "setup.py"}
+    assert streamed.content[0].name == whole.content[0].name == "read_file"
+    assert streamed.content[0].input == whole.content[0].input == {"path": "setup.py"}
+
+
+def test_anthropic_any_without_parallel_calls_is_one_call(bridge):
+    """`tool_choice: {type: any, disable_parallel_tool_use: true}` holds the reply to one
+    call: it stops after it."""
+    with anthropic.Anthropic(base_url=bridge.url, api_key="unused", max_retries=0) as client:
+        reply = client.messages.create(
+            model="claude-sonnet-4-5",
+            max_tokens=MAX,
+            messages=[{"role": "user", "content": ASK}],
+            tools=[
+                {"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}
+                for t in TOOLS
+            ],
+            tool_choice={"type": "any", "disable_parallel_tool_use": True},
+            extra_body={"temperature": 0},
+        )
+    assert reply.stop_reason == "tool_use", reply
+    assert [(b.type, b.input) for b in reply.content if b.type == "tool_use"] == [
+        ("tool_use", {"path": "setup.py"})
+    ]
 
 
 def test_responses_streams_function_call_arguments_deltas(bridge):

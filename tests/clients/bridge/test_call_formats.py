@@ -218,10 +218,20 @@ CUT = [
         'Sure.<|START_ACTION|>[{"tool_name": "get_weather", "parameters": {"city": "Rome"}}]'
         "<|END_ACTION|>",
     ),
+    ("mistral", 'Sure.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Rome"}}]'),
+    ("nemotron", 'Sure.<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Rome"}}]'),
+    ("granite", 'Sure.<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Rome"}}]'),
+    ("phi4", 'Sure.functools[{"name": "get_weather", "arguments": {"city": "Rome"}}]'),
+    (
+        "command_r",
+        'Sure.\nAction: ```json\n[{"tool_name": "get_weather", "parameters": {"city": "Rome"}}]',
+    ),
+    ("llama3_json", 'Sure.<|python_tag|>{"name": "get_weather", "parameters": {"city": "Rome"}}'),
+    ("pythonic", 'Sure.<|python_start|>[get_weather(city="Rome", days=2)]<|python_end|>'),
 ]
 
 
-@pytest.mark.parametrize("family, output", CUT, ids=[c[0] for c in CUT])
+@pytest.mark.parametrize("family, output", CUT, ids=[f"{c[0]} {c[1][5:20]}" for c in CUT])
 def test_a_call_cut_by_the_outputs_end_leaks_no_markup(family, output):
     from clients.bridge.blocks import TEXT, Blocks
     from clients.bridge.chat_completions import ChatShape

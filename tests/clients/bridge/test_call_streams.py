@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import pytest
 
+from clients.bridge import body_streams as lists
 from clients.bridge.call_streams import STREAMERS
 from clients.bridge.parsers import (
     MARKUPS,
@@ -82,20 +83,37 @@ EARLY = [
         '<｜DSML｜invoke name="f"><｜DSML｜parameter name="city" string="true">Rome'
         "</｜DSML｜parameter></｜DSML｜invoke>",
     ),
+    ("mistral", '[TOOL_CALLS][{"name": "f", "arguments": {"city": "Rome"}, "id": "a1b2c3d4e"}]'),
+    ("nemotron", '<TOOLCALL>[{"name": "f", "arguments": {"city": "Rome"}}]</TOOLCALL>'),
+    ("granite", '<|tool_call|>[{"name": "f", "arguments": {"city": "Rome"}}]'),
+    ("phi4", 'functools[{"name": "f", "arguments": {"city": "Rome"}}]'),
+    ("command_r", 'Action: ```json\n[{"tool_name": "f", "parameters": {"city": "Rome"}}]\n```'),
+    (
+        "command_r7b",
+        '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "f", "parameters": '
+        '{"city": "Rome"}}]<|END_ACTION|>',
+    ),
+    ("llama3_json", '{"name": "f", "parameters": {"city": "Rome"}}'),  # no marker: a tool's name
+    ("llama3_json", '<|python_tag|>{"name": "f", "parameters": {"city": "Rome"}}'),
+    ("pythonic", '[f(city="Rome")]'),
+    ("pythonic", '<|python_start|>[f(city="Rome")]<|python_end|>'),
+    ("gemma4", '<|tool_call>call:f{city:<|"|>Rome<|"|>}<tool_call|>'),
+    ("lfm2", '<|tool_call_start|>[f(city="Rome")]<|tool_call_end|>'),
 ]
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 
-
-JSON_TEXT = ("qwen", "kimi", "deepseek", "mistral", "harmony")
+JSON_TEXT = ("qwen", "kimi", "deepseek", "mistral", "harmony", "llama3_json")
+JSON_TEXT += ("nemotron", "granite", "phi4", "command_r", "command_r7b")
 
 
 def test_every_family_with_a_streamer_is_tried():
-    assert {family for family, _ in EARLY} == set(STREAMERS)
+    assert {family for family, _ in EARLY} == set(STREAMERS) | set(lists.STREAMERS)
 
 
-@pytest.mark.parametrize("family, output", EARLY, ids=[c[0] for c in EARLY])
+@pytest.mark.parametrize("family, output", EARLY, ids=[f"{c[0]} {c[1][:14]}" for c in EARLY])
 def test_the_arguments_stream_before_the_call_ends(family, output):
     """Fed a character at a time: the name and `"city"` go out before the call's end."""
-    p, seen = make_parser(family), []
+    p, seen = make_parser(family, tools=TOOLS), []
     for i, ch in enumerate(output):
         seen += [(i, part) for part in p.feed(ch)]
     seen += [(len(output), part) for part in p.close()]
@@ -112,6 +130,17 @@ def test_the_arguments_stream_before_the_call_ends(family, output):
     parts = [part for _, part in seen]
     assert json.loads(_arguments(parts, 0)) == {"city": "Rome"}
     assert len([x for x in parts if isinstance(x, ToolCallDelta)]) > 1
+
+
+def test_a_call_without_a_marker_streams_only_once_it_names_a_tool():
+    """Llama 3's JSON at the output's start may be text: naming no tool of the request, it
+    streams nothing and comes whole at the end (a call all the same where it parses)."""
+    output = '{"name": "g", "parameters": {"city": "Rome"}}'
+    p = make_parser("llama3_json", tools=TOOLS)
+    fed = [part for ch in output for part in p.feed(ch)]
+    assert fed == []
+    _, _, calls = joined(fed + p.close())
+    assert [(s.name, e.arguments) for s, e in calls] == [("g", {"city": "Rome"})]
 
 
 BROKEN = [

@@ -274,10 +274,21 @@ def test_the_family_s_own_call_is_held(family, spelling, embedded, tmp_path):
             single = grammar("required", parallel=False)
             assert _walk(grammars, tokenizer, single, text)
             assert not _walk(grammars, tokenizer, single, two), two
+            assert not _walk(grammars, tokenizer, named, two), two  # one named call
         if FAMILIES[family].think_open:  # a reasoning block the model opens itself
             markup = FAMILIES[family]
-            plan = f"{markup.think_open}Weather first.{markup.think_close}"
+            plan = f"{markup.think_open}{markup.think_name}Weather first.{markup.think_close}"
             assert _walk(grammars, tokenizer, required, plan + text)
+            # the bridge reads what the grammar allows there as reasoning, never as text
+            parser = make_parser(family, tools=[WEATHER, SEARCH])
+            said, thought, _ = joined(parser.feed(plan + text) + parser.close())
+            assert (said, thought.strip()) == ("", "Weather first."), (said, thought)
+            off = grammar("required", reasoning=False)  # the client switched it off
+            assert _walk(grammars, tokenizer, off, text)
+            assert not _walk(grammars, tokenizer, off, plan + text)
+            if markup.think_name:  # another block name is not the model's reasoning
+                other = f"{markup.think_open}code{markup.think_close}"
+                assert not _walk(grammars, tokenizer, required, other + text)
         if family not in LEADING:  # a call may follow text
             assert _walk(grammars, tokenizer, auto, "Let me see.\n" + text)
             assert not _walk(grammars, tokenizer, auto, "Let me see.\n" + bad)
@@ -288,6 +299,9 @@ def test_the_family_s_own_call_is_held(family, spelling, embedded, tmp_path):
             thinking = grammar("required", fmt=f"{family}-thinking")
             assert _walk(grammars, tokenizer, thinking, f"Hm, weather.{think}{text}")
             assert not _walk(grammars, tokenizer, thinking, text)
+            # reasoning switched off: the generation prompt closed the block already
+            closed = grammar("required", fmt=f"{family}-thinking", reasoning=False)
+            assert _walk(grammars, tokenizer, closed, text)
     if family in ("llama3_json", "pythonic"):  # text, but never a call opening the output
         assert _walk(grammars, tokenizer, grammar("none"), "See [1] and {2}.")
         assert not _walk(grammars, tokenizer, grammar("none"), WRITTEN[family][0])
@@ -342,8 +356,9 @@ def test_a_family_without_call_markup_refuses_required_naming_it():
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_required_and_named_calls_in_the_batch_read_back_valid(family, tiny_loop, tiny_tokenizer):
-    """One call (`parallel` off) must close. Garbage may run on until max_tokens where
-    the grammar lets it: with parallel calls on (more calls), and in a reasoning block
+    """One call (`parallel` off, or a named tool) must close. Garbage may run on until
+    max_tokens where the grammar lets it: with parallel calls on (more calls), and in a
+    reasoning block
     the family opens itself (Gemma's thought channel, harmony's analysis...). What
     closes reads back as valid calls, and at least two outputs of each family close."""
     markup = FAMILIES[family]
@@ -351,7 +366,7 @@ def test_required_and_named_calls_in_the_batch_read_back_valid(family, tiny_loop
     reasons = markup.think_open or own.get(family, "")
     reasons = reasons or OWN_REASONING.get(family, "")
     markers = token_markers(tiny_tokenizer)
-    runs = [("required", "", False), ("function", "search", False), ("required", "", True)]
+    runs = [("required", "", False), ("function", "search", True), ("required", "", True)]
     closed = 0
     for seed in range(30 if reasons else 3):  # a reasoning run closes about half the time
         choice, name, parallel = runs[seed % 3]
@@ -365,12 +380,13 @@ def test_required_and_named_calls_in_the_batch_read_back_valid(family, tiny_loop
         )
         ids, final = run(tiny_loop, [25, 36, 48 + seed], grammar, seed=seed, max_tokens=400)
         text = tiny_tokenizer.decode(ids)
+        many = parallel and choice == "required"
         if final.finish_reason == FinishReason.LENGTH:
-            if parallel or (reasons and text.startswith(reasons)):
+            if many or (reasons and text.startswith(reasons)):
                 continue
         assert final.finish_reason == FinishReason.STOP and not final.incomplete, text
         read = calls(family, text, SCHEMAS)
-        assert read and (parallel or len(read) == 1), text
+        assert read and (many or len(read) == 1), text
         for tool, args in read:
             assert not name or tool == name, text
             jsonschema.validate(args, SCHEMAS[tool])

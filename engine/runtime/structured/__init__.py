@@ -6,7 +6,8 @@ Grammar, the keyword checks, llguidance's check), `tools` (a tool choice in the
 served family's call markup), `markup` (each family's markup, as a table), `values`
 (tool arguments written as parameters in markup) and `tagged` (what the families
 whose calls are messages or lists of their own add: Seed-OSS, LFM2, GigaChat, Solar
-Open); `matcher` compiles it
+Open) and `tag_tools` (the families whose calls are tags: Kimi K3, MiniMax-M1/M3, Muse
+Glimmer, MiniCPM, Hunyuan 3, Functionary); `matcher` compiles it
 against the tokenizer (`Grammars`, cached per model) into one `Matcher` per
 constrained sequence (the bitmask of the tokens allowed next, accept, rollback);
 `masked_batch` is mlx-lm's generation batch with each constrained row masked by its

@@ -7,7 +7,7 @@ engine.runtime.structured.markup and the tools' parameter schemas:
   tools' schemas, then free text again. Where the opener is an added token, free
   text can never hold it (llguidance keeps special tokens out of text); where it is
   spelled in ordinary pieces, free text is text without it, and a lexeme ending at its
-  first occurrence opens the call (`_until`/`_without`).
+  first occurrence opens the call (`Lark.until`/`Lark.text`).
 - `required` (Anthropic `any`): one call or more and nothing else (but the reasoning);
 - `function` with a name (Anthropic `tool`): one call of that tool, whatever
   `parallel` says (as vLLM's named function calling, whose output is that one

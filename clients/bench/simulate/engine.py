@@ -198,7 +198,7 @@ def run_ours(requests: list, costs, closed: bool, model: ModelConfig = ModelConf
             for s in loop.prefilling
         ]
         told = Costs(idle_ms or step_ms, token_ms, step_ms, fit.fixed_ms)
-        chunk = policy.plan(candidates, loop.steps, decoding, told)
+        chunk = policy.next_chunk(candidates, loop.steps, decoding, told)
         chunk_ms = 0.0
         if chunk is not None:
             chunk_ms = costs.chunk_ms(chunk.tokens * len(chunk.uids))

@@ -11,7 +11,7 @@ its neighbours' long ones. Here each step
 With `overlap` (`--prefill-overlap on`, the default) step 3 only starts the
 chunk: its forward runs on a PrefillWorker thread while the following steps
 decode, and the step after it ends lands it (its responses, its costs); one
-chunk is in flight at a time, and the next is planned once it has landed. A
+chunk is in flight at a time, and the next is picked once it has landed. A
 chunk that ends no segment and is done by the end of a step's decode lands
 there and the next chunk starts at once (its responses go out with the next
 step), so the worker does not idle through a decode step between chunks.
@@ -188,7 +188,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
             # Landed during the decode step: the worker gets its next chunk now, not one
             # step later (the landed chunk's responses go out with the next step).
             self._settle()
-        chunk = self.scheduler.plan(self._candidates(), self.steps, decoding, self._costs())
+        chunk = self.scheduler.next_chunk(self._candidates(), self.steps, decoding, self._costs())
         if chunk is not None:
             prompt_responses += self._prefill(chunk)
         return prompt_responses, generation_responses
@@ -298,14 +298,15 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
             row[1] += n
             responses.append(PromptProcessingBatch.Response(uid, (row[1], row[2]), end, False))
         assert len({len(p) for p in prompts}) == 1, "a chunk is never padded"
-        flight = Flight(cid, Chunk(tuple(cohort.batch.uids), len(prompts[0])), responses, context)
+        ran = Chunk(tuple(cohort.batch.uids), len(prompts[0]), chunk.whole)
+        flight = Flight(cid, ran, responses, context)
         if self.worker is not None and len(self._generation_batch):  # beside the decodes
             # A stream is its thread's: what this thread left lazy (a merge, a filter) is
             # evaluated here, or the worker could not run it.
             mx.eval([c.state for c in cohort.batch.prompt_cache])
-            # A long prefill's chunk leaves the MLX queue to the decodes (prefill_worker).
-            long = not all(self.scheduler.short(row[2] - 1) for row in cohort.processing)
-            self.worker.start(cohort.batch, prompts, by_module=long)
+            # A chunk sized to the streams' gaps leaves the MLX queue to the decodes
+            # (prefill_worker); a short prefill run whole is a first token waited for.
+            self.worker.start(cohort.batch, prompts, by_module=not chunk.whole)
             self.flight = flight
             return []
         tic = time.perf_counter()

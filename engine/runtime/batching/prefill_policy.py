@@ -18,13 +18,15 @@ prefill chunk that runs beside it, within a token budget:
   what it costs (its forward's fixed part, its tokens at the cost per token,
   and the decode step it shares when it runs inside one). A sequence first
   seen with work W pending (its own prefill, and all of every sequence seen
-  before it, each priced as first-come-first-served would run it: whole, in
-  `chunk_max`-token forwards, nothing beside) gets the deadline
+  before it, each priced as first-come-first-served would run it: in
+  `chunk_max`-token forwards, each with its step's other work, as a peer
+  runs a decode step between its prefill steps) gets the deadline
   `clock + X * W`. The SRPT chunk runs if, after it, serving the earliest
-  deadlines first (each remainder priced in chunks of the bound's size,
-  below) would still meet every deadline; otherwise the earliest deadline's
-  chunk runs, alone, in a chunk of the bound's size (EDF meets any deadlines
-  that can be met). So no prefill ends later than X times its
+  deadlines first (each remainder priced the same way) would still meet
+  every deadline; otherwise the earliest deadline's chunk runs, alone, in
+  `chunk_max` tokens (EDF meets any deadlines that can be met, and these are
+  the chunks it was priced at: where the bound presses, the prefill's rate
+  comes before the streams' gaps). So no prefill ends later than X times its
   first-come-first-served end, in time and not only in tokens: the fixed
   costs of many small chunks and the decode steps between them are counted
   (a started cohort's other members riding along aside: one chunk). Until a
@@ -51,16 +53,15 @@ prefill chunk that runs beside it, within a token budget:
   decoding it is `slice_ms`, so a newcomer waits at most about that long for
   the chunk in flight. Never more than `chunk_max` tokens (default:
   `budget`), never fewer than MIN_CHUNK (the long prompt always moves).
-- The floor, once the fixed cost is known: where the time given cannot
-  hold a chunk that is mostly useful work (its fixed cost more than 1 -
-  USEFUL of it: a forward's fixed cost several decode steps long, a Mac's
-  MoE, against the streams' gap budget), no chunk meets that time at a
-  price worth paying; and where the bound presses (its earliest deadline's
-  chunk, and the pricing of every remainder), the prefill's rate comes
-  first. Then the chunk keeps the prefill at 1 / X of its own rate (X: the
-  wait bound, else 1 / (1 - USEFUL)): a chunk of time T beside other work
-  `other` gives the prefill (T - fixed) / (T + other) of the machine, so
-  T >= (X * fixed + other) / (X - 1).
+- The floor: where the time given cannot hold a chunk that is mostly useful
+  work (the prefill less than USEFUL of the time the chunk and its step's
+  other work take: a forward's fixed cost several decode steps long, a
+  Mac's MoE; or the step's other work alone near the streams' whole
+  budget), no chunk meets that time at a price worth paying: the chunk keeps
+  the prefill at 1 / X of its own rate (X: the wait bound, else 1 / (1 -
+  USEFUL)). A chunk of time T beside other work `other` gives the prefill
+  (T - fixed) / (T + other) of the machine, so T >= (X * fixed + other) /
+  (X - 1).
 - Growth: a long prefill that nobody else waits for (no other sequence has
   prefill left) while no stream decodes doubles its chunk's time each chunk
   in a row (from the slice) until the fixed cost is FIXED_SHARE of it (at
@@ -69,10 +70,11 @@ prefill chunk that runs beside it, within a token budget:
   over once it is alone again. Beside decoding streams a chunk never grows:
   their gaps are what it is sized to.
 - A short prefill (its whole uncached prompt within `budget` tokens) runs
-  whole in one chunk (`Chunk.whole`) when nothing decodes or its whole cost
-  fits the streams' gap budget: its first token comes one step later instead
-  of many. Beside decoding streams a longer one is cut to the gap budget like
-  any chunk (its first token a few chunks' fixed costs later, instead of one
+  whole in one chunk (`Chunk.whole`) when nothing decodes, when its whole
+  cost fits the streams' gap budget, or when that budget holds no useful
+  chunk anyway: its first token comes one step later instead of many.
+  Otherwise, beside decoding streams, it is cut to the gap budget like any
+  chunk (its first token a few chunks' fixed costs later, instead of one
   long gap for every stream). The tail of a long prompt is not short: it has
   waited anyway, and at a long context its last `budget` tokens would stall
   the streams longest.
@@ -95,7 +97,7 @@ MIN_CHUNK = 1  # a long prefill moves at least this many tokens per step
 STEP_FACTOR = 2.5  # a step with a chunk beside decode aims at this many idle decode steps
 SLICE_MS = 50.0  # a chunk aims at this long with nothing decoding, or beside decode (overlap)
 FIRST_CHUNK = 16  # a long prefill's chunk beside decode before any cost is measured
-USEFUL = 0.5  # a chunk is at least this share useful work (the rest: its fixed cost)
+USEFUL = 0.5  # a chunk's prefill is at least this share of the time it and its step take
 FIXED_SHARE = 0.1  # a long prefill alone grows its chunks until its fixed cost is this share
 WAIT_BOUND = 2.0  # srpt: no prefill ends later than this many times first-come-first-served's
 
@@ -178,18 +180,16 @@ class PrefillScheduler:
         """What a step with a chunk spends besides the chunk, when the chunk is part of it."""
         return costs.beside_ms if decoding and not self.overlap else 0.0
 
-    def _fcfs_ms(self, c: Candidate, costs: Costs) -> float:
-        """`c`'s remaining prefill as first-come-first-served runs it: whole, nothing beside."""
-        forwards = math.ceil(c.remaining / self.chunk_max)
-        return self._token_ms(c, costs) * c.remaining + costs.fixed_ms * forwards
-
-    def _remainder_ms(self, c: Candidate, tokens: int, decoding: int, costs: Costs) -> float:
-        """`tokens` more of `c`'s prefill in chunks of the bound's size, each with its step."""
+    def _remainder_ms(self, c: Candidate, tokens: int, costs: Costs) -> float:
+        """`tokens` more of `c`'s prefill in `chunk_max`-token chunks, each with a step's
+        other work when chunks run inside steps: as first-come-first-served runs a prompt
+        (a decode step between its prefill steps), and as the bound's own chunks run it.
+        Whether streams decode at this moment does not change the price: a deadline set
+        while none did must not be missed the moment one starts."""
         if tokens <= 0:
             return 0.0
-        size = self.allowance(c, decoding, costs, urgent=True)
-        per_chunk = costs.fixed_ms + self._other_ms(decoding, costs)
-        return self._token_ms(c, costs) * tokens + per_chunk * math.ceil(tokens / size)
+        per_chunk = costs.fixed_ms + (0.0 if self.overlap else costs.beside_ms)
+        return self._token_ms(c, costs) * tokens + per_chunk * math.ceil(tokens / self.chunk_max)
 
     def chunk_ms(self, chunk: Chunk, head: Candidate, decoding: int, costs: Costs) -> float:
         """What `chunk` (of `head`'s cohort) costs the bound's clock."""
@@ -204,21 +204,23 @@ class PrefillScheduler:
         if (costs.token_ms > 0) != self.timed:  # the first cost measured: tokens become ms
             self.timed, self.deadlines = costs.token_ms > 0, {}  # all seen again, from now
         self.deadlines = {u: d for u, d in self.deadlines.items() if u in present}
-        pending = sum(self._fcfs_ms(c, costs) for c in candidates if c.uid in self.deadlines)
+
+        def fcfs(c: Candidate) -> float:
+            return self._remainder_ms(c, c.remaining, costs)
+
+        pending = sum(fcfs(c) for c in candidates if c.uid in self.deadlines)
         for c in sorted(candidates, key=lambda c: (c.arrived, c.uid)):
             if c.uid not in self.deadlines:
-                pending += self._fcfs_ms(c, costs)
+                pending += fcfs(c)
                 self.deadlines[c.uid] = self.clock + self.wait_bound * pending
 
-    def _feasible(
-        self, ready: list[Candidate], chunk: Chunk, ms: float, decoding: int, costs: Costs
-    ) -> bool:
+    def _feasible(self, ready: list[Candidate], chunk: Chunk, ms: float, costs: Costs) -> bool:
         """Whether, after `chunk` (`ms` long), serving the earliest deadlines first still
         meets them all."""
         ahead = self.clock + ms
         for c in sorted(ready, key=lambda c: (self.deadlines[c.uid], c.arrived, c.uid)):
             left = c.remaining - (chunk.tokens if c.uid in chunk.uids else 0)
-            ahead += self._remainder_ms(c, left, decoding, costs)
+            ahead += self._remainder_ms(c, left, costs)
             if ahead > self.deadlines[c.uid]:
                 return False
         return True
@@ -249,10 +251,15 @@ class PrefillScheduler:
         total = head.remaining if head.total is None else head.total
         if not self.short(total):
             return False
-        token_ms = head.token_ms or costs.token_ms
-        if not decoding or token_ms <= 0:
-            return True
-        return costs.fixed_ms + token_ms * total <= self.gap_ms(decoding, costs)
+        token_ms, gap = head.token_ms or costs.token_ms, self.gap_ms(decoding, costs)
+        if not decoding or token_ms <= 0 or not self.holds(gap, decoding, costs):
+            return True  # no gap to keep, or none a chunk could keep
+        return costs.fixed_ms + token_ms * total <= gap
+
+    def holds(self, room: float, decoding: int, costs: Costs) -> bool:
+        """A chunk of `room` ms is mostly useful work (module doc: the floor)."""
+        other = self._other_ms(decoding, costs)
+        return room > 0 and room - costs.fixed_ms >= USEFUL * (room + other)
 
     def allowance(
         self,
@@ -273,10 +280,10 @@ class PrefillScheduler:
             return min(self.budget, FIRST_CHUNK) if decoding else self.budget
         room, fixed = self.gap_ms(decoding, costs), costs.fixed_ms
         other = self._other_ms(decoding, costs)
-        if fixed > 0 and (urgent or room < fixed / (1 - USEFUL)):  # the floor (module doc)
-            x = self.wait_bound if self.wait_bound else 1 / (1 - USEFUL)
-            if x <= 1:  # first-come-first-served: no share of its rate to give away
-                return self.chunk_max
+        if urgent:  # the bound presses: its rate first (module doc)
+            return self.chunk_max
+        if not self.holds(room, decoding, costs):  # the floor (module doc)
+            x = self.wait_bound if self.wait_bound > 1 else 1 / (1 - USEFUL)
             room = max(room, (x * fixed + other) / (x - 1))
         if alone and not decoding and streak:
             # Nobody waits: double the time each chunk in a row, until the fixed cost is
@@ -298,7 +305,7 @@ class PrefillScheduler:
         ms = self.chunk_ms(chunk, head, decoding, costs)
         if self.schedule == "srpt" and self.wait_bound:
             self._deadlines(candidates, costs)
-            if not self._feasible(ready, chunk, ms, decoding, costs):
+            if not self._feasible(ready, chunk, ms, costs):
                 # The earliest deadline first, alone, in a chunk of the bound's size.
                 head = min(ready, key=lambda c: (self.deadlines[c.uid], c.arrived, c.uid))
                 chunk = self._chunk(head, [head], ready, candidates, decoding, costs, True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.runtime.batching.chunk_costs import ChunkCosts
+from engine.runtime.batching.chunk_costs import ChunkCosts, TokenRate
 from engine.runtime.batching.prefill_policy import (
     Candidate,
     Chunk,
@@ -72,11 +72,11 @@ def test_beside_decoding_streams_a_lone_long_prefill_never_grows(overlap):
     s = PrefillScheduler(
         "srpt", 256, slice_ms=50.0, overlap=overlap, wait_bound=1.25, chunk_max=1024
     )
-    costs = Costs(decode_ms=40.0, token_ms=0.5, beside_ms=40.0, fixed_ms=20.0)
+    costs = Costs(decode_ms=40.0, token_ms=0.5, beside_ms=20.0, fixed_ms=20.0)
     sizes = [
         s.next_chunk([long(cohort=0 if step else None)], step, 2, costs).tokens for step in range(5)
     ]
-    gap = 50.0 if overlap else 2.5 * 40.0 - 40.0  # the slice, or 2.5 idle steps less the rest
+    gap = 50.0 if overlap else 2.5 * 40.0 - 20.0  # the slice, or 2.5 idle steps less the rest
     assert gap == s.gap_ms(2, costs)
     assert sizes == [int((gap - 20.0) / 0.5)] * 5
     # The streams stop: growth starts (from the slice).
@@ -86,13 +86,13 @@ def test_beside_decoding_streams_a_lone_long_prefill_never_grows(overlap):
 
 @pytest.mark.parametrize("overlap", [True, False])
 def test_beside_decoding_streams_a_chunk_fits_their_gap_budget(overlap):
-    # The fixed cost a small part of the gap budget: the chunk's whole time (fixed plus
+    # The budget holds a chunk mostly of useful work: the chunk's whole time (fixed plus
     # per token) is the budget, whatever the wait bound (1.25 would ask 5 x fixed = 100 ms).
     s = PrefillScheduler(
         "srpt", 256, slice_ms=50.0, overlap=overlap, wait_bound=1.25, chunk_max=1024
     )
-    costs = Costs(decode_ms=40.0, token_ms=0.5, beside_ms=40.0, fixed_ms=20.0)
-    gap = s.gap_ms(3, costs)  # the slice (50), or 2.5 idle steps less the step's rest (60)
+    costs = Costs(decode_ms=40.0, token_ms=0.5, beside_ms=20.0, fixed_ms=20.0)
+    gap = s.gap_ms(3, costs)  # the slice (50), or 2.5 idle steps less the step's rest (80)
     chunk = s.next_chunk([long()], 0, decoding=3, costs=costs)
     assert chunk.tokens == int((gap - costs.fixed_ms) / costs.token_ms)
     assert costs.fixed_ms + costs.token_ms * chunk.tokens <= gap
@@ -167,12 +167,12 @@ def test_beside_decode_a_fixed_cost_beyond_the_gap_budget_keeps_the_prefill_rate
     assert useful / (useful + MAC.fixed_ms + MAC.beside_ms) == pytest.approx(1 / 1.25, abs=0.01)
 
 
-def test_when_the_bound_presses_the_chunk_keeps_the_prefill_within_it_in_time():
-    # The gap budget holds a useful chunk (60 ms, fixed 20), but at 80 tokens a step with
-    # its decode the prefill runs at 40% of its rate: the bound presses, and its chunks keep
-    # 1 / 1.25 of it, (1.25 * 20 + 40) / 0.25 = 260 ms. Alone, the prefill ends within 1.25
-    # x its first-come-first-served time, counted in ms (fixed costs and decode included).
-    costs = Costs(decode_ms=40.0, token_ms=0.5, beside_ms=40.0, fixed_ms=20.0)
+def test_when_the_bound_presses_its_chunks_are_the_largest_and_it_holds_in_time():
+    # The gap budget holds a useful chunk (80 ms, fixed 20), but at 120 tokens a step with
+    # its decode the prefill runs at 60% of its rate: the bound presses, and its chunks are
+    # chunk_max tokens, the size its deadline was priced at. Alone, the prefill ends within
+    # 1.25 x its first-come-first-served time, counted in ms (fixed costs, decode included).
+    costs = Costs(decode_ms=40.0, token_ms=0.5, beside_ms=20.0, fixed_ms=20.0)
     s = PrefillScheduler("srpt", 256, step_factor=2.5, wait_bound=1.25, chunk_max=4096)
     left, sizes = 20_000, []
     for step in range(10_000):
@@ -181,14 +181,16 @@ def test_when_the_bound_presses_the_chunk_keeps_the_prefill_within_it_in_time():
         chunk = s.next_chunk([long(remaining=left, cohort=0 if step else None)], step, 2, costs)
         sizes.append(chunk.tokens)
         left -= chunk.tokens
-    assert sizes[0] == (60 - 20) / 0.5  # while the bound has room: the streams' gap
-    assert set(sizes[1:-1]) == {(260 - 20) / 0.5}
-    fcfs = 20_000 * costs.token_ms + costs.fixed_ms * 5  # whole, 4096 tokens a forward
+    gap = int((80 - 20) / 0.5)
+    assert sizes[0] == gap  # while the bound has room: the streams' gap
+    assert set(sizes[:-1]) == {gap, 4096}
+    fcfs = 20_000 * costs.token_ms + (costs.fixed_ms + costs.beside_ms) * 5  # 4096 a forward
     assert s.clock <= 1.25 * fcfs
 
 
 def test_until_the_fixed_cost_is_known_the_gap_target_alone_sizes_the_chunk():
-    s = PrefillScheduler("srpt", 256, step_factor=2.5, wait_bound=1.25, chunk_max=4096)
+    # (a bound that does not press: at 1.25 the decode steps beside would press it)
+    s = PrefillScheduler("srpt", 256, step_factor=2.5, wait_bound=3.0, chunk_max=4096)
     costs = Costs(33.0, 1000 / 420, 33.0)
     assert s.next_chunk([long()], 0, decoding=2, costs=costs).tokens == int(49.5 / costs.token_ms)
 
@@ -202,3 +204,14 @@ def test_slow_chunks_never_make_the_fixed_cost_more_than_the_fastest_chunk():
     assert 0 < costs.fixed_ms <= 12.0
     mean_tokens, mean_ms = costs.x / costs.w, costs.y / costs.w
     assert costs.fixed_ms + costs.token_ms * mean_tokens == pytest.approx(mean_ms)
+
+
+def test_a_one_token_chunk_slowed_by_a_load_spike_weighs_one_token():
+    # Sizing on a mean of ratios let such a chunk set the rate (0.7 * 3 + 0.3 * 130 ms),
+    # so the next chunks shrank to one token, whose noise set it again.
+    rate = TokenRate()
+    rate.observe(100, 300.0)  # 3 ms a token
+    rate.observe(1, 130.0)
+    assert rate.token_ms == pytest.approx((0.7 * 300.0 + 130.0) / (0.7 * 100 + 1))
+    assert rate.token_ms < 5.0
+    assert TokenRate().token_ms == 0.0  # nothing seen

@@ -80,7 +80,10 @@ def test_aging_counts_from_the_last_chunk_so_a_late_short_turn_is_not_stuck():
         (10_000, 0.0, 2, Costs(5.0, 0.25, 2.0), 32),  # (2 * 5 - 2) / 0.25
         (10_000, 0.5, 2, Costs(5.0, 0.25, 5.0), 10),  # its own cohort's cost wins
         (10_000, 0.0, 2, Costs(5.0, 0.001, 5.0), 256),  # cheap tokens: at most the budget
-        (10_000, 0.0, 2, Costs(1.0, 1.0, 3.0), MIN_CHUNK),  # the long prompt always moves
+        # the step's other work alone past the streams' budget: no chunk keeps it, so the
+        # prefill keeps 1 / 2 of its rate (the bound): (2 * 0 + 3) / (2 - 1) ms
+        (10_000, 0.0, 2, Costs(1.0, 1.0, 3.0), 3),
+        (10_000, 0.0, 2, Costs(1.0, 10.0, 3.0), MIN_CHUNK),  # the long prompt always moves
         (10_000, 0.0, 2, Costs(0.0, 0.0), FIRST_CHUNK),  # nothing measured yet
         # short: its whole remaining prefill in one chunk when nothing decodes, or beside
         # decode when its whole cost fits the streams' gap budget; else cut to it

@@ -14,24 +14,25 @@ prefill chunk that runs beside it, within a token budget:
 - Bound (`srpt` with `wait_bound` X > 0): aging alone lets a long prompt
   among a stream of short ones win a chunk only every `remaining / aging`
   steps, so its prefill takes time quadratic in its length. The bound
-  measures time in learned milliseconds (`clock`): each chunk picked adds
-  what it costs (its forward's fixed part, its tokens at the cost per token,
-  and the decode step it shares when it runs inside one). A sequence first
-  seen with work W pending (its own prefill, and all of every sequence seen
-  before it, each priced as first-come-first-served would run it: in
-  `chunk_max`-token forwards, each with its step's other work, as a peer
-  runs a decode step between its prefill steps) gets the deadline
-  `clock + X * W`. The SRPT chunk runs if, after it, serving the earliest
-  deadlines first (each remainder priced the same way) would still meet
-  every deadline; otherwise the earliest deadline's chunk runs, alone, in
-  `chunk_max` tokens (EDF meets any deadlines that can be met, and these are
-  the chunks it was priced at: where the bound presses, the prefill's rate
-  comes before the streams' gaps). So no prefill ends later than X times its
-  first-come-first-served end, in time and not only in tokens: the fixed
-  costs of many small chunks and the decode steps between them are counted
-  (a started cohort's other members riding along aside: one chunk). Until a
-  cost per token is measured a token counts 1 (the token clock); once one is,
-  every sequence present is seen again, its deadline counted in ms. X = 1 is
+  measures time (`clock`) in prompt tokens, each chunk also charged its
+  overhead in tokens' worth: its forward's fixed cost, and the decode step
+  it shares when it runs inside one, over the learned cost per token
+  (engine.runtime.batching.chunk_costs). A sequence first seen with work W
+  pending (its own prefill, and all of every sequence seen before it, each
+  priced as first-come-first-served would run it: in `chunk_max`-token
+  forwards, each with its overhead, as a peer runs a decode step between its
+  prefill steps) gets the deadline `clock + X * W`. The SRPT chunk runs if,
+  after it, serving the earliest deadlines first (each remainder priced the
+  same way) would still meet every deadline; otherwise the earliest
+  deadline's chunk runs, alone, in `chunk_max` tokens (EDF meets any
+  deadlines that can be met, and these are the chunks it was priced at:
+  where the bound presses, the prefill's rate comes before the streams'
+  gaps). So no prefill ends later than X times its first-come-first-served
+  end, in time and not only in tokens: the fixed costs of many small chunks
+  and the decode steps between them count (a started cohort's other members
+  riding along aside: one chunk). Tokens' worth rather than milliseconds:
+  a machine slowed or sped up as a whole (a load) moves no deadline, and
+  until a cost is measured the clock counts tokens alone. X = 1 is
   first-come-first-served. A sequence is first seen when it may start (the
   batch has room for it); a wait for room is decode's, not this.
 - A sequence whose next capture point is an anchor that other requests wait
@@ -165,62 +166,57 @@ class PrefillScheduler:
         if self.chunk_max < 1:
             raise ValueError(f"chunk_max {chunk_max} must be positive")
         self.streak: tuple[int, int] = (-1, 0)  # (uid, its chunks in a row with nothing waiting)
-        self.clock = 0.0  # learned ms of every chunk picked: the bound's clock (module doc)
+        self.clock = 0.0  # every chunk picked, in tokens' worth: the bound's clock (module doc)
         self.deadlines: dict[int, float] = {}  # uid -> the clock by which its prefill ends
-        self.timed = False  # the clock counts ms (a cost per token is known), else tokens
 
-    # ---- the bound, in learned milliseconds ----------------------------------------
-
-    @staticmethod
-    def _token_ms(c: Candidate, costs: Costs) -> float:
-        """`c`'s cost per prefill token; 1 until one is measured (the token clock)."""
-        return c.token_ms or costs.token_ms or 1.0
+    # ---- the bound: tokens, and each chunk's overhead in tokens' worth -----------------
 
     def _other_ms(self, decoding: int, costs: Costs) -> float:
         """What a step with a chunk spends besides the chunk, when the chunk is part of it."""
         return costs.beside_ms if decoding and not self.overlap else 0.0
 
-    def _remainder_ms(self, c: Candidate, tokens: int, costs: Costs) -> float:
-        """`tokens` more of `c`'s prefill in `chunk_max`-token chunks, each with a step's
-        other work when chunks run inside steps: as first-come-first-served runs a prompt
-        (a decode step between its prefill steps), and as the bound's own chunks run it.
-        Whether streams decode at this moment does not change the price: a deadline set
-        while none did must not be missed the moment one starts."""
+    @staticmethod
+    def _worth(ms: float, costs: Costs) -> float:
+        """`ms` in prompt tokens' worth (0 until a cost per token is measured)."""
+        return ms / costs.token_ms if costs.token_ms > 0 else 0.0
+
+    def _remainder(self, tokens: int, costs: Costs) -> float:
+        """`tokens` more of a prefill in `chunk_max`-token chunks, each with its overhead
+        (its fixed cost, and a step's other work when chunks run inside steps): as
+        first-come-first-served runs a prompt (a decode step between its prefill steps),
+        and as the bound's own chunks run it. Whether streams decode at this moment does
+        not change the price: a deadline set while none did must hold when one starts."""
         if tokens <= 0:
             return 0.0
         per_chunk = costs.fixed_ms + (0.0 if self.overlap else costs.beside_ms)
-        return self._token_ms(c, costs) * tokens + per_chunk * math.ceil(tokens / self.chunk_max)
+        return tokens + self._worth(per_chunk, costs) * math.ceil(tokens / self.chunk_max)
 
-    def chunk_ms(self, chunk: Chunk, head: Candidate, decoding: int, costs: Costs) -> float:
-        """What `chunk` (of `head`'s cohort) costs the bound's clock."""
-        tokens = chunk.tokens * len(chunk.uids)
-        extra = costs.fixed_ms + self._other_ms(decoding, costs)
-        return self._token_ms(head, costs) * tokens + extra
+    def chunk_cost(self, chunk: Chunk, decoding: int, costs: Costs) -> float:
+        """What `chunk` costs the bound's clock: its tokens, and its overhead's worth."""
+        overhead = costs.fixed_ms + self._other_ms(decoding, costs)
+        return chunk.tokens * len(chunk.uids) + self._worth(overhead, costs)
 
     def _deadlines(self, candidates: list[Candidate], costs: Costs) -> None:
         """Give each sequence seen for the first time its deadline (module doc: bound);
         forget those gone."""
         present = {c.uid for c in candidates}
-        if (costs.token_ms > 0) != self.timed:  # the first cost measured: tokens become ms
-            self.timed, self.deadlines = costs.token_ms > 0, {}  # all seen again, from now
         self.deadlines = {u: d for u, d in self.deadlines.items() if u in present}
 
-        def fcfs(c: Candidate) -> float:
-            return self._remainder_ms(c, c.remaining, costs)
-
-        pending = sum(fcfs(c) for c in candidates if c.uid in self.deadlines)
+        pending = sum(
+            self._remainder(c.remaining, costs) for c in candidates if c.uid in self.deadlines
+        )
         for c in sorted(candidates, key=lambda c: (c.arrived, c.uid)):
             if c.uid not in self.deadlines:
-                pending += fcfs(c)
+                pending += self._remainder(c.remaining, costs)
                 self.deadlines[c.uid] = self.clock + self.wait_bound * pending
 
-    def _feasible(self, ready: list[Candidate], chunk: Chunk, ms: float, costs: Costs) -> bool:
-        """Whether, after `chunk` (`ms` long), serving the earliest deadlines first still
-        meets them all."""
-        ahead = self.clock + ms
+    def _feasible(self, ready: list[Candidate], chunk: Chunk, cost: float, costs: Costs) -> bool:
+        """Whether, after `chunk` (`cost` on the clock), serving the earliest deadlines first
+        still meets them all."""
+        ahead = self.clock + cost
         for c in sorted(ready, key=lambda c: (self.deadlines[c.uid], c.arrived, c.uid)):
             left = c.remaining - (chunk.tokens if c.uid in chunk.uids else 0)
-            ahead += self._remainder_ms(c, left, costs)
+            ahead += self._remainder(left, costs)
             if ahead > self.deadlines[c.uid]:
                 return False
         return True
@@ -300,17 +296,16 @@ class PrefillScheduler:
         )
         if not ready:
             return None
-        head = ready[0]
-        chunk = self._chunk(head, ready, ready, candidates, decoding, costs)
-        ms = self.chunk_ms(chunk, head, decoding, costs)
+        chunk = self._chunk(ready[0], ready, ready, candidates, decoding, costs)
+        cost = self.chunk_cost(chunk, decoding, costs)
         if self.schedule == "srpt" and self.wait_bound:
             self._deadlines(candidates, costs)
-            if not self._feasible(ready, chunk, ms, costs):
+            if not self._feasible(ready, chunk, cost, costs):
                 # The earliest deadline first, alone, in a chunk of the bound's size.
                 head = min(ready, key=lambda c: (self.deadlines[c.uid], c.arrived, c.uid))
                 chunk = self._chunk(head, [head], ready, candidates, decoding, costs, True)
-                ms = self.chunk_ms(chunk, head, decoding, costs)
-        self.clock += ms
+                cost = self.chunk_cost(chunk, decoding, costs)
+        self.clock += cost
         alone = all(c.uid in chunk.uids for c in ready) and not decoding
         uid, count = self.streak
         self.streak = (chunk.uids[0], count + 1 if alone and uid == chunk.uids[0] else int(alone))

@@ -157,3 +157,14 @@ def test_the_setting_is_checked_where_it_is_declared():
     assert ModelConfig().prefill_chunk_max is None  # the budget
     with pytest.raises(ValueError, match="--prefill-chunk-max"):
         ModelConfig(prefill_chunk_max=0)
+
+
+def test_a_machine_slowed_as_a_whole_moves_no_deadline():
+    # Every cost twice as long (a load): the clock counts tokens' worth, so the same order.
+    long, short = Candidate(1, 4000, 4000, arrived=0), Candidate(2, 50, 50, arrived=0)
+    picks = []
+    for scale in (1.0, 2.0):
+        costs = Costs(5.0 * scale, 1.0 * scale, 5.0 * scale, fixed_ms=100.0 * scale)
+        s = PrefillScheduler("srpt", budget=64, wait_bound=1.25)
+        picks.append([s.next_chunk([long, short], 0, 2, costs), dict(s.deadlines), s.clock])
+    assert picks[0] == picks[1]

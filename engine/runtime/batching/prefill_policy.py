@@ -69,7 +69,10 @@ prefill chunk that runs beside it, within a token budget:
   least twice the slice, so the sizes vary for the fit); a sequence that
   arrives or a stream that starts decoding cuts it back, and growth starts
   over once it is alone again. Beside decoding streams a chunk never grows:
-  their gaps are what it is sized to.
+  their gaps are what it is sized to; there, until the fit tells the fixed
+  cost apart, every other chunk is half the size (two tokens for one), so
+  the sizes vary for it (chunks of one size would never tell it, and a
+  one-token chunk would read its whole fixed cost as the cost of a token).
 - A short prefill (its whole uncached prompt within `budget` tokens) runs
   whole in one chunk (`Chunk.whole`) when nothing decodes, when its whole
   cost fits the streams' gap budget, or when that budget holds no useful
@@ -166,6 +169,7 @@ class PrefillScheduler:
         if self.chunk_max < 1:
             raise ValueError(f"chunk_max {chunk_max} must be positive")
         self.streak: tuple[int, int] = (-1, 0)  # (uid, its chunks in a row with nothing waiting)
+        self.picked = 0  # chunks picked: every other one probes the fit (module doc: growth)
         self.clock = 0.0  # every chunk picked, in tokens' worth: the bound's clock (module doc)
         self.deadlines: dict[int, float] = {}  # uid -> the clock by which its prefill ends
 
@@ -285,7 +289,10 @@ class PrefillScheduler:
             # Nobody waits: double the time each chunk in a row, until the fixed cost is
             # FIXED_SHARE of it (at least twice the slice, so the fit sees sizes vary).
             room = min(room * 2**streak, max(2 * room, fixed / FIXED_SHARE))
-        return max(MIN_CHUNK, min(self.chunk_max, int((room - fixed) / token_ms)))
+        tokens = max(MIN_CHUNK, min(self.chunk_max, int((room - fixed) / token_ms)))
+        if decoding and fixed <= 0 and self.picked % 2:  # the fit needs sizes that vary
+            tokens = tokens // 2 if tokens > 1 else 2
+        return tokens
 
     def next_chunk(
         self, candidates: list[Candidate], step: int, decoding: int = 0, costs: Costs = Costs()
@@ -306,6 +313,7 @@ class PrefillScheduler:
                 chunk = self._chunk(head, [head], ready, candidates, decoding, costs, True)
                 cost = self.chunk_cost(chunk, decoding, costs)
         self.clock += cost
+        self.picked += 1
         alone = all(c.uid in chunk.uids for c in ready) and not decoding
         uid, count = self.streak
         self.streak = (chunk.uids[0], count + 1 if alone and uid == chunk.uids[0] else int(alone))

@@ -215,3 +215,23 @@ def test_a_one_token_chunk_slowed_by_a_load_spike_weighs_one_token():
     assert rate.token_ms == pytest.approx((0.7 * 300.0 + 130.0) / (0.7 * 100 + 1))
     assert rate.token_ms < 5.0
     assert TokenRate().token_ms == 0.0  # nothing seen
+
+
+def test_beside_decode_chunk_sizes_vary_until_the_fit_tells_the_fixed_cost_apart():
+    # A fixed cost (40 ms) near the slice (25 ms): each chunk's time read as per-token cost
+    # would shrink the chunks to one token for good (one size: the fit never separates
+    # them). Every other chunk is half the size (two tokens for one) until it does; then
+    # the slice holds no useful chunk and the floor sizes them.
+    s = PrefillScheduler("srpt", 256, slice_ms=25.0, overlap=True, wait_bound=1.25)
+    fit, rate, sizes, left = ChunkCosts(), TokenRate(), [], 100_000
+    for step in range(40):
+        costs = Costs(10.0, rate.token_ms, 10.0, fit.fixed_ms)
+        chunk = s.next_chunk([long(remaining=left, cohort=0 if step else None)], step, 3, costs)
+        ms = 40.0 + 1.0 * chunk.tokens
+        fit.observe(chunk.tokens, ms)
+        rate.observe(chunk.tokens, max(ms - fit.fixed_ms, ms * 0.1))
+        sizes.append(chunk.tokens)
+        left -= chunk.tokens
+    assert fit.fixed_ms == pytest.approx(40.0)
+    floor = (1.25 * 40.0 / 0.25 - 40.0) / 1.0  # 160 tokens (the rate read still settling)
+    assert 0.9 * floor <= min(sizes[-10:]) <= max(sizes[-10:]) <= floor

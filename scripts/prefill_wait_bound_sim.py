@@ -1,5 +1,6 @@
 """The prefill policy's wait bound on a simulated prompt stream: its cost at the median TTFT
-and its gain for the long prompts, in the policy's own time (prompt tokens of chunks run).
+and its gain for the long prompts, in the policy's own time (prompt tokens of chunks run:
+no cost is measured here, so its clock counts tokens).
 
 `python scripts/prefill_wait_bound_sim.py`: a seeded stream of prompts (nine in ten
 80-300 tokens, one in ten 1,500-5,500), offered at 0.7 and 0.9 of what one 256-token
@@ -35,22 +36,22 @@ def waits(s: PrefillScheduler, arrivals: dict) -> list[tuple[int, int]]:
     live, out = {}, []
     for step in range(STEPS):
         for uid, tokens in arrivals.get(step, ()):
-            live[uid] = {"left": tokens, "arrived": step, "at": s.work, "tokens": tokens}
+            live[uid] = {"left": tokens, "arrived": step, "at": s.clock, "tokens": tokens}
             live[uid].update(cohort=None, since=None)
         waiting = [
             Candidate(u, v["left"], v["left"], v["arrived"], v["cohort"], waiting_since=v["since"])
             for u, v in live.items()
         ]
-        chunk = s.plan(waiting, step)
+        chunk = s.next_chunk(waiting, step)
         if chunk is None:
-            s.work += BUDGET  # an idle step passes
+            s.clock += BUDGET  # an idle step passes
             continue
         for uid in chunk.uids:
             v = live[uid]
             v["left"] -= chunk.tokens
             v["cohort"], v["since"] = uid, step
             if v["left"] <= 0:
-                out.append((s.work - v["at"], v["tokens"]))
+                out.append((s.clock - v["at"], v["tokens"]))
                 del live[uid]
     return out
 

@@ -84,7 +84,8 @@ class ModelConfig:
     )
     prefill_slice_ms: float = setting(
         50.0,
-        "srpt/fifo: a long prompt's chunk with nothing decoding aims at MS milliseconds",
+        "srpt/fifo: a chunk aims at MS milliseconds with nothing decoding, and with "
+        "--prefill-overlap beside decoding streams too (their gap budget)",
         metavar="MS",
     )
     prefill_chunk_max: int | None = setting(
@@ -95,14 +96,15 @@ class ModelConfig:
     prefill_wait_bound: float = setting(
         1.25,
         "srpt: no prompt's prefill ends later than X times first-come-first-served would "
-        "end it (counted in prefill tokens, plus one chunk); 1 is fifo, 0 turns the bound off "
-        "(aging alone)",
+        "end it (counted in prefill tokens plus each chunk's fixed cost and decode step in "
+        "tokens' worth, plus one chunk); 1 is fifo, 0 turns the bound off (aging alone)",
     )
     prefill_overlap: bool = setting(
         True,
         "srpt/fifo: run a prefill chunk's forward on a thread of its own beside the decode steps",
     )
-    # engine.runtime.batching.prefill_worker; a short prefill's chunk runs whole whatever this says.
+    # engine.runtime.batching.prefill_worker; a short prefill run whole is one forward whatever
+    # this says.
     prefill_eval: str = setting(
         "auto",
         "with overlap, the worker evaluates a long prefill's chunk module by module (its MLX "

@@ -5,7 +5,8 @@ prompt plus tools, tool results of varied size) runs step by step; in every
 `--cold-every`-th step a long cold prompt (a system prompt of its own) is
 sent first and the lanes' warm turns follow `--stagger-ms` later, so they
 arrive while it prefills. Replies are greedy, so every schedule sees the same
-conversations. The traffic runs
+conversations. With `--traffic trace`, Mooncake's conversation trace instead,
+scaled and open loop (clients.bench.concurrency.trace). The traffic runs
 - once with every request alone (`solo`): each request's time to first token
   on an idle engine from the same cache state;
 - once per schedule (`--runs`), each on a fresh engine (`srpt-unbounded`:
@@ -92,6 +93,12 @@ class ConcurrencyOptions:
     rounds: int = 1
     install_peers: bool = False
     work_dir: str | None = None
+    traffic: str = "agents"  # agents | trace (clients.bench.concurrency.trace)
+    trace_requests: int = 60
+    trace_scale: float = 0.05
+    trace_span_s: float = 60.0
+    trace_max_tokens: int = 32
+    trace_every: int = 100
 
 
 # ---------------------------------------------------------------- traffic ----
@@ -106,8 +113,11 @@ def cold_messages(opts: ConcurrencyOptions, traffic: Traffic, step: int) -> list
     ]
 
 
-def drive(sender, traffic: Traffic, opts: ConcurrencyOptions, solo: bool) -> list[Sent]:
-    """The traffic step by step; concurrent within a step unless `solo`."""
+def drive(sender, traffic, opts: ConcurrencyOptions, solo: bool) -> list[Sent]:
+    """The traffic step by step; concurrent within a step unless `solo` (the trace: its
+    own replay)."""
+    if not isinstance(traffic, Traffic):
+        return traffic.drive(sender, solo)
     sessions = Sessions(traffic)
     out: list[Sent] = []
     with ThreadPoolExecutor(traffic.agents + 1) as pool:
@@ -253,7 +263,15 @@ def run_bench(opts: ConcurrencyOptions) -> dict:
     unknown = [r for r in opts.runs if r not in RUNS + EXTRA_RUNS and not _chunk_run(r)]
     if unknown:
         raise ValueError(f"unknown runs {unknown} (use some of {', '.join(RUNS + EXTRA_RUNS)})")
-    traffic = build_traffic(opts.seed, opts.scale, opts.agents)
+    if opts.traffic == "trace":
+        from clients.bench.concurrency.trace import TraceTraffic
+
+        traffic = TraceTraffic(
+            opts.seed, opts.trace_requests, opts.trace_scale, opts.trace_span_s,
+            opts.trace_max_tokens, opts.trace_every,
+        )  # fmt: skip
+    else:
+        traffic = build_traffic(opts.seed, opts.scale, opts.agents)
     work = tempfile.mkdtemp(prefix="lineage-bench-concurrency-", dir=opts.work_dir)
     results: dict = {}
     load = os.getloadavg()
@@ -377,6 +395,26 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--install-peers", action="store_true", help="make the peers' venvs first (pip)"
     )
+    parser.add_argument(
+        "--traffic",
+        choices=("agents", "trace"),
+        default="agents",
+        help="agents: the sub-agent lanes; trace: Mooncake's conversation trace, scaled, open "
+        "loop (clients.bench.concurrency.trace)",
+    )
+    parser.add_argument("--trace-requests", type=int, default=60, help="trace: the first N")
+    parser.add_argument(
+        "--trace-every", type=int, default=100, help="trace: one conversation in N, every turn"
+    )
+    parser.add_argument(
+        "--trace-scale", type=float, default=0.05, help="trace: token counts times X"
+    )
+    parser.add_argument(
+        "--trace-span", type=float, default=60.0, help="trace: arrivals squeezed into S seconds"
+    )
+    parser.add_argument(
+        "--trace-max-tokens", type=int, default=32, help="trace: a reply's tokens at most"
+    )
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="write the figure (matplotlib)")
 
@@ -404,6 +442,12 @@ def run(args) -> int:
         chunk_max=args.chunk_max if args.chunk_max is not None else ModelConfig.prefill_chunk_max,
         rounds=args.rounds,
         install_peers=args.install_peers,
+        traffic=args.traffic,
+        trace_requests=args.trace_requests,
+        trace_scale=args.trace_scale,
+        trace_span_s=args.trace_span,
+        trace_max_tokens=args.trace_max_tokens,
+        trace_every=args.trace_every,
     )
     with own_ray():
         report = run_bench(opts)

@@ -172,9 +172,18 @@ def format_table(report: dict) -> str:
     skipped = {n: r["skipped"] for n, r in report["runs"].items() if "skipped" in r}
     report = {**report, "runs": {n: r for n, r in report["runs"].items() if n not in skipped}}
     count = next(iter(report["runs"].values()))["requests"] if report["runs"] else 0
+    if "agents" in t:
+        head = (
+            f"{t['agents']} agents, {count} requests (cold prompts included), "
+            f"prefix ~{t['prefix_tokens_estimate']} tokens"
+        )
+    else:  # the trace (clients.bench.concurrency.trace)
+        head = (
+            f"{t['traffic']}: {count} requests ({t['cold']} first turns), x{t['scale']} tokens, "
+            f"one conversation in {t['one_conversation_in']}, over {t['span_s']:.0f} s"
+        )
     lines = [
-        f"{t['agents']} agents, {count} requests (cold prompts included), "
-        f"prefix ~{t['prefix_tokens_estimate']} tokens",
+        head,
         "",
         *markdown_table(RUN_HEADER, [_run_row(n, r) for n, r in report["runs"].items()]),
     ]

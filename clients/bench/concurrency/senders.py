@@ -84,14 +84,19 @@ class EngineSender:
         self.client = Client(self.engine.address, timeout=600)
 
     def send(
-        self, key, kind, messages=None, tools=None, prompt_ids=None, max_tokens=32, drop_after=0
-    ) -> Sent:
+        self, key, kind, messages=None, tools=None, prompt_ids=None, max_tokens=32, drop_after=0,
+        namespace=None,
+    ) -> Sent:  # fmt: skip
+        """One request; its cache namespace `namespace`, else `cold` for a cold prompt (kept
+        apart from the lanes' prefix) and the default for the rest."""
         from clients.client import Chunk, Final
 
+        if namespace is None:
+            namespace = "cold" if kind == "cold" else ""
         sent = Sent(key, kind, time.perf_counter())
         stream = self.client.stream(
             messages=messages, tools=list(tools) if tools else None, prompt_ids=prompt_ids,
-            max_tokens=max_tokens, temperature=0.0, namespace="cold" if kind == "cold" else "",
+            max_tokens=max_tokens, temperature=0.0, namespace=namespace,
         )  # fmt: skip
         for event in stream:
             if isinstance(event, Chunk) and event.ids:
@@ -132,8 +137,10 @@ class PeerSender:
         self.server, self.reason = start_or_reason(PEER_RUNS[name], opts.model)
 
     def send(
-        self, key, kind, messages=None, tools=None, prompt_ids=None, max_tokens=32, drop_after=0
-    ) -> Sent:
+        self, key, kind, messages=None, tools=None, prompt_ids=None, max_tokens=32, drop_after=0,
+        namespace=None,
+    ) -> Sent:  # fmt: skip
+        """One request (a peer has one cache: `namespace` is ours alone)."""
         reply = self.server.stream(messages, tools, max_tokens, drop_after)
         return Sent(
             key, kind, reply.t_send, reply.t_first, reply.t_end, reply.chunk_times,

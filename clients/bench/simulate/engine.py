@@ -20,8 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.config import ModelConfig
-from engine.runtime.batching.chunk_costs import ChunkCosts
-from engine.runtime.batching.prefill_policy import Candidate, Costs, PrefillScheduler
+from engine.runtime.batching.chunk_costs import ChunkCosts, TokenRate
+from engine.runtime.batching.prefill_policy import (
+    FIXED_SHARE,
+    Candidate,
+    Costs,
+    PrefillScheduler,
+)
 
 EWMA = 0.3
 
@@ -37,7 +42,7 @@ class Seq:
     arrived_step: int = 0
     started: bool = False
     last_chunk: int | None = None
-    token_ms: float = 0.0
+    rate: TokenRate = field(default_factory=TokenRate)
     out_left: int = 0
     first_ms: float | None = None
     last_token_ms: float | None = None
@@ -170,7 +175,7 @@ def run_ours(requests: list, costs, closed: bool, model: ModelConfig = ModelConf
         wait_bound=model.prefill_wait_bound,
         chunk_max=model.prefill_chunk_max,
     )
-    fit, idle_ms, token_ms = ChunkCosts(), 0.0, 0.0
+    fit, idle_ms, rate = ChunkCosts(), 0.0, TokenRate()
     while True:
         loop._release()
         while loop.queue and len(loop.prefilling) + len(loop.decoding) < loop.max_batch:
@@ -191,14 +196,14 @@ def run_ours(requests: list, costs, closed: bool, model: ModelConfig = ModelConf
                 boundary=s.remaining,
                 arrived=s.arrived_step,
                 cohort=s.uid if s.started else None,
-                token_ms=s.token_ms,
+                token_ms=s.rate.token_ms,
                 waiting_since=s.last_chunk,
                 total=s.total,
             )
             for s in loop.prefilling
         ]
-        told = Costs(idle_ms or step_ms, token_ms, step_ms, fit.fixed_ms)
-        chunk = policy.plan(candidates, loop.steps, decoding, told)
+        told = Costs(idle_ms or step_ms, rate.token_ms, step_ms, fit.fixed_ms)
+        chunk = policy.next_chunk(candidates, loop.steps, decoding, told)
         chunk_ms = 0.0
         if chunk is not None:
             chunk_ms = costs.chunk_ms(chunk.tokens * len(chunk.uids))
@@ -208,16 +213,15 @@ def run_ours(requests: list, costs, closed: bool, model: ModelConfig = ModelConf
             if decoding:
                 idle_ms = _ewma(idle_ms, step_ms)
             continue
-        fit.observe(chunk.tokens * len(chunk.uids), chunk_ms)
-        marginal = max(chunk_ms - fit.fixed_ms, chunk_ms * 0.1) / (chunk.tokens * len(chunk.uids))
-        token_ms = _ewma(token_ms, marginal)
+        tokens = chunk.tokens * len(chunk.uids)
+        fit.observe(tokens, chunk_ms)
+        beyond = max(chunk_ms - fit.fixed_ms, chunk_ms * FIXED_SHARE)
+        rate.observe(tokens, beyond)
         for s in loop.prefilling:
             if s.uid in chunk.uids:
                 s.remaining -= chunk.tokens
                 s.started, s.last_chunk = True, loop.steps
-                s.token_ms = (
-                    marginal if not s.token_ms else (1 - EWMA) * s.token_ms + EWMA * marginal
-                )
+                s.rate.observe(tokens, beyond)
 
 
 def run_fcfs(requests: list, costs, closed: bool, prefill_step: int, max_batch: int) -> Loop:

@@ -8,13 +8,26 @@ know, so they are fitted from measured chunks (`observe`): least squares over
 the recent ones, each older one weighing FORGET times less. Until the sizes
 seen vary enough to tell the two apart (chunks of one size alone cannot), the
 fixed part reads 0 and the per-token part the plain ratio (what the policy
-did before it knew better). It knows numbers only: no clock, no MLX.
+did before it knew better). No chunk costs less than its fixed part, so the
+fit's fixed part is never more than the fastest of the RECENT last chunks:
+on a loaded machine a few slow chunks tilt the line, and the intercept they
+make up would size every chunk (the policy sizes chunks on it).
+
+`TokenRate` keeps a cohort's recent cost per token beyond the fixed part
+(its context's), weighted by tokens: a ratio of decayed sums, not a mean of
+ratios, so a one-token chunk slowed by a load spike weighs one token's worth
+(a mean of ratios let it set the rate, which shrank the next chunks to one
+token, whose noise set it again). It knows numbers only: no clock, no MLX.
 """
 
 from __future__ import annotations
 
+from collections import deque
+
 FORGET = 0.95  # weight of an observation relative to the next newer one
 SPREAD = 0.25  # the sizes' relative spread from which the fit is trusted
+RECENT = 32  # the last chunks whose fastest bounds the fixed part
+KEEP = 0.7  # TokenRate: weight of the sums so far against the newest chunk's
 
 
 class ChunkCosts:
@@ -24,6 +37,7 @@ class ChunkCosts:
         self.forget = forget
         self.w = self.x = self.y = self.xx = self.xy = 0.0
         self.count = 0
+        self.recent: deque = deque(maxlen=RECENT)  # the last chunks' ms
 
     def observe(self, tokens: int, ms: float) -> None:
         """A chunk of `tokens` prompt tokens (all its sequences') took `ms`."""
@@ -36,6 +50,7 @@ class ChunkCosts:
         self.xx = f * self.xx + tokens * tokens
         self.xy = f * self.xy + tokens * ms
         self.count += 1
+        self.recent.append(ms)
 
     def _fit(self) -> tuple[float, float] | None:
         """(fixed_ms, token_ms) when the sizes seen tell them apart, else None."""
@@ -51,6 +66,9 @@ class ChunkCosts:
             return None
         if fixed < 0:  # superlinear at these sizes (a longer context): all of it per token
             return 0.0, mean_y / mean_x
+        if fixed > min(self.recent):  # tilted by slow chunks: the fastest one bounds it
+            fixed = min(self.recent)
+            return fixed, (mean_y - fixed) / mean_x
         return fixed, slope
 
     @property
@@ -65,3 +83,22 @@ class ChunkCosts:
         if fit is not None:
             return fit[1]
         return self.y / self.x if self.x else 0.0
+
+
+class TokenRate:
+    """Recent ms per token beyond the fixed cost, weighted by tokens (module doc)."""
+
+    def __init__(self, keep: float = KEEP):
+        self.keep = keep
+        self.ms = self.tokens = 0.0
+
+    def observe(self, tokens: int, ms: float) -> None:
+        """A chunk of `tokens` spent `ms` beyond its fixed cost."""
+        if tokens > 0 and ms > 0:
+            self.ms = self.keep * self.ms + ms
+            self.tokens = self.keep * self.tokens + tokens
+
+    @property
+    def token_ms(self) -> float:
+        """0 until a chunk is seen."""
+        return self.ms / self.tokens if self.tokens else 0.0

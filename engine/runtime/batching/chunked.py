@@ -11,7 +11,7 @@ its neighbours' long ones. Here each step
 With `overlap` (`--prefill-overlap on`, the default) step 3 only starts the
 chunk: its forward runs on a PrefillWorker thread while the following steps
 decode, and the step after it ends lands it (its responses, its costs); one
-chunk is in flight at a time, and the next is planned once it has landed. A
+chunk is in flight at a time, and the next is picked once it has landed. A
 chunk that ends no segment and is done by the end of a step's decode lands
 there and the next chunk starts at once (its responses go out with the next
 step), so the worker does not idle through a decode step between chunks.
@@ -46,7 +46,7 @@ import mlx.core as mx
 from mlx_lm.generate import PromptProcessingBatch
 
 from engine.runtime.batching.batch import LineageBatchGenerator
-from engine.runtime.batching.chunk_costs import ChunkCosts
+from engine.runtime.batching.chunk_costs import ChunkCosts, TokenRate
 from engine.runtime.batching.prefill_log import PrefillLog
 from engine.runtime.batching.prefill_policy import (
     FIXED_SHARE,
@@ -83,7 +83,7 @@ class Cohort:
     def __init__(self, batch, processing: list):
         self.batch = batch
         self.processing = processing
-        self.token_ms = 0.0  # its chunks' ms per token beyond the fixed cost, lately
+        self.rate = TokenRate()  # its chunks' ms per token beyond the fixed cost, lately
 
     def index(self, uid: int) -> int:
         return self.batch.uids.index(uid)
@@ -140,7 +140,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         self._idle_steps: deque = deque(maxlen=STEADY_STEPS)
         self._beside_steps: deque = deque(maxlen=STEADY_STEPS)
         self._decode_part_ms = 0.0  # the decode part of any step
-        self._token_ms = 0.0  # prefill time per token beyond a chunk's fixed cost
+        self._rate = TokenRate()  # prefill time per token beyond a chunk's fixed cost
         self.chunk_costs = ChunkCosts()  # a chunk's fixed cost and cost per token, fitted
         self._learned: object = None  # the last profile record learned from
         self.chunks: list[Chunk] = []  # the chunks run, newest last (bounded)
@@ -188,7 +188,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
             # Landed during the decode step: the worker gets its next chunk now, not one
             # step later (the landed chunk's responses go out with the next step).
             self._settle()
-        chunk = self.scheduler.plan(self._candidates(), self.steps, decoding, self._costs())
+        chunk = self.scheduler.next_chunk(self._candidates(), self.steps, decoding, self._costs())
         if chunk is not None:
             prompt_responses += self._prefill(chunk)
         return prompt_responses, generation_responses
@@ -216,7 +216,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         a step's work besides its chunk (else the decode-only step)."""
         decode = _median(self._idle_steps) or self._decode_part_ms
         beside = _median(self._beside_steps) or decode
-        return Costs(decode, self._token_ms, beside, self.chunk_costs.fixed_ms)
+        return Costs(decode, self._rate.token_ms, beside, self.chunk_costs.fixed_ms)
 
     def _room(self) -> int:
         started = len(self._generation_batch) + sum(len(c.batch) for c in self.cohorts.values())
@@ -241,7 +241,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
             arrived=self.arrived.get(uid, 0),
             cohort=cohort,
             unblocks=None if anchor is None else max(0, anchor - done),
-            token_ms=0.0 if cohort is None else self.cohorts[cohort].token_ms,
+            token_ms=0.0 if cohort is None else self.cohorts[cohort].rate.token_ms,
             waiting_since=self.last_chunk.get(uid),
             total=total,
         )
@@ -298,14 +298,15 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
             row[1] += n
             responses.append(PromptProcessingBatch.Response(uid, (row[1], row[2]), end, False))
         assert len({len(p) for p in prompts}) == 1, "a chunk is never padded"
-        flight = Flight(cid, Chunk(tuple(cohort.batch.uids), len(prompts[0])), responses, context)
+        ran = Chunk(tuple(cohort.batch.uids), len(prompts[0]), chunk.whole)
+        flight = Flight(cid, ran, responses, context)
         if self.worker is not None and len(self._generation_batch):  # beside the decodes
             # A stream is its thread's: what this thread left lazy (a merge, a filter) is
             # evaluated here, or the worker could not run it.
             mx.eval([c.state for c in cohort.batch.prompt_cache])
-            # A long prefill's chunk leaves the MLX queue to the decodes (prefill_worker).
-            long = not all(self.scheduler.short(row[2] - 1) for row in cohort.processing)
-            self.worker.start(cohort.batch, prompts, by_module=long)
+            # A chunk sized to the streams' gaps leaves the MLX queue to the decodes
+            # (prefill_worker); a short prefill run whole is a first token waited for.
+            self.worker.start(cohort.batch, prompts, by_module=not chunk.whole)
             self.flight = flight
             return []
         tic = time.perf_counter()
@@ -353,9 +354,9 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         ms = elapsed * 1000
         self.chunk_costs.observe(tokens, ms)
         # The cost per token beyond the fixed cost (the fit's, at this cohort's context).
-        marginal = max(ms - self.chunk_costs.fixed_ms, ms * FIXED_SHARE) / tokens
-        self._token_ms = _ewma(self._token_ms, marginal)
-        cohort.token_ms = _ewma(cohort.token_ms, marginal)
+        beyond = max(ms - self.chunk_costs.fixed_ms, ms * FIXED_SHARE)
+        self._rate.observe(tokens, beyond)
+        cohort.rate.observe(tokens, beyond)
         for uid in cohort.batch.uids:
             self.last_chunk[uid] = self.steps
         return flight.responses

@@ -14,16 +14,27 @@ prefill chunk that runs beside it, within a token budget:
 - Bound (`srpt` with `wait_bound` X > 0): aging alone lets a long prompt
   among a stream of short ones win a chunk only every `remaining / aging`
   steps, so its prefill takes time quadratic in its length. The bound
-  measures time in prompt tokens of the chunks planned (`work`): a sequence
-  first seen with W tokens of prefill pending (its own, and all of every
-  sequence seen before it, as first-come-first-served would run them) gets
-  the deadline `work + X * W`. The SRPT chunk runs if, after it, serving the
-  earliest deadlines first would still meet every deadline; otherwise the
-  earliest deadline's chunk runs, alone (EDF meets any deadlines that can be
-  met). So no prefill ends later than X times its first-come-first-served
-  end (a started cohort's other members riding along aside: one chunk).
-  X = 1 is first-come-first-served. A sequence is first seen when it may
-  start (the batch has room for it); a wait for room is decode's, not this.
+  measures time (`clock`) in prompt tokens, each chunk also charged its
+  overhead in tokens' worth: its forward's fixed cost, and the decode step
+  it shares when it runs inside one, over the learned cost per token
+  (engine.runtime.batching.chunk_costs). A sequence first seen with work W
+  pending (its own prefill, and all of every sequence seen before it, each
+  priced as first-come-first-served would run it: in `chunk_max`-token
+  forwards, each with its overhead, as a peer runs a decode step between its
+  prefill steps) gets the deadline `clock + X * W`. The SRPT chunk runs if,
+  after it, serving the earliest deadlines first (each remainder priced the
+  same way) would still meet every deadline; otherwise the earliest
+  deadline's chunk runs, alone, in `chunk_max` tokens (EDF meets any
+  deadlines that can be met, and these are the chunks it was priced at:
+  where the bound presses, the prefill's rate comes before the streams'
+  gaps). So no prefill ends later than X times its first-come-first-served
+  end, in time and not only in tokens: the fixed costs of many small chunks
+  and the decode steps between them count (a started cohort's other members
+  riding along aside: one chunk). Tokens' worth rather than milliseconds:
+  a machine slowed or sped up as a whole (a load) moves no deadline, and
+  until a cost is measured the clock counts tokens alone. X = 1 is
+  first-come-first-served. A sequence is first seen when it may start (the
+  batch has room for it); a wait for room is decode's, not this.
 - A sequence whose next capture point is an anchor that other requests wait
   on is keyed by the tokens up to that point: the waiters restore the anchor
   in the step after it is captured, instead of prefilling it again.
@@ -31,62 +42,66 @@ prefill chunk that runs beside it, within a token budget:
   chunk is one sequence, or (when `group` > 1) several that have not started
   and whose remaining prefills are within `GROUP_RATIO` of each other; once
   started they stay one prompt batch (a cohort) and run together.
-- Budget, in time: a chunk is sized from measured costs (its own cohort's
-  milliseconds per prefill token at its current context, a forward's fixed
-  cost included, so the size converges on the time it is given). While
-  sequences decode, a long prefill's chunk gets what keeps the whole step
-  within `step_factor` idle decode steps (the step's other work, measured,
-  taken off), so a decoding stream's inter-token gap stays near that; with
-  nothing decoding it gets `slice_ms`, so a newcomer waits at most about
-  that long for the chunk in flight. With `overlap` (the chunk's forward runs
-  on a thread of its own beside the decode steps, engine.runtime.batching.chunked) the
-  chunk is no part of a step: it gets `slice_ms` whether or not sequences
-  decode. Never more than `chunk_max` tokens (default: `budget`), never
-  fewer than MIN_CHUNK (the long prompt always moves). The time is the
-  guard; `chunk_max` only caps the chunk where tokens are cheap, and the
-  smaller it is, the more of the prefill goes to each chunk's fixed cost
-  and to the steps between one chunk's end and the next one's start.
-- Costs, learned: a chunk's forward is a fixed cost plus a cost per token
-  (engine.runtime.batching.chunk_costs fits both to the chunks run, on
-  whatever backend), and the chunk is sized on the per-token part after the
-  fixed one. Once the fixed cost is known, no chunk is so short that the
-  prefill runs below 1 / X of its own rate (X: the wait bound, else
-  1 / (1 - USEFUL)): with the step's other work (the decode, when the chunk is
-  part of the step) and the fixed cost, a chunk of time T gives the prefill
+- Budget, in time: a chunk is sized from learned costs (a forward's fixed
+  cost plus its cohort's milliseconds per prefill token at its current
+  context; engine.runtime.batching.chunk_costs fits both to the chunks run,
+  on whatever backend), so `fixed + token_ms * tokens` converges on the time
+  it is given. While sequences decode, that time is the streams' gap budget:
+  inside a decode step (no `overlap`), what keeps the whole step within
+  `step_factor` idle decode steps (the step's other work, measured, taken
+  off); with `overlap` (the chunk's forward on a thread of its own beside the
+  decode steps, engine.runtime.batching.chunked), `slice_ms`. With nothing
+  decoding it is `slice_ms`, so a newcomer waits at most about that long for
+  the chunk in flight. Never more than `chunk_max` tokens (default:
+  `budget`), never fewer than MIN_CHUNK (the long prompt always moves).
+- The floor: where the time given cannot hold a chunk that is mostly useful
+  work (the prefill less than USEFUL of the time the chunk and its step's
+  other work take: a forward's fixed cost several decode steps long, a
+  Mac's MoE; or the step's other work alone near the streams' whole
+  budget), no chunk meets that time at a price worth paying: the chunk keeps
+  the prefill at 1 / X of its own rate (X: the wait bound, else 1 / (1 -
+  USEFUL)). A chunk of time T beside other work `other` gives the prefill
   (T - fixed) / (T + other) of the machine, so T >= (X * fixed + other) /
-  (X - 1). Where a forward's fixed cost is several decode steps long (a
-  Mac's MoE) that outweighs the streams' gap target: the bound's promise is
-  kept in time, not only in tokens.
+  (X - 1).
 - Growth: a long prefill that nobody else waits for (no other sequence has
-  prefill left), with its chunk not part of a decode step, doubles its
-  chunk's time each chunk in a row (from the slice) until the fixed cost is
-  FIXED_SHARE of it (at least twice the slice, so the sizes vary for the
-  fit); a sequence that arrives cuts it back to the slice, and growth starts
-  over once it is alone again.
+  prefill left) while no stream decodes doubles its chunk's time each chunk
+  in a row (from the slice) until the fixed cost is FIXED_SHARE of it (at
+  least twice the slice, so the sizes vary for the fit); a sequence that
+  arrives or a stream that starts decoding cuts it back, and growth starts
+  over once it is alone again. Beside decoding streams a chunk never grows:
+  their gaps are what it is sized to; there, until the fit tells the fixed
+  cost apart, every other chunk is half the size (two tokens for one), so
+  the sizes vary for it (chunks of one size would never tell it, and a
+  one-token chunk would read its whole fixed cost as the cost of a token).
 - A short prefill (its whole uncached prompt within `budget` tokens) runs
-  whole in one chunk, also beside decode: its first token comes one step
-  later instead of many, at the price of one longer gap for the decoding
-  streams. The tail of a long prompt is not short: it has waited anyway,
-  and at a long context its last `budget` tokens would stall them longest.
+  whole in one chunk (`Chunk.whole`) when nothing decodes, when its whole
+  cost fits the streams' gap budget, or when that budget holds no useful
+  chunk anyway: its first token comes one step later instead of many.
+  Otherwise, beside decoding streams, it is cut to the gap budget like any
+  chunk (its first token a few chunks' fixed costs later, instead of one
+  long gap for every stream). The tail of a long prompt is not short: it has
+  waited anyway, and at a long context its last `budget` tokens would stall
+  the streams longest.
 
 It knows sequences only as uids with token counts and step numbers, and keeps
 only the work counter and each sequence's deadline; nothing here touches MLX,
-a cache or a clock (`plan` must be called once per chunk that runs).
+a cache or a clock (`next_chunk` must be called once per chunk that runs).
 `batched` (mlx-lm's own padded prefill batch, the baseline) does not use this
 module.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 AGING = 16  # tokens taken off a waiting sequence's key per step
 GROUP_RATIO = 1.5  # grouped sequences' remaining prefills differ at most by this factor
 MIN_CHUNK = 1  # a long prefill moves at least this many tokens per step
 STEP_FACTOR = 2.5  # a step with a chunk beside decode aims at this many idle decode steps
-SLICE_MS = 50.0  # a long prefill's chunk with nothing decoding aims at this long
+SLICE_MS = 50.0  # a chunk aims at this long with nothing decoding, or beside decode (overlap)
 FIRST_CHUNK = 16  # a long prefill's chunk beside decode before any cost is measured
-USEFUL = 0.5  # without a wait bound, a prefill beside other work keeps this share of its rate
+USEFUL = 0.5  # a chunk's prefill is at least this share of the time it and its step take
 FIXED_SHARE = 0.1  # a long prefill alone grows its chunks until its fixed cost is this share
 WAIT_BOUND = 2.0  # srpt: no prefill ends later than this many times first-come-first-served's
 
@@ -108,10 +123,12 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Chunk:
-    """What prefills this step: `tokens` prompt tokens of each of `uids` (none padded)."""
+    """What prefills this step: `tokens` prompt tokens of each of `uids` (none padded);
+    `whole`: a short prefill run whole (its first token is the wait that matters)."""
 
     uids: tuple[int, ...]
     tokens: int
+    whole: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,7 +142,7 @@ class Costs:
 
 
 class PrefillScheduler:
-    """The prefill policy (module doc); `plan` once per step."""
+    """The prefill policy (module doc); `next_chunk` once per step."""
 
     def __init__(
         self,
@@ -152,28 +169,63 @@ class PrefillScheduler:
         if self.chunk_max < 1:
             raise ValueError(f"chunk_max {chunk_max} must be positive")
         self.streak: tuple[int, int] = (-1, 0)  # (uid, its chunks in a row with nothing waiting)
-        self.work = 0  # prompt tokens of every chunk planned: the bound's clock
-        self.deadlines: dict[int, float] = {}  # uid -> the work by which its prefill ends
+        self.picked = 0  # chunks picked: every other one probes the fit (module doc: growth)
+        self.clock = 0.0  # every chunk picked, in tokens' worth: the bound's clock (module doc)
+        self.deadlines: dict[int, float] = {}  # uid -> the clock by which its prefill ends
 
-    def _deadlines(self, candidates: list[Candidate]) -> None:
+    # ---- the bound: tokens, and each chunk's overhead in tokens' worth -----------------
+
+    def _other_ms(self, decoding: int, costs: Costs) -> float:
+        """What a step with a chunk spends besides the chunk, when the chunk is part of it."""
+        return costs.beside_ms if decoding and not self.overlap else 0.0
+
+    @staticmethod
+    def _worth(ms: float, costs: Costs) -> float:
+        """`ms` in prompt tokens' worth (0 until a cost per token is measured)."""
+        return ms / costs.token_ms if costs.token_ms > 0 else 0.0
+
+    def _remainder(self, tokens: int, costs: Costs) -> float:
+        """`tokens` more of a prefill in `chunk_max`-token chunks, each with its overhead
+        (its fixed cost, and a step's other work when chunks run inside steps): as
+        first-come-first-served runs a prompt (a decode step between its prefill steps),
+        and as the bound's own chunks run it. Whether streams decode at this moment does
+        not change the price: a deadline set while none did must hold when one starts."""
+        if tokens <= 0:
+            return 0.0
+        per_chunk = costs.fixed_ms + (0.0 if self.overlap else costs.beside_ms)
+        return tokens + self._worth(per_chunk, costs) * math.ceil(tokens / self.chunk_max)
+
+    def chunk_cost(self, chunk: Chunk, decoding: int, costs: Costs) -> float:
+        """What `chunk` costs the bound's clock: its tokens, and its overhead's worth."""
+        overhead = costs.fixed_ms + self._other_ms(decoding, costs)
+        return chunk.tokens * len(chunk.uids) + self._worth(overhead, costs)
+
+    def _deadlines(self, candidates: list[Candidate], costs: Costs) -> None:
         """Give each sequence seen for the first time its deadline (module doc: bound);
         forget those gone."""
         present = {c.uid for c in candidates}
         self.deadlines = {u: d for u, d in self.deadlines.items() if u in present}
-        pending = sum(c.remaining for c in candidates if c.uid in self.deadlines)
+
+        pending = sum(
+            self._remainder(c.remaining, costs) for c in candidates if c.uid in self.deadlines
+        )
         for c in sorted(candidates, key=lambda c: (c.arrived, c.uid)):
             if c.uid not in self.deadlines:
-                pending += c.remaining
-                self.deadlines[c.uid] = self.work + self.wait_bound * pending
+                pending += self._remainder(c.remaining, costs)
+                self.deadlines[c.uid] = self.clock + self.wait_bound * pending
 
-    def _feasible(self, ready: list[Candidate], chunk: Chunk) -> bool:
-        """Whether, after `chunk`, serving the earliest deadlines first still meets them all."""
-        ahead = self.work + chunk.tokens * len(chunk.uids)
+    def _feasible(self, ready: list[Candidate], chunk: Chunk, cost: float, costs: Costs) -> bool:
+        """Whether, after `chunk` (`cost` on the clock), serving the earliest deadlines first
+        still meets them all."""
+        ahead = self.clock + cost
         for c in sorted(ready, key=lambda c: (self.deadlines[c.uid], c.arrived, c.uid)):
-            ahead += max(0, c.remaining - (chunk.tokens if c.uid in chunk.uids else 0))
+            left = c.remaining - (chunk.tokens if c.uid in chunk.uids else 0)
+            ahead += self._remainder(left, costs)
             if ahead > self.deadlines[c.uid]:
                 return False
         return True
+
+    # ---- order and size -----------------------------------------------------------
 
     def priority(self, c: Candidate, step: int) -> tuple:
         """Sort key: the smallest runs first."""
@@ -184,37 +236,65 @@ class PrefillScheduler:
         return (work - self.aging * (step - since), c.arrived, c.uid)
 
     def short(self, total: int) -> bool:
-        """A prefill of `total` tokens is short: it runs whole, and it is never background work
-        (engine.runtime.batching.prefill_worker evaluates only a long one's chunks module by
-        module)."""
+        """A prefill of `total` tokens is short: it may run whole (module doc)."""
         return total <= self.budget
 
+    def gap_ms(self, decoding: int, costs: Costs) -> float:
+        """The time a chunk is given: beside decoding streams their gap budget, else the
+        slice (module doc: budget, in time)."""
+        if decoding and not self.overlap:
+            return self.step_factor * costs.decode_ms - costs.beside_ms
+        return self.slice_ms
+
+    def whole(self, head: Candidate, decoding: int, costs: Costs) -> bool:
+        """`head` is a short prefill that runs whole this step (module doc)."""
+        total = head.remaining if head.total is None else head.total
+        if not self.short(total):
+            return False
+        token_ms, gap = head.token_ms or costs.token_ms, self.gap_ms(decoding, costs)
+        if not decoding or token_ms <= 0 or not self.holds(gap, decoding, costs):
+            return True  # no gap to keep, or none a chunk could keep
+        return costs.fixed_ms + token_ms * total <= gap
+
+    def holds(self, room: float, decoding: int, costs: Costs) -> bool:
+        """A chunk of `room` ms is mostly useful work (module doc: the floor)."""
+        other = self._other_ms(decoding, costs)
+        return room > 0 and room - costs.fixed_ms >= USEFUL * (room + other)
+
     def allowance(
-        self, head: Candidate, decoding: int, costs: Costs, alone: bool = False, streak: int = 0
+        self,
+        head: Candidate,
+        decoding: int,
+        costs: Costs,
+        alone: bool = False,
+        streak: int = 0,
+        urgent: bool = False,
     ) -> int:
-        """Prompt tokens `head` may prefill this step (module doc: budget, in time; growth).
-        `alone`: no other sequence waits for a chunk; `streak`: its chunks in a row so."""
-        if self.short(head.remaining if head.total is None else head.total):
-            return self.budget  # whole, decoding or not
+        """Prompt tokens `head` may prefill this step (module doc: budget, floors, growth).
+        `alone`: no other sequence waits for a chunk; `streak`: its chunks in a row so;
+        `urgent`: the bound presses."""
+        if self.whole(head, decoding, costs):
+            return self.budget
         token_ms = head.token_ms or costs.token_ms
         if token_ms <= 0 or (decoding and not self.overlap and costs.decode_ms <= 0):
             return min(self.budget, FIRST_CHUNK) if decoding else self.budget
-        in_step = decoding and not self.overlap  # the chunk is part of a decode step
-        if in_step:
-            room = self.step_factor * costs.decode_ms - costs.beside_ms
-        else:
-            room = self.slice_ms
-        fixed = costs.fixed_ms
-        if fixed > 0:  # known (the fit told it apart): the prefill keeps its rate (module doc)
+        room, fixed = self.gap_ms(decoding, costs), costs.fixed_ms
+        other = self._other_ms(decoding, costs)
+        if urgent:  # the bound presses: its rate first (module doc)
+            return self.chunk_max
+        if not self.holds(room, decoding, costs):  # the floor (module doc)
             x = self.wait_bound if self.wait_bound > 1 else 1 / (1 - USEFUL)
-            room = max(room, (x * fixed + (costs.beside_ms if in_step else 0.0)) / (x - 1))
-        if alone and not in_step and streak:
+            room = max(room, (x * fixed + other) / (x - 1))
+        if alone and not decoding and streak:
             # Nobody waits: double the time each chunk in a row, until the fixed cost is
             # FIXED_SHARE of it (at least twice the slice, so the fit sees sizes vary).
             room = min(room * 2**streak, max(2 * room, fixed / FIXED_SHARE))
-        return max(MIN_CHUNK, min(self.chunk_max, int((room - fixed) / token_ms)))
+        tokens = max(MIN_CHUNK, min(self.chunk_max, int((room - fixed) / token_ms)))
+        if decoding and fixed <= 0 and self.picked % 2:  # the fit needs sizes that vary
+            tokens = tokens // 2 if tokens > 1 else 2
+        return tokens
 
-    def plan(
+    def next_chunk(
         self, candidates: list[Candidate], step: int, decoding: int = 0, costs: Costs = Costs()
     ) -> Chunk | None:
         """The chunk to prefill this step, or None when nothing waits."""
@@ -224,13 +304,17 @@ class PrefillScheduler:
         if not ready:
             return None
         chunk = self._chunk(ready[0], ready, ready, candidates, decoding, costs)
+        cost = self.chunk_cost(chunk, decoding, costs)
         if self.schedule == "srpt" and self.wait_bound:
-            self._deadlines(candidates)
-            if not self._feasible(ready, chunk):  # the earliest deadline first, alone
+            self._deadlines(candidates, costs)
+            if not self._feasible(ready, chunk, cost, costs):
+                # The earliest deadline first, alone, in a chunk of the bound's size.
                 head = min(ready, key=lambda c: (self.deadlines[c.uid], c.arrived, c.uid))
-                chunk = self._chunk(head, [head], ready, candidates, decoding, costs)
-        self.work += chunk.tokens * len(chunk.uids)
-        alone = all(c.uid in chunk.uids for c in ready)
+                chunk = self._chunk(head, [head], ready, candidates, decoding, costs, True)
+                cost = self.chunk_cost(chunk, decoding, costs)
+        self.clock += cost
+        self.picked += 1
+        alone = all(c.uid in chunk.uids for c in ready) and not decoding
         uid, count = self.streak
         self.streak = (chunk.uids[0], count + 1 if alone and uid == chunk.uids[0] else int(alone))
         return chunk
@@ -243,6 +327,7 @@ class PrefillScheduler:
         candidates: list[Candidate],
         decoding: int,
         costs: Costs,
+        urgent: bool = False,
     ) -> Chunk:
         """`head`'s chunk: its cohort, or it and similar unstarted ones of `ready` (`waiting`:
         every sequence with prefill left, to tell whether anyone else waits)."""
@@ -251,7 +336,7 @@ class PrefillScheduler:
             own |= {c.uid for c in candidates if c.cohort == head.cohort}
         alone = all(c.uid in own for c in waiting)
         streak = self.streak[1] if self.streak[0] in own else 0
-        allowance = self.allowance(head, decoding, costs, alone, streak)
+        allowance = self.allowance(head, decoding, costs, alone, streak, urgent)
         if head.cohort is not None:  # a started cohort runs whole: one prompt batch
             members = [c for c in candidates if c.cohort == head.cohort]
         else:
@@ -265,4 +350,5 @@ class PrefillScheduler:
             ]
             members = [head] + similar[: max(0, min(self.group, allowance) - 1)]
         tokens = min(min(c.boundary for c in members), max(1, allowance // len(members)))
-        return Chunk(uids=tuple(c.uid for c in members), tokens=tokens)
+        whole = all(self.whole(c, decoding, costs) for c in members)
+        return Chunk(uids=tuple(c.uid for c in members), tokens=tokens, whole=whole)

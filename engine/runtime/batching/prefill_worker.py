@@ -24,9 +24,9 @@ worker thread that asked for it, and does nothing elsewhere), so its queue
 stays a few tasks deep and the decode's arrays are scheduled without
 waiting. That costs the worker its pipelining (the next module's graph is
 built after the last one ran): the caller asks for it per chunk
-(`by_module`), for a long prefill's chunks, which are background work beside
-decoding streams, and not for a short turn's, whose first token is the wait
-that matters. It is the default on the CPU device, where each eval is a
+(`by_module`), for the chunks sized to the streams' gaps, which are background
+work beside decoding streams, and not for a short turn run whole, whose first
+token is the wait that matters. It is the default on the CPU device, where each eval is a
 thread hand-off; on a GPU each would be a command buffer, so whole forwards.
 
 What makes it safe is what the two threads touch: the worker runs one

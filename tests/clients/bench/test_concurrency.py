@@ -71,3 +71,25 @@ def test_the_peer_hangs_up_a_dropped_call(tmp_path):
         whole = server.stream(messages, max_tokens=8)
     assert not dropped.completed and len(dropped.chunk_times) == 2
     assert whole.completed
+
+
+def test_the_trace_traffic_shares_a_conversations_text_between_its_turns():
+    from clients.bench.concurrency.trace import TraceTraffic
+
+    traffic = TraceTraffic(0, 60, 0.05, 30.0, 16, every=100)
+    requests = traffic.requests
+    assert len(requests) == 60 and requests[-1].at_s == pytest.approx(30.0)
+    assert [r.at_s for r in requests] == sorted(r.at_s for r in requests)
+    system = {r.messages[0]["content"] for r in requests}
+    assert len(system) == 1  # block 0: every prompt's
+    warm = [r for r in requests if r.kind == "warm"]
+    assert warm and all(r.max_tokens <= 16 for r in requests)
+    # A next turn starts with an earlier turn's text of its conversation (its blocks).
+    for r in warm:
+        user = r.messages[1]["content"]
+        earlier = [q for q in requests if q.at_s < r.at_s and len(q.messages) > 1]
+        assert any(user.startswith(q.messages[1]["content"][:200]) for q in earlier), r.key
+    summary = traffic.summary()
+    assert summary["requests"] == 60 and summary["cold"] == 60 - len(warm)
+    report = {"traffic": summary, "runs": {}}
+    assert "first turns" in format_table(report)

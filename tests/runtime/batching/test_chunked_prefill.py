@@ -40,11 +40,18 @@ def loaded(model_cache_dir, random_model_dir):
 
 
 def engine(
-    loaded, schedule="srpt", budget=64, group=1, overlap=False, prefill_eval="auto"
+    loaded,
+    schedule="srpt",
+    budget=64,
+    group=1,
+    overlap=False,
+    prefill_eval="auto",
+    step_factor=ModelConfig.prefill_step_factor,
 ) -> LocalEngine:
     config, model = loaded
     model_config = ModelConfig(
         prefill_step_size=256,
+        prefill_step_factor=step_factor,
         schedule=schedule,
         prefill_budget=budget,
         prefill_group=group,
@@ -99,20 +106,25 @@ def test_streams_decode_every_step_while_a_long_prompt_prefills_in_chunks(loaded
     assert any(isinstance(e, Progress) for e in b), "no prefill progress"
 
 
-def test_a_short_prefill_runs_whole_beside_decode(loaded):
-    eng = engine(loaded, budget=256)
+def test_a_short_prefill_runs_whole_beside_decode_when_it_fits_the_streams_gaps(loaded):
+    # A gap budget of 1000 idle decode steps holds it (whether one is cut to a smaller budget
+    # is the policy's, tests/runtime/batching/test_prefill_growth.py, on injected costs).
+    eng = engine(loaded, budget=256, step_factor=1000.0)
     a = submit(eng, "a", tokens(40, 1), max_tokens=300)
     while len(ids(a)) < 8:  # the decode-only step is measured
         eng.generator.step()
     b = submit(eng, "b", tokens(240, 5), namespace="b")
     steps = 0
     while not ids(b):
+        before = len(ids(a))
         eng.generator.step()
+        assert len(ids(a)) == before + 1 or final(a) is not None, "the stream skipped a step"
         steps += 1
     uid = eng.generator.by_request["b"]
-    chunks = [c.tokens for c in eng.generator.bg.chunks if uid in c.uids]
+    chunks = [c for c in eng.generator.bg.chunks if uid in c.uids]
     # one chunk per segment (a capture point may split it), then its first token
-    assert steps <= 3 and len(chunks) <= 2 and sum(chunks) == 239, (steps, chunks)
+    assert sum(c.tokens for c in chunks) == 239
+    assert steps <= 3 and len(chunks) <= 2 and all(c.whole for c in chunks), chunks
     run_all(eng)
 
 
@@ -223,9 +235,10 @@ def test_with_overlap_streams_decode_while_a_chunk_runs_on_the_worker(loaded, mo
 
 @pytest.mark.parametrize("prefill_eval", ["auto", "forward"])
 def test_on_the_cpu_the_worker_evaluates_module_by_module(loaded, prefill_eval):
-    """`--prefill-eval auto` on the CPU: a long prefill's chunks on the worker evaluate each
-    module's output (its MLX queue stays short beside decode); the loop's inline chunks and
-    a short prefill's do not; `forward` evaluates whole forwards. Same tokens either way."""
+    """`--prefill-eval auto` on the CPU: the chunks on the worker sized to the streams' gaps
+    evaluate each module's output (its MLX queue stays short beside decode); the loop's
+    inline chunks and a short prefill run whole do not; `forward` evaluates whole forwards.
+    Same tokens either way."""
     prompt = tokens(1200, 3)
     serial = engine(loaded, budget=64)
     expected = submit(serial, "b", prompt, namespace="b")
@@ -252,13 +265,16 @@ def test_on_the_cpu_the_worker_evaluates_module_by_module(loaded, prefill_eval):
     c = submit(eng, "c", tokens(40, 6), max_tokens=100, namespace="c")  # decodes beside it
     while not ids(c):
         eng.generator.step()
-    short = submit(eng, "s", tokens(50, 5), namespace="s")  # within the budget: whole
+    short = submit(eng, "s", tokens(50, 5), namespace="s")  # within the budget
     before, on_worker = counted(), 0
     while not ids(short):
         on_worker += bg.flight is not None
         eng.generator.step()
     assert on_worker > 0, "the short prefill did not run on the worker"
-    assert counted() == before, "a short prefill went module by module"
+    uid = eng.generator.by_request["s"]
+    whole = all(c.whole for c in bg.chunks if uid in c.uids)  # else: cut to the slice
+    by_module = prefill_eval == "auto" and not whole
+    assert (counted() > before) == by_module, "a short prefill run whole went module by module"
     run_all(eng)
     assert ids(b) == ids(expected) and ids(inline) and ids(short)
     bg.close()

@@ -2,23 +2,25 @@
 cold prompt among a stream of short ones ends its prefill (gets its first token) within
 `wait_bound` times what first-come-first-served would give it, plus one chunk.
 
-Time here is the policy's own clock: prompt tokens of the chunks planned (`work`). A
-small executor below runs the plans as the batch generator would: a chunk's tokens
-come off its sequences, a started sequence keeps its cohort, its last chunk's step is
-its `waiting_since`.
+Time here is the policy's own clock (`clock`): with no cost measured, prompt tokens of
+the chunks picked; with costs, their learned milliseconds. A small executor below runs
+the chunks as the batch generator would: a chunk's tokens come off its sequences, a
+started sequence keeps its cohort, its last chunk's step is its `waiting_since`; told
+costs, it also keeps the time the chunks take.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from engine.runtime.batching.prefill_policy import AGING, Candidate, PrefillScheduler
+from engine.runtime.batching.prefill_policy import AGING, Candidate, Costs, PrefillScheduler
 
 
-def run(scheduler: PrefillScheduler, arrivals: dict, steps: int):
+def run(scheduler: PrefillScheduler, arrivals: dict, steps: int, costs: Costs = Costs()):
     """Plan `steps` steps, sequences arriving as `arrivals` says ({step: [(uid, tokens)]}):
-    the uids of each step's chunk, and the work at which each sequence's prefill ended."""
-    live, order, ends = {}, [], {}
+    the uids of each step's chunk, and the clock at which each sequence's prefill ended
+    (with `costs`: the time, each chunk taking its fixed cost plus its tokens' cost)."""
+    live, order, ends, now = {}, [], {}, 0.0
     for step in range(steps):
         for uid, tokens in arrivals.get(step, ()):
             live[uid] = {"remaining": tokens, "arrived": step, "cohort": None, "since": None}
@@ -33,9 +35,10 @@ def run(scheduler: PrefillScheduler, arrivals: dict, steps: int):
             )
             for u, v in live.items()
         ]
-        chunk = scheduler.plan(waiting, step)
+        chunk = scheduler.next_chunk(waiting, step, costs=costs)
         if chunk is None:
             continue
+        now += costs.fixed_ms + costs.token_ms * chunk.tokens * len(chunk.uids)
         order.append(chunk.uids[0])
         for uid in chunk.uids:
             seq = live[uid]
@@ -43,7 +46,7 @@ def run(scheduler: PrefillScheduler, arrivals: dict, steps: int):
             seq["cohort"], seq["since"] = uid, step
             if seq["remaining"] <= 0:
                 del live[uid]
-                ends[uid] = scheduler.work
+                ends[uid] = now if costs.token_ms else scheduler.clock
     return order, ends
 
 
@@ -103,14 +106,31 @@ def test_a_long_cold_prompt_among_short_ones_ends_within_the_bound(
     assert (free.get(1, float("inf")) > bound * fcfs_ends[1] + budget) == starves
 
 
+@pytest.mark.parametrize("bound", [1.25, 2.0])
+def test_the_bound_holds_in_time_where_each_chunk_has_a_fixed_cost(bound):
+    # A chunk's fixed cost twice a short prompt's tokens: counted in tokens, a stream of
+    # short prompts looks cheap and keeps the long one out far past its bound in time.
+    costs = Costs(decode_ms=5.0, token_ms=1.0, beside_ms=5.0, fixed_ms=100.0)
+    steps = 400
+    fcfs = PrefillScheduler("fifo", budget=256, slice_ms=50.0)
+    _, fcfs_ends = run(fcfs, stream(2000, 50, steps), steps, costs)
+    bounded = PrefillScheduler("srpt", budget=256, slice_ms=50.0, wait_bound=bound)
+    order, ends = run(bounded, stream(2000, 50, steps), steps, costs)
+    one_chunk = costs.fixed_ms / (1 - 1 / bound)  # the bound's own chunk
+    assert ends[1] <= bound * fcfs_ends[1] + one_chunk
+    assert order[0] == 100  # still shortest first while the bound has room
+    # Every short prompt too, each against its own first-come-first-served end.
+    assert all(ends[u] <= bound * fcfs_ends[u] + one_chunk for u in fcfs_ends if u in ends)
+
+
 def test_short_prompts_keep_shortest_first_while_the_bound_has_room():
     s = PrefillScheduler("srpt", budget=64, wait_bound=2.0)
     long = Candidate(1, 4000, 4000, arrived=0)
-    assert s.plan([long, Candidate(2, 50, 50, arrived=0)], step=0).uids == (2,)
+    assert s.next_chunk([long, Candidate(2, 50, 50, arrived=0)], step=0).uids == (2,)
     assert s.deadlines == {1: 2 * 4000, 2: 2 * 4050}
-    assert s.work == 50
+    assert s.clock == 50
     # Once gone, a sequence's deadline is forgotten.
-    s.plan([long], step=1)
+    s.next_chunk([long], step=1)
     assert set(s.deadlines) == {1}
 
 
@@ -118,7 +138,7 @@ def test_aging_is_still_counted_under_the_bound():
     s = PrefillScheduler("srpt", budget=64, wait_bound=100.0)
     long = Candidate(1, 4000, 4000, arrived=0)
     steps = 4000 // AGING + 1
-    assert s.plan([long, Candidate(2, 50, 50, arrived=steps)], step=steps).uids == (1,)
+    assert s.next_chunk([long, Candidate(2, 50, 50, arrived=steps)], step=steps).uids == (1,)
 
 
 @pytest.mark.parametrize("bound", [0.5, -1.0, 0.99])
@@ -137,3 +157,14 @@ def test_the_setting_is_checked_where_it_is_declared():
     assert ModelConfig().prefill_chunk_max is None  # the budget
     with pytest.raises(ValueError, match="--prefill-chunk-max"):
         ModelConfig(prefill_chunk_max=0)
+
+
+def test_a_machine_slowed_as_a_whole_moves_no_deadline():
+    # Every cost twice as long (a load): the clock counts tokens' worth, so the same order.
+    long, short = Candidate(1, 4000, 4000, arrived=0), Candidate(2, 50, 50, arrived=0)
+    picks = []
+    for scale in (1.0, 2.0):
+        costs = Costs(5.0 * scale, 1.0 * scale, 5.0 * scale, fixed_ms=100.0 * scale)
+        s = PrefillScheduler("srpt", budget=64, wait_bound=1.25)
+        picks.append([s.next_chunk([long, short], 0, 2, costs), dict(s.deadlines), s.clock])
+    assert picks[0] == picks[1]

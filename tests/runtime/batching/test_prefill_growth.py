@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.runtime.batching.chunk_costs import ChunkCosts
+from engine.runtime.batching.chunk_costs import ChunkCosts, TokenRate
 from engine.runtime.batching.prefill_policy import (
     Candidate,
     Chunk,
@@ -60,70 +60,178 @@ def test_a_long_prefill_alone_doubles_its_chunk_until_the_fixed_cost_is_a_tenth(
     s = PrefillScheduler("srpt", budget=256, slice_ms=50.0, overlap=True, chunk_max=1024)
     sizes = []
     for step in range(5):
-        chunk = s.plan([long(cohort=0 if step else None)], step, decoding=2, costs=COSTS)
+        chunk = s.next_chunk([long(cohort=0 if step else None)], step, costs=COSTS)
         sizes.append(chunk.tokens)
     # (50 - 20) / 0.5, then 100 ms, 200 ms (the fixed 20 ms is a tenth of it), and no more
     assert sizes == [60, 160, 360, 360, 360]
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_beside_decoding_streams_a_lone_long_prefill_never_grows(overlap):
+    # Alone among prefills, but streams decode: their gaps are what its chunk is sized to.
+    s = PrefillScheduler(
+        "srpt", 256, slice_ms=50.0, overlap=overlap, wait_bound=1.25, chunk_max=1024
+    )
+    costs = Costs(decode_ms=40.0, token_ms=0.5, beside_ms=20.0, fixed_ms=20.0)
+    sizes = [
+        s.next_chunk([long(cohort=0 if step else None)], step, 2, costs).tokens for step in range(5)
+    ]
+    gap = 50.0 if overlap else 2.5 * 40.0 - 20.0  # the slice, or 2.5 idle steps less the rest
+    assert gap == s.gap_ms(2, costs)
+    assert sizes == [int((gap - 20.0) / 0.5)] * 5
+    # The streams stop: growth starts (from the slice).
+    after = [s.next_chunk([long(cohort=0)], step, 0, costs).tokens for step in (5, 6, 7)]
+    assert after == [60, 160, 360]
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_beside_decoding_streams_a_chunk_fits_their_gap_budget(overlap):
+    # The budget holds a chunk mostly of useful work: the chunk's whole time (fixed plus
+    # per token) is the budget, whatever the wait bound (1.25 would ask 5 x fixed = 100 ms).
+    s = PrefillScheduler(
+        "srpt", 256, slice_ms=50.0, overlap=overlap, wait_bound=1.25, chunk_max=1024
+    )
+    costs = Costs(decode_ms=40.0, token_ms=0.5, beside_ms=20.0, fixed_ms=20.0)
+    gap = s.gap_ms(3, costs)  # the slice (50), or 2.5 idle steps less the step's rest (80)
+    chunk = s.next_chunk([long()], 0, decoding=3, costs=costs)
+    assert chunk.tokens == int((gap - costs.fixed_ms) / costs.token_ms)
+    assert costs.fixed_ms + costs.token_ms * chunk.tokens <= gap
+    # A short turn costing more than the budget is cut to it too, evaluated as background
+    # (the bound aside: at 1.25, in a step, the decode steps it shares would press it).
+    s = PrefillScheduler("srpt", 256, slice_ms=50.0, overlap=overlap, wait_bound=0)
+    short = Candidate(2, 200, 200, arrived=1)
+    chunk = s.next_chunk([short], 1, decoding=3, costs=costs)
+    assert (chunk.tokens, chunk.whole) == (int((gap - costs.fixed_ms) / costs.token_ms), False)
+    # Nothing decodes: it runs whole (its first token is all that waits).
+    assert s.next_chunk([short], 2, decoding=0, costs=costs) == Chunk((2,), 200, whole=True)
+
+
 def test_a_waiting_short_turn_cuts_the_chunk_back_to_the_slice_and_growth_starts_over():
     s = PrefillScheduler("srpt", budget=256, slice_ms=50.0, overlap=True, chunk_max=1024)
     for step in range(3):
-        s.plan([long(cohort=0 if step else None)], step, decoding=2, costs=COSTS)
+        s.next_chunk([long(cohort=0 if step else None)], step, costs=COSTS)
     short = Candidate(2, 500, 500, arrived=3)  # a warm turn longer than the budget
-    chunk = s.plan([long(cohort=0), short], 3, decoding=2, costs=COSTS)
+    chunk = s.next_chunk([long(cohort=0), short], 3, costs=COSTS)
     assert chunk == Chunk((2,), 60)  # the short one first, in a slice
-    chunk = s.plan([long(cohort=0), short], 4, decoding=2, costs=COSTS)
+    chunk = s.next_chunk([long(cohort=0), short], 4, costs=COSTS)
     assert chunk.tokens == 60  # someone else still waits: the slice
-    after = [s.plan([long(cohort=0)], step, decoding=2, costs=COSTS).tokens for step in (5, 6)]
+    after = [s.next_chunk([long(cohort=0)], step, costs=COSTS).tokens for step in (5, 6)]
     assert after == [60, 160]
 
 
 def test_never_a_chunk_of_mostly_fixed_cost_even_with_a_turn_waiting():
     s = PrefillScheduler("srpt", budget=256, slice_ms=50.0, overlap=True, chunk_max=1024)
     costs = Costs(10.0, 0.5, 10.0, fixed_ms=40.0)
-    chunk = s.plan([long(), Candidate(2, 5_000, 5_000, arrived=1)], 1, decoding=2, costs=costs)
+    chunk = s.next_chunk(
+        [long(), Candidate(2, 5_000, 5_000, arrived=1)], 1, decoding=2, costs=costs
+    )
     assert chunk.tokens == 80  # 80 ms (twice the fixed cost), not 50: (80 - 40) / 0.5
 
 
 def test_unknown_fixed_cost_still_grows_to_twice_the_slice_so_sizes_vary_for_the_fit():
     s = PrefillScheduler("srpt", budget=256, slice_ms=50.0, overlap=True, chunk_max=1024)
     costs = Costs(10.0, 0.5, 10.0)  # fixed 0: not told apart yet
-    sizes = [s.plan([long()], step, decoding=2, costs=costs).tokens for step in range(4)]
+    sizes = [s.next_chunk([long()], step, costs=costs).tokens for step in range(4)]
     assert sizes == [100, 200, 200, 200]
 
 
 def test_a_chunk_inside_a_decode_step_never_grows():
     s = PrefillScheduler("srpt", budget=256, step_factor=3.0, overlap=False)
-    sizes = [s.plan([long()], step, decoding=2, costs=COSTS).tokens for step in range(4)]
+    sizes = [s.next_chunk([long()], step, decoding=2, costs=COSTS).tokens for step in range(4)]
     assert len(set(sizes)) == 1  # (3 * 10 - 10) ms each: the streams' gaps
 
 
 def test_nothing_decoding_grows_too_and_chunk_max_caps_the_growth():
     s = PrefillScheduler("srpt", budget=256, slice_ms=50.0, overlap=True, chunk_max=200)
-    sizes = [s.plan([long()], step, decoding=0, costs=COSTS).tokens for step in range(4)]
+    sizes = [s.next_chunk([long()], step, decoding=0, costs=COSTS).tokens for step in range(4)]
     assert sizes == [60, 160, 200, 200]
     default = PrefillScheduler("srpt", budget=256, slice_ms=50.0, overlap=True)
     cheap = Costs(10.0, 0.01, 10.0, fixed_ms=20.0)  # 200 ms would be 18,000 tokens
-    sizes = [default.plan([long()], step, decoding=0, costs=cheap).tokens for step in range(3)]
+    sizes = [
+        default.next_chunk([long()], step, decoding=0, costs=cheap).tokens for step in range(3)
+    ]
     assert sizes == [256, 256, 256]  # chunk_max defaults to the budget
 
 
 MAC = Costs(decode_ms=33.0, token_ms=1000 / 420, beside_ms=33.0, fixed_ms=130.0)
 
 
-def test_beside_decode_a_chunk_keeps_the_prefill_within_the_wait_bound_of_its_own_rate():
-    # A forward's fixed cost several decode steps long (a Mac's): the streams' gap target
-    # (2.5 idle steps) would leave the prefill a third of its rate; the chunk is sized so the
-    # prefill keeps 1 / 1.25 of it: (1.25 * 130 + 33) / 0.25 = 782 ms a step.
+def test_beside_decode_a_fixed_cost_beyond_the_gap_budget_keeps_the_prefill_rate():
+    # A forward's fixed cost several decode steps long (a Mac's): no chunk mostly of useful
+    # work fits the streams' gap budget (2.5 idle steps, 49.5 ms), so the chunk keeps the
+    # prefill at 1 / 1.25 of its rate: (1.25 * 130 + 33) / 0.25 = 782 ms a step.
     s = PrefillScheduler("srpt", 256, step_factor=2.5, wait_bound=1.25, chunk_max=4096)
-    chunk = s.plan([long()], 0, decoding=2, costs=MAC)
+    chunk = s.next_chunk([long()], 0, decoding=2, costs=MAC)
     assert chunk.tokens == int((782.0 - 130.0) / MAC.token_ms)
     useful = chunk.tokens * MAC.token_ms
     assert useful / (useful + MAC.fixed_ms + MAC.beside_ms) == pytest.approx(1 / 1.25, abs=0.01)
 
 
-def test_until_the_fixed_cost_is_known_the_gap_target_alone_sizes_the_chunk():
+def test_when_the_bound_presses_its_chunks_are_the_largest_and_it_holds_in_time():
+    # The gap budget holds a useful chunk (80 ms, fixed 20), but at 120 tokens a step with
+    # its decode the prefill runs at 60% of its rate: the bound presses, and its chunks are
+    # chunk_max tokens, the size its deadline was priced at. Alone, the prefill ends within
+    # 1.25 x its first-come-first-served time (fixed costs and decode steps counted).
+    costs = Costs(decode_ms=40.0, token_ms=0.5, beside_ms=20.0, fixed_ms=20.0)
     s = PrefillScheduler("srpt", 256, step_factor=2.5, wait_bound=1.25, chunk_max=4096)
+    left, sizes = 20_000, []
+    for step in range(10_000):
+        if left <= 0:
+            break
+        chunk = s.next_chunk([long(remaining=left, cohort=0 if step else None)], step, 2, costs)
+        sizes.append(chunk.tokens)
+        left -= chunk.tokens
+    gap = int((80 - 20) / 0.5)
+    assert sizes[0] == gap  # while the bound has room: the streams' gap
+    assert set(sizes[:-1]) == {gap, 4096}
+    fcfs = 20_000 * costs.token_ms + (costs.fixed_ms + costs.beside_ms) * 5  # 4096 a forward
+    assert s.clock * costs.token_ms <= 1.25 * fcfs  # (the clock counts tokens' worth)
+
+
+def test_until_the_fixed_cost_is_known_the_gap_target_alone_sizes_the_chunk():
+    # (a bound that does not press: at 1.25 the decode steps beside would press it)
+    s = PrefillScheduler("srpt", 256, step_factor=2.5, wait_bound=3.0, chunk_max=4096)
     costs = Costs(33.0, 1000 / 420, 33.0)
-    assert s.plan([long()], 0, decoding=2, costs=costs).tokens == int(49.5 / costs.token_ms)
+    assert s.next_chunk([long()], 0, decoding=2, costs=costs).tokens == int(49.5 / costs.token_ms)
+
+
+def test_slow_chunks_never_make_the_fixed_cost_more_than_the_fastest_chunk():
+    # A loaded machine: two small chunks ran slow, and the line through the chunks crosses
+    # 0 tokens at 86 ms, far above what the first small chunk was seen to cost.
+    costs = ChunkCosts()
+    for tokens, ms in ((10, 12.0), (20, 150.0), (30, 160.0), (200, 300.0), (250, 350.0)):
+        costs.observe(tokens, ms)
+    assert 0 < costs.fixed_ms <= 12.0
+    mean_tokens, mean_ms = costs.x / costs.w, costs.y / costs.w
+    assert costs.fixed_ms + costs.token_ms * mean_tokens == pytest.approx(mean_ms)
+
+
+def test_a_one_token_chunk_slowed_by_a_load_spike_weighs_one_token():
+    # Sizing on a mean of ratios let such a chunk set the rate (0.7 * 3 + 0.3 * 130 ms),
+    # so the next chunks shrank to one token, whose noise set it again.
+    rate = TokenRate()
+    rate.observe(100, 300.0)  # 3 ms a token
+    rate.observe(1, 130.0)
+    assert rate.token_ms == pytest.approx((0.7 * 300.0 + 130.0) / (0.7 * 100 + 1))
+    assert rate.token_ms < 5.0
+    assert TokenRate().token_ms == 0.0  # nothing seen
+
+
+def test_beside_decode_chunk_sizes_vary_until_the_fit_tells_the_fixed_cost_apart():
+    # A fixed cost (40 ms) near the slice (25 ms): each chunk's time read as per-token cost
+    # would shrink the chunks to one token for good (one size: the fit never separates
+    # them). Every other chunk is half the size (two tokens for one) until it does; then
+    # the slice holds no useful chunk and the floor sizes them.
+    s = PrefillScheduler("srpt", 256, slice_ms=25.0, overlap=True, wait_bound=1.25)
+    fit, rate, sizes, left = ChunkCosts(), TokenRate(), [], 100_000
+    for step in range(40):
+        costs = Costs(10.0, rate.token_ms, 10.0, fit.fixed_ms)
+        chunk = s.next_chunk([long(remaining=left, cohort=0 if step else None)], step, 3, costs)
+        ms = 40.0 + 1.0 * chunk.tokens
+        fit.observe(chunk.tokens, ms)
+        rate.observe(chunk.tokens, max(ms - fit.fixed_ms, ms * 0.1))
+        sizes.append(chunk.tokens)
+        left -= chunk.tokens
+    assert fit.fixed_ms == pytest.approx(40.0)
+    floor = (1.25 * 40.0 / 0.25 - 40.0) / 1.0  # 160 tokens (the rate read still settling)
+    assert 0.9 * floor <= min(sizes[-10:]) <= max(sizes[-10:]) <= floor

@@ -2,7 +2,7 @@
 
 A request with `SamplingParams.n > 1` is prefilled once, as one sequence of
 the batch (its branch 0). Each other branch is registered with the batch
-generator at admission (`Branch`: its uid, sampler, constraint, stop tokens,
+generator at admission (`Branch`: its uid, sampler, matcher, stop tokens,
 max_tokens); when the prompt batch moves branch 0 to decode, its rows are
 gathered once per branch (`LineagePromptBatch.generate`): the attention KV
 rows and the recurrent state are copied, as mlx-lm's batch filter does (the

@@ -77,7 +77,7 @@ class Matcher:
             return True
         if self.matcher.is_stopped() or not self.matcher.consume_token(int(token)):
             self.failed = f"token {token} refused: {self.matcher.get_error() or 'grammar ended'}"
-            log.warning("constraint %s: %s", self.kind, self.failed)
+            log.warning("the %s grammar: %s", self.kind, self.failed)
             return False
         self.consumed += 1
         return True

@@ -90,6 +90,8 @@ FORBIDDEN = {
     # The runtime's packages (each __init__ says what it knows and its one way in):
     # grammars and matchers know nothing else of the engine;
     "engine.runtime.structured": ("ray", "grpc", "engine.", "clients"),
+    # the cache contract over mlx-lm's layer caches knows nothing else of the engine;
+    "engine.runtime.layer_caches": ("ray", "grpc", "engine.", "clients"),
     # speculation sits under the batch generators, beside the structured rows;
     "engine.runtime.speculative": (
         *OUTSIDE_RUNTIME,
@@ -211,7 +213,7 @@ def test_every_layer_imports_only_downwards():
     assert violations(found) == []
 
 
-RUNTIME_PACKAGES = ("batching", "speculative", "structured", "tier", "model")
+RUNTIME_PACKAGES = ("batching", "speculative", "structured", "tier", "model", "layer_caches")
 BENCHMARKS = (
     "agents",
     "checkpoint",
@@ -301,6 +303,11 @@ def test_no_module_in_the_engine_root_but_init_and_the_config_package():
             "engine/runtime/structured/x.py",
             "from engine.runtime.requests import GenerationRequest\n",
             "engine.runtime.structured imports engine.runtime.requests",
+        ),
+        (
+            "engine/runtime/layer_caches/x.py",
+            "from engine.runtime.packed_state import PackedArray\n",
+            "engine.runtime.layer_caches imports engine.runtime.packed_state",
         ),
         (
             "engine/runtime/speculative/x.py",

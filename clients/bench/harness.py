@@ -16,12 +16,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 from clients.cli.args import add_serve_arguments, config_from_args
 
 __all__ = [
+    "add_engine_arguments",
     "add_serve_arguments",
     "bench_kernels",
+    "cache_dir",
     "engine_config",
     "kernel_set",
     "model_path",
@@ -51,6 +56,23 @@ def bench_kernels():
 def engine_config(args: argparse.Namespace):
     """The EngineConfig of the serve flags given, plus the environment (as `lineage serve`)."""
     return config_from_args(args, getattr(args, "env", None) or os.environ)
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--model` and `--cache-dir`, as every benchmark that starts its own engine takes them."""
+    parser.add_argument("--model", help="an mlx-lm model directory (default: the embedded one)")
+    parser.add_argument("--cache-dir", help="cache directory (default: a temporary one)")
+
+
+@contextlib.contextmanager
+def cache_dir(given: str | None, name: str):
+    """The cache directory `--cache-dir` named, or a temporary one, removed after the run."""
+    path = Path(given or tempfile.mkdtemp(prefix=f"lineage-{name}-"))
+    try:
+        yield path
+    finally:
+        if not given:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def model_path(path: str | None) -> str:

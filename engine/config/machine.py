@@ -1,7 +1,7 @@
 """What this machine offers the defaults: its memory, and the disk room of a cache directory.
 
 Read once, when `EngineConfig.from_sources` sizes the budgets and when the memory
-plan is made. It reads the system only: no setting, no plan.
+limit is shared (engine.config.memory). It reads the system only: no setting, no share.
 """
 
 from __future__ import annotations

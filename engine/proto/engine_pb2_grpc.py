@@ -95,7 +95,7 @@ class EngineServicer:
 
     def CacheTree(self, request, context):
         """The cache page's tree: anchors, the conversations on them and their checkpoints, the
-        latest requests with why they missed, the memory plan. A tenant sees its own namespace.
+        latest requests with why they missed, the memory shares. A tenant sees its own namespace.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

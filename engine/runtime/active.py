@@ -4,8 +4,8 @@ Its request and where its events go, its uid in the batch, the restore it
 started from, the capture points its prefill is yet to reach and the state
 snapshots taken at the ones it reached, the prompt end's state and
 log-probabilities, the tokens it generated, timestamps (`Stamps`) and the
-bytes it copied. A mutable record the Generator fills in step by step; it
-decides nothing.
+bytes it copied, from which its final event is made. A mutable record the
+Generator fills in step by step; it decides nothing.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.cache.kinds import RestoreKind
-from engine.runtime.events import Emit
-from engine.runtime.output import Stamps
+from engine.runtime.events import Emit, Finished, FinishReason
+from engine.runtime.output import Copied, Stamps, final_event
 from engine.runtime.requests import GenerationRequest
 
 if TYPE_CHECKING:
@@ -53,3 +53,36 @@ class ActiveRequest:
     @property
     def prompt_len(self) -> int:
         return len(self.req.tokens)
+
+    def final_event(
+        self,
+        reason: FinishReason,
+        batch_copied: int,
+        drafts: tuple[int, int, int],
+        commit_ms: float = 0.0,
+        error: str = "",
+    ) -> Finished:
+        """Its Finished event; `batch_copied`: its rows' bytes the batch copied, `drafts`:
+        its drafted, accepted and verify steps (engine.runtime.output)."""
+        copied = Copied(
+            restore=self.copied_restore,
+            commit=self.copied_commit,
+            restored_kv=self.restored_kv_bytes,
+            batch=batch_copied,
+        )
+        return final_event(
+            self.req.request_id,
+            reason,
+            prompt_tokens=self.prompt_len,
+            completion_tokens=self.generated,
+            restore_kind=self.restore_kind,
+            restore_length=self.restore_length,
+            stamps=self.stamps,
+            copied=copied,
+            commit_ms=commit_ms,
+            error=error,
+            restore_lost=self.restore_lost,
+            drafts=drafts,
+            incomplete=self.matcher is not None and not self.matcher.accepting(),
+            index=self.index,
+        )

@@ -2,7 +2,7 @@
 
 A request with `SamplingParams.n > 1` is prefilled once, as one sequence of
 the batch (its branch 0). Each other branch is registered with the batch
-generator at admission (`Branch`: its uid, sampler, constraint, stop tokens,
+generator at admission (`Branch`: its uid, sampler, matcher, stop tokens,
 max_tokens); when the prompt batch moves branch 0 to decode, its rows are
 gathered once per branch (`LineagePromptBatch.generate`): the attention KV
 rows and the recurrent state are copied, as mlx-lm's batch filter does (the
@@ -14,7 +14,8 @@ the batch with the same restored caches.
 Each branch has its own seed (`branch_sampling`: the request's seed plus its
 index), its own matcher when constrained, and its own events (`index`); only
 branch 0 stores and commits the entry (the others' plans store nothing), and
-the prompt is counted once in the usage. Plain Python: no MLX.
+the prompt is counted once in the usage (`branch_active`: a branch's record in the
+batch beside its first's). Plain Python: no MLX.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from engine.runtime.active import ActiveRequest
 from engine.runtime.requests import GenerationRequest, SamplingParams
 
 
@@ -55,3 +57,24 @@ def branch_request(req: GenerationRequest, index: int) -> GenerationRequest:
         return dataclasses.replace(req, sampling=sampling)
     plan = dataclasses.replace(req.plan, new_entry_id=None)
     return dataclasses.replace(req, sampling=sampling, plan=plan)
+
+
+def branch_active(first: ActiveRequest, req: GenerationRequest, index: int, matcher):
+    """Branch `index` of `req` in the batch, admitted with its first branch `first`: its
+    own request, clock, matcher (None when unconstrained) and key; the restore's copies
+    and the capture points are the first's."""
+    return ActiveRequest(
+        req=branch_request(req, index),
+        emit=first.emit,
+        uid=-1,
+        restore_kind=first.restore_kind,
+        restore_length=first.restore_length,
+        captures=[],
+        stop_ids=first.stop_ids,
+        stamps=dataclasses.replace(first.stamps),
+        restored_kv_bytes=first.restored_kv_bytes,
+        restore_lost=first.restore_lost,
+        matcher=matcher,
+        index=index,
+        key=branch_key(req.request_id, index),
+    )

@@ -90,7 +90,7 @@ class Finished:
     # (it asked for a new plan; "" when the plan's restore was done as planned)
     restore_lost: str = ""
     # A constrained request that ended before its grammar was complete (max_tokens, a stop
-    # string, cancelled): its output is not valid for the constraint
+    # string, cancelled): its output is not valid for its grammar
     incomplete: bool = False
     index: int = 0  # its branch: a request of n branches ends with n Finished events
     stop_sequence: str = ""  # the stop string that ended it (set by the front end)

@@ -6,12 +6,15 @@ finished request leaves as a Commit for the cache manager, whose Orders come
 back through the order ledger. Every method runs on one thread (the model
 actor's loop); nothing here locks.
 
-It is the step loop that composes three parts:
+It is the step loop that composes its parts:
 - `Admission` (engine.runtime.admission): what waits, what fits, and why;
+- `Restorer` and `Commits` (engine.runtime.tier): a plan's restore point read at
+  admission, and what a request leaves, staged and committed;
 - `OrderLedger` (engine.runtime.ordering): every call to the cache manager
   goes through it, which counts the calls until answered and numbers the
   Orders applied, so a plan restores only after the Orders it follows;
-- `final_event` (engine.runtime.output): the Finished event.
+- `ActiveRequest` (engine.runtime.active): one request in the batch, from
+  admission to its Finished event (engine.runtime.output).
 
 It emits token ids only. Detokenizing and stop strings are the front end's
 (engine.server.front.text), which handles a whole step's tokens at once: the loop
@@ -24,12 +27,11 @@ of that sequence are snapshotted before the next chunk runs. The state at the
 prompt end is taken when the sequence enters the generation batch (its last
 prompt token has just been fed).
 
-Staging: a finished request's entry (and an anchor captured mid-prefill)
-waits aside in the RAM tier under a staging key (`RamTier.stage`) until the
-Orders answering its commit come back, and enters the tier with them
-(`RamTier.enter`); a plan that loads a file first asks for the Orders that
-make room for it (Admission, `CacheLink.room`). So the tier holds no entry
-before the frees that make its room.
+Staging: what a request leaves (its entries, an anchor captured mid-prefill)
+waits aside in the RAM tier until the Orders answering its commit come back
+(`Commits`, engine.runtime.tier.commits); a plan that loads a file first asks
+for the Orders that make room for it (Admission, `CacheLink.room`). So the tier
+holds no entry before the frees that make its room.
 
 A restore point that turns out gone at admission is reported
 (`CacheLink.replan`, a LostRestore); the request waits for its new plan, and
@@ -42,14 +44,11 @@ import logging
 import time
 from typing import Callable
 
-import numpy as np
 from mlx_lm.generate import StopSequences
 
 from engine.cache.kinds import CaptureKind
-from engine.cache.messages import AnchorCommit, Orders, Release
-from engine.cache.shared_rows import prefix_source
+from engine.cache.messages import Orders
 from engine.config import EngineConfig
-from engine.runtime import layer_caches
 from engine.runtime.active import ActiveRequest
 from engine.runtime.admission import Admission
 from engine.runtime.batching.batch import bound_pool
@@ -58,18 +57,17 @@ from engine.runtime.batching.for_schedule import new_batch_generator
 from engine.runtime.batching.layer_timer import LayerTimer
 from engine.runtime.batching.prefill_log import PrefillLog
 from engine.runtime.batching.step_profile import StepProfile
-from engine.runtime.branches import Branch, branch_key, branch_request
+from engine.runtime.branches import Branch, branch_active, branch_key, branch_request
 from engine.runtime.events import Emit, Finished, FinishReason, Progress
 from engine.runtime.logprobs import tokens_event
 from engine.runtime.ordering import CacheLink, OrderLedger
-from engine.runtime.output import Copied, Stamps, final_event, unstarted_event
-from engine.runtime.packed_state import pack_snapshot
+from engine.runtime.output import Stamps, unstarted_event
 from engine.runtime.requests import GenerationRequest
-from engine.runtime.sampling import make_sampler
+from engine.runtime.sampling import greedy, make_sampler
 from engine.runtime.structured.masked_batch import sample_first
 from engine.runtime.structured.matcher import Grammars
-from engine.runtime.tier.finished_entries import finished_entries
-from engine.runtime.tier.ram import Prefix, RamTier, StoredEntry, digest
+from engine.runtime.tier.commits import Commits
+from engine.runtime.tier.ram import RamTier
 from engine.runtime.tier.restore import Restorer
 
 log = logging.getLogger(__name__)
@@ -77,18 +75,6 @@ log = logging.getLogger(__name__)
 PROGRESS_MIN_TOKENS = 256  # stream prefill progress only for prompts at least this long,
 # and at most once per this many tokens: a chunk beside decode can be 4 tokens, and an
 # event per chunk costs a decoding stream's step more than the chunk does
-
-
-def _greedy(logprobs):
-    """The batch's own default sampler (mlx-lm's: argmax), for a resend's first token."""
-    import mlx.core as mx
-
-    return mx.argmax(logprobs, axis=-1)
-
-
-def _staging_key(request_id: str, entry_id: int) -> str:
-    """The key a commit's new entries wait under in the RAM tier until its Orders come."""
-    return f"{request_id}#{entry_id}"
 
 
 class Generator:
@@ -123,6 +109,7 @@ class Generator:
             tier, self.order_ledger, self.active, config.model.max_batch_tokens, lambda: self.wake()
         )
         self.restorer = Restorer(tier, self.order_ledger, self.admission.put_first)
+        self.commits = Commits(config.cache, tier, self.order_ledger)
         self.wake: Callable[[], None] = lambda: None  # the loop sets it: a read has ended
         self.timer = LayerTimer(
             model, config.cache.layer_timer_flag, config.cache.layer_timer_requests
@@ -303,41 +290,41 @@ class Generator:
         segments = [tokens[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
         stop_ids = self.eos_ids | frozenset(req.sampling.stop_token_ids)
         stops = StopSequences([[t] for t in sorted(stop_ids)])
-        lost = self.restorer.take_lost_point(req.request_id)
-        acts = []
-        for index in range(req.sampling.n):
-            breq = branch_request(req, index) if req.sampling.n > 1 else req
-            act = ActiveRequest(
-                req=breq,
-                emit=emit,
-                uid=-1,
-                restore_kind=restored.kind,
-                restore_length=n,
-                captures=captures if index == 0 else [],
-                stop_ids=stop_ids,
-                stamps=Stamps(
-                    received=req.received_at,
-                    plan_ms=req.plan_ms,
-                    admitted=time.time(),
-                    restore_ms=(time.perf_counter() - t0) * 1000,
-                ),
-                restored_kv_bytes=restored.restored_kv,
-                copied_restore=restored.copied if index == 0 else 0,
-                restore_lost=lost,
-                # Matching starts at the first generated token.
-                matcher=self._matcher(req.grammar, stop_ids),
-                index=index,
-                key=branch_key(req.request_id, index),
-                branches=req.sampling.n if index == 0 else 1,
-            )
-            acts.append((act, make_sampler(breq.sampling, self.vocab_size)))
+        branches = req.sampling.n
+        first = ActiveRequest(
+            req=branch_request(req, 0) if branches > 1 else req,
+            emit=emit,
+            uid=-1,
+            restore_kind=restored.kind,
+            restore_length=n,
+            captures=captures,
+            stop_ids=stop_ids,
+            stamps=Stamps(
+                received=req.received_at,
+                plan_ms=req.plan_ms,
+                admitted=time.time(),
+                restore_ms=(time.perf_counter() - t0) * 1000,
+            ),
+            restored_kv_bytes=restored.restored_kv,
+            copied_restore=restored.copied,
+            restore_lost=self.restorer.take_lost_point(req.request_id),
+            # Matching starts at the first generated token.
+            matcher=self.grammars.for_request(req.grammar, stop_ids),
+            key=req.request_id,
+            branches=branches,
+        )
+        acts = [first] + [
+            branch_active(first, req, index, self.grammars.for_request(req.grammar, stop_ids))
+            for index in range(1, branches)
+        ]
+        acts = [(act, make_sampler(act.req.sampling, self.vocab_size)) for act in acts]
         max_tokens = req.sampling.max_tokens
         if n == len(tokens):  # a verbatim resend: each first token from the kept logits
             logits = self.tier.logits(req.plan.entry_id, n)
             state = self.tier.entries[req.plan.entry_id].states.get(n)
             for act, sampler in acts:
                 act.resent, act.prompt_end_logits, act.prompt_end_state = True, logits, state
-                first, row = sample_first(logits, sampler or _greedy, act.matcher)
+                first, row = sample_first(logits, sampler or greedy, act.matcher)
                 if not self._first_token(act, first, max_tokens - 1, row):
                     self._insert(act, [[first]], max_tokens - 1, cache, tokens[:n], sampler, stops)
             return
@@ -350,20 +337,6 @@ class Generator:
                 forks.append(Branch(uid, sampler, act.matcher, stops, max_tokens))
                 self._enlist(act, uid)
             self.bg.fork(parent.uid, forks)
-
-    def _matcher(self, grammar, stop_ids):
-        """A fresh matcher for the request's grammar; an optional grammar (the engine's own)
-        that does not compile leaves the request unconstrained (the front end checked it:
-        this is the backstop)."""
-        if grammar is None:
-            return None
-        try:
-            return self.grammars.matcher(grammar, stop_ids)
-        except ValueError as e:
-            if not grammar.optional:
-                raise
-            log.warning("the %s grammar does not compile; unconstrained: %s", grammar.kind, e)
-            return None
 
     def _insert(self, act, segments, max_tokens, cache, prefix, sampler, stops) -> None:
         """One sequence into the batch: its segments after the restored `prefix`."""
@@ -444,37 +417,9 @@ class Generator:
         elif r.end_of_segment and act.captures and act.captures[0].length == done:
             point = act.captures.pop(0)
             if point.kind == CaptureKind.ANCHOR:
-                self._commit_anchor(act, point, self.bg.prefill_extract(r.uid))
+                self.commits.anchor(act, point, self.bg.prefill_extract(r.uid))
                 return
             act.taken[point.length] = (point, self.bg.prefill_state(r.uid))
-
-    def _commit_anchor(self, act: ActiveRequest, point, extracted: list) -> None:
-        """Store an anchor the moment prefill reaches it, and index it now.
-
-        Requests waiting on the same system prompt restore it at once instead of
-        prefilling it again. Costs one copy of the anchor's rows (the extraction),
-        once per distinct system prompt.
-        """
-        layers, state = layer_caches.store_entry(extracted)
-        layers = layer_caches.pack_rows(layers, self.config.cache.stored_kv_precision)
-        state = pack_snapshot(state, self.config.cache.stored_precision)
-        key = _staging_key(act.req.request_id, point.entry_id)
-        tokens = np.asarray(act.req.tokens[: point.length], dtype=np.int32)
-        anchor = StoredEntry(layers, point.length, {point.length: state}, tokens=tokens)
-        act.anchor = (point.entry_id, point.length)
-        anchor.digests[point.length] = digest(act.req.tokens[: point.length])
-        self.tier.stage(key, [(point.entry_id, anchor)], point.length)
-        self.order_ledger.commit_anchor(
-            AnchorCommit(
-                request_id=act.req.request_id,
-                namespace=act.req.namespace,
-                entry_id=point.entry_id,
-                tokens=tokens,
-                kv_bytes_per_token=layer_caches.kv_bytes_per_token(layers),
-                state_bytes=state.nbytes,
-            ),
-            lambda orders: self._enter_tier(key, orders),
-        )
 
     # ---- decode events -----------------------------------------------------
 
@@ -495,58 +440,28 @@ class Generator:
     def _complete(
         self, act: ActiveRequest, reason: FinishReason, cache: list, all_tokens: list
     ) -> None:
-        """A request is done: its entry is staged and committed (timed as the commit)."""
+        """A request is done: its entries are staged and its Commit sent (timed as the
+        commit); its final event goes out with the Orders' answer."""
         with self.profile.phase("commit"):
-            self._commit(act, reason, cache, all_tokens)
-
-    def _commit(
-        self, act: ActiveRequest, reason: FinishReason, cache: list, all_tokens: list
-    ) -> None:
-        """Stage its entries and send the Commit; the final event goes out with the answer."""
-        self._forget(act.uid)
-        plan = act.req.plan
-        if plan.new_entry_id is None:
-            self._release(act.req)
-            act.emit(self._final_event(act, reason))
-            return
-        t0 = time.perf_counter()
-        key = _staging_key(act.req.request_id, plan.new_entry_id)
-        try:
-            precision = self.config.cache.stored_precision
-            kv = self.config.cache.stored_kv_precision
-            finished = finished_entries(act, cache, all_tokens, precision, self._prefix(act), kv)
-        except Exception as e:  # the stream still ends, and the ids go back
-            log.exception("request %s: storing its cache failed", act.req.request_id)
-            self._release(act.req)
-            act.emit(self._final_event(act, FinishReason.ERROR, error=f"{type(e).__name__}: {e}"))
-            return
-
-        # Its snapshots' copies, and the batch's copying extractions (several sequences
-        # finishing at once, an anchor mid-prefill).
-        act.copied_commit = finished.copied + self.bg.commit_copies.pop(act.uid, 0)
-        self.tier.stage(key, finished.entries, finished.tokens)
-
-        def on_orders(orders: Orders) -> None:
-            self._enter_tier(key, orders)
-            commit_ms = (time.perf_counter() - t0) * 1000
-            act.emit(self._final_event(act, reason, commit_ms=commit_ms))
-
-        self.order_ledger.commit(finished.commit, on_orders)
-
-    def _prefix(self, act: ActiveRequest) -> Prefix | None:
-        """The entry `act`'s new entry reads its first rows from (the anchor it stored, or
-        the restore source that stays: engine.cache.shared_rows), if the tier holds it."""
-        cfg = self.config.cache
-        found = prefix_source(act.req.plan.shares, act.anchor, cfg.shared_rows_min)
-        held = self.tier.held(found[0]) if found is not None else None
-        if held is None or held.length < found[1]:
-            return None
-        return Prefix(found[0], held, found[1])
+            self._forget(act.uid)
+            if act.req.plan.new_entry_id is None:
+                self._release(act.req)
+                act.emit(self._final_event(act, reason))
+                return
+            self.commits.finish(
+                act,
+                cache,
+                all_tokens,
+                self.bg.commit_copies.pop(act.uid, 0),
+                answered=lambda ms: act.emit(self._final_event(act, reason, commit_ms=ms)),
+                failed=lambda error: act.emit(
+                    self._final_event(act, FinishReason.ERROR, error=error)
+                ),
+            )
 
     def _release(self, req: GenerationRequest) -> None:
-        """Give a request's plan back to the manager, storing nothing (its ids are freed)."""
-        if req.plan.new_entry_id is not None:
-            self.order_ledger.release(Release(request_id=req.request_id), self.tier.apply)
+        """Give a request's plan back to the manager, storing nothing."""
+        self.commits.release(req)
 
     def _forget(self, uid: int) -> None:
         """The request of `uid` leaves the batch's books (the batch itself is done with it)."""
@@ -557,13 +472,6 @@ class Generator:
             self.timer.on_finish(act.req.request_id)
 
     # ---- Orders in -------------------------------------------------------------
-
-    def _enter_tier(self, key: str, orders: Orders) -> None:
-        """A commit's answer: its staged entries enter the tier, then its Orders apply (in
-        one loop-thread call: their moves and writes need the new entries, their frees
-        make its room)."""
-        self.tier.enter(key)
-        self.tier.apply(orders)  # notes the tier's peak
 
     def apply_unasked(self, orders: Orders) -> None:
         """Orders that answer no call of this replica: decided at another replica's call
@@ -579,28 +487,8 @@ class Generator:
     ) -> Finished:
         self.restorer.take_lost_point(act.req.request_id)
         self.bg.commit_copies.pop(act.uid, None)
-        copied = Copied(
-            restore=act.copied_restore,
-            commit=act.copied_commit,
-            restored_kv=act.restored_kv_bytes,
-            batch=self.bg.ledger.pop(act.uid),
-        )
-        return final_event(
-            act.req.request_id,
-            reason,
-            prompt_tokens=act.prompt_len,
-            completion_tokens=act.generated,
-            restore_kind=act.restore_kind,
-            restore_length=act.restore_length,
-            stamps=act.stamps,
-            copied=copied,
-            commit_ms=commit_ms,
-            error=error,
-            restore_lost=act.restore_lost,
-            drafts=self.bg.draft_counts(act.uid),
-            incomplete=act.matcher is not None and not act.matcher.accepting(),
-            index=act.index,
-        )
+        batch_copied, drafts = self.bg.ledger.pop(act.uid), self.bg.draft_counts(act.uid)
+        return act.final_event(reason, batch_copied, drafts, commit_ms, error)
 
     def _unstarted(self, req: GenerationRequest, reason: FinishReason, error: str = "") -> Finished:
         self.restorer.take_lost_point(req.request_id)

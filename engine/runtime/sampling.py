@@ -50,3 +50,8 @@ def make_sampler(params: SamplingParams, vocab_size: int):
     if params.temperature == 0:
         return None
     return RequestSampler(params, vocab_size)
+
+
+def greedy(logprobs: mx.array) -> mx.array:
+    """The batch's own default sampler (mlx-lm's: argmax), where a request has none."""
+    return mx.argmax(logprobs, axis=-1)

@@ -123,6 +123,24 @@ def test_a_failing_step_fails_the_batch_and_the_loop_serves_on(loop):
     assert ok.finish_reason == FinishReason.LENGTH
 
 
+def test_a_request_whose_cache_cannot_be_stored_ends_in_error_and_gives_its_plan_back(
+    loop, monkeypatch
+):
+    from engine.runtime.tier import commits
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no room to store")
+
+    monkeypatch.setattr(commits, "finished_entries", broken)
+    ids, failed = drain(submit(loop, "g", [(i * 11) % 3000 + 20 for i in range(40)]))
+    assert failed.finish_reason == FinishReason.ERROR and "no room to store" in failed.error
+    assert len(ids) == 4  # its tokens streamed; only the storing failed
+    assert loop.ask(lambda g: "g" not in loop.manager.flights)  # released, nothing staged
+    monkeypatch.undo()
+    _, ok = drain(submit(loop, "h", [(i * 11) % 3000 + 21 for i in range(40)]))
+    assert ok.finish_reason == FinishReason.LENGTH
+
+
 def test_a_failing_build_is_raised_by_the_constructor():
     def build():
         raise ValueError("no such model")

@@ -15,64 +15,33 @@ import time
 
 import numpy as np
 
-from engine.config import CacheConfig, EngineConfig, ModelConfig
-from engine.storage.directory import open_cache_directory
-from engine.storage.disk_store import open_disk_store
-from tests.storage.test_writer_backpressure import FullDisk, _wait_unpaused
-
-
-def _open(config, loaded):
-    """An engine over the cache directory as it is now: (engine, store, directory)."""
-    from engine.runtime.local import LocalEngine
-
-    fingerprint = loaded[2].fingerprint
-    opened = open_cache_directory(config.cache, fingerprint)
-    store = open_disk_store(config, fingerprint)
-    store.writer.backoff = (0.3, 0.6)
-    store.writer._pause = 0.3
-    return LocalEngine(config, loaded, store, opened.index), store, opened
-
-
-def _settle(engine, store) -> set[int]:
-    """Flush the writer and report to the manager until nothing more is ordered; the ids
-    of the files on disk."""
-    for _ in range(3):  # a report may order lost writes again: flushed in turn
-        assert store.flush(10)
-        engine.report_lost()
-    return {int(p.stem) for p in store.directory.glob("*.entry")}
+from tests.storage.full_disk import FullDisk, loaded, open_engine, settle, wait_unpaused
 
 
 def test_after_a_full_disk_new_and_lost_entries_are_written_and_restored_after_a_restart(
     model_cache_dir, random_model_dir, tmp_path, monkeypatch
 ):
-    from engine.runtime.model.loader import load_model
-
     disk = FullDisk(monkeypatch)
-    config = EngineConfig(
-        model=ModelConfig(path=str(random_model_dir), prefill_step_size=128),
-        cache=CacheConfig(cache_dir=str(model_cache_dir), ram_budget=1 << 30, guard_min_suffix=256),
-    )
-    loaded = load_model(config)
-    config = config.with_cache(cache_dir=str(tmp_path))
+    config, model = loaded(model_cache_dir, random_model_dir, tmp_path)
     rng = np.random.default_rng(1)
     sessions = [list(rng.integers(20, 3000, 200)) for _ in range(4)]
 
-    engine, store, opened = _open(config, loaded)
+    engine, store, opened = open_engine(config, model)
     try:
         engine.run(sessions[0], max_tokens=2)
-        assert len(_settle(engine, store)) == 1
+        assert len(settle(engine, store)) == 1
         disk.full = True  # the window: both writes are lost, their entries stay in RAM
         for tokens in sessions[1:3]:
             engine.run(tokens, max_tokens=2)
-        assert len(_settle(engine, store)) == 1
+        assert len(settle(engine, store)) == 1
         # Each attempt counts: a pause that ends while the disk is still full orders the
         # lost entries again, and they are lost again.
         assert engine.manager.stats().disk_writes_lost >= 2
         assert store.stats()["writer"]["no_space"] >= 2
         disk.full = False
-        _wait_unpaused(store)
+        wait_unpaused(store)
         engine.run(sessions[3], max_tokens=2)  # the disk has room: a new entry's file
-        files = _settle(engine, store)
+        files = settle(engine, store)
         assert files == set(engine.manager.disk_index.files)
         assert len(files) == 4, f"only {sorted(files)} on disk: the lost entries not rewritten"
         # The budget counts each file at its bytes on disk.
@@ -84,7 +53,7 @@ def test_after_a_full_disk_new_and_lost_entries_are_written_and_restored_after_a
         store.close(10)
         opened.close()
 
-    engine, store, opened = _open(config, loaded)  # a restart: the index from the files
+    engine, store, opened = open_engine(config, model)  # a restart: the index from the files
     try:
         for tokens in sessions:
             turn = engine.run(tokens + [7, 8], max_tokens=2)
@@ -98,30 +67,23 @@ def test_after_a_full_disk_new_and_lost_entries_are_written_and_restored_after_a
 def test_an_idle_engine_writes_its_lost_entries_once_the_pause_after_a_full_disk_ends(
     model_cache_dir, random_model_dir, tmp_path, monkeypatch
 ):
-    from engine.runtime.model.loader import load_model
-
     disk = FullDisk(monkeypatch)
-    config = EngineConfig(
-        model=ModelConfig(path=str(random_model_dir), prefill_step_size=128),
-        cache=CacheConfig(cache_dir=str(model_cache_dir), ram_budget=1 << 30, guard_min_suffix=256),
-    )
-    loaded = load_model(config)
-    config = config.with_cache(cache_dir=str(tmp_path))
+    config, model = loaded(model_cache_dir, random_model_dir, tmp_path)
     rng = np.random.default_rng(2)
     sessions = [list(rng.integers(20, 3000, 200)) for _ in range(2)]
-    engine, store, opened = _open(config, loaded)
+    engine, store, opened = open_engine(config, model)
     try:
         disk.full = True
         for tokens in sessions:
             engine.run(tokens, max_tokens=2)
-        assert store.flush(10) and not _settle(engine, store)
+        assert store.flush(10) and not settle(engine, store)
         disk.full = False  # the disk has room; no request comes
-        _wait_unpaused(store)
+        wait_unpaused(store)
         deadline = time.monotonic() + 10
-        while len(_settle(engine, store)) < 2:
+        while len(settle(engine, store)) < 2:
             assert time.monotonic() < deadline, "the lost entries were never written"
             time.sleep(0.1)
-        assert _settle(engine, store) == set(engine.manager.disk_index.files)
+        assert settle(engine, store) == set(engine.manager.disk_index.files)
         engine.manager.check_invariants()
     finally:
         store.close(10)

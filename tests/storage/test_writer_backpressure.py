@@ -11,53 +11,32 @@ after they resume.
 
 from __future__ import annotations
 
-import errno
 import threading
-import time
 from dataclasses import replace
 
 import numpy as np
 
-from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.storage import writer
-from engine.storage.directory import open_cache_directory
-from engine.storage.disk_store import DiskStore, open_disk_store
+from engine.storage.disk_store import DiskStore
+from tests.storage.full_disk import (
+    FullDisk,
+    loaded,
+    open_engine,
+    settle,
+    short_pauses,
+    wait_unpaused,
+)
 from tests.storage.test_disk_files import _entry, _record
-
-
-def _wait_unpaused(store) -> None:
-    deadline = time.monotonic() + 10
-    while store.writer.paused:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
 
 
 def _files(directory) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if not p.name.startswith("."))
 
 
-class FullDisk:
-    """writer.write_file raising ENOSPC while `full` (after creating a partial temp file)."""
-
-    def __init__(self, monkeypatch):
-        self.full = False
-        self.calls = 0
-        real = writer.write_file
-
-        def write_file(directory, job):
-            self.calls += 1
-            if self.full:
-                raise OSError(errno.ENOSPC, "No space left on device")
-            return real(directory, job)
-
-        monkeypatch.setattr(writer, "write_file", write_file)
-
-
 def test_a_full_disk_loses_writes_pauses_them_keeps_deleting_and_resumes(tmp_path, monkeypatch):
     disk = FullDisk(monkeypatch)
     store = DiskStore(tmp_path, "fp")
-    store.writer.backoff = (1.0, 2.0)
-    store.writer._pause = 1.0
+    short_pauses(store, 1.0, 2.0)
     reported = []
     store.on_report = lambda: reported.append(True)
     entry = _entry("hybrid-float32")
@@ -79,7 +58,7 @@ def test_a_full_disk_loses_writes_pauses_them_keeps_deleting_and_resumes(tmp_pat
     assert stats["no_space"] == 2 and stats["failed"] == 0 and stats["files"] == 2
 
     disk.full = False
-    _wait_unpaused(store)  # past the pause: writing resumes
+    wait_unpaused(store)  # past the pause: writing resumes
     store.write(entry, _record(4, 30))
     assert store.flush(10) and _files(tmp_path) == ["4.entry"]
     assert store.take_lost() == []
@@ -137,28 +116,12 @@ def test_a_write_never_queued_is_lost_with_the_files_it_replaces_and_files_repor
 def test_the_disk_index_stays_true_to_the_directory_when_writes_are_lost(
     model_cache_dir, random_model_dir, tmp_path, monkeypatch
 ):
-    from engine.runtime.local import LocalEngine
-    from engine.runtime.model.loader import load_model
-
     disk = FullDisk(monkeypatch)
-    config = EngineConfig(
-        model=ModelConfig(path=str(random_model_dir), prefill_step_size=128),
-        cache=CacheConfig(cache_dir=str(model_cache_dir), ram_budget=1 << 30, guard_min_suffix=256),
-    )
-    loaded = load_model(config)  # the session's random model; the entries go to tmp_path
-    config = config.with_cache(cache_dir=str(tmp_path))
-    fingerprint = loaded[2].fingerprint
-    opened = open_cache_directory(config.cache, fingerprint)
-    store = open_disk_store(config, fingerprint)
-    store.writer.backoff = (0.3, 0.6)
-    store.writer._pause = 0.3
-    engine = LocalEngine(config, loaded, store, opened.index)
+    config, model = loaded(model_cache_dir, random_model_dir, tmp_path)
+    engine, store, opened = open_engine(config, model)
 
     def on_disk() -> set[int]:
-        for _ in range(2):  # a report may order the lost writes again: flushed in turn
-            assert store.flush(10)
-            engine.report_lost()
-        return {int(p.stem) for p in store.directory.glob("*.entry")}
+        return settle(engine, store)
 
     def indexed() -> set[int]:
         return set(engine.manager.disk_index.files)
@@ -176,7 +139,7 @@ def test_the_disk_index_stays_true_to_the_directory_when_writes_are_lost(
         # (at least 2: a pause that ends mid-window orders them again, lost again)
         assert len(first) == 1 and engine.manager.stats().disk_writes_lost >= 2
         disk.full = False
-        _wait_unpaused(store)  # past the pause: a new turn's file is written and indexed
+        wait_unpaused(store)  # past the pause: a new turn's file is written and indexed
         final = engine.run(sessions[1] + [7, 8], max_tokens=2).final
         assert final.restore_kind != "none", "the entry whose file was lost is still in RAM"
         # The new turn absorbed its session's entry; the other lost one, still in RAM, is

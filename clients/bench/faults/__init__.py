@@ -38,8 +38,6 @@ bytes, orphaned files and invariant violations are 0.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -47,15 +45,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clients.bench.figures import emit
-from clients.bench.harness import kernel_set, own_ray
+from clients.bench.harness import add_engine_arguments, cache_dir, kernel_set, own_ray
 
 HELP = "faults: kill the manager and a replica, stall a loop, fill the disk, under agent traffic"
 FAULTS = ("manager", "replica", "stall", "disk")
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", help="an mlx-lm model directory (default: the embedded one)")
-    parser.add_argument("--cache-dir", help="cache directory (default: a temporary one)")
+    add_engine_arguments(parser)
     parser.add_argument("--scale", type=float, default=0.1, help="traffic scale (prefix size)")
     parser.add_argument("--agents", type=int, default=2, help="concurrent sub-agents")
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens per reply")
@@ -103,7 +100,6 @@ def run(args) -> int:
     if unknown:
         print(f"lineage bench faults: unknown faults {unknown}; known: {', '.join(FAULTS)}")
         return 1
-    root = Path(args.cache_dir or tempfile.mkdtemp(prefix="lineage-faults-"))
     flags = {"model": args.model, "ram_budget": args.ram_budget, "kernels": kernel_set()}
     base = EngineConfig.from_sources(flags, {}).with_server(
         port=0,
@@ -113,15 +109,11 @@ def run(args) -> int:
         call_deadline=20.0,
         stream_deadline=300.0,
     )
-    try:
-        with own_ray(logs=False):
-            faulted = _faulted_run(_config(base, root / "faulted", "faults"), faults, args)
-            # Shown before the replay, which a loaded machine may fail to start.
-            print("\n".join(_fault_lines(faulted["faults"])), flush=True)
-            baseline = _replay(_config(base, root / "baseline", "baseline"), faulted["sent"])
-    finally:
-        if not args.cache_dir:
-            shutil.rmtree(root, ignore_errors=True)
+    with cache_dir(args.cache_dir, "faults") as root, own_ray(logs=False):
+        faulted = _faulted_run(_config(base, root / "faulted", "faults"), faults, args)
+        # Shown before the replay, which a loaded machine may fail to start.
+        print("\n".join(_fault_lines(faulted["faults"])), flush=True)
+        baseline = _replay(_config(base, root / "baseline", "baseline"), faulted["sent"])
     figures = _figures(faulted, baseline, args)
     emit(figures, args, report)
     ok = (

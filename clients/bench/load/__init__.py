@@ -27,21 +27,18 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
 from clients.bench.figures import emit, labelled, median, percentile
-from clients.bench.harness import kernel_set, own_ray
+from clients.bench.harness import add_engine_arguments, cache_dir, kernel_set, own_ray
 
 HELP = "load: concurrent sessions on a small RAM budget, then a burst past the queue"
 MB = 1 << 20
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", help="an mlx-lm model directory (default: the embedded one)")
-    parser.add_argument("--cache-dir", help="cache directory (default: a temporary one)")
+    add_engine_arguments(parser)
     parser.add_argument("--sessions", type=int, default=16, help="concurrent sessions")
     parser.add_argument("--turns", type=int, default=4, help="turns per conversation")
     parser.add_argument("--duration", type=float, default=120.0, help="phase 1 seconds")
@@ -59,12 +56,11 @@ def run(args) -> int:
     from engine.config import EngineConfig, parse_bytes
     from engine.server.running.background import BackgroundEngine
 
-    cache_dir = Path(args.cache_dir or tempfile.mkdtemp(prefix="lineage-load-"))
-    flags = {"model": args.model, "cache_dir": str(cache_dir), "ram_budget": args.ram_budget}
-    flags["kernels"] = kernel_set()
-    config = EngineConfig.from_sources(flags, {}).with_model(max_queue=args.max_queue)
-    config = config.with_server(port=0, ray_namespace=f"lineage-load-{os.getpid()}")
-    try:
+    with cache_dir(args.cache_dir, "load") as cache:
+        flags = {"model": args.model, "cache_dir": str(cache), "ram_budget": args.ram_budget}
+        flags["kernels"] = kernel_set()
+        config = EngineConfig.from_sources(flags, {}).with_model(max_queue=args.max_queue)
+        config = config.with_server(port=0, ray_namespace=f"lineage-load-{os.getpid()}")
         with own_ray(logs=True):
             engine = BackgroundEngine(config)
             try:
@@ -78,9 +74,6 @@ def run(args) -> int:
                 figures.update(engine.call(_phases(engine, args), timeout=timeout))
             finally:
                 engine.stop()
-    finally:
-        if not args.cache_dir:
-            shutil.rmtree(cache_dir, ignore_errors=True)
     emit(figures, args, lambda f: report(f, args))
     ok = (
         figures["errors"] == 0

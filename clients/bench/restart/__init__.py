@@ -36,22 +36,20 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 from clients.bench.figures import emit, labelled, median
-from clients.bench.harness import bench_kernels
+from clients.bench.harness import add_engine_arguments, bench_kernels, cache_dir
 from clients.bench.restart.loads import big_entries, decode_during_load
 
 HELP = "warm restarts from the disk tier: time to first token, writer MB/s, decode under writes"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", help="an mlx-lm model directory (default: the embedded one)")
-    parser.add_argument("--cache-dir", help="cache directory (default: a temporary one)")
+    add_engine_arguments(parser)
     parser.add_argument("--context", type=int, default=8192, help="conversation length")
     parser.add_argument("--new-tokens", type=int, default=20, help="new tokens of the next turn")
     parser.add_argument(
@@ -300,8 +298,7 @@ def _join(xs: list, fmt: str) -> str:
 def run(args) -> int:
     from engine.config import CacheConfig, EngineConfig, ModelConfig
 
-    root = Path(args.cache_dir) if args.cache_dir else Path(tempfile.mkdtemp(prefix="lineage-"))
-    try:
+    with cache_dir(args.cache_dir, "restart") as root:
         config = EngineConfig(
             model=ModelConfig(path=args.model),
             cache=CacheConfig(cache_dir=str(root), ram_budget=8 << 30),
@@ -317,7 +314,4 @@ def run(args) -> int:
             args.load_mb,
             args.loads,
         )
-    finally:
-        if not args.cache_dir:
-            shutil.rmtree(root, ignore_errors=True)
     return emit(out, args, report)

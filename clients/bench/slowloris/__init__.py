@@ -31,20 +31,16 @@ import itertools
 import json
 import multiprocessing
 import os
-import shutil
-import tempfile
 import time
-from pathlib import Path
 
 from clients.bench.figures import emit, labelled, percentile
-from clients.bench.harness import kernel_set, own_ray
+from clients.bench.harness import add_engine_arguments, cache_dir, kernel_set, own_ray
 
 HELP = "slow clients: slow connections to the bridge while agents run, TTFT beside none"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", help="an mlx-lm model directory (default: the embedded one)")
-    parser.add_argument("--cache-dir", help="cache directory (default: a temporary one)")
+    add_engine_arguments(parser)
     parser.add_argument("--agents", type=int, default=4, help="agents at once")
     parser.add_argument("--turns", type=int, default=6, help="turns per conversation")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds per phase")
@@ -64,18 +60,19 @@ def run(args) -> int:
     from engine.config import EngineConfig
     from engine.server.running.background import BackgroundEngine
 
-    cache_dir = Path(args.cache_dir or tempfile.mkdtemp(prefix="lineage-slowloris-"))
-    private = tempfile.mkdtemp(prefix="lineage-slowloris-sock-")
-    flags = {"model": args.model, "cache_dir": str(cache_dir), "kernels": kernel_set()}
-    config = EngineConfig.from_sources(flags, {})
-    config = config.with_server(
-        port=0,
-        ray_namespace=f"lineage-slowloris-{os.getpid()}",
-        http_header_deadline=args.header_deadline,
-        http_body_deadline=args.body_deadline,
-    )
-    socket_path = os.path.join(private, "grpc.sock")
-    try:
+    with (
+        cache_dir(args.cache_dir, "slowloris") as cache,
+        cache_dir(None, "slowloris-sock") as private,
+    ):
+        flags = {"model": args.model, "cache_dir": str(cache), "kernels": kernel_set()}
+        config = EngineConfig.from_sources(flags, {})
+        config = config.with_server(
+            port=0,
+            ray_namespace=f"lineage-slowloris-{os.getpid()}",
+            http_header_deadline=args.header_deadline,
+            http_body_deadline=args.body_deadline,
+        )
+        socket_path = str(private / "grpc.sock")
         with own_ray():
             engine = BackgroundEngine(config, local_socket=socket_path)
             try:
@@ -87,10 +84,6 @@ def run(args) -> int:
                     engine.call(bridge.stop(grace=1.0))
             finally:
                 engine.stop()
-    finally:
-        shutil.rmtree(private, ignore_errors=True)
-        if not args.cache_dir:
-            shutil.rmtree(cache_dir, ignore_errors=True)
     emit(figures, args, lambda f: report(f, args))
     return 0 if figures["failed"] == 0 else 1
 

@@ -36,15 +36,15 @@ import numpy as np
 from engine.runtime.structured.masked_batch import mask_rows
 
 
-def allowed(constraint, current: int, drafts: list[int]) -> int:
-    """How many leading `drafts` the grammar allows after the row's token in flight
+def allowed(matcher, current: int, drafts: list[int]) -> int:
+    """How many leading `drafts` the row's grammar allows after its token in flight
     `current`; the matcher is left holding what it held."""
-    if not drafts or constraint.stopped():
+    if not drafts or matcher.stopped():
         return 0
-    if not constraint.accept(current):
+    if not matcher.accept(current):
         return 0  # refused (never, once masked): the plain step reports it
-    n = constraint.validate(drafts)
-    constraint.rollback(1)
+    n = matcher.validate(drafts)
+    matcher.rollback(1)
     return n
 
 
@@ -56,15 +56,15 @@ def _has(words: np.ndarray, token: int) -> bool:
 class Walk:
     """The constrained rows of one verify: each matcher and how many tokens it advanced."""
 
-    held: tuple  # (row, constraint, tokens accepted this step)
+    held: tuple  # (row, Matcher, tokens accepted this step)
     ms: float  # the walk's time: accepts, masks, the masking dispatched
 
     def settle(self, kept: list[int]) -> float:
         """Roll each matcher back to its row's kept tokens (`kept[row]`); the walk's and
         the rollbacks' ms."""
         tic = time.perf_counter()
-        for r, constraint, advanced in self.held:
-            constraint.rollback(advanced - kept[r])
+        for r, matcher, advanced in self.held:
+            matcher.rollback(advanced - kept[r])
         return self.ms + (time.perf_counter() - tic) * 1000
 
 

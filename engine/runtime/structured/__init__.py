@@ -13,6 +13,12 @@ constrained sequence (the bitmask of the tokens allowed next, accept, rollback);
 `masked_batch` is mlx-lm's generation batch with each constrained row masked by its
 own matcher.
 
+One name per stage, across the house: a client asks for a `constraint` (a JSON schema,
+a tool choice, Lark text: clients.constraints, the proto's Constraint, read off the
+wire's `response_format`, `text.format` or `tool_choice`); the front end builds from it
+the `Grammar` the request carries (engine.server.prompts.constraints); the batch keeps
+one `Matcher` per constrained sequence; the sampler applies its `mask`.
+
 Its one way in from outside: `grammar` for the front end (building the Grammar a
 request carries), `matcher.Grammars` for the generator, `masked_batch` for the
 batch generators.

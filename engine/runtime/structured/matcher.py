@@ -77,7 +77,7 @@ class Matcher:
             return True
         if self.matcher.is_stopped() or not self.matcher.consume_token(int(token)):
             self.failed = f"token {token} refused: {self.matcher.get_error() or 'grammar ended'}"
-            log.warning("constraint %s: %s", self.kind, self.failed)
+            log.warning("the %s grammar: %s", self.kind, self.failed)
             return False
         self.consumed += 1
         return True
@@ -156,3 +156,17 @@ class Grammars:
             self.pristine.move_to_end(key)
         stops = self.stop_ids | frozenset(stop_ids)
         return Matcher(pristine.deep_copy(), stops, self.vocab_size, grammar.kind)
+
+    def for_request(self, grammar: Grammar | None, stop_ids=()) -> Matcher | None:
+        """A fresh matcher for a request's grammar, None without one; an optional grammar
+        (the engine's own) that does not compile leaves the request unconstrained (the
+        front end checked it: this is the backstop)."""
+        if grammar is None:
+            return None
+        try:
+            return self.matcher(grammar, stop_ids)
+        except ValueError as e:
+            if not grammar.optional:
+                raise
+            log.warning("the %s grammar does not compile; unconstrained: %s", grammar.kind, e)
+            return None

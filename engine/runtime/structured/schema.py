@@ -61,7 +61,7 @@ class GrammarError(ValueError):
 
 @dataclass(frozen=True)
 class Grammar:
-    """A constraint on one request's output: llguidance Lark text, and its cache key."""
+    """What one request's output is held to: llguidance Lark text, and its cache key."""
 
     lark: str
     kind: str  # json_schema | json_object | tools:<choice> | lark (for logs and figures)

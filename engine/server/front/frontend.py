@@ -59,7 +59,7 @@ class Frontend:
 
     def __init__(
         self,
-        models: Sequence[Handle[ModelCalls]],
+        replicas: Sequence[Handle[ModelCalls]],
         manager: Handle[ManagerCalls],
         builder: PromptBuilder,
         info,
@@ -71,7 +71,7 @@ class Frontend:
         name: str = "",
         memory=None,
     ):
-        self.models = list(models)  # by replica number (engine.actors.handles: what is called)
+        self.replicas = list(replicas)  # by replica number (engine.actors.handles: what is called)
         self.manager = manager
         self.builder = builder
         self.info = info  # ModelInfo
@@ -85,7 +85,9 @@ class Frontend:
         self.queued = 0  # requests holding a queue slot: taken at the first check
         self.retries = 0  # requests retried after a restart
         self.flight = InFlight()  # ids, sessions, prompts and cancels of the requests in flight
-        self.inspector = Inspector(self.models, manager, name, budgets, namespaces, metrics, memory)
+        self.inspector = Inspector(
+            self.replicas, manager, name, budgets, namespaces, metrics, memory
+        )
         self.activity = self.inspector.activity  # shown by Inspect and the cache page
         self.metrics = metrics  # EngineMetrics, or None
         self.namespaces = self.inspector.namespaces
@@ -96,10 +98,10 @@ class Frontend:
         ip = _node_ip()
         self.events = [
             ReplicaEvents(m, ip, lambda: self.deadlines.stream, self.deadlines.call)
-            for m in self.models
+            for m in self.replicas
         ]
         self.runs = Runs(
-            self.models,
+            self.replicas,
             self.events,
             manager,
             builder.tokenizer,
@@ -199,7 +201,7 @@ class Frontend:
             resets = attempts = 0
             while True:
                 attempts += 1
-                if attempts > len(self.models) + 2:
+                if attempts > len(self.replicas) + 2:
                     raise Unavailable("the engine kept restarting under this request")
                 streamed: list = []  # becomes [True] once a token went to the client
                 try:
@@ -337,8 +339,8 @@ class Frontend:
         """A plan nobody runs: its replica releases it (its Orders belong there)."""
         if planning.cancelled() or planning.exception() is not None:
             return
-        model = self.models[planning.result().replica]
-        asyncio.ensure_future(await_ref(model.release.remote(request_id), self.deadline))
+        replica = self.replicas[planning.result().replica]
+        asyncio.ensure_future(await_ref(replica.release.remote(request_id), self.deadline))
 
     def error(self, code: str) -> None:
         """A call ended with gRPC status `code` (counted for the metrics)."""

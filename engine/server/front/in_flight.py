@@ -78,10 +78,10 @@ class InFlight:
         if mine:
             await asyncio.wait(mine, timeout=2.0)
 
-    def cancel(self, model, request_id: str, deadline: float) -> None:
+    def cancel(self, replica, request_id: str, deadline: float) -> None:
         """Cancel a running request on its replica; a retry of it may wait for the cancel."""
         namespace, tokens = self.prompts[request_id]
-        ref = model.cancel.remote(request_id)
+        ref = replica.cancel.remote(request_id)
         task = asyncio.ensure_future(await_ref(ref, deadline))
         self.cancelling[task] = (namespace, tokens, request_id)
         task.add_done_callback(lambda t: self.cancelling.pop(t, None))

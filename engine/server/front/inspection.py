@@ -29,7 +29,7 @@ class Inspector:
 
     def __init__(
         self,
-        models: Sequence[Handle[ModelCalls]],
+        replicas: Sequence[Handle[ModelCalls]],
         manager: Handle[ManagerCalls],
         name: str = "",
         budgets: Mapping[str, int] | None = None,
@@ -37,7 +37,7 @@ class Inspector:
         metrics=None,
         memory=None,
     ):
-        self.models, self.manager = models, manager
+        self.replicas, self.manager = replicas, manager
         self.name = name  # the model's served name, in its request log lines
         self.budgets = dict(budgets or {})  # tier -> bytes, for Inspect
         self.namespaces = namespaces or NamespaceTags()  # how namespaces show
@@ -61,10 +61,10 @@ class Inspector:
 
     async def inspect(self, recent: int = 20) -> Inspection:
         """Live figures: the cache, each replica, the recent window, the latest requests."""
-        cache, anchors, *tiers = await asyncio.gather(
+        cache, anchors, *generators = await asyncio.gather(
             self.manager.stats.remote(),
             self.manager.anchors.remote(),
-            *(m.generator_stats.remote() for m in self.models),
+            *(r.generator_stats.remote() for r in self.replicas),
             return_exceptions=True,
         )
         for value in (cache, anchors):
@@ -72,7 +72,7 @@ class Inspector:
                 raise Unavailable(f"the cache manager is unavailable (restarting): {value}")
             if isinstance(value, BaseException):
                 raise value
-        live = {str(i): t for i, t in enumerate(tiers) if not isinstance(t, BaseException)}
+        live = {str(i): s for i, s in enumerate(generators) if not isinstance(s, BaseException)}
         return inspection(
             cache, anchors, live, self.budgets, self.activity, self.namespaces, recent
         )

@@ -51,7 +51,7 @@ class Runs:
 
     def __init__(
         self,
-        models: Sequence[Handle[ModelCalls]],
+        replicas: Sequence[Handle[ModelCalls]],
         events: Sequence[ReplicaEvents],
         manager: Handle[ManagerCalls],
         tokenizer,
@@ -60,7 +60,7 @@ class Runs:
         deadlines: Deadlines,
         poke: Callable[[], None],
     ):
-        self.models, self.events, self.manager = models, events, manager
+        self.replicas, self.events, self.manager = replicas, events, manager
         self.tokenizer = tokenizer  # the text of the token ids the model sends
         self.flight, self.inspector, self.deadlines = flight, inspector, deadlines
         self.poke = poke  # wakes the supervisor: a replica may have failed
@@ -68,7 +68,7 @@ class Runs:
     async def stream(self, req: GenerationRequest, streamed: list):
         """The events of `req` on its replica, with their text; Restarted when the replica
         went away or was reset under it. Tells the manager when its prefill ended."""
-        model = self.models[req.plan.replica]
+        replica = self.replicas[req.plan.replica]
         events = self.events[req.plan.replica]
         rid = req.request_id
         finished = prefilled = False
@@ -79,11 +79,11 @@ class Runs:
             self.tokenizer,
             req.sampling,
             req.grammar is not None,
-            lambda index: model.stop.remote(branch_key(rid, index)),
+            lambda index: replica.stop.remote(branch_key(rid, index)),
         )
         completion = 0  # over the branches: one request, however many it ran (n)
         try:
-            await self._submit(model, events, req)
+            await self._submit(replica, events, req)
             while not finished:
                 batch = await queue.get()
                 if isinstance(batch, str):
@@ -120,14 +120,16 @@ class Runs:
             if not prefilled:
                 self.manager.prefilled.remote(rid)
             if not finished:
-                self.flight.cancel(model, rid, self.deadlines.call)
+                self.flight.cancel(replica, rid, self.deadlines.call)
             self.flight.prompts.pop(rid, None)
 
-    async def _submit(self, model, events: ReplicaEvents, req: GenerationRequest):
+    async def _submit(self, replica, events: ReplicaEvents, req: GenerationRequest):
         """Hand the request to its replica (connecting to its event stream first)."""
         try:
             stream = await events.connect()
-            refused = await asyncio.wait_for(model.submit.remote(req, stream), self.deadlines.call)
+            refused = await asyncio.wait_for(
+                replica.submit.remote(req, stream), self.deadlines.call
+            )
         except ActorGone as e:
             self.poke()
             raise Restarted(f"model replica {req.plan.replica} died ({e!r:.200})", True)

@@ -195,11 +195,11 @@ class EngineMetrics:
             if r.disk_state != "off":
                 self.disk_writing.set(1 if r.disk_state == "writing" else 0, rt)
         if self.memory is not None:
-            for part, n in plan_parts(self.memory).items():
+            for part, n in share_parts(self.memory).items():
                 self.shares.set(n, {**tags, "part": part})
 
 
-def plan_parts(m) -> dict[str, int]:
+def share_parts(m) -> dict[str, int]:
     """A MemoryShares' parts in bytes, every replica's together, and its limit."""
     k = m.replicas
     return {

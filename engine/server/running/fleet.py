@@ -213,7 +213,7 @@ class Fleet:
             member.state = LOADED
             member.last_used = time.monotonic()
             log.info(
-                "model %s loaded in %.1f s (its plan: %s of %s)",
+                "model %s loaded in %.1f s (its share: %s of %s)",
                 member.name,
                 time.perf_counter() - t0,
                 format_bytes(member.share),
@@ -316,7 +316,7 @@ def _announced(config: EngineConfig) -> str:
 
 def _estimate(config: EngineConfig) -> int:
     """A model's memory shares before it is loaded: its weight files' size, a KV byte per
-    token (the measured plan replaces it once loaded)."""
+    token (the measured shares replace it once loaded)."""
     path = Path(config.model.path) if config.model.path else None
     weights = sum(f.stat().st_size for f in path.glob("*.safetensors")) if path else 0
     if path is None:  # the embedded model: a few MB

@@ -647,9 +647,18 @@ class FakeDiskActor(FakeModelActor):
         return held is not None and (plan.length in held.states or not self.state_layers)
 
     def apply(self, orders: Orders) -> None:
-        """Moves and drops, then writes (the entry as it is now), frees, then deletes."""
+        """Moves and drops, then deletes, writes (the entry as it is now) and frees, in
+        RamTier.apply's order."""
 
         super().apply(Orders(moves=orders.moves, drop_checkpoints=orders.drop_checkpoints))
+        for entry_id in orders.delete_files:
+            dropped = self._queued(entry_id)
+            if dropped is None:
+                self.queue.append(("delete", entry_id))
+                continue
+            # Not started: dropped, with the files it was to replace (as the real writer).
+            self.queue = [op for op in self.queue if op[1] is not dropped]
+            self.queue += [("delete", old) for old in dropped.supersedes]
         assert tuple(r.entry_id for r in orders.records) == orders.write
         for record in orders.records:
             held = self.stored.get(record.entry_id)
@@ -659,14 +668,6 @@ class FakeDiskActor(FakeModelActor):
             assert held.states == lengths, (record.entry_id, held.states, lengths)
             self.queue.append(("write", record))
         super().apply(Orders(rejoin=orders.rejoin, free=orders.free))
-        for entry_id in orders.delete_files:
-            dropped = self._queued(entry_id)
-            if dropped is None:
-                self.queue.append(("delete", entry_id))
-                continue
-            # Not started: dropped, with the files it was to replace (as the real writer).
-            self.queue = [op for op in self.queue if op[1] is not dropped]
-            self.queue += [("delete", old) for old in dropped.supersedes]
         if not self.paused:
             self.flush()
 

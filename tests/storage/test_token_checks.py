@@ -1,5 +1,6 @@
 """The token ids an entry carries, at every way into a RAM tier: a file, a queued write, a
-handover. Each refuses an entry computed on other tokens than the request's.
+handover. Each refuses an entry computed on other tokens than the request's. And the
+order a RAM tier hands its Orders' file operations to the writer.
 
 Real MLX arrays and real files in a temporary directory; no model, no Ray.
 """
@@ -76,3 +77,31 @@ def test_a_handed_over_entry_carries_its_tokens():
     assert tier.matches(back, record.tokens[:N])
     assert not tier.matches(back, record.tokens[:N] * 2)
     assert tier.token_mismatches == 1
+
+
+def test_evicted_files_go_before_new_files_are_written(tmp_path, monkeypatch):
+    """One Orders that evicts a file to make room for a new one: the writer, which works in
+    order, deletes first, so the disk never holds both (the budget holds the files after)."""
+    from engine.cache.messages import Orders
+
+    done = []
+    real_write, real_delete = writer.write_file, writer.delete_files
+    monkeypatch.setattr(
+        writer,
+        "write_file",
+        lambda d, job: done.append(("write", job.entry_id)) or real_write(d, job),
+    )
+    monkeypatch.setattr(
+        writer, "delete_files", lambda d, i: done.append(("delete", i)) or real_delete(d, i)
+    )
+    store = DiskStore(tmp_path, "fp")
+    old, old_record = _with_tokens(9)
+    store.write(old, old_record)
+    assert store.flush(10)
+    tier = RamTier(True, store)
+    new, record = _with_tokens(10)
+    tier.put(10, new)
+    tier.apply(Orders(write=(10,), records=(record,), delete_files=(9,)))
+    assert store.flush(10)
+    assert done == [("write", 9), ("delete", 9), ("write", 10)]
+    store.close(10)

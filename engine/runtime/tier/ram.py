@@ -345,7 +345,7 @@ class RamTier:
         return layer_caches.restore(layers, state, length, counter, prefix)
 
     def apply(self, orders: Orders) -> None:
-        """Moves (absorption), dropped checkpoints, writes, frees, then file deletes.
+        """Moves (absorption), dropped checkpoints, file deletes, writes, then frees.
 
         A write captures the entry as it is after the moves and drops, before
         the frees (an entry spilled at its eviction is written as it leaves).
@@ -368,6 +368,10 @@ class RamTier:
             if entry is not None and entry.prefix is not None and entry_id not in orders.free:
                 self._take_prefix(entry)
         if self.disk_tier is not None:
+            # The evicted files go before the new ones are written: the writer works in
+            # order, and the manager's budget holds the files after both.
+            for entry_id in orders.delete_files:
+                self.disk_tier.delete(entry_id)
             for record in orders.records:
                 entry = self.entries.get(record.entry_id)
                 if entry is None:
@@ -383,9 +387,6 @@ class RamTier:
             self._held -= _size(self.entries.pop(entry_id, None))
         if orders.free:  # only a free takes a prefix entry away
             self._rejoin()
-        if self.disk_tier is not None:
-            for entry_id in orders.delete_files:
-                self.disk_tier.delete(entry_id)
         self.note_peak()  # moves count a shared state twice, as the index does
 
     def _rejoin(self) -> None:

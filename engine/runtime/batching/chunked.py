@@ -298,15 +298,16 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
             row[1] += n
             responses.append(PromptProcessingBatch.Response(uid, (row[1], row[2]), end, False))
         assert len({len(p) for p in prompts}) == 1, "a chunk is never padded"
-        ran = Chunk(tuple(cohort.batch.uids), len(prompts[0]), chunk.whole)
+        ran = Chunk(tuple(cohort.batch.uids), len(prompts[0]), chunk.whole, chunk.background)
         flight = Flight(cid, ran, responses, context)
         if self.worker is not None and len(self._generation_batch):  # beside the decodes
             # A stream is its thread's: what this thread left lazy (a merge, a filter) is
             # evaluated here, or the worker could not run it.
             mx.eval([c.state for c in cohort.batch.prompt_cache])
-            # A chunk sized to the streams' gaps leaves the MLX queue to the decodes
-            # (prefill_worker); a short prefill run whole is a first token waited for.
-            self.worker.start(cohort.batch, prompts, by_module=not chunk.whole)
+            # A chunk longer than the streams' gap budget leaves the MLX queue to the decodes
+            # as it goes (prefill_worker); one within it, or a short prefill run whole (a
+            # first token waited for), runs its forward whole: the streams wait at most it.
+            self.worker.start(cohort.batch, prompts, by_module=chunk.background)
             self.flight = flight
             return []
         tic = time.perf_counter()

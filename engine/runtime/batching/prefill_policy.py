@@ -93,7 +93,7 @@ module.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 AGING = 16  # tokens taken off a waiting sequence's key per step
 GROUP_RATIO = 1.5  # grouped sequences' remaining prefills differ at most by this factor
@@ -124,11 +124,16 @@ class Candidate:
 @dataclass(frozen=True)
 class Chunk:
     """What prefills this step: `tokens` prompt tokens of each of `uids` (none padded);
-    `whole`: a short prefill run whole (its first token is the wait that matters)."""
+    `whole`: a short prefill run whole (its first token is the wait that matters);
+    `background`: beside decoding streams, longer than their gap budget (the floor, the
+    bound's chunk, or before a cost is measured), so it must leave them the machine as it
+    goes (engine.runtime.batching.prefill_worker evaluates it module by module)."""
 
     uids: tuple[int, ...]
     tokens: int
     whole: bool = False
+    # Longer than the streams' gap budget (from the costs; not part of what it prefills).
+    background: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -351,4 +356,8 @@ class PrefillScheduler:
             members = [head] + similar[: max(0, min(self.group, allowance) - 1)]
         tokens = min(min(c.boundary for c in members), max(1, allowance // len(members)))
         whole = all(self.whole(c, decoding, costs) for c in members)
-        return Chunk(uids=tuple(c.uid for c in members), tokens=tokens, whole=whole)
+        token_ms = head.token_ms or costs.token_ms
+        ms = costs.fixed_ms + token_ms * tokens * len(members) if token_ms > 0 else float("inf")
+        background = bool(decoding) and not whole and ms > self.gap_ms(decoding, costs)
+        uids = tuple(c.uid for c in members)
+        return Chunk(uids=uids, tokens=tokens, whole=whole, background=background)

@@ -24,10 +24,12 @@ worker thread that asked for it, and does nothing elsewhere), so its queue
 stays a few tasks deep and the decode's arrays are scheduled without
 waiting. That costs the worker its pipelining (the next module's graph is
 built after the last one ran): the caller asks for it per chunk
-(`by_module`), for the chunks sized to the streams' gaps, which are background
-work beside decoding streams, and not for a short turn run whole, whose first
-token is the wait that matters. It is the default on the CPU device, where each eval is a
-thread hand-off; on a GPU each would be a command buffer, so whole forwards.
+(`by_module`), for the chunks longer than the streams' gap budget, which are
+background work beside decoding streams (prefill_policy's `Chunk.background`),
+and not for one within it, which the streams may wait for whole, nor for a short
+turn run whole, whose first token is the wait that matters. It is the default
+on the CPU device, where each eval is a thread hand-off; on a GPU each would be
+a command buffer, so whole forwards.
 
 What makes it safe is what the two threads touch: the worker runs one
 prompt batch's `forward` (that batch's caches and token lists, and the

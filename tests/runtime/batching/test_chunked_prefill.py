@@ -47,11 +47,13 @@ def engine(
     overlap=False,
     prefill_eval="auto",
     step_factor=ModelConfig.prefill_step_factor,
+    slice_ms=ModelConfig.prefill_slice_ms,
 ) -> LocalEngine:
     config, model = loaded
     model_config = ModelConfig(
         prefill_step_size=256,
         prefill_step_factor=step_factor,
+        prefill_slice_ms=slice_ms,
         schedule=schedule,
         prefill_budget=budget,
         prefill_group=group,
@@ -235,15 +237,16 @@ def test_with_overlap_streams_decode_while_a_chunk_runs_on_the_worker(loaded, mo
 
 @pytest.mark.parametrize("prefill_eval", ["auto", "forward"])
 def test_on_the_cpu_the_worker_evaluates_module_by_module(loaded, prefill_eval):
-    """`--prefill-eval auto` on the CPU: the chunks on the worker sized to the streams' gaps
-    evaluate each module's output (its MLX queue stays short beside decode); the loop's
-    inline chunks and a short prefill run whole do not; `forward` evaluates whole forwards.
-    Same tokens either way."""
+    """`--prefill-eval auto` on the CPU: the chunks on the worker longer than the streams' gap
+    budget (background work) evaluate each module's output (its MLX queue stays short beside
+    decode); the loop's inline chunks, those within the budget and a short prefill run whole
+    do not; `forward` evaluates whole forwards. Same tokens either way."""
     prompt = tokens(1200, 3)
     serial = engine(loaded, budget=64)
     expected = submit(serial, "b", prompt, namespace="b")
     run_all(serial)
-    eng = engine(loaded, budget=64, overlap=True, prefill_eval=prefill_eval)
+    # A slice of 0.5 ms: no chunk fits the streams' gaps, every one beside them is background.
+    eng = engine(loaded, budget=64, overlap=True, prefill_eval=prefill_eval, slice_ms=0.5)
     bg = eng.generator.bg
     assert bg.worker.module_eval == (prefill_eval == "auto")
     counted = lambda: sum(prefill_worker.EVALUATED.values())  # noqa: E731
@@ -255,11 +258,13 @@ def test_on_the_cpu_the_worker_evaluates_module_by_module(loaded, prefill_eval):
     while not ids(a):
         eng.generator.step()
     b = submit(eng, "b", prompt, namespace="b")
-    on_worker = 0
+    on_worker, uid = 0, None
     while not ids(b):  # (once `a` ends, b's last chunks run inline)
         on_worker += bg.flight is not None
         eng.generator.step()
+        uid = eng.generator.by_request.get("b", uid)
     assert on_worker > 0, "no chunk ran on the worker"
+    assert any(c.background for c in bg.chunks if uid in c.uids), "no chunk was background"
     grew = counted() - start
     assert grew > 0 if prefill_eval == "auto" else grew == 0, grew
     c = submit(eng, "c", tokens(40, 6), max_tokens=100, namespace="c")  # decodes beside it
@@ -272,9 +277,9 @@ def test_on_the_cpu_the_worker_evaluates_module_by_module(loaded, prefill_eval):
         eng.generator.step()
     assert on_worker > 0, "the short prefill did not run on the worker"
     uid = eng.generator.by_request["s"]
-    whole = all(c.whole for c in bg.chunks if uid in c.uids)  # else: cut to the slice
-    by_module = prefill_eval == "auto" and not whole
-    assert (counted() > before) == by_module, "a short prefill run whole went module by module"
+    background = any(c.background for c in bg.chunks if uid in c.uids)
+    by_module = prefill_eval == "auto" and background
+    assert (counted() > before) == by_module, "a chunk within the gaps went module by module"
     run_all(eng)
     assert ids(b) == ids(expected) and ids(inline) and ids(short)
     bg.close()

@@ -8,6 +8,7 @@ import pytest
 
 from engine.runtime.batching.chunk_costs import ChunkCosts, TokenRate
 from engine.runtime.batching.prefill_policy import (
+    FIRST_CHUNK,
     Candidate,
     Chunk,
     Costs,
@@ -235,3 +236,18 @@ def test_beside_decode_chunk_sizes_vary_until_the_fit_tells_the_fixed_cost_apart
     assert fit.fixed_ms == pytest.approx(40.0)
     floor = (1.25 * 40.0 / 0.25 - 40.0) / 1.0  # 160 tokens (the rate read still settling)
     assert 0.9 * floor <= min(sizes[-10:]) <= max(sizes[-10:]) <= floor
+
+
+def test_only_a_chunk_longer_than_the_streams_gap_budget_is_background_work():
+    s = PrefillScheduler("srpt", 256, slice_ms=50.0, overlap=True, wait_bound=0, chunk_max=4096)
+    fits = Costs(decode_ms=10.0, token_ms=0.5, beside_ms=10.0, fixed_ms=5.0)
+    chunk = s.next_chunk([long()], 0, decoding=2, costs=fits)
+    assert chunk.tokens == 90 and not chunk.background  # 50 ms: the streams may wait for it
+    heavy = Costs(decode_ms=10.0, token_ms=0.5, beside_ms=10.0, fixed_ms=40.0)
+    chunk = s.next_chunk([long()], 1, decoding=2, costs=heavy)
+    assert chunk.tokens == 80 and chunk.background  # the floor's 80 ms
+    short = Candidate(2, 200, 200, arrived=2)
+    assert not s.next_chunk([short], 2, decoding=2, costs=Costs(10.0, 0.1, 10.0, 5.0)).background
+    assert not s.next_chunk([long()], 3, decoding=0, costs=heavy).background  # nobody waits
+    unknown = s.next_chunk([long()], 4, decoding=2, costs=Costs(10.0, 0.0, 10.0))
+    assert unknown.tokens == FIRST_CHUNK and unknown.background  # no cost known: as it goes

@@ -153,25 +153,41 @@ def gemma(body: str, tools=None) -> list[Known]:
     m = _GEMMA_HEAD.match(body)
     if m is None:
         return []
-    pairs, at, whole = [], m.end(), False
+    pairs, _, whole = _arguments(body, m.end(), "}", _GEMMA_KEY, _gemma_string, _gemma_value)
+    return [Known(m.group(1), pieces(pairs, whole))]
+
+
+def _arguments(body: str, at: int, closer: str, key_re, string, value):
+    """The `key<sep>value, ...` arguments of one call from `at` up to its `closer`, each
+    kept once its value is whole: (pairs, where reading stopped, whether the closer came).
+    `string` finds a string's end, `value` reads a value's text (ValueError: not one)."""
+    pairs = []
     while True:
         at = _space(body, at)
-        if body.startswith("}", at):
-            whole = True
-            break
-        key = _GEMMA_KEY.match(body, at)
+        if body.startswith(closer, at):
+            return pairs, at + len(closer), True
+        key = key_re.match(body, at)
         if key is None:
-            break
-        end = _value_end(body, key.end(), _gemma_string)
+            return pairs, at, False
+        end = _value_end(body, key.end(), string)
         if end is None:
-            break
+            return pairs, at, False
         try:
-            value = json.loads(gemma_json(body[key.end() : end]) or "")
-        except json.JSONDecodeError:
-            break
-        pairs.append((key.group(1), value))
+            pairs.append((key.group(1), value(body[key.end() : end])))
+        except ValueError:
+            return pairs, at, False
         at = end + 1 if body[end] == "," else end
-    return [Known(m.group(1), pieces(pairs, whole))]
+
+
+def _gemma_value(text: str):
+    return json.loads(gemma_json(text) or "")  # JSONDecodeError is a ValueError
+
+
+def _python_value(text: str):
+    try:
+        return python_literal(ast.parse(text.strip(), mode="eval").body)
+    except (SyntaxError, TypeError) as e:
+        raise ValueError(text) from e
 
 
 def _gemma_string(text: str, at: int) -> int | None:
@@ -193,24 +209,9 @@ def pythonic(body: str, tools=None) -> list[Known]:
         return []
     out, at = [], at + 1
     while (m := _PYTHON_HEAD.match(body, at)) is not None:
-        pairs, at, whole = [], m.end(), False
-        while True:
-            at = _space(body, at)
-            if body.startswith(")", at):
-                whole, at = True, at + 1
-                break
-            key = _PYTHON_KEY.match(body, at)
-            if key is None:
-                break
-            end = _value_end(body, key.end(), _python_string)
-            if end is None:
-                break
-            try:
-                value = python_literal(ast.parse(body[key.end() : end].strip(), mode="eval").body)
-            except (ValueError, SyntaxError, TypeError):
-                break
-            pairs.append((key.group(1), value))
-            at = end + 1 if body[end] == "," else end
+        pairs, at, whole = _arguments(
+            body, m.end(), ")", _PYTHON_KEY, _python_string, _python_value
+        )
         out.append(Known(m.group(1), pieces(pairs, whole)))
         at = _space(body, at)
         if not whole or not body.startswith(",", at):

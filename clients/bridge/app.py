@@ -23,9 +23,29 @@ from clients.bridge.errors import add_error_handlers
 from clients.bridge.guard import BodyLimit, BridgeSecurity, CallerGate, caller_of
 from clients.bridge.models import ServedModels
 from clients.bridge.response_store import ResponseStore
+from engine.config import MAX_JSON_DEPTH
+from engine.server.security.limits import text_depth
 
 # Bodies from this size on are parsed off the event loop (a thread's start costs less).
 OFF_LOOP_JSON_BYTES = 64 << 10
+
+
+def check_depth(body: bytes) -> None:
+    """ValueError when the body nests deeper than any parser here may recurse, measured on
+    the text (engine.server.security.limits.text_depth): a parser stopped by Python's
+    recursion limit leaves its thread where every finalizer the collector runs fails."""
+    depth = text_depth(body)
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(f"the body nests {depth} levels deep; the limit is {MAX_JSON_DEPTH}")
+
+
+def parse_body(body: bytes):
+    """A request body's JSON, its depth checked first; ValueError names what is wrong."""
+    check_depth(body)
+    try:
+        return json.loads(body)
+    except ValueError as error:
+        raise ValueError(f"the body is not JSON: {error}") from None
 
 
 def off_loop_json_route():
@@ -45,11 +65,14 @@ def off_loop_json_route():
             async def parse_then_handle(request):
                 body = await request.body()
                 kind = request.headers.get("content-type", "json").split(";")[0].strip()
-                if len(body) >= OFF_LOOP_JSON_BYTES and kind.endswith("json"):
+                if kind.endswith("json"):
                     try:
-                        request._json = await asyncio.to_thread(json.loads, body)
-                    except (ValueError, RecursionError) as error:  # parsed once, answered here
-                        raise HTTPException(400, f"the body is not JSON: {error}") from None
+                        if len(body) >= OFF_LOOP_JSON_BYTES:
+                            request._json = await asyncio.to_thread(parse_body, body)
+                        else:  # FastAPI parses it, once its depth is known to be bounded
+                            check_depth(body)
+                    except ValueError as error:  # parsed once, answered here
+                        raise HTTPException(400, str(error)) from None
                 return await handler(request)
 
             return parse_then_handle

@@ -4,7 +4,9 @@ and the server keeps serving. The table is checked without a server first, then 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+import random
 import threading
 import time
 from types import SimpleNamespace
@@ -25,6 +27,7 @@ from engine.server.security.limits import (
     json_depth,
     parse_json,
     printable,
+    text_depth,
 )
 from tests.server.test_server import PROMPTS, collect, request
 
@@ -89,10 +92,51 @@ def test_json_depth_is_bounded_without_recursion():
     parse_json("x", nested(DEFAULT_LIMITS.max_json_depth))
     with pytest.raises(InvalidRequest, match="nests 33 levels"):
         parse_json("x", nested(DEFAULT_LIMITS.max_json_depth + 1))
-    with pytest.raises(InvalidRequest, match="tools_json nests too deeply"):
+    with pytest.raises(InvalidRequest, match="tools_json nests 100000 levels deep"):
         parse_tools(nested(100_000))
     with pytest.raises(InvalidRequest, match="limit is"):
         parse_tools('[{"name": "' + "x" * DEFAULT_LIMITS.max_tools_bytes + '"}]')
+
+
+def test_text_depth_counts_brackets_outside_strings_as_the_parser_nests():
+    rng = random.Random(7)
+    pieces = ['"', "\\", "[", "]", "{", "}", "a", ",", ":", "\n", "\u00e9"]
+
+    def value(depth):
+        kind = rng.randrange(4 if depth < 6 else 2)
+        if kind == 0:
+            return "".join(rng.choice(pieces) for _ in range(rng.randrange(6)))
+        if kind == 1:
+            return rng.choice([1, 2.5, None, True])
+        if kind == 2:
+            return [value(depth + 1) for _ in range(rng.randrange(3))]
+        return {str(value(depth + 1)): value(depth + 1) for _ in range(rng.randrange(3))}
+
+    examples = [value(0) for _ in range(300)]
+    assert sum(json_depth(v) >= 3 for v in examples) > 20  # deep ones were made
+    for v in examples:
+        for text in (json.dumps(v), json.dumps(v, ensure_ascii=False, indent=1)):
+            assert text_depth(text) == json_depth(v), text
+            assert text_depth(text.encode()) == json_depth(v)
+
+
+def test_deep_json_is_refused_before_the_parser_sees_it(monkeypatch):
+    """Found in CI: the parser stopped by Python's recursion limit left the server's thread
+    at that limit, where a finalizer the garbage collector ran failed (an unraisable
+    RecursionError); the depth is now measured on the text first."""
+    import engine.server.security.limits as limits
+
+    seen = []
+
+    def loads(text):
+        seen.append(len(text))
+        return json.loads(text)
+
+    monkeypatch.setattr(limits, "json", SimpleNamespace(loads=loads, JSONDecodeError=ValueError))
+    with pytest.raises(InvalidRequest, match="nests 5000 levels deep"):
+        parse_json("tools_json", nested(5000))
+    assert not seen, "the parser saw a text deeper than the limit"
+    assert parse_json("x", nested(3)) == [[[]]] and seen
 
 
 def test_add_generation_prompt_is_honoured():

@@ -11,7 +11,9 @@ token of every request in the batch, so 100k short stops cost more per token
 than the decode step itself; 16 stops of 256 characters cost nothing
 measurable. Identifiers travel into logs and cache files, so they are short and
 plain. JSON nesting is bounded so neither the parser nor the chat template
-recurses without bound.
+recurses without bound, and it is measured on the text before the parser
+sees it (`text_depth`): a parser stopped by Python's recursion limit leaves the
+thread at that limit, where any finalizer the garbage collector runs fails.
 """
 
 from __future__ import annotations
@@ -20,12 +22,16 @@ import json
 import math
 import re
 
+import numpy as np
+
 from engine.config import Limits
 from engine.server.errors import InvalidRequest
 
 # request_id and namespace: letters, digits and . _ : @ + / = - (no spaces,
 # no control characters), so they are safe in a log line and a file header.
 _IDENT = re.compile(r"[A-Za-z0-9._:@+/=-]*")
+# A JSON string (escapes included): its brackets are text, not nesting.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit (engine.runtime.logprobs reads them)
 SEED_LIMIT = 1 << 63  # seeds are int64 on the wire; MLX keys take non-negative ones
 
@@ -95,10 +101,13 @@ def check_request_bytes(nbytes: int, limits: Limits = DEFAULT_LIMITS) -> None:
 
 def parse_json(what: str, text: str, limits: Limits = DEFAULT_LIMITS):
     """JSON text parsed with its nesting depth bounded; InvalidRequest names what is wrong."""
+    depth = text_depth(text)
+    if depth > limits.max_json_depth:  # refused before the parser recurses that deep
+        raise InvalidRequest(
+            f"{what} nests {depth} levels deep; the limit is {limits.max_json_depth}"
+        )
     try:
         value = json.loads(text)
-    except RecursionError:  # the C parser guards its recursion: too deep to be a tool list
-        raise InvalidRequest(f"{what} nests too deeply; the limit is {limits.max_json_depth}")
     except json.JSONDecodeError as e:
         raise InvalidRequest(f"{what} is not valid JSON: {e}")
     depth = json_depth(value)
@@ -107,6 +116,19 @@ def parse_json(what: str, text: str, limits: Limits = DEFAULT_LIMITS):
             f"{what} nests {depth} levels deep; the limit is {limits.max_json_depth}"
         )
     return value
+
+
+def text_depth(text: str | bytes) -> int:
+    """The deepest nesting of brackets and braces in JSON text, outside its strings, counted
+    without parsing (no recursion; a pass of numpy over the bytes)."""
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+    if b"[" not in data and b"{" not in data:
+        return 0
+    codes = np.frombuffer(_JSON_STRING.sub(b'""', data), np.uint8)
+    step = np.zeros(codes.shape, np.int32)
+    step[(codes == ord("[")) | (codes == ord("{"))] = 1
+    step[(codes == ord("]")) | (codes == ord("}"))] = -1
+    return int(np.cumsum(step).max(initial=0))
 
 
 def json_depth(value) -> int:

@@ -90,7 +90,7 @@ class PromptIds:
     def encode(self, messages: list, tools) -> np.ndarray:
         """Prompt ids as the server builds them (through the wire format)."""
         from clients.client import build_request
-        from engine.server.rpc.service import to_prompt_input
+        from engine.server.rpc.requests import to_prompt_input
 
         inp = to_prompt_input(build_request(messages=messages, tools=list(tools), max_tokens=1))
         return np.asarray(self.builder.build(inp).tokens, dtype=np.int32)

@@ -35,13 +35,8 @@ from clients.wire import (
 from engine.runtime.events import Finished, Tokens
 from engine.runtime.events import Progress as EngineProgress
 from engine.server.observe.figures import ClientFigures
-from engine.server.rpc.service import (
-    DOMAIN_ERRORS,
-    generate_events,
-    status_of,
-    to_tree_reply,
-    tree_scope,
-)
+from engine.server.rpc.replies import to_tree_reply
+from engine.server.rpc.service import DOMAIN_ERRORS, generate_events, status_of, tree_scope
 
 
 class InProcessStream:

@@ -4,8 +4,9 @@ A `Flight` is what the manager keeps of a planned request (its prompt, namespace
 session, layout, plan, the anchor it captures and the anchors it indexed early);
 `Flights` holds them by request id and answers what the manager asks of them: who
 captures an anchor with these tokens (`capturing`), whether a commit matches its
-plan (`validated_tokens`), which restore points they pin (`pins`). A plan made to
-wait on another request's anchor capture is `waiting_plan`'s.
+plan (`validated_tokens`), which restore points they pin (`pins`), and asserts what
+they hold in the tiers (`check`). A plan made to wait on another request's anchor
+capture is `waiting_plan`'s.
 
 Plain Python and numpy: it decides nothing about what is stored.
 """
@@ -73,6 +74,24 @@ class Flights(dict[str, Flight]):
             if source is not None and not waiting:
                 pins[request_id] = (source, flight.plan.length)
         return pins
+
+    def check(self, index, disk_index, has_state_layers: bool) -> None:
+        """Assert what the flights hold in the tiers: the ids they were given and did not
+        commit are indexed nowhere yet, their pins are the index's, and a pinned restore
+        point stays readable (its length is the entry's or one of its checkpoints)."""
+        for flight in self.values():
+            for entry_id in flight.allocated:
+                if entry_id in flight.committed:
+                    continue
+                assert entry_id not in index and entry_id not in index.deferred, entry_id
+                assert disk_index is None or entry_id not in disk_index, entry_id
+        pins = self.pins(index)
+        assert pins == index.pins, (pins, index.pins)
+        for entry_id, length in pins.values():
+            entry = index.get(entry_id)
+            if entry is not None:
+                restorable = length in entry.checkpoints or not has_state_layers
+                assert length == entry.length or restorable, (entry_id, length)
 
     def validated_tokens(self, c: Commit) -> np.ndarray:
         """The commit's tokens as a fresh int32 array; ValueError unless it matches the plan.

@@ -3,9 +3,10 @@
 It validates messages, keeps the requests in flight (their restore pins and
 allocated entry ids), counts hits, and hands the deciding to the mode's
 policy (lineage.LineagePolicy or exact.ExactPolicy; none when the cache is
-off). Its parts, each a module of its own: the requests in flight
-(engine.cache.flights), the numbered Orders and the frees waiting for the next
-(orders.Outbox), the disk tier's unread files and lost writes
+off). Its parts, each a module of its own: the config as the policy takes
+it (engine.cache.knobs), the requests in flight and what they hold in the
+tiers (engine.cache.flights), the numbered Orders and the frees waiting for
+the next (orders.Outbox), the disk tier's unread files and lost writes
 (engine.cache.disk_orders), and the counters and what is reported from them
 (engine.cache.counts). What is left here is the calls' order: plan, commit,
 replan, release, and how each composes those parts. Every entry it indexes
@@ -63,6 +64,7 @@ from engine.cache.exact import ExactPolicy
 from engine.cache.flights import Flight, Flights, waiting_plan
 from engine.cache.index import Index
 from engine.cache.kinds import CaptureKind, RestoreKind
+from engine.cache.knobs import policy_config
 from engine.cache.lineage import LineagePolicy
 from engine.cache.message_points import check_starts
 from engine.cache.messages import (
@@ -85,7 +87,6 @@ from engine.cache.tree import CacheTree, SessionEntries, cache_tree
 from engine.config import CacheConfig
 
 _POLICIES = {"lineage": LineagePolicy, "exact": ExactPolicy}
-DEFAULT_GUARD_MIN_SUFFIX = 256  # where no measured threshold is given (CacheConfig)
 
 
 class CacheManager:
@@ -102,10 +103,7 @@ class CacheManager:
         """`disk_index`: the disk tier's files (engine.storage.directory builds it from
         the cache directory); None keeps the disk tier off. `first_id`: allocate no id
         below it (a restarted manager starts above every id the model actor held)."""
-        if config.guard_min_suffix is None:  # not measured: the reference's fixed threshold
-            config = replace(config, guard_min_suffix=DEFAULT_GUARD_MIN_SUFFIX)
-        _check_config(config)
-        self.config = config
+        self.config = config = policy_config(config)
         self.fingerprint = fingerprint  # the disk tier keys files by it
         self.has_state_layers = has_state_layers
         self.index = Index()
@@ -472,34 +470,4 @@ class CacheManager:
             assert not self.index.entries() and not self.flights
             return
         self._policy.check()
-        for flight in self.flights.values():
-            for entry_id in flight.allocated:
-                if entry_id in flight.committed:
-                    continue
-                assert entry_id not in self.index and entry_id not in self.index.deferred, entry_id
-                assert self.disk_index is None or entry_id not in self.disk_index, entry_id
-        pins = self.flights.pins(self.index)
-        assert pins == self.index.pins, (pins, self.index.pins)
-        for entry_id, length in pins.values():  # a pinned restore point stays readable
-            entry = self.index.get(entry_id)
-            if entry is not None:
-                restorable = length in entry.checkpoints or not self.has_state_layers
-                assert length == entry.length or restorable, (entry_id, length)
-
-
-def _check_config(config: CacheConfig) -> None:
-    """ValueError naming the first knob the policy cannot work with."""
-    for name in (
-        "ram_budget",
-        "anchor_max_entries",
-        "anchor_max_bytes",
-        "max_checkpoints",
-        "guard_min_suffix",
-        "divergence_min_gain",
-        "message_max",
-        "exact_max_entries",
-    ):
-        if getattr(config, name) < 0:
-            raise ValueError(f"cache config {name} must be >= 0, got {getattr(config, name)}")
-    if config.guard_offset < 1:
-        raise ValueError(f"cache config guard_offset must be >= 1, got {config.guard_offset}")
+        self.flights.check(self.index, self.disk_index, self.has_state_layers)

@@ -18,7 +18,7 @@ is on its way, and `applied` moves up to the highest number seen.
 It knows Orders only as numbers and sends calls through a `CacheLink`; it
 does not apply them (the caller does, in the same loop-thread call that hands
 it the answer) and knows nothing of tensors, the tier or MLX. The runtime's
-Generator and the policy tests' fake driver (tests/fakes.py) both use it.
+Generator and the policy tests' fake driver (tests/fakes/driver.py) both use it.
 """
 
 from __future__ import annotations

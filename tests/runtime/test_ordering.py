@@ -1,6 +1,6 @@
 """The ordering protocol with the cache manager (engine.runtime.ordering.OrderLedger), pure.
 
-Calls go to a real CacheManager through tests/fakes.py's HeldLink, whose
+Calls go to a real CacheManager through tests/fakes/driver.py's HeldLink, whose
 answers travel late and, here, out of order; Orders numbered for another
 replica never arrive. A plan waits while Orders before it may be on their
 way, and never for a number that went elsewhere. The Generator and the

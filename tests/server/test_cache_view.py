@@ -12,7 +12,7 @@ from engine.cache.tree import CacheTree, TreeCheckpoint, TreeEntry
 from engine.config import GB, EngineConfig, share_memory
 from engine.server.observe.activity import Activity
 from engine.server.observe.cache_view import cache_view, miss_words
-from engine.server.rpc.service import to_tree_reply
+from engine.server.rpc.replies import to_tree_reply
 from tests.server.test_activity import finished
 
 

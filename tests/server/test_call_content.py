@@ -3,7 +3,7 @@ None (as OpenAI clients send it), unless the template prints "None" for it or re
 then with "". Decided per template by rendering (engine.server.prompts.renders.null_content).
 
 The turn goes the way a request carries it: the client's dict, its wire message
-(clients.wire), the engine's message (engine.server.rpc.service), the engine's render.
+(clients.wire), the engine's message (engine.server.rpc.requests), the engine's render.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from mlx_lm.utils import load_tokenizer
 
 from clients.wire import message_to_proto
 from engine.server.prompts.renders import TemplateRenders
-from engine.server.rpc.service import _message
+from engine.server.rpc.requests import _message
 from tests.templates.published import published_text
 from tests.tokenizers import tokenizer_dir
 

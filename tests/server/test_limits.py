@@ -19,7 +19,7 @@ from engine.proto import engine_pb2 as pb
 from engine.runtime.requests import SamplingParams
 from engine.server.errors import InvalidRequest
 from engine.server.prompts.prompt import PromptBuilder, PromptInput, parse_tools
-from engine.server.rpc.service import to_prompt_input
+from engine.server.rpc.requests import to_prompt_input
 from engine.server.security.limits import (
     DEFAULT_LIMITS,
     check_identifier,

@@ -16,7 +16,7 @@ import pytest
 from clients.bridge.engine_call import output_family, thinking_switches
 from clients.wire import build_request
 from engine.server.errors import InvalidRequest
-from engine.server.rpc.service import to_prompt_input
+from engine.server.rpc.requests import to_prompt_input
 from tests.clients.bridge.test_bridge import BridgeThread
 from tests.server.test_template_corpus import serving_template
 from tests.tokenizers import tokenizer_dir

@@ -1,16 +1,19 @@
 """The gRPC servicer: proto in, dataclasses to the Frontend, proto out.
 
-Every domain error becomes a status code here, in one place:
-InvalidRequest -> INVALID_ARGUMENT, Unavailable (and a dead actor) -> UNAVAILABLE,
-a full queue -> RESOURCE_EXHAUSTED, an unknown model -> NOT_FOUND. With several
-models served (engine.server.running.fleet) a call goes to the one it names. Standard
-health checking is served beside the Engine service (Check open, Watch capped:
-engine.server.rpc.health), and server reflection on loopback (or by flag). With tokens configured
-(engine.server.security.auth) every call but Health/Check needs a bearer token, and the
-namespace comes from the token. Unless the operator asks
-for exact figures, every figure that depends on the restore length goes out
-from its block alone (engine.server.observe.figures), so a caller cannot probe a
-prompt it shares token by token.
+The servicer routes each call and answers it; the translation is in two modules
+of its own: a request's proto into the domain (engine.server.rpc.requests) and
+the domain's answers into proto (engine.server.rpc.replies). Every domain error
+becomes a status code here, in one place (`status_of`): InvalidRequest ->
+INVALID_ARGUMENT, Unavailable (and a dead actor) -> UNAVAILABLE, a full queue ->
+RESOURCE_EXHAUSTED, an unknown model -> NOT_FOUND. With several models served
+(engine.server.running.fleet) a call goes to the one it names. Standard health
+checking is served beside the Engine service (Check open, Watch capped:
+engine.server.rpc.health), and server reflection on loopback (or by flag). With
+tokens configured (engine.server.security.auth) every call but Health/Check
+needs a bearer token, and the namespace comes from the token. Unless the
+operator asks for exact figures, every figure that depends on the restore
+length goes out from its block alone (engine.server.observe.figures), so a
+caller cannot probe a prompt it shares token by token.
 """
 
 from __future__ import annotations
@@ -26,214 +29,19 @@ from grpc_reflection.v1alpha import reflection
 
 from engine.config import ServerConfig
 from engine.proto import engine_pb2, engine_pb2_grpc
-from engine.runtime.events import Finished, FinishReason, Progress, Tokens
-from engine.runtime.requests import SamplingParams
+from engine.runtime.events import Finished, FinishReason
 from engine.server.errors import ActorGone, InvalidRequest, Overloaded, Unavailable, UnknownModel
 from engine.server.front.frontend import Frontend
-from engine.server.observe.activity import Inspection, RequestRecord
-from engine.server.observe.cache_view import CacheView
 from engine.server.observe.figures import ClientFigures
 from engine.server.prompts.constraints import to_grammar
-from engine.server.prompts.prompt import PromptInput, parse_tools
 from engine.server.rpc.health import EngineSlots, HealthGate
+from engine.server.rpc.replies import coalesce, to_event, to_inspect_reply, to_tree_reply
+from engine.server.rpc.requests import check_request, to_prompt_input, to_sampling
 from engine.server.security.auth import Authenticator, AuthInterceptor, server_credentials
-from engine.server.security.limits import (
-    DEFAULT_LIMITS,
-    check_identifier,
-    check_request_bytes,
-    check_sampling,
-    parse_json,
-    printable,
-)
+from engine.server.security.limits import check_identifier
 
 log = logging.getLogger(__name__)
 SERVICE = engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name
-
-
-def check_request(
-    req: engine_pb2.GenerateRequest,
-    sampling: SamplingParams,
-    vocab_size: int,
-    limits=DEFAULT_LIMITS,
-) -> None:
-    """Every check of a Generate request's values, in one place (engine.server.security.limits): its
-    size, its identifiers, its sampling. What depends on the prompt (its length against
-    the context and the batch) is the front end's, once the prompt is built."""
-    check_request_bytes(req.ByteSize(), limits)
-    check_identifier("request_id", req.request_id, limits)
-    check_identifier("namespace", req.namespace, limits)
-    check_identifier("session", req.session, limits)
-    check_sampling(sampling, vocab_size, limits)
-
-
-def to_prompt_input(req: engine_pb2.GenerateRequest, limits=DEFAULT_LIMITS) -> PromptInput:
-    """The request's prompt, in domain terms. Raises InvalidRequest."""
-    sources = [bool(req.messages), req.HasField("prompt_ids"), bool(req.prompt_text)]
-    if sum(sources) > 1:
-        raise InvalidRequest("give exactly one of messages, prompt_ids, prompt_text")
-    if req.HasField("prompt_ids"):
-        return PromptInput(prompt_ids=tuple(req.prompt_ids.ids))
-    if req.prompt_text:
-        return PromptInput(prompt_text=req.prompt_text)
-    messages = tuple(_message(m) for m in req.messages)
-    return PromptInput(
-        messages=messages,
-        tools=parse_tools(req.tools_json, limits),
-        # Unset means true: a chat request asks for the assistant's turn by default.
-        add_generation_prompt=(
-            req.add_generation_prompt if req.HasField("add_generation_prompt") else True
-        ),
-        continue_final_message=req.continue_final_message,
-        marks=_marks(req.cache_marks, len(messages)),
-        template_kwargs=_template_kwargs(req.template_kwargs_json, limits),
-    )
-
-
-# What the render itself passes: a client's template variable may not replace it.
-RENDER_OWN = ("messages", "tools", "documents", "add_generation_prompt", "continue_final_message")
-
-
-def _template_kwargs(text: str, limits) -> dict | None:
-    """The client's extra chat template variables; InvalidRequest names a bad one."""
-    if not text:
-        return None
-    value = parse_json("chat_template_kwargs", text, limits)
-    if not isinstance(value, dict):
-        raise InvalidRequest("chat_template_kwargs must be a JSON object")
-    for key in value:
-        if key in RENDER_OWN or not key.isidentifier():
-            raise InvalidRequest(f"chat_template_kwargs: {printable(key)!r} cannot be set")
-    return value
-
-
-def _marks(marks, n: int) -> tuple[int, ...]:
-    """The marked message indexes; InvalidRequest names one outside the messages."""
-    for k in marks:
-        if not 0 <= k < n:
-            raise InvalidRequest(f"cache_marks: {k} is not a message index (0..{n - 1})")
-    return tuple(sorted(set(marks)))
-
-
-def _message(m: engine_pb2.Message) -> dict:
-    out = {"role": m.role, "content": m.content}
-    if m.tool_calls:
-        calls = []
-        for c in m.tool_calls:
-            where = f"tool call {printable(c.name)}: arguments"
-            args = parse_json(where, c.arguments) if c.arguments else {}
-            calls.append(
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": args}}
-            )
-        out["tool_calls"] = calls
-    if m.tool_call_id:
-        out["tool_call_id"] = m.tool_call_id
-    if m.name:
-        out["name"] = m.name
-    if m.reasoning_content:
-        out["reasoning_content"] = m.reasoning_content
-    return out
-
-
-def to_sampling(s: engine_pb2.Sampling) -> SamplingParams:
-    return SamplingParams(
-        max_tokens=s.max_tokens,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        top_k=s.top_k,
-        seed=s.seed if s.HasField("seed") else None,
-        stop=tuple(s.stop),
-        stop_token_ids=tuple(s.stop_token_ids),
-        logprobs=s.logprobs or s.top_logprobs > 0,
-        top_logprobs=s.top_logprobs,
-        n=s.n or 1,
-    )
-
-
-def to_event(event) -> engine_pb2.GenerateEvent:
-    if isinstance(event, Progress):
-        return engine_pb2.GenerateEvent(
-            progress=engine_pb2.PrefillProgress(done=event.done, total=event.total)
-        )
-    if isinstance(event, Tokens):
-        logprobs = [
-            engine_pb2.TokenLogprobs(
-                logprob=lp.logprob,
-                top_ids=[i for i, _ in lp.top],
-                top_logprobs=[v for _, v in lp.top],
-                token=lp.token,
-                top_tokens=lp.top_tokens,
-            )
-            for lp in event.logprobs
-        ]
-        chunk = engine_pb2.TokenChunk(
-            ids=event.ids, text=event.text, logprobs=logprobs, index=event.index
-        )
-        return engine_pb2.GenerateEvent(chunk=chunk)
-    assert isinstance(event, Finished), event
-    return engine_pb2.GenerateEvent(
-        final=engine_pb2.Final(
-            finish_reason=event.finish_reason.value,
-            request_id=event.request_id,
-            usage=engine_pb2.Usage(
-                prompt_tokens=event.prompt_tokens,
-                cached_tokens=event.cached_tokens,
-                completion_tokens=event.completion_tokens,
-            ),
-            restore=engine_pb2.Restore(kind=event.restore_kind.value, length=event.restore_length),
-            timing=engine_pb2.Timing(**dataclasses.asdict(event.timing)),
-            replica=event.replica,
-            incomplete=event.incomplete,
-            index=event.index,
-            stop_sequence=event.stop_sequence,
-        )
-    )
-
-
-def to_inspect_reply(i: Inspection) -> engine_pb2.InspectReply:
-    """Inspection -> InspectReply: the messages carry the dataclasses' field names."""
-
-    def record(r: RequestRecord) -> engine_pb2.RequestRecord:
-        fields = dataclasses.asdict(r)
-        fields["timing"] = engine_pb2.Timing(**fields["timing"])
-        return engine_pb2.RequestRecord(**fields)
-
-    return engine_pb2.InspectReply(
-        cache=engine_pb2.CacheStatsReply(**dataclasses.asdict(i.cache)),
-        replicas=[engine_pb2.ReplicaFigures(**dataclasses.asdict(r)) for r in i.replicas],
-        tiers=[engine_pb2.TierFigures(**dataclasses.asdict(t)) for t in i.tiers],
-        window_s=i.window_s,
-        window=[engine_pb2.KindFigures(**dataclasses.asdict(k)) for k in i.window],
-        anchors=[engine_pb2.AnchorFigures(**dataclasses.asdict(a)) for a in i.anchors],
-        recent=[record(r) for r in i.recent],
-    )
-
-
-def to_tree_reply(v: CacheView) -> engine_pb2.CacheTreeReply:
-    """CacheView -> CacheTreeReply: the messages carry the dataclasses' field names."""
-
-    def entry(e) -> engine_pb2.TreeEntry:
-        fields = dataclasses.asdict(e)
-        fields["checkpoints"] = [engine_pb2.TreeCheckpoint(**c) for c in fields["checkpoints"]]
-        return engine_pb2.TreeEntry(**fields)
-
-    t = v.tree
-    return engine_pb2.CacheTreeReply(
-        mode=t.mode,
-        entries=[entry(e) for e in t.entries],
-        left_out=t.left_out,
-        ram_bytes=t.ram_bytes,
-        disk_bytes=t.disk_bytes,
-        recent=[engine_pb2.ViewRequest(**dataclasses.asdict(r)) for r in v.recent],
-        memory_limit=v.memory_limit,
-        memory=[engine_pb2.MemoryPart(**dataclasses.asdict(p)) for p in v.memory],
-        disk=engine_pb2.DiskTierView(
-            held_bytes=v.disk.held_bytes,
-            file_bytes=v.disk.file_bytes,
-            free_bytes=v.disk.free_bytes,
-            budget=v.disk.budget,
-            writers=[engine_pb2.DiskWriterView(**dataclasses.asdict(w)) for w in v.disk.writers],
-        ),
-    )
 
 
 def tree_scope(auth: Authenticator, metadata, requested: str | None) -> tuple[str | None, bool]:
@@ -268,7 +76,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 events = generate_events(self.frontend, self.auth, request, metadata)
             figures = ClientFigures(self.exact_figures)  # exact, or the block alone
             async for batch in events:
-                for event in _coalesce(batch):
+                for event in coalesce(batch):
                     if (shown := figures.shown(event)) is not None:
                         yield to_event(shown)
                     if isinstance(event, Finished) and event.finish_reason == FinishReason.ERROR:
@@ -396,28 +204,6 @@ def status_of(error: Exception) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.UNAVAILABLE, f"the model actor is unavailable: {error}"
     assert isinstance(error, Unavailable), error
     return grpc.StatusCode.UNAVAILABLE, str(error)
-
-
-def _coalesce(batch: list) -> list:
-    """Merge consecutive token events into one chunk; keep only the last progress."""
-    out: list = []
-    for e in batch:
-        if isinstance(e, Tokens) and out and isinstance(out[-1], Tokens):
-            last = out[-1]
-            if last.index != e.index:  # another branch's
-                out.append(e)
-                continue
-            out[-1] = dataclasses.replace(
-                last,
-                ids=last.ids + e.ids,
-                text=last.text + e.text,
-                logprobs=last.logprobs + e.logprobs,
-            )
-        elif isinstance(e, Progress) and out and isinstance(out[-1], Progress):
-            out[-1] = e
-        else:
-            out.append(e)
-    return out
 
 
 async def create_server(

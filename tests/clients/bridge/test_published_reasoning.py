@@ -21,7 +21,7 @@ from clients.bridge.responses_input import messages_of
 from clients.wire import build_request
 from engine.server.errors import InvalidRequest
 from engine.server.prompts.renders import TemplateRenders
-from engine.server.rpc.service import to_prompt_input
+from engine.server.rpc.requests import to_prompt_input
 from tests.templates.published import manifest, published_text
 from tests.tokenizers import ASSETS
 

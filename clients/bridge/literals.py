@@ -71,10 +71,10 @@ def json_depth(text: str, at: int = 0, most: int = MAX_JSON_DEPTH) -> int:
     return deepest
 
 
-def _shallow(text: str, at: int = 0) -> bool:
+def _shallow(text: str) -> bool:
     if "[" not in text and "{" not in text:
         return True
-    return json_depth(text, at) <= MAX_JSON_DEPTH
+    return json_depth(text) <= MAX_JSON_DEPTH
 
 
 def carried(value) -> bool:

@@ -12,9 +12,13 @@ caches or Ray, and never loads MLX. Its modules:
 - `responses`, `responses_input`, `response_store`: `/v1/responses` and the
   stored responses a follow-up continues from (`previous_response_id`);
 - `parsers`, `blocks`: the completion's text as text, reasoning and tool calls
-  (per model family, streamed), and as the newer wires' content blocks; `parts`
-  the parts a parser answers; `calls`, `call_bodies` read a whole call's body per
-  family, `call_streams` what of an open call is settled while it streams;
+  (per model family, streamed), and as the newer wires' content blocks; `markups`
+  each family's markers and call readers, `output_parser` the state machine that
+  feeds text through them, `parts` the parts a parser answers; `calls`,
+  `call_bodies`, `call_bodies_tagged`, `tag_calls` read a whole call's body per
+  family, `call_streams`, `body_streams` what of an open call is settled while it
+  streams; `literals` every JSON or Python value read out of model text, never
+  raising (depth refused before a parser recurses);
 - `models`: the served model names and alias patterns;
 - `engine_call`: the one road into the engine: a parsed request of any wire
   (`Asked`) -> the backend call, with its session key and cache namespace

@@ -21,18 +21,16 @@ Plain Python, no MLX.
 
 from __future__ import annotations
 
-import ast
-import json
 import re
 
 from clients.bridge import call_streams
 from clients.bridge.call_bodies import gemma_json
 from clients.bridge.call_bodies_tagged import python_literal
 from clients.bridge.call_streams import Known, Streamer, json_object, pieces
+from clients.bridge.literals import UNREAD, json_at, json_value, python_tree, python_value
 
 NAME_KEYS = ("name",)
 ARGUMENT_KEYS = ("arguments", "parameters")
-_DECODER = json.JSONDecoder()
 
 
 def _space(text: str, at: int) -> int:
@@ -54,10 +52,10 @@ def _object_call(text: str, at: int, names=NAME_KEYS) -> tuple[Known | None, int
         if text[at] == ",":
             at = _space(text, at + 1)
             continue
-        try:
-            key, after = _DECODER.raw_decode(text, at)
-        except json.JSONDecodeError:
+        found = json_at(text, at)
+        if found is None:
             break
+        key, after = found
         at = _space(text, after)
         if at >= len(text) or text[at] != ":" or not isinstance(key, str):
             break
@@ -70,10 +68,10 @@ def _object_call(text: str, at: int, names=NAME_KEYS) -> tuple[Known | None, int
                 return Known(name, arguments), None
             at = _space(text, at + len(arguments))
             continue
-        try:
-            value, after = _DECODER.raw_decode(text, at)
-        except json.JSONDecodeError:
+        found = json_at(text, at)
+        if found is None:
             break
+        value, after = found
         end = _space(text, after)
         if end >= len(text):  # a number may go on; any value is settled by what follows
             break
@@ -160,7 +158,7 @@ def gemma(body: str, tools=None) -> list[Known]:
 def _arguments(body: str, at: int, closer: str, key_re, string, value):
     """The `key<sep>value, ...` arguments of one call from `at` up to its `closer`, each
     kept once its value is whole: (pairs, where reading stopped, whether the closer came).
-    `string` finds a string's end, `value` reads a value's text (ValueError: not one)."""
+    `string` finds a string's end, `value` reads a value's text (UNREAD: not one)."""
     pairs = []
     while True:
         at = _space(body, at)
@@ -172,22 +170,19 @@ def _arguments(body: str, at: int, closer: str, key_re, string, value):
         end = _value_end(body, key.end(), string)
         if end is None:
             return pairs, at, False
-        try:
-            pairs.append((key.group(1), value(body[key.end() : end])))
-        except ValueError:
+        read = value(body[key.end() : end])
+        if read is UNREAD:
             return pairs, at, False
+        pairs.append((key.group(1), read))
         at = end + 1 if body[end] == "," else end
 
 
 def _gemma_value(text: str):
-    return json.loads(gemma_json(text) or "")  # JSONDecodeError is a ValueError
+    return json_value(gemma_json(text) or "", UNREAD)
 
 
 def _python_value(text: str):
-    try:
-        return python_literal(ast.parse(text.strip(), mode="eval").body)
-    except (SyntaxError, TypeError) as e:
-        raise ValueError(text) from e
+    return python_value(python_tree(text.strip()), python_literal, UNREAD)
 
 
 def _gemma_string(text: str, at: int) -> int | None:

@@ -16,21 +16,23 @@ import json
 import re
 from typing import Mapping
 
+from clients.bridge.literals import UNREAD, json_at, json_value, python_tree, python_value
+
 Read = list[tuple[str, dict, str]]
 
 
 def _json_values(text: str) -> list | None:
     """The JSON values in `text`, one after another, separated by whitespace or `;`."""
-    decoder, out, at = json.JSONDecoder(), [], 0
+    out, at = [], 0
     while True:
         while at < len(text) and (text[at].isspace() or text[at] == ";"):
             at += 1
         if at == len(text):
             return out
-        try:
-            value, end = decoder.raw_decode(text, at)
-        except json.JSONDecodeError:
+        found = json_at(text, at)
+        if found is None:
             return None
+        value, end = found
         out.append((value, text[at:end]))
         at = end
 
@@ -46,10 +48,7 @@ def _object_call(obj, name_keys=("name",), args_keys=("arguments", "parameters")
     key = next((k for k in args_keys if k in obj), None)
     args = obj[key] if key else {}
     if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            return None
+        args = json_value(args)
     if not isinstance(args, dict):
         return None
     own = _members(text).get(key) if text and isinstance(obj.get(key), dict) else None
@@ -57,7 +56,8 @@ def _object_call(obj, name_keys=("name",), args_keys=("arguments", "parameters")
 
 
 def _members(text: str) -> dict[str, str]:
-    """A whole JSON object's text -> each member's value text (the last of a repeated key)."""
+    """A whole JSON object's text (one json_at read) -> each member's value text (the last
+    of a repeated key)."""
     decoder, out, at = json.JSONDecoder(), {}, 1
     while True:
         at = _skip(text, at)
@@ -166,12 +166,7 @@ def string_arguments(name: str, tools) -> set[str]:
 
 def typed_value(key: str, value: str, strings: set[str]):
     """A parameter's text as its value: JSON unless declared a string or not JSON."""
-    if key in strings:
-        return value
-    try:
-        return json.loads(value)
-    except json.JSONDecodeError:
-        return value
+    return value if key in strings else json_value(value, value)
 
 
 def minimax_invokes(body: str, tools=None) -> Read | None:
@@ -224,10 +219,7 @@ def gemma_call(body: str, tools=None) -> Read | None:
     if not brace or not name:
         return None
     text = gemma_json("{" + rest)
-    try:
-        args = json.loads(text) if text is not None else None
-    except json.JSONDecodeError:
-        return None
+    args = json_value(text) if text is not None else None
     if not isinstance(args, dict):
         return None
     return [(name, args, json.dumps(args, ensure_ascii=False))]
@@ -261,10 +253,7 @@ def gemma_json(text: str) -> str | None:
 
 def pythonic_calls(body: str, tools=None) -> Read | None:
     """`[NAME(key=value, ...), ...]` with Python literals (Llama 4, Llama 3.2's pythonic)."""
-    try:
-        tree = ast.parse(body.strip(), mode="eval").body
-    except SyntaxError:
-        return None
+    tree = python_tree(body.strip())
     if not isinstance(tree, ast.List) or not tree.elts:
         return None
     out = []
@@ -274,11 +263,8 @@ def pythonic_calls(body: str, tools=None) -> Read | None:
         name = _dotted(node.func)
         if name is None:
             return None
-        try:
-            args = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
-        except ValueError:
-            return None
-        if None in args:
+        args = {k.arg: python_value(k.value, default=UNREAD) for k in node.keywords}
+        if None in args or any(v is UNREAD for v in args.values()):
             return None
         out.append((name, args, json.dumps(args, ensure_ascii=False)))
     return out

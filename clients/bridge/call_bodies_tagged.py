@@ -28,6 +28,14 @@ import re
 from clients.bridge.call_bodies import Read, json_list, pythonic_calls, string_arguments
 from clients.bridge.call_streams import Known, json_object
 from clients.bridge.calls import Call, new_call_id
+from clients.bridge.literals import (
+    UNREAD,
+    json_at,
+    json_value,
+    python_literal_text,
+    python_tree,
+    python_value,
+)
 
 _STRING = r'"(?:[^"\\]|\\.)*"'
 # The head of one item of a JSON list of calls, up to where its arguments object starts.
@@ -56,17 +64,17 @@ def _list(body: str, head: re.Pattern, keyed: bool = False) -> tuple[list[Known]
         m = head.match(body, item)
         if m is None or not body.startswith("{", m.end()):
             return out, False
-        name = json.loads(m.group(1))
+        name = json_value(m.group(1))
         text, whole = json_object(body, m.end())
-        if not name or not text:
+        if not isinstance(name, str) or not name or not text:
             return out, False
         out.append(Known(name, text))
         if not whole:
             return out, False
-        try:  # the rest of the item (Apriel's "id"), to its closing brace
-            value, at = json.JSONDecoder().raw_decode(body, item)
-        except json.JSONDecodeError:
+        found = json_at(body, item)  # the rest of the item (Apriel's "id"), to its `}`
+        if found is None:
             return out, False
+        value, at = found
         if not isinstance(value, dict) or (keyed and len(value) != 1):
             return out, False
         at = _skip(body, at)
@@ -79,7 +87,8 @@ def _list(body: str, head: re.Pattern, keyed: bool = False) -> tuple[list[Known]
 def _whole(known: list[Known], whole: bool) -> Read | None:
     if not known or not whole:
         return None
-    return [(k.name, json.loads(k.arguments), k.arguments) for k in known]
+    out = [(k.name, json_value(k.arguments), k.arguments) for k in known]
+    return out if all(isinstance(args, dict) for _, args, _ in out) else None
 
 
 def apertus_calls(body: str, tools=None) -> Read | None:
@@ -89,10 +98,7 @@ def apertus_calls(body: str, tools=None) -> Read | None:
 
 
 def _keyed_strings(body: str) -> Read | None:
-    try:
-        items = json.loads(body)
-    except json.JSONDecodeError:
-        return None
+    items = json_value(body)
     if not isinstance(items, list) or not items:
         return None
     out = []
@@ -101,10 +107,7 @@ def _keyed_strings(body: str) -> Read | None:
             return None
         ((name, args),) = item.items()
         if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                return None
+            args = json_value(args)
         if not name or not isinstance(args, dict):
             return None
         out.append((name, args, json.dumps(args, ensure_ascii=False)))
@@ -137,14 +140,8 @@ def _seed_value(key: str, text: str, strings: set[str]):
     JSON, else a Python literal (Jinja's `string` of a bool, list or dict), else the text."""
     if key in strings:
         return text
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        pass
-    try:
-        return ast.literal_eval(text.strip())
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return text
+    value = json_value(text, UNREAD)
+    return python_literal_text(text.strip(), text) if value is UNREAD else value
 
 
 def _seed_pairs(inner: str, name: str, tools) -> list[tuple[str, object]]:
@@ -192,7 +189,8 @@ _JSON_NAMES = {"true": True, "false": False, "null": None}
 
 def python_literal(node):
     """A Python literal, where JSON's `true`, `false`, `null` may stand (LFM2.5 writes a
-    dict argument with `tojson`)."""
+    dict argument with `tojson`); ast.literal_eval's contract (read it through
+    clients.bridge.literals.python_value, which bounds its recursion)."""
     if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
         return _JSON_NAMES[node.id]
     if isinstance(node, ast.Dict) and None not in node.keys:
@@ -207,21 +205,15 @@ def lfm2_calls(body: str, tools=None) -> Read | None:
     found = pythonic_calls(body, tools)
     if found is not None:
         return found
-    try:
-        tree = ast.parse(body.strip(), mode="eval").body
-    except SyntaxError:
-        return None
+    tree = python_tree(body.strip())
     if not isinstance(tree, ast.List) or not tree.elts:
         return None
     if not all(isinstance(c, ast.Call) and isinstance(c.func, ast.Name) for c in tree.elts):
         return json_list(body, tools)
     out = []
     for c in tree.elts:
-        try:
-            args = {k.arg: python_literal(k.value) for k in c.keywords}
-        except (ValueError, TypeError):
-            return None
-        if c.args or None in args:
+        args = {k.arg: python_value(k.value, python_literal, UNREAD) for k in c.keywords}
+        if c.args or None in args or any(v is UNREAD for v in args.values()):
             return None
         out.append((c.func.id, args, json.dumps(args, ensure_ascii=False)))
     return out
@@ -241,10 +233,7 @@ def solar_call(body: str, tools=None) -> Call | None:
     if m is None:
         return None
     args_text = body[m.end() :].strip()
-    try:
-        args = json.loads(args_text)
-    except json.JSONDecodeError:
-        return None
+    args = json_value(args_text)
     if not isinstance(args, dict):
         return None
     return Call(m.group(2), args, args_text, m.group(1) or new_call_id())

@@ -32,6 +32,7 @@ from typing import Callable
 
 from clients.bridge.call_bodies import string_arguments, typed_value
 from clients.bridge.calls import DSML_PARAMETER, GLM_PAIR, XML_PARAMETER, Call, new_call_id
+from clients.bridge.literals import json_value
 from clients.bridge.parts import Part, ToolCallDelta, ToolCallEnd, ToolCallStart
 
 log = logging.getLogger(__name__)
@@ -104,8 +105,8 @@ def qwen(body: str, tools=None) -> list[Known]:
     m = _QWEN_HEAD.match(body)
     if m is None or m.end() == len(body) or body[m.end()] != "{":
         return []
-    name = json.loads(m.group(1))
-    return [Known(name, json_object(body, m.end())[0])] if name else []
+    name = json_value(m.group(1))
+    return [Known(name, json_object(body, m.end())[0])] if isinstance(name, str) and name else []
 
 
 _KIMI_HEAD = re.compile(r"\s*((?:functions\.)?([^\s:<]+):\d+)\s*<\|tool_call_argument_begin\|>\s*")
@@ -244,12 +245,7 @@ def dsml(body: str, tools=None) -> list[Known]:
     pairs = []
     for p in DSML_PARAMETER.finditer(rest):
         value = p.group(3)
-        if p.group(2) != "true":
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError:
-                pass
-        pairs.append((p.group(1), value))
+        pairs.append((p.group(1), value if p.group(2) == "true" else json_value(value, value)))
     return [Known(name, pieces(pairs, False))]
 
 
@@ -333,8 +329,5 @@ class Streamed:
 
 def _streamed_end(index: int, sent: str) -> ToolCallEnd:
     """The end of a streamed call, its arguments what it streamed (None: not an object)."""
-    try:
-        arguments = json.loads(sent)
-    except json.JSONDecodeError:
-        arguments = None
+    arguments = json_value(sent)
     return ToolCallEnd(index, arguments if isinstance(arguments, dict) else None, "")

@@ -12,6 +12,7 @@ import uuid
 from dataclasses import dataclass
 
 from clients.bridge.call_bodies import string_arguments as _string_arguments
+from clients.bridge.literals import json_at, json_value
 
 
 @dataclass(frozen=True)
@@ -37,27 +38,19 @@ _QWEN_HEAD = re.compile(
 def parse_qwen_call(body: str, tools=None) -> Call | None:
     """`{"name": ..., "arguments": {...}}` (arguments may be a JSON string of an object)."""
     text = body.strip()
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError:
-        return None
+    obj = json_value(text)
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
     args_text = None
     if isinstance(args, str):
         args_text = args
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            return None
+        args = json_value(args)
     elif (head := _QWEN_HEAD.match(text)) is not None:
-        try:  # the model's own text of the arguments, when they come right after the name
-            value, end = json.JSONDecoder().raw_decode(text, head.end())
-            if value == args and text[end:].strip() == "}":
-                args_text = text[head.end() : end]
-        except json.JSONDecodeError:
-            pass
+        # the model's own text of the arguments, when they come right after the name
+        found = json_at(text, head.end())
+        if found is not None and found[0] == args and text[found[1] :].strip() == "}":
+            args_text = text[head.end() : found[1]]
     if not isinstance(args, dict):
         return None
     if args_text is None:
@@ -80,12 +73,7 @@ def parse_glm_call(body: str, tools=None) -> Call | None:
     args = {}
     for m in GLM_PAIR.finditer(rest):
         key, value = m.group(1).strip(), m.group(2).strip()
-        if key not in strings:
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError:
-                pass
-        args[key] = value
+        args[key] = value if key in strings else json_value(value, value)
     if GLM_PAIR.sub("", rest).strip():  # something besides the pairs: not this format
         return None
     return Call(name, args, json.dumps(args, ensure_ascii=False), new_call_id())
@@ -106,12 +94,7 @@ def parse_xml_call(body: str, tools=None) -> Call | None:
     args = {}
     for p in XML_PARAMETER.finditer(rest):
         key, value = p.group(1).strip(), p.group(2)
-        if key not in strings:
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError:
-                pass
-        args[key] = value
+        args[key] = value if key in strings else json_value(value, value)
     if not name or XML_PARAMETER.sub("", rest).strip():  # something besides parameters
         return None
     return Call(name, args, json.dumps(args, ensure_ascii=False), new_call_id())
@@ -131,10 +114,7 @@ def parse_deepseek_call(body: str, tools=None) -> Call | None:
     args_text = args_text.strip().removeprefix("```json").removesuffix("```").strip()
     if not marker or not name or any(c in name for c in "<>\n{"):
         return None
-    try:
-        args = json.loads(args_text) if args_text else {}
-    except json.JSONDecodeError:
-        return None
+    args = json_value(args_text) if args_text else {}
     if not isinstance(args, dict):
         return None
     return Call(name, args, args_text or "{}", new_call_id())
@@ -157,12 +137,7 @@ def parse_dsml_call(body: str, tools=None) -> Call | None:
     args = {}
     for m in DSML_PARAMETER.finditer(rest):
         key, is_string, value = m.group(1), m.group(2), m.group(3)
-        if is_string != "true":
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError:
-                pass
-        args[key] = value
+        args[key] = value if is_string == "true" else json_value(value, value)
     if DSML_PARAMETER.sub("", rest).strip():  # something besides parameters
         return None
     return Call(name, args, json.dumps(args, ensure_ascii=False), new_call_id())
@@ -180,10 +155,7 @@ def parse_kimi_call(body: str, tools=None) -> Call | None:
     m = _KIMI_ID.fullmatch(call_id)
     if not marker or m is None:
         return None
-    try:
-        args = json.loads(args_text)
-    except json.JSONDecodeError:
-        return None
+    args = json_value(args_text)
     if not isinstance(args, dict):
         return None
     return Call(m.group(1), args, args_text, call_id)

@@ -34,13 +34,13 @@ Plain Python, no MLX.
 
 from __future__ import annotations
 
-import ast
 import html
 import json
 import re
 
 from clients.bridge.call_bodies import Read, llama3_objects, string_arguments, typed_value
 from clients.bridge.call_streams import Known, json_object, pieces, skip_space, until
+from clients.bridge.literals import UNREAD, json_value, python_literal_text
 
 
 def _dumps(value) -> str:
@@ -67,12 +67,7 @@ _K3_JSON = re.compile(
 
 
 def _k3_value(kind: str | None, text: str):
-    if kind == "string":
-        return text
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
+    return text if kind == "string" else json_value(text, text)
 
 
 def kimi_k3(body: str, tools=None) -> Read | None:
@@ -83,10 +78,7 @@ def kimi_k3(body: str, tools=None) -> Read | None:
     name, rest = html.unescape(head.group(1)).strip(), body[head.end() :]
     block = _K3_JSON.fullmatch(rest.strip())
     if block is not None:
-        try:
-            args = json.loads(block.group(1))
-        except json.JSONDecodeError:
-            return None
+        args = json_value(block.group(1))
         return [(name, args, block.group(1).strip())] if isinstance(args, dict) else None
     pairs = [
         (html.unescape(m.group(1)), _k3_value(m.group(2), m.group(3)))
@@ -130,8 +122,11 @@ def stream_minimax_m1(body: str, tools=None) -> list[Known]:
     while (m := _JSON_HEAD.match(body, at)) is not None and m.end() < len(body):
         if body[m.end()] != "{":
             break
+        name = json_value(m.group(1))
+        if not isinstance(name, str) or not name:
+            break
         text, whole = json_object(body, m.end())
-        out.append(Known(json.loads(m.group(1)), text))
+        out.append(Known(name, text))
         close = skip_space(body, m.end() + len(text))
         if not whole or close >= len(body) or body[close] != "}":
             break
@@ -278,14 +273,8 @@ def _cpm_value(key: str, text: str, strings: set[str]):
         return cdata.group(1)
     if key in strings:
         return text
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        pass
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        return text
+    value = json_value(text, UNREAD)
+    return python_literal_text(text, text) if value is UNREAD else value
 
 
 def _cpm_pairs(name: str, inner: str, tools):
@@ -365,10 +354,7 @@ def _name_and_json(body: str, sep: str) -> Read | None:
     name, args_text = name.strip(), args_text.strip()
     if not marker or _FN_NAME.fullmatch(name) is None:
         return None
-    try:
-        args = json.loads(args_text) if args_text else {}
-    except json.JSONDecodeError:
-        return None
+    args = json_value(args_text) if args_text else {}
     return [(name, args, args_text or "{}")] if isinstance(args, dict) else None
 
 

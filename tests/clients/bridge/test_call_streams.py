@@ -192,3 +192,22 @@ def test_a_streamed_call_that_max_tokens_cut_is_a_call_and_the_reply_says_length
     assert calls[0]["function"]["name"] == "f"
     assert "".join(t["function"]["arguments"] for t in calls) == '{"city": "Ro'
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize(
+    "family, output",
+    [
+        ("gemma4", '<|tool_call>call:get_weather{city:<|"|>Rome<|"|>}'),
+        ("pythonic", "<|python_start|>[get_weather(city='Rome')"),
+        ("lfm2", "<|tool_call_start|>[get_weather(city='Rome')"),
+    ],
+)
+def test_a_call_whose_arguments_closed_streams_its_closing_brace_before_it_ends(family, output):
+    """The arguments' `}` goes out once the call's own bracket closes them, before the
+    closing marker (or a next call) ends the call: a client sees a whole object."""
+    p = make_parser(family, tools=TOOLS)
+    parts = p.feed(output)
+    assert not any(isinstance(x, ToolCallEnd) for x in parts), parts
+    assert _arguments(parts, 0) == '{"city": "Rome"}'
+    open_call = make_parser(family, tools=TOOLS).feed(output.rstrip(")}"))
+    assert _arguments(open_call, 0) == "{"  # not closed yet: its value is not settled either

@@ -220,6 +220,27 @@ def test_the_turns_text_and_reasoning_land_in_their_fields(name):
             )
 
 
+def test_functionary_v3_1s_code_call_is_read_back():
+    """Functionary v3.1 writes a call of the request's `python` tool after `<|python_tag|>`
+    (as Llama 3.1 does), not as `<function=`: the template's own rendering of one is read
+    back as that call, whole and streamed."""
+    template = Template("meetkai-functionary-medium-v3.1.jinja")
+    code = {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}
+    python = {"name": "python", "description": "Runs Python code", "parameters": code}
+    tools = [*TOOLS, {"type": "function", "function": python}]
+    call = ("python", {"code": "import math\nprint(math.pi)"})
+    prompt = template.renders.render([ASK], tools, True)
+    whole = template.renders.render([ASK, turn([call])], tools, False)
+    assert whole.startswith(prompt)
+    out = whole[len(prompt) :].split("<|eom_id|>")[0]
+    assert out.startswith("<|python_tag|>"), out
+    for pieces in ([out], token_pieces(template.tokenizer, out)):
+        parser = make_parser(template.family, tools=tools)
+        parts = [p for piece in pieces for p in parser.feed(piece)] + parser.close()
+        text, _, calls = joined(parts)
+        assert [(s.name, e.arguments) for s, e in calls] == [call] and text == "", out
+
+
 def test_the_round_trip_fails_without_the_familys_parser(monkeypatch):
     """The round trip is the parser's: with Llama 3's taken out (its markup plain text),
     the published Llama 3.1 template's call comes back as text."""

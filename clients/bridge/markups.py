@@ -59,7 +59,9 @@ chat template and the tokenizer; engine.server.prompts.output_format):
   message of `<atem:function_calls>`), `minicpm` (`<think>`, `<function name="NAME">`
   calls of `<param name="K">` values), `hy3` (`<think:opensource>`, `<tool_calls:opensource>`
   around `<tool_call:opensource>NAME<tool_sep:opensource>` and `<arg_key:…>` pairs);
-- `functionary_v3_1`: `<function=NAME>{…}</function>` (MeetKai's on Llama 3.1);
+- `functionary_v3_1`: `<function=NAME>{…}</function>` (MeetKai's on Llama 3.1), and
+  `<|python_tag|>` then the code of a call to the request's `python` tool, to the
+  output's end;
 - `functionary_v3_2`: messages after `>>>` (the generation prompt ends with the first):
   `all\\n` then text, or `NAME\\n{…}` a call;
 - `plain`: no markup: everything is text.
@@ -123,6 +125,9 @@ class Markup:
     # v3.2's `>>>`); the closer is the next message's opener too (given back, not eaten)
     prompt_tail: str = ""
     closer_opens: bool = False
+    # a marker after which the rest of the output is one call written another way, with
+    # its own reader and streamer (functionary v3.1's `<|python_tag|>` code)
+    code_call: tuple[str, CallParser, streams.Streamer] | None = None
 
 
 THINK = ("<think>", "</think>")
@@ -315,6 +320,7 @@ MARKUPS: dict[str, Markup] = {
         ("<function=", "</function>"),
         _calls(tags.functionary_v3_1),
         stream=tags.stream_functionary_v3_1,
+        code_call=("<|python_tag|>", _calls(tags.python_code), tags.stream_python_code),
     ),
     "functionary_v3_2": Markup(
         None,

@@ -105,6 +105,8 @@ class OutputParser:
                 out[m.section[1]] = "drop"
             for marker in m.drop:
                 out.setdefault(marker, "drop")
+            if m.code_call:
+                out[m.code_call[0]] = "call"
         elif self.state == _REASONING:
             out[m.think[1]] = "text"
             if self.opened:
@@ -112,9 +114,17 @@ class OutputParser:
         elif self.state == _SECTION:
             out[m.call[0]] = "call"
             out[m.section[1]] = "text"
-        elif m.call[1]:
+        elif m.call[1] and not self._code():
             out[m.call[1]] = "end"
         return out
+
+    def _code(self) -> bool:
+        """Whether the open call is the family's code call (Markup.code_call)."""
+        return (
+            bool(self.opener)
+            and self.markup.code_call is not None
+            and (self.opener == self.markup.code_call[0])
+        )
 
     def _step(self, out: list[Part]) -> bool:
         """Handle the held text up to the next marker; False when none is whole yet."""
@@ -216,9 +226,10 @@ class OutputParser:
         """The open call's settled calls and arguments. A call its marker opened streams
         once its name is whole; one opened without a marker (a lead: it may yet be text)
         once its first call names a tool of the request."""
-        if self.markup.stream is None:
+        stream = self.markup.code_call[2] if self._code() else self.markup.stream
+        if stream is None:
             return
-        known = self.markup.stream(self.body, self.tools)
+        known = stream(self.body, self.tools)
         if self.opener or self.streamed.calls or (known and known[0].name in self._names()):
             self.index = self.streamed.grow(known, self.index, out)
 
@@ -230,7 +241,8 @@ class OutputParser:
     def _end_call(self, out: list[Part], raw: str, keep_lead: bool = True) -> bool:
         """The open call's parts; False when it does not parse and nothing of it was
         streamed (one ToolCallEnd, its raw text with the whitespace before it)."""
-        calls = self.markup.parse(self.body, self.tools) if self.markup.parse else None
+        parse = self.markup.code_call[1] if self._code() else self.markup.parse
+        calls = parse(self.body, self.tools) if parse else None
         if isinstance(calls, Call):
             calls = [calls]
         if not calls and not self.streamed.calls:

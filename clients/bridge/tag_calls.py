@@ -16,7 +16,9 @@ XML-ish tags or JSON lines in tags of their own.
   written as Python writes them);
 - `hy3` (Hunyuan): after `<tool_call:opensource>` the body `N<tool_sep:opensource>` then
   `<arg_key:opensource>K</arg_key:opensource><arg_value:opensource>V</arg_value:opensource>`;
-- `functionary_v3_1` (MeetKai): after `<function=` the body `N>{...}`;
+- `functionary_v3_1` (MeetKai): after `<function=` the body `N>{...}`; after
+  `<|python_tag|>` the rest of the output, the code of a call to the request's `python`
+  tool (`python_code`);
 - `functionary_v3_2` (MeetKai): messages after `>>>`, a call `N\\n{...}` (text is the
   message `all\\n…`).
 
@@ -374,6 +376,53 @@ def functionary_v3_1(body: str, tools=None) -> Read | None:
 
 def stream_functionary_v3_1(body: str, tools=None) -> list[Known]:
     return _stream_name_and_json(body, ">")
+
+
+def _python_tool(tools) -> tuple[str, str]:
+    """The request's code tool, as llama.cpp finds it: its name (`python`, else
+    `ipython`) and the argument its code goes in (the tool's one string parameter;
+    `code` where it has none or several)."""
+    found = {}
+    for tool in tools or ():
+        fn = tool.get("function", tool) if isinstance(tool, dict) else None
+        if isinstance(fn, dict) and fn.get("name") in ("python", "ipython"):
+            found.setdefault(fn["name"], fn)
+    name = "ipython" if "ipython" in found and "python" not in found else "python"
+    params = (found.get(name) or {}).get("parameters")
+    props = params.get("properties") if isinstance(params, dict) else None
+    strings = [
+        k for k, v in (props or {}).items() if isinstance(v, dict) and v.get("type") == "string"
+    ]
+    return name, strings[0] if len(strings) == 1 else "code"
+
+
+def python_code(body: str, tools=None) -> Read | None:
+    """After functionary v3.1's `<|python_tag|>`, to the output's end: the code of a call
+    to the request's python tool (llama.cpp's reading). The published template writes a
+    past call's arguments there as JSON (`| tojson`): an object is read as the
+    arguments, a string as the code."""
+    name, key = _python_tool(tools)
+    text = body.strip()
+    if not text:
+        return None
+    value = json_value(text, text)
+    if isinstance(value, dict):
+        return [(name, value, text)]
+    args = {key: value if isinstance(value, str) else text}
+    return [(name, args, json.dumps(args, ensure_ascii=False))]
+
+
+def stream_python_code(body: str, tools=None) -> list[Known]:
+    """The code as it comes, in its arguments' JSON (`{"code": "...`); an object as
+    written; a JSON string only whole (at the end)."""
+    name, key = _python_tool(tools)
+    text = body.strip()
+    if not text or text[0] == '"':
+        return []
+    if text[0] == "{":
+        obj, _ = json_object(text, 0)
+        return [Known(name, obj)]
+    return [Known(name, json.dumps({key: text}, ensure_ascii=False)[:-2])]
 
 
 def functionary_v3_2(body: str, tools=None) -> Read | None:

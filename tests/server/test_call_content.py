@@ -70,3 +70,25 @@ def test_qwen3_reads_the_content_as_a_string_and_is_served(tmp_path):
     renders = _renders(tmp_path, published_text("Qwen-Qwen3-0.6B.jinja"))
     assert not renders.null_content()
     assert '"name": "get_weather"' in renders.render(_engine_messages(ASK, CALL), None, True)
+
+
+ANSWER = {"role": "tool", "tool_call_id": "call0abcd", "content": "Sunny."}
+
+
+def test_qwq_reads_an_answered_turns_content_as_a_string_and_is_served(tmp_path):
+    """The published QwQ template splits the content of every assistant turn but the last:
+    None passes the last turn and raises once the call is answered (a 400 for every
+    agent's second request), so it is decided with the turn answered too."""
+    renders = _renders(tmp_path, published_text("Qwen-QwQ-32B.jinja"))
+    assert not renders.null_content()
+    prompt = renders.render(_engine_messages(ASK, CALL, ANSWER), None, True)
+    assert '"name": "get_weather"' in prompt and "Sunny." in prompt
+
+
+def test_a_template_that_refuses_none_where_it_was_given_gets_the_empty_string(tmp_path):
+    """Where None was decided and the template still refuses it (a conversation the
+    decision did not render), the turn is rendered again with "", not refused."""
+    renders = _renders(tmp_path, published_text("Qwen-QwQ-32B.jinja"))
+    renders._null_content = True
+    prompt = renders.render(_engine_messages(ASK, CALL, ANSWER), None, True)
+    assert '"name": "get_weather"' in prompt and "Sunny." in prompt

@@ -142,15 +142,19 @@ class TemplateRenders:
         disagree on a past call's arguments: most read a mapping (`| tojson`), DeepSeek's
         concatenate a JSON string. The engine passes a mapping; a template that refuses it
         gets the same arguments as their JSON text. They disagree on a call turn without
-        text too (`null_content`), and on the name of a past turn's reasoning
+        text too (`null_content`; where None is given and the template refuses it, the
+        turn gets "": QwQ's reads an earlier turn's content as a string and its last
+        one's not), and on the name of a past turn's reasoning
         (`with_reasoning_names`); a template that refuses a turn's reasoning beside its
         text and calls (gpt-oss) gets the turns without it."""
-        messages = with_call_content(messages, None if self.null_content() else "")
         args = (tools, add_generation_prompt, continue_final_message, extra)
-        named, plain = with_reasoning_names(messages), without_reasoning(messages)
-        tries = [named, with_text_arguments(named)]
-        if plain is not None:
-            tries += [plain, with_text_arguments(plain)]
+        tries = []
+        for empty in (None, "") if self.null_content() else ("",):
+            given = with_call_content(messages, empty)
+            named, plain = with_reasoning_names(given), without_reasoning(given)
+            tries += [named, with_text_arguments(named)]
+            if plain is not None:
+                tries += [plain, with_text_arguments(plain)]
         first = None
         for attempt in tries:
             if attempt is None:
@@ -167,24 +171,38 @@ class TemplateRenders:
         content None (as OpenAI clients send it) rather than "". DeepSeek-R1's template
         writes a turn's calls only where its content is none; Qwen3's reads the content as
         a string and raises on None, others print it as "None". Decided once, by rendering
-        a call turn both ways: None where the template takes it and prints no "None"."""
+        a call turn both ways, last and answered by a tool: None where the template takes
+        it and prints no "None" in either place."""
         if self._null_content is None:
-            call = {"type": "function", "function": {"name": "f", "arguments": {}}}
-            probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [call]}]
-            texts = {}
-            for content in (None, ""):
-                texts[content] = None
-                turn = {**probe[1], "content": content}
-                for messages in ([probe[0], turn], with_text_arguments([probe[0], turn])):
-                    try:
-                        texts[content] = self._apply(messages, None, False, False)
-                        break
-                    except Exception:
-                        pass
-            text = texts[None]
-            self._null_content = text is not None and (
-                "None" not in text or "None" in (texts[""] or "")
-            )
+            call = {
+                "id": "call00000",
+                "type": "function",
+                "function": {"name": "f", "arguments": {}},
+            }
+            ask = {"role": "user", "content": "hi"}
+            answer = {"role": "tool", "tool_call_id": "call00000", "content": "ok"}
+            verdicts = []
+            for after in ((), (answer,)):
+                texts = {}
+                for content in (None, ""):
+                    texts[content] = None
+                    conversation = [
+                        ask,
+                        {"role": "assistant", "content": content, "tool_calls": [call]},
+                        *after,
+                    ]
+                    for messages in (conversation, with_text_arguments(conversation)):
+                        try:
+                            texts[content] = self._apply(messages, None, False, False)
+                            break
+                        except Exception:
+                            pass
+                text = texts[None]
+                if text is not None or texts[""] is not None:  # the template takes this shape
+                    verdicts.append(
+                        text is not None and ("None" not in text or "None" in (texts[""] or ""))
+                    )
+            self._null_content = bool(verdicts) and all(verdicts)
         return self._null_content
 
     def _apply(self, messages, tools, add_generation_prompt, continue_final_message, extra=None):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from jinja2.exceptions import TemplateError
 from transformers import AutoTokenizer
 
 from clients.bridge.anthropic_request import prompt_of
@@ -121,6 +122,8 @@ WIRES = {
 def renders(name: str) -> TemplateRenders:
     tokenizer = AutoTokenizer.from_pretrained(ASSETS)
     tokenizer.chat_template = published_text(name)
+    if "bos_token" in manifest()[name]:  # the model's own; the tests' tokenizer has none
+        tokenizer.bos_token = manifest()[name]["bos_token"]
     return TemplateRenders(tokenizer)
 
 
@@ -137,6 +140,10 @@ def test_every_wire_gives_the_template_the_same_reasoning(name, text):
     try:
         prompts = {wire: prompt(template, make(text)) for wire, make in WIRES.items()}
     except InvalidRequest as e:
+        # only the template's own `raise_exception` refuses a request (Gemma 2 has no
+        # system or tool turns); any other error is the engine's render failing
+        if type(e.__context__) is not TemplateError:
+            raise
         pytest.skip(f"the template refuses this conversation: {str(e)[:120]}")
     assert all(p == prompts["chat"] for p in prompts.values()), prompts
     rendered = prompts["chat"]

@@ -145,6 +145,24 @@ CASES += [
         "",
         [PARIS, ROME],
     ),
+    # the python tool's code after `<|python_tag|>`, as the model writes it (llama.cpp's
+    # reading: the rest of the output), and as the published template writes a past one
+    (
+        "functionary v3.1 code after the python tag",
+        "functionary_v3_1",
+        'Sure.<|python_tag|>import math\nprint({"r": math.pi})\n',
+        "Sure.",
+        "",
+        [("python", {"code": 'import math\nprint({"r": math.pi})'})],
+    ),
+    (
+        "functionary v3.1 a past code call as the template writes it",
+        "functionary_v3_1",
+        '<|python_tag|>{"code": "print(1)"}',
+        "",
+        "",
+        [("python", {"code": "print(1)"})],
+    ),
     (
         "functionary v3.2 text, two calls, text",
         "functionary_v3_2",
@@ -218,6 +236,12 @@ def test_a_call_cut_by_the_outputs_end_leaks_no_markup(case):
         for end in range(at + 1, stop if stop > 0 else len(output)):
             got_text, _, _ = joined(_parse(family, [output[:end]]))
             assert got_text == text.partition("Done.")[0], output[:end]
+        return
+    if markup.code_call and markup.code_call[0] in output:  # code to the output's end
+        at = output.index(markup.code_call[0])
+        for end in range(at + len(markup.code_call[0]), len(output)):
+            got_text, _, _ = joined(_parse(family, [output[:end]]))
+            assert got_text == text, output[:end]
         return
     at = output.index(opener + ("get" if opener == " to=" else ""))
     last = output.rindex(markup.section[1]) if markup.section else output.index(closer, at)

@@ -27,7 +27,10 @@ from typing import Callable, Sequence
 
 from engine.cache.messages import PromptLayout
 
-MEMO_ENTRIES = 1 << 16  # message starts remembered, over every conversation
+# Message starts remembered, over every conversation: ~280 bytes each, so ~4.5 MiB in all,
+# every start of ~80 conversations of 200 messages. (It was 65,536, ~18 MiB, that a day's
+# agent traffic filled only after 20 minutes: bounded, but more than a turn ever reads.)
+MEMO_ENTRIES = 1 << 14
 
 
 def digest(value) -> str:

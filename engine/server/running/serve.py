@@ -467,6 +467,10 @@ def replica_count(config: EngineConfig, placement: Mapping[str, float] | None = 
     return max(1, count)
 
 
+# Actor calls whose task events a local Ray's GCS keeps (Ray's default: 100,000).
+TASK_EVENTS_IN_GCS = 1000
+
+
 def ray_options(config: EngineConfig) -> dict:
     """`ray.init`'s keyword arguments for `lineage serve` (a local Ray, or the cluster's).
 
@@ -478,6 +482,10 @@ def ray_options(config: EngineConfig) -> dict:
     (`worker_niceness`), and a model actor at 15 gets a few percent of a core
     whenever a process at 0 wants it (the front end, a client, anything else
     on the machine), so its decode stalls behind them.
+    Its GCS keeps the events of the last TASK_EVENTS_IN_GCS actor calls (what
+    `ray list tasks` and the dashboard's task views show), not Ray's 100,000:
+    every call of the engine's is a task there, a few KiB each, so Ray's bound
+    is hundreds of MiB that a long-running serve fills at a few MiB an hour.
     """
     options = dict(
         address=config.server.address,
@@ -491,5 +499,9 @@ def ray_options(config: EngineConfig) -> dict:
     if config.server.metrics_port:  # this node's metrics agent serves Prometheus text
         options["_metrics_export_port"] = config.server.metrics_port
     if config.server.address is None:  # a cluster we join keeps its own settings
-        options["_system_config"] = {"prestart_worker_first_driver": False, "worker_niceness": 0}
+        options["_system_config"] = {
+            "prestart_worker_first_driver": False,
+            "worker_niceness": 0,
+            "task_events_max_num_task_in_gcs": TASK_EVENTS_IN_GCS,
+        }
     return options

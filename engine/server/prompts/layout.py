@@ -27,9 +27,9 @@ from typing import Callable, Sequence
 
 from engine.cache.messages import PromptLayout
 
-# Message starts remembered, over every conversation: ~280 bytes each, so ~4.5 MiB in all,
-# every start of ~80 conversations of 200 messages. (It was 65,536, ~18 MiB, that a day's
-# agent traffic filled only after 20 minutes: bounded, but more than a turn ever reads.)
+# Message starts remembered, over every conversation: ~270 bytes each, so ~4.2 MiB in all,
+# every start of ~80 conversations of 200 messages. (It was 65,536, ~17 MiB, that a soak's
+# agent traffic filled only after 20 minutes, its RSS rising all that time.)
 MEMO_ENTRIES = 1 << 14
 
 

@@ -95,6 +95,15 @@ class ServerConfig:
         "start Ray's dashboard with a local Ray (its head and ~10 module processes, ~1 GiB); "
         "metrics, `lineage top` and `lineage stats` do not need it",
     )
+    log_file: str | None = setting(
+        None,
+        "write the log to this file, rotated at --log-file-bytes (two older files kept)",
+        metavar="PATH",
+        shown="stderr",
+    )
+    log_file_bytes: int = setting(
+        64 << 20, "the log file's size before it rotates (--log-file)", parse=parse_bytes
+    )
     replicas: int | str = setting(
         1,
         "model replicas; auto: one per `mlx` resource of the Ray cluster",

@@ -89,6 +89,12 @@ def parse_tools(tools_json: str, limits: Limits = DEFAULT_LIMITS) -> tuple[dict,
     return tuple(tools)
 
 
+# Anchor renders remembered: one per system block and tools in use (an assistant, a coding
+# agent, its sub-agents' prompts), each its text and ids, up to ~100 KiB for an agent's
+# tools. (It was 256: several MiB that filled over the first 20 minutes of a soak.)
+ANCHOR_MEMO_ENTRIES = 64
+
+
 class PromptBuilder:
     """Turns a PromptInput into prompt tokens plus the anchor length."""
 
@@ -98,7 +104,7 @@ class PromptBuilder:
         vocab_size: int,
         max_context: int,
         anchor_slack: int = 2,
-        memo_size: int = 256,
+        memo_size: int = ANCHOR_MEMO_ENTRIES,
         limits: Limits = DEFAULT_LIMITS,
         prompt: PromptConfig | None = None,
     ):

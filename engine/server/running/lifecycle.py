@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import logging.handlers
 import os
 import shutil
 import signal
@@ -63,7 +64,9 @@ def run(config: EngineConfig, sidecars: Sequence[Sidecar] = ()) -> int:
     (engine.server.running.stopping.end_process).
     """
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr
+        level=logging.INFO,
+        format="%(asctime)s %(name)s %(message)s",
+        handlers=[log_handler(config)],
     )
     config.server.check_exposure()  # before anything starts
     started_ray = not ray.is_initialized()
@@ -88,6 +91,17 @@ def run(config: EngineConfig, sidecars: Sequence[Sidecar] = ()) -> int:
     if left:
         end_process(status, left)
     return status
+
+
+def log_handler(config: EngineConfig) -> logging.Handler:
+    """Where the serve's log goes: stderr, or `--log-file` rotated at `--log-file-bytes`
+    with two older files kept, so a server left running for days holds at most three
+    times that on disk (stderr's bound is whoever reads it: a terminal, journald)."""
+    if config.server.log_file is None:
+        return logging.StreamHandler(sys.stderr)
+    return logging.handlers.RotatingFileHandler(
+        config.server.log_file, maxBytes=config.server.log_file_bytes, backupCount=2
+    )
 
 
 async def _serve(

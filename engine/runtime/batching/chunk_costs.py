@@ -8,7 +8,10 @@ know, so they are fitted from measured chunks (`observe`): least squares over
 the recent ones, each older one weighing FORGET times less. Until the sizes
 seen vary enough to tell the two apart (chunks of one size alone cannot), the
 fixed part reads 0 and the per-token part the plain ratio (what the policy
-did before it knew better). No chunk costs less than its fixed part, so the
+did before it knew better). Once told apart, the fixed part stays as last
+told while the sizes settle (the policy sizes chunks alike once it knows
+it: forgetting it then made every ~30th chunk one sized as if there were
+none). No chunk costs less than its fixed part, so the
 fit's fixed part is never more than the fastest of the RECENT last chunks:
 on a loaded machine a few slow chunks tilt the line, and the intercept they
 make up would size every chunk (the policy sizes chunks on it).
@@ -28,6 +31,7 @@ FORGET = 0.95  # weight of an observation relative to the next newer one
 SPREAD = 0.25  # the sizes' relative spread from which the fit is trusted
 RECENT = 32  # the last chunks whose fastest bounds the fixed part
 KEEP = 0.7  # TokenRate: weight of the sums so far against the newest chunk's
+FLOOR = 0.1  # the share of a chunk's mean time that is per token, at least
 
 
 class ChunkCosts:
@@ -38,6 +42,7 @@ class ChunkCosts:
         self.w = self.x = self.y = self.xx = self.xy = 0.0
         self.count = 0
         self.recent: deque = deque(maxlen=RECENT)  # the last chunks' ms
+        self.told: float | None = None  # the fixed part, as last told apart (module doc)
 
     def observe(self, tokens: int, ms: float) -> None:
         """A chunk of `tokens` prompt tokens (all its sequences') took `ms`."""
@@ -51,9 +56,23 @@ class ChunkCosts:
         self.xy = f * self.xy + tokens * ms
         self.count += 1
         self.recent.append(ms)
+        fit = self._separated()
+        if fit is not None:
+            self.told = fit[0]
 
     def _fit(self) -> tuple[float, float] | None:
-        """(fixed_ms, token_ms) when the sizes seen tell them apart, else None."""
+        """(fixed_ms, token_ms) once the sizes seen have told them apart, else None."""
+        fit = self._separated()
+        if fit is not None or self.told is None:
+            return fit
+        # Sizes settled since (the policy's own, once it knows): the fixed part stays as
+        # told, bounded by the fastest recent chunk, and the rest of the mean is per token.
+        mean_x, mean_y = self.x / self.w, self.y / self.w
+        fixed = min(self.told, min(self.recent))
+        return fixed, max(mean_y - fixed, FLOOR * mean_y) / mean_x
+
+    def _separated(self) -> tuple[float, float] | None:
+        """(fixed_ms, token_ms) when the recent sizes tell them apart, else None."""
         if self.count < 3:
             return None
         mean_x, mean_y = self.x / self.w, self.y / self.w

@@ -50,19 +50,24 @@ prefill chunk that runs beside it, within a token budget:
   inside a decode step (no `overlap`), what keeps the whole step within
   `step_factor` idle decode steps (the step's other work, measured, taken
   off); with `overlap` (the chunk's forward on a thread of its own beside the
-  decode steps, engine.runtime.batching.chunked), `slice_ms`. With nothing
-  decoding it is `slice_ms`, so a newcomer waits at most about that long for
-  the chunk in flight. Never more than `chunk_max` tokens (default:
-  `budget`), never fewer than MIN_CHUNK (the long prompt always moves).
-- The floor: where the time given cannot hold a chunk that is mostly useful
-  work (the prefill less than USEFUL of the time the chunk and its step's
-  other work take: a forward's fixed cost several decode steps long, a
-  Mac's MoE; or the step's other work alone near the streams' whole
-  budget), no chunk meets that time at a price worth paying: the chunk keeps
-  the prefill at 1 / X of its own rate (X: the wait bound, else 1 / (1 -
-  USEFUL)). A chunk of time T beside other work `other` gives the prefill
+  decode steps, engine.runtime.batching.chunked), `slice_ms` less a decode
+  step (a stream beside a chunk evaluated whole waits for the chunk, then
+  for its own step). With nothing decoding it is `slice_ms`, so a newcomer
+  waits at most about that long for the chunk in flight. Never more than
+  `chunk_max` tokens (default: `budget`), never fewer than MIN_CHUNK (the
+  long prompt always moves).
+- The floor: no chunk is shorter than its fixed cost pays for. It keeps the
+  prefill at 1 / X of its own rate at least (X: the wait bound, else 1 / (1
+  - USEFUL)): a chunk of time T beside other work `other` gives the prefill
   (T - fixed) / (T + other) of the machine, so T >= (X * fixed + other) /
-  (X - 1).
+  (X - 1). Where the gap budget is shorter (a forward's fixed cost several
+  decode steps long, a Mac's MoE; or one a large share of the budget, as
+  where tokens are cheap), the chunk takes the floor's time and is
+  background work (`Chunk.background`): it leaves the streams the machine
+  as it goes, so their gaps stay short either way, and the prefill's
+  capacity is not spent on fixed costs (sized to the budget alone, chunks
+  shrank until the fixed cost was half of each, and the cold prompts were
+  slower by a third).
 - Growth: a long prefill that nobody else waits for (no other sequence has
   prefill left) while no stream decodes doubles its chunk's time each chunk
   in a row (from the slice) until the fixed cost is FIXED_SHARE of it (at
@@ -74,12 +79,13 @@ prefill chunk that runs beside it, within a token budget:
   the sizes vary for it (chunks of one size would never tell it, and a
   one-token chunk would read its whole fixed cost as the cost of a token).
 - A short prefill (its whole uncached prompt within `budget` tokens) runs
-  whole in one chunk (`Chunk.whole`) when nothing decodes, when its whole
-  cost fits the streams' gap budget, or when that budget holds no useful
-  chunk anyway: its first token comes one step later instead of many.
-  Otherwise, beside decoding streams, it is cut to the gap budget like any
-  chunk (its first token a few chunks' fixed costs later, instead of one
-  long gap for every stream). The tail of a long prompt is not short: it has
+  whole in one chunk (`Chunk.whole`) when nothing decodes, or when its whole
+  cost fits the time a chunk of it would get anyway (the gap budget or the
+  floor): its first token comes one step later instead of many. Otherwise,
+  beside decoding streams, it is cut like any chunk (its first token a few
+  chunks' fixed costs later, instead of one long gap for every stream); run
+  whole but longer than the gap budget, it is background work too. The
+  tail of a long prompt is not short: it has
   waited anyway, and at a long context its last `budget` tokens would stall
   the streams longest.
 
@@ -101,7 +107,7 @@ MIN_CHUNK = 1  # a long prefill moves at least this many tokens per step
 STEP_FACTOR = 2.5  # a step with a chunk beside decode aims at this many idle decode steps
 SLICE_MS = 50.0  # a chunk aims at this long with nothing decoding, or beside decode (overlap)
 FIRST_CHUNK = 16  # a long prefill's chunk beside decode before any cost is measured
-USEFUL = 0.5  # a chunk's prefill is at least this share of the time it and its step take
+USEFUL = 0.5  # without a wait bound, a chunk keeps the prefill at least this share of its rate
 FIXED_SHARE = 0.1  # a long prefill alone grows its chunks until its fixed cost is this share
 WAIT_BOUND = 2.0  # srpt: no prefill ends later than this many times first-come-first-served's
 
@@ -246,25 +252,30 @@ class PrefillScheduler:
 
     def gap_ms(self, decoding: int, costs: Costs) -> float:
         """The time a chunk is given: beside decoding streams their gap budget, else the
-        slice (module doc: budget, in time)."""
+        slice (module doc: budget, in time). With overlap a stream's gap beside a chunk
+        evaluated whole is the chunk and then its own decode step: the slice less a step."""
         if decoding and not self.overlap:
             return self.step_factor * costs.decode_ms - costs.beside_ms
+        if decoding:
+            return max(0.0, self.slice_ms - costs.decode_ms)
         return self.slice_ms
+
+    def floor_ms(self, decoding: int, costs: Costs) -> float:
+        """The shortest chunk worth its fixed cost and its step's other work (module doc:
+        the floor); 0 while neither is known."""
+        x = self.wait_bound if self.wait_bound > 1 else 1 / (1 - USEFUL)
+        return (x * costs.fixed_ms + self._other_ms(decoding, costs)) / (x - 1)
 
     def whole(self, head: Candidate, decoding: int, costs: Costs) -> bool:
         """`head` is a short prefill that runs whole this step (module doc)."""
         total = head.remaining if head.total is None else head.total
         if not self.short(total):
             return False
-        token_ms, gap = head.token_ms or costs.token_ms, self.gap_ms(decoding, costs)
-        if not decoding or token_ms <= 0 or not self.holds(gap, decoding, costs):
-            return True  # no gap to keep, or none a chunk could keep
-        return costs.fixed_ms + token_ms * total <= gap
-
-    def holds(self, room: float, decoding: int, costs: Costs) -> bool:
-        """A chunk of `room` ms is mostly useful work (module doc: the floor)."""
-        other = self._other_ms(decoding, costs)
-        return room > 0 and room - costs.fixed_ms >= USEFUL * (room + other)
+        token_ms = head.token_ms or costs.token_ms
+        if not decoding or token_ms <= 0:
+            return True  # no gap to keep, or no cost to tell it by
+        room = max(self.gap_ms(decoding, costs), self.floor_ms(decoding, costs))
+        return costs.fixed_ms + token_ms * total <= room  # cut, it would get no less
 
     def allowance(
         self,
@@ -284,12 +295,9 @@ class PrefillScheduler:
         if token_ms <= 0 or (decoding and not self.overlap and costs.decode_ms <= 0):
             return min(self.budget, FIRST_CHUNK) if decoding else self.budget
         room, fixed = self.gap_ms(decoding, costs), costs.fixed_ms
-        other = self._other_ms(decoding, costs)
         if urgent:  # the bound presses: its rate first (module doc)
             return self.chunk_max
-        if not self.holds(room, decoding, costs):  # the floor (module doc)
-            x = self.wait_bound if self.wait_bound > 1 else 1 / (1 - USEFUL)
-            room = max(room, (x * fixed + other) / (x - 1))
+        room = max(room, self.floor_ms(decoding, costs))  # the floor (module doc)
         if alone and not decoding and streak:
             # Nobody waits: double the time each chunk in a row, until the fixed cost is
             # FIXED_SHARE of it (at least twice the slice, so the fit sees sizes vary).
@@ -358,6 +366,6 @@ class PrefillScheduler:
         whole = all(self.whole(c, decoding, costs) for c in members)
         token_ms = head.token_ms or costs.token_ms
         ms = costs.fixed_ms + token_ms * tokens * len(members) if token_ms > 0 else float("inf")
-        background = bool(decoding) and not whole and ms > self.gap_ms(decoding, costs)
+        background = bool(decoding) and ms > self.gap_ms(decoding, costs)
         uids = tuple(c.uid for c in members)
         return Chunk(uids=uids, tokens=tokens, whole=whole, background=background)

@@ -42,6 +42,23 @@ def test_the_fit_follows_costs_that_change():
     assert costs.token_ms == pytest.approx(2.0, abs=0.05)
 
 
+def test_once_told_apart_the_fixed_cost_stays_while_the_sizes_settle():
+    # The policy sizes chunks alike once it knows the fixed cost; the decayed sums then
+    # hold one size only, and forgetting the fixed cost would size the next chunk as if
+    # there were none (a chunk of the gap budget alone, every ~30 chunks).
+    costs = ChunkCosts()
+    for tokens in (16, 64, 256, 32, 128, 512):
+        costs.observe(tokens, 20.0 + 0.5 * tokens)
+    for _ in range(200):
+        costs.observe(160, 20.0 + 0.5 * 160)
+    assert costs.fixed_ms == pytest.approx(20.0)
+    assert costs.token_ms == pytest.approx(0.5)
+    for _ in range(40):  # a load: the same chunks, slower; the rest of the time per token
+        costs.observe(160, 2 * (20.0 + 0.5 * 160))
+    assert costs.fixed_ms == pytest.approx(20.0)
+    assert 1.0 < costs.token_ms <= (2 * 100.0 - 20.0) / 160  # the load: per token
+
+
 def test_nonsense_is_ignored():
     costs = ChunkCosts()
     costs.observe(0, 10.0)
@@ -69,42 +86,57 @@ def test_a_long_prefill_alone_doubles_its_chunk_until_the_fixed_cost_is_a_tenth(
 
 @pytest.mark.parametrize("overlap", [True, False])
 def test_beside_decoding_streams_a_lone_long_prefill_never_grows(overlap):
-    # Alone among prefills, but streams decode: their gaps are what its chunk is sized to.
+    # Alone among prefills, but streams decode: its chunk keeps to their gap budget, or
+    # to the floor where that is longer, and never grows.
     s = PrefillScheduler(
         "srpt", 256, slice_ms=50.0, overlap=overlap, wait_bound=1.25, chunk_max=1024
     )
-    costs = Costs(decode_ms=40.0, token_ms=0.5, beside_ms=20.0, fixed_ms=20.0)
+    costs = Costs(decode_ms=20.0, token_ms=0.5, beside_ms=1.0, fixed_ms=5.0)
     sizes = [
         s.next_chunk([long(cohort=0 if step else None)], step, 2, costs).tokens for step in range(5)
     ]
-    gap = 50.0 if overlap else 2.5 * 40.0 - 20.0  # the slice, or 2.5 idle steps less the rest
-    assert gap == s.gap_ms(2, costs)
-    assert sizes == [int((gap - 20.0) / 0.5)] * 5
+    # the slice less the stream's own step, or 2.5 idle steps less the step's rest
+    gap = 50.0 - 20.0 if overlap else 2.5 * 20.0 - 1.0
+    assert gap == s.gap_ms(2, costs) and s.floor_ms(2, costs) < gap
+    assert sizes == [int((gap - 5.0) / 0.5)] * 5
     # The streams stop: growth starts (from the slice).
     after = [s.next_chunk([long(cohort=0)], step, 0, costs).tokens for step in (5, 6, 7)]
-    assert after == [60, 160, 360]
+    assert after == [90, 190, 190]
 
 
 @pytest.mark.parametrize("overlap", [True, False])
-def test_beside_decoding_streams_a_chunk_fits_their_gap_budget(overlap):
-    # The budget holds a chunk mostly of useful work: the chunk's whole time (fixed plus
-    # per token) is the budget, whatever the wait bound (1.25 would ask 5 x fixed = 100 ms).
+def test_beside_decoding_streams_a_chunk_is_their_gap_budget_or_the_floor_as_background(overlap):
     s = PrefillScheduler(
         "srpt", 256, slice_ms=50.0, overlap=overlap, wait_bound=1.25, chunk_max=1024
     )
-    costs = Costs(decode_ms=40.0, token_ms=0.5, beside_ms=20.0, fixed_ms=20.0)
-    gap = s.gap_ms(3, costs)  # the slice (50), or 2.5 idle steps less the step's rest (80)
-    chunk = s.next_chunk([long()], 0, decoding=3, costs=costs)
-    assert chunk.tokens == int((gap - costs.fixed_ms) / costs.token_ms)
-    assert costs.fixed_ms + costs.token_ms * chunk.tokens <= gap
-    # A short turn costing more than the budget is cut to it too, evaluated as background
-    # (the bound aside: at 1.25, in a step, the decode steps it shares would press it).
-    s = PrefillScheduler("srpt", 256, slice_ms=50.0, overlap=overlap, wait_bound=0)
-    short = Candidate(2, 200, 200, arrived=1)
-    chunk = s.next_chunk([short], 1, decoding=3, costs=costs)
-    assert (chunk.tokens, chunk.whole) == (int((gap - costs.fixed_ms) / costs.token_ms), False)
-    # Nothing decodes: it runs whole (its first token is all that waits).
-    assert s.next_chunk([short], 2, decoding=0, costs=costs) == Chunk((2,), 200, whole=True)
+    # Cheap forwards: the gap budget holds a chunk the fixed cost is a small part of.
+    cheap = Costs(decode_ms=20.0, token_ms=0.5, beside_ms=1.0, fixed_ms=2.0)
+    gap = s.gap_ms(3, cheap)  # the slice less a step (30), or 2.5 idle steps less the rest (49)
+    assert s.floor_ms(3, cheap) < gap
+    chunk = s.next_chunk([long()], 0, decoding=3, costs=cheap)
+    assert chunk.tokens == int((gap - cheap.fixed_ms) / cheap.token_ms)
+    assert not chunk.background  # the streams may wait for it whole
+    # A fixed cost that would be most of a chunk of the budget: never shrink below what it
+    # pays for. The chunk keeps the prefill at 1 / 1.25 of its rate, as background work.
+    costs = Costs(decode_ms=20.0, token_ms=0.5, beside_ms=1.0, fixed_ms=20.0)
+    floor = s.floor_ms(3, costs)  # (1.25 x 20 + the step's rest) / 0.25
+    assert floor == (100.0 if overlap else 104.0) and floor > s.gap_ms(3, costs)
+    chunk = s.next_chunk([long()], 1, decoding=3, costs=costs)
+    assert chunk.tokens == int((floor - 20.0) / 0.5) and chunk.background
+    other = 0.0 if overlap else costs.beside_ms
+    useful = chunk.tokens * costs.token_ms
+    assert useful / (useful + costs.fixed_ms + other) == pytest.approx(1 / 1.25, abs=0.01)
+    # A short turn whose whole cost fits the floor's time runs whole, as background; one
+    # longer is cut like any chunk.
+    fits = Candidate(2, 150, 150, arrived=1)  # 20 + 75 ms
+    chunk = s.next_chunk([fits], 2, decoding=3, costs=costs)
+    assert chunk == Chunk((2,), 150, whole=True) and chunk.background
+    longer = Candidate(3, 250, 250, arrived=2)
+    chunk = s.next_chunk([longer], 3, decoding=3, costs=costs)
+    assert (chunk.tokens, chunk.whole) == (int((floor - 20.0) / 0.5), False)
+    # Nothing decodes: it runs whole (its first token is all that waits), not background.
+    chunk = s.next_chunk([longer], 4, decoding=0, costs=costs)
+    assert chunk == Chunk((3,), 250, whole=True) and not chunk.background
 
 
 def test_a_waiting_short_turn_cuts_the_chunk_back_to_the_slice_and_growth_starts_over():
@@ -169,10 +201,10 @@ def test_beside_decode_a_fixed_cost_beyond_the_gap_budget_keeps_the_prefill_rate
 
 
 def test_when_the_bound_presses_its_chunks_are_the_largest_and_it_holds_in_time():
-    # The gap budget holds a useful chunk (80 ms, fixed 20), but at 120 tokens a step with
-    # its decode the prefill runs at 60% of its rate: the bound presses, and its chunks are
-    # chunk_max tokens, the size its deadline was priced at. Alone, the prefill ends within
-    # 1.25 x its first-come-first-served time (fixed costs and decode steps counted).
+    # The floor's chunks (180 ms with the step's 20 and the fixed 20) keep the prefill at
+    # 80% of its rate; where the bound presses, its chunks are chunk_max tokens, the size
+    # its deadline was priced at. Alone, the prefill ends within 1.25 x its
+    # first-come-first-served time (fixed costs and decode steps counted).
     costs = Costs(decode_ms=40.0, token_ms=0.5, beside_ms=20.0, fixed_ms=20.0)
     s = PrefillScheduler("srpt", 256, step_factor=2.5, wait_bound=1.25, chunk_max=4096)
     left, sizes = 20_000, []
@@ -182,9 +214,9 @@ def test_when_the_bound_presses_its_chunks_are_the_largest_and_it_holds_in_time(
         chunk = s.next_chunk([long(remaining=left, cohort=0 if step else None)], step, 2, costs)
         sizes.append(chunk.tokens)
         left -= chunk.tokens
-    gap = int((80 - 20) / 0.5)
-    assert sizes[0] == gap  # while the bound has room: the streams' gap
-    assert set(sizes[:-1]) == {gap, 4096}
+    floor = int((s.floor_ms(2, costs) - 20) / 0.5)  # longer than the gap budget's 120
+    assert sizes[0] == floor == 320  # while the bound has room: the floor's chunk
+    assert set(sizes[:-1]) <= {floor, 4096}
     fcfs = 20_000 * costs.token_ms + (costs.fixed_ms + costs.beside_ms) * 5  # 4096 a forward
     assert s.clock * costs.token_ms <= 1.25 * fcfs  # (the clock counts tokens' worth)
 
@@ -242,7 +274,8 @@ def test_only_a_chunk_longer_than_the_streams_gap_budget_is_background_work():
     s = PrefillScheduler("srpt", 256, slice_ms=50.0, overlap=True, wait_bound=0, chunk_max=4096)
     fits = Costs(decode_ms=10.0, token_ms=0.5, beside_ms=10.0, fixed_ms=5.0)
     chunk = s.next_chunk([long()], 0, decoding=2, costs=fits)
-    assert chunk.tokens == 90 and not chunk.background  # 50 ms: the streams may wait for it
+    # 40 ms, the slice less the streams' own step: they may wait for it
+    assert chunk.tokens == 70 and not chunk.background
     heavy = Costs(decode_ms=10.0, token_ms=0.5, beside_ms=10.0, fixed_ms=40.0)
     chunk = s.next_chunk([long()], 1, decoding=2, costs=heavy)
     assert chunk.tokens == 80 and chunk.background  # the floor's 80 ms

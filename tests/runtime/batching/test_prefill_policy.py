@@ -105,14 +105,16 @@ def test_budget_in_time_and_short_prefills_whole(remaining, own_ms, decoding, co
 @pytest.mark.parametrize(
     "remaining, decoding, costs, expected",
     [
-        # the chunk runs beside the decode steps, not in one: slice_ms, decoding or not
-        (10_000, 2, Costs(5.0, 0.25, 5.0), 80),  # 20 ms / 0.25, not (2 * 5 - 5) / 0.25
-        (10_000, 0, Costs(5.0, 0.25), 80),
+        # the chunk runs beside the decode steps, not in one: slice_ms, less the streams'
+        # own decode step when they decode (they wait for a chunk run whole, then for it)
+        (10_000, 2, Costs(5.0, 0.25, 5.0), 60),  # 15 ms / 0.25, not (2 * 5 - 5) / 0.25
+        (10_000, 0, Costs(5.0, 0.25), 80),  # nothing decodes: the slice, 20 ms
         (10_000, 2, Costs(5.0, 0.01, 5.0), 256),  # at most the budget
         (10_000, 2, Costs(5.0, 100.0, 5.0), MIN_CHUNK),
         (10_000, 2, Costs(0.0, 0.0), FIRST_CHUNK),  # nothing measured yet beside decode
-        (200, 2, Costs(5.0, 0.1, 5.0), (200, True)),  # short, within the slice: whole
-        (200, 2, Costs(5.0, 1.0, 5.0), 20),  # short, 200 ms: cut to the slice
+        (200, 2, Costs(5.0, 0.05, 5.0), (200, True)),  # short, within the gap: whole
+        (200, 2, Costs(5.0, 0.1, 5.0), 150),  # 20 ms: past the 15 ms gap, cut to it
+        (200, 2, Costs(5.0, 1.0, 5.0), 15),  # short, 200 ms: cut
         (200, 0, Costs(5.0, 1.0, 5.0), (200, True)),  # nothing decodes: whole
     ],
 )

@@ -247,14 +247,17 @@ def test_stats_show_one_line_per_replica():
 def test_serve_runs_the_engine_lifecycle_with_the_config(monkeypatch):
     import types
 
-    import engine.server
+    import engine.server.running
 
     seen = []
     fake = types.ModuleType("engine.server.running.lifecycle")
     fake.run = lambda config, sidecars=(): seen.append(config) or 0
     fake.StartError = ValueError
+    # `from engine.server.running import lifecycle` reads the package's attribute first,
+    # which an earlier test's real serve has set: patched there too, or this test serves
+    # for real on port 1234 and never returns.
     monkeypatch.setitem(sys.modules, "engine.server.running.lifecycle", fake)
-    monkeypatch.setattr(engine.server, "lifecycle", fake, raising=False)
+    monkeypatch.setattr(engine.server.running, "lifecycle", fake, raising=False)
     assert run_cli(["serve", "--port", "1234", "--cache-mode", "off"])[0] == 0
     assert (seen[0].server.port, seen[0].cache.mode) == (1234, "off")
 

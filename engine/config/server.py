@@ -88,7 +88,11 @@ class ServerConfig:
     http_port: int | None = setting(None, "serve the OpenAI bridge on this port", shown="off")
     ray_namespace: str = setting("lineage", "the Ray namespace the actors are named in")
     metrics_port: int | None = setting(
-        None, "serve Prometheus metrics at http://127.0.0.1:P/metrics", metavar="P", shown="off"
+        None,
+        "serve Prometheus metrics at http://127.0.0.1:P/metrics; without it a local Ray "
+        "records none (Ray's own recording grows the raylet's memory: ray-project/ray#50955)",
+        metavar="P",
+        shown="off",
     )
     ray_dashboard: bool = setting(
         False,

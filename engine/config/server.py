@@ -108,6 +108,18 @@ class ServerConfig:
     log_file_bytes: int = setting(
         64 << 20, "the log file's size before it rotates (--log-file)", parse=parse_bytes
     )
+    heap_trace: int = setting(
+        0,
+        "frames of each allocation the front end traces (tracemalloc, from its start; "
+        "0: none); SIGUSR2 then writes a heap snapshot into LINEAGE_HEAP_TRACE_DIR",
+        flag=None,
+    )
+    heap_trace_dir: str | None = setting(
+        None,
+        "where SIGUSR2 writes the front end's heap snapshots (LINEAGE_HEAP_TRACE)",
+        flag=None,
+        shown="the working directory",
+    )
     replicas: int | str = setting(
         1,
         "model replicas; auto: one per `mlx` resource of the Ray cluster",

@@ -69,6 +69,7 @@ class Serve:
 
     def __init__(self, workdir: Path, cache_dir: Path, flags: list[str], namespace: str):
         self.workdir, self.cache_dir, self.flags = Path(workdir), Path(cache_dir), flags
+        self.env: dict[str, str] = {}  # set for the serve beside the soak's own environment
         self.namespace = namespace
         self.port, self.http_port = free_port(), free_port()
         self.log = self.workdir / "serve.log"
@@ -112,6 +113,7 @@ class Serve:
     def _start_once(self, timeout: float) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "LINEAGE_"))}
         env["RAY_USAGE_STATS_ENABLED"] = "0"
+        env.update(self.env)
         offset = self.log.stat().st_size if self.log.exists() else 0
         t0 = time.monotonic()
         with self.log.open("a") as out:

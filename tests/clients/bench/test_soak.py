@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 from clients.bench.soak import faults, report
 from clients.bench.soak.users import Event
+from tests.serve_process import start_serve
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -200,3 +202,26 @@ def test_the_object_store_is_read_from_the_raylet_of_a_ray_without_metrics(tmp_p
     finally:
         serve.process.stdin.close()
         serve.kill()
+
+
+@pytest.mark.ray
+def test_the_front_ends_heap_is_compared_between_two_snapshots(model_cache_dir, tmp_path):
+    """A real `lineage serve` with its heap traced writes a snapshot on SIGUSR2 (and keeps
+    serving); two of them compare by line beside the RSS between them."""
+    import threading
+
+    from clients.bench.soak.heap import HeapTrace, format_growth
+    from tests.serve_process import SERVING, stop
+
+    trace = HeapTrace(SimpleNamespace(process=None), [0, 0], tmp_path / "heap", threading.Event())
+    serve, log = start_serve(model_cache_dir, tmp_path, ready=(SERVING,), env=trace.environment())
+    try:
+        taken = [trace.take(serve.pid, minute) for minute in (0.5, 1.0)]
+        trace.lives[serve.pid] = taken
+        assert serve.poll() is None, log.read_text()[-3000:]
+        (life,) = trace.growth()
+    finally:
+        stop(serve)
+    assert life["traced_bytes"][0] > 1 << 20 and len(life["top"]) == 25
+    assert re.search(r"\.py:\d+$", life["top"][0]["line"]), life["top"][0]
+    assert f"front end {serve.pid}" in format_growth([life])[0]

@@ -1,19 +1,22 @@
 """The front end's Python heap at two times in each life of the serve (`--heap-trace-at A,B`).
 
-The soak starts the serve with `LINEAGE_HEAP_TRACE` (engine.server.observe.heap:
-tracemalloc from the start, a snapshot file on SIGUSR2) and `HeapTrace` asks
-each life of the front end for a snapshot A and B minutes after its process
-began, noting its RSS and anonymous RSS just before and just after (taking a
-snapshot builds a tuple per traced block in the front end: what stays of that
-shows between the two). `growth` compares the two snapshots by line
+The soak starts the serve with `LINEAGE_HEAP_TRACE`
+(engine.server.observe.heap: tracemalloc from the start, a snapshot file on
+SIGUSR2) and `HeapTrace` asks each life of the front end for a snapshot A and
+B minutes after its process began, noting its RSS and anonymous RSS just
+before and just after (taking a snapshot builds a tuple per traced block in
+the front end, and the front end trims malloc after it: the drop shows what
+malloc held free). `growth` compares the two snapshots by line
 (`compare_to(..., "lineno")`, the `top` largest differences) beside the RSS
 growth: traced growth close to RSS growth is Python's heap, RSS growing where
 the traced heap does not is native memory (glibc arenas, gRPC, Ray's core
-worker). The snapshots are read only at the end, in the soak's process.
+worker), which glibc's counts at each snapshot part further: in use, or held
+free. The snapshots are read only at the end, in the soak's process.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -109,10 +112,20 @@ def growth(a: dict, b: dict, top: int = TOP) -> dict:
     first, last = tracemalloc.Snapshot.load(a["path"]), tracemalloc.Snapshot.load(b["path"])
     traced = [sum(t.size for t in s.traces) for s in (first, last)]
     lines = last.compare_to(first, "lineno")
+    counts = [json.loads(Path(x["path"]).with_suffix(".json").read_text()) for x in (a, b)]
+    malloc = {
+        k: [counts[0]["malloc"][k], counts[1]["malloc"][k]]
+        for k in ("arena", "hblkhd", "uordblks", "fordblks")
+        if k in counts[0]["malloc"]
+    }
     return {
+        "malloc": malloc,  # glibc's counts at each snapshot (engine.server.observe.heap)
+        "tracemalloc_overhead_bytes": [c["overhead"] for c in counts],
         "minutes": [a["minute"], b["minute"]],
         "rss_growth_bytes": b["before"]["rss"] - a["before"]["rss"],
         "rss_anon_growth_bytes": b["before"]["rss_anon"] - a["before"]["rss_anon"],
+        # from just after the first (malloc trimmed then: engine.server.observe.heap)
+        "rss_growth_after_first_bytes": b["before"]["rss"] - a["after"]["rss"],
         "traced_bytes": traced,
         "traced_growth_bytes": traced[1] - traced[0],
         "snapshot_rss_cost_bytes": a["after"]["rss"] - a["before"]["rss"],
@@ -140,7 +153,8 @@ def format_growth(lives: list[dict]) -> list[str]:
             f"{life['minutes'][1]:.1f}: RSS {life['rss_growth_bytes'] / mib:+.1f} MiB "
             f"(anon {life['rss_anon_growth_bytes'] / mib:+.1f}), traced "
             f"{life['traced_growth_bytes'] / mib:+.1f} MiB of "
-            f"{life['traced_bytes'][1] / mib:.1f}"
+            f"{life['traced_bytes'][1] / mib:.1f}; malloc "
+            + ", ".join(f"{k} {(y - x) / mib:+.1f}" for k, (x, y) in life["malloc"].items())
         )
         for s in life["top"][:10]:
             out.append(

@@ -106,7 +106,7 @@ class Soak:
             from clients.bench.soak.heap import HeapTrace
 
             at = [float(x) for x in args.heap_trace_at.split(",")]
-            self.heap = HeapTrace(self.serve, at, work / "heap", self.halt)
+            self.heap = HeapTrace(self.serve, at, (work / "heap").resolve(), self.halt)
             self.serve.env.update(self.heap.environment())
 
 
@@ -188,7 +188,12 @@ def _soak(soak: Soak, args) -> dict:
     )
     if soak.heap is not None:
         soak.heap.join(5)
-        figures["heap"] = {"lives": soak.heap.growth(), "errors": soak.heap.errors}
+        try:
+            lives = soak.heap.growth()
+        except Exception as e:  # the snapshots stay in WORK_DIR/heap; the report goes on
+            lives = []
+            soak.heap.errors.append(f"{type(e).__name__}: {e}")
+        figures["heap"] = {"lives": lives, "errors": soak.heap.errors}
     return figures
 
 

@@ -5,8 +5,8 @@ The soak starts the serve with `LINEAGE_HEAP_TRACE`
 SIGUSR2) and `HeapTrace` asks each life of the front end for a snapshot A and
 B minutes after its process began, noting its RSS and anonymous RSS just
 before and just after (taking a snapshot builds a tuple per traced block in
-the front end, and the front end trims malloc after it: the drop shows what
-malloc held free). `growth` compares the two snapshots by line
+the front end, about 3 MiB of which stays after it: `rss_growth_after_first_bytes`
+leaves the first one's out). `growth` compares the two snapshots by line
 (`compare_to(..., "lineno")`, the `top` largest differences) beside the RSS
 growth: traced growth close to RSS growth is Python's heap, RSS growing where
 the traced heap does not is native memory (glibc arenas, gRPC, Ray's core

@@ -41,12 +41,19 @@ def stop(process: subprocess.Popen, sig=signal.SIGINT) -> None:
 
 
 def start_serve(
-    cache_dir, workdir: Path, *flags: str, ready: tuple[str, ...], new_session: bool = False
+    cache_dir,
+    workdir: Path,
+    *flags: str,
+    ready: tuple[str, ...],
+    new_session: bool = False,
+    env: dict | None = None,
 ) -> tuple[subprocess.Popen, Path]:
-    """`lineage serve --port 0 --cache-dir CACHE_DIR --ram-budget 1G FLAGS` and its log,
+    """`lineage serve --port 0 --cache-dir CACHE_DIR --ram-budget 1G FLAGS` (with `env`
+    beside the test's environment, less its RAY_ and LINEAGE_ variables) and its log,
     once the log shows every line of `ready`; killed if it exits or takes over 300 s first."""
+    given = env or {}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "LINEAGE_"))}
-    env.update(PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
+    env.update(PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0", **given)
     command = [sys.executable, "-m", "clients.cli", "serve", "--port", "0"]
     command += ["--cache-dir", str(cache_dir), "--ram-budget", "1G", *flags]
     log = Path(workdir) / "serve.out"

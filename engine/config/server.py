@@ -88,7 +88,11 @@ class ServerConfig:
     http_port: int | None = setting(None, "serve the OpenAI bridge on this port", shown="off")
     ray_namespace: str = setting("lineage", "the Ray namespace the actors are named in")
     metrics_port: int | None = setting(
-        None, "serve Prometheus metrics at http://127.0.0.1:P/metrics", metavar="P", shown="off"
+        None,
+        "serve Prometheus metrics at http://127.0.0.1:P/metrics; without it a local Ray "
+        "records none (Ray's own recording grows the raylet's memory: ray-project/ray#50955)",
+        metavar="P",
+        shown="off",
     )
     ray_dashboard: bool = setting(
         False,
@@ -103,6 +107,18 @@ class ServerConfig:
     )
     log_file_bytes: int = setting(
         64 << 20, "the log file's size before it rotates (--log-file)", parse=parse_bytes
+    )
+    heap_trace: int = setting(
+        0,
+        "frames of each allocation the front end traces (tracemalloc, from its start; "
+        "0: none); SIGUSR2 then writes a heap snapshot into LINEAGE_HEAP_TRACE_DIR",
+        flag=None,
+    )
+    heap_trace_dir: str | None = setting(
+        None,
+        "where SIGUSR2 writes the front end's heap snapshots (LINEAGE_HEAP_TRACE)",
+        flag=None,
+        shown="the working directory",
     )
     replicas: int | str = setting(
         1,

@@ -23,7 +23,9 @@ process's RSS slope after warm-up, the disk's peak against its budget, fds and
 threads first and last, time to first token per window with the load,
 errors by kind, wrong replies, orphaned files, and the bounds each figure is
 held to; `--plot` draws memory, disk and time to first token over time.
-Exit status 1 when a bound is not met.
+Exit status 1 when a bound is not met. With `--heap-trace-at A,B` the front
+end traces its heap and the report compares its snapshots A and B minutes into
+each life by line (clients.bench.soak.heap): Python's heap or native memory.
 """
 
 from __future__ import annotations
@@ -66,6 +68,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--probe-every", type=float, default=20.0, help="seconds")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--samples", help="the JSON lines (default: WORK_DIR/samples.jsonl)")
+    parser.add_argument(
+        "--heap-trace-at",
+        help="A,B: trace the front end's heap; compare snapshots A and B minutes into each life",
+    )
     parser.add_argument("--json", help="write the report to this file")
     parser.add_argument("--plot", help="write the figure (PNG, matplotlib)")
 
@@ -95,6 +101,13 @@ class Soak:
         self.schedule = None
         self.client = None
         self.sample_errors: list[str] = []
+        self.heap = None  # clients.bench.soak.heap.HeapTrace with --heap-trace-at
+        if args.heap_trace_at:
+            from clients.bench.soak.heap import HeapTrace
+
+            at = [float(x) for x in args.heap_trace_at.split(",")]
+            self.heap = HeapTrace(self.serve, at, (work / "heap").resolve(), self.halt)
+            self.serve.env.update(self.heap.environment())
 
 
 def run(args) -> int:
@@ -154,6 +167,8 @@ def _soak(soak: Soak, args) -> dict:
     ]
     sampler.start()
     soak.schedule.start()
+    if soak.heap is not None:
+        soak.heap.start()
     for user in users:
         user.start()
     while soak.log.now() < seconds or not soak.schedule.done.is_set():
@@ -168,9 +183,18 @@ def _soak(soak: Soak, args) -> dict:
     sampler.stop()
     soak.sample_errors = sampler.errors
     soak.client.close()
-    return report.figures(
+    figures = report.figures(
         sampler.samples, soak.log.events, soak.schedule.results, soak.probes, final, soak, args
     )
+    if soak.heap is not None:
+        soak.heap.join(5)
+        try:
+            lives = soak.heap.growth()
+        except Exception as e:  # the snapshots stay in WORK_DIR/heap; the report goes on
+            lives = []
+            soak.heap.errors.append(f"{type(e).__name__}: {e}")
+        figures["heap"] = {"lives": lives, "errors": soak.heap.errors}
+    return figures
 
 
 def _final_stop(soak: Soak) -> dict:

@@ -386,6 +386,11 @@ def format_report(f: dict) -> str:
         ],
         17,
     )
+    if f.get("heap"):
+        from clients.bench.soak.heap import format_growth
+
+        lines += ["", "front end heap (tracemalloc, by line):"]
+        lines += format_growth(f["heap"]["lives"]) + [f"  {e}" for e in f["heap"]["errors"]]
     return "\n".join(lines)
 
 

@@ -2,18 +2,21 @@
 
 `Serve` starts `lineage serve` as a user does (a subprocess in a session of
 its own, its output appended to one log across restarts), with the gRPC port,
-the bridge's HTTP port, the metrics port and the cache directory fixed for
-the whole soak, so a restart comes back on the same directory and ports. It
-stops it with SIGTERM (as a service manager does) and waits for the whole
-process group to go.
+the bridge's HTTP port and the cache directory fixed for the whole soak, so
+a restart comes back on the same directory and ports. It stops it with
+SIGTERM (as a service manager does) and waits for the whole process group to
+go.
 
 `processes()` names every live process of the serve by its role: the front end
 (the `lineage serve` process: gRPC, the bridge, the supervisor), Ray's GCS,
 raylet and helpers, the model actor (`model-0`: the soak serves one replica)
 and the cache manager. Short-lived children (a compiler MLX runs once) are
-left out. Ray's object store is read from the node's Prometheus export, the
-logs from the files. Nothing here joins the serve's Ray: the soak sees the
-server as its users and operator do. psutil is imported inside the functions.
+left out. Ray's object store is read from the raylet's own count (its node
+stats over its gRPC port, as `ray memory` reads them: the serve runs without
+`--metrics-port`, as a user does, and so records no metrics), the logs from
+the files. Nothing here joins the serve's Ray: the soak sees the server as its
+users and operator do. psutil, grpc and Ray's messages are imported inside the
+functions.
 """
 
 from __future__ import annotations
@@ -66,12 +69,14 @@ class Serve:
 
     def __init__(self, workdir: Path, cache_dir: Path, flags: list[str], namespace: str):
         self.workdir, self.cache_dir, self.flags = Path(workdir), Path(cache_dir), flags
+        self.env: dict[str, str] = {}  # set for the serve beside the soak's own environment
         self.namespace = namespace
-        self.port, self.http_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.port, self.http_port = free_port(), free_port()
         self.log = self.workdir / "serve.log"
         self.process: subprocess.Popen | None = None
         self.starts = 0
         self.failed_starts: list[str] = []  # the tail of each failed start's output
+        self._raylet: tuple[int, int] | None = None  # (pid, its node manager's gRPC port)
 
     @property
     def address(self) -> str:
@@ -84,7 +89,7 @@ class Serve:
     def command(self) -> list[str]:
         command = [sys.executable, "-m", "clients.cli", "serve", "--port", str(self.port)]
         command += ["--http-port", str(self.http_port), "--cache-dir", str(self.cache_dir)]
-        command += ["--ray-namespace", self.namespace, "--metrics-port", str(self.metrics_port)]
+        command += ["--ray-namespace", self.namespace]
         for alias in ALIASES:
             command += ["--model-alias", alias]
         return command + self.flags
@@ -103,12 +108,12 @@ class Serve:
                 self.failed_starts.append(str(e)[-500:])
                 if attempt == tries:
                     raise
-                self.metrics_port = free_port()  # a failed start's own may still be held
         raise AssertionError("unreachable")
 
     def _start_once(self, timeout: float) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "LINEAGE_"))}
         env["RAY_USAGE_STATS_ENABLED"] = "0"
+        env.update(self.env)
         offset = self.log.stat().st_size if self.log.exists() else 0
         t0 = time.monotonic()
         with self.log.open("a") as out:
@@ -237,20 +242,42 @@ class Serve:
         return {"serve_log_bytes": serve_bytes, "ray_log_bytes": ray_bytes}
 
     def object_store_bytes(self) -> int | None:
-        """Bytes in Ray's object store, from the node's Prometheus export (`--metrics-port`):
-        the sum of `ray_object_store_memory` over its locations; None when unread."""
-        import urllib.request
+        """Bytes in Ray's object store: the raylet's `store_stats.object_store_bytes_used`
+        from its GetNodeStats (memory info left out: no worker is asked), sent with the
+        local Ray's token; None when unread."""
+        import grpc
+        from ray._raylet import AuthenticationTokenLoader
+        from ray.core.generated import node_manager_pb2, node_manager_pb2_grpc
 
-        try:
-            with urllib.request.urlopen(
-                f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
-            ) as r:
-                text = r.read().decode()
-        except OSError:
+        port = self.raylet_port()
+        if port is None:
             return None
-        total, seen = 0.0, False
-        for line in text.splitlines():
-            if line.startswith("ray_object_store_memory{"):
-                total += float(line.rsplit(" ", 1)[1])
-                seen = True
-        return int(total) if seen else None
+        token = AuthenticationTokenLoader.instance().get_token_for_http_header(
+            ignore_auth_mode=True
+        )
+        request = node_manager_pb2.GetNodeStatsRequest(include_memory_info=False)
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = node_manager_pb2_grpc.NodeManagerServiceStub(channel)
+            try:
+                reply = stub.GetNodeStats(request, timeout=5, metadata=tuple(token.items()))
+            except grpc.RpcError:
+                return None
+        return int(reply.store_stats.object_store_bytes_used)
+
+    def raylet_port(self) -> int | None:
+        """The raylet's node manager port: it picks one at start (`--node_manager_port=0`)
+        and says it in its log's first lines."""
+        raylet, logs = self.processes().get("raylet"), self.ray_logs()
+        if raylet is None or logs is None:
+            return None
+        if self._raylet is None or self._raylet[0] != raylet.pid:
+            try:
+                with (logs / "raylet.out").open() as f:
+                    text = f.read(1 << 20)
+            except OSError:
+                return None
+            m = re.search(r"NodeManager server started, listening on port (\d+)", text)
+            if m is None:
+                return None
+            self._raylet = (raylet.pid, int(m.group(1)))
+        return self._raylet[1]

@@ -1,7 +1,8 @@
 """Prometheus metrics through ray.util.metrics, recorded in the front-end process.
 
 Ray exports them from every node's metrics agent (`lineage serve --metrics-port
-P`: http://127.0.0.1:P/metrics) and its dashboard shows them; each name starts
+P`: http://127.0.0.1:P/metrics; without it a Ray the serve starts collects no
+metrics and these calls record nothing, silently) and its dashboard shows them; each name starts
 `lineage_` (Ray prefixes `ray_`). Every metric is tagged `engine` (the Ray
 namespace its actors are named in), `model`, `replica` and `namespace`;
 cache-wide figures carry an empty replica and namespace, and the namespace is

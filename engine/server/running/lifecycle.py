@@ -7,7 +7,8 @@ seconds, whatever died first (engine.server.running.stopping): a terminal's Ctrl
 and `timeout` signal the whole process group, Ray's processes included. A
 signal while the model loads stops the start. A StartError (a port or an
 actor name taken) is the operator's to fix: `lineage serve` says it in one
-line.
+line. With `LINEAGE_HEAP_TRACE` SIGUSR2 writes a snapshot of the front end's heap
+(engine.server.observe.heap).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Awaitable, Callable, Protocol, Sequence
 import ray
 
 from engine.config import EngineConfig
+from engine.server.observe import heap
 from engine.server.running.serve import (
     RunningEngine,
     StartError,
@@ -69,6 +71,8 @@ def run(config: EngineConfig, sidecars: Sequence[Sidecar] = ()) -> int:
         handlers=[log_handler(config)],
     )
     config.server.check_exposure()  # before anything starts
+    if config.server.heap_trace:  # before Ray and the engine allocate
+        heap.start(config.server.heap_trace)
     started_ray = not ray.is_initialized()
     dashboard = ""
     if started_ray:
@@ -111,6 +115,8 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if config.server.heap_trace:
+        loop.add_signal_handler(signal.SIGUSR2, heap.write_snapshot, config.server.heap_trace_dir)
     # Sidecars reach the engine on a Unix socket in a private directory: no TLS
     # to verify and no port to guess, whatever the public bind (tokens still apply).
     private = tempfile.mkdtemp(prefix="lineage-") if sidecars else None

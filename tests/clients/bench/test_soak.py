@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 from clients.bench.soak import faults, report
 from clients.bench.soak.users import Event
+from tests.serve_process import start_serve
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -163,3 +165,64 @@ def test_the_verdict_fails_on_an_orphaned_file_a_wrong_reply_or_a_disk_over_budg
     full = [_sample(t, {}, 2000, 2000) for t in range(0, 120, 2)]
     over = report.figures(full, events, [], Probes(), final, soak, args)
     assert not over["verdict"]["checks"]["disk_within_budget"]
+
+
+# A driver on the serve's Ray options (no metrics) holding 8 MiB in its object store.
+HOLDER = """
+import sys
+import numpy as np, ray
+from engine.config import EngineConfig
+from engine.server.running.serve import ray_options
+ray.init(**ray_options(EngineConfig().with_server(num_cpus=1, ray_namespace="soak-store")))
+held = ray.put(np.ones(8 << 20, dtype=np.uint8))
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.ray
+def test_the_object_store_is_read_from_the_raylet_of_a_ray_without_metrics(tmp_path):
+    from clients.bench.soak.serve import Serve
+
+    serve = Serve(tmp_path, tmp_path / "cache", [], "soak-store")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "LINEAGE_"))}
+    env.update(PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
+    serve.process = subprocess.Popen(
+        [sys.executable, "-c", HOLDER],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert serve.process.stdout.readline().strip() == "held"
+        assert "--metrics-port" not in serve.command()
+        assert 8 << 20 <= serve.object_store_bytes() < 9 << 20
+    finally:
+        serve.process.stdin.close()
+        serve.kill()
+
+
+@pytest.mark.ray
+def test_the_front_ends_heap_is_compared_between_two_snapshots(model_cache_dir, tmp_path):
+    """A real `lineage serve` with its heap traced writes a snapshot on SIGUSR2 (and keeps
+    serving); two of them compare by line beside the RSS between them."""
+    import threading
+
+    from clients.bench.soak.heap import HeapTrace, format_growth
+    from tests.serve_process import SERVING, stop
+
+    trace = HeapTrace(SimpleNamespace(process=None), [0, 0], tmp_path / "heap", threading.Event())
+    serve, log = start_serve(model_cache_dir, tmp_path, ready=(SERVING,), env=trace.environment())
+    try:
+        taken = [trace.take(serve.pid, minute) for minute in (0.5, 1.0)]
+        trace.lives[serve.pid] = taken
+        assert serve.poll() is None, log.read_text()[-3000:]
+        (life,) = trace.growth()
+    finally:
+        stop(serve)
+    assert life["traced_bytes"][0] > 1 << 20 and len(life["top"]) == 25
+    assert life["malloc"]["arena"][0] > 0 and life["malloc"]["uordblks"][1] > 0
+    assert re.search(r"\.py:\d+$", life["top"][0]["line"]), life["top"][0]
+    assert f"front end {serve.pid}" in format_growth([life])[0]

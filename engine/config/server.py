@@ -120,6 +120,18 @@ class ServerConfig:
         flag=None,
         shown="the working directory",
     )
+    malloc_arenas: int = setting(
+        2,
+        "glibc malloc arenas the front end may use (0: glibc's eight per core); fewer "
+        "arenas hold less freed memory between requests",
+        flag=None,
+    )
+    malloc_trim_s: float = setting(
+        30.0,
+        "seconds between returns of the front end's free malloc pages to the system "
+        "(malloc_trim; 0: never)",
+        flag=None,
+    )
     replicas: int | str = setting(
         1,
         "model replicas; auto: one per `mlx` resource of the Ray cluster",

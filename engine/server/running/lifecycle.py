@@ -7,8 +7,9 @@ seconds, whatever died first (engine.server.running.stopping): a terminal's Ctrl
 and `timeout` signal the whole process group, Ray's processes included. A
 signal while the model loads stops the start. A StartError (a port or an
 actor name taken) is the operator's to fix: `lineage serve` says it in one
-line. With `LINEAGE_HEAP_TRACE` SIGUSR2 writes a snapshot of the front end's heap
-(engine.server.observe.heap).
+line. The front end's malloc keeps few arenas and gives its free pages back every
+`LINEAGE_MALLOC_TRIM_S` (engine.server.running.allocator). With `LINEAGE_HEAP_TRACE`
+SIGUSR2 writes a snapshot of the front end's heap (engine.server.observe.heap).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import ray
 
 from engine.config import EngineConfig
 from engine.server.observe import heap
+from engine.server.running import allocator
 from engine.server.running.serve import (
     RunningEngine,
     StartError,
@@ -73,6 +75,9 @@ def run(config: EngineConfig, sidecars: Sequence[Sidecar] = ()) -> int:
     config.server.check_exposure()  # before anything starts
     if config.server.heap_trace:  # before Ray and the engine allocate
         heap.start(config.server.heap_trace)
+    allocator.limit_arenas(config.server.malloc_arenas)  # before Ray and gRPC start threads
+    trimmer = allocator.Trimmer(config.server.malloc_trim_s)
+    trimmer.start()
     started_ray = not ray.is_initialized()
     dashboard = ""
     if started_ray:
@@ -84,12 +89,14 @@ def run(config: EngineConfig, sidecars: Sequence[Sidecar] = ()) -> int:
     try:
         status = asyncio.run(_serve(config, dashboard, sidecars, left))
     except BaseException as error:
+        trimmer.stop()
         if started_ray and not within(RAY_STOP_WITHIN, ray.shutdown):
             left.append("Ray's shutdown")
         if left:  # the caller would report it, then wait for Ray at exit: report it here
             log.error("lineage serve: %s", error, exc_info=not isinstance(error, StartError))
             end_process(EXIT_USAGE if isinstance(error, StartError) else 1, left)
         raise
+    trimmer.stop()
     if started_ray and not within(RAY_STOP_WITHIN, ray.shutdown):
         left.append("Ray's shutdown")
     if left:

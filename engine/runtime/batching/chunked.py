@@ -33,6 +33,11 @@ Segments (capture points) are kept: a chunk never crosses a segment end, so
 the generator snapshots state there as with mlx-lm's batches. Cancelling
 (`remove`) takes a sequence out between steps: at a chunk boundary.
 
+The chunks' costs are fitted (engine.runtime.batching.chunk_costs) in two
+fits: the chunks the worker evaluates module by module (background ones) and
+the rest, evaluated whole; their fixed costs differ (a hand-off per module),
+and one line through both told neither.
+
 It knows the batches and the clock; the order is the scheduler's.
 """
 
@@ -70,6 +75,7 @@ class Flight:
         self.context = context  # tokens in its first sequence's cache before it
         self.start = time.perf_counter()
         self.elapsed: float | None = None  # its forward's seconds, once waited for
+        self.by_module = False  # the worker evaluates it module by module
 
     @property
     def tokens(self) -> int:
@@ -142,6 +148,9 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         self._decode_part_ms = 0.0  # the decode part of any step
         self._rate = TokenRate()  # prefill time per token beyond a chunk's fixed cost
         self.chunk_costs = ChunkCosts()  # a chunk's fixed cost and cost per token, fitted
+        # The same for the chunks the worker evaluates module by module (background ones):
+        # their fixed cost is another (a hand-off per module), so it is fitted apart.
+        self.module_costs = ChunkCosts()
         self._learned: object = None  # the last profile record learned from
         self.chunks: list[Chunk] = []  # the chunks run, newest last (bounded)
 
@@ -216,7 +225,9 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         a step's work besides its chunk (else the decode-only step)."""
         decode = _median(self._idle_steps) or self._decode_part_ms
         beside = _median(self._beside_steps) or decode
-        return Costs(decode, self._rate.token_ms, beside, self.chunk_costs.fixed_ms)
+        by_module = self.worker is not None and self.worker.module_eval
+        background = self.module_costs.fixed_ms if by_module else None
+        return Costs(decode, self._rate.token_ms, beside, self.chunk_costs.fixed_ms, background)
 
     def _room(self) -> int:
         started = len(self._generation_batch) + sum(len(c.batch) for c in self.cohorts.values())
@@ -308,6 +319,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
             # as it goes (prefill_worker); one within it, or a short prefill run whole (a
             # first token waited for), runs its forward whole: the streams wait at most it.
             self.worker.start(cohort.batch, prompts, by_module=chunk.background)
+            flight.by_module = self.worker.module_eval and chunk.background
             self.flight = flight
             return []
         tic = time.perf_counter()
@@ -353,9 +365,10 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         chunk = flight.chunk
         self.log.chunk(chunk.uids, flight.start, elapsed, chunk.tokens, flight.context)
         ms = elapsed * 1000
-        self.chunk_costs.observe(tokens, ms)
+        fit = self.module_costs if flight.by_module else self.chunk_costs
+        fit.observe(tokens, ms)
         # The cost per token beyond the fixed cost (the fit's, at this cohort's context).
-        beyond = max(ms - self.chunk_costs.fixed_ms, ms * FIXED_SHARE)
+        beyond = max(ms - fit.fixed_ms, ms * FIXED_SHARE)
         self._rate.observe(tokens, beyond)
         cohort.rate.observe(tokens, beyond)
         for uid in cohort.batch.uids:

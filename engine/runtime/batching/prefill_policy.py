@@ -67,7 +67,13 @@ prefill chunk that runs beside it, within a token budget:
   as it goes, so their gaps stay short either way, and the prefill's
   capacity is not spent on fixed costs (sized to the budget alone, chunks
   shrank until the fixed cost was half of each, and the cold prompts were
-  slower by a third).
+  slower by a third). A background chunk may pay another fixed cost than one
+  evaluated whole (the worker evaluates it module by module: a hand-off per
+  module, on the CPU 34.5 ms against 8): where it is learned apart
+  (`Costs.background_fixed_ms`), the floor of a background chunk is priced at
+  it, so no chunk is mostly the fixed cost it pays (priced at the whole
+  forward's, or at one fit through both kinds, a background chunk came out a
+  third fixed cost).
 - Growth: a long prefill that nobody else waits for (no other sequence has
   prefill left) while no stream decodes doubles its chunk's time each chunk
   in a row (from the slice) until the fixed cost is FIXED_SHARE of it (at
@@ -150,6 +156,16 @@ class Costs:
     token_ms: float = 0.0  # a prefill token beyond a chunk's fixed cost, of any cohort
     beside_ms: float = 0.0  # what a step with a chunk spends besides the chunk's forward
     fixed_ms: float = 0.0  # a chunk's fixed cost, whatever its size (chunk_costs); 0: unknown
+    # A background chunk's fixed cost, learned apart where it is evaluated otherwise (module
+    # by module: a hand-off per module); None: as `fixed_ms`; 0: not told apart yet.
+    background_fixed_ms: float | None = None
+
+    def fixed(self, background: bool) -> float:
+        """The fixed cost a chunk pays, background or not (0: unknown); a background chunk's
+        until told apart: a whole one's."""
+        if background and self.background_fixed_ms:
+            return self.background_fixed_ms
+        return self.fixed_ms
 
 
 class PrefillScheduler:
@@ -208,7 +224,7 @@ class PrefillScheduler:
 
     def chunk_cost(self, chunk: Chunk, decoding: int, costs: Costs) -> float:
         """What `chunk` costs the bound's clock: its tokens, and its overhead's worth."""
-        overhead = costs.fixed_ms + self._other_ms(decoding, costs)
+        overhead = costs.fixed(chunk.background) + self._other_ms(decoding, costs)
         return chunk.tokens * len(chunk.uids) + self._worth(overhead, costs)
 
     def _deadlines(self, candidates: list[Candidate], costs: Costs) -> None:
@@ -260,11 +276,22 @@ class PrefillScheduler:
             return max(0.0, self.slice_ms - costs.decode_ms)
         return self.slice_ms
 
-    def floor_ms(self, decoding: int, costs: Costs) -> float:
-        """The shortest chunk worth its fixed cost and its step's other work (module doc:
-        the floor); 0 while neither is known."""
+    def floor_ms(self, decoding: int, costs: Costs, fixed: float | None = None) -> float:
+        """The shortest chunk worth its fixed cost (`fixed`, else a chunk evaluated whole's)
+        and its step's other work (module doc: the floor); 0 while neither is known."""
         x = self.wait_bound if self.wait_bound > 1 else 1 / (1 - USEFUL)
-        return (x * costs.fixed_ms + self._other_ms(decoding, costs)) / (x - 1)
+        fixed = costs.fixed_ms if fixed is None else fixed
+        return (x * fixed + self._other_ms(decoding, costs)) / (x - 1)
+
+    def room(self, decoding: int, costs: Costs) -> tuple[float, float, bool]:
+        """(the time a chunk gets, the fixed cost it pays, whether it is background): the gap
+        budget where the floor fits in it, else the floor at a background chunk's fixed
+        cost (module doc: the floor)."""
+        gap, floor = self.gap_ms(decoding, costs), self.floor_ms(decoding, costs)
+        if not decoding or floor <= gap:
+            return max(gap, floor), costs.fixed_ms, False
+        fixed = costs.fixed(True)
+        return max(gap, self.floor_ms(decoding, costs, fixed)), fixed, True
 
     def whole(self, head: Candidate, decoding: int, costs: Costs) -> bool:
         """`head` is a short prefill that runs whole this step (module doc)."""
@@ -274,8 +301,8 @@ class PrefillScheduler:
         token_ms = head.token_ms or costs.token_ms
         if not decoding or token_ms <= 0:
             return True  # no gap to keep, or no cost to tell it by
-        room = max(self.gap_ms(decoding, costs), self.floor_ms(decoding, costs))
-        return costs.fixed_ms + token_ms * total <= room  # cut, it would get no less
+        room, fixed, _ = self.room(decoding, costs)
+        return fixed + token_ms * total <= room  # cut, it would get no less
 
     def allowance(
         self,
@@ -294,16 +321,16 @@ class PrefillScheduler:
         token_ms = head.token_ms or costs.token_ms
         if token_ms <= 0 or (decoding and not self.overlap and costs.decode_ms <= 0):
             return min(self.budget, FIRST_CHUNK) if decoding else self.budget
-        room, fixed = self.gap_ms(decoding, costs), costs.fixed_ms
         if urgent:  # the bound presses: its rate first (module doc)
             return self.chunk_max
-        room = max(room, self.floor_ms(decoding, costs))  # the floor (module doc)
+        room, fixed, background = self.room(decoding, costs)  # the floor (module doc)
         if alone and not decoding and streak:
             # Nobody waits: double the time each chunk in a row, until the fixed cost is
             # FIXED_SHARE of it (at least twice the slice, so the fit sees sizes vary).
             room = min(room * 2**streak, max(2 * room, fixed / FIXED_SHARE))
         tokens = max(MIN_CHUNK, min(self.chunk_max, int((room - fixed) / token_ms)))
-        if decoding and fixed <= 0 and self.picked % 2:  # the fit needs sizes that vary
+        unknown = costs.fixed_ms <= 0 or (background and costs.background_fixed_ms == 0)
+        if decoding and unknown and self.picked % 2:  # the fit needs sizes that vary
             tokens = tokens // 2 if tokens > 1 else 2
         return tokens
 

@@ -247,7 +247,8 @@ def test_on_the_cpu_the_worker_evaluates_module_by_module(loaded, prefill_eval):
     """`--prefill-eval auto` on the CPU: the chunks on the worker longer than the streams' gap
     budget (background work) evaluate each module's output (its MLX queue stays short beside
     decode); the loop's inline chunks, those within the budget and a short prefill run whole
-    do not; `forward` evaluates whole forwards. Same tokens either way."""
+    do not; `forward` evaluates whole forwards. Same tokens either way. The chunks evaluated
+    module by module have a cost fit of their own."""
     prompt = tokens(1200, 3)
     serial = engine(loaded, budget=64)
     expected = submit(serial, "b", prompt, namespace="b")
@@ -274,6 +275,13 @@ def test_on_the_cpu_the_worker_evaluates_module_by_module(loaded, prefill_eval):
     assert any(c.background for c in bg.chunks if uid in c.uids), "no chunk was background"
     grew = counted() - start
     assert grew > 0 if prefill_eval == "auto" else grew == 0, grew
+    # Their costs are fitted apart from the chunks evaluated whole (another fixed cost),
+    # and the scheduler is told the background chunks' fixed cost only where they differ.
+    whole_chunks = bg.chunk_costs.count
+    assert whole_chunks > 0  # the inline ones
+    assert bg.module_costs.count > 0 if prefill_eval == "auto" else bg.module_costs.count == 0
+    told = bg._costs().background_fixed_ms
+    assert told is not None if prefill_eval == "auto" else told is None
     c = submit(eng, "c", tokens(40, 6), max_tokens=100, namespace="c")  # decodes beside it
     while not ids(c):
         eng.generator.step()

@@ -363,7 +363,8 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         self._counters.prompt_tokens += tokens
         self._counters.prompt_time += elapsed
         chunk = flight.chunk
-        self.log.chunk(chunk.uids, flight.start, elapsed, chunk.tokens, flight.context)
+        log = (chunk.uids, flight.start, elapsed, chunk.tokens, flight.context, flight.by_module)
+        self.log.chunk(*log)
         ms = elapsed * 1000
         fit = self.module_costs if flight.by_module else self.chunk_costs
         fit.observe(tokens, ms)

@@ -79,8 +79,15 @@ prefill chunk that runs beside it, within a token budget:
   in a row (from the slice) until the fixed cost is FIXED_SHARE of it (at
   least twice the slice, so the sizes vary for the fit); a sequence that
   arrives or a stream that starts decoding cuts it back, and growth starts
-  over once it is alone again. Beside decoding streams a chunk never grows:
-  their gaps are what it is sized to; there, until the fit tells the fixed
+  over once it is alone again. Beside decoding streams a chunk within their
+  gap budget never grows: their gaps are what it is sized to. A background
+  chunk beside them that is evaluated module by module (its fixed cost
+  learned apart: `Costs.background_fixed_ms`) grows the same way while
+  nobody else waits: it leaves the streams the machine as it goes whatever
+  its length, so its length costs only a newcomer's wait for
+  the chunk in flight, and nobody is waiting (sized to the floor alone, a
+  cold prompt beside streams paid a fifth of its chunks' time in fixed
+  costs where mlx-vlm pays one per 2,048 tokens). There, until the fit tells the fixed
   cost apart, every other chunk is half the size (two tokens for one), so
   the sizes vary for it (chunks of one size would never tell it, and a
   one-token chunk would read its whole fixed cost as the cost of a token).
@@ -324,7 +331,8 @@ class PrefillScheduler:
         if urgent:  # the bound presses: its rate first (module doc)
             return self.chunk_max
         room, fixed, background = self.room(decoding, costs)  # the floor (module doc)
-        if alone and not decoding and streak:
+        apart = background and bool(costs.background_fixed_ms)  # by module, told apart
+        if alone and streak and (not decoding or apart):
             # Nobody waits: double the time each chunk in a row, until the fixed cost is
             # FIXED_SHARE of it (at least twice the slice, so the fit sees sizes vary).
             room = min(room * 2**streak, max(2 * room, fixed / FIXED_SHARE))
@@ -354,7 +362,8 @@ class PrefillScheduler:
                 cost = self.chunk_cost(chunk, decoding, costs)
         self.clock += cost
         self.picked += 1
-        alone = all(c.uid in chunk.uids for c in ready) and not decoding
+        by_module = chunk.background and costs.background_fixed_ms is not None
+        alone = all(c.uid in chunk.uids for c in ready) and (not decoding or by_module)
         uid, count = self.streak
         self.streak = (chunk.uids[0], count + 1 if alone and uid == chunk.uids[0] else int(alone))
         return chunk

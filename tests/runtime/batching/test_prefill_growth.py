@@ -313,3 +313,24 @@ def test_a_background_chunk_is_worth_its_own_fixed_cost():
     # Where background chunks run as whole ones do (a GPU), one fixed cost prices both.
     same = Costs(20.0, 0.5, 1.0, fixed_ms=8.0)
     assert same.fixed(True) == same.fixed(False) == 8.0
+
+
+def test_a_background_chunk_nobody_else_waits_for_grows_beside_the_streams():
+    # Evaluated module by module, it leaves the streams the machine whatever its length:
+    # alone, it doubles from the floor until its fixed cost is a tenth of it.
+    s = PrefillScheduler("srpt", 256, slice_ms=50.0, overlap=True, wait_bound=1.25, chunk_max=4096)
+    costs = Costs(20.0, 0.5, 1.0, fixed_ms=8.0, background_fixed_ms=34.5)
+    floor = s.floor_ms(3, costs, 34.5)  # 172.5 ms
+    sizes = [s.next_chunk([long(cohort=0)], step, 3, costs).tokens for step in range(4)]
+    grown = int((34.5 / 0.1 - 34.5) / 0.5)  # to a tenth fixed: 345 ms
+    assert sizes == [int((floor - 34.5) / 0.5), grown, grown, grown]
+    # A newcomer cuts it back to the floor: it would wait for the chunk in flight.
+    newcomer = Candidate(2, 5000, 5000, arrived=4)
+    chunk = s.next_chunk([long(cohort=0), newcomer], 4, 3, costs)
+    assert chunk.tokens == int((floor - 34.5) / 0.5) and chunk.background
+    # Where a background chunk runs as a whole forward (a GPU, `--prefill-eval forward`),
+    # the streams wait for it whole: beside them it never grows.
+    s = PrefillScheduler("srpt", 256, slice_ms=50.0, overlap=True, wait_bound=1.25, chunk_max=4096)
+    whole = Costs(20.0, 0.5, 1.0, fixed_ms=34.5)
+    sizes = [s.next_chunk([long(cohort=0)], step, 3, whole).tokens for step in range(4)]
+    assert len(set(sizes)) == 1

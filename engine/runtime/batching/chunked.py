@@ -33,6 +33,12 @@ Segments (capture points) are kept: a chunk never crosses a segment end, so
 the generator snapshots state there as with mlx-lm's batches. Cancelling
 (`remove`) takes a sequence out between steps: at a chunk boundary.
 
+The scheduler ages a waiting sequence by the chunks picked since its last
+one, not by the loop's steps: with overlap many decode steps pass during one
+chunk (as many as the decode is faster than the chunk, a ratio of this
+machine's), and aging per step let two long prompts of similar length take
+turns chunk by chunk, so each ended near the end of both.
+
 The chunks' costs are fitted (engine.runtime.batching.chunk_costs) in two
 fits: the chunks the worker evaluates module by module (background ones) and
 the rest, evaluated whole; their fixed costs differ (a hand-off per module),
@@ -137,8 +143,9 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         self.cohorts: dict[int, Cohort] = {}
         self._cohort_ids = itertools.count()
         self.steps = 0
-        self.arrived: dict[int, int] = {}  # uid -> step it arrived in
-        self.last_chunk: dict[int, int] = {}  # uid -> step of its latest chunk
+        # The scheduler's clock: chunks picked (module doc), not steps.
+        self.arrived: dict[int, int] = {}  # uid -> chunks picked before it arrived
+        self.last_chunk: dict[int, int] = {}  # uid -> chunks picked when its latest landed
         self.unblocks: dict[int, int] = {}  # uid -> its prompt tokens up to an awaited anchor
         # Recent steady steps (the profile's wall time less one-off admissions, captures and
         # commits): decode-only ones (a stream's idle gap), and those with a chunk beside
@@ -157,7 +164,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
     def insert_segments(self, segments, *args, **kwargs):
         uids = super().insert_segments(segments, *args, **kwargs)
         for uid in uids:
-            self.arrived[uid] = self.steps
+            self.arrived[uid] = self.scheduler.picked
         return uids
 
     # ---- the step ----------------------------------------------------------------
@@ -197,7 +204,9 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
             # Landed during the decode step: the worker gets its next chunk now, not one
             # step later (the landed chunk's responses go out with the next step).
             self._settle()
-        chunk = self.scheduler.next_chunk(self._candidates(), self.steps, decoding, self._costs())
+        # The policy's clock is the chunks picked, not the loop's steps (module doc).
+        picked = self.scheduler.picked
+        chunk = self.scheduler.next_chunk(self._candidates(), picked, decoding, self._costs())
         if chunk is not None:
             prompt_responses += self._prefill(chunk)
         return prompt_responses, generation_responses
@@ -373,7 +382,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         self._rate.observe(tokens, beyond)
         cohort.rate.observe(tokens, beyond)
         for uid in cohort.batch.uids:
-            self.last_chunk[uid] = self.steps
+            self.last_chunk[uid] = self.scheduler.picked
         return flight.responses
 
     def close(self) -> None:

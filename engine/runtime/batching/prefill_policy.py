@@ -7,7 +7,11 @@ prefill chunk that runs beside it, within a token budget:
 - Order: `srpt` runs the sequence with the shortest remaining prefill first,
   aged so a long prompt is never starved: each step it waits since its last
   chunk takes `aging` tokens off its key, so after `remaining / aging` steps
-  without a chunk it beats any newcomer. The credit is spent by the chunk it
+  without a chunk it beats any newcomer. A step is the caller's clock: the
+  model loop counts chunks picked, not its decode steps (with a chunk on a
+  thread of its own many decode steps pass during one, and aging by them let
+  two long prompts of similar length take turns chunk by chunk, each ending
+  near the end of both). The credit is spent by the chunk it
   wins (aging from arrival would make an old prompt win every step until
   its end, and a short turn arriving late would wait for all of it). `fifo`
   runs them in arrival order.

@@ -20,6 +20,7 @@ def time_split(log: dict, sent: list) -> dict:
     """Per kind: the parts' p50 and p90, their shares of the engine's time to the prompt end,
     the chunks per request, and the client's TTFT beside them; the chunk fit."""
     out: dict = {"fit": log.get("fit", {}), "chunks": log.get("chunks", 0)}
+    out["fit_by_eval"] = log.get("fit_by_eval", {})
     for kind in ("cold", "warm"):
         rows = [
             r for r in log.get("requests", ()) if (r["namespace"] == "cold") == (kind == "cold")
@@ -83,6 +84,12 @@ def split_lines(splits: dict) -> list[str]:
                 f"{fit['median_ms']:.0f} ms; fixed {fit['fixed_ms']:.1f} ms + "
                 f"{fit['token_ms']:.3f} ms/token ({fit['fixed_share']:.0%} of chunk time fixed)"
             )
+        for kind, part in split.get("fit_by_eval", {}).items():
+            if part.get("fixed_ms") is not None:
+                fits.append(
+                    f"{name} {kind} {part['chunks']} chunks, median {part['median_tokens']} "
+                    f"tokens; fixed {part['fixed_ms']:.1f} ms + {part['token_ms']:.3f} ms/token"
+                )
     if fits:
         lines += ["", "chunk forward = fixed + per token (least squares): " + "; ".join(fits)]
     return lines

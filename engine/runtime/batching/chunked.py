@@ -33,6 +33,17 @@ Segments (capture points) are kept: a chunk never crosses a segment end, so
 the generator snapshots state there as with mlx-lm's batches. Cancelling
 (`remove`) takes a sequence out between steps: at a chunk boundary.
 
+The scheduler ages a waiting sequence by the chunks picked since its last
+one, not by the loop's steps: with overlap many decode steps pass during one
+chunk (as many as the decode is faster than the chunk, a ratio of this
+machine's), and aging per step let two long prompts of similar length take
+turns chunk by chunk, so each ended near the end of both.
+
+The chunks' costs are fitted (engine.runtime.batching.chunk_costs) in two
+fits: the chunks the worker evaluates module by module (background ones) and
+the rest, evaluated whole; their fixed costs differ (a hand-off per module),
+and one line through both told neither.
+
 It knows the batches and the clock; the order is the scheduler's.
 """
 
@@ -70,6 +81,7 @@ class Flight:
         self.context = context  # tokens in its first sequence's cache before it
         self.start = time.perf_counter()
         self.elapsed: float | None = None  # its forward's seconds, once waited for
+        self.by_module = False  # the worker evaluates it module by module
 
     @property
     def tokens(self) -> int:
@@ -131,8 +143,9 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         self.cohorts: dict[int, Cohort] = {}
         self._cohort_ids = itertools.count()
         self.steps = 0
-        self.arrived: dict[int, int] = {}  # uid -> step it arrived in
-        self.last_chunk: dict[int, int] = {}  # uid -> step of its latest chunk
+        # The scheduler's clock: chunks picked (module doc), not steps.
+        self.arrived: dict[int, int] = {}  # uid -> chunks picked before it arrived
+        self.last_chunk: dict[int, int] = {}  # uid -> chunks picked when its latest landed
         self.unblocks: dict[int, int] = {}  # uid -> its prompt tokens up to an awaited anchor
         # Recent steady steps (the profile's wall time less one-off admissions, captures and
         # commits): decode-only ones (a stream's idle gap), and those with a chunk beside
@@ -142,13 +155,16 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         self._decode_part_ms = 0.0  # the decode part of any step
         self._rate = TokenRate()  # prefill time per token beyond a chunk's fixed cost
         self.chunk_costs = ChunkCosts()  # a chunk's fixed cost and cost per token, fitted
+        # The same for the chunks the worker evaluates module by module (background ones):
+        # their fixed cost is another (a hand-off per module), so it is fitted apart.
+        self.module_costs = ChunkCosts()
         self._learned: object = None  # the last profile record learned from
         self.chunks: list[Chunk] = []  # the chunks run, newest last (bounded)
 
     def insert_segments(self, segments, *args, **kwargs):
         uids = super().insert_segments(segments, *args, **kwargs)
         for uid in uids:
-            self.arrived[uid] = self.steps
+            self.arrived[uid] = self.scheduler.picked
         return uids
 
     # ---- the step ----------------------------------------------------------------
@@ -188,7 +204,9 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
             # Landed during the decode step: the worker gets its next chunk now, not one
             # step later (the landed chunk's responses go out with the next step).
             self._settle()
-        chunk = self.scheduler.next_chunk(self._candidates(), self.steps, decoding, self._costs())
+        # The policy's clock is the chunks picked, not the loop's steps (module doc).
+        picked = self.scheduler.picked
+        chunk = self.scheduler.next_chunk(self._candidates(), picked, decoding, self._costs())
         if chunk is not None:
             prompt_responses += self._prefill(chunk)
         return prompt_responses, generation_responses
@@ -216,7 +234,9 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         a step's work besides its chunk (else the decode-only step)."""
         decode = _median(self._idle_steps) or self._decode_part_ms
         beside = _median(self._beside_steps) or decode
-        return Costs(decode, self._rate.token_ms, beside, self.chunk_costs.fixed_ms)
+        by_module = self.worker is not None and self.worker.module_eval
+        background = self.module_costs.fixed_ms if by_module else None
+        return Costs(decode, self._rate.token_ms, beside, self.chunk_costs.fixed_ms, background)
 
     def _room(self) -> int:
         started = len(self._generation_batch) + sum(len(c.batch) for c in self.cohorts.values())
@@ -308,6 +328,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
             # as it goes (prefill_worker); one within it, or a short prefill run whole (a
             # first token waited for), runs its forward whole: the streams wait at most it.
             self.worker.start(cohort.batch, prompts, by_module=chunk.background)
+            flight.by_module = self.worker.module_eval and chunk.background
             self.flight = flight
             return []
         tic = time.perf_counter()
@@ -351,15 +372,17 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         self._counters.prompt_tokens += tokens
         self._counters.prompt_time += elapsed
         chunk = flight.chunk
-        self.log.chunk(chunk.uids, flight.start, elapsed, chunk.tokens, flight.context)
+        log = (chunk.uids, flight.start, elapsed, chunk.tokens, flight.context, flight.by_module)
+        self.log.chunk(*log)
         ms = elapsed * 1000
-        self.chunk_costs.observe(tokens, ms)
+        fit = self.module_costs if flight.by_module else self.chunk_costs
+        fit.observe(tokens, ms)
         # The cost per token beyond the fixed cost (the fit's, at this cohort's context).
-        beyond = max(ms - self.chunk_costs.fixed_ms, ms * FIXED_SHARE)
+        beyond = max(ms - fit.fixed_ms, ms * FIXED_SHARE)
         self._rate.observe(tokens, beyond)
         cohort.rate.observe(tokens, beyond)
         for uid in cohort.batch.uids:
-            self.last_chunk[uid] = self.steps
+            self.last_chunk[uid] = self.scheduler.picked
         return flight.responses
 
     def close(self) -> None:

@@ -8,7 +8,8 @@ keeps
   first chunk's start to its last one's end (the rest of that span went to
   other work: decode steps, other sequences' chunks, the loop between chunks);
 - the latest KEEP chunks, from which `fixed_cost` fits a chunk's forward time
-  as a fixed cost plus a cost per token (least squares).
+  as a fixed cost plus a cost per token (least squares): over all, and apart
+  for those evaluated whole and module by module.
 
 The generator takes a sequence's track at its prompt end (`take`) and adds the
 request's own clock (received, admitted: engine.runtime.output.Stamps) to make
@@ -32,6 +33,7 @@ class ChunkRecord:
     tokens: int  # prompt tokens of each sequence
     members: int  # sequences of the chunk
     context: int  # tokens in the cache before it (its first sequence's)
+    by_module: bool = False  # evaluated module by module (another fixed cost)
 
 
 @dataclass
@@ -53,9 +55,12 @@ class PrefillLog:
         self.tracks: dict[int, Track] = {}
         self.rows: deque[dict] = deque(maxlen=ROWS)
 
-    def chunk(self, uids, start: float, seconds: float, tokens: int, context: int) -> None:
-        """A chunk ran: `tokens` prompt tokens of each of `uids` from `start`, `seconds` long."""
-        self.chunks.append(ChunkRecord(start, seconds, tokens, len(uids), context))
+    def chunk(
+        self, uids, start: float, seconds: float, tokens: int, context: int, by_module=False
+    ) -> None:
+        """A chunk ran: `tokens` prompt tokens of each of `uids` from `start`, `seconds` long
+        (`by_module`: evaluated module by module)."""
+        self.chunks.append(ChunkRecord(start, seconds, tokens, len(uids), context, by_module))
         for uid in uids:
             track = self.tracks.get(uid)
             if track is None:
@@ -90,10 +95,15 @@ class PrefillLog:
 
     def report(self, since: float = 0.0, until: float = float("inf")) -> dict:
         """The rows of requests received in [since, until], and the chunk fit of the chunks
-        that started in it."""
+        that started in it (all, and by how they were evaluated)."""
         rows = [r for r in self.rows if since <= r["received"] <= until]
         chunks = [c for c in self.chunks if since <= c.start <= until]
-        return {"requests": rows, "chunks": len(chunks), "fit": fixed_cost(chunks)}
+        by_eval = {
+            "whole": fixed_cost([c for c in chunks if not c.by_module]),
+            "module": fixed_cost([c for c in chunks if c.by_module]),
+        }
+        fit = fixed_cost(chunks)
+        return {"requests": rows, "chunks": len(chunks), "fit": fit, "fit_by_eval": by_eval}
 
 
 def fixed_cost(chunks) -> dict:

@@ -7,7 +7,11 @@ prefill chunk that runs beside it, within a token budget:
 - Order: `srpt` runs the sequence with the shortest remaining prefill first,
   aged so a long prompt is never starved: each step it waits since its last
   chunk takes `aging` tokens off its key, so after `remaining / aging` steps
-  without a chunk it beats any newcomer. The credit is spent by the chunk it
+  without a chunk it beats any newcomer. A step is the caller's clock: the
+  model loop counts chunks picked, not its decode steps (with a chunk on a
+  thread of its own many decode steps pass during one, and aging by them let
+  two long prompts of similar length take turns chunk by chunk, each ending
+  near the end of both). The credit is spent by the chunk it
   wins (aging from arrival would make an old prompt win every step until
   its end, and a short turn arriving late would wait for all of it). `fifo`
   runs them in arrival order.
@@ -67,14 +71,27 @@ prefill chunk that runs beside it, within a token budget:
   as it goes, so their gaps stay short either way, and the prefill's
   capacity is not spent on fixed costs (sized to the budget alone, chunks
   shrank until the fixed cost was half of each, and the cold prompts were
-  slower by a third).
+  slower by a third). A background chunk may pay another fixed cost than one
+  evaluated whole (the worker evaluates it module by module: a hand-off per
+  module, on the CPU 34.5 ms against 8): where it is learned apart
+  (`Costs.background_fixed_ms`), the floor of a background chunk is priced at
+  it, so no chunk is mostly the fixed cost it pays (priced at the whole
+  forward's, or at one fit through both kinds, a background chunk came out a
+  third fixed cost).
 - Growth: a long prefill that nobody else waits for (no other sequence has
   prefill left) while no stream decodes doubles its chunk's time each chunk
   in a row (from the slice) until the fixed cost is FIXED_SHARE of it (at
   least twice the slice, so the sizes vary for the fit); a sequence that
   arrives or a stream that starts decoding cuts it back, and growth starts
-  over once it is alone again. Beside decoding streams a chunk never grows:
-  their gaps are what it is sized to; there, until the fit tells the fixed
+  over once it is alone again. Beside decoding streams a chunk within their
+  gap budget never grows: their gaps are what it is sized to. A background
+  chunk beside them that is evaluated module by module (its fixed cost
+  learned apart: `Costs.background_fixed_ms`) grows the same way while
+  nobody else waits: it leaves the streams the machine as it goes whatever
+  its length, so its length costs only a newcomer's wait for
+  the chunk in flight, and nobody is waiting (sized to the floor alone, a
+  cold prompt beside streams paid a fifth of its chunks' time in fixed
+  costs where mlx-vlm pays one per 2,048 tokens). There, until the fit tells the fixed
   cost apart, every other chunk is half the size (two tokens for one), so
   the sizes vary for it (chunks of one size would never tell it, and a
   one-token chunk would read its whole fixed cost as the cost of a token).
@@ -150,6 +167,16 @@ class Costs:
     token_ms: float = 0.0  # a prefill token beyond a chunk's fixed cost, of any cohort
     beside_ms: float = 0.0  # what a step with a chunk spends besides the chunk's forward
     fixed_ms: float = 0.0  # a chunk's fixed cost, whatever its size (chunk_costs); 0: unknown
+    # A background chunk's fixed cost, learned apart where it is evaluated otherwise (module
+    # by module: a hand-off per module); None: as `fixed_ms`; 0: not told apart yet.
+    background_fixed_ms: float | None = None
+
+    def fixed(self, background: bool) -> float:
+        """The fixed cost a chunk pays, background or not (0: unknown); a background chunk's
+        until told apart: a whole one's."""
+        if background and self.background_fixed_ms:
+            return self.background_fixed_ms
+        return self.fixed_ms
 
 
 class PrefillScheduler:
@@ -208,7 +235,7 @@ class PrefillScheduler:
 
     def chunk_cost(self, chunk: Chunk, decoding: int, costs: Costs) -> float:
         """What `chunk` costs the bound's clock: its tokens, and its overhead's worth."""
-        overhead = costs.fixed_ms + self._other_ms(decoding, costs)
+        overhead = costs.fixed(chunk.background) + self._other_ms(decoding, costs)
         return chunk.tokens * len(chunk.uids) + self._worth(overhead, costs)
 
     def _deadlines(self, candidates: list[Candidate], costs: Costs) -> None:
@@ -260,11 +287,22 @@ class PrefillScheduler:
             return max(0.0, self.slice_ms - costs.decode_ms)
         return self.slice_ms
 
-    def floor_ms(self, decoding: int, costs: Costs) -> float:
-        """The shortest chunk worth its fixed cost and its step's other work (module doc:
-        the floor); 0 while neither is known."""
+    def floor_ms(self, decoding: int, costs: Costs, fixed: float | None = None) -> float:
+        """The shortest chunk worth its fixed cost (`fixed`, else a chunk evaluated whole's)
+        and its step's other work (module doc: the floor); 0 while neither is known."""
         x = self.wait_bound if self.wait_bound > 1 else 1 / (1 - USEFUL)
-        return (x * costs.fixed_ms + self._other_ms(decoding, costs)) / (x - 1)
+        fixed = costs.fixed_ms if fixed is None else fixed
+        return (x * fixed + self._other_ms(decoding, costs)) / (x - 1)
+
+    def room(self, decoding: int, costs: Costs) -> tuple[float, float, bool]:
+        """(the time a chunk gets, the fixed cost it pays, whether it is background): the gap
+        budget where the floor fits in it, else the floor at a background chunk's fixed
+        cost (module doc: the floor)."""
+        gap, floor = self.gap_ms(decoding, costs), self.floor_ms(decoding, costs)
+        if not decoding or floor <= gap:
+            return max(gap, floor), costs.fixed_ms, False
+        fixed = costs.fixed(True)
+        return max(gap, self.floor_ms(decoding, costs, fixed)), fixed, True
 
     def whole(self, head: Candidate, decoding: int, costs: Costs) -> bool:
         """`head` is a short prefill that runs whole this step (module doc)."""
@@ -274,8 +312,8 @@ class PrefillScheduler:
         token_ms = head.token_ms or costs.token_ms
         if not decoding or token_ms <= 0:
             return True  # no gap to keep, or no cost to tell it by
-        room = max(self.gap_ms(decoding, costs), self.floor_ms(decoding, costs))
-        return costs.fixed_ms + token_ms * total <= room  # cut, it would get no less
+        room, fixed, _ = self.room(decoding, costs)
+        return fixed + token_ms * total <= room  # cut, it would get no less
 
     def allowance(
         self,
@@ -294,16 +332,17 @@ class PrefillScheduler:
         token_ms = head.token_ms or costs.token_ms
         if token_ms <= 0 or (decoding and not self.overlap and costs.decode_ms <= 0):
             return min(self.budget, FIRST_CHUNK) if decoding else self.budget
-        room, fixed = self.gap_ms(decoding, costs), costs.fixed_ms
         if urgent:  # the bound presses: its rate first (module doc)
             return self.chunk_max
-        room = max(room, self.floor_ms(decoding, costs))  # the floor (module doc)
-        if alone and not decoding and streak:
+        room, fixed, background = self.room(decoding, costs)  # the floor (module doc)
+        apart = background and bool(costs.background_fixed_ms)  # by module, told apart
+        if alone and streak and (not decoding or apart):
             # Nobody waits: double the time each chunk in a row, until the fixed cost is
             # FIXED_SHARE of it (at least twice the slice, so the fit sees sizes vary).
             room = min(room * 2**streak, max(2 * room, fixed / FIXED_SHARE))
         tokens = max(MIN_CHUNK, min(self.chunk_max, int((room - fixed) / token_ms)))
-        if decoding and fixed <= 0 and self.picked % 2:  # the fit needs sizes that vary
+        unknown = costs.fixed_ms <= 0 or (background and costs.background_fixed_ms == 0)
+        if decoding and unknown and self.picked % 2:  # the fit needs sizes that vary
             tokens = tokens // 2 if tokens > 1 else 2
         return tokens
 
@@ -327,7 +366,8 @@ class PrefillScheduler:
                 cost = self.chunk_cost(chunk, decoding, costs)
         self.clock += cost
         self.picked += 1
-        alone = all(c.uid in chunk.uids for c in ready) and not decoding
+        by_module = chunk.background and costs.background_fixed_ms is not None
+        alone = all(c.uid in chunk.uids for c in ready) and (not decoding or by_module)
         uid, count = self.streak
         self.streak = (chunk.uids[0], count + 1 if alone and uid == chunk.uids[0] else int(alone))
         return chunk

@@ -242,12 +242,37 @@ def test_with_overlap_streams_decode_while_a_chunk_runs_on_the_worker(loaded, mo
     bg.close()
 
 
+def test_beside_decode_two_long_prompts_do_not_take_turns(loaded):
+    """With the chunks on the worker many decode steps pass during one; a waiting prompt ages
+    by the chunks picked, not by those steps, so of two long prompts of one length the first
+    prefills to its end before the other starts (each ends as early as it can) instead of
+    taking turns chunk by chunk. (Aged by the steps, the waiting one won after one chunk.)"""
+    eng = engine(loaded, budget=64, overlap=True, slice_ms=1000.0)  # chunks of the budget
+    bg = eng.generator.bg
+    streams = [submit(eng, f"s{k}", tokens(40, 10 + k), max_tokens=2000) for k in range(3)]
+    while not all(ids(s) for s in streams):
+        eng.generator.step()
+    a = submit(eng, "a", tokens(700, 7), namespace="a")
+    b = submit(eng, "b", tokens(700, 8), namespace="b")
+    uids = {}
+    while not (ids(a) and ids(b)):
+        eng.generator.step()
+        for rid in ("a", "b"):
+            uids.setdefault(rid, eng.generator.by_request.get(rid))
+    order = [c.uids[0] for c in bg.chunks if c.uids[0] in uids.values()]
+    assert any(final(s) is None for s in streams), "the streams ended before both prompts"
+    assert order == sorted(order, key=lambda u: u != order[0]), order  # one, then the other
+    run_all(eng)
+    bg.close()
+
+
 @pytest.mark.parametrize("prefill_eval", ["auto", "forward"])
 def test_on_the_cpu_the_worker_evaluates_module_by_module(loaded, prefill_eval):
     """`--prefill-eval auto` on the CPU: the chunks on the worker longer than the streams' gap
     budget (background work) evaluate each module's output (its MLX queue stays short beside
     decode); the loop's inline chunks, those within the budget and a short prefill run whole
-    do not; `forward` evaluates whole forwards. Same tokens either way."""
+    do not; `forward` evaluates whole forwards. Same tokens either way. The chunks evaluated
+    module by module have a cost fit of their own."""
     prompt = tokens(1200, 3)
     serial = engine(loaded, budget=64)
     expected = submit(serial, "b", prompt, namespace="b")
@@ -274,6 +299,13 @@ def test_on_the_cpu_the_worker_evaluates_module_by_module(loaded, prefill_eval):
     assert any(c.background for c in bg.chunks if uid in c.uids), "no chunk was background"
     grew = counted() - start
     assert grew > 0 if prefill_eval == "auto" else grew == 0, grew
+    # Their costs are fitted apart from the chunks evaluated whole (another fixed cost),
+    # and the scheduler is told the background chunks' fixed cost only where they differ.
+    whole_chunks = bg.chunk_costs.count
+    assert whole_chunks > 0  # the inline ones
+    assert bg.module_costs.count > 0 if prefill_eval == "auto" else bg.module_costs.count == 0
+    told = bg._costs().background_fixed_ms
+    assert told is not None if prefill_eval == "auto" else told is None
     c = submit(eng, "c", tokens(40, 6), max_tokens=100, namespace="c")  # decodes beside it
     while not ids(c):
         eng.generator.step()

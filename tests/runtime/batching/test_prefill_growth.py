@@ -284,3 +284,53 @@ def test_only_a_chunk_longer_than_the_streams_gap_budget_is_background_work():
     assert not s.next_chunk([long()], 3, decoding=0, costs=heavy).background  # nobody waits
     unknown = s.next_chunk([long()], 4, decoding=2, costs=Costs(10.0, 0.0, 10.0))
     assert unknown.tokens == FIRST_CHUNK and unknown.background  # no cost known: as it goes
+
+
+def test_a_background_chunk_is_worth_its_own_fixed_cost():
+    # Evaluated module by module, a background chunk pays more fixed cost than one evaluated
+    # whole (on the CPU 34.5 ms against 8): its floor is priced at its own, so it keeps the
+    # prefill at 1 / 1.25 of its rate; priced at the whole forward's it would be half fixed.
+    # (Background chunks run on the worker: with overlap.)
+    s = PrefillScheduler("srpt", 256, slice_ms=50.0, overlap=True, wait_bound=1.25, chunk_max=1024)
+    costs = Costs(decode_ms=20.0, token_ms=0.5, beside_ms=1.0, fixed_ms=8.0)
+    costs = Costs(**{**costs.__dict__, "background_fixed_ms": 34.5})
+    assert s.floor_ms(3, costs) > s.gap_ms(3, costs)  # a chunk worth 8 ms is background
+    chunk = s.next_chunk([long()], 0, decoding=3, costs=costs)
+    assert chunk.background
+    useful = chunk.tokens * costs.token_ms
+    assert useful / (useful + 34.5) == pytest.approx(1 / 1.25, abs=0.01)
+    # Within the gap budget a chunk is evaluated whole: the whole forward's fixed cost.
+    cheap = Costs(20.0, 0.5, 1.0, fixed_ms=2.0, background_fixed_ms=34.5)
+    chunk = s.next_chunk([long()], 1, decoding=3, costs=cheap)
+    assert not chunk.background
+    assert chunk.tokens == int((s.gap_ms(3, cheap) - 2.0) / 0.5)
+    # Nothing decoding: no chunk is background, the whole forward's cost sizes it.
+    assert s.room(0, costs) == (50.0, 8.0, False)
+    # Not told apart yet (0), every other background chunk is half size, for the fit.
+    unknown = Costs(20.0, 0.5, 1.0, fixed_ms=8.0, background_fixed_ms=0.0)
+    sizes = [s.next_chunk([long()], step, 3, unknown).tokens for step in (2, 3)]
+    assert min(sizes) * 2 in (max(sizes), max(sizes) + 1)
+    # Where background chunks run as whole ones do (a GPU), one fixed cost prices both.
+    same = Costs(20.0, 0.5, 1.0, fixed_ms=8.0)
+    assert same.fixed(True) == same.fixed(False) == 8.0
+
+
+def test_a_background_chunk_nobody_else_waits_for_grows_beside_the_streams():
+    # Evaluated module by module, it leaves the streams the machine whatever its length:
+    # alone, it doubles from the floor until its fixed cost is a tenth of it.
+    s = PrefillScheduler("srpt", 256, slice_ms=50.0, overlap=True, wait_bound=1.25, chunk_max=4096)
+    costs = Costs(20.0, 0.5, 1.0, fixed_ms=8.0, background_fixed_ms=34.5)
+    floor = s.floor_ms(3, costs, 34.5)  # 172.5 ms
+    sizes = [s.next_chunk([long(cohort=0)], step, 3, costs).tokens for step in range(4)]
+    grown = int((34.5 / 0.1 - 34.5) / 0.5)  # to a tenth fixed: 345 ms
+    assert sizes == [int((floor - 34.5) / 0.5), grown, grown, grown]
+    # A newcomer cuts it back to the floor: it would wait for the chunk in flight.
+    newcomer = Candidate(2, 5000, 5000, arrived=4)
+    chunk = s.next_chunk([long(cohort=0), newcomer], 4, 3, costs)
+    assert chunk.tokens == int((floor - 34.5) / 0.5) and chunk.background
+    # Where a background chunk runs as a whole forward (a GPU, `--prefill-eval forward`),
+    # the streams wait for it whole: beside them it never grows.
+    s = PrefillScheduler("srpt", 256, slice_ms=50.0, overlap=True, wait_bound=1.25, chunk_max=4096)
+    whole = Costs(20.0, 0.5, 1.0, fixed_ms=34.5)
+    sizes = [s.next_chunk([long(cohort=0)], step, 3, whole).tokens for step in range(4)]
+    assert len(set(sizes)) == 1

@@ -37,3 +37,15 @@ def test_the_fit_finds_the_fixed_cost_of_a_chunk():
     assert fit["fixed_ms"] == pytest.approx(30)
     assert fit["token_ms"] == pytest.approx(2)
     assert fixed_cost([]) == {"chunks": 0}
+
+
+def test_chunks_evaluated_module_by_module_are_fitted_apart():
+    # Their fixed cost is another (a hand-off per module): one line through both tells neither.
+    log = PrefillLog()
+    for i, tokens in enumerate((16, 64, 256, 32)):
+        log.chunk([1], float(i), (8 + 2 * tokens) / 1000, tokens, 0)
+        log.chunk([1], i + 0.5, (34 + 2 * tokens) / 1000, tokens, 0, by_module=True)
+    fits = log.report()["fit_by_eval"]
+    assert fits["whole"]["fixed_ms"] == pytest.approx(8)
+    assert fits["module"]["fixed_ms"] == pytest.approx(34)
+    assert fits["whole"]["chunks"] == fits["module"]["chunks"] == 4

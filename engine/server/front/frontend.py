@@ -50,6 +50,14 @@ from engine.server.supervision.supervisor import Supervisor
 log = logging.getLogger("lineage.request")
 
 
+# A request told to wait for one in flight (RestorePlan.after) asks for its plan again
+# every FLIGHT_POLL_S, and FLIGHT_WAIT_S at most: then it runs without that flight's
+# capture. The bound covers the flight's prefill and its decode (its commit comes at its
+# end): a long turn's rest prefilled cold beside it is what waiting longer would save.
+FLIGHT_POLL_S = 0.02
+FLIGHT_WAIT_S = 30.0
+
+
 class _NoReplica(Exception):
     """The manager has no replica to place the request on."""
 
@@ -309,11 +317,14 @@ class Frontend:
             exclude=tuple(exclude),
             session=session,
             layout=prompt.layout,
+            may_wait=True,
         )
-        planning = asyncio.ensure_future(_resolve(self.manager.plan.remote(request)))
+        gave_up = asyncio.Event()
+        planning = asyncio.ensure_future(self._planned(request, gave_up))
         try:
             plan = await asyncio.wait_for(asyncio.shield(planning), self.deadline)
         except BaseException as e:
+            gave_up.set()  # a wait for a flight ends at its next look: planned, then released
             planning.add_done_callback(lambda t: self._release_plan(t, request_id))
             if isinstance(e, asyncio.TimeoutError):
                 self._poke()
@@ -334,6 +345,21 @@ class Frontend:
             plan_ms=(time.perf_counter() - t0) * 1000,
             grammar=grammar,
         )
+
+    async def _planned(self, request: PlanRequest, gave_up: asyncio.Event):
+        """The manager's plan. An answer to wait for a request in flight (RestorePlan.after:
+        its capture would restore much of this prompt) asks again every FLIGHT_POLL_S, so
+        the request is planned within a poll of that flight's commit or end; past its wait
+        bound (FLIGHT_WAIT_S, half the call deadline at most) or once its caller gave up,
+        it is planned at once (may_wait off)."""
+        bound = time.monotonic() + min(FLIGHT_WAIT_S, self.deadline / 2)
+        while True:
+            plan = await self.manager.plan.remote(request)
+            if not plan.after:
+                return plan
+            await asyncio.sleep(FLIGHT_POLL_S)
+            if gave_up.is_set() or time.monotonic() >= bound:
+                request = dataclasses.replace(request, may_wait=False)
 
     def _release_plan(self, planning: asyncio.Future, request_id: str) -> None:
         """A plan nobody runs: its replica releases it (its Orders belong there)."""
@@ -358,10 +384,6 @@ class Frontend:
 
     async def stats(self):
         return await self.inspector.stats(self.deadline)
-
-
-async def _resolve(ref):
-    return await ref
 
 
 def _node_ip() -> str:

@@ -26,6 +26,7 @@ import dataclasses
 import logging
 import time
 import uuid
+from functools import partial
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -52,10 +53,11 @@ log = logging.getLogger("lineage.request")
 
 # A request told to wait for one in flight (RestorePlan.after) asks for its plan again
 # every FLIGHT_POLL_S, and FLIGHT_WAIT_S at most: then it runs without that flight's
-# capture. The bound covers the flight's prefill and its decode (its commit comes at its
-# end): a long turn's rest prefilled cold beside it is what waiting longer would save.
+# capture. The manager stops answering "wait" the moment that flight commits, is released
+# or its replica is forgotten, so the bound is only a safety net: it covers the flight's
+# prefill and its decode (its commit comes at its end), well inside the stream deadline.
 FLIGHT_POLL_S = 0.02
-FLIGHT_WAIT_S = 30.0
+FLIGHT_WAIT_S = 60.0
 
 
 class _NoReplica(Exception):
@@ -322,7 +324,7 @@ class Frontend:
         gave_up = asyncio.Event()
         planning = asyncio.ensure_future(self._planned(request, gave_up))
         try:
-            plan = await asyncio.wait_for(asyncio.shield(planning), self.deadline)
+            plan = await asyncio.wait_for(asyncio.shield(planning), self.deadline + FLIGHT_WAIT_S)
         except BaseException as e:
             gave_up.set()  # a wait for a flight ends at its next look: planned, then released
             planning.add_done_callback(lambda t: self._release_plan(t, request_id))
@@ -350,11 +352,16 @@ class Frontend:
         """The manager's plan. An answer to wait for a request in flight (RestorePlan.after:
         its capture would restore much of this prompt) asks again every FLIGHT_POLL_S, so
         the request is planned within a poll of that flight's commit or end; past its wait
-        bound (FLIGHT_WAIT_S, half the call deadline at most) or once its caller gave up,
-        it is planned at once (may_wait off)."""
-        bound = time.monotonic() + min(FLIGHT_WAIT_S, self.deadline / 2)
+        bound (FLIGHT_WAIT_S) or once its caller gave up, it is planned at once (may_wait
+        off). Each call has the call deadline."""
+        bound, rid = time.monotonic() + FLIGHT_WAIT_S, request.request_id
         while True:
-            plan = await self.manager.plan.remote(request)
+            asked = asyncio.ensure_future(_resolve(self.manager.plan.remote(request)))
+            try:
+                plan = await asyncio.wait_for(asyncio.shield(asked), self.deadline)
+            except BaseException:  # a plan answered late is released, as the caller's is
+                asked.add_done_callback(partial(self._release_plan, request_id=rid))
+                raise
             if not plan.after:
                 return plan
             await asyncio.sleep(FLIGHT_POLL_S)
@@ -384,6 +391,10 @@ class Frontend:
 
     async def stats(self):
         return await self.inspector.stats(self.deadline)
+
+
+async def _resolve(ref):
+    return await ref
 
 
 def _node_ip() -> str:

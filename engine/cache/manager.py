@@ -46,6 +46,15 @@ file will not load) comes back as a LostRestore: the entry leaves the RAM
 index (and the disk index when its file failed), `restores_lost` counts it,
 and the request is planned again (from the file, when it is sound).
 
+A prompt sharing a long prefix with a request in flight (planned, not committed) may be
+told to wait for it instead of being planned (`RestorePlan.after`; only when the caller
+says it honours that, `PlanRequest.may_wait`): when that flight's prompt end (the prompt
+extends it whole) or a point it is planned to capture within the shared part (not its
+anchor: requests wait on an anchor mid-prefill, as above) restores the prompt at least
+the divergence gain past its best stored point. Nothing is allocated, pinned or counted
+for such an answer; the caller plans again, and the answer changes as soon as the flight
+commits or ends. A request told to wait is not in flight, so none waits on it.
+
 A lost file write: engine.cache.disk_orders.
 """
 

@@ -80,13 +80,18 @@ class Flights(dict[str, Flight]):
             shared = common_prefix(flight.prompt, prompt)
             if shared <= furthest:
                 continue
+            # A point restores at most the prompt's first len - 1 tokens (one is left to
+            # prefill), but for the whole prompt at a prompt end (a verbatim resend).
+            usable = min(shared, len(prompt) - 1)
             points = [
                 c.length
                 for c in flight.plan.captures
-                if c.length <= shared and c.kind != CaptureKind.ANCHOR
+                if c.length <= usable and c.kind != CaptureKind.ANCHOR
             ]
-            if shared == flight.prompt_len or any_length:
-                points.append(shared)  # its prompt end (a REPLY point), or any row
+            if shared == flight.prompt_len:
+                points.append(shared)  # its prompt end (a REPLY point)
+            elif any_length:
+                points.append(usable)  # no state layers: any of its rows
             reach = max(points, default=0)
             if reach > furthest:
                 best, furthest = request_id, reach

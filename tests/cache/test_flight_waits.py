@@ -122,3 +122,13 @@ def test_parallel_sub_agents_still_wait_on_the_anchor_mid_prefill():
     a = d.plan(tokens(seq(1000, 500), seq(7000, 100)), anchor_len=500)
     b = d.plan(tokens(seq(1000, 500), seq(8000, 100)), 500, request_id="b", may_wait=True)
     assert (b.after, b.wait, b.entry_id, b.length) == ("", True, a.captures[0].entry_id, 500)
+
+
+def test_without_state_layers_any_shared_row_is_worth_the_wait():
+    d = Driver(state_layers=False)
+    a = d.plan(P)
+    prompt = tokens(seq(1000, 1500), MORE)  # leaves P at 1500: no capture there
+    assert plan_b(d, prompt).after == a.request_id
+    d.commit(a.request_id, R)
+    b = plan_b(d, prompt)
+    assert (b.after, b.entry_id, b.length) == ("", a.new_entry_id, 1500)

@@ -27,6 +27,7 @@ class Counts:
     prompt_tokens: int = 0  # prompted, over every plan
     restores_lost: int = 0
     miss_kinds: Counter = field(default_factory=Counter)
+    flight_waits: int = 0  # answers that told a request to wait for one in flight (after)
 
     def planned(self, plan: RestorePlan, prompt_len: int, sign: int = 1) -> None:
         """Count a plan in (sign -1: out, the request is counted again by its new plan)."""

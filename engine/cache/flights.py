@@ -5,8 +5,9 @@ session, layout, plan, the anchor it captures and the anchors it indexed early);
 `Flights` holds them by request id and answers what the manager asks of them: who
 captures an anchor with these tokens (`capturing`), whether a commit matches its
 plan (`validated_tokens`), which restore points they pin (`pins`), and asserts what
-they hold in the tiers (`check`). A plan made to wait on another request's anchor
-capture is `waiting_plan`'s.
+they hold in the tiers (`check`), and which of them a new prompt should wait for
+(`worth_waiting_for`). A plan made to wait on another request's anchor capture is
+`waiting_plan`'s.
 
 Plain Python and numpy: it decides nothing about what is stored.
 """
@@ -19,7 +20,7 @@ import numpy as np
 
 from engine.cache.kinds import CaptureKind, RestoreKind
 from engine.cache.messages import Commit, PromptLayout, RestorePlan
-from engine.cache.tokens import as_tokens
+from engine.cache.tokens import as_tokens, common_prefix
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,42 @@ class Flights(dict[str, Flight]):
                     c.entry_id for c in flight.plan.captures if c.kind == CaptureKind.ANCHOR
                 )
         return None
+
+    def worth_waiting_for(
+        self, namespace: str, prompt: np.ndarray, restored: int, gain: int, any_length: bool
+    ) -> str | None:
+        """The request in flight of `namespace` whose commit would let `prompt` restore at
+        least `gain` tokens past `restored` (its best stored point), the furthest first.
+
+        What a flight will hold restorable within the prefix it shares with `prompt`: its
+        prompt end when `prompt` extends its prompt whole, the capture points it is planned
+        to take at or before the shared length (guard, divergence, message, system; not
+        its anchor, which requests wait on mid-prefill: `capturing`), and with no state
+        layers any length of its rows. A flight of another namespace never matches (nor,
+        the manager being one model's, another model's)."""
+        best, furthest = None, restored + max(gain, 1) - 1
+        for request_id, flight in self.items():
+            if flight.namespace != namespace:
+                continue
+            shared = common_prefix(flight.prompt, prompt)
+            if shared <= furthest:
+                continue
+            # A point restores at most the prompt's first len - 1 tokens (one is left to
+            # prefill), but for the whole prompt at a prompt end (a verbatim resend).
+            usable = min(shared, len(prompt) - 1)
+            points = [
+                c.length
+                for c in flight.plan.captures
+                if c.length <= usable and c.kind != CaptureKind.ANCHOR
+            ]
+            if shared == flight.prompt_len:
+                points.append(shared)  # its prompt end (a REPLY point)
+            elif any_length:
+                points.append(usable)  # no state layers: any of its rows
+            reach = max(points, default=0)
+            if reach > furthest:
+                best, furthest = request_id, reach
+        return best
 
     def waiting_on(self, anchor_id: int):
         """(request id, flight) of each request whose plan waits on that anchor."""

@@ -46,6 +46,15 @@ file will not load) comes back as a LostRestore: the entry leaves the RAM
 index (and the disk index when its file failed), `restores_lost` counts it,
 and the request is planned again (from the file, when it is sound).
 
+A prompt sharing a long prefix with a request in flight (planned, not committed) may be
+told to wait for it instead of being planned (`RestorePlan.after`; only when the caller
+says it honours that, `PlanRequest.may_wait`): when that flight's prompt end (the prompt
+extends it whole) or a point it is planned to capture within the shared part (not its
+anchor: requests wait on an anchor mid-prefill, as above) restores the prompt at least
+the divergence gain past its best stored point. Nothing is allocated, pinned or counted
+for such an answer; the caller plans again, and the answer changes as soon as the flight
+commits or ends. A request told to wait is not in flight, so none waits on it.
+
 A lost file write: engine.cache.disk_orders.
 """
 
@@ -154,6 +163,17 @@ class CacheManager:
             req.layout.spans(len(prompt)),
             req.layout.marked(len(prompt)),
         )
+        if req.may_wait and self._shares_rows:
+            restored = plan.length
+            if any(c.kind == CaptureKind.ANCHOR for c in plan.captures):
+                if self.flights.capturing(req.namespace, prompt[: req.anchor_len]) is not None:
+                    restored = req.anchor_len  # it waits on that anchor mid-prefill (below)
+            after = self._worth_waiting_for(req.namespace, prompt, restored)
+            if after is not None:  # nothing kept: the policy's plan changed no index
+                self.counts.flight_waits += 1
+                return RestorePlan(
+                    req.request_id, None, 0, RestoreKind.NONE, (), new_entry_id=None, after=after
+                )
         anchor = None
         if any(c.kind == CaptureKind.ANCHOR for c in plan.captures):
             anchor = prompt[: req.anchor_len].copy()
@@ -195,6 +215,21 @@ class CacheManager:
         )
         self.counts.planned(plan, len(prompt))
         return plan
+
+    def _worth_waiting_for(self, namespace: str, prompt: np.ndarray, restored: int) -> str | None:
+        """The request in flight to wait for before planning `prompt` (None: plan it now).
+
+        One whose commit would restore the prompt further than `restored` (its best
+        stored point) by the divergence gain at least: the same threshold a divergence
+        capture must clear (`divergence_min_gain`, or more where a checkpoint's state
+        costs the KV of more tokens, `checkpoint_tokens`). Below it, prefilling the
+        difference beside that request costs less than waiting for its commit. A request
+        told to wait is not in flight (nothing planned, nothing pinned), so no two
+        requests in flight ever wait on each other."""
+        gain = max(self.config.divergence_min_gain, self._policy.checkpoint_tokens, 1)
+        return self.flights.worth_waiting_for(
+            namespace, prompt, restored, gain, not self.has_state_layers
+        )
 
     def _explain(self, req: PlanRequest, prompt: np.ndarray, restored: int):
         """Why the prompt restores less than an earlier one offered (None: it does not)."""

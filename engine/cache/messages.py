@@ -80,6 +80,9 @@ class PlanRequest:
     # Where each message starts (the miss explanations; the long-message points inside
     # each message after the system block, engine.cache.message_points).
     layout: PromptLayout = field(default_factory=PromptLayout)
+    # The caller honours RestorePlan.after: it may be told to wait for a request in flight
+    # and asks again (with False once its wait bound is spent: then it is planned at once).
+    may_wait: bool = False
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,11 @@ class RestorePlan:
     # actor stamps it): a replica resynchronised since (reset, its RAM tier
     # emptied) refuses the plan, and so does one that has not caught up with it.
     epoch: int = 0
+    # Not a plan but "ask again later": the request in flight (its id) whose capture
+    # would restore this prompt much further than anything stored (a long prefix they
+    # share, still being prefilled). Nothing was allocated or pinned; the caller plans
+    # again once that request committed or ended (PlanRequest.may_wait). "": a plan.
+    after: str = ""
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,8 @@ class ReplicatedCache:
         if not set(self.replicas.alive()) - set(req.exclude):
             raise LookupError("no model replica is alive")
         plan = self.manager.plan(req)
+        if plan.after:  # not a plan: the request asks again, and is placed then
+            return plan
         source = self.manager.index.get(plan.entry_id)
         nbytes = source.nbytes if source is not None else 0
         session = (req.namespace, req.session) if req.session else None

@@ -197,6 +197,12 @@ class ServerConfig:
     call_deadline: float = setting(
         30.0, "seconds: any actor call, and the wait for a restart", metavar="S"
     )
+    flight_wait: float = setting(
+        60.0,
+        "seconds a prompt may wait for a request in flight whose capture would restore much "
+        "of it (a long turn sent while the turn it extends still prefills); 0: never wait",
+        metavar="S",
+    )
     stream_deadline: float = setting(
         300.0, "seconds: the longest silence of a model stream", metavar="S"
     )

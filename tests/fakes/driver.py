@@ -142,17 +142,21 @@ class Driver:
         namespace: str = "",
         request_id: str | None = None,
         layout: PromptLayout | None = None,
+        may_wait: bool = False,
     ) -> RestorePlan:
-        """Plan `prompt`; `layout`: where its messages start (PlanRequest.layout)."""
+        """Plan `prompt`; `layout`: where its messages start (PlanRequest.layout).
+        `may_wait`: the manager may answer "wait for a request in flight" (plan.after), an
+        answer that plans nothing: it is not kept, and the caller plans again."""
         if request_id is None:
             self._serial += 1
             request_id = f"r{self._serial}"
         prompt = tokens(prompt)
         layout = layout or PromptLayout()
         plan = self.manager.plan(
-            PlanRequest(request_id, prompt, anchor_len, namespace, layout=layout)
+            PlanRequest(request_id, prompt, anchor_len, namespace, layout=layout, may_wait=may_wait)
         )
-        self._requests[request_id] = (plan, prompt, namespace)
+        if not plan.after:
+            self._requests[request_id] = (plan, prompt, namespace)
         self.check()
         return plan
 

@@ -26,6 +26,7 @@ import dataclasses
 import logging
 import time
 import uuid
+from functools import partial
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -48,6 +49,15 @@ from engine.server.supervision.replica_events import ReplicaEvents
 from engine.server.supervision.supervisor import Supervisor
 
 log = logging.getLogger("lineage.request")
+
+
+# A request told to wait for one in flight (RestorePlan.after) asks for its plan again
+# every FLIGHT_POLL_S, and `--flight-wait` seconds at most (0: it is never told to wait):
+# then it runs without that flight's capture. The manager stops answering "wait" the moment
+# that flight commits, is released or its replica is forgotten, so the bound is only a
+# safety net: it covers the flight's prefill and its decode (its commit comes at its end),
+# well inside the stream deadline.
+FLIGHT_POLL_S = 0.02
 
 
 class _NoReplica(Exception):
@@ -82,6 +92,7 @@ class Frontend:
         self.max_batch_tokens = config.model.max_batch_tokens
         self.limits = config.limits  # on what clients send (engine.server.security.limits)
         self.deadlines = Deadlines(config.server.call_deadline, config.server.stream_deadline)
+        self.flight_wait = config.server.flight_wait  # seconds; 0: plans never wait
         self.queued = 0  # requests holding a queue slot: taken at the first check
         self.retries = 0  # requests retried after a restart
         self.flight = InFlight()  # ids, sessions, prompts and cancels of the requests in flight
@@ -309,11 +320,15 @@ class Frontend:
             exclude=tuple(exclude),
             session=session,
             layout=prompt.layout,
+            may_wait=self.flight_wait > 0,
         )
-        planning = asyncio.ensure_future(_resolve(self.manager.plan.remote(request)))
+        gave_up = asyncio.Event()
+        planning = asyncio.ensure_future(self._planned(request, gave_up))
         try:
-            plan = await asyncio.wait_for(asyncio.shield(planning), self.deadline)
+            waiting = self.deadline + self.flight_wait
+            plan = await asyncio.wait_for(asyncio.shield(planning), waiting)
         except BaseException as e:
+            gave_up.set()  # a wait for a flight ends at its next look: planned, then released
             planning.add_done_callback(lambda t: self._release_plan(t, request_id))
             if isinstance(e, asyncio.TimeoutError):
                 self._poke()
@@ -334,6 +349,26 @@ class Frontend:
             plan_ms=(time.perf_counter() - t0) * 1000,
             grammar=grammar,
         )
+
+    async def _planned(self, request: PlanRequest, gave_up: asyncio.Event):
+        """The manager's plan. An answer to wait for a request in flight (RestorePlan.after:
+        its capture would restore much of this prompt) asks again every FLIGHT_POLL_S, so
+        the request is planned within a poll of that flight's commit or end; past its wait
+        bound (`--flight-wait`) or once its caller gave up, it is planned at once (may_wait
+        off). Each call has the call deadline."""
+        bound, rid = time.monotonic() + self.flight_wait, request.request_id
+        while True:
+            asked = asyncio.ensure_future(_resolve(self.manager.plan.remote(request)))
+            try:
+                plan = await asyncio.wait_for(asyncio.shield(asked), self.deadline)
+            except BaseException:  # a plan answered late is released, as the caller's is
+                asked.add_done_callback(partial(self._release_plan, request_id=rid))
+                raise
+            if not plan.after:
+                return plan
+            await asyncio.sleep(FLIGHT_POLL_S)
+            if gave_up.is_set() or time.monotonic() >= bound:
+                request = dataclasses.replace(request, may_wait=False)
 
     def _release_plan(self, planning: asyncio.Future, request_id: str) -> None:
         """A plan nobody runs: its replica releases it (its Orders belong there)."""

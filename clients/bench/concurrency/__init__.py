@@ -11,7 +11,8 @@ scaled and open loop (clients.bench.concurrency.trace). The traffic runs
   on an idle engine from the same cache state;
 - once per schedule (`--runs`), each on a fresh engine (`srpt-unbounded`:
   srpt without the wait bound, `--prefill-wait-bound 0`; `srpt-chunkN`: srpt
-  with `--prefill-chunk-max N`);
+  with `--prefill-chunk-max N`; `srpt-nowait`: no wait for a request in flight,
+  `--flight-wait 0`);
 - once against each peer server, a subprocess on the same model directory
   (`mlx_lm_server`, `mlx_vlm`, `rapid_mlx`: clients.bench.peers, each from a
   venv of its own, `--install-peers` makes them; one that cannot run here is
@@ -60,7 +61,8 @@ from engine.config import PREFILL_EVALS, ModelConfig
 
 HELP = "concurrent sub-agents plus long cold prompts: TTFT, ITL and prefill rate per schedule"
 RUNS = ("batched", "fifo", "srpt", "srpt-group", "mlx_lm_server", "mlx_vlm", "rapid_mlx")
-EXTRA_RUNS = ("srpt-unbounded",)  # asked by name only; and srpt-chunkN (--prefill-chunk-max N)
+# Asked by name only; and srpt-chunkN (--prefill-chunk-max N).
+EXTRA_RUNS = ("srpt-unbounded", "srpt-nowait")
 
 
 def _chunk_run(name: str) -> bool:
@@ -326,7 +328,10 @@ def _one_run(opts, traffic, solo, name: str, work: str, probed: bool) -> dict:
         bound = 0.0 if variant == "unbounded" else None
         chunk = int(variant[len("chunk") :]) if variant.startswith("chunk") else None
         directory = os.path.join(work, f"{name}-{time.monotonic_ns()}")
-        sender = EngineSender(opts, schedule, group, directory, wait_bound=bound, chunk_max=chunk)
+        sender = EngineSender(
+            opts, schedule, group, directory, wait_bound=bound, chunk_max=chunk,
+            flight_wait=0.0 if variant == "nowait" else None,
+        )  # fmt: skip
     try:
         t0 = time.perf_counter()
         sent = drive(sender, traffic, opts, solo=False)

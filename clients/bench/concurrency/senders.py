@@ -55,6 +55,7 @@ class EngineSender:
         cache_dir: str,
         wait_bound: float | None = None,
         chunk_max: int | None = None,
+        flight_wait: float | None = None,
     ):
         from clients.bench.harness import bench_kernels
         from clients.client import Client
@@ -77,7 +78,9 @@ class EngineSender:
         config = EngineConfig(
             model=model,
             cache=CacheConfig(cache_dir=cache_dir),
-            server=ServerConfig(port=0),
+            server=ServerConfig(port=0)
+            if flight_wait is None
+            else ServerConfig(port=0, flight_wait=flight_wait),
             kernels=bench_kernels(),
         )
         self.engine = BackgroundEngine(config, timeout=600)

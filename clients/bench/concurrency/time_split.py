@@ -14,6 +14,9 @@ from __future__ import annotations
 from clients.bench.figures import markdown_table, percentile
 
 PARTS = ("queued_ms", "first_chunk_wait_ms", "in_chunks_ms", "between_chunks_ms")
+# The time between a request's chunks, split: other requests' chunks, and the loop's own time
+# (landing a chunk, the decode step it waits for, scheduling); not parts of the sum.
+BETWEEN = ("others_chunks_ms", "loop_between_ms")
 
 
 def time_split(log: dict, sent: list) -> dict:
@@ -38,6 +41,13 @@ def time_split(log: dict, sent: list) -> dict:
                 "p90": percentile(values, 90),
                 "share": sum(values) / total,
             }
+        for p in BETWEEN:
+            values = [_between(r, p) for r in rows]
+            figures[p] = {
+                "p50": percentile(values, 50),
+                "p90": percentile(values, 90),
+                "share": sum(values) / total,
+            }
         figures["chunks_per_request_p50"] = percentile([r["chunks"] for r in rows], 50)
         figures["chunks_per_request_max"] = max(r["chunks"] for r in rows)
         figures["engine_ms_p50"] = percentile(engine, 50)
@@ -50,6 +60,12 @@ def time_split(log: dict, sent: list) -> dict:
     return out
 
 
+def _between(row: dict, part: str) -> float:
+    """`part` of BETWEEN of a request's row (a log from before the split: all the loop's)."""
+    others = row.get("others_chunks_ms", 0.0)
+    return others if part == "others_chunks_ms" else row["between_chunks_ms"] - others
+
+
 def _kind(row: dict) -> str:
     return "cold" if row["namespace"] == "cold" else "warm"
 
@@ -57,6 +73,7 @@ def _kind(row: dict) -> str:
 def split_lines(splits: dict) -> list[str]:
     """Per run and kind: the parts p50 / p90 (share), chunks; the chunk fit."""
     header = ("run", "kind", "n", *(p[:-3] + " p50/p90 ms (share)" for p in PARTS))
+    header += ("between: others' chunks / the loop p50 (share)",)
     header += ("chunks p50 (max)", "engine p50", "client TTFT p50")
     rows = []
     for name, split in splits.items():
@@ -67,6 +84,7 @@ def split_lines(splits: dict) -> list[str]:
             rows.append(
                 [name, kind, str(f["requests"])]
                 + [f"{f[p]['p50']:.0f}/{f[p]['p90']:.0f} ({f[p]['share']:.0%})" for p in PARTS]
+                + [" / ".join(f"{f[p]['p50']:.0f} ({f[p]['share']:.0%})" for p in BETWEEN)]
                 + [
                     f"{f['chunks_per_request_p50']:.0f} ({f['chunks_per_request_max']})",
                     f"{f['engine_ms_p50']:.0f}",

@@ -5,8 +5,10 @@ forward's seconds, its tokens, the sequences it prefilled, their context); it
 keeps
 - every sequence's track while it prefills: its first chunk's start, its
   chunks' count, tokens and forward seconds (`in_chunks_s`), the span from its
-  first chunk's start to its last one's end (the rest of that span went to
-  other work: decode steps, other sequences' chunks, the loop between chunks);
+  first chunk's start to its last one's end, and the forward seconds of other
+  sequences' chunks run while it prefilled (`others_s`: one chunk is in flight
+  at a time, so the rest of the span went to the loop between chunks: landing
+  a chunk, the decode step it waits for, the scheduling);
 - the latest KEEP chunks, from which `fixed_cost` fits a chunk's forward time
   as a fixed cost plus a cost per token (least squares): over all, and apart
   for those evaluated whole and module by module.
@@ -45,6 +47,7 @@ class Track:
     chunks: int = 0
     tokens: int = 0
     in_chunks_s: float = 0.0
+    others_s: float = 0.0  # other sequences' chunks' forward seconds while it prefilled
 
 
 class PrefillLog:
@@ -61,6 +64,9 @@ class PrefillLog:
         """A chunk ran: `tokens` prompt tokens of each of `uids` from `start`, `seconds` long
         (`by_module`: evaluated module by module)."""
         self.chunks.append(ChunkRecord(start, seconds, tokens, len(uids), context, by_module))
+        for uid, track in self.tracks.items():
+            if uid not in uids:
+                track.others_s += seconds
         for uid in uids:
             track = self.tracks.get(uid)
             if track is None:
@@ -80,7 +86,7 @@ class PrefillLog:
         row = dict(facts, received=received, queued_ms=(admitted - received) * 1000)
         if track is None:  # nothing to prefill (a resend restored whole)
             row |= dict(chunks=0, chunk_tokens=0, first_chunk_wait_ms=0.0, in_chunks_ms=0.0)
-            row |= dict(between_chunks_ms=0.0, prefill_span_ms=0.0)
+            row |= dict(between_chunks_ms=0.0, others_chunks_ms=0.0, prefill_span_ms=0.0)
         else:
             span = track.last_end - track.first_start
             row |= dict(
@@ -89,6 +95,7 @@ class PrefillLog:
                 first_chunk_wait_ms=max(0.0, track.first_start - admitted) * 1000,
                 in_chunks_ms=track.in_chunks_s * 1000,
                 between_chunks_ms=max(0.0, span - track.in_chunks_s) * 1000,
+                others_chunks_ms=min(track.others_s, max(0.0, span - track.in_chunks_s)) * 1000,
                 prefill_span_ms=span * 1000,
             )
         self.rows.append(row)

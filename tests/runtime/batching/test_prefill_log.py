@@ -11,6 +11,7 @@ from engine.runtime.batching.prefill_log import PrefillLog, fixed_cost
 def test_a_requests_row_splits_its_time_into_queued_waiting_chunks_and_between():
     log = PrefillLog()
     log.chunk([7], start=10.0, seconds=0.2, tokens=100, context=0)
+    log.chunk([9], start=10.2, seconds=0.1, tokens=10, context=0)  # another's, between
     log.chunk([7, 8], start=10.5, seconds=0.3, tokens=50, context=100)
     log.request_row(log.take(7), received=9.0, admitted=9.5, request_id="r", namespace="cold")
     row = log.report()["requests"][0]
@@ -18,6 +19,7 @@ def test_a_requests_row_splits_its_time_into_queued_waiting_chunks_and_between()
     assert row["first_chunk_wait_ms"] == pytest.approx(500)
     assert row["in_chunks_ms"] == pytest.approx(500)
     assert row["between_chunks_ms"] == pytest.approx(300)  # 10.0 -> 10.8, 0.5 of it chunks
+    assert row["others_chunks_ms"] == pytest.approx(100)  # 9's chunk; 8's was 7's own
     assert (row["chunks"], row["chunk_tokens"]) == (2, 150)
     assert log.take(7) is None and log.take(8) is not None
 

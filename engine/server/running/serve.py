@@ -470,6 +470,11 @@ def replica_count(config: EngineConfig, placement: Mapping[str, float] | None = 
 # Tasks whose events a local Ray's GCS keeps (Ray's default: 100,000; measured, ~3.5 KiB
 # each: a GCS under 40 calls/s grew 25 -> 95 MiB in 8 minutes, with this cap stayed at 34).
 TASK_EVENTS_IN_GCS = 1000
+# Profile events (`ray timeline`'s spans) a local Ray keeps per task: none. The driver's
+# own task gets a `submit_task` span for every actor call it makes, whatever
+# ACTOR_OPTIONS says, and Ray's GCS kept the last 1,000 of each task's (measured: the
+# GCS's live heap grew ~1 MiB over a soak's first 15 minutes, a 48 MiB GCS, by these).
+PROFILE_EVENTS_PER_TASK = 0
 
 
 def ray_options(config: EngineConfig) -> dict:
@@ -487,7 +492,8 @@ def ray_options(config: EngineConfig) -> dict:
     list tasks` and the dashboard's task views show), not Ray's 100,000 at a
     few KiB each: the engine's actors leave none (ACTOR_OPTIONS), and this
     bounds what any other task leaves (a driver's, a tool's) in a serve left
-    running for days.
+    running for days. It keeps no profile events (PROFILE_EVENTS_PER_TASK):
+    `ray timeline` shows none of a serve's.
     Without `--metrics-port` a local Ray records no metrics
     (`enable_metrics_collection` off): nobody reads them then, and Ray's own
     recording grows the raylet's memory for as long as it runs (measured: an
@@ -511,6 +517,7 @@ def ray_options(config: EngineConfig) -> dict:
             "prestart_worker_first_driver": False,
             "worker_niceness": 0,
             "task_events_max_num_task_in_gcs": TASK_EVENTS_IN_GCS,
+            "task_events_max_num_profile_events_per_task": PROFILE_EVENTS_PER_TASK,
         }
         if not config.server.metrics_port:
             options["_system_config"]["enable_metrics_collection"] = False

@@ -6,8 +6,10 @@ files, so a day's run holds at most three times that on disk. The Ray a serve
 starts keeps the task events of its last calls, not Ray's 100,000 (each call
 of the engine's is a task there), no profile event of any (the driver's own
 task would get one per call it makes), and records no metrics unless they are
-exported (`--metrics-port`): the engine's own then go nowhere, silently. A
-cluster the serve joins keeps its own.
+exported (`--metrics-port`): the engine's own then go nowhere, silently. Its
+GCS and raylet run Ray's jemalloc without thread caches, on two arenas, with
+its background thread giving free pages back. A cluster the serve joins keeps
+its own.
 """
 
 from __future__ import annotations
@@ -24,7 +26,13 @@ import pytest
 from engine.config import EngineConfig
 from engine.config.server import ServerConfig
 from engine.server.running.lifecycle import log_handler
-from engine.server.running.serve import PROFILE_EVENTS_PER_TASK, TASK_EVENTS_IN_GCS, ray_options
+from engine.server.running.serve import (
+    PROFILE_EVENTS_PER_TASK,
+    RAY_JEMALLOC,
+    TASK_EVENTS_IN_GCS,
+    ray_environment,
+    ray_options,
+)
 
 
 def _config(**server) -> EngineConfig:
@@ -129,6 +137,59 @@ def test_a_local_rays_gcs_keeps_no_profile_event_of_the_calls_a_driver_makes():
     kept = json.loads(done.stdout.strip().splitlines()[-1])
     assert kept["profile_events"] == 0, kept
     assert kept["dropped"] >= 400  # the calls were made and their events dropped
+
+
+def test_a_local_rays_gcs_and_raylet_get_the_engines_jemalloc_settings_unless_told_others(
+    monkeypatch,
+):
+    for name in ("RAY_JEMALLOC_CONF", "RAY_JEMALLOC_PROFILE", "LD_PRELOAD"):
+        monkeypatch.delenv(name, raising=False)
+    env = ray_environment(_config())
+    assert env == {"RAY_JEMALLOC_CONF": RAY_JEMALLOC, "RAY_JEMALLOC_PROFILE": "gcs_server,raylet"}
+    assert ray_environment(_config(address="auto")) == {}  # a cluster's own
+    monkeypatch.setenv("RAY_JEMALLOC_CONF", "prof:true")  # someone profiling Ray's heap
+    assert ray_environment(_config()) == {}
+
+
+# A driver starting a Ray as `lineage serve` does; prints, for its GCS and raylet, the
+# MALLOC_CONF they were started with and their threads' names.
+ALLOCATOR = """
+import json, os
+import psutil, ray
+from engine.config import EngineConfig
+from engine.server.running.serve import ray_environment, ray_options
+config = EngineConfig().with_server(num_cpus=1, ray_namespace="bounds-jemalloc")
+os.environ.update(ray_environment(config))
+ray.init(**ray_options(config))
+out = {}
+for p in psutil.Process().children(recursive=True):
+    name = os.path.basename(p.cmdline()[0])
+    if name in ("gcs_server", "raylet"):
+        threads = [open(f"/proc/{p.pid}/task/{t.id}/comm").read().strip() for t in p.threads()]
+        out[name] = {"conf": p.environ().get("MALLOC_CONF"), "threads": threads}
+print(json.dumps(out))
+ray.shutdown()
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Ray preloads jemalloc on Linux")
+def test_a_local_rays_gcs_and_raylet_run_jemalloc_on_the_engines_settings():
+    """Their jemalloc took the settings: its background thread runs in each (it gives free
+    pages back on a timer, not only when the arena that freed them allocates again)."""
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "LINEAGE_"))}
+    env.pop("LD_PRELOAD", None)
+    env.update(PYTHONPATH=str(root), RAY_USAGE_STATS_ENABLED="0")
+    done = subprocess.run(
+        [sys.executable, "-c", ALLOCATOR], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    told = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(told) == ["gcs_server", "raylet"]
+    for process in told.values():
+        assert process["conf"] == RAY_JEMALLOC
+        assert "jemalloc_bg_thd" in process["threads"]
 
 
 # A driver on the serve's Ray options, recording the engine's metrics with warnings as

@@ -192,6 +192,18 @@ def test_a_local_rays_gcs_and_raylet_run_jemalloc_on_the_engines_settings():
         assert "jemalloc_bg_thd" in process["threads"]
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Ray preloads jemalloc on Linux")
+def test_the_serves_own_gcs_and_raylet_run_jemalloc_on_the_engines_settings(served):
+    import psutil
+
+    found = {}
+    for p in psutil.Process(served.process.pid).children(recursive=True):
+        name = os.path.basename(p.cmdline()[0]) if p.cmdline() else ""
+        if name in ("gcs_server", "raylet"):
+            found[name] = p.environ().get("MALLOC_CONF")
+    assert found == {"gcs_server": RAY_JEMALLOC, "raylet": RAY_JEMALLOC}
+
+
 # A driver on the serve's Ray options, recording the engine's metrics with warnings as
 # errors; prints the system config its GCS was started with (and hands its raylet).
 DRIVER = """

@@ -4,9 +4,12 @@ and raylet.
 The log file (`--log-file`) rotates at `--log-file-bytes` and keeps two older
 files, so a day's run holds at most three times that on disk. The Ray a serve
 starts keeps the task events of its last calls, not Ray's 100,000 (each call
-of the engine's is a task there), and records no metrics unless they are
-exported (`--metrics-port`): the engine's own then go nowhere, silently. A
-cluster the serve joins keeps its own.
+of the engine's is a task there), no profile event of any (the driver's own
+task would get one per call it makes), and records no metrics unless they are
+exported (`--metrics-port`): the engine's own then go nowhere, silently. Its
+GCS and raylet run Ray's jemalloc without thread caches, on two arenas, with
+its background thread giving free pages back. A cluster the serve joins keeps
+its own.
 """
 
 from __future__ import annotations
@@ -23,7 +26,13 @@ import pytest
 from engine.config import EngineConfig
 from engine.config.server import ServerConfig
 from engine.server.running.lifecycle import log_handler
-from engine.server.running.serve import TASK_EVENTS_IN_GCS, ray_options
+from engine.server.running.serve import (
+    PROFILE_EVENTS_PER_TASK,
+    RAY_JEMALLOC,
+    TASK_EVENTS_IN_GCS,
+    ray_environment,
+    ray_options,
+)
 
 
 def _config(**server) -> EngineConfig:
@@ -56,6 +65,7 @@ def test_without_a_log_file_the_log_goes_to_stderr():
 def test_a_local_ray_keeps_the_events_of_its_last_calls_a_joined_one_its_own():
     local = ray_options(_config())["_system_config"]
     assert local["task_events_max_num_task_in_gcs"] == TASK_EVENTS_IN_GCS <= 10_000
+    assert local["task_events_max_num_profile_events_per_task"] == PROFILE_EVENTS_PER_TASK == 0
     assert "_system_config" not in ray_options(_config(address="auto"))
 
 
@@ -68,6 +78,130 @@ def test_a_local_ray_records_metrics_only_when_they_are_exported():
     exported = ray_options(_config(metrics_port=9400))
     assert "enable_metrics_collection" not in exported["_system_config"]
     assert exported["_metrics_export_port"] == 9400
+
+
+# A driver on the serve's Ray options calling an actor on the engine's actor options (a
+# call and a streaming generator, 200 times each); prints what its GCS keeps of the calls'
+# task events once the workers have sent them (once a second).
+CALLER = """
+import json, time
+import grpc, ray
+from ray._raylet import AuthenticationTokenLoader
+from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+from engine.config import EngineConfig
+from engine.server.running.serve import ACTOR_OPTIONS, ray_options
+ray.init(**ray_options(EngineConfig().with_server(num_cpus=1, ray_namespace="bounds-events")))
+
+@ray.remote(num_cpus=0)
+class Actor:
+    def call(self, i):
+        return i
+
+    def stream(self, n):
+        for i in range(n):
+            yield i
+
+actor = Actor.options(**ACTOR_OPTIONS).remote()
+for i in range(200):
+    ray.get(actor.call.remote(i))
+    for _ in actor.stream.options(num_returns="streaming").remote(4):
+        pass
+time.sleep(3)
+token = AuthenticationTokenLoader.instance().get_token_for_http_header(ignore_auth_mode=True)
+with grpc.insecure_channel(ray.get_runtime_context().gcs_address) as channel:
+    reply = gcs_service_pb2_grpc.TaskInfoGcsServiceStub(channel).GetTaskEvents(
+        gcs_service_pb2.GetTaskEventsRequest(), timeout=10, metadata=tuple(token.items())
+    )
+events = reply.events_by_task
+print(json.dumps({
+    "tasks": len(events),
+    "profile_events": sum(len(e.profile_events.events) for e in events),
+    "dropped": reply.num_profile_task_events_dropped,
+}))
+ray.shutdown()
+"""
+
+
+@pytest.mark.ray
+def test_a_local_rays_gcs_keeps_no_profile_event_of_the_calls_a_driver_makes():
+    """Each actor call gives the driver's own task a `submit_task` profile event, whatever
+    the actor's options say; Ray's GCS kept the last 1,000 of them per task, a memory that
+    filled over a serve's first quarter of an hour."""
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "LINEAGE_"))}
+    env.update(PYTHONPATH=str(root), RAY_USAGE_STATS_ENABLED="0")
+    done = subprocess.run(
+        [sys.executable, "-c", CALLER], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    kept = json.loads(done.stdout.strip().splitlines()[-1])
+    assert kept["profile_events"] == 0, kept
+    assert kept["dropped"] >= 400  # the calls were made and their events dropped
+
+
+def test_a_local_rays_gcs_and_raylet_get_the_engines_jemalloc_settings_unless_told_others(
+    monkeypatch,
+):
+    for name in ("RAY_JEMALLOC_CONF", "RAY_JEMALLOC_PROFILE", "LD_PRELOAD"):
+        monkeypatch.delenv(name, raising=False)
+    env = ray_environment(_config())
+    assert env == {"RAY_JEMALLOC_CONF": RAY_JEMALLOC, "RAY_JEMALLOC_PROFILE": "gcs_server,raylet"}
+    assert ray_environment(_config(address="auto")) == {}  # a cluster's own
+    monkeypatch.setenv("RAY_JEMALLOC_CONF", "prof:true")  # someone profiling Ray's heap
+    assert ray_environment(_config()) == {}
+
+
+# A driver starting a Ray as `lineage serve` does; prints, for its GCS and raylet, the
+# MALLOC_CONF they were started with and their threads' names.
+ALLOCATOR = """
+import json, os
+import psutil, ray
+from engine.config import EngineConfig
+from engine.server.running.serve import ray_environment, ray_options
+config = EngineConfig().with_server(num_cpus=1, ray_namespace="bounds-jemalloc")
+os.environ.update(ray_environment(config))
+ray.init(**ray_options(config))
+out = {}
+for p in psutil.Process().children(recursive=True):
+    name = os.path.basename(p.cmdline()[0])
+    if name in ("gcs_server", "raylet"):
+        threads = [open(f"/proc/{p.pid}/task/{t.id}/comm").read().strip() for t in p.threads()]
+        out[name] = {"conf": p.environ().get("MALLOC_CONF"), "threads": threads}
+print(json.dumps(out))
+ray.shutdown()
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Ray preloads jemalloc on Linux")
+def test_a_local_rays_gcs_and_raylet_run_jemalloc_on_the_engines_settings():
+    """Their jemalloc took the settings: its background thread runs in each (it gives free
+    pages back on a timer, not only when the arena that freed them allocates again)."""
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "LINEAGE_"))}
+    env.pop("LD_PRELOAD", None)
+    env.update(PYTHONPATH=str(root), RAY_USAGE_STATS_ENABLED="0")
+    done = subprocess.run(
+        [sys.executable, "-c", ALLOCATOR], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    told = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(told) == ["gcs_server", "raylet"]
+    for process in told.values():
+        assert process["conf"] == RAY_JEMALLOC
+        assert "jemalloc_bg_thd" in process["threads"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Ray preloads jemalloc on Linux")
+def test_the_serves_own_gcs_and_raylet_run_jemalloc_on_the_engines_settings(served):
+    import psutil
+
+    found = {}
+    for p in psutil.Process(served.process.pid).children(recursive=True):
+        name = os.path.basename(p.cmdline()[0]) if p.cmdline() else ""
+        if name in ("gcs_server", "raylet"):
+            found[name] = p.environ().get("MALLOC_CONF")
+    assert found == {"gcs_server": RAY_JEMALLOC, "raylet": RAY_JEMALLOC}
 
 
 # A driver on the serve's Ray options, recording the engine's metrics with warnings as

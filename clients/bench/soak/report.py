@@ -7,6 +7,12 @@ results, the probes and the final stop:
   the samples of its longest-lived process, from `warmup` after that process
   was first seen), in bytes per hour and in % of its mean size per hour, with
   its fds and threads at the first and last of those samples;
+- per process (each life of each role), the slope over the last `TAIL`
+  seconds of its life (after its warm-up), of its RSS and of its own memory
+  (RSS less the pages mapped from files: its binary's code, paged in as code
+  paths first run); shown beside the verdict, not judged: a bounded fill (a
+  cache filling to its cap, code paged in) levels off by the end of a life, a
+  leak keeps its slope;
 - the disk tier's peak (its files) against its budget, and the largest gap
   between the files' bytes and the bytes the engine counts;
 - time to first token per window (p50, p99), with the requests, errors,
@@ -30,6 +36,7 @@ from clients.bench.figures import labelled, percentile
 SLOPE_BOUND = 5.0  # % of a process's size per hour
 DRIFT_BOUND = 1.2  # the last stretch's TTFT p50 over the first's
 JUDGED_AFTER = 20 * 60  # seconds after warm-up before a rate is judged
+TAIL = 15 * 60  # the last stretch of each life whose slope is shown (not judged)
 STRETCH = 10 * 60  # the first and last stretch compared (shorter in a short run)
 GRACE = 15.0  # seconds after a fault during which its errors are its own
 # of the run after warm-up: a process followed at least this long is judged (the restart
@@ -44,6 +51,7 @@ def figures(samples, events, faults, probes, final, soak, args) -> dict:
     span = max((s["t"] for s in samples), default=0.0)
     judged = span - warmup >= JUDGED_AFTER
     processes = process_slopes(samples, warmup, span, faults)
+    lives = life_slopes(samples, warmup, faults)
     disk = disk_figures(samples, soak.disk_budget)
     windows = ttft_windows(events, samples, width, span)
     drift = ttft_drift(events, warmup, span)
@@ -89,6 +97,7 @@ def figures(samples, events, faults, probes, final, soak, args) -> dict:
         "serve": {"starts": soak.serve.starts, "failed_starts": soak.serve.failed_starts},
         "faults": faults,
         "processes": processes,
+        "lives": lives,
         "disk": disk,
         "object_store": _first_last_max([s["object_store_bytes"] for s in samples]),
         "logs": log_figures(samples),
@@ -153,6 +162,56 @@ def process_slopes(samples: list[dict], warmup: float, span: float, faults=()) -
         ):
             best[role] = fig
     return dict(sorted(best.items()))
+
+
+def _slope(t, y) -> float:
+    """Least-squares slope of y over t (seconds), per hour."""
+    t = np.asarray(t, dtype=float) / 3600
+    return float(np.polyfit(t, np.asarray(y, dtype=float), 1)[0]) if t[-1] > t[0] else 0.0
+
+
+def life_slopes(samples: list[dict], warmup: float, faults=(), tail: float = TAIL) -> dict:
+    """Per role, each of its processes in the order they lived: the slope over the last
+    `tail` seconds of its life (from its warm-up on, where the life is shorter), of its
+    RSS and of its own memory (RSS less `rss_file`, where sampled); None where fewer than
+    5 samples fall there."""
+    runs: dict[tuple[str, int], list] = {}
+    for s in samples:
+        for role, p in s["processes"].items():
+            runs.setdefault((role, p["pid"]), []).append((s["t"], p))
+    out: dict[str, list] = {}
+    for (role, pid), points in runs.items():
+        born = points[0][0]
+        for f in faults:
+            if f["begin"] <= born <= f["end"]:
+                born = f["end"]
+        end = points[-1][0]
+        window = [(t, p) for t, p in points if t >= max(born + warmup, end - tail)]
+        life = {"pid": pid, "born_s": points[0][0], "end_s": end}
+        if len(window) < 5:
+            out.setdefault(role, []).append(life | {"tail": None})
+            continue
+        t = [w[0] for w in window]
+        rss = [w[1]["rss"] for w in window]
+        files = [w[1].get("rss_file") for w in window]
+        own = None if None in files else [r - f for r, f in zip(rss, files)]
+        slope = _slope(t, rss)
+        own_slope = None if own is None else _slope(t, own)
+        life["tail"] = {
+            "from_s": t[0],
+            "to_s": t[-1],
+            "rss_first": int(rss[0]),
+            "rss_last": int(rss[-1]),
+            "slope_bytes_per_hour": slope,
+            "pct_per_hour": 100 * slope / float(np.mean(rss)),
+            "own_first": None if own is None else int(own[0]),
+            "own_last": None if own is None else int(own[-1]),
+            "own_slope_bytes_per_hour": own_slope,
+            # of the whole RSS, so that the two add up
+            "own_pct_per_hour": None if own is None else 100 * own_slope / float(np.mean(rss)),
+        }
+        out.setdefault(role, []).append(life)
+    return {role: sorted(v, key=lambda x: x["born_s"]) for role, v in sorted(out.items())}
 
 
 def disk_figures(samples: list[dict], budget: int) -> dict:
@@ -320,6 +379,26 @@ def format_report(f: dict) -> str:
             f"{p['pct_per_hour']:+7.2f}%  {p['fds_first']:>3}->{p['fds_last']:<4} "
             f"{p['threads_first']:>3}->{p['threads_last']:<4} {p['incarnations']}{judged}"
         )
+    lines += [
+        "",
+        f"per life, its last {TAIL // 60} minutes (not judged; own: RSS less file pages):",
+    ]
+    for role, lives in f.get("lives", {}).items():
+        for life in lives:
+            x = life["tail"]
+            if x is None or x["to_s"] - x["from_s"] < TAIL / 3:
+                continue
+            own = (
+                ""
+                if x["own_slope_bytes_per_hour"] is None
+                else f", own {_mb(x['own_first'])} -> {_mb(x['own_last'])} "
+                f"{x['own_slope_bytes_per_hour'] / 2**20:+.2f}M/h {x['own_pct_per_hour']:+.1f}%/h"
+            )
+            lines.append(
+                f"  {role:<16} {x['from_s'] / 60:5.1f}-{x['to_s'] / 60:5.1f} min: RSS "
+                f"{_mb(x['rss_first'])} -> {_mb(x['rss_last'])} "
+                f"{x['slope_bytes_per_hour'] / 2**20:+.2f}M/h {x['pct_per_hour']:+.1f}%/h{own}"
+            )
     d, fin, e, dr = f["disk"], f["final"], f["errors"], f["ttft_drift"]
     lines += ["", "window   requests  errors  TTFT p50   p99      cached  load"]
     for w in f["windows"]:

@@ -6,7 +6,9 @@ A sample holds, at its time `t` (seconds since the soak began):
   shared, and a time to first token carries its load;
 - `processes`: per role of the serve (clients.bench.soak.serve: front end,
   each actor, raylet, GCS, Ray's helpers) its pid, RSS, open file descriptors
-  and threads;
+  and threads; of the RSS, `rss_file` is the pages mapped from files (its
+  binary's and libraries' code, paged in as code paths first run, at most the
+  files' size) and the rest its own memory (heap, stacks);
 - `object_store_bytes`: bytes in Ray's object store;
 - `disk`: the entry files in the cache directory (bytes, count, temporary
   files, quarantined ones) beside what the engine says its disk tier holds
@@ -43,9 +45,12 @@ def read_processes(processes: dict) -> dict:
     for role, p in processes.items():
         try:
             with p.oneshot():
+                memory = p.memory_info()
                 out[role] = {
                     "pid": p.pid,
-                    "rss": p.memory_info().rss,
+                    "rss": memory.rss,
+                    # Linux (RssFile + RssShmem); None where psutil has no `shared` (macOS)
+                    "rss_file": getattr(memory, "shared", None),
                     "fds": p.num_fds(),
                     "threads": p.num_threads(),
                 }

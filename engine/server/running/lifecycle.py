@@ -33,6 +33,7 @@ from engine.server.running.serve import (
     RunningEngine,
     StartError,
     loopback_ray,
+    ray_environment,
     ray_options,
     start_engine,
 )
@@ -83,6 +84,7 @@ def run(config: EngineConfig, sidecars: Sequence[Sidecar] = ()) -> int:
     if started_ray:
         if not config.server.address and not config.server.ray_public:
             loopback_ray()
+        os.environ.update(ray_environment(config))
         ctx = ray.init(**ray_options(config))
         dashboard = getattr(ctx, "dashboard_url", "") or ""
     left: list[str] = []  # the stop steps left waiting on Ray

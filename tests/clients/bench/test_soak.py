@@ -73,6 +73,37 @@ def test_the_longest_lived_process_of_a_role_is_the_one_judged():
     assert slopes["model-0"]["pid"] == 2 and slopes["model-0"]["incarnations"] == 2
 
 
+def test_each_life_shows_its_last_stretch_a_fill_that_levels_apart_from_a_leak():
+    mb = 1 << 20
+
+    def gcs(t):  # fills 6 MiB of code pages over its first 20 minutes, then flat
+        files = 20 * mb + 6 * mb * min(t, 1200) // 1200
+        return {"pid": 3, "rss": 30 * mb + files, "rss_file": files, "fds": 9, "threads": 9}
+
+    def raylet(t):  # its own memory grows 3 MiB an hour for as long as it lives
+        own = 10 * mb + t * 3 * mb // 3600
+        return {
+            "pid": 4 if t < 1800 else 5,
+            "rss": 20 * mb + own,
+            "rss_file": 20 * mb,
+            "fds": 9,
+            "threads": 9,
+        }
+
+    samples = [_sample(t, {"gcs": gcs(t), "raylet": raylet(t)}) for t in range(0, 3600, 10)]
+    lives = report.life_slopes(samples, warmup=300)
+    # the judged slope (from warm-up on) still sees the fill; the life's last stretch does not
+    assert report.process_slopes(samples, 300, 3590)["gcs"]["pct_per_hour"] > 5
+    (gcs_life,) = lives["gcs"]
+    assert gcs_life["tail"]["from_s"] == 3590 - report.TAIL
+    assert abs(gcs_life["tail"]["pct_per_hour"]) < 0.1
+    assert [life["pid"] for life in lives["raylet"]] == [4, 5]
+    for life in lives["raylet"]:
+        x = life["tail"]
+        assert x["slope_bytes_per_hour"] == pytest.approx(3 * mb, rel=0.02)
+        assert x["own_slope_bytes_per_hour"] == pytest.approx(3 * mb, rel=0.02)
+
+
 def test_errors_during_a_fault_are_its_own_and_an_error_without_a_message_is_unclean():
     events = [
         Event(10, "u", "chat", "user", error="transport ConnectError", message="refused"),
@@ -157,7 +188,9 @@ def test_the_verdict_fails_on_an_orphaned_file_a_wrong_reply_or_a_disk_over_budg
     )
     clean = report.figures(samples, events, [], Probes(), final, soak, args)
     assert clean["verdict"]["ok"], clean["verdict"]
-    assert "lineage bench soak" in report.format_report(clean)
+    text = report.format_report(clean)
+    assert "lineage bench soak" in text and "per life, its last 15 minutes" in text
+    assert [life["pid"] for life in clean["lives"]["model-0"]] == [7]
     orphan = report.figures(samples, events, [], Probes(), final | {"orphaned": 1}, soak, args)
     assert not orphan["verdict"]["checks"]["no_orphaned_files"]
     wrong = Probes(wrong=[{"t": 5, "probe": 0, "got": [1], "want": [2]}])

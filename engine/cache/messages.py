@@ -375,6 +375,9 @@ class CacheStats:
     # against `disk_bytes`, what the disk budget holds: equal while no write is queued.
     disk_file_bytes: int = 0
     disk_free_bytes: int = 0  # free on the cache directory's filesystem (0: no disk tier)
+    # Plans answered "wait for the request in flight" (RestorePlan.after): one per answer,
+    # so a request that asks again before that request's prompt end is stored counts again.
+    flight_waits: int = 0
 
 
 @dataclass(frozen=True)

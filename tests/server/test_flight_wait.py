@@ -7,7 +7,7 @@ import threading
 
 import grpc
 
-from engine.proto import engine_pb2_grpc
+from engine.proto import engine_pb2, engine_pb2_grpc
 from tests.server.test_server import collect, request
 
 
@@ -17,6 +17,7 @@ def test_a_turn_extending_one_still_prefilling_restores_its_prompt_end(random_en
     first = [(i * 59) % 3500 + 40 for i in range(8000)]
     prefilling = threading.Event()
     finals = []
+    waits = stub.CacheStats(engine_pb2.CacheStatsRequest()).flight_waits
 
     def first_request():
         for ev in stub.Generate(request(prompt_ids=first, max_tokens=1), timeout=300):
@@ -34,9 +35,13 @@ def test_a_turn_extending_one_still_prefilling_restores_its_prompt_end(random_en
         assert not finals, "the first prompt ended before the second was sent"
         extended = first + [(i * 7) % 3000 + 45 for i in range(400)]
         _, _, second = collect(stub, request(prompt_ids=extended, max_tokens=1), timeout=300)
+        thread.join(300)
+        # CacheStats (and so `lineage stats` and the metrics) show the wait.
+        waited = stub.CacheStats(engine_pb2.CacheStatsRequest()).flight_waits - waits
     finally:
         thread.join(300)
         channel.close()
     assert finals, "the first request did not finish"
     guard_slack = random_engine.config.cache.guard_offset
     assert second.usage.cached_tokens >= len(first) - guard_slack, second.usage
+    assert waited > 0

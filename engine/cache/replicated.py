@@ -43,7 +43,12 @@ class ReplicatedCache:
             raise LookupError("no model replica is alive")
         plan = self.manager.plan(req)
         if plan.after:  # not a plan: the request asks again, and is placed then
-            return plan
+            flight = self.replicas.flights.get(plan.after)
+            if flight is None:
+                return plan
+            if plan.after_entry is not None:  # that request's replica will store it
+                self.replicas.holders.setdefault(plan.after_entry, set()).add(flight.replica)
+            return replace(plan, replica=flight.replica)  # where to ask for its prompt end
         source = self.manager.index.get(plan.entry_id)
         nbytes = source.nbytes if source is not None else 0
         session = (req.namespace, req.session) if req.session else None

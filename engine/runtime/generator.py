@@ -195,7 +195,7 @@ class Generator:
         self.commits.want_prompt_end(request_id, entry_id, told)
         act = self.active.get(uid) if uid is not None else None
         if act is not None and act.prompt_end_state is not None:
-            self.commits.prompt_end(act, request_id, self.bg.generation_extract(uid))
+            self.commits.prompt_end(act, request_id, lambda: self.bg.generation_extract(uid))
 
     def unwant_prompt_end(self, request_id: str, told: Callable[[str], None]) -> None:
         self.commits.unwant_prompt_end(request_id, told)
@@ -433,7 +433,7 @@ class Generator:
                 act.prompt_end_state = self.bg.generation_state(r.uid)
                 act.prompt_end_logits = self.bg.generation_logprobs(r.uid)
             if act.key in self.commits.wanted:  # another request waits for it: stored now
-                self.commits.prompt_end(act, act.key, self.bg.generation_extract(r.uid))
+                self.commits.prompt_end(act, act.key, lambda: self.bg.generation_extract(r.uid))
         elif r.end_of_segment and act.captures and act.captures[0].length == done:
             point = act.captures.pop(0)
             if point.kind == CaptureKind.ANCHOR:

@@ -100,17 +100,21 @@ class Commits:
             if want[1] == WANTED and not want[2]:
                 del self.wanted[request_id]
 
-    def prompt_end(self, act: ActiveRequest, request_id: str, extracted: list) -> None:
+    def prompt_end(self, act: ActiveRequest, request_id: str, extract: Callable) -> None:
         """Store `act`'s prompt end now, if it is asked for and not stored yet: its prompt's
-        rows (of `extracted`, its caches taken out of the batch at any point of its decode:
-        rows [:prompt_len] are the prompt's), the state and the log-probabilities taken at
-        its prompt end; indexed at once (a PromptEndCommit), its waiters told then."""
+        rows (of `extract()`, its caches taken out of the batch at any point of its decode:
+        rows [:prompt_len] are the prompt's; None when it is not decoding), the state and
+        the log-probabilities taken at its prompt end; indexed at once (a PromptEndCommit),
+        its waiters told then."""
         want = self.wanted.get(request_id)
-        if want is None or want[1] != WANTED or act.prompt_end_state is None or not extracted:
+        if want is None or want[1] != WANTED or act.prompt_end_state is None:
             return
-        want[1] = STORING
         L, entry_id = act.prompt_len, want[0]
         try:
+            extracted = extract()
+            if not extracted:
+                return
+            want[1] = STORING
             layers, _ = layer_caches.store_entry(extracted)  # its state now is past the prompt
             layers = layer_caches.pack_rows(layers, self.config.stored_kv_precision)
             state = pack_snapshot(act.prompt_end_state, self.config.stored_precision)

@@ -279,17 +279,17 @@ class CacheManager:
 
     def _commit_prompt_end(self, p: PromptEndCommit) -> Orders:
         """Index a request's prompt end stored early (PromptEndCommit) as a conversation entry
-        of its own, which its commit supersedes. One whose request ended meanwhile (released,
-        or its replica forgotten) is freed at once. ValueError when its tokens are not the
-        request's prompt, or it is not the id its waiters were given."""
+        of its own, which its commit supersedes. One asked for an earlier plan of it (its
+        request ended meanwhile: released, replanned, its replica forgotten) is freed at once.
+        ValueError when its tokens are not the request's prompt, or it is stored twice."""
         flight = self.flights.get(p.request_id)
         orders = self._take_pending()
-        if flight is None:
+        if flight is None or p.entry_id != flight.prompt_end:
             orders.free(p.entry_id)
             return self._hand_out(orders)
         tokens = as_tokens(p.tokens, "prompt end tokens").copy()
-        if p.entry_id != flight.prompt_end or p.entry_id in flight.committed:
-            raise ValueError(f"prompt end {p.entry_id} of {p.request_id!r} was not asked for")
+        if p.entry_id in flight.committed:
+            raise ValueError(f"prompt end {p.entry_id} of {p.request_id!r} is stored twice")
         if not np.array_equal(tokens, flight.prompt):
             raise ValueError(f"prompt end {p.entry_id} of {p.request_id!r}: not its prompt")
         self._policy.add_prompt_end(p, tokens)

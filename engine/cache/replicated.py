@@ -23,6 +23,7 @@ from engine.cache.messages import (
     LostRestore,
     Orders,
     PlanRequest,
+    PromptEndCommit,
     Release,
     Replanned,
     RestorePlan,
@@ -63,10 +64,15 @@ class ReplicatedCache:
         orders = self.manager.commit(c)
         return self._split(orders, self.replicas.finish(c.request_id))
 
-    def commit_anchor(self, a: AnchorCommit) -> dict[int, Orders]:
-        orders = self.manager.commit_anchor(a)
+    def commit_anchor(self, a: AnchorCommit, replica: int | None = None) -> dict[int, Orders]:
+        """An anchor, or a prompt end stored early (PromptEndCommit), from `replica` (None:
+        the request's): it holds the entry, so the free of one nobody indexes reaches it."""
         flight = self.replicas.flights.get(a.request_id)
-        return self._split(orders, flight.replica if flight else None)
+        caller = replica if replica is not None else flight.replica if flight else None
+        if isinstance(a, PromptEndCommit) and caller is not None:
+            self.replicas.holders.setdefault(a.entry_id, set()).add(caller)
+        orders = self.manager.commit_anchor(a)
+        return self._split(orders, caller)
 
     def room(self, request_id: str, replica: int) -> dict[int, Orders]:
         """The Orders that make room for a file `replica` is about to load, per replica."""

@@ -201,8 +201,24 @@ def test_no_early_prompt_end_for_a_wait_on_a_capture_point():
     assert d.manager.flights[a.request_id].prompt_end is None
 
 
-def test_an_early_prompt_end_not_asked_for_is_refused():
+def test_an_early_prompt_end_asked_for_an_earlier_plan_is_freed_at_once():
+    """The flight was replanned (its restore point lost) after a waiter asked: the id it was
+    asked to store under went back with the old plan."""
+    d = Driver()
+    d.turn(seq(1000, 1500), R)
+    a = d.plan(P)
+    early = plan_b(d, tokens(P, MORE)).after_entry
+    d.lose(a.request_id)  # its plan, and the early id with it, are given back
+    assert d.manager.flights[a.request_id].prompt_end is None
+    orders = d.store_prompt_end(a.request_id, early)
+    assert early in orders.free and early not in d.actor.stored and d.entry(early) is None
+
+
+def test_an_early_prompt_end_stored_twice_is_refused():
     d = Driver()
     a = d.plan(P)
-    with pytest.raises(ValueError, match="was not asked for"):
-        d.store_prompt_end(a.request_id, 999)
+    early = plan_b(d, tokens(P, MORE)).after_entry
+    d.store_prompt_end(a.request_id, early)
+    d.actor.stored.pop(early)  # the actor's second copy would land under the same id
+    with pytest.raises(ValueError, match="stored twice"):
+        d.store_prompt_end(a.request_id, early)

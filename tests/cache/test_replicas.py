@@ -293,3 +293,20 @@ def test_a_wait_for_a_flight_names_its_replica_which_holds_the_early_prompt_end(
     d.deliver(d.cache.commit_anchor(commit))
     planned = d.cache.plan(PlanRequest("w", extended, may_wait=True))
     assert (planned.after, planned.entry_id, planned.length) == ("", early, 2000)
+
+
+def test_an_early_prompt_end_stored_after_its_flight_was_released_is_freed_on_its_replica():
+    from engine.cache.messages import PromptEndCommit
+    from tests.fakes.model_actor import KVPT, STATE
+
+    d = ReplicaDriver()
+    flight = d.plan(range(1000, 3000))
+    extended = tokens(range(1000, 3000), range(9000, 9300))
+    early = d.cache.plan(PlanRequest("w", extended, may_wait=True)).after_entry
+    d.release(flight.request_id)  # its release overtakes the early store
+    actor = d.actors[flight.replica]
+    actor.store_capture(early, tokens(range(1000, 3000)), 2000, "early")
+    actor.enter("early")
+    commit = PromptEndCommit(flight.request_id, "", early, tokens(range(1000, 3000)), KVPT, STATE)
+    d.deliver(d.cache.commit_anchor(commit, flight.replica))
+    assert early not in actor.stored and d.cache.manager.index.get(early) is None

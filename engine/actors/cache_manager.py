@@ -169,7 +169,7 @@ class CacheManagerActor:
         return self._deliver(self.cache.commit(commit), replica)
 
     def commit_anchor(self, anchor: AnchorCommit, replica: int = 0) -> Orders:
-        return self._deliver(self.cache.commit_anchor(anchor), replica)
+        return self._deliver(self.cache.commit_anchor(anchor, replica), replica)
 
     def room(self, request_id: str, replica: int = 0) -> Orders:
         return self._deliver(self.cache.room(request_id, replica), replica)

@@ -79,6 +79,9 @@ class ModelCalls(Protocol):
     async def cancel(self, request_id: str) -> None:
         """End a request (the client went away); returns once it ended."""
 
+    async def prompt_end(self, request_id: str, entry_id: int, wait: float) -> str:
+        """Store that request's prompt end early for a waiter; how it went, within `wait` s."""
+
     async def flush_disk(self, timeout: float = 60.0) -> bool:
         """Every queued disk write done within `timeout`."""
 

@@ -418,6 +418,27 @@ class ModelActor:
         self.loop.call(lambda g: g.cancel(request_id, finished))
         await done
 
+    async def prompt_end(self, request_id: str, entry_id: int, wait: float) -> str:
+        """A request waits for `request_id`'s prompt end (RestorePlan.after_entry): it is
+        stored under `entry_id` and indexed as soon as that request has it (while it
+        decodes). Returns within `wait` seconds: "stored" (indexed), "ended" (its commit or
+        release was answered), "unknown" (not here: not submitted yet, or over), "failed",
+        or "waiting" (still in prefill). A caller that gives up takes its ask back."""
+        loop = asyncio.get_running_loop()
+        answer = loop.create_future()
+
+        def told(outcome: str) -> None:  # on the loop thread
+            loop.call_soon_threadsafe(lambda: answer.done() or answer.set_result(outcome))
+
+        self.loop.call(lambda g: g.want_prompt_end(request_id, entry_id, told))
+        try:
+            return await asyncio.wait_for(asyncio.shield(answer), wait)
+        except asyncio.TimeoutError:
+            return "waiting"
+        finally:
+            if not answer.done():
+                self.loop.call(lambda g: g.unwant_prompt_end(request_id, told))
+
     async def flush_disk(self, timeout: float = 60.0) -> bool:
         """Wait until every file ordered so far is written (call before killing the actor)."""
         store = self.loop.generator.tier.disk_tier

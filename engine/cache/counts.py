@@ -1,9 +1,9 @@
 """The manager's counters and what it reports from them: CacheStats, the anchors' use.
 
 `Counts` is what plans and restores add up (hits by kind, cached and prompt tokens,
-evictions, lost restores, misses by kind); a plan taken back (`replan`) is counted
-out. `cache_stats` and `anchor_uses` read the index, the disk index and the counts;
-they change nothing.
+evictions, lost restores, misses by kind, answers to wait for a request in flight); a
+plan taken back (`replan`) is counted out. `cache_stats` and `anchor_uses` read the
+index, the disk index and the counts; they change nothing.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ def cache_stats(
         restores_lost=counts.restores_lost,
         disk_writes_lost=writes_lost,
         misses=dict(sorted((k, n) for k, n in counts.miss_kinds.items() if n)),
+        flight_waits=counts.flight_waits,
     )
 
 

@@ -6,8 +6,9 @@ session, layout, plan, the anchor it captures and the anchors it indexed early);
 captures an anchor with these tokens (`capturing`), whether a commit matches its
 plan (`validated_tokens`), which restore points they pin (`pins`), and asserts what
 they hold in the tiers (`check`), and which of them a new prompt should wait for
-(`worth_waiting_for`). A plan made to wait on another request's anchor capture is
-`waiting_plan`'s.
+(`worth_waiting_for`), and the id under which one stores its prompt end early for
+those who wait (`prompt_end_id`). A plan made to wait on another request's anchor
+capture is `waiting_plan`'s.
 
 Plain Python and numpy: it decides nothing about what is stored.
 """
@@ -32,15 +33,18 @@ class Flight:
     anchor_len: int
     plan: RestorePlan
     anchor: np.ndarray | None = None  # tokens of the anchor this request captures
-    committed: set = field(default_factory=set)  # anchor ids indexed early (commit_anchor)
+    committed: set = field(default_factory=set)  # ids indexed early (anchors, its prompt end)
     layout: PromptLayout = field(default_factory=PromptLayout)
     session: str = ""
+    prompt_end: int | None = None  # the id its prompt end is stored under early, once asked
 
     @property
     def allocated(self) -> tuple[int, ...]:
-        """The entry ids its plan allocated: the new entry, then the separate-entry captures."""
+        """The entry ids it was given: the new entry, the separate-entry captures, then the
+        early prompt end's."""
         captures = tuple(c.entry_id for c in self.plan.captures if c.entry_id is not None)
-        return (self.plan.new_entry_id, *captures)
+        early = () if self.prompt_end is None else (self.prompt_end,)
+        return (self.plan.new_entry_id, *captures, *early)
 
     @property
     def prompt_len(self) -> int:
@@ -96,6 +100,24 @@ class Flights(dict[str, Flight]):
             if reach > furthest:
                 best, furthest = request_id, reach
         return best
+
+    def prompt_end_id(self, request_id: str, prompt: np.ndarray, new_id) -> int | None:
+        """The id under which request `request_id` stores its prompt end early, for `prompt`
+        waiting on it: allocated (`new_id()`) at the first ask. None when `prompt` does not
+        extend its prompt whole (the wait is for a capture point), when its plan stores no
+        reply (the prompt end is not a point of its own), or once it stored it already (the
+        early entry was evicted since: what is left is its commit)."""
+        flight = self[request_id]
+        plan = flight.plan
+        if not plan.store_reply or plan.new_entry_id is None:
+            return None
+        if common_prefix(flight.prompt, prompt) < flight.prompt_len:
+            return None
+        if flight.prompt_end is None:
+            self[request_id] = flight = replace(flight, prompt_end=new_id())
+        if flight.prompt_end in flight.committed:
+            return None
+        return flight.prompt_end
 
     def waiting_on(self, anchor_id: int):
         """(request id, flight) of each request whose plan waits on that anchor."""

@@ -315,6 +315,23 @@ class LineagePolicy:
         if self.index.get(a.entry_id) is not None:
             self._persist(entry, orders)
 
+    def add_prompt_end(self, p, tokens: np.ndarray) -> None:
+        """Index a request's prompt end stored while it decodes (a PromptEndCommit): a
+        conversation entry ending at the prompt, with its log-probabilities. No file: the
+        request's commit supersedes it, or a waiter's absorbs it, before long."""
+        entry = Entry(
+            p.entry_id,
+            p.namespace,
+            Role.CONVERSATION,
+            tokens,
+            len(tokens),
+            p.kv_bytes_per_token,
+            p.state_bytes,
+        )
+        if p.logits_at == len(tokens):
+            entry.logits_at, entry.logits_bytes = p.logits_at, p.logits_bytes
+        self.index.add(entry)
+
     def _persist(self, entry: Entry, orders: OrderBook) -> None:
         persist(self.disk_index, entry, orders)
 

@@ -51,9 +51,13 @@ told to wait for it instead of being planned (`RestorePlan.after`; only when the
 says it honours that, `PlanRequest.may_wait`): when that flight's prompt end (the prompt
 extends it whole) or a point it is planned to capture within the shared part (not its
 anchor: requests wait on an anchor mid-prefill, as above) restores the prompt at least
-the divergence gain past its best stored point. Nothing is allocated, pinned or counted
-for such an answer; the caller plans again, and the answer changes as soon as the flight
-commits or ends. A request told to wait is not in flight, so none waits on it.
+the divergence gain past its best stored point. Nothing is pinned or counted for such an
+answer; the caller plans again, and the answer changes as soon as the flight commits or
+ends. A request told to wait is not in flight, so none waits on it. When the prompt extends
+the flight's prompt whole, the answer names an id (`after_entry`, the flight's from then
+on) under which the flight's replica stores its prompt end early, while it decodes
+(PromptEndCommit, indexed as a conversation entry): the waiter restores it then; the
+flight's own commit frees it (its entry holds that point), a release leaves it stored.
 
 A lost file write: engine.cache.disk_orders.
 """
@@ -84,6 +88,7 @@ from engine.cache.messages import (
     LostRestore,
     Orders,
     PlanRequest,
+    PromptEndCommit,
     Release,
     Replanned,
     RestorePlan,
@@ -171,8 +176,16 @@ class CacheManager:
             after = self._worth_waiting_for(req.namespace, prompt, restored)
             if after is not None:  # nothing kept: the policy's plan changed no index
                 self.counts.flight_waits += 1
+                early = self.flights.prompt_end_id(after, prompt, self._new_id)
                 return RestorePlan(
-                    req.request_id, None, 0, RestoreKind.NONE, (), new_entry_id=None, after=after
+                    req.request_id,
+                    None,
+                    0,
+                    RestoreKind.NONE,
+                    (),
+                    new_entry_id=None,
+                    after=after,
+                    after_entry=early,
                 )
         anchor = None
         if any(c.kind == CaptureKind.ANCHOR for c in plan.captures):
@@ -248,6 +261,8 @@ class CacheManager:
         """
         if not isinstance(self._policy, LineagePolicy):
             return Orders()
+        if isinstance(a, PromptEndCommit):
+            return self._commit_prompt_end(a)
         flight = self.flights.get(a.request_id)
         planned = flight is not None and any(
             c.entry_id == a.entry_id and c.kind == CaptureKind.ANCHOR for c in flight.plan.captures
@@ -258,6 +273,27 @@ class CacheManager:
         self._policy.add_anchor(a, as_tokens(a.tokens, "anchor tokens").copy(), orders)
         flight.committed.add(a.entry_id)
         self._pin_waiters(a.entry_id)
+        self._evict(orders)
+        self.index.flush(orders)
+        return self._hand_out(orders)
+
+    def _commit_prompt_end(self, p: PromptEndCommit) -> Orders:
+        """Index a request's prompt end stored early (PromptEndCommit) as a conversation entry
+        of its own, which its commit supersedes. One asked for an earlier plan of it (its
+        request ended meanwhile: released, replanned, its replica forgotten) is freed at once.
+        ValueError when its tokens are not the request's prompt, or it is stored twice."""
+        flight = self.flights.get(p.request_id)
+        orders = self._take_pending()
+        if flight is None or p.entry_id != flight.prompt_end:
+            orders.free(p.entry_id)
+            return self._hand_out(orders)
+        tokens = as_tokens(p.tokens, "prompt end tokens").copy()
+        if p.entry_id in flight.committed:
+            raise ValueError(f"prompt end {p.entry_id} of {p.request_id!r} is stored twice")
+        if not np.array_equal(tokens, flight.prompt):
+            raise ValueError(f"prompt end {p.entry_id} of {p.request_id!r}: not its prompt")
+        self._policy.add_prompt_end(p, tokens)
+        flight.committed.add(p.entry_id)
         self._evict(orders)
         self.index.flush(orders)
         return self._hand_out(orders)
@@ -300,6 +336,10 @@ class CacheManager:
         for entry_id in flight.allocated:
             if entry_id != c.entry_id and entry_id not in taken:
                 orders.free(entry_id)  # prefill stopped before this capture
+        if flight.prompt_end in flight.committed and flight.prompt_end in self.index:
+            # Its early prompt end: the new entry holds that point now (once a plan
+            # restoring there lets it go); a waiter that committed first absorbed it.
+            self.index.free(flight.prompt_end, orders)
         self._evict(orders)
         self.index.flush(orders)
         self._forget_unread()

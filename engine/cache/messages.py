@@ -176,6 +176,10 @@ class RestorePlan:
     # share, still being prefilled). Nothing was allocated or pinned; the caller plans
     # again once that request committed or ended (PlanRequest.may_wait). "": a plan.
     after: str = ""
+    # With `after`, when this prompt extends that request's prompt whole: the id under which
+    # that request stores its prompt end as soon as it has it, before its decode ends (the
+    # caller asks its replica, `replica`: PromptEndCommit). None: wait for its commit.
+    after_entry: int | None = None
 
 
 @dataclass(frozen=True)
@@ -234,6 +238,21 @@ class AnchorCommit:
     tokens: np.ndarray  # int32, the anchor's tokens
     kv_bytes_per_token: int
     state_bytes: int
+
+
+@dataclass(frozen=True)
+class PromptEndCommit(AnchorCommit):
+    """A request's prompt end stored by the model actor while the request still decodes,
+    because another request waits for it (RestorePlan.after_entry): the prompt's rows, the
+    state and the log-probabilities at its end, under `entry_id`.
+
+    Sent and answered as an AnchorCommit is (the same call); indexed as a conversation
+    entry ending at the prompt, which the request's own Commit later supersedes (its entry
+    holds the same prompt end): the early entry is freed then, once no plan pins it.
+    """
+
+    logits_at: int | None = None  # the prompt's length: its log-probabilities are kept
+    logits_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -375,6 +394,9 @@ class CacheStats:
     # against `disk_bytes`, what the disk budget holds: equal while no write is queued.
     disk_file_bytes: int = 0
     disk_free_bytes: int = 0  # free on the cache directory's filesystem (0: no disk tier)
+    # Plans answered "wait for the request in flight" (RestorePlan.after): one per answer,
+    # so a request that asks again before that request's prompt end is stored counts again.
+    flight_waits: int = 0
 
 
 @dataclass(frozen=True)

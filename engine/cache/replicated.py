@@ -23,6 +23,7 @@ from engine.cache.messages import (
     LostRestore,
     Orders,
     PlanRequest,
+    PromptEndCommit,
     Release,
     Replanned,
     RestorePlan,
@@ -43,7 +44,12 @@ class ReplicatedCache:
             raise LookupError("no model replica is alive")
         plan = self.manager.plan(req)
         if plan.after:  # not a plan: the request asks again, and is placed then
-            return plan
+            flight = self.replicas.flights.get(plan.after)
+            if flight is None:
+                return plan
+            if plan.after_entry is not None:  # that request's replica will store it
+                self.replicas.holders.setdefault(plan.after_entry, set()).add(flight.replica)
+            return replace(plan, replica=flight.replica)  # where to ask for its prompt end
         source = self.manager.index.get(plan.entry_id)
         nbytes = source.nbytes if source is not None else 0
         session = (req.namespace, req.session) if req.session else None
@@ -58,10 +64,15 @@ class ReplicatedCache:
         orders = self.manager.commit(c)
         return self._split(orders, self.replicas.finish(c.request_id))
 
-    def commit_anchor(self, a: AnchorCommit) -> dict[int, Orders]:
-        orders = self.manager.commit_anchor(a)
+    def commit_anchor(self, a: AnchorCommit, replica: int | None = None) -> dict[int, Orders]:
+        """An anchor, or a prompt end stored early (PromptEndCommit), from `replica` (None:
+        the request's): it holds the entry, so the free of one nobody indexes reaches it."""
         flight = self.replicas.flights.get(a.request_id)
-        return self._split(orders, flight.replica if flight else None)
+        caller = replica if replica is not None else flight.replica if flight else None
+        if isinstance(a, PromptEndCommit) and caller is not None:
+            self.replicas.holders.setdefault(a.entry_id, set()).add(caller)
+        orders = self.manager.commit_anchor(a)
+        return self._split(orders, caller)
 
     def room(self, request_id: str, replica: int) -> dict[int, Orders]:
         """The Orders that make room for a file `replica` is about to load, per replica."""

@@ -241,7 +241,7 @@ class CacheStatsRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class CacheStatsReply(_message.Message):
-    __slots__ = ("mode", "entries", "anchors", "checkpoints", "ram_bytes", "anchor_bytes", "disk_bytes", "disk_entries", "hits", "evictions", "disk_evictions", "damaged_files", "cached_tokens", "prompt_tokens", "replicas", "restores_lost", "disk_writes_lost", "misses", "disk_file_bytes", "disk_free_bytes")
+    __slots__ = ("mode", "entries", "anchors", "checkpoints", "ram_bytes", "anchor_bytes", "disk_bytes", "disk_entries", "hits", "evictions", "disk_evictions", "damaged_files", "cached_tokens", "prompt_tokens", "replicas", "restores_lost", "disk_writes_lost", "misses", "disk_file_bytes", "disk_free_bytes", "flight_waits")
     class CheckpointsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -283,6 +283,7 @@ class CacheStatsReply(_message.Message):
     MISSES_FIELD_NUMBER: _ClassVar[int]
     DISK_FILE_BYTES_FIELD_NUMBER: _ClassVar[int]
     DISK_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FLIGHT_WAITS_FIELD_NUMBER: _ClassVar[int]
     mode: str
     entries: int
     anchors: int
@@ -303,7 +304,8 @@ class CacheStatsReply(_message.Message):
     misses: _containers.ScalarMap[str, int]
     disk_file_bytes: int
     disk_free_bytes: int
-    def __init__(self, mode: _Optional[str] = ..., entries: _Optional[int] = ..., anchors: _Optional[int] = ..., checkpoints: _Optional[_Mapping[str, int]] = ..., ram_bytes: _Optional[int] = ..., anchor_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., disk_entries: _Optional[int] = ..., hits: _Optional[_Mapping[str, int]] = ..., evictions: _Optional[int] = ..., disk_evictions: _Optional[int] = ..., damaged_files: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStats, _Mapping]]] = ..., restores_lost: _Optional[int] = ..., disk_writes_lost: _Optional[int] = ..., misses: _Optional[_Mapping[str, int]] = ..., disk_file_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ...) -> None: ...
+    flight_waits: int
+    def __init__(self, mode: _Optional[str] = ..., entries: _Optional[int] = ..., anchors: _Optional[int] = ..., checkpoints: _Optional[_Mapping[str, int]] = ..., ram_bytes: _Optional[int] = ..., anchor_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., disk_entries: _Optional[int] = ..., hits: _Optional[_Mapping[str, int]] = ..., evictions: _Optional[int] = ..., disk_evictions: _Optional[int] = ..., damaged_files: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStats, _Mapping]]] = ..., restores_lost: _Optional[int] = ..., disk_writes_lost: _Optional[int] = ..., misses: _Optional[_Mapping[str, int]] = ..., disk_file_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., flight_waits: _Optional[int] = ...) -> None: ...
 
 class ReplicaStats(_message.Message):
     __slots__ = ("replica", "alive", "entries", "ram_bytes", "queued_prefill_tokens", "in_flight", "requests", "restores", "handovers", "handover_bytes", "sessions", "session_moves")

@@ -183,6 +183,23 @@ class Generator:
         for key in [k for k in self.by_request if k.startswith(request_id + "#")]:
             self.cancel(key, reason=reason)
 
+    def want_prompt_end(self, request_id: str, entry_id: int, told: Callable[[str], None]):
+        """Another request waits for `request_id`'s prompt end (RestorePlan.after_entry): it
+        is stored under `entry_id` once that request has it, at once if it decodes already;
+        `told(outcome)` then (Commits.want_prompt_end). "unknown" at once when no such
+        request is here (not submitted yet, or over): the waiter asks the manager again."""
+        uid = self.by_request.get(request_id)
+        queued = any(req.request_id == request_id for req, _ in self.pending)
+        if uid is None and not (queued or request_id in self.restorer.replanning):
+            return told("unknown")
+        self.commits.want_prompt_end(request_id, entry_id, told)
+        act = self.active.get(uid) if uid is not None else None
+        if act is not None and act.prompt_end_state is not None:
+            self.commits.prompt_end(act, request_id, lambda: self.bg.generation_extract(uid))
+
+    def unwant_prompt_end(self, request_id: str, told: Callable[[str], None]) -> None:
+        self.commits.unwant_prompt_end(request_id, told)
+
     @property
     def busy(self) -> bool:
         """Work to step: a request in the batch, or one pending that is not only waiting
@@ -221,6 +238,7 @@ class Generator:
         self.bg = new_batch_generator(self.model, self.config, self.profile, self.prefill_log)
         self.tier.clear()
         self.order_ledger.reset()  # the manager numbers its Orders anew
+        self.commits.forget_wants()
 
     def fail_all(self, message: str) -> None:
         """After an error inside the batch: end every request and start a fresh batch."""
@@ -414,6 +432,8 @@ class Generator:
             if not act.resent:  # a resend's batch "prompt" is its first token: state kept
                 act.prompt_end_state = self.bg.generation_state(r.uid)
                 act.prompt_end_logits = self.bg.generation_logprobs(r.uid)
+            if act.key in self.commits.wanted:  # another request waits for it: stored now
+                self.commits.prompt_end(act, act.key, lambda: self.bg.generation_extract(r.uid))
         elif r.end_of_segment and act.captures and act.captures[0].length == done:
             point = act.captures.pop(0)
             if point.kind == CaptureKind.ANCHOR:

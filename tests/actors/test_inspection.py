@@ -112,6 +112,7 @@ def test_metrics_match_cache_stats(engine, metrics_port):
         out[("ray_lineage_anchors", ())] = stats["anchors"]
         out[("ray_lineage_tier_bytes", (("tier", "ram"),))] = stats["ram_bytes"]
         out[("ray_lineage_tier_bytes", (("tier", "anchors"),))] = stats["anchor_bytes"]
+        out[("ray_lineage_flight_waits_total", ())] = stats.get("flight_waits", 0)
         return out
 
     def seen() -> dict:

@@ -132,3 +132,93 @@ def test_without_state_layers_any_shared_row_is_worth_the_wait():
     d.commit(a.request_id, R)
     b = plan_b(d, prompt)
     assert (b.after, b.entry_id, b.length) == ("", a.new_entry_id, 1500)
+
+
+# -- the flight's prompt end stored early, while it decodes ---------------------------
+
+
+def test_a_waiter_restores_the_prompt_end_stored_while_the_flight_decodes():
+    d = Driver()
+    a = d.plan(P)
+    waiting = plan_b(d, tokens(P, MORE))
+    early = waiting.after_entry
+    assert waiting.after == a.request_id and early is not None
+    assert plan_b(d, tokens(P, MORE)).after_entry == early  # asked again: the same id
+    d.store_prompt_end(a.request_id, early)  # its prefill ended; it decodes on
+    b = plan_b(d, tokens(P, MORE))
+    assert (b.after, b.entry_id, b.length) == ("", early, 2000)
+    assert a.request_id in d.manager.flights  # the flight still runs
+    d.commit("b", R)  # absorbs the early entry: its prompt end becomes b's turn boundary
+    assert d.entry(early) is None and d.checkpoints(b.new_entry_id)[2000] == "final"
+    d.commit(a.request_id, R)  # its own entry, with its reply, beside b's lineage
+    assert d.checkpoints(a.new_entry_id) == {1984: "guard", 2000: "reply"}
+    assert d.manager.stats().cached_tokens == 2000
+
+
+def test_the_flights_commit_frees_its_early_prompt_end_once_the_waiter_lets_go():
+    d = Driver()
+    a = d.plan(P)
+    early = plan_b(d, tokens(P, MORE)).after_entry
+    d.store_prompt_end(a.request_id, early)
+    b = plan_b(d, tokens(P, MORE))
+    assert b.entry_id == early
+    d.commit(a.request_id, R)  # its entry holds the prompt end now: the early one goes
+    assert d.entry(early) is None and early in d.manager.index.deferred  # b still reads it
+    assert d.checkpoints(a.new_entry_id)[2000] == "reply"
+    d.commit("b", R)
+    assert early not in d.manager.index.deferred and early not in d.actor.stored
+    c = d.plan(tokens(P, R, seq(7000, 50)))  # the flight's lineage goes on from its entry
+    assert (c.entry_id, c.length) == (a.new_entry_id, 2020)
+
+
+def test_a_flight_released_after_its_early_prompt_end_leaves_it_stored():
+    d = Driver()
+    a = d.plan(P)
+    early = plan_b(d, tokens(P, MORE)).after_entry
+    d.store_prompt_end(a.request_id, early)
+    d.release(a.request_id)  # cancelled while decoding
+    assert d.entry(early) is not None and d.entry(early).length == 2000
+    b = plan_b(d, tokens(P, MORE))
+    assert (b.after, b.entry_id, b.length) == ("", early, 2000)
+    resend = d.plan(P, request_id="c")  # a verbatim resend restores it whole
+    assert (resend.entry_id, resend.length) == (early, 2000)
+
+
+def test_a_prompt_end_stored_after_its_flight_ended_is_freed_at_once():
+    d = Driver()
+    a = d.plan(P)
+    early = plan_b(d, tokens(P, MORE)).after_entry
+    d.release(a.request_id)  # its release overtook the early store
+    orders = d.store_prompt_end(a.request_id, early, prompt=P)
+    assert early in orders.free and early not in d.actor.stored and d.entry(early) is None
+
+
+def test_no_early_prompt_end_for_a_wait_on_a_capture_point():
+    d = Driver()
+    a = d.plan(P)
+    waiting = plan_b(d, tokens(seq(1000, 1990), MORE))  # leaves P past its guard
+    assert (waiting.after, waiting.after_entry) == (a.request_id, None)
+    assert d.manager.flights[a.request_id].prompt_end is None
+
+
+def test_an_early_prompt_end_asked_for_an_earlier_plan_is_freed_at_once():
+    """The flight was replanned (its restore point lost) after a waiter asked: the id it was
+    asked to store under went back with the old plan."""
+    d = Driver()
+    d.turn(seq(1000, 1500), R)
+    a = d.plan(P)
+    early = plan_b(d, tokens(P, MORE)).after_entry
+    d.lose(a.request_id)  # its plan, and the early id with it, are given back
+    assert d.manager.flights[a.request_id].prompt_end is None
+    orders = d.store_prompt_end(a.request_id, early)
+    assert early in orders.free and early not in d.actor.stored and d.entry(early) is None
+
+
+def test_an_early_prompt_end_stored_twice_is_refused():
+    d = Driver()
+    a = d.plan(P)
+    early = plan_b(d, tokens(P, MORE)).after_entry
+    d.store_prompt_end(a.request_id, early)
+    d.actor.stored.pop(early)  # the actor's second copy would land under the same id
+    with pytest.raises(ValueError, match="stored twice"):
+        d.store_prompt_end(a.request_id, early)

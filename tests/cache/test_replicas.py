@@ -270,3 +270,43 @@ def test_a_lost_restore_is_replanned_on_the_replica_that_lost_it():
     d.deliver(per_replica)
     d.commit(second.request_id)
     assert d.cache.stats().restores_lost == 1
+
+
+def test_a_wait_for_a_flight_names_its_replica_which_holds_the_early_prompt_end():
+    """The front end asks the flight's replica to store its prompt end early: the answer
+    names that replica, and the manager places the early entry there."""
+    from engine.cache.messages import PromptEndCommit
+    from tests.fakes.model_actor import KVPT, STATE
+
+    d = ReplicaDriver()
+    d.plan(range(20_000, 20_200))  # replica loads differ: the flight may go either way
+    flight = d.plan(range(1000, 3000))
+    extended = tokens(range(1000, 3000), range(9000, 9300))
+    waiting = d.cache.plan(PlanRequest("w", extended, may_wait=True))
+    early = waiting.after_entry
+    assert (waiting.after, waiting.replica) == (flight.request_id, flight.replica)
+    assert early is not None and d.cache.replicas.holders[early] == {flight.replica}
+    prompt = tokens(range(1000, 3000))
+    d.actors[flight.replica].store_capture(early, prompt, 2000, "early")
+    d.actors[flight.replica].enter("early")
+    commit = PromptEndCommit(flight.request_id, "", early, prompt, KVPT, STATE)
+    d.deliver(d.cache.commit_anchor(commit))
+    planned = d.cache.plan(PlanRequest("w", extended, may_wait=True))
+    assert (planned.after, planned.entry_id, planned.length) == ("", early, 2000)
+
+
+def test_an_early_prompt_end_stored_after_its_flight_was_released_is_freed_on_its_replica():
+    from engine.cache.messages import PromptEndCommit
+    from tests.fakes.model_actor import KVPT, STATE
+
+    d = ReplicaDriver()
+    flight = d.plan(range(1000, 3000))
+    extended = tokens(range(1000, 3000), range(9000, 9300))
+    early = d.cache.plan(PlanRequest("w", extended, may_wait=True)).after_entry
+    d.release(flight.request_id)  # its release overtakes the early store
+    actor = d.actors[flight.replica]
+    actor.store_capture(early, tokens(range(1000, 3000)), 2000, "early")
+    actor.enter("early")
+    commit = PromptEndCommit(flight.request_id, "", early, tokens(range(1000, 3000)), KVPT, STATE)
+    d.deliver(d.cache.commit_anchor(commit, flight.replica))
+    assert early not in actor.stored and d.cache.manager.index.get(early) is None

@@ -32,6 +32,7 @@ from engine.cache.messages import (
     LostRestore,
     Orders,
     PlanRequest,
+    PromptEndCommit,
     PromptLayout,
     Release,
     RestorePlan,
@@ -246,6 +247,30 @@ class Driver:
         )
         self.ledger.commit_anchor(anchor, self._entering(key))
         early.add(point.entry_id)
+        self.check()
+        return self.link.last
+
+    def store_prompt_end(self, request_id: str, entry_id: int, prompt=None) -> Orders:
+        """The request's replica, asked by a waiter, stores its prompt end under `entry_id`
+        while the request decodes, and commits it at once (PromptEndCommit). `prompt`: the
+        request's, when it is not in flight here any more (its release overtook it)."""
+        if prompt is None:
+            _, prompt, namespace = self._requests[request_id]
+        else:
+            prompt, namespace = tokens(prompt), ""
+        key = f"{request_id}#{entry_id}"
+        self.actor._store(entry_id, prompt, {len(prompt)}, key, logits_at=len(prompt))
+        early = PromptEndCommit(
+            request_id,
+            namespace,
+            entry_id,
+            prompt,
+            KVPT,
+            STATE if self.actor.state_layers else 0,
+            logits_at=len(prompt),
+            logits_bytes=self.actor.logits_bytes,
+        )
+        self.ledger.commit_anchor(early, self._entering(key))
         self.check()
         return self.link.last
 

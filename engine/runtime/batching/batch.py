@@ -503,6 +503,14 @@ class LineageBatchGenerator(BatchGenerator):
         unmasked = batch.unmasked.pop(uid, None)  # a constrained row's, before its mask
         return unmasked if unmasked is not None else batch._next_logprobs[batch.uids.index(uid)]
 
+    def generation_extract(self, uid: int) -> list | None:
+        """The layer caches of a decoding sequence, extracted alone (one copy of its rows);
+        None when it is not in the generation batch."""
+        batch = self._generation_batch
+        if uid not in batch.uids:
+            return None
+        return batch.extract_cache(batch.uids.index(uid))
+
     def prefill_state(self, uid: int):
         """The state snapshot of a sequence in prefill, at its current length."""
         batch = self._prompt_batch

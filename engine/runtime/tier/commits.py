@@ -1,8 +1,9 @@
 """What a request leaves in the RAM tier: its entries staged, committed, entered with Orders.
 
-A finished request's entries (engine.runtime.tier.finished_entries), and an anchor
-captured mid-prefill, wait aside in the RAM tier under a staging key
-(`RamTier.stage`) while their Commit goes to the cache manager through the order
+A finished request's entries (engine.runtime.tier.finished_entries), an anchor
+captured mid-prefill, and a prompt end another request waits for (stored while
+its request decodes: `want_prompt_end`, `prompt_end`), wait aside in the RAM tier
+under a staging key (`RamTier.stage`) while their Commit goes to the cache manager through the order
 ledger; the Orders answering it bring them in (`RamTier.enter`, then the Orders
 apply), so the tier holds no entry before the frees that make its room. A request
 that stores nothing gives its plan back (`release`).
@@ -20,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from engine.cache.messages import AnchorCommit, Orders, Release
+from engine.cache.messages import AnchorCommit, Orders, PromptEndCommit, Release
 from engine.cache.shared_rows import prefix_source
 from engine.config import CacheConfig
 from engine.runtime import layer_caches
@@ -32,6 +33,9 @@ from engine.runtime.tier.finished_entries import finished_entries
 from engine.runtime.tier.ram import Prefix, RamTier, StoredEntry, digest
 
 log = logging.getLogger(__name__)
+
+
+WANTED, STORING, INDEXED = range(3)  # a prompt end asked for early: where it stands
 
 
 def staging_key(request_id: str, entry_id: int) -> str:
@@ -46,6 +50,10 @@ class Commits:
         self.config = config
         self.tier = tier
         self.ledger = ledger
+        # Prompt ends asked for early, by request id: [entry id, state (WANTED, STORING,
+        # INDEXED), callbacks told once it is indexed ("stored") or the request is over
+        # ("ended")].
+        self.wanted: dict[str, list] = {}
 
     def anchor(self, act: ActiveRequest, point, extracted: list) -> None:
         """Store an anchor the moment prefill reaches it, and index it now.
@@ -74,6 +82,81 @@ class Commits:
             ),
             lambda orders: self.enter(key, orders),
         )
+
+    def want_prompt_end(self, request_id: str, entry_id: int, told: Callable[[str], None]):
+        """A request waits for `request_id`'s prompt end: store it under `entry_id` as soon as
+        that request has it (`prompt_end`); `told(outcome)` once it is indexed, or once the
+        request is over and its commit or release answered."""
+        want = self.wanted.setdefault(request_id, [entry_id, WANTED, []])
+        if want[1] == INDEXED:
+            return told("stored")
+        want[2].append(told)
+
+    def unwant_prompt_end(self, request_id: str, told: Callable[[str], None]) -> None:
+        """That waiter gave up; with no waiter left, the prompt end is not stored early."""
+        want = self.wanted.get(request_id)
+        if want is not None and told in want[2]:
+            want[2].remove(told)
+            if want[1] == WANTED and not want[2]:
+                del self.wanted[request_id]
+
+    def prompt_end(self, act: ActiveRequest, request_id: str, extract: Callable) -> None:
+        """Store `act`'s prompt end now, if it is asked for and not stored yet: its prompt's
+        rows (of `extract()`, its caches taken out of the batch at any point of its decode:
+        rows [:prompt_len] are the prompt's; None when it is not decoding), the state and
+        the log-probabilities taken at its prompt end; indexed at once (a PromptEndCommit),
+        its waiters told then."""
+        want = self.wanted.get(request_id)
+        if want is None or want[1] != WANTED or act.prompt_end_state is None:
+            return
+        L, entry_id = act.prompt_len, want[0]
+        try:
+            extracted = extract()
+            if not extracted:
+                return
+            want[1] = STORING
+            layers, _ = layer_caches.store_entry(extracted)  # its state now is past the prompt
+            layers = layer_caches.pack_rows(layers, self.config.stored_kv_precision)
+            state = pack_snapshot(act.prompt_end_state, self.config.stored_precision)
+        except Exception:  # its waiters wait for its commit instead; the batch goes on
+            log.exception("request %s: storing its prompt end failed", request_id)
+            return self._over(request_id, "failed")
+        logits = {} if act.prompt_end_logits is None else {L: act.prompt_end_logits}
+        tokens = np.asarray(act.req.tokens, dtype=np.int32)
+        entry = StoredEntry(layers, L, {L: state}, logits, tokens)
+        entry.digests[L] = digest(act.req.tokens)
+        key = staging_key(request_id, entry_id)
+        self.tier.stage(key, [(entry_id, entry)], L)
+        commit = PromptEndCommit(
+            request_id=request_id,
+            namespace=act.req.namespace,
+            entry_id=entry_id,
+            tokens=tokens,
+            kv_bytes_per_token=layer_caches.kv_bytes_per_token(layers),
+            state_bytes=state.nbytes,
+            logits_at=L if logits else None,
+            logits_bytes=sum(a.nbytes for a in logits.values()),
+        )
+
+        def on_orders(orders: Orders) -> None:
+            self.enter(key, orders)
+            want[1] = INDEXED
+            for told in want[2]:
+                told("stored")
+            want[2].clear()
+
+        self.ledger.commit_anchor(commit, on_orders)
+
+    def forget_wants(self) -> None:
+        """The tier was emptied (the manager restarted): every waiter plans again."""
+        for request_id in list(self.wanted):
+            self._over(request_id)
+
+    def _over(self, request_id: str, outcome: str = "ended") -> None:
+        """The request's commit or release is answered: its waiters plan again."""
+        want = self.wanted.pop(request_id, None)
+        for told in want[2] if want is not None else ():
+            told(outcome)
 
     def finish(
         self,
@@ -110,6 +193,7 @@ class Commits:
 
         def on_orders(orders: Orders) -> None:
             self.enter(key, orders)
+            self._over(act.req.request_id)
             answered((time.perf_counter() - t0) * 1000)
 
         self.ledger.commit(finished.commit, on_orders)
@@ -125,8 +209,14 @@ class Commits:
 
     def release(self, req: GenerationRequest) -> None:
         """Give a request's plan back to the manager, storing nothing (its ids are freed)."""
-        if req.plan.new_entry_id is not None:
-            self.ledger.release(Release(request_id=req.request_id), self.tier.apply)
+        if req.plan.new_entry_id is None:
+            return self._over(req.request_id)
+
+        def on_orders(orders: Orders) -> None:
+            self.tier.apply(orders)
+            self._over(req.request_id)
+
+        self.ledger.release(Release(request_id=req.request_id), on_orders)
 
     def enter(self, key: str, orders: Orders) -> None:
         """A commit's answer: its staged entries enter the tier, then its Orders apply (in

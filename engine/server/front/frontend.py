@@ -49,14 +49,17 @@ from engine.server.supervision.replica_events import ReplicaEvents
 from engine.server.supervision.supervisor import Supervisor
 
 log = logging.getLogger("lineage.request")
+FIRST = asyncio.FIRST_COMPLETED
 
 
-# A request told to wait for one in flight (RestorePlan.after) asks for its plan again
-# every FLIGHT_POLL_S, and `--flight-wait` seconds at most (0: it is never told to wait):
-# then it runs without that flight's capture. The manager stops answering "wait" the moment
-# that flight commits, is released or its replica is forgotten, so the bound is only a
-# safety net: it covers the flight's prefill and its decode (its commit comes at its end),
-# well inside the stream deadline.
+# A request told to wait for one in flight (RestorePlan.after) waits `--flight-wait`
+# seconds at most (0: it is never told to wait), then runs without that flight's capture.
+# When it extends that flight's prompt whole, it asks the flight's replica to store the
+# prompt end early (RestorePlan.after_entry) and is woken once it is indexed, or once the
+# flight's commit or release is answered; otherwise (a capture point, or the flight not on
+# its replica yet) it asks the manager again every FLIGHT_POLL_S. The manager stops
+# answering "wait" the moment the flight's prompt end is indexed, or the flight commits, is
+# released or its replica is forgotten, so the bound is only a safety net.
 FLIGHT_POLL_S = 0.02
 
 
@@ -352,11 +355,12 @@ class Frontend:
 
     async def _planned(self, request: PlanRequest, gave_up: asyncio.Event):
         """The manager's plan. An answer to wait for a request in flight (RestorePlan.after:
-        its capture would restore much of this prompt) asks again every FLIGHT_POLL_S, so
-        the request is planned within a poll of that flight's commit or end; past its wait
-        bound (`--flight-wait`) or once its caller gave up, it is planned at once (may_wait
-        off). Each call has the call deadline."""
+        its capture would restore much of this prompt) waits for that flight's prompt end
+        (`_woken`) or asks again every FLIGHT_POLL_S; past its wait bound (`--flight-wait`)
+        or once its caller gave up, it is planned at once (may_wait off). Each call has the
+        call deadline."""
         bound, rid = time.monotonic() + self.flight_wait, request.request_id
+        woke = False  # the last wait was woken: a second "wait" in a row polls once first
         while True:
             asked = asyncio.ensure_future(_resolve(self.manager.plan.remote(request)))
             try:
@@ -366,9 +370,34 @@ class Frontend:
                 raise
             if not plan.after:
                 return plan
-            await asyncio.sleep(FLIGHT_POLL_S)
+            ask = plan.after_entry is not None and not woke
+            woke = ask and await self._woken(plan, bound - time.monotonic(), gave_up)
+            if not woke:
+                await asyncio.sleep(FLIGHT_POLL_S)
             if gave_up.is_set() or time.monotonic() >= bound:
                 request = dataclasses.replace(request, may_wait=False)
+
+    async def _woken(self, plan, wait: float, gave_up: asyncio.Event) -> bool:
+        """Ask the replica of the flight `plan` waits for to store its prompt end early
+        (ModelCalls.prompt_end), and wait until it is indexed or the flight is over: True
+        then. False when the replica does not run that flight (yet), cannot be reached, or
+        the wait ran out; the caller giving up ends it at once. Nothing is pinned meanwhile."""
+        if wait <= 0 or gave_up.is_set() or not 0 <= plan.replica < len(self.replicas):
+            return False
+        ref = self.replicas[plan.replica].prompt_end.remote(plan.after, plan.after_entry, wait)
+        asked = asyncio.ensure_future(_resolve(ref))
+        given_up = asyncio.ensure_future(gave_up.wait())
+        try:
+            await asyncio.wait({asked, given_up}, timeout=wait + self.deadline, return_when=FIRST)
+        finally:
+            given_up.cancel()
+        if not asked.done():
+            asked.cancel()
+            _cancel(ref)  # the replica takes the ask back
+            return False
+        if asked.cancelled() or asked.exception() is not None:
+            return False
+        return asked.result() in ("stored", "ended")
 
     def _release_plan(self, planning: asyncio.Future, request_id: str) -> None:
         """A plan nobody runs: its replica releases it (its Orders belong there)."""
@@ -397,6 +426,16 @@ class Frontend:
 
 async def _resolve(ref):
     return await ref
+
+
+def _cancel(ref) -> None:
+    """Cancel a Ray call still running (a replica gone meanwhile: nothing to cancel)."""
+    import ray
+
+    try:
+        ray.cancel(ref)
+    except Exception:  # noqa: BLE001 - the call ended or its actor is gone: nothing runs
+        pass
 
 
 def _node_ip() -> str:

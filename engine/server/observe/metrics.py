@@ -70,6 +70,10 @@ class EngineMetrics:
         self.restore_failures = counter(
             "lineage_restore_failures_total", "planned restores that prefilled cold"
         )
+        self.flight_waits = counter(
+            "lineage_flight_waits_total",
+            "plans answered: wait for the request in flight that prefills this prompt's prefix",
+        )
         self.errors = counter("lineage_errors_total", "failed calls by gRPC status", "code")
         self.analysis_failures = counter(
             "lineage_analysis_failures_total",
@@ -169,6 +173,7 @@ class EngineMetrics:
             self._count(self.restores, n, {**tags, "kind": kind})
         self._count(self.evictions, cache.evictions, {**tags, "tier": "ram"})
         self._count(self.evictions, cache.disk_evictions, {**tags, "tier": "disk"})
+        self._count(self.flight_waits, cache.flight_waits, tags)
         self.entries.set(cache.entries, tags)
         self.anchors.set(cache.anchors, tags)
         for kind, n in cache.checkpoints.items():

@@ -116,6 +116,9 @@ class Commits:
                 return
             want[1] = STORING
             layers, _ = layer_caches.store_entry(extracted)  # its state now is past the prompt
+            # The prompt's rows only, in buffers of their own: mid-decode the extraction
+            # holds the reply's rows too, which the entry (L tokens) is not charged for.
+            layers = layer_caches.join_rows([(layers, L)])
             layers = layer_caches.pack_rows(layers, self.config.stored_kv_precision)
             state = pack_snapshot(act.prompt_end_state, self.config.stored_precision)
         except Exception:  # its waiters wait for its commit instead; the batch goes on

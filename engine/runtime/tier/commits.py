@@ -213,7 +213,9 @@ class Commits:
     def release(self, req: GenerationRequest) -> None:
         """Give a request's plan back to the manager, storing nothing (its ids are freed)."""
         if req.plan.new_entry_id is None:
-            return self._over(req.request_id)
+            # Nothing of it was asked for early (no plan without an entry is): a later branch,
+            # whose request id is its first branch's, ends no wait for that one's prompt end.
+            return
 
         def on_orders(orders: Orders) -> None:
             self.tier.apply(orders)

@@ -144,8 +144,7 @@ class Commits:
         def on_orders(orders: Orders) -> None:
             self.enter(key, orders)
             want[1] = INDEXED
-            for told in want[2]:
-                told("stored")
+            _tell(want[2], "stored")
             want[2].clear()
 
         self.ledger.commit_anchor(commit, on_orders)
@@ -158,8 +157,7 @@ class Commits:
     def _over(self, request_id: str, outcome: str = "ended") -> None:
         """The request's commit or release is answered: its waiters plan again."""
         want = self.wanted.pop(request_id, None)
-        for told in want[2] if want is not None else ():
-            told(outcome)
+        _tell(want[2] if want is not None else (), outcome)
 
     def finish(
         self,
@@ -229,3 +227,13 @@ class Commits:
         make its room)."""
         self.tier.enter(key)
         self.tier.apply(orders)  # notes the tier's peak
+
+
+def _tell(callbacks, outcome: str) -> None:
+    """Tell each waiter `outcome`; one that fails (its caller's event loop closed) is logged,
+    and neither the others nor the request's own answer are kept from theirs."""
+    for told in list(callbacks):
+        try:
+            told(outcome)
+        except Exception:
+            log.exception("a waiter for a prompt end could not be told %r", outcome)

@@ -105,3 +105,30 @@ def test_a_branch_ending_first_does_not_end_the_wait_for_its_requests_prompt_end
     assert told == ["stored"]
     _step_until(engine, lambda: sum(isinstance(e, Finished) for e in events) == 2)
     manager.check_invariants()
+
+
+def test_a_waiter_that_cannot_be_told_keeps_no_one_else_from_their_answer(tiny_loaded):
+    """A waiter's callback that raises (its event loop closed) is not the request's failure:
+    the other waiters are told, and the request still gets its final event."""
+    config, loaded = tiny_loaded
+    engine = LocalEngine(config, loaded)
+    gen, manager = engine.generator, engine.manager
+    tokens = [int(t) for t in np.random.default_rng(9).integers(20, 3000, PROMPT)]
+    plan = manager.plan(PlanRequest("first", np.asarray(tokens, np.int32)))
+    events: list = []
+    sampling = SamplingParams(max_tokens=4)
+    gen.submit(GenerationRequest("first", "", tuple(tokens), plan, sampling, 0, 0), events.append)
+    waiter = np.asarray(tokens + list(range(40, 140)), np.int32)
+    wait = manager.plan(PlanRequest("second", waiter, may_wait=True))
+    assert wait.after == "first" and wait.after_entry is not None, wait
+
+    def closed(outcome: str) -> None:
+        raise RuntimeError("Event loop is closed")
+
+    told: list = []
+    gen.order_ledger.link = HoldingLink(manager)  # the prompt end stays on its way
+    gen.want_prompt_end("first", wait.after_entry, closed)
+    gen.want_prompt_end("first", wait.after_entry, told.append)
+    _step_until(engine, lambda: any(isinstance(e, Finished) for e in events))
+    assert told == ["ended"]
+    manager.check_invariants()

@@ -29,6 +29,7 @@ from engine.runtime.layer_caches import (
     StoredList,
     WindowState,
     entry_length,
+    join_rows,
     kv_bytes_per_token,
     layer_kind,
     nbytes,
@@ -434,3 +435,21 @@ def test_bad_input_raises_value_error(case):
             store_entry([BatchKVCache([0])])
         else:
             restore(layers, dataclasses.replace(state, layers=(None, None)), 8)
+
+
+def test_join_rows_of_a_lone_segment_keeps_its_rows_in_a_buffer_of_their_own():
+    """The first rows of one entry's layers (a prompt end taken from a cache that holds its
+    reply too) are copied: the longer buffer they came from is let go."""
+    import gc
+
+    gc.collect()
+    before = mx.get_active_memory()
+    keys, values = mx.ones((1, 2, 1000, 64)), mx.zeros((1, 2, 1000, 64))
+    mx.eval(keys, values)
+    layers = (StoredKV(keys, values, 1000), None)
+    joined = join_rows([(layers, 10)])
+    assert entry_length(joined) == 10 and joined[1] is None
+    assert mx.array_equal(joined[0].keys, keys[..., :10, :])
+    del keys, values, layers
+    gc.collect()
+    assert mx.get_active_memory() - before <= 2 * nbytes(joined), "the 1000 rows are pinned"

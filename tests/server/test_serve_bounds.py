@@ -147,6 +147,10 @@ def test_a_local_rays_gcs_and_raylet_get_the_engines_jemalloc_settings_unless_to
     env = ray_environment(_config())
     assert env == {"RAY_JEMALLOC_CONF": RAY_JEMALLOC, "RAY_JEMALLOC_PROFILE": "gcs_server,raylet"}
     assert ray_environment(_config(address="auto")) == {}  # a cluster's own
+    # Ray would refuse to start a raylet under a profiler with them ("At most one of ...").
+    monkeypatch.setenv("RAY_RAYLET_PERFTOOLS_PROFILER", "1")
+    assert ray_environment(_config()) == {}
+    monkeypatch.delenv("RAY_RAYLET_PERFTOOLS_PROFILER")
     monkeypatch.setenv("RAY_JEMALLOC_CONF", "prof:true")  # someone profiling Ray's heap
     assert ray_environment(_config()) == {}
 

@@ -130,7 +130,10 @@ def join_rows(segments: Sequence[tuple[Sequence[EntryLayer], int]]) -> tuple:
             kept = [(_as_read(p), r) for p, r in kept]
 
         def cat(get):
-            return join_pieces([tree_map(lambda a, r=r: a[..., :r, :], get(p)) for p, r in kept])
+            pieces = [tree_map(lambda a, r=r: a[..., :r, :], get(p)) for p, r in kept]
+            if len(pieces) == 1:  # a lone piece: concatenate would hand back a view of it
+                return tree_map(mx.array, pieces[0])
+            return join_pieces(pieces)
 
         first = kept[0][0]
         keys, values = cat(lambda p: p.keys), cat(lambda p: p.values)

@@ -116,6 +116,9 @@ class Commits:
                 return
             want[1] = STORING
             layers, _ = layer_caches.store_entry(extracted)  # its state now is past the prompt
+            # The prompt's rows only, in buffers of their own: mid-decode the extraction
+            # holds the reply's rows too, which the entry (L tokens) is not charged for.
+            layers = layer_caches.join_rows([(layers, L)])
             layers = layer_caches.pack_rows(layers, self.config.stored_kv_precision)
             state = pack_snapshot(act.prompt_end_state, self.config.stored_precision)
         except Exception:  # its waiters wait for its commit instead; the batch goes on
@@ -141,8 +144,7 @@ class Commits:
         def on_orders(orders: Orders) -> None:
             self.enter(key, orders)
             want[1] = INDEXED
-            for told in want[2]:
-                told("stored")
+            _tell(want[2], "stored")
             want[2].clear()
 
         self.ledger.commit_anchor(commit, on_orders)
@@ -155,8 +157,7 @@ class Commits:
     def _over(self, request_id: str, outcome: str = "ended") -> None:
         """The request's commit or release is answered: its waiters plan again."""
         want = self.wanted.pop(request_id, None)
-        for told in want[2] if want is not None else ():
-            told(outcome)
+        _tell(want[2] if want is not None else (), outcome)
 
     def finish(
         self,
@@ -210,7 +211,9 @@ class Commits:
     def release(self, req: GenerationRequest) -> None:
         """Give a request's plan back to the manager, storing nothing (its ids are freed)."""
         if req.plan.new_entry_id is None:
-            return self._over(req.request_id)
+            # Nothing of it was asked for early (no plan without an entry is): a later branch,
+            # whose request id is its first branch's, ends no wait for that one's prompt end.
+            return
 
         def on_orders(orders: Orders) -> None:
             self.tier.apply(orders)
@@ -224,3 +227,13 @@ class Commits:
         make its room)."""
         self.tier.enter(key)
         self.tier.apply(orders)  # notes the tier's peak
+
+
+def _tell(callbacks, outcome: str) -> None:
+    """Tell each waiter `outcome`; one that fails (its caller's event loop closed) is logged,
+    and neither the others nor the request's own answer are kept from theirs."""
+    for told in list(callbacks):
+        try:
+            told(outcome)
+        except Exception:
+            log.exception("a waiter for a prompt end could not be told %r", outcome)

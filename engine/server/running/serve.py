@@ -488,6 +488,12 @@ PROFILE_EVENTS_PER_TASK = 0
 # MiB and flat (+0.9); with jemalloc's defaults 27.1 (+3.2 MiB/h over minutes 4-12) and
 # 14.4 (+9.5, still climbing). The cost: the raylet's CPU 4.9 s against 4.5 in 10 minutes.
 RAY_JEMALLOC = "narenas:2,background_thread:true,tcache:false"
+# What runs Ray's GCS or raylet under gdb, valgrind or a profiler (Ray's own switches).
+RAY_DEBUG_TOOLS = tuple(
+    f"RAY_{process}_{tool}"
+    for process in ("GCS_SERVER", "RAYLET")
+    for tool in ("GDB", "VALGRIND", "VALGRIND_PROFILER", "PERFTOOLS_PROFILER")
+)
 
 
 def ray_environment(config: EngineConfig) -> dict[str, str]:
@@ -496,10 +502,14 @@ def ray_environment(config: EngineConfig) -> dict[str, str]:
     RAY_JEMALLOC_CONF as MALLOC_CONF to the processes RAY_JEMALLOC_PROFILE names (its hook
     for jemalloc's heap profiling, the only one per process). Nothing for a cluster the
     serve joins, nor where the environment already sets either variable or preloads a
-    library of its own (LD_PRELOAD: Ray then preloads no jemalloc)."""
+    library of its own (LD_PRELOAD: Ray then preloads no jemalloc), nor where it runs the
+    GCS or the raylet under one of Ray's debugging tools (RAY_DEBUG_TOOLS: Ray refuses to
+    start one with two of them, and counts these settings as its jemalloc profiler)."""
     if config.server.address is not None:
         return {}
     if any(os.environ.get(k) for k in ("RAY_JEMALLOC_CONF", "RAY_JEMALLOC_PROFILE", "LD_PRELOAD")):
+        return {}
+    if any(os.environ.get(k) == "1" for k in RAY_DEBUG_TOOLS):
         return {}
     return {"RAY_JEMALLOC_CONF": RAY_JEMALLOC, "RAY_JEMALLOC_PROFILE": "gcs_server,raylet"}
 

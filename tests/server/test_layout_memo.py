@@ -1,0 +1,75 @@
+"""The layout memo of the front end: fixed arrays, written when made, so conversations
+nobody sent before leave its memory where it was; the least recently used start goes."""
+
+from __future__ import annotations
+
+import hashlib
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from engine.server.prompts.layout import Memo
+from engine.server.prompts.prompt import PromptBuilder, PromptInput
+
+ROOT = Path(__file__).resolve().parents[2]
+ASSETS = ROOT / "engine" / "runtime" / "model" / "assets" / "tokenizer"
+LAYOUT = str(ROOT / "engine" / "server" / "prompts" / "layout.py")
+
+
+def key(n: int) -> bytes:
+    return hashlib.blake2b(str(n).encode(), digest_size=16).digest()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from mlx_lm.utils import load_tokenizer
+
+    return load_tokenizer(ASSETS)
+
+
+def conversation(seed: int, turns: int = 10) -> tuple[dict, ...]:
+    messages = [{"role": "system", "content": f"You are agent {seed}."}]
+    for t in range(turns):
+        messages.append({"role": "user", "content": f"Session {seed}: fix bug {t} in f{t}()."})
+        messages.append({"role": "assistant", "content": f"Fixed bug {t} of session {seed}."})
+    return tuple(messages)
+
+
+def test_novel_conversations_leave_the_memos_memory_where_it_was(tokenizer):
+    builder = PromptBuilder(tokenizer, 1 << 20, 1 << 20)
+    builder.build(PromptInput(messages=conversation(-1)))
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, LAYOUT)])
+        for seed in range(300):  # 6,300 message starts, each one nobody sent before
+            builder.build(PromptInput(messages=conversation(seed)))
+        after = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, LAYOUT)])
+    finally:
+        tracemalloc.stop()
+    grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    # An OrderedDict of starts grew ~270 bytes each: ~1.7 MiB here.
+    assert grown < 64 << 10, grown
+    assert len(builder.layouts.memo) >= 6000
+    assert builder.layouts.memo.nbytes == 40 * builder.layouts.memo.capacity
+
+
+def test_a_conversation_that_goes_on_renders_only_its_new_prefixes(tokenizer):
+    builder = PromptBuilder(tokenizer, 1 << 20, 1 << 20)
+    first = builder.build(PromptInput(messages=conversation(7, turns=5)))
+    renders = builder.layouts.renders
+    longer = builder.build(PromptInput(messages=conversation(7, turns=6)))
+    assert builder.layouts.renders - renders == 2  # the two new messages' starts
+    assert longer.layout.starts[: len(first.layout.starts)] == first.layout.starts
+
+
+def test_the_least_recently_used_key_of_its_slots_goes():
+    memo = Memo(entries=4, ways=4)  # one set of four slots: every key may take any
+    for n in range(4):
+        memo.put(key(n), n, 100 + n)
+    assert memo.get(key(0)) == (0, 100)  # now the most recently used
+    memo.put(key(4), 4, (1 << 64) - 1)
+    assert memo.get(key(1)) is None  # the least recently used went
+    assert memo.get(key(0)) == (0, 100) and memo.get(key(4)) == (4, (1 << 64) - 1)
+    memo.put(key(4), 44, 7)  # a key put again takes its own slot
+    assert memo.get(key(4)) == (44, 7) and len(memo) == 4 == memo.capacity

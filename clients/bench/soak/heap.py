@@ -120,6 +120,7 @@ def growth(a: dict, b: dict, top: int = TOP) -> dict:
     }
     return {
         "malloc": malloc,  # glibc's counts at each snapshot (engine.server.observe.heap)
+        "gc": [c.get("gc") for c in counts],  # the cyclic collector's, at each
         "tracemalloc_overhead_bytes": [c["overhead"] for c in counts],
         "minutes": [a["minute"], b["minute"]],
         "rss_growth_bytes": b["before"]["rss"] - a["before"]["rss"],

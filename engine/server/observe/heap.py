@@ -7,7 +7,9 @@ renamed into place once whole, after a `.json` beside it with the traced
 total and glibc malloc's own counts: `mallinfo2`, which sees what native code
 allocates and what malloc holds free; taking a snapshot makes a tuple per
 block, and malloc is trimmed after it, yet about 3 MiB of a soak's front end
-stays in Python's own arenas after each).
+stays in Python's own arenas after each), and the cyclic collector's own figures
+(`gc_counts`: objects per generation, full collections so far: garbage in
+cycles waits in the oldest generation for the next full collection).
 Reading them is the reader's
 (`tracemalloc.Snapshot.load`, `compare_to`: clients.bench.soak.heap). It
 knows nothing of what allocates, and sees only Python's allocator: memory a
@@ -17,6 +19,7 @@ not here. Tracing costs time on every allocation: it is off by default.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import logging
@@ -41,6 +44,7 @@ def write_snapshot(directory: str | None) -> Path:
     traced, peak = tracemalloc.get_traced_memory()
     counts = {"traced": traced, "peak": peak, "overhead": tracemalloc.get_tracemalloc_memory()}
     counts["malloc"] = malloc_counts()
+    counts["gc"] = gc_counts()
     path.with_suffix(".json").write_text(json.dumps(counts))
     snapshot = tracemalloc.take_snapshot()
     snapshot.dump(str(path) + ".part")
@@ -58,6 +62,16 @@ def _trim() -> None:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+def gc_counts() -> dict:
+    """The cyclic collector's figures: objects tracked in each generation, and per
+    generation its collections so far and the objects they freed (gc.get_stats)."""
+    return {
+        "objects": [len(gc.get_objects(generation)) for generation in range(3)],
+        "frozen": gc.get_freeze_count(),
+        "stats": gc.get_stats(),
+    }
 
 
 _MALLINFO2 = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"

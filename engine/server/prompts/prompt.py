@@ -17,7 +17,8 @@ layout, output-format probe) degrade to no analysis (engine.server.prompts.rende
 `Prompt.layout` says where each message starts in the tokens and what each said
 (engine.server.prompts.layout), for the cache manager's miss explanations. The model's
 output format (ModelInfo.output_format) is decided here at load, from the same
-template and tokenizer (engine.server.prompts.output_format).
+template and tokenizer (engine.server.prompts.output_format). The tokenizer's word
+cache is held small and emptied now and then (engine.server.prompts.word_cache).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from engine.server.prompts.layout import Layouts, encode_with_offsets
 from engine.server.prompts.output_format import output_format
 from engine.server.prompts.renders import TemplateRenders
 from engine.server.prompts.volatile import VolatileLines
+from engine.server.prompts.word_cache import WordCache
 from engine.server.security.limits import DEFAULT_LIMITS, Limits, parse_json, printable
 
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")  # roles of chat messages
@@ -110,6 +112,7 @@ class PromptBuilder:
     ):
         prompt = prompt or PromptConfig()
         self.tokenizer = tokenizer
+        self.word_cache = WordCache(tokenizer)  # its BPE's words: a few hundred KiB
         self.limits = limits
         self.vocab_size = vocab_size
         self.max_context = max_context
@@ -133,6 +136,7 @@ class PromptBuilder:
         self.grammars = GrammarCheck(tokenizer, vocab_size, self.renders.failed)
 
     def build(self, inp: PromptInput) -> Prompt:
+        self.word_cache.tick()
         layout, volatile = PromptLayout(), 0
         if inp.prompt_ids is not None:
             tokens = tuple(int(t) for t in inp.prompt_ids)

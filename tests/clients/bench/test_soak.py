@@ -257,5 +257,6 @@ def test_the_front_ends_heap_is_compared_between_two_snapshots(model_cache_dir, 
         stop(serve)
     assert life["traced_bytes"][0] > 1 << 20 and len(life["top"]) == 25
     assert life["malloc"]["arena"][0] > 0 and life["malloc"]["uordblks"][1] > 0
+    assert life["gc"][1]["objects"][2] > 10_000 and len(life["gc"][1]["stats"]) == 3
     assert re.search(r"\.py:\d+$", life["top"][0]["line"]), life["top"][0]
     assert f"front end {serve.pid}" in format_growth([life])[0]

@@ -93,6 +93,12 @@ class ModelConfig:
         "srpt/fifo: a long prompt's chunk, sized in time, is never above N tokens",
         shown="--prefill-budget",
     )
+    prefill_growth: float = setting(
+        10.0,
+        "srpt/fifo: a long prompt nobody else waits for grows its chunks until each is X times "
+        "their fixed cost (learned); larger: fewer, longer chunks, and a newcomer waits longer "
+        "for the one in flight (within --prefill-chunk-max)",
+    )
     prefill_wait_bound: float = setting(
         1.25,
         "srpt: no prompt's prefill ends later than X times first-come-first-served would "
@@ -195,6 +201,11 @@ class ModelConfig:
             raise ValueError(
                 f"{label_of(ModelConfig, 'prefill_wait_bound')} must be 0 (off) or at least 1, "
                 f"got {self.prefill_wait_bound}"
+            )
+        if not self.prefill_growth > 1:
+            raise ValueError(
+                f"{label_of(ModelConfig, 'prefill_growth')} must be above 1, "
+                f"got {self.prefill_growth}"
             )
         if not self.prefill_slice_ms > 0:
             raise ValueError(

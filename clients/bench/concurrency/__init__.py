@@ -12,7 +12,8 @@ scaled and open loop (clients.bench.concurrency.trace). The traffic runs
 - once per schedule (`--runs`), each on a fresh engine (`srpt-unbounded`:
   srpt without the wait bound, `--prefill-wait-bound 0`; `srpt-chunkN`: srpt
   with `--prefill-chunk-max N`; `srpt-nowait`: no wait for a request in flight,
-  `--flight-wait 0`);
+  `--flight-wait 0`; `srpt-wide`: a long prompt nobody else waits for in fewer, longer
+  chunks, `--prefill-growth 25 --prefill-chunk-max 1024`);
 - once against each peer server, a subprocess on the same model directory
   (`mlx_lm_server`, `mlx_vlm`, `rapid_mlx`: clients.bench.peers, each from a
   venv of its own, `--install-peers` makes them; one that cannot run here is
@@ -62,7 +63,10 @@ from engine.config import PREFILL_EVALS, ModelConfig
 HELP = "concurrent sub-agents plus long cold prompts: TTFT, ITL and prefill rate per schedule"
 RUNS = ("batched", "fifo", "srpt", "srpt-group", "mlx_lm_server", "mlx_vlm", "rapid_mlx")
 # Asked by name only; and srpt-chunkN (--prefill-chunk-max N).
-EXTRA_RUNS = ("srpt-unbounded", "srpt-nowait")
+EXTRA_RUNS = ("srpt-unbounded", "srpt-nowait", "srpt-wide")
+# srpt-wide: a long prompt nobody else waits for in fewer, longer chunks (WIDE: the engines'
+# --prefill-growth, as its fixed share, and --prefill-chunk-max).
+WIDE = (0.04, 1024)
 
 
 def _chunk_run(name: str) -> bool:
@@ -327,10 +331,12 @@ def _one_run(opts, traffic, solo, name: str, work: str, probed: bool) -> dict:
         group = opts.agents + 1 if variant == "group" else 1
         bound = 0.0 if variant == "unbounded" else None
         chunk = int(variant[len("chunk") :]) if variant.startswith("chunk") else None
+        share = WIDE[0] if variant == "wide" else None
+        chunk = WIDE[1] if variant == "wide" else chunk
         directory = os.path.join(work, f"{name}-{time.monotonic_ns()}")
         sender = EngineSender(
             opts, schedule, group, directory, wait_bound=bound, chunk_max=chunk,
-            flight_wait=0.0 if variant == "nowait" else None,
+            flight_wait=0.0 if variant == "nowait" else None, fixed_share=share,
         )  # fmt: skip
     try:
         t0 = time.perf_counter()

@@ -8,6 +8,7 @@ import: the engine loads inside the sender.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -56,6 +57,7 @@ class EngineSender:
         wait_bound: float | None = None,
         chunk_max: int | None = None,
         flight_wait: float | None = None,
+        fixed_share: float | None = None,
     ):
         from clients.bench.harness import bench_kernels
         from clients.client import Client
@@ -75,6 +77,8 @@ class EngineSender:
             prefill_wait_bound=opts.wait_bound if wait_bound is None else wait_bound,
             prefill_chunk_max=opts.chunk_max if chunk_max is None else chunk_max,
         )
+        if fixed_share is not None:
+            model = dataclasses.replace(model, prefill_growth=1 / fixed_share)
         config = EngineConfig(
             model=model,
             cache=CacheConfig(cache_dir=cache_dir),

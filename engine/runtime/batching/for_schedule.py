@@ -43,6 +43,7 @@ def new_batch_generator(
         overlap=m.prefill_overlap,
         wait_bound=m.prefill_wait_bound,
         chunk_max=m.prefill_chunk_max,
+        fixed_share=1 / m.prefill_growth,
     )
     module_eval = {"module": True, "forward": False}.get(m.prefill_eval)
     return ChunkedBatchGenerator(

@@ -80,7 +80,7 @@ prefill chunk that runs beside it, within a token budget:
   third fixed cost).
 - Growth: a long prefill that nobody else waits for (no other sequence has
   prefill left) while no stream decodes doubles its chunk's time each chunk
-  in a row (from the slice) until the fixed cost is FIXED_SHARE of it (at
+  in a row (from the slice) until the fixed cost is `fixed_share` of it (at
   least twice the slice, so the sizes vary for the fit); a sequence that
   arrives or a stream that starts decoding cuts it back, and growth starts
   over once it is alone again. Beside decoding streams a chunk within their
@@ -126,6 +126,7 @@ SLICE_MS = 50.0  # a chunk aims at this long with nothing decoding, or beside de
 FIRST_CHUNK = 16  # a long prefill's chunk beside decode before any cost is measured
 USEFUL = 0.5  # without a wait bound, a chunk keeps the prefill at least this share of its rate
 FIXED_SHARE = 0.1  # a long prefill alone grows its chunks until its fixed cost is this share
+# (the default of `fixed_share`; chunked.py's floor on a chunk's cost beyond its fixed part)
 WAIT_BOUND = 2.0  # srpt: no prefill ends later than this many times first-come-first-served's
 
 
@@ -193,6 +194,7 @@ class PrefillScheduler:
         overlap: bool = False,
         wait_bound: float = WAIT_BOUND,
         chunk_max: int | None = None,
+        fixed_share: float = FIXED_SHARE,
     ):
         if schedule not in ("srpt", "fifo"):
             raise ValueError(f"schedule {schedule!r} is not srpt or fifo")
@@ -206,6 +208,9 @@ class PrefillScheduler:
         self.chunk_max = budget if chunk_max is None else chunk_max
         if self.chunk_max < 1:
             raise ValueError(f"chunk_max {chunk_max} must be positive")
+        if not 0 < fixed_share < 1:
+            raise ValueError(f"fixed_share {fixed_share} must be between 0 and 1")
+        self.fixed_share = fixed_share
         self.streak: tuple[int, int] = (-1, 0)  # (uid, its chunks in a row with nothing waiting)
         self.picked = 0  # chunks picked: every other one probes the fit (module doc: growth)
         self.clock = 0.0  # every chunk picked, in tokens' worth: the bound's clock (module doc)
@@ -338,8 +343,8 @@ class PrefillScheduler:
         apart = background and bool(costs.background_fixed_ms)  # by module, told apart
         if alone and streak and (not decoding or apart):
             # Nobody waits: double the time each chunk in a row, until the fixed cost is
-            # FIXED_SHARE of it (at least twice the slice, so the fit sees sizes vary).
-            room = min(room * 2**streak, max(2 * room, fixed / FIXED_SHARE))
+            # `fixed_share` of it (at least twice the slice, so the fit sees sizes vary).
+            room = min(room * 2**streak, max(2 * room, fixed / self.fixed_share))
         tokens = max(MIN_CHUNK, min(self.chunk_max, int((room - fixed) / token_ms)))
         unknown = costs.fixed_ms <= 0 or (background and costs.background_fixed_ms == 0)
         if decoding and unknown and self.picked % 2:  # the fit needs sizes that vary

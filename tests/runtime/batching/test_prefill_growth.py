@@ -84,6 +84,17 @@ def test_a_long_prefill_alone_doubles_its_chunk_until_the_fixed_cost_is_a_tenth(
     assert sizes == [60, 160, 360, 360, 360]
 
 
+def test_a_smaller_fixed_share_grows_a_lone_prefill_into_fewer_longer_chunks():
+    s = PrefillScheduler(
+        "srpt", budget=256, slice_ms=50.0, overlap=True, chunk_max=1024, fixed_share=0.04
+    )
+    sizes = [s.next_chunk([long(cohort=0 if k else None)], k, costs=COSTS).tokens for k in range(6)]
+    # 100, 200, 400 ms, then 500 ms (the fixed 20 ms is a twenty-fifth of it)
+    assert sizes == [60, 160, 360, 760, 960, 960]
+    with pytest.raises(ValueError, match="fixed_share"):
+        PrefillScheduler("srpt", budget=256, fixed_share=1.0)
+
+
 @pytest.mark.parametrize("overlap", [True, False])
 def test_beside_decoding_streams_a_lone_long_prefill_never_grows(overlap):
     # Alone among prefills, but streams decode: its chunk keeps to their gap budget, or

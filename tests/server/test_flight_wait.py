@@ -13,37 +13,47 @@ from engine.proto import engine_pb2, engine_pb2_grpc
 from tests.server.test_server import collect, request
 
 
+class FirstRequest:
+    """A request streamed on a thread of its own: `prefilling` is set at its first progress
+    event (or its end), `finals` and `done` (monotonic seconds) once it ends."""
+
+    def __init__(self, stub, prompt_ids: list[int], max_tokens: int):
+        self.prefilling, self.finals, self.done = threading.Event(), [], []
+        self.thread = threading.Thread(target=self._run, args=(stub, prompt_ids, max_tokens))
+        self.thread.start()
+
+    def _run(self, stub, prompt_ids, max_tokens):
+        for ev in stub.Generate(request(prompt_ids=prompt_ids, max_tokens=max_tokens), timeout=300):
+            kind = ev.WhichOneof("event")
+            if kind == "progress":
+                self.prefilling.set()
+            elif kind == "final":
+                self.finals.append(ev.final)
+                self.done.append(time.monotonic())
+        self.prefilling.set()
+
+    def still_prefilling(self) -> None:
+        assert self.prefilling.wait(120), "the first prompt never started prefilling"
+        assert not self.finals, "the first prompt ended before the second was sent"
+
+
 def test_a_turn_extending_one_still_prefilling_restores_its_prompt_end(random_engine):
     channel = grpc.insecure_channel(random_engine.address)
     stub = engine_pb2_grpc.EngineStub(channel)
     first = [(i * 59) % 3500 + 40 for i in range(8000)]
-    prefilling = threading.Event()
-    finals = []
     waits = stub.CacheStats(engine_pb2.CacheStatsRequest()).flight_waits
-
-    def first_request():
-        for ev in stub.Generate(request(prompt_ids=first, max_tokens=1), timeout=300):
-            kind = ev.WhichOneof("event")
-            if kind == "progress":
-                prefilling.set()
-            elif kind == "final":
-                finals.append(ev.final)
-        prefilling.set()
-
-    thread = threading.Thread(target=first_request)
-    thread.start()
+    running = FirstRequest(stub, first, max_tokens=1)
     try:
-        assert prefilling.wait(120), "the first prompt never started prefilling"
-        assert not finals, "the first prompt ended before the second was sent"
+        running.still_prefilling()
         extended = first + [(i * 7) % 3000 + 45 for i in range(400)]
         _, _, second = collect(stub, request(prompt_ids=extended, max_tokens=1), timeout=300)
-        thread.join(300)
+        running.thread.join(300)
         # CacheStats (and so `lineage stats` and the metrics) show the wait.
         waited = stub.CacheStats(engine_pb2.CacheStatsRequest()).flight_waits - waits
     finally:
-        thread.join(300)
+        running.thread.join(300)
         channel.close()
-    assert finals, "the first request did not finish"
+    assert running.finals, "the first request did not finish"
     guard_slack = random_engine.config.cache.guard_offset
     assert second.usage.cached_tokens >= len(first) - guard_slack, second.usage
     assert waited > 0
@@ -57,32 +67,17 @@ def test_a_turn_extending_one_still_decoding_restores_its_prompt_end_before_it_e
     channel = grpc.insecure_channel(random_engine.address)
     stub = engine_pb2_grpc.EngineStub(channel)
     first = [(i * 61) % 3500 + 41 for i in range(8000)]
-    prefilling = threading.Event()
-    finals, first_done = [], []
-
-    def first_request():
-        long_decode = request(prompt_ids=first, max_tokens=1500)
-        for ev in stub.Generate(long_decode, timeout=300):
-            kind = ev.WhichOneof("event")
-            if kind == "progress":
-                prefilling.set()
-            elif kind == "final":
-                finals.append(ev.final)
-                first_done.append(time.monotonic())
-        prefilling.set()
-
-    thread = threading.Thread(target=first_request)
-    thread.start()
+    running = FirstRequest(stub, first, max_tokens=1500)
     try:
-        assert prefilling.wait(120), "the first prompt never started prefilling"
-        assert not finals, "the first prompt ended before the second was sent"
+        running.still_prefilling()
         extended = first + [(i * 11) % 3000 + 47 for i in range(300)]
         _, _, second = collect(stub, request(prompt_ids=extended, max_tokens=4), timeout=300)
         second_done = time.monotonic()
-        thread.join(300)
+        running.thread.join(300)
     finally:
         channel.close()
+    finals = running.finals
     assert finals, "the first request did not finish"
     assert finals[0].usage.completion_tokens > 200, finals[0].usage  # a long decode
     assert second.usage.cached_tokens == len(first), second.usage
-    assert second_done < first_done[0], "the second waited for the first's whole decode"
+    assert second_done < running.done[0], "the second waited for the first's whole decode"

@@ -31,15 +31,21 @@ def _step_until(engine: LocalEngine, done, limit: float = 120.0) -> None:
         engine.generator.step()
 
 
+def _submit_first(engine: LocalEngine, seed: int, sampling: SamplingParams):
+    """A PROMPT-token request "first", planned and submitted: (its tokens, its events)."""
+    tokens = [int(t) for t in np.random.default_rng(seed).integers(20, 3000, PROMPT)]
+    plan = engine.manager.plan(PlanRequest("first", np.asarray(tokens, np.int32)))
+    events: list = []
+    request = GenerationRequest("first", "", tuple(tokens), plan, sampling, 0, 0)
+    engine.generator.submit(request, events.append)
+    return tokens, events
+
+
 def test_a_prompt_end_asked_for_mid_decode_keeps_the_prompts_rows_only(tiny_loaded):
     config, loaded = tiny_loaded
     engine = LocalEngine(config, loaded)
     gen, manager = engine.generator, engine.manager
-    tokens = [int(t) for t in np.random.default_rng(7).integers(20, 3000, PROMPT)]
-    plan = manager.plan(PlanRequest("first", np.asarray(tokens, np.int32)))
-    events: list = []
-    sampling = SamplingParams(max_tokens=DECODED + 40)
-    gen.submit(GenerationRequest("first", "", tuple(tokens), plan, sampling, 0, 0), events.append)
+    tokens, events = _submit_first(engine, 7, SamplingParams(max_tokens=DECODED + 40))
     _step_until(engine, lambda: any(a.generated >= DECODED for a in gen.active.values()))
 
     waiter = np.asarray(tokens + list(range(40, 140)), np.int32)
@@ -86,11 +92,7 @@ def test_a_branch_ending_first_does_not_end_the_wait_for_its_requests_prompt_end
     engine = LocalEngine(config, loaded)
     gen, manager = engine.generator, engine.manager
     link = gen.order_ledger.link = HoldingLink(manager)
-    tokens = [int(t) for t in np.random.default_rng(8).integers(20, 3000, PROMPT)]
-    plan = manager.plan(PlanRequest("first", np.asarray(tokens, np.int32)))
-    events: list = []
-    sampling = SamplingParams(max_tokens=DECODED + 40, n=2)
-    gen.submit(GenerationRequest("first", "", tuple(tokens), plan, sampling, 0, 0), events.append)
+    tokens, events = _submit_first(engine, 8, SamplingParams(max_tokens=DECODED + 40, n=2))
     _step_until(engine, lambda: any(a.generated >= 2 for a in gen.active.values()))
 
     waiter = np.asarray(tokens + list(range(40, 140)), np.int32)
@@ -113,11 +115,7 @@ def test_a_waiter_that_cannot_be_told_keeps_no_one_else_from_their_answer(tiny_l
     config, loaded = tiny_loaded
     engine = LocalEngine(config, loaded)
     gen, manager = engine.generator, engine.manager
-    tokens = [int(t) for t in np.random.default_rng(9).integers(20, 3000, PROMPT)]
-    plan = manager.plan(PlanRequest("first", np.asarray(tokens, np.int32)))
-    events: list = []
-    sampling = SamplingParams(max_tokens=4)
-    gen.submit(GenerationRequest("first", "", tuple(tokens), plan, sampling, 0, 0), events.append)
+    tokens, events = _submit_first(engine, 9, SamplingParams(max_tokens=4))
     waiter = np.asarray(tokens + list(range(40, 140)), np.int32)
     wait = manager.plan(PlanRequest("second", waiter, may_wait=True))
     assert wait.after == "first" and wait.after_entry is not None, wait

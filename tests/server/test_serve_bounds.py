@@ -39,6 +39,21 @@ def _config(**server) -> EngineConfig:
     return EngineConfig().with_server(**server)
 
 
+def _driven(script: str):
+    """Run `script` in a Python of its own, on this checkout, with no RAY_ or LINEAGE_
+    variable nor a preloaded allocator of this process's: (the finished process, the JSON
+    of its last line of output)."""
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "LINEAGE_"))}
+    env.pop("LD_PRELOAD", None)
+    env.update(PYTHONPATH=str(root), RAY_USAGE_STATS_ENABLED="0")
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done, json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def test_the_log_file_rotates_at_its_size_and_keeps_two_older_files(tmp_path):
     path = tmp_path / "serve.log"
     handler = log_handler(_config(log_file=str(path), log_file_bytes=4096))
@@ -127,14 +142,7 @@ def test_a_local_rays_gcs_keeps_no_profile_event_of_the_calls_a_driver_makes():
     """Each actor call gives the driver's own task a `submit_task` profile event, whatever
     the actor's options say; Ray's GCS kept the last 1,000 of them per task, a memory that
     filled over a serve's first quarter of an hour."""
-    root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "LINEAGE_"))}
-    env.update(PYTHONPATH=str(root), RAY_USAGE_STATS_ENABLED="0")
-    done = subprocess.run(
-        [sys.executable, "-c", CALLER], env=env, capture_output=True, text=True, timeout=180
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    kept = json.loads(done.stdout.strip().splitlines()[-1])
+    _, kept = _driven(CALLER)
     assert kept["profile_events"] == 0, kept
     assert kept["dropped"] >= 400  # the calls were made and their events dropped
 
@@ -181,15 +189,7 @@ ray.shutdown()
 def test_a_local_rays_gcs_and_raylet_run_jemalloc_on_the_engines_settings():
     """Their jemalloc took the settings: its background thread runs in each (it gives free
     pages back on a timer, not only when the arena that freed them allocates again)."""
-    root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "LINEAGE_"))}
-    env.pop("LD_PRELOAD", None)
-    env.update(PYTHONPATH=str(root), RAY_USAGE_STATS_ENABLED="0")
-    done = subprocess.run(
-        [sys.executable, "-c", ALLOCATOR], env=env, capture_output=True, text=True, timeout=180
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    told = json.loads(done.stdout.strip().splitlines()[-1])
+    _, told = _driven(ALLOCATOR)
     assert sorted(told) == ["gcs_server", "raylet"]
     for process in told.values():
         assert process["conf"] == RAY_JEMALLOC
@@ -233,14 +233,7 @@ ray.shutdown()
 
 @pytest.mark.ray
 def test_the_engines_metrics_are_recorded_silently_on_a_ray_that_collects_none():
-    root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "LINEAGE_"))}
-    env.update(PYTHONPATH=str(root), RAY_USAGE_STATS_ENABLED="0")
-    done = subprocess.run(
-        [sys.executable, "-c", DRIVER], env=env, capture_output=True, text=True, timeout=180
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    told = json.loads(done.stdout.strip().splitlines()[-1])
+    done, told = _driven(DRIVER)
     assert told["enable_metrics_collection"] is False
     noise = [line for line in done.stderr.splitlines() if "metric" in line.lower()]
     assert noise == []

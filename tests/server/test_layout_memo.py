@@ -4,16 +4,13 @@ nobody sent before leave its memory where it was; the least recently used start 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from engine.server.prompts import layout
 from engine.server.prompts.prompt import PromptBuilder, PromptInput
+from tests.child import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 ASSETS = ROOT / "engine" / "runtime" / "model" / "assets" / "tokenizer"
@@ -63,16 +60,7 @@ print(json.dumps({"grown": grown, "held": len(memo), "nbytes": nbytes, "slots": 
 
 
 def test_novel_conversations_leave_the_memos_memory_where_it_was():
-    run = subprocess.run(
-        [sys.executable, "-c", CHILD, str(ASSETS)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    out = json.loads(run.stdout.strip().splitlines()[-1])
+    _, out = run_python(CHILD, str(ASSETS))
     # 6,300 starts: an OrderedDict of them grew ~270 bytes each, 1.7 MiB here. The arrays
     # grow nothing; ~200 bytes a conversation stay, attributed to the line that calls
     # `_start` (60 KB here; not the memo's, and not yet explained).

@@ -14,12 +14,9 @@ its own.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -33,6 +30,7 @@ from engine.server.running.serve import (
     ray_environment,
     ray_options,
 )
+from tests.child import run_python
 
 
 def _config(**server) -> EngineConfig:
@@ -40,18 +38,11 @@ def _config(**server) -> EngineConfig:
 
 
 def _driven(script: str):
-    """Run `script` in a Python of its own, on this checkout, with no RAY_ or LINEAGE_
-    variable nor a preloaded allocator of this process's: (the finished process, the JSON
-    of its last line of output)."""
-    root = Path(__file__).resolve().parents[2]
+    """`script` run in a process of its own with no RAY_ or LINEAGE_ variable nor a
+    preloaded allocator of this process's (tests.child.run_python)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "LINEAGE_"))}
     env.pop("LD_PRELOAD", None)
-    env.update(PYTHONPATH=str(root), RAY_USAGE_STATS_ENABLED="0")
-    done = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done, json.loads(done.stdout.strip().splitlines()[-1])
+    return run_python(script, env=dict(env, RAY_USAGE_STATS_ENABLED="0"), timeout=180)
 
 
 def test_the_log_file_rotates_at_its_size_and_keeps_two_older_files(tmp_path):

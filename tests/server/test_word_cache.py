@@ -5,14 +5,12 @@ and the cache is emptied on its interval."""
 from __future__ import annotations
 
 import ctypes
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from engine.server.prompts.word_cache import WORDS, WordCache, bpe_model
+from tests.child import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 ASSETS = ROOT / "engine" / "runtime" / "model" / "assets" / "tokenizer"
@@ -52,15 +50,7 @@ def _glibc() -> bool:
 
 @pytest.mark.skipif(not _glibc(), reason="measures the resident set with glibc's malloc_trim")
 def test_novel_long_prompts_leave_the_front_ends_memory_where_it_was():
-    run = subprocess.run(
-        [sys.executable, "-c", CHILD, str(ASSETS)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    resident = json.loads(run.stdout.strip().splitlines()[-1])
+    _, resident = run_python(CHILD, str(ASSETS))
     # The last four bring 12,000 new words: +1.2 MiB in a cache of 10,000 words (the
     # 4,000 that fill it), +10-50 KiB in one of WORDS that the first prompt filled.
     grown = resident[-1] - resident[1]

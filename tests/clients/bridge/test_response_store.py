@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 from clients.bridge.response_store import Record, ResponseStore, StoredNotFound, tenant_key
+from tests.child import run_python
 
 
 def _record(tenant: str, text: str = "hello", rid: str | None = None) -> Record:
@@ -166,21 +167,7 @@ def test_the_records_held_in_memory_stop_growing_while_the_files_go_on(tmp_path)
     record no longer held is read back from its file. Measured with tracemalloc in a
     process of its own: tracing allocations beside the session's Ray and MLX threads
     crashed the test process."""
-    import json
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-    env = dict(os.environ, PYTHONPATH=root)
-    done = subprocess.run(
-        [sys.executable, "-c", _MEMORY, str(tmp_path / "r")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    _, out = run_python(_MEMORY, str(tmp_path / "r"))
     sizes = out["sizes"]
     # each record held costs ~6 KB here; what goes on growing, up to the count bound, is
     # the index: its id and size, and its tenant's one string (~0.26 KB; each record's

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 
@@ -37,12 +39,12 @@ def _config(**server) -> EngineConfig:
     return EngineConfig().with_server(**server)
 
 
-def _driven(script: str):
+def _driven(script: str, **given: str):
     """`script` run in a process of its own with no RAY_ or LINEAGE_ variable nor a
-    preloaded allocator of this process's (tests.child.run_python)."""
+    preloaded allocator of this process's, and `given` (tests.child.run_python)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "LINEAGE_"))}
     env.pop("LD_PRELOAD", None)
-    return run_python(script, env=dict(env, RAY_USAGE_STATS_ENABLED="0"), timeout=180)
+    return run_python(script, env=dict(env, RAY_USAGE_STATS_ENABLED="0", **given), timeout=180)
 
 
 def test_the_log_file_rotates_at_its_size_and_keeps_two_older_files(tmp_path):
@@ -73,6 +75,34 @@ def test_a_local_ray_keeps_the_events_of_its_last_calls_a_joined_one_its_own():
     assert local["task_events_max_num_task_in_gcs"] == TASK_EVENTS_IN_GCS <= 10_000
     assert local["task_events_max_num_profile_events_per_task"] == PROFILE_EVENTS_PER_TASK == 0
     assert "_system_config" not in ray_options(_config(address="auto"))
+
+
+# A driver on the serve's Ray options where Ray's temp dir names a cluster (a dead one, as
+# after a `ray start` or a test's Cluster killed before its stop) and RAY_ADDRESS another.
+STALE = """
+import json, os, ray
+from engine.config import EngineConfig
+from engine.server.running.serve import ray_options
+os.makedirs(os.path.join(os.environ["RAY_TMPDIR"], "ray"))
+with open(os.path.join(os.environ["RAY_TMPDIR"], "ray", "ray_current_cluster"), "w") as f:
+    f.write("127.0.0.1:9")
+ray.init(**ray_options(EngineConfig().with_server(num_cpus=1, ray_namespace="bounds-stale")))
+print(json.dumps({"cpus": ray.cluster_resources().get("CPU")}))
+ray.shutdown()
+"""
+
+
+@pytest.mark.ray
+def test_a_local_ray_is_one_of_its_own_whatever_cluster_the_machine_names():
+    """`lineage serve` without --ray-address starts its own Ray, beside a stale cluster
+    address in Ray's temp dir and a RAY_ADDRESS (a ValueError on its settings, or a
+    ConnectionError, when it joined what these named)."""
+    tmp = tempfile.mkdtemp(prefix="lrt", dir="/tmp")  # short: Ray's socket paths live here
+    try:
+        _, out = _driven(STALE, RAY_TMPDIR=tmp, RAY_ADDRESS="127.0.0.1:9")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert out == {"cpus": 1.0}
 
 
 def test_the_log_settings_are_server_settings():

@@ -85,6 +85,11 @@ def run(config: EngineConfig, sidecars: Sequence[Sidecar] = ()) -> int:
         if not config.server.address and not config.server.ray_public:
             loopback_ray()
         os.environ.update(ray_environment(config))
+        if not config.server.address and os.environ.get("RAY_ADDRESS"):
+            log.warning(
+                "RAY_ADDRESS is set; lineage serve starts a Ray of its own: "
+                "join a cluster with --ray-address (LINEAGE_RAY_ADDRESS)"
+            )
         ctx = ray.init(**ray_options(config))
         dashboard = getattr(ctx, "dashboard_url", "") or ""
     left: list[str] = []  # the stop steps left waiting on Ray

@@ -537,9 +537,13 @@ def ray_options(config: EngineConfig) -> dict:
     idle raylet 13.0 -> 16.2 MiB in 20 minutes with it, flat after 16 without;
     ray-project/ray#50955, #35632). The engine's own metrics
     (engine.server.observe.metrics) are then recorded nowhere, without a warning.
+    A local Ray is always one of its own (address "local"): `ray.init()` without an address
+    joins the cluster named in Ray's temp dir (ray_current_cluster, written by `ray start`
+    and by ray.cluster_utils.Cluster, left behind when either dies) or in RAY_ADDRESS, and
+    then refuses the settings above: the serve would not start, or would start elsewhere.
     """
     options = dict(
-        address=config.server.address,
+        address=config.server.address or "local",
         num_cpus=config.server.num_cpus,
         include_dashboard=config.server.ray_dashboard,
         dashboard_host="127.0.0.1",

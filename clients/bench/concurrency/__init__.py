@@ -13,7 +13,8 @@ scaled and open loop (clients.bench.concurrency.trace). The traffic runs
   srpt without the wait bound, `--prefill-wait-bound 0`; `srpt-chunkN`: srpt
   with `--prefill-chunk-max N`; `srpt-nowait`: no wait for a request in flight,
   `--flight-wait 0`; `srpt-wide`: a long prompt nobody else waits for in fewer, longer
-  chunks, `--prefill-growth 25 --prefill-chunk-max 1024`);
+  chunks, `--prefill-growth 25 --prefill-chunk-max 1024`; `srpt-boundX`: srpt with
+  `--prefill-wait-bound X`);
 - once against each peer server, a subprocess on the same model directory
   (`mlx_lm_server`, `mlx_vlm`, `rapid_mlx`: clients.bench.peers, each from a
   venv of its own, `--install-peers` makes them; one that cannot run here is
@@ -62,7 +63,7 @@ from engine.config import PREFILL_EVALS, ModelConfig
 
 HELP = "concurrent sub-agents plus long cold prompts: TTFT, ITL and prefill rate per schedule"
 RUNS = ("batched", "fifo", "srpt", "srpt-group", "mlx_lm_server", "mlx_vlm", "rapid_mlx")
-# Asked by name only; and srpt-chunkN (--prefill-chunk-max N).
+# Asked by name only; and srpt-chunkN (--prefill-chunk-max N), srpt-boundX (--prefill-wait-bound X).
 EXTRA_RUNS = ("srpt-unbounded", "srpt-nowait", "srpt-wide")
 # srpt-wide: a long prompt nobody else waits for in fewer, longer chunks (WIDE: the engines'
 # --prefill-growth, as its fixed share, and --prefill-chunk-max).
@@ -71,6 +72,17 @@ WIDE = (0.04, 1024)
 
 def _chunk_run(name: str) -> bool:
     return name.startswith("srpt-chunk") and name[len("srpt-chunk") :].isdigit()
+
+
+def _bound_run(name: str) -> float | None:
+    """X of `srpt-boundX` where X is a wait bound the engine takes (0, or at least 1)."""
+    if not name.startswith("srpt-bound"):
+        return None
+    try:
+        x = float(name[len("srpt-bound") :])
+    except ValueError:
+        return None
+    return x if x == 0 or x >= 1 else None
 
 
 PROBE_SHORT = 200  # new tokens of the probe's warm turn
@@ -266,7 +278,10 @@ def run_bench(opts: ConcurrencyOptions) -> dict:
     """Solo pass, every run, the probes; the report (JSON-ready). Ray must be initialized."""
     import shutil
 
-    unknown = [r for r in opts.runs if r not in RUNS + EXTRA_RUNS and not _chunk_run(r)]
+    named = RUNS + EXTRA_RUNS
+    unknown = [
+        r for r in opts.runs if r not in named and not _chunk_run(r) and _bound_run(r) is None
+    ]
     if unknown:
         raise ValueError(f"unknown runs {unknown} (use some of {', '.join(RUNS + EXTRA_RUNS)})")
     if opts.traffic == "trace":
@@ -329,7 +344,7 @@ def _one_run(opts, traffic, solo, name: str, work: str, probed: bool) -> dict:
     else:
         schedule, _, variant = name.partition("-")
         group = opts.agents + 1 if variant == "group" else 1
-        bound = 0.0 if variant == "unbounded" else None
+        bound = 0.0 if variant == "unbounded" else _bound_run(name)
         chunk = int(variant[len("chunk") :]) if variant.startswith("chunk") else None
         share = WIDE[0] if variant == "wide" else None
         chunk = WIDE[1] if variant == "wide" else chunk

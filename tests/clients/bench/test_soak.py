@@ -232,6 +232,8 @@ def test_the_object_store_is_read_from_the_raylet_of_a_ray_without_metrics(tmp_p
         assert serve.process.stdout.readline().strip() == "held"
         assert "--metrics-port" not in serve.command()
         assert 8 << 20 <= serve.object_store_bytes() < 9 << 20
+        channel = serve._store[1]  # one channel for the run, not one a sample
+        assert 8 << 20 <= serve.object_store_bytes() < 9 << 20 and serve._store[1] is channel
     finally:
         serve.process.stdin.close()
         serve.kill()

@@ -1,11 +1,13 @@
 """The layout memo of the front end: fixed arrays, written when made, so conversations
-nobody sent before leave its memory where it was; the least recently used start goes."""
+nobody sent before leave its memory where it was; the least recently used start goes. A
+long prompt's message starts are found without every token's offset in memory."""
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from engine.server.prompts import layout
@@ -87,3 +89,55 @@ def test_the_least_recently_used_key_of_its_slots_goes():
     assert memo.get(key(0)) == (0, 100) and memo.get(key(4)) == (4, (1 << 64) - 1)
     memo.put(key(4), 44, 7)  # a key put again takes its own slot
     assert memo.get(key(4)) == (44, 7) and len(memo) == 4 == memo.capacity
+
+
+def long_novel(seed: int, words: int = 3000) -> PromptInput:
+    """A conversation ending in `words` words nobody sent before (~18k tokens)."""
+    rng = np.random.default_rng(seed)
+    text = " ".join(f"w{int(x)}" for x in rng.integers(0, 10**6, words))
+    return PromptInput(
+        messages=(
+            {"role": "system", "content": f"You are agent {seed}."},
+            {"role": "user", "content": "Summarize naïvely ✓ 日本語 🎉 what follows."},
+            {"role": "assistant", "content": "Send it."},
+            {"role": "user", "content": f"Summarize: {text}"},
+        )
+    )
+
+
+# In a process of its own: the Python memory one build of a long novel prompt takes at its
+# peak, over what the process held before (the prompt's own tokens: ~600 KB of ints).
+PEAK = """
+import json, sys, tracemalloc
+from mlx_lm.utils import load_tokenizer
+from engine.server.prompts.prompt import PromptBuilder, PromptInput
+from tests.server.test_layout_memo import long_novel
+builder = PromptBuilder(load_tokenizer(sys.argv[1]), 1 << 20, 1 << 20)
+builder.build(long_novel(99))
+tracemalloc.start()
+base = tracemalloc.get_traced_memory()[0]
+prompt = builder.build(long_novel(0))
+print(json.dumps({"peak": tracemalloc.get_traced_memory()[1] - base, "tokens": len(prompt.tokens)}))
+"""
+
+
+def test_a_long_prompts_layout_never_holds_every_tokens_offset():
+    _, out = run_python(PEAK, str(ASSETS))
+    # 18.7k tokens: 510 KiB at the peak; 2.6 MiB when every token's offset was a tuple (its
+    # small objects freed a moment later, but what the front end kept meanwhile pinned them).
+    assert out["tokens"] > 15000 and out["peak"] < 1 << 20, out
+
+
+def test_message_starts_read_a_token_at_a_time_are_the_offsets_starts(tokenizer):
+    builder = PromptBuilder(tokenizer, 1 << 20, 1 << 20)
+    inp = long_novel(3, words=300)
+    prompt = builder.build(inp)
+    text = builder.render(list(inp.messages), None, True)
+    encoding = tokenizer._tokenizer.backend_tokenizer.encode(text, add_special_tokens=False)
+    starts = layout.TokenStarts(encoding)
+    offsets = [start for start, _ in encoding.offsets]
+    assert list(starts) == offsets and len(starts) == len(prompt.tokens)
+    # Every character (inside a multibyte one's tokens too) maps to the token it did.
+    assert all(layout._token_at(starts, c) == layout._token_at(offsets, c) for c in range(0, 400))
+    fresh = layout.Layouts(builder.layouts.before)
+    assert prompt.layout == fresh.layout(inp.messages, None, text, offsets, prompt.tokens)

@@ -5,8 +5,11 @@ write of the server there (entry files, stored Responses) meets ENOSPC as on
 a full disk, then frees it. The machine's own disk is never filled: the cache
 directory is a tmpfs of `size` bytes mounted for the soak (Linux, as root),
 and the fault writes a ballast file into it up to its last free byte and
-deletes it after the window. Where no such filesystem can be mounted, `why`
-says so and the fault is reported not run.
+deletes it after the window. The engine deletes files all the while (evictions
+that keep its disk budget, files a newer one superseded), and the writes after
+them would fit in the room they free: the fault fills again as it waits. Where
+no such filesystem can be mounted, `why` says so and the fault is reported not
+run.
 """
 
 from __future__ import annotations
@@ -52,10 +55,11 @@ class SmallDisk:
         return st.f_bavail * st.f_frsize
 
     def fill(self) -> int:
-        """Write the ballast up to the filesystem's last free byte; the bytes written."""
+        """Grow the ballast up to the filesystem's last free byte; the bytes added. Called
+        again, it takes back what was freed meanwhile (the engine's own deletes)."""
         written = 0
         chunk = b"\0" * (1 << 20)
-        with open(self.path / BALLAST, "wb", buffering=0) as f:
+        with open(self.path / BALLAST, "ab", buffering=0) as f:
             while True:
                 try:
                     written += f.write(chunk[: max(4096, min(len(chunk), self.free()))])

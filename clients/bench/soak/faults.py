@@ -4,9 +4,12 @@
   manager's process, found among the serve's processes; survived when another
   process holds the role and the engine serves a request again.
 - `disk`: the disk full for `--disk-full` seconds: the cache directory's own
-  small filesystem filled to its last byte (clients.bench.soak.disk), then
-  freed; survived when the engine reported lost writes during the window and
-  wrote an entry file again after it.
+  small filesystem filled to its last byte (clients.bench.soak.disk), filled
+  again as the engine's deletes free room, and held full on (up to
+  FULL_AT_MOST times as long) until a lost write was reported, then freed;
+  survived when the engine reported lost writes during the window and wrote
+  an entry file again after it. Where none was lost, it says whether files
+  were written meanwhile.
 - `disconnect`: a client sends a long prompt nobody sent before over HTTP and
   hangs up while it is still in prefill; survived when the engine serves again.
 - `restart`: the whole server stopped with SIGTERM and started again on the
@@ -31,6 +34,7 @@ import time
 import numpy as np
 
 KINDS = ("model", "disk", "manager", "disconnect")
+FULL_AT_MOST = 4  # the disk stays full this many times --disk-full while no write was lost
 ALL = (*KINDS, "restart")
 
 
@@ -105,26 +109,51 @@ class Schedule(threading.Thread):
         if not disk.mounted:
             return {"survived": False, "why": disk.why}
         lost = _stats(soak.client).get("disk_writes_lost", 0)
+        before = _newest_file(soak.entries)
+        start = time.monotonic()
         ballast = disk.fill()
-        until = time.monotonic() + self.args.disk_full
+        shortest = start + self.args.disk_full
+        longest = min(deadline, start + FULL_AT_MOST * self.args.disk_full)
+        reported = False
         try:
-            while time.monotonic() < until:  # writes come due meanwhile: lost
+            # Full for `--disk-full` seconds, and on until a lost write was reported (at
+            # most FULL_AT_MOST times that): the probes' commits bring writes due, and the
+            # room the engine's deletes free is taken back, so a write finds none.
+            while time.monotonic() < longest and not (reported and time.monotonic() >= shortest):
                 self._served(deadline)
+                ballast += disk.fill()
                 time.sleep(0.5)
+                reported = _stats(soak.client).get("disk_writes_lost", 0) > lost
+            full_s = time.monotonic() - start
+            newest = _newest_file(soak.entries)
         finally:
             disk.empty()
-        newest = _newest_file(soak.entries)
-        reported = _until(deadline, lambda: _stats(soak.client).get("disk_writes_lost", 0) > lost)
+        if not reported:  # the last writes' report may still be on its way
+            reported = _until(
+                min(deadline, time.monotonic() + self.args.disk_full),
+                lambda: _stats(soak.client).get("disk_writes_lost", 0) > lost,
+            )
         if not reported:
-            return {"survived": False, "why": "no write was lost (and reported) on the full disk"}
-        self._served(deadline)
-        if not _until(deadline, lambda: _newest_file(soak.entries) > newest):
+            wrote = "entry files were written" if newest > before else "no entry file was written"
+            return {
+                "survived": False,
+                "why": f"no write was lost (and reported) on the full disk: full {full_s:.0f} s "
+                f"({ballast >> 20} MiB of ballast, topped up as files were deleted); {wrote}",
+            }
+
+        def written() -> bool:
+            """A probe's commit brings a write due (lost too while the writer still pauses
+            after the full disk; ordered again after)."""
+            self._served(deadline)
+            return _newest_file(soak.entries) > newest
+
+        if not _until(deadline, written):
             return {"survived": False, "why": "no entry file was written after the disk had room"}
         now = _stats(soak.client).get("disk_writes_lost", 0)
         return {
             "survived": True,
-            "mark": f"{ballast >> 20} MiB of ballast; {now - lost} writes lost and reported, "
-            "files written after",
+            "mark": f"full {full_s:.0f} s, {ballast >> 20} MiB of ballast; {now - lost} writes "
+            "lost and reported, files written after",
         }
 
     def _disconnect(self, deadline: float) -> dict:

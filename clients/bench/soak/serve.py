@@ -77,6 +77,7 @@ class Serve:
         self.starts = 0
         self.failed_starts: list[str] = []  # the tail of each failed start's output
         self._raylet: tuple[int, int] | None = None  # (pid, its node manager's gRPC port)
+        self._store: tuple | None = None  # (port, channel, stub, metadata) to the raylet
 
     @property
     def address(self) -> str:
@@ -244,25 +245,44 @@ class Serve:
     def object_store_bytes(self) -> int | None:
         """Bytes in Ray's object store: the raylet's `store_stats.object_store_bytes_used`
         from its GetNodeStats (memory info left out: no worker is asked), sent with the
-        local Ray's token; None when unread."""
+        local Ray's token; None when unread. One channel serves the run: opened again
+        only after an error or when the raylet is a new one (a new port)."""
         import grpc
-        from ray._raylet import AuthenticationTokenLoader
-        from ray.core.generated import node_manager_pb2, node_manager_pb2_grpc
+        from ray.core.generated import node_manager_pb2
 
         port = self.raylet_port()
         if port is None:
             return None
+        if self._store is None or self._store[0] != port:
+            self._close_store()
+            self._store = (port, *self._open_store(port))
+        _, channel, stub, metadata = self._store
+        request = node_manager_pb2.GetNodeStatsRequest(include_memory_info=False)
+        try:
+            reply = stub.GetNodeStats(request, timeout=5, metadata=metadata)
+        except grpc.RpcError:
+            self._close_store()
+            return None
+        return int(reply.store_stats.object_store_bytes_used)
+
+    @staticmethod
+    def _open_store(port: int) -> tuple:
+        """(channel, stub, metadata) of the raylet's node manager on `port`."""
+        import grpc
+        from ray._raylet import AuthenticationTokenLoader
+        from ray.core.generated import node_manager_pb2_grpc
+
         token = AuthenticationTokenLoader.instance().get_token_for_http_header(
             ignore_auth_mode=True
         )
-        request = node_manager_pb2.GetNodeStatsRequest(include_memory_info=False)
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = node_manager_pb2_grpc.NodeManagerServiceStub(channel)
-            try:
-                reply = stub.GetNodeStats(request, timeout=5, metadata=tuple(token.items()))
-            except grpc.RpcError:
-                return None
-        return int(reply.store_stats.object_store_bytes_used)
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        stub = node_manager_pb2_grpc.NodeManagerServiceStub(channel)
+        return channel, stub, tuple(token.items())
+
+    def _close_store(self) -> None:
+        if self._store is not None:
+            self._store[1].close()
+            self._store = None
 
     def raylet_port(self) -> int | None:
         """The raylet's node manager port: it picks one at start (`--node_manager_port=0`)

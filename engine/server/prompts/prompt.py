@@ -159,8 +159,7 @@ class PromptBuilder:
                 inp.continue_final_message,
                 inp.template_kwargs,
             )
-            ids, starts = encode_with_offsets(self.tokenizer, text)
-            tokens = tuple(ids)
+            tokens, starts = encode_with_offsets(self.tokenizer, text)
             anchor = self.anchor_length(messages, inp.tools, tokens, text)
             layout = self.layouts.layout(messages, inp.tools, text, starts, tokens)
             if inp.marks and layout.starts:

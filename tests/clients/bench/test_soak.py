@@ -232,6 +232,8 @@ def test_the_object_store_is_read_from_the_raylet_of_a_ray_without_metrics(tmp_p
         assert serve.process.stdout.readline().strip() == "held"
         assert "--metrics-port" not in serve.command()
         assert 8 << 20 <= serve.object_store_bytes() < 9 << 20
+        channel = serve._store[1]  # one channel for the run, not one a sample
+        assert 8 << 20 <= serve.object_store_bytes() < 9 << 20 and serve._store[1] is channel
     finally:
         serve.process.stdin.close()
         serve.kill()
@@ -260,3 +262,57 @@ def test_the_front_ends_heap_is_compared_between_two_snapshots(model_cache_dir, 
     assert life["gc"][1]["objects"][2] > 10_000 and len(life["gc"][1]["stats"]) == 3
     assert re.search(r"\.py:\d+$", life["top"][0]["line"]), life["top"][0]
     assert f"front end {serve.pid}" in format_growth([life])[0]
+
+
+class _InProcess:
+    """The two calls the disk fault makes of the soak's client, answered by an engine in
+    this process (real MLX, manager and disk tier) as the server answers them. `room`: a
+    file its first request deletes, as the engine's evictions free room on the full disk."""
+
+    def __init__(self, engine, store, room: Path, serve: bool = True):
+        self.engine, self.store, self.room, self.serve = engine, store, room, serve
+
+    def generate(self, prompt_ids, max_tokens, namespace):
+        self.room.unlink(missing_ok=True)
+        if self.serve:
+            self.engine.run(prompt_ids, max_tokens=max_tokens, namespace=namespace)
+
+    def cache_stats(self) -> dict:
+        self.store.flush(5)
+        self.engine.report_lost()
+        return {"disk_writes_lost": self.engine.manager.stats().disk_writes_lost}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the disk-full fault mounts a tmpfs (as root)")
+def test_the_disk_fault_keeps_the_disk_full_until_a_lost_write_is_reported(
+    model_cache_dir, random_model_dir, tmp_path
+):
+    """Room freed on the full disk after it was filled (8 MiB, more than the window's
+    writes need) is taken back, so the probes' writes are lost and reported; where no
+    write comes due the fault ends within its bound and says so."""
+    import time
+
+    from clients.bench.soak.disk import SmallDisk
+    from tests.storage.full_disk import loaded, open_engine
+
+    disk = SmallDisk(tmp_path / "cache", 64 << 20)
+    assert disk.mount(), disk.why
+    try:
+        config, model = loaded(model_cache_dir, random_model_dir, disk.path)
+        engine, store, _ = open_engine(config, model)
+        args = SimpleNamespace(disk_full=1.0)
+        for serve in (True, False):
+            room = disk.path / "room"
+            room.write_bytes(b"\0" * (8 << 20))
+            client = _InProcess(engine, store, room, serve)
+            soak = SimpleNamespace(disk=disk, client=client, entries=store.directory)
+            start = time.monotonic()
+            result = faults.Schedule(soak, [], args)._disk(start + 60)
+            if serve:
+                assert result["survived"], result
+            else:
+                assert not result["survived"] and "no entry file was written" in result["why"]
+                assert time.monotonic() - start < faults.FULL_AT_MOST + 3, result
+        store.close(5)
+    finally:
+        disk.unmount()

@@ -99,8 +99,11 @@ class ModelConfig:
         "their fixed cost (learned); larger: fewer, longer chunks, and a newcomer waits longer "
         "for the one in flight (within --prefill-chunk-max)",
     )
+    # 1.1, not 1.25: at 1.25 a cold prompt beside sub-agents' warm turns spent a fifth of its
+    # time on their chunks and reached its first token at 0.86x mlx-vlm's rate with MLX's own
+    # kernels; at 1.1 at 1.07x, for +7% on the warm turns' median (docs/benchmarks.md).
     prefill_wait_bound: float = setting(
-        1.25,
+        1.1,
         "srpt: no prompt's prefill ends later than X times first-come-first-served would "
         "end it (counted in prefill tokens plus each chunk's fixed cost and decode step in "
         "tokens' worth, plus one chunk); 1 is fifo, 0 turns the bound off (aging alone)",

@@ -106,7 +106,7 @@ def test_a_long_cold_prompt_among_short_ones_ends_within_the_bound(
     assert (free.get(1, float("inf")) > bound * fcfs_ends[1] + budget) == starves
 
 
-@pytest.mark.parametrize("bound", [1.25, 2.0])
+@pytest.mark.parametrize("bound", [1.1, 1.25, 2.0])
 def test_the_bound_holds_in_time_where_each_chunk_has_a_fixed_cost(bound):
     # A chunk's fixed cost twice a short prompt's tokens: counted in tokens, a stream of
     # short prompts looks cheap and keeps the long one out far past its bound in time.
@@ -150,7 +150,7 @@ def test_a_bound_below_one_is_refused(bound):
 def test_the_setting_is_checked_where_it_is_declared():
     from engine.config.model import ModelConfig
 
-    assert ModelConfig().prefill_wait_bound == 1.25
+    assert ModelConfig().prefill_wait_bound == 1.1
     with pytest.raises(ValueError, match="--prefill-wait-bound"):
         ModelConfig(prefill_wait_bound=0.5)
     assert ModelConfig(prefill_wait_bound=0).prefill_wait_bound == 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -29,6 +30,7 @@ from engine.server.running.serve import (
     PROFILE_EVENTS_PER_TASK,
     RAY_JEMALLOC,
     TASK_EVENTS_IN_GCS,
+    ray_address_warning,
     ray_environment,
     ray_options,
 )
@@ -103,6 +105,18 @@ def test_a_local_ray_is_one_of_its_own_whatever_cluster_the_machine_names():
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     assert out == {"cpus": 1.0}
+
+
+def test_the_ray_address_warning_names_the_flag_that_joins_a_cluster():
+    """Where RAY_ADDRESS is set and no address given, the serve says how to join a cluster:
+    with a flag `lineage serve` takes."""
+    from engine.config.declare import settings_of
+
+    said = ray_address_warning(_config(), {"RAY_ADDRESS": "10.0.0.1:6379"})
+    flag = re.search(r"--[a-z-]+", said).group()
+    assert flag in {s.flag for s in settings_of(ServerConfig)}, said
+    assert ray_address_warning(_config(), {"RAY_ADDRESS": ""}) is None
+    assert ray_address_warning(_config(address="auto"), {"RAY_ADDRESS": "10.0.0.1:6379"}) is None
 
 
 def test_the_log_settings_are_server_settings():

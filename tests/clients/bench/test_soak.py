@@ -239,6 +239,27 @@ def test_the_object_store_is_read_from_the_raylet_of_a_ray_without_metrics(tmp_p
         serve.kill()
 
 
+def test_the_channel_to_the_raylet_is_closed_when_the_serve_stops(tmp_path):
+    """The run's end (kill) and a restart's stop close the object-store reader's channel."""
+    import grpc
+    from ray.core.generated import node_manager_pb2
+
+    from clients.bench.soak.serve import Serve, free_port
+
+    serve = Serve(tmp_path, tmp_path / "cache", [], "soak-store")
+    request = node_manager_pb2.GetNodeStatsRequest(include_memory_info=False)
+    for end in (serve.kill, serve.stop):
+        port = free_port()  # nobody listens: open, a call is refused by the peer
+        serve._store = (port, *Serve._open_store(port))
+        stub = serve._store[2]
+        with pytest.raises(grpc.RpcError):
+            stub.GetNodeStats(request, timeout=5)
+        end()
+        assert serve._store is None, "the channel was left open"  # (its repr holds the token)
+        with pytest.raises(ValueError, match="closed channel"):
+            stub.GetNodeStats(request, timeout=5)
+
+
 @pytest.mark.ray
 def test_the_front_ends_heap_is_compared_between_two_snapshots(model_cache_dir, tmp_path):
     """A real `lineage serve` with its heap traced writes a snapshot on SIGUSR2 (and keeps

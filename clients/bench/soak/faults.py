@@ -120,7 +120,7 @@ class Schedule(threading.Thread):
             # most FULL_AT_MOST times that): the probes' commits bring writes due, and the
             # room the engine's deletes free is taken back, so a write finds none.
             while time.monotonic() < longest and not (reported and time.monotonic() >= shortest):
-                self._served(deadline)
+                self._served(longest)  # a serve that refuses requests ends the window no later
                 ballast += disk.fill()
                 time.sleep(0.5)
                 reported = _stats(soak.client).get("disk_writes_lost", 0) > lost

@@ -288,13 +288,18 @@ def test_the_front_ends_heap_is_compared_between_two_snapshots(model_cache_dir, 
 class _InProcess:
     """The two calls the disk fault makes of the soak's client, answered by an engine in
     this process (real MLX, manager and disk tier) as the server answers them. `room`: a
-    file its first request deletes, as the engine's evictions free room on the full disk."""
+    file its first request deletes, as the engine's evictions free room on the full disk.
+    `serve`: False, no request is served; "refused", each is refused with an error."""
 
     def __init__(self, engine, store, room: Path, serve: bool = True):
         self.engine, self.store, self.room, self.serve = engine, store, room, serve
 
     def generate(self, prompt_ids, max_tokens, namespace):
+        from clients.client import LineageError
+
         self.room.unlink(missing_ok=True)
+        if self.serve == "refused":  # as a server answers a request it cannot serve
+            raise LineageError("UNAVAILABLE", "the engine refused the request")
         if self.serve:
             self.engine.run(prompt_ids, max_tokens=max_tokens, namespace=namespace)
 
@@ -310,7 +315,8 @@ def test_the_disk_fault_keeps_the_disk_full_until_a_lost_write_is_reported(
 ):
     """Room freed on the full disk after it was filled (8 MiB, more than the window's
     writes need) is taken back, so the probes' writes are lost and reported; where no
-    write comes due the fault ends within its bound and says so."""
+    write comes due (or the serve refuses every request) the fault ends within its bound
+    and says so."""
     import time
 
     from clients.bench.soak.disk import SmallDisk
@@ -322,14 +328,14 @@ def test_the_disk_fault_keeps_the_disk_full_until_a_lost_write_is_reported(
         config, model = loaded(model_cache_dir, random_model_dir, disk.path)
         engine, store, _ = open_engine(config, model)
         args = SimpleNamespace(disk_full=1.0)
-        for serve in (True, False):
+        for serve in (True, False, "refused"):
             room = disk.path / "room"
             room.write_bytes(b"\0" * (8 << 20))
             client = _InProcess(engine, store, room, serve)
             soak = SimpleNamespace(disk=disk, client=client, entries=store.directory)
             start = time.monotonic()
             result = faults.Schedule(soak, [], args)._disk(start + 60)
-            if serve:
+            if serve is True:
                 assert result["survived"], result
             else:
                 assert not result["survived"] and "no entry file was written" in result["why"]

@@ -111,11 +111,11 @@ class Schedule(threading.Thread):
         lost = _stats(soak.client).get("disk_writes_lost", 0)
         before = _newest_file(soak.entries)
         start = time.monotonic()
-        ballast = disk.fill()
         shortest = start + self.args.disk_full
         longest = min(deadline, start + FULL_AT_MOST * self.args.disk_full)
         reported = False
         try:
+            ballast = disk.fill()  # inside: a fill that fails part way is emptied too
             # Full for `--disk-full` seconds, and on until a lost write was reported (at
             # most FULL_AT_MOST times that): the probes' commits bring writes due, and the
             # room the engine's deletes free is taken back, so a write finds none.

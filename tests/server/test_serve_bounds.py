@@ -95,13 +95,15 @@ ray.shutdown()
 
 
 @pytest.mark.ray
-def test_a_local_ray_is_one_of_its_own_whatever_cluster_the_machine_names():
-    """`lineage serve` without --ray-address starts its own Ray, beside a stale cluster
-    address in Ray's temp dir and a RAY_ADDRESS (a ValueError on its settings, or a
-    ConnectionError, when it joined what these named)."""
+@pytest.mark.parametrize("given", [{}, {"RAY_ADDRESS": "127.0.0.1:9"}], ids=["file", "env"])
+def test_a_local_ray_is_one_of_its_own_whatever_cluster_the_machine_names(given):
+    """`lineage serve` without --address starts its own Ray, beside a stale cluster
+    address in Ray's temp dir, and beside a RAY_ADDRESS too (Ray reads that first: the
+    file alone is its own case) (a ValueError on its settings, or a ConnectionError,
+    when it joined what these named)."""
     tmp = tempfile.mkdtemp(prefix="lrt", dir="/tmp")  # short: Ray's socket paths live here
     try:
-        _, out = _driven(STALE, RAY_TMPDIR=tmp, RAY_ADDRESS="127.0.0.1:9")
+        _, out = _driven(STALE, RAY_TMPDIR=tmp, **given)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     assert out == {"cpus": 1.0}

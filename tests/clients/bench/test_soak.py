@@ -343,3 +343,23 @@ def test_the_disk_fault_keeps_the_disk_full_until_a_lost_write_is_reported(
         store.close(5)
     finally:
         disk.unmount()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the disk-full fault mounts a tmpfs (as root)")
+def test_the_ballast_never_fills_the_disk_under_the_small_one_once_unmounted(tmp_path):
+    """A fault still topping up its ballast as the soak ends (and unmounts the small disk)
+    writes nothing: the directory is then the disk beneath it (here a tmpfs of its own)."""
+    from clients.bench.soak.disk import BALLAST, SmallDisk
+
+    beneath = SmallDisk(tmp_path / "beneath", 32 << 20)
+    assert beneath.mount(), beneath.why
+    try:
+        disk = SmallDisk(beneath.path / "cache", 8 << 20)
+        assert disk.mount(), disk.why
+        assert 7 << 20 <= disk.fill() <= 8 << 20
+        disk.empty()
+        disk.unmount()
+        assert disk.fill() == 0 and not (disk.path / BALLAST).exists()
+        assert beneath.free() > 30 << 20
+    finally:
+        beneath.unmount()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -29,6 +30,7 @@ from engine.server.running.serve import (
     PROFILE_EVENTS_PER_TASK,
     RAY_JEMALLOC,
     TASK_EVENTS_IN_GCS,
+    ray_address_warning,
     ray_environment,
     ray_options,
 )
@@ -93,16 +95,30 @@ ray.shutdown()
 
 
 @pytest.mark.ray
-def test_a_local_ray_is_one_of_its_own_whatever_cluster_the_machine_names():
-    """`lineage serve` without --ray-address starts its own Ray, beside a stale cluster
-    address in Ray's temp dir and a RAY_ADDRESS (a ValueError on its settings, or a
-    ConnectionError, when it joined what these named)."""
+@pytest.mark.parametrize("given", [{}, {"RAY_ADDRESS": "127.0.0.1:9"}], ids=["file", "env"])
+def test_a_local_ray_is_one_of_its_own_whatever_cluster_the_machine_names(given):
+    """`lineage serve` without --address starts its own Ray, beside a stale cluster
+    address in Ray's temp dir, and beside a RAY_ADDRESS too (Ray reads that first: the
+    file alone is its own case) (a ValueError on its settings, or a ConnectionError,
+    when it joined what these named)."""
     tmp = tempfile.mkdtemp(prefix="lrt", dir="/tmp")  # short: Ray's socket paths live here
     try:
-        _, out = _driven(STALE, RAY_TMPDIR=tmp, RAY_ADDRESS="127.0.0.1:9")
+        _, out = _driven(STALE, RAY_TMPDIR=tmp, **given)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     assert out == {"cpus": 1.0}
+
+
+def test_the_ray_address_warning_names_the_flag_that_joins_a_cluster():
+    """Where RAY_ADDRESS is set and no address given, the serve says how to join a cluster:
+    with a flag `lineage serve` takes."""
+    from engine.config.declare import settings_of
+
+    said = ray_address_warning(_config(), {"RAY_ADDRESS": "10.0.0.1:6379"})
+    flag = re.search(r"--[a-z-]+", said).group()
+    assert flag in {s.flag for s in settings_of(ServerConfig)}, said
+    assert ray_address_warning(_config(), {"RAY_ADDRESS": ""}) is None
+    assert ray_address_warning(_config(address="auto"), {"RAY_ADDRESS": "10.0.0.1:6379"}) is None
 
 
 def test_the_log_settings_are_server_settings():

@@ -28,6 +28,7 @@ class SmallDisk:
         self.path, self.size = Path(path), size
         self.mounted = False
         self.why = ""  # why no filesystem of its own ("" once mounted)
+        self._device: int | None = None  # the tmpfs's st_dev while mounted
 
     def mount(self) -> bool:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -42,11 +43,12 @@ class SmallDisk:
         if done.returncode != 0:
             self.why = f"mount of a tmpfs failed: {done.stderr.strip()}"
             return False
-        self.mounted = True
+        self.mounted, self._device = True, os.stat(self.path).st_dev
         return True
 
     def unmount(self) -> None:
         if self.mounted:
+            self.mounted, self._device = False, None  # before: a fill under way stops
             subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
             self.mounted = False
 
@@ -56,13 +58,23 @@ class SmallDisk:
 
     def fill(self) -> int:
         """Grow the ballast up to the filesystem's last free byte; the bytes added. Called
-        again, it takes back what was freed meanwhile (the engine's own deletes)."""
+        again, it takes back what was freed meanwhile (the engine's own deletes). Nothing
+        once unmounted: the directory is then the machine's own disk (a fault still under
+        way as the soak ends)."""
         written = 0
         chunk = b"\0" * (1 << 20)
+        device = self._device
+        if device is None:
+            return 0
         with open(self.path / BALLAST, "ab", buffering=0) as f:
+            if os.fstat(f.fileno()).st_dev != device:  # unmounted meanwhile
+                os.unlink(self.path / BALLAST)
+                return 0
             while True:
                 try:
-                    written += f.write(chunk[: max(4096, min(len(chunk), self.free()))])
+                    st = os.fstatvfs(f.fileno())  # the ballast's own filesystem
+                    room = st.f_bavail * st.f_frsize
+                    written += f.write(chunk[: max(4096, min(len(chunk), room))])
                 except OSError as e:
                     if e.errno != errno.ENOSPC:
                         raise

@@ -111,16 +111,16 @@ class Schedule(threading.Thread):
         lost = _stats(soak.client).get("disk_writes_lost", 0)
         before = _newest_file(soak.entries)
         start = time.monotonic()
-        ballast = disk.fill()
         shortest = start + self.args.disk_full
         longest = min(deadline, start + FULL_AT_MOST * self.args.disk_full)
         reported = False
         try:
+            ballast = disk.fill()  # inside: a fill that fails part way is emptied too
             # Full for `--disk-full` seconds, and on until a lost write was reported (at
             # most FULL_AT_MOST times that): the probes' commits bring writes due, and the
             # room the engine's deletes free is taken back, so a write finds none.
             while time.monotonic() < longest and not (reported and time.monotonic() >= shortest):
-                self._served(deadline)
+                self._served(longest)  # a serve that refuses requests ends the window no later
                 ballast += disk.fill()
                 time.sleep(0.5)
                 reported = _stats(soak.client).get("disk_writes_lost", 0) > lost

@@ -26,6 +26,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -78,6 +79,8 @@ class Serve:
         self.failed_starts: list[str] = []  # the tail of each failed start's output
         self._raylet: tuple[int, int] | None = None  # (pid, its node manager's gRPC port)
         self._store: tuple | None = None  # (port, channel, stub, metadata) to the raylet
+        # The sampler reads through it while the faults' thread stops the serve (closes it).
+        self._store_lock = threading.Lock()
 
     @property
     def address(self) -> str:
@@ -143,6 +146,7 @@ class Serve:
         Whatever of its process group outlives `timeout` is killed (and counted)."""
         import psutil
 
+        self._close_store()  # its raylet goes with it
         if self.process is None:
             return {"seconds": 0.0, "returncode": None, "killed": 0}
         group = self._group()
@@ -164,6 +168,7 @@ class Serve:
         group and any descendant Ray started in a session of its own."""
         import psutil
 
+        self._close_store()  # the run's end, or its raylet goes with it
         if self.process is not None:
             group = self._group()
             try:
@@ -246,23 +251,25 @@ class Serve:
         """Bytes in Ray's object store: the raylet's `store_stats.object_store_bytes_used`
         from its GetNodeStats (memory info left out: no worker is asked), sent with the
         local Ray's token; None when unread. One channel serves the run: opened again
-        only after an error or when the raylet is a new one (a new port)."""
+        only after an error or when the raylet is a new one (a new port), closed when the
+        serve is stopped or killed."""
         import grpc
         from ray.core.generated import node_manager_pb2
 
         port = self.raylet_port()
         if port is None:
             return None
-        if self._store is None or self._store[0] != port:
-            self._close_store()
-            self._store = (port, *self._open_store(port))
-        _, channel, stub, metadata = self._store
         request = node_manager_pb2.GetNodeStatsRequest(include_memory_info=False)
-        try:
-            reply = stub.GetNodeStats(request, timeout=5, metadata=metadata)
-        except grpc.RpcError:
-            self._close_store()
-            return None
+        with self._store_lock:
+            if self._store is None or self._store[0] != port:
+                self._drop_store()
+                self._store = (port, *self._open_store(port))
+            _, channel, stub, metadata = self._store
+            try:
+                reply = stub.GetNodeStats(request, timeout=5, metadata=metadata)
+            except grpc.RpcError:
+                self._drop_store()
+                return None
         return int(reply.store_stats.object_store_bytes_used)
 
     @staticmethod
@@ -280,6 +287,11 @@ class Serve:
         return channel, stub, tuple(token.items())
 
     def _close_store(self) -> None:
+        """Close the channel to the raylet (a sample under way ends first)."""
+        with self._store_lock:
+            self._drop_store()
+
+    def _drop_store(self) -> None:
         if self._store is not None:
             self._store[1].close()
             self._store = None

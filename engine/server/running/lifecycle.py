@@ -33,6 +33,7 @@ from engine.server.running.serve import (
     RunningEngine,
     StartError,
     loopback_ray,
+    ray_address_warning,
     ray_environment,
     ray_options,
     start_engine,
@@ -85,11 +86,9 @@ def run(config: EngineConfig, sidecars: Sequence[Sidecar] = ()) -> int:
         if not config.server.address and not config.server.ray_public:
             loopback_ray()
         os.environ.update(ray_environment(config))
-        if not config.server.address and os.environ.get("RAY_ADDRESS"):
-            log.warning(
-                "RAY_ADDRESS is set; lineage serve starts a Ray of its own: "
-                "join a cluster with --ray-address (LINEAGE_RAY_ADDRESS)"
-            )
+        ignored = ray_address_warning(config, os.environ)
+        if ignored:
+            log.warning(ignored)
         ctx = ray.init(**ray_options(config))
         dashboard = getattr(ctx, "dashboard_url", "") or ""
     left: list[str] = []  # the stop steps left waiting on Ray

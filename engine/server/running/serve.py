@@ -514,6 +514,17 @@ def ray_environment(config: EngineConfig) -> dict[str, str]:
     return {"RAY_JEMALLOC_CONF": RAY_JEMALLOC, "RAY_JEMALLOC_PROFILE": "gcs_server,raylet"}
 
 
+def ray_address_warning(config: EngineConfig, environ: Mapping[str, str]) -> str | None:
+    """What `lineage serve` warns where RAY_ADDRESS names a cluster it will not join (no
+    address given: a Ray of its own, ray_options); None where nothing is ignored."""
+    if config.server.address or not environ.get("RAY_ADDRESS"):
+        return None
+    return (
+        "RAY_ADDRESS is set; lineage serve starts a Ray of its own: join a cluster with "
+        + label_of(type(config.server), "address")
+    )
+
+
 def ray_options(config: EngineConfig) -> dict:
     """`ray.init`'s keyword arguments for `lineage serve` (a local Ray, or the cluster's).
 

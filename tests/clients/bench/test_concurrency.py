@@ -93,3 +93,13 @@ def test_the_trace_traffic_shares_a_conversations_text_between_its_turns():
     assert summary["requests"] == 60 and summary["cold"] == 60 - len(warm)
     report = {"traffic": summary, "runs": {}}
     assert "first turns" in format_table(report)
+
+
+def test_a_srpt_bound_run_takes_the_wait_bounds_the_engine_takes():
+    from clients.bench.concurrency import ConcurrencyOptions, _bound_run, run_bench
+
+    assert _bound_run("srpt-bound2.5") == 2.5 and _bound_run("srpt-bound0") == 0.0
+    for name in ("srpt-bound0.5", "srpt-bound", "srpt-boundx", "srpt-boundnan", "fifo-bound2"):
+        assert _bound_run(name) is None, name
+    with pytest.raises(ValueError, match="unknown runs.*srpt-bound0.5"):
+        run_bench(ConcurrencyOptions(model="", runs=("srpt-bound4", "srpt-bound0.5")))

@@ -239,6 +239,27 @@ def test_the_object_store_is_read_from_the_raylet_of_a_ray_without_metrics(tmp_p
         serve.kill()
 
 
+def test_the_channel_to_the_raylet_is_closed_when_the_serve_stops(tmp_path):
+    """The run's end (kill) and a restart's stop close the object-store reader's channel."""
+    import grpc
+    from ray.core.generated import node_manager_pb2
+
+    from clients.bench.soak.serve import Serve, free_port
+
+    serve = Serve(tmp_path, tmp_path / "cache", [], "soak-store")
+    request = node_manager_pb2.GetNodeStatsRequest(include_memory_info=False)
+    for end in (serve.kill, serve.stop):
+        port = free_port()  # nobody listens: open, a call is refused by the peer
+        serve._store = (port, *Serve._open_store(port))
+        stub = serve._store[2]
+        with pytest.raises(grpc.RpcError):
+            stub.GetNodeStats(request, timeout=5)
+        end()
+        assert serve._store is None, "the channel was left open"  # (its repr holds the token)
+        with pytest.raises(ValueError, match="closed channel"):
+            stub.GetNodeStats(request, timeout=5)
+
+
 @pytest.mark.ray
 def test_the_front_ends_heap_is_compared_between_two_snapshots(model_cache_dir, tmp_path):
     """A real `lineage serve` with its heap traced writes a snapshot on SIGUSR2 (and keeps
@@ -267,13 +288,18 @@ def test_the_front_ends_heap_is_compared_between_two_snapshots(model_cache_dir, 
 class _InProcess:
     """The two calls the disk fault makes of the soak's client, answered by an engine in
     this process (real MLX, manager and disk tier) as the server answers them. `room`: a
-    file its first request deletes, as the engine's evictions free room on the full disk."""
+    file its first request deletes, as the engine's evictions free room on the full disk.
+    `serve`: False, no request is served; "refused", each is refused with an error."""
 
     def __init__(self, engine, store, room: Path, serve: bool = True):
         self.engine, self.store, self.room, self.serve = engine, store, room, serve
 
     def generate(self, prompt_ids, max_tokens, namespace):
+        from clients.client import LineageError
+
         self.room.unlink(missing_ok=True)
+        if self.serve == "refused":  # as a server answers a request it cannot serve
+            raise LineageError("UNAVAILABLE", "the engine refused the request")
         if self.serve:
             self.engine.run(prompt_ids, max_tokens=max_tokens, namespace=namespace)
 
@@ -289,7 +315,8 @@ def test_the_disk_fault_keeps_the_disk_full_until_a_lost_write_is_reported(
 ):
     """Room freed on the full disk after it was filled (8 MiB, more than the window's
     writes need) is taken back, so the probes' writes are lost and reported; where no
-    write comes due the fault ends within its bound and says so."""
+    write comes due (or the serve refuses every request) the fault ends within its bound
+    and says so."""
     import time
 
     from clients.bench.soak.disk import SmallDisk
@@ -301,14 +328,14 @@ def test_the_disk_fault_keeps_the_disk_full_until_a_lost_write_is_reported(
         config, model = loaded(model_cache_dir, random_model_dir, disk.path)
         engine, store, _ = open_engine(config, model)
         args = SimpleNamespace(disk_full=1.0)
-        for serve in (True, False):
+        for serve in (True, False, "refused"):
             room = disk.path / "room"
             room.write_bytes(b"\0" * (8 << 20))
             client = _InProcess(engine, store, room, serve)
             soak = SimpleNamespace(disk=disk, client=client, entries=store.directory)
             start = time.monotonic()
             result = faults.Schedule(soak, [], args)._disk(start + 60)
-            if serve:
+            if serve is True:
                 assert result["survived"], result
             else:
                 assert not result["survived"] and "no entry file was written" in result["why"]
@@ -316,3 +343,23 @@ def test_the_disk_fault_keeps_the_disk_full_until_a_lost_write_is_reported(
         store.close(5)
     finally:
         disk.unmount()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the disk-full fault mounts a tmpfs (as root)")
+def test_the_ballast_never_fills_the_disk_under_the_small_one_once_unmounted(tmp_path):
+    """A fault still topping up its ballast as the soak ends (and unmounts the small disk)
+    writes nothing: the directory is then the disk beneath it (here a tmpfs of its own)."""
+    from clients.bench.soak.disk import BALLAST, SmallDisk
+
+    beneath = SmallDisk(tmp_path / "beneath", 32 << 20)
+    assert beneath.mount(), beneath.why
+    try:
+        disk = SmallDisk(beneath.path / "cache", 8 << 20)
+        assert disk.mount(), disk.why
+        assert 7 << 20 <= disk.fill() <= 8 << 20
+        disk.empty()
+        disk.unmount()
+        assert disk.fill() == 0 and not (disk.path / BALLAST).exists()
+        assert beneath.free() > 30 << 20
+    finally:
+        beneath.unmount()

@@ -10,6 +10,7 @@ import time
 import grpc
 
 from engine.proto import engine_pb2, engine_pb2_grpc
+from tests.actors.test_inspection import _figures, _scrape, _until
 from tests.server.test_server import collect, request
 
 
@@ -37,7 +38,7 @@ class FirstRequest:
         assert not self.finals, "the first prompt ended before the second was sent"
 
 
-def test_a_turn_extending_one_still_prefilling_restores_its_prompt_end(random_engine):
+def test_a_turn_extending_one_still_prefilling_restores_its_prompt_end(random_engine, metrics_port):
     channel = grpc.insecure_channel(random_engine.address)
     stub = engine_pb2_grpc.EngineStub(channel)
     first = [(i * 59) % 3500 + 40 for i in range(8000)]
@@ -57,6 +58,21 @@ def test_a_turn_extending_one_still_prefilling_restores_its_prompt_end(random_en
     guard_slack = random_engine.config.cache.guard_offset
     assert second.usage.cached_tokens >= len(first) - guard_slack, second.usage
     assert waited > 0
+    # Ray's Prometheus export shows the same count (a figure that moved, not a zero).
+    tag = random_engine.config.server.ray_namespace
+
+    def exported() -> float:
+        return _figures(_scrape(metrics_port, tag), "ray_lineage_flight_waits_total")
+
+    total = stub_flight_waits(random_engine)
+    assert _until(lambda: exported() == total, deadline=30), (exported(), total)
+
+
+def stub_flight_waits(engine) -> int:
+    """CacheStats' flight_waits of `engine`, on a channel of its own."""
+    with grpc.insecure_channel(engine.address) as channel:
+        stub = engine_pb2_grpc.EngineStub(channel)
+        return stub.CacheStats(engine_pb2.CacheStatsRequest()).flight_waits
 
 
 def test_a_turn_extending_one_still_decoding_restores_its_prompt_end_before_it_ends(

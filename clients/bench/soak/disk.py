@@ -50,7 +50,6 @@ class SmallDisk:
         if self.mounted:
             self.mounted, self._device = False, None  # before: a fill under way stops
             subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
-            self.mounted = False
 
     def free(self) -> int:
         st = os.statvfs(self.path)

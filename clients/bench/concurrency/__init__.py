@@ -75,14 +75,13 @@ def _chunk_run(name: str) -> bool:
 
 
 def _bound_run(name: str) -> float | None:
-    """X of `srpt-boundX` where X is a wait bound the engine takes (0, or at least 1)."""
+    """X of `srpt-boundX` where X is a wait bound the engine takes (its own check, ModelConfig)."""
     if not name.startswith("srpt-bound"):
         return None
     try:
-        x = float(name[len("srpt-bound") :])
+        return ModelConfig(prefill_wait_bound=float(name[len("srpt-bound") :])).prefill_wait_bound
     except ValueError:
         return None
-    return x if x == 0 or x >= 1 else None
 
 
 PROBE_SHORT = 200  # new tokens of the probe's warm turn
@@ -283,7 +282,9 @@ def run_bench(opts: ConcurrencyOptions) -> dict:
         r for r in opts.runs if r not in named and not _chunk_run(r) and _bound_run(r) is None
     ]
     if unknown:
-        raise ValueError(f"unknown runs {unknown} (use some of {', '.join(RUNS + EXTRA_RUNS)})")
+        raise ValueError(
+            f"unknown runs {unknown} (use some of {', '.join(named)}, srpt-chunkN, srpt-boundX)"
+        )
     if opts.traffic == "trace":
         from clients.bench.concurrency.trace import TraceTraffic
 

@@ -108,7 +108,15 @@ class Schedule(threading.Thread):
         soak, disk = self.soak, self.soak.disk
         if not disk.mounted:
             return {"survived": False, "why": disk.why}
-        lost = _stats(soak.client).get("disk_writes_lost", 0)
+        lost = None  # read before the fault, or the fault proves nothing
+
+        def counted() -> bool:
+            nonlocal lost
+            lost = _lost_writes(soak.client)
+            return lost is not None
+
+        if not _until(min(deadline, time.monotonic() + 30), counted):
+            return {"survived": False, "why": "the serve's lost-write count could not be read"}
         before = _newest_file(soak.entries)
         start = time.monotonic()
         shortest = start + self.args.disk_full
@@ -123,7 +131,7 @@ class Schedule(threading.Thread):
                 self._served(longest)  # a serve that refuses requests ends the window no later
                 ballast += disk.fill()
                 time.sleep(0.5)
-                reported = _stats(soak.client).get("disk_writes_lost", 0) > lost
+                reported = (_lost_writes(soak.client) or 0) > lost
             full_s = time.monotonic() - start
             newest = _newest_file(soak.entries)
         finally:
@@ -131,7 +139,7 @@ class Schedule(threading.Thread):
         if not reported:  # the last writes' report may still be on its way
             reported = _until(
                 min(deadline, time.monotonic() + self.args.disk_full),
-                lambda: _stats(soak.client).get("disk_writes_lost", 0) > lost,
+                lambda: (_lost_writes(soak.client) or 0) > lost,
             )
         if not reported:
             wrote = "entry files were written" if newest > before else "no entry file was written"
@@ -149,7 +157,7 @@ class Schedule(threading.Thread):
 
         if not _until(deadline, written):
             return {"survived": False, "why": "no entry file was written after the disk had room"}
-        now = _stats(soak.client).get("disk_writes_lost", 0)
+        now = _lost_writes(soak.client) or lost
         return {
             "survived": True,
             "mark": f"full {full_s:.0f} s, {ballast >> 20} MiB of ballast; {now - lost} writes "
@@ -249,11 +257,13 @@ class Schedule(threading.Thread):
         return False
 
 
-def _stats(client) -> dict:
+def _lost_writes(client) -> int | None:
+    """The serve's count of disk writes lost and reported; None when it cannot be read now
+    (a fault's count is read before it: taken as 0, an earlier fault's count would pass it)."""
     try:
-        return client.cache_stats()
+        return int(client.cache_stats().get("disk_writes_lost", 0))
     except Exception:
-        return {}
+        return None
 
 
 def _newest_file(entries) -> int:

@@ -309,6 +309,28 @@ class _InProcess:
         return {"disk_writes_lost": self.engine.manager.stats().disk_writes_lost}
 
 
+def test_a_disk_fault_whose_lost_write_count_cannot_be_read_first_is_not_survived(tmp_path):
+    """The count read before the fault is its baseline: read as 0 when the serve does not
+    answer, an earlier fault's lost writes would pass this one. The disk is never filled."""
+    import time
+
+    class Unreadable:
+        def cache_stats(self):
+            raise ConnectionError("the serve is restarting")
+
+    class Untouched:
+        mounted = True
+
+        def fill(self):
+            raise AssertionError("the disk was filled without a baseline")
+
+    soak = SimpleNamespace(disk=Untouched(), client=Unreadable(), entries=tmp_path)
+    start = time.monotonic()
+    result = faults.Schedule(soak, [], SimpleNamespace(disk_full=1.0))._disk(start + 1.5)
+    assert not result["survived"] and "could not be read" in result["why"], result
+    assert time.monotonic() - start < 3
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="the disk-full fault mounts a tmpfs (as root)")
 def test_the_disk_fault_keeps_the_disk_full_until_a_lost_write_is_reported(
     model_cache_dir, random_model_dir, tmp_path

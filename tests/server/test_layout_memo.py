@@ -79,6 +79,51 @@ def test_a_conversation_that_goes_on_renders_only_its_new_prefixes(tokenizer):
     assert longer.layout.starts[: len(first.layout.starts)] == first.layout.starts
 
 
+class _Hashed:
+    """layout's hashlib, counting the bytes it hashes."""
+
+    def __init__(self):
+        self.bytes = 0
+
+    def blake2b(self, data: bytes, **kw):
+        self.bytes += len(data)
+        return hashlib.blake2b(data, **kw)
+
+
+def _rendered(head, tools, role, text, date="Monday"):
+    """A template's text before the message after `head` (a header with a date first)."""
+    return f"[{date}]" + "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in head)
+
+
+def test_a_long_conversation_hashes_its_text_once_over_and_a_changed_text_renders_again(
+    monkeypatch,
+):
+    """A warm layout checks each remembered start on the text since the start before, so
+    its hashing is linear in the prompt (it hashed every prefix: a 400-message prompt's
+    text 200 times over); a text that differs before a remembered start renders again."""
+    hashed = _Hashed()
+    monkeypatch.setattr(layout, "hashlib", hashed)
+    messages = conversation(3, turns=200)
+    text = _rendered(messages, None, "", "")
+    starts = [len(_rendered(messages[:k], None, "", "")) for k in range(len(messages))]
+    layouts = layout.Layouts(_rendered)
+    chars = range(len(text))  # a token a character
+    cold = layouts.layout(messages, None, text, chars, chars)
+    assert list(cold.starts) == starts and layouts.renders == len(messages)
+    hashed.bytes = 0
+    warm = layouts.layout(messages, None, text, chars, chars)
+    assert warm == cold and layouts.renders == len(messages)
+    # The digests, the key chain and the spans: a few times the text (every prefix: 200x).
+    assert hashed.bytes < 6 * len(text.encode()), (hashed.bytes, len(text))
+    # The same messages under another date: each start moves, found by rendering again.
+    later = layout.Layouts(lambda *a: _rendered(*a, date="Tuesday!"))
+    later.memo = layouts.memo
+    moved = _rendered(messages, None, "", "", date="Tuesday!")
+    shifted = [s + len("Tuesday!") - len("Monday") for s in starts]
+    again = later.layout(messages, None, moved, range(len(moved)), range(len(moved)))
+    assert list(again.starts) == shifted and later.renders == len(messages)
+
+
 def test_the_least_recently_used_key_of_its_slots_goes():
     memo = layout.Memo(entries=4, ways=4)  # one set of four slots: every key may take any
     for n in range(4):

@@ -90,8 +90,12 @@ def _chain(previous: bytes, item: str) -> bytes:
     return hashlib.blake2b(previous + item.encode(), digest_size=16).digest()
 
 
-def _text_hash(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+def _span_hash(text: str, after: int, char: int) -> int:
+    """A 64-bit hash of `text` between the start before (`after`) and `char`, and of where
+    that span begins (a span that begins elsewhere never matches)."""
+    lo = min(after, char)
+    span = lo.to_bytes(8, "little") + text[lo:char].encode()
+    return int.from_bytes(hashlib.blake2b(span, digest_size=8).digest(), "little")
 
 
 class Memo:
@@ -183,25 +187,34 @@ class Layouts:
         # system prompt and, where the template puts them first, the tools).
         # The memo's key: the tools, the messages before, and the next message's role (what
         # the template writes before a message may depend on its role).
-        first = self._start(_chain(key, roles[0]), [], tools, roles[0], text) or 0
+        first = self._start(_chain(key, roles[0]), [], tools, roles[0], text, 0) or 0
         starts = [_token_at(token_starts, first) if tokens and first else 0]
+        after = first  # the last message start known in the text
         for k in range(1, len(messages)):
             key = _chain(key, digests[k - 1])
-            char = self._start(_chain(key, roles[k]), messages[:k], tools, roles[k], text)
+            char = self._start(_chain(key, roles[k]), messages[:k], tools, roles[k], text, after)
             # A prefix the template refuses to render joins its message to the one before.
             at = _token_at(token_starts, char) if tokens and char is not None else 0
             starts.append(max(starts[-1], at))
+            after = after if char is None else char
         return PromptLayout(tuple(starts), digests, roles, tools_digest)
 
-    def _start(self, key: bytes, head: Sequence[dict], tools, role: str, text: str) -> int | None:
-        """The character of `text` where the messages after `head` begin (None: unknown)."""
+    def _start(
+        self, key: bytes, head: Sequence[dict], tools, role: str, text: str, after: int
+    ) -> int | None:
+        """The character of `text` where the messages after `head` begin (None: unknown).
+        `after`: the start found for the message before (0 for the first), in this text. A
+        remembered start is taken when the text from there to it is what it was when it was
+        remembered: the starts before were each found in this text the same way, so the
+        prompt's text is hashed once over, not once a message (quadratic in its length: most
+        of a 500-message layout's time)."""
         hit = self.memo.get(key)
-        if hit is not None and hit[0] <= len(text) and _text_hash(text[: hit[0]]) == hit[1]:
+        if hit is not None and hit[0] <= len(text) and _span_hash(text, after, hit[0]) == hit[1]:
             return hit[0]
         self.renders += 1
         shown = self.before(list(head), tools, role, text)
         if shown is None:
             return None
         char = len(shown)
-        self.memo.put(key, char, _text_hash(text[:char]))
+        self.memo.put(key, char, _span_hash(text, after, char))
         return char

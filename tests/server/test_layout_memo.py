@@ -12,6 +12,7 @@ import pytest
 
 from engine.server.prompts import layout
 from engine.server.prompts.prompt import PromptBuilder, PromptInput
+from engine.server.prompts.renders import common_chars
 from tests.child import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,6 +123,73 @@ def test_a_long_conversation_hashes_its_text_once_over_and_a_changed_text_render
     shifted = [s + len("Tuesday!") - len("Monday") for s in starts]
     again = later.layout(messages, None, moved, range(len(moved)), range(len(moved)))
     assert list(again.starts) == shifted and later.renders == len(messages)
+
+
+def _dated(messages, date):
+    """A template's text: a date first, "(tools)" after it when a message is a tool's, and an
+    assistant turn after the last user message shows its thinking (as Qwen3's and
+    gpt-oss's keep only the latest turn's reasoning): what it writes before a message may
+    differ from what the whole conversation's text has there."""
+    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    text = f"[{date}]" + ("(tools)" if any(m["role"] == "tool" for m in messages) else "")
+    for i, m in enumerate(messages):
+        thinking = "(thinking)" if m["role"] == "assistant" and i > max(users, default=-1) else ""
+        text += f"<{m['role']}>{thinking}{m['content']}</{m['role']}>"
+    return text
+
+
+def _laid_out(layouts, messages, date):
+    """The layout of `messages` rendered on `date` through `layouts` (its memo as it is), and
+    the one a layout with no memo finds: where the template's text before each message stops
+    matching the prompt's (renders.before's way)."""
+
+    def before(head, tools, role, text):
+        return text[: common_chars(_dated(head, date), text)]
+
+    text = _dated(messages, date)
+    chars = range(len(text))  # a token a character
+    layouts.before = before
+    return (
+        layouts.layout(messages, None, text, chars, chars),
+        layout.Layouts(before).layout(messages, None, text, chars, chars),
+    )
+
+
+def _said(*turns):
+    return tuple({"role": role, "content": content} for role, content in turns)
+
+
+def test_a_remembered_start_at_the_start_before_is_not_taken_for_another_prompts_text():
+    """Where a later tool message puts "(tools)" in the header, the template's text before
+    message 1 stops matching at the header's end: message 1 starts where message 0 does, and
+    its remembered start has no text of its own between them. It was taken, unchecked, for
+    a prompt of another day, whose message 1 starts after the system message."""
+    layouts = layout.Layouts(None)
+    remembered, fresh = _laid_out(
+        layouts, _said(("system", "S"), ("user", "U"), ("tool", "T"), ("user", "V")), "Monday"
+    )
+    assert remembered == fresh and fresh.starts[1] == fresh.starts[0] == len("[Monday]")
+    later = _said(("system", "S"), ("user", "U"), ("assistant", "A"))
+    remembered, fresh = _laid_out(layouts, later, "Tuesday")
+    assert fresh.starts[1] == len("[Tuesday]<system>S</system>")
+    assert remembered == fresh, (remembered.starts, fresh.starts)
+
+
+def test_a_remembered_start_is_not_taken_for_a_text_that_differs_before_the_start_before():
+    """Message 3's remembered start (where the text stopped matching the template's, inside
+    message 2, whose thinking the later user message hid) was taken for a prompt of another
+    day whose text from message 2's start on read the same: the old whole-prefix check saw
+    the date differ and rendered again; the text in that prompt shows message 2's thinking,
+    and message 3 starts after it."""
+    layouts = layout.Layouts(None)
+    turns = (("system", "S"), ("user", "U"), ("assistant", "A"), ("assistant", "B"))
+    remembered, fresh = _laid_out(layouts, _said(*turns, ("user", "V")), "Monday")
+    assert remembered == fresh and fresh.starts[3] == fresh.starts[2] + len("<assistant>")
+    remembered, fresh = _laid_out(layouts, _said(*turns), "Friday")  # a date of that length
+    assert fresh.starts[3] == len("[Friday]<system>S</system><user>U</user>") + len(
+        "<assistant>(thinking)A</assistant>"
+    )
+    assert remembered == fresh, (remembered.starts, fresh.starts)
 
 
 def test_the_least_recently_used_key_of_its_slots_goes():

@@ -90,11 +90,15 @@ def _chain(previous: bytes, item: str) -> bytes:
     return hashlib.blake2b(previous + item.encode(), digest_size=16).digest()
 
 
-def _span_hash(text: str, after: int, char: int) -> int:
-    """A 64-bit hash of `text` between the start before (`after`) and `char`, and of where
-    that span begins (a span that begins elsewhere never matches)."""
-    lo = min(after, char)
-    span = lo.to_bytes(8, "little") + text[lo:char].encode()
+def _prefix_hash(previous: int, text: str, after: int, char: int) -> int:
+    """A 64-bit hash of `text` up to `char`, chained: `previous` is this hash of the text up
+    to the start before (`after`; 0 at the text's beginning), and `char` and the text from
+    `after` to it are hashed onto it. Each start's text is hashed once, not every prefix
+    over again, and two equal hashes are the same text up to `char` cut at the same starts.
+    (A hash of the span alone took a remembered start for the text of a prompt that differed
+    before the span, a header's date, and a start at or before the one before took none of
+    the text.)"""
+    span = previous.to_bytes(8, "little") + char.to_bytes(8, "little") + text[after:char].encode()
     return int.from_bytes(hashlib.blake2b(span, digest_size=8).digest(), "little")
 
 
@@ -187,12 +191,15 @@ class Layouts:
         # system prompt and, where the template puts them first, the tools).
         # The memo's key: the tools, the messages before, and the next message's role (what
         # the template writes before a message may depend on its role).
-        first = self._start(_chain(key, roles[0]), [], tools, roles[0], text, 0) or 0
+        first, prefix = self._start(_chain(key, roles[0]), [], tools, roles[0], text, 0, 0)
+        first = first or 0
         starts = [_token_at(token_starts, first) if tokens and first else 0]
-        after = first  # the last message start known in the text
+        after = first  # the last message start known in the text; `prefix`: the text's to it
         for k in range(1, len(messages)):
             key = _chain(key, digests[k - 1])
-            char = self._start(_chain(key, roles[k]), messages[:k], tools, roles[k], text, after)
+            char, prefix = self._start(
+                _chain(key, roles[k]), messages[:k], tools, roles[k], text, after, prefix
+            )
             # A prefix the template refuses to render joins its message to the one before.
             at = _token_at(token_starts, char) if tokens and char is not None else 0
             starts.append(max(starts[-1], at))
@@ -200,21 +207,25 @@ class Layouts:
         return PromptLayout(tuple(starts), digests, roles, tools_digest)
 
     def _start(
-        self, key: bytes, head: Sequence[dict], tools, role: str, text: str, after: int
-    ) -> int | None:
-        """The character of `text` where the messages after `head` begin (None: unknown).
-        `after`: the start found for the message before (0 for the first), in this text. A
-        remembered start is taken when the text from there to it is what it was when it was
-        remembered: the starts before were each found in this text the same way, so the
-        prompt's text is hashed once over, not once a message (quadratic in its length: most
-        of a 500-message layout's time)."""
+        self, key: bytes, head: Sequence[dict], tools, role: str, text: str, after: int, prefix: int
+    ) -> tuple[int | None, int]:
+        """(The character of `text` where the messages after `head` begin (None: unknown),
+        the `_prefix_hash` of the text up to it). `after`: the start found for the message
+        before (0 for the first), `prefix` the hash of the text up to it (0 for the first).
+        A remembered start is taken when the text up to it, cut at the same starts before,
+        is what it was when it was remembered (the check of the whole prefix it was), its
+        hash chained from the start before: the prompt's text is hashed once over, not once
+        a message (quadratic in its length: most of a 500-message layout's time)."""
         hit = self.memo.get(key)
-        if hit is not None and hit[0] <= len(text) and _span_hash(text, after, hit[0]) == hit[1]:
-            return hit[0]
+        if hit is not None and hit[0] <= len(text):
+            chained = _prefix_hash(prefix, text, after, hit[0])
+            if chained == hit[1]:
+                return hit[0], chained
         self.renders += 1
         shown = self.before(list(head), tools, role, text)
         if shown is None:
-            return None
+            return None, prefix
         char = len(shown)
-        self.memo.put(key, char, _span_hash(text, after, char))
-        return char
+        chained = _prefix_hash(prefix, text, after, char)
+        self.memo.put(key, char, chained)
+        return char, chained

@@ -117,6 +117,11 @@ class Schedule(threading.Thread):
 
         if not _until(min(deadline, time.monotonic() + 30), counted):
             return {"survived": False, "why": "the serve's lost-write count could not be read"}
+
+        def lost_more() -> bool:
+            """A write lost and reported since the baseline (an unread count: not yet)."""
+            return (_lost_writes(soak.client) or 0) > lost
+
         before = _newest_file(soak.entries)
         start = time.monotonic()
         shortest = start + self.args.disk_full
@@ -131,16 +136,13 @@ class Schedule(threading.Thread):
                 self._served(longest)  # a serve that refuses requests ends the window no later
                 ballast += disk.fill()
                 time.sleep(0.5)
-                reported = (_lost_writes(soak.client) or 0) > lost
+                reported = lost_more()
             full_s = time.monotonic() - start
             newest = _newest_file(soak.entries)
         finally:
             disk.empty()
         if not reported:  # the last writes' report may still be on its way
-            reported = _until(
-                min(deadline, time.monotonic() + self.args.disk_full),
-                lambda: (_lost_writes(soak.client) or 0) > lost,
-            )
+            reported = _until(min(deadline, time.monotonic() + self.args.disk_full), lost_more)
         if not reported:
             wrote = "entry files were written" if newest > before else "no entry file was written"
             return {

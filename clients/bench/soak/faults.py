@@ -18,7 +18,8 @@
   (cached tokens > 0): the server came back warm.
 
 `plan` spreads them over a run: the restart once, in the middle, the others in
-turn every `every` seconds, each at least once. `Schedule` runs the plan on a
+turn every `every` seconds, each at least once; the kills only before the
+middle, so that the second half is one whole life of every process. `Schedule` runs the plan on a
 thread of its own, a fault after the previous one is over; each result says
 when it began and ended, so the report can tell errors during a fault from the
 rest.
@@ -26,6 +27,7 @@ rest.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import threading
@@ -34,6 +36,7 @@ import time
 import numpy as np
 
 KINDS = ("model", "disk", "manager", "disconnect")
+KILLS = ("model", "manager")  # the faults that end a process of the serve: first half only
 FULL_AT_MOST = 4  # the disk stays full this many times --disk-full while no write was lost
 ALL = (*KINDS, "restart")
 
@@ -41,7 +44,9 @@ ALL = (*KINDS, "restart")
 def plan(seconds: float, every: float, kinds=KINDS, restart: bool = True) -> list[tuple]:
     """(at seconds, fault) over a run of `seconds`, evenly spaced about `every` seconds
     apart (closer when needed to fit each fault once): the restart in the slot nearest
-    half way, the others in turn in the rest."""
+    half way; the kills (`KILLS`) only in the first half, so that every process of the
+    serve lives through the second half whole and its memory is judged on a life that
+    long (unless no other fault is asked for); the others in turn through the whole run."""
     kinds = list(kinds)
     n = len(kinds) if seconds / every < len(kinds) + 2 else int(seconds / every) - 1
     total = n + int(restart)
@@ -50,8 +55,13 @@ def plan(seconds: float, every: float, kinds=KINDS, restart: bool = True) -> lis
     step = seconds / (total + 1)
     slots = [step * (k + 1) for k in range(total)]
     mid = min(range(total), key=lambda k: abs(slots[k] - seconds / 2)) if restart else -1
-    others = iter(kinds * (n // max(1, len(kinds)) + 1))
-    return [(t, "restart" if k == mid else next(others)) for k, t in enumerate(slots)]
+    kills = [k for k in kinds if k in KILLS]
+    rest = [k for k in kinds if k not in KILLS]
+    early, late = itertools.cycle(kills + rest), itertools.cycle(rest or kills)
+    return [
+        (t, "restart" if k == mid else next(early if t < seconds / 2 else late))
+        for k, t in enumerate(slots)
+    ]
 
 
 class Schedule(threading.Thread):

@@ -18,6 +18,10 @@ A sample holds, at its time `t` (seconds since the soak began):
 - `window`: the requests that ended since the previous sample: how many, time
   to first token p50 and p99, errors by kind, cached share (cached tokens over
   prompt tokens of those that completed), dropped streams;
+- `reference_ms`: a fixed piece of MLX work timed in a child process of its
+  own (clients.bench.soak.reference): the machine's speed at that time, which
+  the report sets beside the drift of the time to first token (None where the
+  child is gone);
 - `probes`: probe replies checked and wrong so far; `fault`: the fault under
   way ("" for none).
 
@@ -113,12 +117,22 @@ class Sampler(threading.Thread):
         self.samples: list[dict] = []
         self.errors: list[str] = []  # samples that could not be taken, and why
         self._halt = threading.Event()
+        self.reference = None  # clients.bench.soak.reference.Reference, while it runs
 
     def stop(self) -> None:
         self._halt.set()
         self.join(60)
 
     def run(self) -> None:
+        from clients.bench.soak.reference import Reference
+
+        self.reference = Reference()
+        try:
+            self._run()
+        finally:
+            self.reference.close()
+
+    def _run(self) -> None:
         since = 0.0
         with self.path.open("a") as out:
             while not self._halt.wait(self.every):
@@ -156,6 +170,7 @@ class Sampler(threading.Thread):
             "disk": disk,
             "logs": soak.serve.log_bytes(),
             "window": window(soak.log.since(since)),
+            "reference_ms": self.reference.time() if self.reference else None,
             "probes": {"checked": soak.probes.checked, "wrong": len(soak.probes.wrong)},
             "fault": soak.schedule.current if soak.schedule else "",
             "read_s": round(time.monotonic() - t0, 3),

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from clients.bench.soak import faults, report
-from clients.bench.soak.users import Event
+from clients.bench.soak.users import Event, Probes
 from tests.serve_process import start_serve
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -29,6 +29,15 @@ def test_the_plan_holds_every_fault_once_and_the_restart_half_way():
     assert [name for _, name in hour].count("restart") == 1
     assert {name for _, name in hour} == set(faults.ALL)
     assert len(hour) == 1 + 14  # a fault every 4 minutes, and the restart
+
+
+def test_the_kills_come_before_half_way_so_the_second_half_is_one_life_of_each_process():
+    for seconds in (150, 3600):
+        planned = faults.plan(seconds, 240)
+        kills = [t for t, name in planned if name in faults.KILLS]
+        assert {name for _, name in planned if name in faults.KILLS} == set(faults.KILLS)
+        assert max(kills) < seconds / 2
+        assert [name for t, name in planned if t > seconds / 2 + 1] != []  # faults go on after
 
 
 def _sample(t, processes, disk_bytes=0, stats_bytes=0):
@@ -156,27 +165,28 @@ def test_a_short_soak_survives_every_fault_within_the_bounds(tmp_path):
     assert len(samples) >= 20 and sum("model-0" in s["processes"] for s in samples) >= 10
 
 
-def test_the_verdict_fails_on_an_orphaned_file_a_wrong_reply_or_a_disk_over_budget():
-    from clients.bench.soak.users import Probes
+FINAL = {
+    "stop": {"seconds": 1.0, "returncode": 0, "killed": 0},
+    "files": 3,
+    "counted": 3,
+    "orphaned": 0,
+    "temps_left": [],
+    "disk": {},
+    "stats_disk_bytes": 100,
+    "bytes_gap": 0,
+    "cache": {},
+}
 
-    samples = [_sample(t, {"model-0": _proc(7, 100 << 20)}, 100, 100) for t in range(0, 120, 2)]
-    events = [Event(t, "u", "chat", "user", ttft_ms=50, prompt=100, cached=80) for t in range(120)]
-    final = {
-        "stop": {"seconds": 1.0, "returncode": 0, "killed": 0},
-        "files": 3,
-        "counted": 3,
-        "orphaned": 0,
-        "temps_left": [],
-        "disk": {},
-        "stats_disk_bytes": 100,
-        "bytes_gap": 0,
-        "cache": {},
-    }
-    soak = SimpleNamespace(
+
+def _soak():
+    return SimpleNamespace(
         disk_budget=1000, serve=SimpleNamespace(starts=1, failed_starts=[]), sample_errors=[]
     )
-    args = SimpleNamespace(
-        minutes=2,
+
+
+def _args(minutes: float):
+    return SimpleNamespace(
+        minutes=minutes,
         warmup=None,
         window=None,
         ram_budget="8M",
@@ -186,6 +196,12 @@ def test_the_verdict_fails_on_an_orphaned_file_a_wrong_reply_or_a_disk_over_budg
         long_sessions=1,
         seed=0,
     )
+
+
+def test_the_verdict_fails_on_an_orphaned_file_a_wrong_reply_or_a_disk_over_budget():
+    samples = [_sample(t, {"model-0": _proc(7, 100 << 20)}, 100, 100) for t in range(0, 120, 2)]
+    events = [Event(t, "u", "chat", "user", ttft_ms=50, prompt=100, cached=80) for t in range(120)]
+    final, soak, args = FINAL, _soak(), _args(minutes=2)
     clean = report.figures(samples, events, [], Probes(), final, soak, args)
     assert clean["verdict"]["ok"], clean["verdict"]
     text = report.format_report(clean)
@@ -198,6 +214,73 @@ def test_the_verdict_fails_on_an_orphaned_file_a_wrong_reply_or_a_disk_over_budg
     full = [_sample(t, {}, 2000, 2000) for t in range(0, 120, 2)]
     over = report.figures(full, events, [], Probes(), final, soak, args)
     assert not over["verdict"]["checks"]["disk_within_budget"]
+
+
+def test_the_drift_holds_the_engine_to_the_bound_with_the_machines_own_speed_taken_out():
+    def run(machine_slows: float, engine_slows: float) -> dict:
+        samples = [
+            _sample(t, {}) | {"reference_ms": 10.0 * (machine_slows if t >= 1800 else 1.0)}
+            for t in range(0, 3600, 5)
+        ]
+        events = [
+            Event(
+                t,
+                "u",
+                "chat",
+                "user",
+                ttft_ms=200 * (machine_slows * engine_slows if t >= 1800 else 1),
+            )
+            for t in range(3600)
+        ]
+        return report.ttft_drift(events, 300, 3599, samples)
+
+    machine = run(machine_slows=1.3, engine_slows=1.0)  # the same work, a slower machine
+    assert machine["ratio"] == pytest.approx(1.3) and machine["reference_ratio"] == pytest.approx(
+        1.3
+    )
+    assert machine["engine_ratio"] == pytest.approx(1.0)
+    engine = run(machine_slows=1.0, engine_slows=1.3)  # the machine as fast, the engine slower
+    assert engine["engine_ratio"] == pytest.approx(1.3) and 1.3 > report.DRIFT_BOUND
+    bare = report.ttft_drift(  # no reference timed: the ratio itself is held to the bound
+        [Event(t, "u", "chat", "user", ttft_ms=100 + t) for t in range(3600)], 300, 3599
+    )
+    assert bare["reference_ratio"] is None and bare["engine_ratio"] == bare["ratio"] > 1
+
+
+def test_the_reference_work_is_timed_in_a_child_of_its_own():
+    from clients.bench.soak.reference import Reference
+
+    reference = Reference()
+    try:
+        times = [reference.time() for _ in range(3)]
+    finally:
+        reference.close()
+    assert all(t is not None and 0 < t < 10_000 for t in times), times
+    assert reference.process.returncode == 0  # it ends when its stdin closes
+    assert reference.time() is None  # and says so when asked after
+
+
+def test_a_run_long_enough_to_judge_rates_judges_each_of_the_engines_processes():
+    mb = 1 << 20
+
+    def samples(model_pid) -> list[dict]:
+        return [
+            _sample(
+                t,
+                {"frontend": _proc(5, 100 * mb), "cache-manager": _proc(6, 100 * mb)}
+                | {"model-0": _proc(model_pid(t), 100 * mb)},
+            )
+            for t in range(0, 3600, 10)
+        ]
+
+    args = _args(minutes=60)
+    whole = report.figures(samples(lambda t: 7), [], [], Probes(), FINAL, _soak(), args)
+    assert whole["verdict"]["rates_judged"] and whole["verdict"]["ok"], whole["verdict"]
+    # the model actor killed every 10 minutes: no life of it is long enough to judge
+    killed = report.figures(samples(lambda t: 7 + t // 600), [], [], Probes(), FINAL, _soak(), args)
+    assert killed["verdict"]["unjudged"] == ["model-0"]
+    assert not killed["verdict"]["checks"]["engine_processes_judged"]
+    assert not killed["verdict"]["ok"]
 
 
 # A driver on the serve's Ray options (no metrics) holding 8 MiB in its object store.

@@ -16,7 +16,7 @@ used records (`MEMORY_RECORDS`, at most `MEMORY_BYTES` of their files) are also
 kept in memory as their files' bytes, one immutable block each, and parsed on
 each use by the same function that parses a file: a conversation that goes on is
 read from disk only after a restart or a long pause, the tier costs its files'
-bytes and no more, and each `get` returns a record of its own (~0.2 ms to parse
+bytes and no more, and each `get` returns a record of its own (~0.15 ms to parse
 an agent's 30 turns, 58 KB). The rest live on disk alone, so the process holds a
 few hundred records whatever the bounds on disk, and an index of ~300 bytes a
 record (its id, size and tenant, one string per tenant) and ~170 a tombstone:
@@ -44,10 +44,10 @@ log = logging.getLogger(__name__)
 
 ID = re.compile(r"resp_[0-9a-f]{32}")
 # Records kept in memory beside their files, as the files' bytes: the latest turns of the
-# conversations going on. 256 agent records of 58 KB held 15 MB of bytes (+15 MB RSS);
-# held parsed, with the engine messages built for each, the same records took 19 MB of
-# Python objects and +50 MB RSS (many small dicts and strings, and the messages' buffers
-# outside Python's heap). Kept 64 MB of files parsed (7,000 records), it grew for hours.
+# conversations going on. 256 agent records of 58 KB (30 turns each) hold 14.9 MB, and the
+# process grows by 15 MB; held parsed, the same records grew it by 32 MB (17 MB of Python
+# objects: many small dicts and strings), and with the engine messages built for each (their
+# buffers outside Python's heap) by 59 MB. Kept 64 MB of files parsed, it grew for hours.
 MEMORY_RECORDS = 256
 MEMORY_BYTES = 16 << 20
 

@@ -167,16 +167,15 @@ def traced():
 
 tracemalloc.start()
 first = put(0)
-sizes, held = [], []
+sizes = []
 for block in range(3):
     for i in range(300):
         put(1 + block * 300 + i)
     sizes.append(traced())
-    held.append(store._memory_bytes)
 tracemalloc.stop()
 first_back = store.get("alice", first).response["instructions"].startswith("agent 0 ")
 store.close()
-print(json.dumps({"sizes": sizes, "held": held, "first_back": first_back}))
+print(json.dumps({"sizes": sizes, "first_back": first_back}))
 """
 
 

@@ -247,23 +247,12 @@ def _sse(kind: str, data: dict) -> str:
     return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-def _prepared(record: Record | None, history, conversation: list[dict]) -> list:
-    """The conversation as engine messages: the stored part as built for its turn (so a
-    turn converts only its new messages), the rest converted now."""
-    kept = list(record.prepared) if record is not None else []
-    if len(kept) != len(history):
-        kept = []
-    elif kept and conversation[len(history) - 1] is not history[-1]:
-        kept = kept[:-1]  # the stored reply took the calls that open this input
-    return kept + [message_to_proto(m) for m in conversation[len(kept) :]]
-
-
 class Turn:
     """One request's run: its shape, what it sends the engine, and what it stores."""
 
-    def __init__(self, shape: ResponseShape, store, caller, conversation: list[dict], prepared):
+    def __init__(self, shape: ResponseShape, store, caller, conversation: list[dict]):
         self.shape, self.store, self.caller = shape, store, caller
-        self.conversation, self.prepared, self.reply = conversation, prepared, ""
+        self.conversation, self.reply = conversation, ""
 
     def feed(self, text: str, ids: int) -> list[tuple[str, dict]]:
         self.reply += text
@@ -283,7 +272,6 @@ class Turn:
                 response,
                 tuple(self.conversation) + (reply,),
                 calls,
-                tuple(self.prepared) + (message_to_proto(reply),),
             )
             self.store.put(record)
         return events + self.shape.finish(final)
@@ -390,7 +378,8 @@ def add_routes(app, backend, served, store) -> None:
             history, known = record.conversation, set(record.calls)
         new = messages_of(body.input, known | call_ids(history))
         conversation = join_turns(list(history), new)
-        prepared = _prepared(record if history else None, history, conversation)
+        # Every message converted each turn, as on the other wires: the store holds bytes.
+        prepared = [message_to_proto(m) for m in conversation]
         system = [{"role": "system", "content": body.instructions}] if body.instructions else []
         rid = uuid.uuid4().hex
         offered = tools_of(body.tools)
@@ -425,7 +414,7 @@ def add_routes(app, backend, served, store) -> None:
         parser = make_parser(family, tool_calls=parsing, tools=tools or None)
         cache_on = info["reply"].get("cache_mode", "lineage") != "off"
         shape = ResponseShape(rid, model, body, Blocks(parser), cache_on, offered)
-        turn = Turn(shape, store, caller, conversation, prepared)
+        turn = Turn(shape, store, caller, conversation)
         headers = {"X-Lineage-Prompt-Build-Ms": build_ms}
         if offered.left_out:  # hosted tools: not in the prompt, named for the client
             headers["X-Lineage-Tools-Left-Out"] = ", ".join(offered.left_out)

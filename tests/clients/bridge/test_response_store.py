@@ -38,6 +38,24 @@ def test_a_record_is_its_tenants_alone(tmp_path, directory):
     store.close()
 
 
+@pytest.mark.parametrize("directory", [False, True], ids=["memory", "disk"])
+def test_each_get_is_a_record_of_its_own_as_its_file_says(tmp_path, directory):
+    """The store holds what it wrote, not the objects it was given or handed out: changing
+    the record after `put`, or one a `get` or `held` returned, changes no later read."""
+    store = ResponseStore(tmp_path / "r" if directory else None, 10, 1 << 20)
+    mine = _record("alice", "as stored")
+    store.put(mine)
+    mine.response["status"] = "changed by the caller after put"
+    first = store.get("alice", mine.id)
+    assert "status" not in first.response
+    first.response["status"] = "changed by a reader"
+    first.conversation[0]["content"] = "changed by a reader"
+    for again in (store.get("alice", mine.id), store.held("alice", mine.id)):
+        assert again is not first and "status" not in again.response
+        assert again.conversation[0]["content"] == "as stored"
+    store.close()
+
+
 def test_the_least_recently_used_go_first_and_say_they_were_evicted(tmp_path):
     store = ResponseStore(tmp_path / "r", 3, 1 << 20)
     a, b, c, d = (_record("alice") for _ in range(4))
@@ -174,3 +192,42 @@ def test_the_records_held_in_memory_stop_growing_while_the_files_go_on(tmp_path)
     # own copy of the tenant's digest made it ~0.38)
     assert sizes[2] - sizes[1] < 300 * 300, sizes
     assert out["first_back"]
+
+
+_HELD = """
+import gc, json, sys, tracemalloc, uuid
+from clients.bridge.response_store import MEMORY_RECORDS, Record, ResponseStore, tenant_key
+
+store = ResponseStore(sys.argv[1], 10_000, 1 << 30)
+
+def put(i):
+    rid = f"resp_{uuid.uuid4().hex}"
+    # an agent's turns: many short messages, each a dict of its own as a request's body is
+    conversation = tuple(
+        {"role": "tool", "tool_call_id": f"call_{i}_{t}", "content": f"line {t} of file {i}"}
+        for t in range(100)
+    )
+    store.put(Record(rid, tenant_key("alice"), {"id": rid, "status": "completed"}, conversation))
+
+def settled():
+    store._writer.submit(lambda: None).result()  # the writes asked for are done
+    gc.collect()
+    return tracemalloc.get_traced_memory()[0]
+
+tracemalloc.start()
+before = settled()
+for i in range(MEMORY_RECORDS):
+    put(i)
+grown = settled() - before
+print(json.dumps({"grown": grown, "held": store._memory_bytes, "count": len(store._memory)}))
+store.close()
+"""
+
+
+def test_the_records_held_in_memory_cost_their_files_bytes(tmp_path):
+    """The memory tier holds each record as its file's bytes, not as the dicts and strings
+    it was given (four times the bytes for these short messages): what the
+    process grows by, holding a full tier, is those bytes and the index beside them."""
+    _, out = run_python(_HELD, str(tmp_path / "r"))
+    assert out["count"] == 256 and out["held"] > 1_000_000, out
+    assert out["grown"] < 1.1 * out["held"], out

@@ -197,7 +197,7 @@ def _responses_stream(
 ) -> list[tuple[str, dict]]:
     shape = ResponseShape("0" * 32, "gpt-test", _body(), Blocks(make_parser(family)), True)
     store = ResponseStore(None, 10, 1 << 20)
-    turn = Turn(shape, store, Caller("t"), [{"role": "user", "content": "q"}], [])
+    turn = Turn(shape, store, Caller("t"), [{"role": "user", "content": "q"}])
     return _sse_events(responses._events_as_sse, turn, text, reason, error)
 
 

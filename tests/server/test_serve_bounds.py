@@ -30,6 +30,7 @@ from engine.server.running.serve import (
     PROFILE_EVENTS_PER_TASK,
     RAY_JEMALLOC,
     TASK_EVENTS_IN_GCS,
+    WORKER_MALLOC,
     ray_address_warning,
     ray_environment,
     ray_options,
@@ -187,17 +188,19 @@ def test_a_local_rays_gcs_keeps_no_profile_event_of_the_calls_a_driver_makes():
 def test_a_local_rays_gcs_and_raylet_get_the_engines_jemalloc_settings_unless_told_others(
     monkeypatch,
 ):
-    for name in ("RAY_JEMALLOC_CONF", "RAY_JEMALLOC_PROFILE", "LD_PRELOAD"):
+    for name in ("RAY_JEMALLOC_CONF", "RAY_JEMALLOC_PROFILE", "LD_PRELOAD", *WORKER_MALLOC):
         monkeypatch.delenv(name, raising=False)
     env = ray_environment(_config())
-    assert env == {"RAY_JEMALLOC_CONF": RAY_JEMALLOC, "RAY_JEMALLOC_PROFILE": "gcs_server,raylet"}
+    jemalloc = {"RAY_JEMALLOC_CONF": RAY_JEMALLOC, "RAY_JEMALLOC_PROFILE": "gcs_server,raylet"}
+    assert env == WORKER_MALLOC | jemalloc
     assert ray_environment(_config(address="auto")) == {}  # a cluster's own
     # Ray would refuse to start a raylet under a profiler with them ("At most one of ...").
     monkeypatch.setenv("RAY_RAYLET_PERFTOOLS_PROFILER", "1")
-    assert ray_environment(_config()) == {}
+    assert ray_environment(_config()) == WORKER_MALLOC
     monkeypatch.delenv("RAY_RAYLET_PERFTOOLS_PROFILER")
     monkeypatch.setenv("RAY_JEMALLOC_CONF", "prof:true")  # someone profiling Ray's heap
-    assert ray_environment(_config()) == {}
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "8")  # the user's own, kept
+    assert ray_environment(_config()) == {"MALLOC_MMAP_THRESHOLD_": "131072"}
 
 
 # A driver starting a Ray as `lineage serve` does; prints, for its GCS and raylet, the
@@ -231,6 +234,20 @@ def test_a_local_rays_gcs_and_raylet_run_jemalloc_on_the_engines_settings():
     for process in told.values():
         assert process["conf"] == RAY_JEMALLOC
         assert "jemalloc_bg_thd" in process["threads"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Ray preloads jemalloc on Linux")
+def test_the_serves_actors_start_on_the_engines_malloc_settings(served):
+    """glibc reads them as a process starts: they must be in the actors' own environment."""
+    import psutil
+
+    found = {}
+    for p in psutil.Process(served.process.pid).children(recursive=True):
+        line = " ".join(p.cmdline())
+        for role in ("ModelActor", "CacheManagerActor"):
+            if line.startswith("ray::") and role in line:
+                found[role] = {k: p.environ().get(k) for k in WORKER_MALLOC}
+    assert found == {"ModelActor": WORKER_MALLOC, "CacheManagerActor": WORKER_MALLOC}
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Ray preloads jemalloc on Linux")

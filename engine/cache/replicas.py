@@ -277,6 +277,12 @@ class Replicas:
             return writer
         return next((r for r in self.alive() if self.machines[r] == machine), fallback)
 
+    def forget_file(self, entry_id: int) -> None:
+        """The entry's file left the disk index with no delete to order (lost, damaged): no
+        writer owns it any more."""
+        self.writers.pop(entry_id, None)
+        self.durable.discard(entry_id)
+
     def written(self, entry_ids, replica: int) -> None:
         """`replica`'s writer reports these files durable: any replica of the machine may read
         them now."""

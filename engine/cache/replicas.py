@@ -145,7 +145,7 @@ class Replicas:
             chosen = least
         # A dead or excluded holder answers no fetch: holders are live.
         fetch = holders[0] if holders and chosen not in holders else None
-        if session:
+        if session and self.count > 1:  # one replica: nothing to route, nothing to remember
             self.sessions.served(*session, chosen)
         rep = self.replicas[chosen]
         queued = max(0, prompt_len - plan.length)

@@ -143,6 +143,11 @@ class CacheManager:
     def _new_id(self) -> int:
         return next(self._ids)
 
+    def _held(self, entry_id: int) -> bool:
+        """Whether a tier holds the entry (the RAM index, the disk index)."""
+        disk = self.disk_index
+        return entry_id in self.index or (disk is not None and entry_id in disk)
+
     def plan(self, req: PlanRequest) -> RestorePlan:
         """Choose the restore point and capture points for a prompt; pins the restore source.
 
@@ -329,7 +334,7 @@ class CacheManager:
             self.disk.unread.discard(flight.plan.entry_id)
         self._policy.commit(c, tokens, orders)
         self.misses.record(c.namespace, tokens, flight.layout)
-        self.session_entries.committed(flight.namespace, flight.session, c.entry_id)
+        self.session_entries.committed(flight.namespace, flight.session, c.entry_id, self._held)
         for point in c.captures:
             self._pin_waiters(point.entry_id)
         taken = {p.entry_id for p in c.captures} | flight.committed

@@ -145,7 +145,7 @@ class Replicas:
             chosen = least
         # A dead or excluded holder answers no fetch: holders are live.
         fetch = holders[0] if holders and chosen not in holders else None
-        if session:
+        if session and self.count > 1:  # one replica: nothing to route, nothing to remember
             self.sessions.served(*session, chosen)
         rep = self.replicas[chosen]
         queued = max(0, prompt_len - plan.length)
@@ -276,6 +276,12 @@ class Replicas:
         if writer is not None and self.replicas[writer].alive:
             return writer
         return next((r for r in self.alive() if self.machines[r] == machine), fallback)
+
+    def forget_file(self, entry_id: int) -> None:
+        """The entry's file left the disk index with no delete to order (lost, damaged): no
+        writer owns it any more."""
+        self.writers.pop(entry_id, None)
+        self.durable.discard(entry_id)
 
     def written(self, entry_ids, replica: int) -> None:
         """`replica`'s writer reports these files durable: any replica of the machine may read

@@ -61,8 +61,19 @@ class ReplicatedCache:
         self.replicas.prefilled(request_id)
 
     def commit(self, c: Commit) -> dict[int, Orders]:
+        flight = self.replicas.flights.get(c.request_id)
         orders = self.manager.commit(c)
+        if flight is not None and c.restored_from is None:  # a cold fallback: the file failed?
+            self._unfiled(flight.plan.entry_id)
         return self._split(orders, self.replicas.finish(c.request_id))
+
+    def _unfiled(self, entry_id) -> None:
+        """A restore source whose file would not load leaves the disk index with no delete
+        ordered (DiskOrders.file_failed): its writer forgets it too, or `writers` and
+        `durable` would keep an id for every such file ever met."""
+        disk = self.manager.disk_index
+        if entry_id is not None and (disk is None or entry_id not in disk):
+            self.replicas.forget_file(entry_id)
 
     def commit_anchor(self, a: AnchorCommit, replica: int | None = None) -> dict[int, Orders]:
         """An anchor, or a prompt end stored early (PromptEndCommit), from `replica` (None:
@@ -99,6 +110,7 @@ class ReplicatedCache:
         if flight is not None:
             self.replicas.replicas[flight.replica].load -= flight.queued
         replanned = self.manager.replan(lost)
+        self._unfiled(lost.entry_id)
         per_replica = self._split(replanned.orders, replica)
         if replanned.plan is None:
             return replanned, per_replica
@@ -146,8 +158,7 @@ class ReplicatedCache:
     def files_lost(self, entry_ids) -> list[int]:
         """Writes a replica reports lost: the disk index forgets them, and their writer."""
         for entry_id in entry_ids:
-            self.replicas.writers.pop(entry_id, None)
-            self.replicas.durable.discard(entry_id)
+            self.replicas.forget_file(entry_id)
         return self.manager.files_lost(entry_ids)
 
     def revived(self, replica: int, machine: str | None = None) -> None:
@@ -175,6 +186,10 @@ class ReplicatedCache:
         """The manager's invariants, and the placement's (Replicas.check)."""
         self.manager.check_invariants()
         self.replicas.check(e.id for e in self.manager.index.entries())
+        disk = self.manager.disk_index
+        stale = set(self.replicas.writers) - set(disk.files if disk is not None else ())
+        assert not stale, f"writers of files the disk index does not hold: {sorted(stale)}"
+        assert self.replicas.durable <= set(self.replicas.writers), "durable files no writer owns"
 
     def audit(self) -> CacheAudit:
         """What the index counts and where; `violation` says which invariant fails, if any."""

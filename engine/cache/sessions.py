@@ -7,7 +7,9 @@ to one replica keeps them where their cache is even when a lookup finds
 nothing to restore there (a changed system prompt, a cold cache, the exact
 mode). A key is always scoped by its namespace: the same key from two tenants
 is two sessions, so one tenant's key can neither steer nor learn another's
-placement. Bounded: the least recently used keys go past `max_keys`.
+placement. Bounded: the least recently used keys go past `max_keys` (a key
+is remembered whatever the tiers hold, so this bound is what holds them; with
+one replica the keys route nothing and none is kept).
 It decides nothing: engine.cache.replicas routes with it.
 """
 

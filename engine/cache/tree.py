@@ -7,7 +7,9 @@ conversation's parent is the longest anchor of its namespace whose tokens are a
 prefix of its own; those rows are counted once, on the anchor (`shared`), so a
 hundred conversations on one system prompt do not show it a hundred times.
 `SessionEntries` remembers, per (namespace, session key), the entry the
-session's latest commit stored, bounded like engine.cache.sessions.
+session's latest commit stored, while a tier holds that entry (a tree shows
+no other): keys whose entry left both tiers go, so it is bounded by what the
+tiers hold, not by the sessions ever seen (and by `max_keys` besides).
 
 It decides nothing and changes nothing; plain Python and numpy, like the rest
 of engine.cache.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -24,6 +27,7 @@ from engine.cache.entry import Entry
 from engine.cache.kinds import Role
 
 MAX_SESSIONS = 1 << 16  # session keys remembered, over every namespace
+PRUNE_MIN = 256  # keys kept before the first sweep for entries no tier holds
 MAX_ENTRIES = 5000  # entries one tree shows, most recently used first
 
 
@@ -67,11 +71,18 @@ class CacheTree:
 class SessionEntries:
     """(namespace, session key) -> the entry its latest commit stored, least recent first."""
 
-    def __init__(self, max_keys: int = MAX_SESSIONS) -> None:
+    def __init__(self, max_keys: int = MAX_SESSIONS, prune_min: int = PRUNE_MIN) -> None:
         self.max_keys = max_keys
+        self.prune_min = prune_min
         self.entry_of: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._sweep_at = prune_min  # the next sweep, when the keys pass it
 
-    def committed(self, namespace: str, session: str, entry_id: int) -> None:
+    def committed(
+        self, namespace: str, session: str, entry_id: int, held: Callable[[int], bool] | None = None
+    ) -> None:
+        """The session's latest commit stored `entry_id`. `held(id)`: whether a tier holds an
+        entry; past twice the keys the last sweep kept, the keys of entries none holds go
+        (amortized: a sweep per as many commits as keys it kept)."""
         if not session:
             return
         key = (namespace, session)
@@ -79,6 +90,10 @@ class SessionEntries:
         self.entry_of[key] = entry_id
         while len(self.entry_of) > self.max_keys:
             self.entry_of.popitem(last=False)
+        if held is not None and len(self.entry_of) > self._sweep_at:
+            for k in [k for k, e in self.entry_of.items() if not held(e)]:
+                del self.entry_of[k]
+            self._sweep_at = max(self.prune_min, 2 * len(self.entry_of))
 
     def by_entry(self) -> dict[int, list[str]]:
         out: dict[int, list[str]] = {}

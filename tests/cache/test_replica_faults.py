@@ -197,3 +197,30 @@ def test_a_replica_lost_mid_request_commits_nothing_and_leaves_no_entry_without_
     d.cache.revived(plan.replica)
     d.turn("r2", P1, R1)
     d.check()
+
+
+def test_files_that_fail_to_load_leave_no_writer_behind(tmp_path):
+    """Each restore whose file will not load forgets that file (damaged): the writers'
+    bookkeeping forgets it too, so it holds the files indexed and no more however many
+    failed over a long run."""
+    d = MachinesDriver(tmp_path, ("a",), ram_budget=entry_bytes(330, 3))
+    failed = []
+    for k in range(4):
+        system, reply, user = seq(100_000 * (k + 1), 300), seq(5000, 20), seq(6000, 40)
+        first = d.turn(f"r{k}", system, reply)
+        d.turn(f"other{k}", seq(100_000 * (k + 1) + 50_000, 300), reply)  # evicts it from RAM
+        entry = first.new_entry_id
+        assert entry not in d.manager.index and entry in d.cache.replicas.durable
+        plan = d.plan(f"again{k}", tokens(system, reply, user))
+        assert plan.load_from_disk and plan.entry_id == entry
+        path = file_format.entry_path(d.dirs["a"], entry)
+        path.write_bytes(path.read_bytes()[:100])  # damaged since: it will not load
+        d.check = d.cache.check_invariants  # the directory holds an indexed file it cannot read
+        again = d.commit(f"again{k}")
+        del d.check
+        assert again.entry_id != entry and entry not in d.manager.disk_index
+        failed.append(entry)
+    assert d.failed_loads == 4
+    replicas = d.cache.replicas
+    assert not set(failed) & (set(replicas.writers) | replicas.durable)
+    assert set(replicas.writers) == set(d.manager.disk_index.files)

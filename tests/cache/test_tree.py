@@ -3,8 +3,9 @@ them with their checkpoints, session keys, namespaces kept apart. Fake model act
 
 from __future__ import annotations
 
-from engine.cache.tree import SessionEntries, visible
+from engine.cache.tree import PRUNE_MIN, SessionEntries, visible
 from tests.cache.test_replicas import ReplicaDriver, convo
+from tests.fakes import entry_bytes
 
 
 def _two_sessions(namespace: str = "") -> ReplicaDriver:
@@ -62,3 +63,21 @@ def test_session_keys_are_bounded_and_move_with_their_latest_entry():
     s.committed("", "c", 4)  # "b" is the least recent: it goes
     s.committed("", "", 5)  # no key: nothing kept
     assert s.by_entry() == {3: ["a"], 4: ["c"]}
+
+
+def test_sessions_that_come_and_go_leave_keys_only_for_entries_held():
+    """Hundreds of one-turn sessions through a RAM tier that holds a few: the session keys
+    kept follow what the tiers hold, not the sessions ever seen."""
+    d = ReplicaDriver(replicas=1, ram_budget=4 * entry_bytes(330, 3))
+    for k in range(600):
+        user = range(10_000 + 200 * k, 10_100 + 200 * k)
+        plan = d.plan(convo(user), session=f"agent-{k}")
+        d.commit(plan.request_id, reply=range(7000, 7010))
+    manager = d.cache.manager
+    held = len(manager.index.entries())
+    assert 0 < held < 10
+    entry_of = manager.session_entries.entry_of
+    assert len(entry_of) <= max(PRUNE_MIN, 2 * held), len(entry_of)
+    assert not d.cache.replicas.sessions.replica_of  # one replica: nothing to route
+    shown = {s for e in manager.tree().entries for s in e.sessions}
+    assert shown and shown <= {f"agent-{k}" for k in range(600)}

@@ -40,6 +40,22 @@ def test_the_kills_come_before_half_way_so_the_second_half_is_one_life_of_each_p
         assert [name for t, name in planned if t > seconds / 2 + 1] != []  # faults go on after
 
 
+@pytest.mark.parametrize(
+    "kinds", [("model", "manager", "disk"), ("model", "manager", "disconnect"), ("manager", "disk")]
+)
+@pytest.mark.parametrize("restart", [True, False])
+def test_a_plan_of_some_faults_holds_each_of_them_with_the_kills_before_half_way(kinds, restart):
+    for seconds in (150, 600, 3600):
+        planned = faults.plan(seconds, 240, kinds, restart)
+        assert {name for _, name in planned} == set(kinds) | ({"restart"} if restart else set())
+        assert max(t for t, name in planned if name in faults.KILLS) < seconds / 2
+
+
+def test_a_plan_of_the_restart_alone_is_the_restart_alone():
+    assert faults.plan(3600, 240, (), True) == [(1800.0, "restart")]
+    assert faults.plan(3600, 240, (), False) == []
+
+
 def _sample(t, processes, disk_bytes=0, stats_bytes=0):
     return {
         "t": t,

@@ -276,6 +276,27 @@ def test_the_reference_work_is_timed_in_a_child_of_its_own():
     assert reference.time() is None  # and says so when asked after
 
 
+def test_a_reference_child_that_stalls_is_ended_and_the_sampler_goes_on(monkeypatch):
+    import sys
+    import threading
+
+    from clients.bench.soak import reference
+
+    monkeypatch.setattr(reference, "ANSWER_S", 1.0)
+    stalled = reference.Reference([sys.executable, "-c", "import time; time.sleep(120)"])
+    answers = []
+    asking = threading.Thread(target=lambda: answers.append(stalled.time()), daemon=True)
+    asking.start()
+    asking.join(15)
+    try:
+        assert not asking.is_alive(), "the sampler waits on a stalled child for good"
+        assert answers == [None] and stalled.process.poll() is not None
+        assert stalled.time() is None  # and it stays gone
+    finally:
+        stalled.process.kill()
+        stalled.close()
+
+
 def test_a_run_long_enough_to_judge_rates_judges_each_of_the_engines_processes():
     mb = 1 << 20
 

@@ -232,7 +232,7 @@ def _cold_commit_evicting_its_source_file(tmp_path, disk_budget: int):
     """Replica 1 stores X (its file on machine b); replica 0 stores H and a request pins
     it. A request planned from X in replica 1's RAM prefills cold (the actor found X
     gone) and commits: its new file, over the disk budget, evicts X's file (the least
-    recently used not pinned). Returns the driver, X's id, and the new entry's."""
+    recently used not pinned). Returns the driver, X's id, and the cold commit, not sent."""
     d = MachinesDriver(tmp_path, ("a", "b"), threshold=0, disk_budget=disk_budget)
     d.plan("busy", seq(90_000, 200))  # replica 0 is busy: X goes to replica 1
     x = d.turn("x", P1, R1)

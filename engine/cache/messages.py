@@ -413,7 +413,7 @@ class ReplicaStats:
     restores: dict[str, int] = field(default_factory=dict)  # by restore kind
     handovers: int = 0  # restore sources fetched from a peer
     handover_bytes: int = 0
-    sessions: int = 0  # session keys routed here last
+    sessions: int = 0  # session keys routed here last (none kept with one replica)
     session_moves: int = 0  # sessions moved off this replica because it was too busy
 
 

@@ -63,14 +63,17 @@ class ReplicatedCache:
     def commit(self, c: Commit) -> dict[int, Orders]:
         flight = self.replicas.flights.get(c.request_id)
         orders = self.manager.commit(c)
+        per_replica = self._split(orders, self.replicas.finish(c.request_id))
         if flight is not None and c.restored_from is None:  # a cold fallback: the file failed?
             self._unfiled(flight.plan.entry_id)
-        return self._split(orders, self.replicas.finish(c.request_id))
+        return per_replica
 
     def _unfiled(self, entry_id) -> None:
         """A restore source whose file would not load leaves the disk index with no delete
         ordered (DiskOrders.file_failed): its writer forgets it too, or `writers` and
-        `durable` would keep an id for every such file ever met."""
+        `durable` would keep an id for every such file ever met. Called after the call's
+        Orders are split: a file that left the index by a delete (evicted meanwhile) must
+        reach its own writer, which `split` finds in `writers`."""
         disk = self.manager.disk_index
         if entry_id is not None and (disk is None or entry_id not in disk):
             self.replicas.forget_file(entry_id)
@@ -110,8 +113,8 @@ class ReplicatedCache:
         if flight is not None:
             self.replicas.replicas[flight.replica].load -= flight.queued
         replanned = self.manager.replan(lost)
-        self._unfiled(lost.entry_id)
         per_replica = self._split(replanned.orders, replica)
+        self._unfiled(lost.entry_id)
         if replanned.plan is None:
             return replanned, per_replica
         plan = replanned.plan

@@ -16,10 +16,12 @@ deletes still queued aside).
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 
 from engine.cache import CacheManager
+from engine.cache.disk_index import file_bytes
 from engine.cache.messages import LostRestore, Orders, PlanRequest
 from engine.cache.replicated import ReplicatedCache
 from engine.config import CacheConfig
@@ -224,3 +226,42 @@ def test_files_that_fail_to_load_leave_no_writer_behind(tmp_path):
     replicas = d.cache.replicas
     assert not set(failed) & (set(replicas.writers) | replicas.durable)
     assert set(replicas.writers) == set(d.manager.disk_index.files)
+
+
+def _cold_commit_evicting_its_source_file(tmp_path, disk_budget: int):
+    """Replica 1 stores X (its file on machine b); replica 0 stores H and a request pins
+    it. A request planned from X in replica 1's RAM prefills cold (the actor found X
+    gone) and commits: its new file, over the disk budget, evicts X's file (the least
+    recently used not pinned). Returns the driver, X's id, and the cold commit, not sent."""
+    d = MachinesDriver(tmp_path, ("a", "b"), threshold=0, disk_budget=disk_budget)
+    d.plan("busy", seq(90_000, 200))  # replica 0 is busy: X goes to replica 1
+    x = d.turn("x", P1, R1)
+    d.commit("busy")
+    plan = d.plan("y", tokens(P1, R1, U2))
+    assert (plan.replica, plan.entry_id, plan.load_from_disk) == (1, x.new_entry_id, False)
+    d.plan("z", tokens(seq(90_000, 200), seq(91_000, 30)))  # pins H, and uses its file last
+    plan, prompt = d.requests.pop("y")
+    actor = d.actors[1]
+    actor.restore(plan, prompt)
+    d.cache.prefilled("y")
+    commit = replace(actor.prefill(plan, prompt, tokens(R1)), restored_from=None, restored_length=0)
+    actor.enter("y")
+    return d, x.new_entry_id, commit
+
+
+def test_a_source_file_evicted_by_a_cold_commit_is_deleted_by_its_own_writer(tmp_path):
+    """The cold commit forgets the writer of its source's file only after the delete of
+    that file went to it: else the delete goes to the home machine's replica, and the
+    file stays behind on its own machine, indexed by nobody."""
+    dry, source, commit = _cold_commit_evicting_its_source_file(tmp_path / "dry", 1 << 40)
+    dry.deliver(dry.cache.commit(commit))  # the sizes: the files written, the new one's estimate
+    files = dry.manager.disk_index.files
+    estimate = file_bytes(dry.manager.index.get(commit.entry_id))
+    pinned = next(f.nbytes for i, f in files.items() if i not in (commit.entry_id, source))
+    d, source, commit = _cold_commit_evicting_its_source_file(tmp_path / "run", pinned + estimate)
+    assert source in d.files("b")
+    per_replica = d.cache.commit(commit)
+    assert source not in d.manager.disk_index and commit.entry_id in d.manager.disk_index
+    assert source in per_replica[1].delete_files, "the delete went past the file's writer"
+    d.deliver(per_replica)
+    assert source not in d.files("b")

@@ -43,25 +43,31 @@ ALL = (*KINDS, "restart")
 
 def plan(seconds: float, every: float, kinds=KINDS, restart: bool = True) -> list[tuple]:
     """(at seconds, fault) over a run of `seconds`, evenly spaced about `every` seconds
-    apart (closer when needed to fit each fault once): the restart in the slot nearest
-    half way; the kills (`KILLS`) only in the first half, so that every process of the
-    serve lives through the second half whole and its memory is judged on a life that
-    long (unless no other fault is asked for); the others in turn through the whole run."""
+    apart (closer when needed to fit each fault once, each kill before half way): the
+    restart in the slot nearest half way; the kills (`KILLS`) only in the first half, so
+    that every process of the serve lives through the second half whole and its memory
+    is judged on a life that long (unless no other fault is asked for); the others in
+    turn through the whole run."""
     kinds = list(kinds)
     n = len(kinds) if seconds / every < len(kinds) + 2 else int(seconds / every) - 1
-    total = n + int(restart)
-    if not total:
-        return []
-    step = seconds / (total + 1)
-    slots = [step * (k + 1) for k in range(total)]
-    mid = min(range(total), key=lambda k: abs(slots[k] - seconds / 2)) if restart else -1
-    kills = [k for k in kinds if k in KILLS]
-    rest = [k for k in kinds if k not in KILLS]
-    early, late = itertools.cycle(kills + rest), itertools.cycle(rest or kills)
-    return [
-        (t, "restart" if k == mid else next(early if t < seconds / 2 else late))
-        for k, t in enumerate(slots)
-    ]
+    n = n if kinds else 0  # the restart alone, or nothing
+    while True:  # more slots (closer) until the first half holds every kill
+        total = n + int(restart)
+        if not total:
+            return []
+        step = seconds / (total + 1)
+        slots = [step * (k + 1) for k in range(total)]
+        mid = min(range(total), key=lambda k: abs(slots[k] - seconds / 2)) if restart else -1
+        kills = [k for k in kinds if k in KILLS]
+        rest = [k for k in kinds if k not in KILLS]
+        early, late = itertools.cycle(kills + rest), itertools.cycle(rest or kills)
+        planned = [
+            (t, "restart" if k == mid else next(early if t < seconds / 2 else late))
+            for k, t in enumerate(slots)
+        ]
+        if set(kinds) <= {name for _, name in planned}:
+            return planned
+        n += 1
 
 
 class Schedule(threading.Thread):

@@ -7,7 +7,7 @@ prefill p50 went from 98 to 124-140 ms for the same prompts, in fresh
 processes). `Reference` keeps a child process (`python -m
 clients.bench.soak.reference`) that, asked by a line on its stdin, runs a fixed
 piece of MLX work shaped like a small model's prefill (a few layers of
-matmuls on a 256-token block, on MLX's default device, as the engine's) `REPS`
+matmuls on a `TOKENS`-token block, on MLX's default device, as the engine's) `REPS`
 times and answers the fastest, in milliseconds: the fastest leaves out the
 moments the child waited for a core the serve held, so what is left is the
 machine's speed, not the serve's load. A child of its own keeps the soak's
@@ -21,11 +21,15 @@ the serve.
 
 from __future__ import annotations
 
+import select
 import subprocess
 import sys
 import time
 
 REPS = 5  # the fastest of this many
+# a child that has not answered by then (its start included) is stalled: it is ended, and
+# the sampler that asked goes on without it
+ANSWER_S = 30.0
 LAYERS, TOKENS, HIDDEN = 4, 64, 128
 
 
@@ -58,11 +62,12 @@ def main() -> None:
 
 
 class Reference:
-    """The child that times the fixed work; `time()` asks it once (None once it is gone)."""
+    """The child that times the fixed work; `time()` asks it once (None once it is gone,
+    or it did not answer within `ANSWER_S`: then it is ended)."""
 
-    def __init__(self):
+    def __init__(self, command=(sys.executable, "-m", "clients.bench.soak.reference")):
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "clients.bench.soak.reference"],
+            list(command),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -72,6 +77,10 @@ class Reference:
         try:
             self.process.stdin.write("\n")
             self.process.stdin.flush()
+            if not select.select([self.process.stdout], [], [], ANSWER_S)[0]:
+                self.process.kill()  # a stalled child would hold the sampler for good
+                self.process.wait()
+                return None
             line = self.process.stdout.readline()
             return float(line) if line else None
         except (OSError, ValueError):

@@ -40,6 +40,22 @@ def test_the_kills_come_before_half_way_so_the_second_half_is_one_life_of_each_p
         assert [name for t, name in planned if t > seconds / 2 + 1] != []  # faults go on after
 
 
+@pytest.mark.parametrize(
+    "kinds", [("model", "manager", "disk"), ("model", "manager", "disconnect"), ("manager", "disk")]
+)
+@pytest.mark.parametrize("restart", [True, False])
+def test_a_plan_of_some_faults_holds_each_of_them_with_the_kills_before_half_way(kinds, restart):
+    for seconds in (150, 600, 3600):
+        planned = faults.plan(seconds, 240, kinds, restart)
+        assert {name for _, name in planned} == set(kinds) | ({"restart"} if restart else set())
+        assert max(t for t, name in planned if name in faults.KILLS) < seconds / 2
+
+
+def test_a_plan_of_the_restart_alone_is_the_restart_alone():
+    assert faults.plan(3600, 240, (), True) == [(1800.0, "restart")]
+    assert faults.plan(3600, 240, (), False) == []
+
+
 def _sample(t, processes, disk_bytes=0, stats_bytes=0):
     return {
         "t": t,
@@ -258,6 +274,27 @@ def test_the_reference_work_is_timed_in_a_child_of_its_own():
     assert all(t is not None and 0 < t < 10_000 for t in times), times
     assert reference.process.returncode == 0  # it ends when its stdin closes
     assert reference.time() is None  # and says so when asked after
+
+
+def test_a_reference_child_that_stalls_is_ended_and_the_sampler_goes_on(monkeypatch):
+    import sys
+    import threading
+
+    from clients.bench.soak import reference
+
+    monkeypatch.setattr(reference, "ANSWER_S", 1.0)
+    stalled = reference.Reference([sys.executable, "-c", "import time; time.sleep(120)"])
+    answers = []
+    asking = threading.Thread(target=lambda: answers.append(stalled.time()), daemon=True)
+    asking.start()
+    asking.join(15)
+    try:
+        assert not asking.is_alive(), "the sampler waits on a stalled child for good"
+        assert answers == [None] and stalled.process.poll() is not None
+        assert stalled.time() is None  # and it stays gone
+    finally:
+        stalled.process.kill()
+        stalled.close()
 
 
 def test_a_run_long_enough_to_judge_rates_judges_each_of_the_engines_processes():

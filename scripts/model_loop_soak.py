@@ -21,7 +21,6 @@ It knows the runtime's classes and their attribute names; it judges nothing.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import os
@@ -37,6 +36,7 @@ import numpy as np
 from engine.kernels import cpu_fusion
 from engine.runtime import packed_state
 from engine.runtime.structured import masked_batch
+from engine.server.running.allocator import glibc
 
 SHAPES: dict = defaultdict(set)
 
@@ -126,7 +126,7 @@ def main() -> None:
     ids = iter(range(1 << 30))
     grammars: dict = {}
     sessions: list[list[int]] = []
-    libc = ctypes.CDLL("libc.so.6")
+    libc = glibc()  # None where malloc is not glibc's
 
     def tools(round_: int):
         if round_ not in grammars:
@@ -174,7 +174,8 @@ def main() -> None:
     def report(tag: str) -> None:
         gc.collect()
         before = anon_mib()
-        libc.malloc_trim(0)
+        if libc is not None:
+            libc.malloc_trim(0)
         g = loop.generator
         row = {
             "tag": tag,

@@ -81,3 +81,7 @@ def test_sessions_that_come_and_go_leave_keys_only_for_entries_held():
     assert not d.cache.replicas.sessions.replica_of  # one replica: nothing to route
     shown = {s for e in manager.tree().entries for s in e.sessions}
     assert shown and shown <= {f"agent-{k}" for k in range(600)}
+    # what the page shows is every kept key whose entry a tier holds, the latest among them
+    held_ids = {e.id for e in manager.index.entries()}
+    assert shown == {s for (_, s), e in entry_of.items() if e in held_ids}
+    assert "agent-599" in shown and "agent-0" not in {s for _, s in entry_of}

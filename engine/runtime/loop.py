@@ -8,7 +8,9 @@ PrefillWorker thread on a prompt batch nothing else touches until it ends
 test) reach the Generator only through the inbox: `call(fn)` queues
 `fn(generator)`; `ask(fn)` also waits for its result. Between requests the
 loop sleeps on the inbox; after `idle_release_s` without work it releases
-MLX's buffer pool once. A step that raises fails the batch's requests (each
+MLX's buffer pool once and gives malloc's free pages back (engine.runtime.malloc:
+glibc only), so an idle server holds what it uses, not what its last burst
+freed. A step that raises fails the batch's requests (each
 gets an error Finished) and the loop goes on with a fresh batch.
 
 It knows nothing about Ray, gRPC or the cache manager: the Generator's
@@ -23,6 +25,7 @@ import threading
 import time
 from typing import Callable, TypeVar
 
+from engine.runtime import malloc
 from engine.runtime.generator import Generator
 
 log = logging.getLogger(__name__)
@@ -49,6 +52,9 @@ class ModelLoop:
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.generator: Generator | None = None
         self.pool_releases = 0
+        self.malloc_trims = 0  # idle spells whose free malloc pages went back (glibc)
+        self.malloc_returned = 0  # the resident bytes they gave back
+        self._libc = malloc.glibc()
         self._error: BaseException | None = None
         self._ready = threading.Event()
         self._stopped = False
@@ -156,3 +162,6 @@ class ModelLoop:
 
         mx.clear_cache()
         self.pool_releases += 1
+        if self._libc is not None:
+            self.malloc_returned += malloc.trim(self._libc)
+            self.malloc_trims += 1

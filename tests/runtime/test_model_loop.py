@@ -7,6 +7,7 @@ failure paths are exercised directly.
 
 from __future__ import annotations
 
+import ctypes
 import queue
 import threading
 import time
@@ -17,6 +18,7 @@ import pytest
 from engine.cache.manager import CacheManager
 from engine.cache.messages import PlanRequest
 from engine.config import CacheConfig, EngineConfig, ModelConfig
+from engine.runtime import malloc
 from engine.runtime.events import Finished, FinishReason, Tokens
 from engine.runtime.generator import Generator
 from engine.runtime.local import LocalLink
@@ -94,6 +96,35 @@ def test_an_idle_loop_releases_the_pool_once(loop):
     assert loop.pool_releases == before + 1
     time.sleep(1.2)  # still idle: not released again
     assert loop.pool_releases == before + 1
+
+
+@pytest.mark.skipif(malloc.glibc() is None, reason="malloc is not glibc's")
+def test_an_idle_loop_gives_the_pages_its_burst_freed_back_to_the_system(loop):
+    """16 MiB malloc'd on the loop thread and freed but for the last block (so no arena
+    shrinks at its top by itself): the idle spell's trim returns most of it."""
+    libc = malloc.glibc()
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+
+    def burst(g) -> int:
+        blocks = [libc.malloc(4000) for _ in range(4096)]
+        for b in blocks[:-1]:
+            ctypes.memset(b, 1, 4000)  # resident
+        for b in blocks[:-1]:
+            libc.free(b)
+        return blocks[-1]
+
+    kept = loop.ask(burst)
+    try:
+        trims, returned = loop.malloc_trims, loop.malloc_returned
+        drain(submit(loop, "d", [(i * 5) % 3000 + 20 for i in range(40)]))  # a new idle spell
+        deadline = time.monotonic() + 10
+        while loop.malloc_trims == trims and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert loop.malloc_trims == trims + 1
+        assert loop.malloc_returned - returned >= 8 << 20
+    finally:
+        loop.call(lambda g: libc.free(kept))
 
 
 def test_a_failing_call_is_logged_and_the_loop_goes_on(loop, caplog):

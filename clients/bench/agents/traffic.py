@@ -273,6 +273,7 @@ def build_traffic(
     agents: int | None = None,
     variants: int = 0,
     message_edits: int = 0,
+    tools_seed: int | None = None,
 ) -> Traffic:
     """The traffic of `agents` lanes at `scale` (1.0: ~10k-token prefix, 3 sessions of 3 turns).
 
@@ -283,7 +284,9 @@ def build_traffic(
     Then `message_edits` long-message sessions (`_message_session`), then
     `variants` system-prompt-variant sessions (`variant_system`), three
     requests each, each phase after every request before it: one session
-    starts per step (a session per lane at a time).
+    starts per step (a session per lane at a time). The tool definitions come
+    from `tools_seed` where given (else `seed`): traffics of different seeds
+    may share one agent's tool set, as sessions of one installed agent do.
     """
     if scale <= 0:
         raise ValueError(f"scale must be > 0, got {scale}")
@@ -295,7 +298,7 @@ def build_traffic(
     sessions = max(2, round(3 * root))
     turns = max(2, round(3 * root))
     max_tokens = max(8, round(48 * root))
-    tools = make_tools(int(prefix * TOOLS_SHARE), seed)
+    tools = make_tools(int(prefix * TOOLS_SHARE), seed if tools_seed is None else tools_seed)
     body, clock = make_systems(prefix, tools, seed)
     systems = {"main": body + team_role("implementer"), "variant": body + team_role("reviewer")}
     specs: list[RequestSpec] = []

@@ -53,6 +53,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--disk-budget", default="48M", help="the disk tier's budget (small)")
     parser.add_argument("--scale", type=float, default=0.1, help="agent traffic scale")
     parser.add_argument("--agents", type=int, default=3, help="sub-agents of a burst")
+    parser.add_argument(
+        "--tool-sets",
+        type=int,
+        default=8,
+        help="distinct tool sets the rounds draw from in turn (0: new tools every round)",
+    )
     parser.add_argument("--long-sessions", type=int, default=2, help="long coding sessions")
     parser.add_argument("--compact-at", type=int, default=2500, help="tokens before compaction")
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens per reply")
@@ -158,7 +164,16 @@ def _soak(soak: Soak, args) -> dict:
     soak.schedule = faults.Schedule(soak, planned, args)
     url = soak.serve.url
     users = [
-        Rounds(url, soak.log, soak.halt, args.seed, args.scale, args.agents, args.max_tokens)
+        Rounds(
+            url,
+            soak.log,
+            soak.halt,
+            args.seed,
+            args.scale,
+            args.agents,
+            args.max_tokens,
+            args.tool_sets,
+        )
     ] + [
         LongSession(
             i, url, soak.log, soak.halt, args.seed, args.scale, args.max_tokens, args.compact_at

@@ -96,7 +96,15 @@ def figures(samples, events, faults, probes, final, soak, args) -> dict:
         "warmup_s": warmup,
         "settings": {
             k: getattr(args, k)
-            for k in ("ram_budget", "disk_budget", "scale", "agents", "long_sessions", "seed")
+            for k in (
+                "ram_budget",
+                "disk_budget",
+                "scale",
+                "agents",
+                "tool_sets",
+                "long_sessions",
+                "seed",
+            )
         },
         "requests": len(events),
         "samples": {"taken": len(samples), "failed": soak.sample_errors[:5]},
@@ -106,6 +114,7 @@ def figures(samples, events, faults, probes, final, soak, args) -> dict:
         "lives": lives,
         "disk": disk,
         "object_store": _first_last_max([s["object_store_bytes"] for s in samples]),
+        "grammars_held": _first_last_max([_grammars(s) for s in samples]),
         "logs": log_figures(samples),
         "windows": windows,
         "ttft_drift": drift,
@@ -357,6 +366,12 @@ def log_figures(samples: list[dict]) -> dict:
     return out
 
 
+def _grammars(sample: dict) -> int | None:
+    """The compiled grammars the replicas held at a sample (None: not read)."""
+    replicas = sample.get("replicas")
+    return sum(r.get("grammars_held", 0) for r in replicas) if replicas else None
+
+
 def _first_last_max(values: list) -> dict:
     known = [v for v in values if v is not None]
     if not known:
@@ -451,6 +466,11 @@ def format_report(f: dict) -> str:
                 "object store",
                 f"{_mb(f['object_store']['first'])} -> "
                 f"{_mb(f['object_store']['last'])} (max {_mb(f['object_store']['max'])})",
+            ),
+            (
+                "grammars held",
+                "{first} -> {last} (max {max}; compiled tool and schema grammars of the "
+                "replicas, a bounded fill)".format(**f.get("grammars_held", _first_last_max([]))),
             ),
             (
                 "logs",

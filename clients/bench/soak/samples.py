@@ -22,6 +22,9 @@ A sample holds, at its time `t` (seconds since the soak began):
   own (clients.bench.soak.reference): the machine's speed at that time, which
   the report sets beside the drift of the time to first token (None where the
   child is gone);
+- `replicas`: per model replica (the Inspect RPC) the compiled grammars it
+  keeps and MLX's active bytes: bounded fills of the model actor's RSS that
+  its own figures name;
 - `probes`: probe replies checked and wrong so far; `fault`: the fault under
   way ("" for none).
 
@@ -149,7 +152,9 @@ class Sampler(threading.Thread):
     def sample(self, since: float) -> dict:
         soak = self.soak
         t = soak.log.now()
-        stats = {} if soak.stopping.is_set() else _stats(soak.client)
+        stopping = soak.stopping.is_set()
+        stats = {} if stopping else _stats(soak.client)
+        replicas = [] if stopping else _replicas(soak.client)
         disk = read_disk(soak.entries)
         disk.update(
             responses_bytes=_tree_bytes(soak.cache_dir / "responses"),
@@ -170,6 +175,7 @@ class Sampler(threading.Thread):
             "disk": disk,
             "logs": soak.serve.log_bytes(),
             "window": window(soak.log.since(since)),
+            "replicas": replicas,
             "reference_ms": self.reference.time() if self.reference else None,
             "probes": {"checked": soak.probes.checked, "wrong": len(soak.probes.wrong)},
             "fault": soak.schedule.current if soak.schedule else "",
@@ -193,3 +199,13 @@ def _stats(client) -> dict:
         return client.cache_stats()
     except Exception:
         return {}
+
+
+def _replicas(client) -> list[dict]:
+    """Each replica's compiled grammars held and MLX active bytes ([] when Inspect fails)."""
+    try:
+        replicas = client.inspect(recent=0).get("replicas", [])
+    except Exception:
+        return []
+    keys = ("name", "grammars_held", "mlx_active_bytes")
+    return [{k: r.get(k, 0) for k in keys} for r in replicas]

@@ -9,7 +9,11 @@ and readers of clients.bench.agents.wire_apis:
   of clients.bench.agents.traffic (a lead, then sub-agents together on their
   own system prompts, tool calls, edits, regenerates, dropped streams and
   their retries), each round new sessions on a new seed, each session in the
-  wire format its name picks; between steps, now and then an idle gap.
+  wire format its name picks; between steps, now and then an idle gap. The
+  rounds' tool definitions come from a few sets in turn (`tool_sets`: the
+  agents one machine has installed), so the engine's compiled tool grammars
+  are a bounded, recurring set, as on a user's machine; 0 makes every round's
+  tools new.
 - `LongSession`: one coding session that grows turn by turn (user turns, tool
   calls and results), and compacts when it passes `compact_at` estimated
   tokens (it starts again from its system prompt and a summary); now and then
@@ -172,15 +176,38 @@ class User(threading.Thread):
 class Rounds(User):
     """Rounds of seeded agent traffic: a lead, then its sub-agents in a burst."""
 
-    def __init__(self, url, log, halt, seed: int, scale: float, agents: int, max_tokens: int):
+    def __init__(
+        self,
+        url,
+        log,
+        halt,
+        seed: int,
+        scale: float,
+        agents: int,
+        max_tokens: int,
+        tool_sets: int = 0,
+    ):
         super().__init__("rounds", url, log, halt, seed)
         self.seed, self.scale, self.agents, self.max_tokens = seed, scale, agents, max_tokens
+        self.tool_sets = tool_sets
         self.round = 0
+
+    def tools_seed(self) -> int:
+        """The seed of this round's tool set: one of `tool_sets` in turn (the agents one
+        machine has installed), or the round's own where `tool_sets` is 0."""
+        if self.tool_sets <= 0:
+            return self.seed + self.round
+        return self.seed + self.round % self.tool_sets
 
     def once(self, http) -> None:
         from clients.bench.agents.traffic import Sessions, build_traffic
 
-        traffic = build_traffic(seed=self.seed + self.round, scale=self.scale, agents=self.agents)
+        traffic = build_traffic(
+            seed=self.seed + self.round,
+            scale=self.scale,
+            agents=self.agents,
+            tools_seed=self.tools_seed(),
+        )
         sessions, chains = Sessions(traffic), wire_apis.Chains()
         tag = f"r{self.round}"
         with ThreadPoolExecutor(max(1, traffic.agents)) as pool:

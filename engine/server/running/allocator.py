@@ -7,33 +7,26 @@ what a request frees stays in its arena, in pages the system still counts. A
 (mallinfo2's fordblks) while its Python heap grew 4.6 MiB, all of it bounded
 memos filling. `limit_arenas` caps the arenas (mallopt M_ARENA_MAX, before
 the serve starts its threads) and `Trimmer` returns the free pages every
-interval (malloc_trim(0) walks every arena and gives back each whole free
-page; a few milliseconds, under each arena's lock in turn).
+interval (engine.runtime.malloc: malloc_trim(0) walks every arena and gives
+back each whole free page; a few milliseconds, under each arena's lock in turn).
 
 Both are glibc's: elsewhere (macOS, musl) they do nothing and say so once in
-the log. This module knows nothing of what allocates; the model actor and the
-cache manager are left to their allocators (the model actor's MLX buffers are
-mmapped and go back when freed).
+the log. This module knows nothing of what allocates. The model loop trims on its own
+when it goes idle (engine.runtime.loop); the cache manager is left to its
+allocator.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import os
 import threading
+
+from engine.runtime.malloc import glibc, resident_bytes, trim
+
+__all__ = ["Trimmer", "glibc", "limit_arenas", "resident_bytes"]
 
 log = logging.getLogger("lineage")
 M_ARENA_MAX = -8  # glibc's malloc.h
-
-
-def glibc():
-    try:
-        libc = ctypes.CDLL(None)
-        libc.malloc_trim, libc.mallopt  # noqa: B018 -- glibc's, or no such names
-    except (OSError, AttributeError):
-        return None
-    return libc
 
 
 def limit_arenas(most: int) -> bool:
@@ -42,15 +35,6 @@ def limit_arenas(most: int) -> bool:
     if most <= 0 or libc is None:
         return False
     return bool(libc.mallopt(M_ARENA_MAX, most))
-
-
-def resident_bytes() -> int:
-    """This process's resident set (0 where /proc has none)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 class Trimmer:
@@ -70,9 +54,7 @@ class Trimmer:
         """Give the free pages back now; the resident bytes that went."""
         if self._libc is None:
             return 0
-        before = resident_bytes()
-        self._libc.malloc_trim(0)
-        gone = max(0, before - resident_bytes())
+        gone = trim(self._libc)
         self.trims += 1
         self.returned += gone
         return gone

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from clients.bench.soak import faults, report
-from clients.bench.soak.users import Event, Probes
+from clients.bench.soak.users import Event, Probes, Rounds
 from tests.serve_process import start_serve
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -179,6 +179,8 @@ def test_a_short_soak_survives_every_fault_within_the_bounds(tmp_path):
     ]
     # the model actor was followed (the last samples may fall in the final stop, after it)
     assert len(samples) >= 20 and sum("model-0" in s["processes"] for s in samples) >= 10
+    # and its compiled grammars read from the running engine (the agents' tools compile some)
+    assert f["grammars_held"]["max"] > 0
 
 
 FINAL = {
@@ -209,6 +211,7 @@ def _args(minutes: float):
         disk_budget="1K",
         scale=0.1,
         agents=2,
+        tool_sets=8,
         long_sessions=1,
         seed=0,
     )
@@ -230,6 +233,38 @@ def test_the_verdict_fails_on_an_orphaned_file_a_wrong_reply_or_a_disk_over_budg
     full = [_sample(t, {}, 2000, 2000) for t in range(0, 120, 2)]
     over = report.figures(full, events, [], Probes(), final, soak, args)
     assert not over["verdict"]["checks"]["disk_within_budget"]
+
+
+def test_the_rounds_draw_their_tools_from_a_few_sets_in_turn_with_new_system_prompts():
+    from clients.bench.agents.traffic import build_traffic
+
+    def seeds(tool_sets):
+        rounds = Rounds("http://x", None, None, 10, 0.1, 2, 8, tool_sets)
+        out = []
+        for n in range(7):
+            rounds.round = n
+            out.append(rounds.tools_seed())
+        return out
+
+    assert seeds(3) == [10, 11, 12, 10, 11, 12, 10]
+    assert seeds(0) == [10, 11, 12, 13, 14, 15, 16]  # every round's tools its own
+    again = build_traffic(seed=13, scale=0.1, agents=2, tools_seed=10)
+    first = build_traffic(seed=10, scale=0.1, agents=2)
+    assert again.tools == first.tools  # the same installed agent's tools
+    assert again.systems["main"] != first.systems["main"]  # a new team's system prompt
+    assert build_traffic(seed=13, scale=0.1, agents=2).tools != first.tools
+
+
+def test_the_grammars_the_replicas_hold_are_reported_first_last_and_most():
+    samples = [_sample(t, {"model-0": _proc(7, 100 << 20)}) for t in range(0, 120, 2)]
+    for s, held in zip(samples, [None, 0, 3, 5, 4] + [6] * 55):
+        if held is not None:
+            s["replicas"] = [{"name": "model-0", "grammars_held": held, "mlx_active_bytes": 1}]
+    events = [Event(t, "u", "chat", "user", ttft_ms=50, prompt=100, cached=80) for t in range(120)]
+    f = report.figures(samples, events, [], Probes(), FINAL, _soak(), _args(minutes=2))
+    assert f["grammars_held"] == {"first": 0, "last": 6, "max": 6}
+    assert re.search(r"grammars held +0 -> 6 \(max 6;", report.format_report(f))
+    assert f["settings"]["tool_sets"] == 8
 
 
 def test_the_drift_holds_the_engine_to_the_bound_with_the_machines_own_speed_taken_out():

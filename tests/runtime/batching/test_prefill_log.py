@@ -35,7 +35,7 @@ def test_the_fit_finds_the_fixed_cost_of_a_chunk():
     log = PrefillLog()
     for i, tokens in enumerate((16, 64, 256, 32)):
         log.chunk([1], start=float(i), seconds=(30 + 2 * tokens) / 1000, tokens=tokens, context=0)
-    fit = fixed_cost(log.chunks)
+    fit = fixed_cost(log.chunks_in())
     assert fit["fixed_ms"] == pytest.approx(30)
     assert fit["token_ms"] == pytest.approx(2)
     assert fixed_cost([]) == {"chunks": 0}

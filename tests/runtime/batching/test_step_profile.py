@@ -156,7 +156,7 @@ def test_a_full_profile_of_keep_steps_summarizes_as_the_deque_did(clock):
     records = [random_step(p, clock, rng) for _ in range(step_profile.KEEP + 500)]
     p.close()
     kept = records[-step_profile.KEEP :]
-    assert p.summary()["steps"] > step_profile.KEEP // 2
+    assert p.summary()["steps"] > step_profile.KEEP // 5
     assert p.summary() == reference_summary(kept)
     assert p.summary(kept[100].end, kept[-100].end) == reference_summary(
         kept, kept[100].end, kept[-100].end

@@ -215,8 +215,7 @@ class ChunkedBatchGenerator(LineageBatchGenerator):
         """The last whole step's wall time (the profile's: emits and commits included): a
         decode-only step is a stream's idle gap; a step with a chunk beside decode tells
         what such a step spends besides the chunk's forward."""
-        steps = self.profile.steps
-        last = steps[-1] if steps else None
+        last = self.profile.last
         if last is None or last is self._learned:
             return
         self._learned = last

@@ -15,17 +15,51 @@ keeps
 
 The generator takes a sequence's track at its prompt end (`take`) and adds the
 request's own clock (received, admitted: engine.runtime.output.Stamps) to make
-the request's row (`request_row`). It knows perf_counter seconds, uids and
-token counts; nothing of MLX, batches or requests.
+the request's row (`request_row`), with a fixed set of facts (FACTS).
+
+Chunks and rows are kept in `Ring`s (engine.runtime.batching.ring): their full size
+is allocated at construction, so a long-lived loop's memory does not creep as they
+fill. A row's strings (request id, namespace) are object fields holding the caller's
+own strings: a fixed-width field would cut a long id or pay its width on every row.
+
+It knows perf_counter seconds, uids and token counts; nothing of MLX, batches or
+requests.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
+
+from engine.runtime.batching.ring import Ring
 
 KEEP = 4096  # chunks kept for the fit
 ROWS = 4096  # requests' rows kept
+
+# One kept chunk: ChunkRecord's fields.
+CHUNK = [
+    ("start", "f8"),
+    ("seconds", "f8"),
+    ("tokens", "i8"),
+    ("members", "i8"),
+    ("context", "i8"),
+    ("by_module", "?"),
+]
+# A request row's facts, in a row's key order, and how each is kept.
+FACTS = {"request_id": "O", "namespace": "O", "prompt_tokens": "i8", "restored": "i8"}
+# A row's measured keys, after the facts.
+MEASURED = [
+    ("received", "f8"),
+    ("queued_ms", "f8"),
+    ("chunks", "i8"),
+    ("chunk_tokens", "i8"),
+    ("first_chunk_wait_ms", "f8"),
+    ("in_chunks_ms", "f8"),
+    ("between_chunks_ms", "f8"),
+    ("others_chunks_ms", "f8"),
+    ("prefill_span_ms", "f8"),
+]
+# One kept row: which facts it was given (bit i: FACTS' i-th), the facts, the measures.
+ROW = [("given", "u1"), *FACTS.items(), *MEASURED]
 
 
 @dataclass(frozen=True)
@@ -54,16 +88,16 @@ class PrefillLog:
     """Chunks run and each prefilling sequence's track (module doc)."""
 
     def __init__(self):
-        self.chunks: deque[ChunkRecord] = deque(maxlen=KEEP)
+        self.chunks = Ring(CHUNK, KEEP)
         self.tracks: dict[int, Track] = {}
-        self.rows: deque[dict] = deque(maxlen=ROWS)
+        self.rows = Ring(ROW, ROWS)
 
     def chunk(
         self, uids, start: float, seconds: float, tokens: int, context: int, by_module=False
     ) -> None:
         """A chunk ran: `tokens` prompt tokens of each of `uids` from `start`, `seconds` long
         (`by_module`: evaluated module by module)."""
-        self.chunks.append(ChunkRecord(start, seconds, tokens, len(uids), context, by_module))
+        self.chunks.append((start, seconds, tokens, len(uids), context, by_module))
         for uid, track in self.tracks.items():
             if uid not in uids:
                 track.others_s += seconds
@@ -82,29 +116,53 @@ class PrefillLog:
 
     def request_row(self, track: Track | None, received: float, admitted: float, **facts) -> None:
         """Keep a request's row: its clock (perf_counter s of its arrival at the model actor
-        and of its admission into the batch) and its track; `facts` added as they are."""
-        row = dict(facts, received=received, queued_ms=(admitted - received) * 1000)
+        and of its admission into the batch), its track, and `facts` as given (FACTS' keys
+        only: an unknown one is a TypeError)."""
+        unknown = facts.keys() - FACTS.keys()
+        if unknown:
+            raise TypeError(f"unknown request facts {sorted(unknown)}; known: {list(FACTS)}")
+        given = sum(1 << i for i, key in enumerate(FACTS) if key in facts)
+        kept = [facts.get(key, None if kind == "O" else 0) for key, kind in FACTS.items()]
+        queued_ms = (admitted - received) * 1000
         if track is None:  # nothing to prefill (a resend restored whole)
-            row |= dict(chunks=0, chunk_tokens=0, first_chunk_wait_ms=0.0, in_chunks_ms=0.0)
-            row |= dict(between_chunks_ms=0.0, others_chunks_ms=0.0, prefill_span_ms=0.0)
+            measured = (0, 0, 0.0, 0.0, 0.0, 0.0, 0.0)
         else:
             span = track.last_end - track.first_start
-            row |= dict(
-                chunks=track.chunks,
-                chunk_tokens=track.tokens,
-                first_chunk_wait_ms=max(0.0, track.first_start - admitted) * 1000,
-                in_chunks_ms=track.in_chunks_s * 1000,
-                between_chunks_ms=max(0.0, span - track.in_chunks_s) * 1000,
-                others_chunks_ms=min(track.others_s, max(0.0, span - track.in_chunks_s)) * 1000,
-                prefill_span_ms=span * 1000,
+            measured = (
+                track.chunks,
+                track.tokens,
+                max(0.0, track.first_start - admitted) * 1000,
+                track.in_chunks_s * 1000,
+                max(0.0, span - track.in_chunks_s) * 1000,
+                min(track.others_s, max(0.0, span - track.in_chunks_s)) * 1000,
+                span * 1000,
             )
-        self.rows.append(row)
+        self.rows.append((given, *kept, received, queued_ms, *measured))
+
+    def chunks_in(self, since: float = 0.0, until: float = float("inf")) -> list[ChunkRecord]:
+        """The kept chunks that started in [since, until], oldest first."""
+        kept = self.chunks.ordered()
+        start = kept["start"]
+        return [ChunkRecord(*c) for c in kept[(since <= start) & (start <= until)].tolist()]
+
+    def requests_in(self, since: float = 0.0, until: float = float("inf")) -> list[dict]:
+        """The kept rows of requests received in [since, until], oldest first: each the
+        facts it was given, then the measured keys (MEASURED)."""
+        kept = self.rows.ordered()
+        received = kept["received"]
+        out = []
+        for given, *values in kept[(since <= received) & (received <= until)].tolist():
+            facts = zip(FACTS, values[: len(FACTS)])
+            row = {key: v for i, (key, v) in enumerate(facts) if given >> i & 1}
+            row.update(zip((key for key, _ in MEASURED), values[len(FACTS) :]))
+            out.append(row)
+        return out
 
     def report(self, since: float = 0.0, until: float = float("inf")) -> dict:
         """The rows of requests received in [since, until], and the chunk fit of the chunks
         that started in it (all, and by how they were evaluated)."""
-        rows = [r for r in self.rows if since <= r["received"] <= until]
-        chunks = [c for c in self.chunks if since <= c.start <= until]
+        rows = self.requests_in(since, until)
+        chunks = self.chunks_in(since, until)
         by_eval = {
             "whole": fixed_cost([c for c in chunks if not c.by_module]),
             "module": fixed_cost([c for c in chunks if c.by_module]),

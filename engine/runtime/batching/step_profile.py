@@ -20,6 +20,9 @@ MLX evaluates lazily and mlx-lm queues the next decode forward asynchronously,
 so a phase's time is where the loop waited, not always which computation ran:
 a prefill forward first waits for the decode forward queued before it.
 
+The steps are kept in a `Ring` (engine.runtime.batching.ring): its full size is
+allocated at construction, so a long-lived loop's memory does not creep as it fills.
+
 It knows a clock and the gc module; nothing about MLX, batches or requests.
 """
 
@@ -27,12 +30,23 @@ from __future__ import annotations
 
 import gc
 import time
-from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from engine.runtime.batching.ring import Ring
+
 PHASES = ("admit", "decode", "prefill", "capture", "commit", "emit", "other", "gc")
 KEEP = 8192  # steps kept
+
+# One kept step: StepRecord's fields, the phases' ms in PHASES' order.
+STEP = [
+    ("end", "f8"),
+    ("total_ms", "f8"),
+    ("phases", "f8", (len(PHASES),)),
+    ("decoding", "i8"),
+    ("prefill_tokens", "i8"),
+    ("decoded", "?"),
+]
 
 
 @dataclass(frozen=True)
@@ -51,7 +65,8 @@ class StepProfile:
     """Per-step wall time by phase, for the latest KEEP steps (module doc)."""
 
     def __init__(self, keep: int = KEEP):
-        self.steps: deque[StepRecord] = deque(maxlen=keep)
+        self.steps = Ring(STEP, keep)
+        self.last: StepRecord | None = None  # the step ended last
         self._stack: list[list] = []  # [name, resumed at]
         self._ms: dict | None = None
         self._t0 = 0.0
@@ -89,8 +104,10 @@ class StepProfile:
         ms = self._ms
         ms["other"] = max(0.0, total - sum(v for k, v in ms.items() if k not in ("other", "gc")))
         decoded = self._decoded if self._splits else decoding > 0  # batched: no decode phase
-        record = StepRecord(now, total, ms, decoding, self.prefill_tokens, decoded)
-        self.steps.append(record)
+        tokens = self.prefill_tokens
+        record = StepRecord(now, total, ms, decoding, tokens, decoded)
+        self.steps.append((now, total, [ms[k] for k in PHASES], decoding, tokens, decoded))
+        self.last = record
         self._ms = None
         return record
 
@@ -130,27 +147,35 @@ class StepProfile:
         """Steps that decoded and ended in [since, until] (each a decoding stream's inter-token
         gap): percentiles of the wall time, the mean phase split of all of them and of the
         slowest 1% (what makes the p99 gaps)."""
-        rows = [s for s in self.steps if since <= s.end <= until and s.decoded and s.decoding]
-        if not rows:
+        kept = self.steps.ordered()
+        end = kept["end"]
+        picked = kept[(since <= end) & (end <= until) & kept["decoded"] & (kept["decoding"] != 0)]
+        if not len(picked):
             return {"steps": 0}
-        totals = sorted(s.total_ms for s in rows)
+        # Python floats summed in the steps' order: the same figures as from records.
+        totals_ = picked["total_ms"].tolist()
+        phases = picked["phases"].tolist()
+        prefill = picked["prefill_tokens"].tolist()
+        n = len(totals_)
+        totals = sorted(totals_)
 
         def pct(q: float) -> float:
-            return totals[min(len(totals) - 1, int(q / 100 * len(totals)))]
+            return totals[min(n - 1, int(q / 100 * n))]
 
         def split(group) -> dict:
-            return {k: round(sum(s.phases[k] for s in group) / len(group), 3) for k in PHASES}
+            return {
+                k: round(sum(phases[i][j] for i in group) / len(group), 3)
+                for j, k in enumerate(PHASES)
+            }
 
-        worst = sorted(rows, key=lambda s: s.total_ms)[-max(1, len(rows) // 100) :]
+        worst = sorted(range(n), key=totals_.__getitem__)[-max(1, n // 100) :]  # stable
         return {
-            "steps": len(rows),
+            "steps": n,
             "total_ms_p50": round(pct(50), 3),
             "total_ms_p99": round(pct(99), 3),
             "total_ms_max": round(totals[-1], 3),
-            "prefill_tokens_mean": round(sum(s.prefill_tokens for s in rows) / len(rows), 2),
-            "mean_ms": split(rows),
+            "prefill_tokens_mean": round(sum(prefill) / n, 2),
+            "mean_ms": split(range(n)),
             "slowest_1pct_ms": split(worst),
-            "slowest_1pct_prefill_tokens": round(
-                sum(s.prefill_tokens for s in worst) / len(worst), 2
-            ),
+            "slowest_1pct_prefill_tokens": round(sum(prefill[i] for i in worst) / len(worst), 2),
         }

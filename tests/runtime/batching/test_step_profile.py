@@ -1,9 +1,12 @@
 """StepProfile (engine.runtime.batching.step_profile): exclusive phase times, GC pauses, the
-summary."""
+summary; its ring of the newest KEEP steps, summarized as the deque of records was, and
+allocated up front."""
 
 from __future__ import annotations
 
 import gc
+import random
+import tracemalloc
 
 import pytest
 
@@ -90,3 +93,90 @@ def test_outside_a_step_phases_are_free():
         pass
     assert p.end(decoding=1) is None and not p.steps
     p.close()
+
+
+def reference_summary(records, since=0.0, until=float("inf")) -> dict:
+    """The summary as the deque of StepRecords computed it (before the ring), kept here to
+    compare against."""
+    rows = [s for s in records if since <= s.end <= until and s.decoded and s.decoding]
+    if not rows:
+        return {"steps": 0}
+    totals = sorted(s.total_ms for s in rows)
+
+    def pct(q: float) -> float:
+        return totals[min(len(totals) - 1, int(q / 100 * len(totals)))]
+
+    def split(group) -> dict:
+        return {k: round(sum(s.phases[k] for s in group) / len(group), 3) for k in PHASES}
+
+    worst = sorted(rows, key=lambda s: s.total_ms)[-max(1, len(rows) // 100) :]
+    return {
+        "steps": len(rows),
+        "total_ms_p50": round(pct(50), 3),
+        "total_ms_p99": round(pct(99), 3),
+        "total_ms_max": round(totals[-1], 3),
+        "prefill_tokens_mean": round(sum(s.prefill_tokens for s in rows) / len(rows), 2),
+        "mean_ms": split(rows),
+        "slowest_1pct_ms": split(worst),
+        "slowest_1pct_prefill_tokens": round(sum(s.prefill_tokens for s in worst) / len(worst), 2),
+    }
+
+
+def random_step(p: StepProfile, clock: Clock, rng: random.Random):
+    p.begin()
+    p.prefill_tokens = rng.choice((0, 0, 16, 64))
+    for name in rng.sample(PHASES[:-2], 3):
+        with p.phase(name):
+            clock.wait(rng.choice((0.5, 1.0, 1.0, 2.5, rng.random() * 20)))  # ties and tails
+    return p.end(decoding=rng.choice((0, 1, 3)))
+
+
+@pytest.mark.parametrize("keep", [1, 7, 100])
+def test_past_keep_steps_the_newest_keep_are_kept_in_order_and_summed_as_before(clock, keep):
+    rng = random.Random(keep)
+    p = StepProfile(keep=keep)
+    records = [random_step(p, clock, rng) for _ in range(2 * keep + 3)]
+    p.close()
+    kept = records[-keep:]
+    assert len(p.steps) == keep and p.last is records[-1]
+    assert p.steps.ordered()["end"].tolist() == [r.end for r in kept]
+    assert p.steps.ordered()["total_ms"].tolist() == [r.total_ms for r in kept]
+    ends = [r.end for r in kept]
+    for since, until in [
+        (0.0, float("inf")),
+        (ends[len(ends) // 3], ends[-1]),
+        (ends[-1] + 1, 1e9),
+    ]:
+        assert p.summary(since, until) == reference_summary(kept, since, until)
+
+
+def test_a_full_profile_of_keep_steps_summarizes_as_the_deque_did(clock):
+    rng = random.Random(5)
+    p = StepProfile()
+    records = [random_step(p, clock, rng) for _ in range(step_profile.KEEP + 500)]
+    p.close()
+    kept = records[-step_profile.KEEP :]
+    assert p.summary()["steps"] > step_profile.KEEP // 5
+    assert p.summary() == reference_summary(kept)
+    assert p.summary(kept[100].end, kept[-100].end) == reference_summary(
+        kept, kept[100].end, kept[-100].end
+    )
+
+
+def test_the_steps_cost_their_full_size_at_construction():
+    # Appending 2 * KEEP steps allocates nothing that stays: the ring was allocated (and
+    # written through) when the profile was built; only `last` is replaced step by step.
+    tracemalloc.start()
+    try:
+        p = StepProfile()
+        p.begin()
+        p.end(decoding=1)
+        built, _ = tracemalloc.get_traced_memory()
+        for _ in range(2 * step_profile.KEEP):
+            p.begin()
+            p.end(decoding=1)
+        grown = tracemalloc.get_traced_memory()[0] - built
+    finally:
+        tracemalloc.stop()
+        p.close()
+    assert grown < 16 * 1024, f"{grown} bytes allocated past construction"

@@ -25,7 +25,9 @@ _ids = iter(range(1 << 30))
 
 def submit(tiny_loop, tokens, n, temperature=0.0, seed=None, max_tokens=12, grammar=None):
     rid = f"n{next(_ids)}"
-    plan = tiny_loop.manager.plan(PlanRequest(rid, np.asarray(tokens, np.int32)))
+    # planned on the loop thread, as the actor's commits reach the manager there
+    request = PlanRequest(rid, np.asarray(tokens, np.int32))
+    plan = tiny_loop.ask(lambda g: tiny_loop.manager.plan(request))
     sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, n=n)
     req = GenerationRequest(rid, "", tuple(tokens), plan, sampling, time.time(), grammar=grammar)
     events: queue.SimpleQueue = queue.SimpleQueue()

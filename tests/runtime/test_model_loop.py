@@ -55,8 +55,10 @@ def loop(loaded):
 
 
 def submit(loop: ModelLoop, rid: str, tokens: list, max_tokens: int = 4) -> queue.SimpleQueue:
-    """Plan on the calling thread, run on the loop thread; events arrive on the queue."""
-    plan = loop.manager.plan(PlanRequest(rid, np.asarray(tokens, np.int32)))
+    """Plan and run on the loop thread; events arrive on the queue."""
+    # planned on the loop thread, as the actor's commits reach the manager there
+    request = PlanRequest(rid, np.asarray(tokens, np.int32))
+    plan = loop.ask(lambda g: loop.manager.plan(request))
     req = GenerationRequest(
         rid, "", tuple(tokens), plan, SamplingParams(max_tokens=max_tokens), time.time()
     )

@@ -65,7 +65,9 @@ _ids = iter(range(1 << 30))
 def run(tiny_loop, tokens, grammar=None, temperature=1.0, seed=0, max_tokens=300):
     """(generated ids, final event) of one request on the tiny_loop."""
     rid = f"c{next(_ids)}"
-    plan = tiny_loop.manager.plan(PlanRequest(rid, np.asarray(tokens, np.int32)))
+    # planned on the loop thread, as the actor's commits reach the manager there
+    request = PlanRequest(rid, np.asarray(tokens, np.int32))
+    plan = tiny_loop.ask(lambda g: tiny_loop.manager.plan(request))
     sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
     req = GenerationRequest(rid, "", tuple(tokens), plan, sampling, time.time(), grammar=grammar)
     events: queue.SimpleQueue = queue.SimpleQueue()

@@ -241,9 +241,11 @@ class Client:
         """Run one request to the end and return its Result."""
         return self.stream(messages, tools, prompt, prompt_ids, max_tokens, **kwargs).result()
 
-    def _unary(self, method, request):
+    def _unary(self, method, request, timeout: float | None = None):
+        """`method`'s call within `timeout` s (None: the client's own deadline)."""
+        timeout = self.timeout if timeout is None else timeout
         try:
-            return method(request, timeout=self.timeout, metadata=self._metadata)
+            return method(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as error:
             raise LineageError.from_rpc(error) from None
 
@@ -255,11 +257,12 @@ class Client:
         """The ModelInfo RPC as a dict of its fields."""
         return message_to_dict(self._unary(self._engine.ModelInfo, engine_pb2.ModelInfoRequest()))
 
-    def inspect(self, recent: int = 20, model: str = "") -> dict:
+    def inspect(self, recent: int = 20, model: str = "", timeout: float | None = None) -> dict:
         """The Inspect RPC (live figures, the latest `recent` requests; `model`: that
-        model's, when the server serves several) as a dict."""
+        model's, when the server serves several) as a dict; `timeout`: this call's deadline
+        in s, where not the client's (it waits for every replica's figures)."""
         request = engine_pb2.InspectRequest(recent=recent, model=model)
-        return message_to_dict(self._unary(self._engine.Inspect, request))
+        return message_to_dict(self._unary(self._engine.Inspect, request, timeout))
 
     def wait_ready(self, timeout: float = 30.0, service: str = "") -> None:
         """Poll grpc.health.v1 until `service` ("" or "lineage.v1.Engine") is SERVING.

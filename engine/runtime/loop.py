@@ -10,7 +10,8 @@ test) reach the Generator only through the inbox: `call(fn)` queues
 loop sleeps on the inbox; after `idle_release_s` without work it releases
 MLX's buffer pool once and gives malloc's free pages back (engine.runtime.malloc:
 glibc only), so an idle server holds what it uses, not what its last burst
-freed. A step that raises fails the batch's requests (each
+freed; a request that arrives during that release waits for it (tens of ms where
+the burst freed tens of MiB). A step that raises fails the batch's requests (each
 gets an error Finished) and the loop goes on with a fresh batch.
 
 It knows nothing about Ray, gRPC or the cache manager: the Generator's

@@ -22,9 +22,10 @@ A sample holds, at its time `t` (seconds since the soak began):
   own (clients.bench.soak.reference): the machine's speed at that time, which
   the report sets beside the drift of the time to first token (None where the
   child is gone);
-- `replicas`: per model replica (the Inspect RPC) the compiled grammars it
-  keeps and MLX's active bytes: bounded fills of the model actor's RSS that
-  its own figures name;
+- `replicas`: per model replica (the Inspect RPC, given one sampling interval)
+  the compiled grammars it keeps and MLX's active bytes: bounded fills of the
+  model actor's RSS that its own figures name ([] where it did not answer in
+  time, as while a killed replica restarts);
 - `probes`: probe replies checked and wrong so far; `fault`: the fault under
   way ("" for none).
 
@@ -154,7 +155,7 @@ class Sampler(threading.Thread):
         t = soak.log.now()
         stopping = soak.stopping.is_set()
         stats = {} if stopping else _stats(soak.client)
-        replicas = [] if stopping else _replicas(soak.client)
+        replicas = [] if stopping else _replicas(soak.client, self.every)
         disk = read_disk(soak.entries)
         disk.update(
             responses_bytes=_tree_bytes(soak.cache_dir / "responses"),
@@ -201,10 +202,12 @@ def _stats(client) -> dict:
         return {}
 
 
-def _replicas(client) -> list[dict]:
-    """Each replica's compiled grammars held and MLX active bytes ([] when Inspect fails)."""
+def _replicas(client, within: float) -> list[dict]:
+    """Each replica's compiled grammars held and MLX active bytes ([] when Inspect fails or
+    takes over `within` s: it waits for every replica, and one restarting after a kill
+    answers in its new life, while the sample's processes wait to be read)."""
     try:
-        replicas = client.inspect(recent=0).get("replicas", [])
+        replicas = client.inspect(recent=0, timeout=within).get("replicas", [])
     except Exception:
         return []
     keys = ("name", "grammars_held", "mlx_active_bytes")

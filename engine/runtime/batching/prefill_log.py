@@ -21,6 +21,8 @@ Chunks and rows are kept in `Ring`s (engine.runtime.batching.ring): their full s
 is allocated at construction, so a long-lived loop's memory does not creep as they
 fill. A row's strings (request id, namespace) are object fields holding the caller's
 own strings: a fixed-width field would cut a long id or pay its width on every row.
+Those strings are what still fills: about 580 KiB over the first ROWS rows (ids of
+41 characters, a namespace each), flat after.
 
 It knows perf_counter seconds, uids and token counts; nothing of MLX, batches or
 requests.

@@ -2,9 +2,11 @@
 
 A log kept for the life of a process (the step profile, the prefill log) costs its full
 size from its first record: the array is allocated and written through at construction,
-so its pages are resident from the start and appending never allocates. A growing
-deque of objects instead fills for as long as it takes to reach its bound (minutes at a
-serving rate), which a memory slope reads as growth.
+so its pages are resident from the start and appending allocates nothing of its own
+(an `object` field keeps the caller's object alive until its record is overwritten:
+that part still fills, until the ring first wraps). A growing deque of objects
+instead fills for as long as it takes to reach its bound (minutes at a serving rate),
+all of it, which a memory slope reads as growth.
 
 It knows numpy structured dtypes and nothing of what the records mean; string fields
 are `object` fields, holding the caller's own objects.

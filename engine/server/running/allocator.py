@@ -8,7 +8,8 @@ what a request frees stays in its arena, in pages the system still counts. A
 memos filling. `limit_arenas` caps the arenas (mallopt M_ARENA_MAX, before
 the serve starts its threads) and `Trimmer` returns the free pages every
 interval (engine.runtime.malloc: malloc_trim(0) walks every arena and gives
-back each whole free page; a few milliseconds, under each arena's lock in turn).
+back each whole free page, under each arena's lock in turn; its time grows with
+what it gives back).
 
 Both are glibc's: elsewhere (macOS, musl) they do nothing and say so once in
 the log. This module knows nothing of what allocates. The model loop trims on its own

@@ -8,6 +8,8 @@ import os
 import re
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -265,6 +267,48 @@ def test_the_grammars_the_replicas_hold_are_reported_first_last_and_most():
     assert f["grammars_held"] == {"first": 0, "last": 6, "max": 6}
     assert re.search(r"grammars held +0 -> 6 \(max 6;", report.format_report(f))
     assert f["settings"]["tool_sets"] == 8
+
+
+class _SlowInspect:
+    """A client whose Inspect does not answer (a replica restarting after a kill: its
+    stats call waits for the new life) until the call's own deadline, else `hangs` s."""
+
+    def __init__(self, hangs: float):
+        self.hangs = hangs
+
+    def cache_stats(self) -> dict:
+        return {"disk_bytes": 0}
+
+    def inspect(self, recent: int = 20, model: str = "", timeout: float | None = None):
+        time.sleep(self.hangs if timeout is None else min(timeout, self.hangs))
+        raise RuntimeError("DEADLINE_EXCEEDED")
+
+
+def test_a_replica_that_does_not_answer_inspect_delays_a_sample_by_one_interval_at_most(
+    tmp_path,
+):
+    from clients.bench.soak.samples import Sampler
+    from clients.bench.soak.users import Log
+
+    soak = SimpleNamespace(
+        log=Log(time.monotonic()),
+        stopping=threading.Event(),
+        client=_SlowInspect(hangs=8.0),
+        entries=tmp_path / "entries",
+        cache_dir=tmp_path,
+        serve=SimpleNamespace(
+            processes=lambda: {}, object_store_bytes=lambda: 0, log_bytes=lambda: {}
+        ),
+        probes=Probes(),
+        schedule=None,
+    )
+    sampler = Sampler(soak, tmp_path / "samples.jsonl", every=0.5)
+    t0 = time.monotonic()
+    sample = sampler.sample(0.0)
+    # the processes' RSS is read within about an interval of the sample's time, not after
+    # the replica's restart; its grammars unread this time
+    assert time.monotonic() - t0 < 2.0
+    assert sample["replicas"] == []
 
 
 def test_the_drift_holds_the_engine_to_the_bound_with_the_machines_own_speed_taken_out():

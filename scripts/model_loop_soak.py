@@ -35,8 +35,8 @@ import numpy as np
 
 from engine.kernels import cpu_fusion
 from engine.runtime import packed_state
+from engine.runtime.malloc import glibc
 from engine.runtime.structured import masked_batch
-from engine.server.running.allocator import glibc
 
 SHAPES: dict = defaultdict(set)
 

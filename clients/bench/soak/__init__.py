@@ -3,7 +3,9 @@
 It starts `lineage serve` (Ray, the model actor, the cache manager, gRPC and the
 HTTP bridge; clients.bench.soak.serve) on the embedded model (or `--model`)
 with a RAM and a disk budget small enough that eviction, thinning and disk
-writes run all the time, in a cache directory of its own, and for `--minutes`
+writes run all the time, and a compiled-grammar cache smaller than the tool
+sets the rounds use in turn, so grammars are compiled and dropped all the time
+too, in a cache directory of its own, and for `--minutes`
 drives it over HTTP with agent-shaped users (clients.bench.soak.users: rounds
 of sub-agent bursts, long coding sessions that grow and compact, edits,
 regenerates, cancelled streams, slow readers, idle gaps; chat completions,
@@ -56,8 +58,14 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--tool-sets",
         type=int,
-        default=8,
+        default=16,
         help="distinct tool sets the rounds draw from in turn (0: new tools every round)",
+    )
+    parser.add_argument(
+        "--grammar-cache",
+        type=int,
+        default=8,
+        help="the serve's compiled grammars kept (small: fewer than --tool-sets)",
     )
     parser.add_argument("--long-sessions", type=int, default=2, help="long coding sessions")
     parser.add_argument("--compact-at", type=int, default=2500, help="tokens before compaction")
@@ -100,6 +108,7 @@ class Soak:
         self.disk = SmallDisk(self.cache_dir, DISK_ROOM * self.disk_budget)
         flags = ["--model", model_path(args.model), "--ram-budget", args.ram_budget]
         flags += ["--disk-budget", args.disk_budget, "--replicas", "1"]
+        flags += ["--grammar-cache", str(args.grammar_cache)]
         self.serve = Serve(work, self.cache_dir, flags, f"lineage-soak-{os.getpid()}")
         self.log = Log(time.monotonic())
         self.halt, self.stopping = threading.Event(), threading.Event()

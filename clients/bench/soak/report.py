@@ -74,8 +74,12 @@ def figures(samples, events, faults, probes, final, soak, args) -> dict:
         for r, p in processes.items()
         if p["judged"] and p["threads_last"] > p["threads_first"] + 4
     }
+    grammars = _first_last_max([_grammars(s) for s in samples])
+    cache = getattr(args, "grammar_cache", None)
     checks = {
         "faults_survived": all(f["survived"] for f in faults),
+        # the compiled grammars a replica keeps stay within --grammar-cache
+        "grammars_within_cache": cache is None or (grammars["max"] or 0) <= cache,
         "disk_within_budget": disk["peak_bytes"] <= soak.disk_budget,
         "no_orphaned_files": orphaned == 0,
         # the budget's count of the disk tier against its files' bytes, writes settled
@@ -102,6 +106,7 @@ def figures(samples, events, faults, probes, final, soak, args) -> dict:
                 "scale",
                 "agents",
                 "tool_sets",
+                "grammar_cache",
                 "long_sessions",
                 "seed",
             )
@@ -114,7 +119,7 @@ def figures(samples, events, faults, probes, final, soak, args) -> dict:
         "lives": lives,
         "disk": disk,
         "object_store": _first_last_max([s["object_store_bytes"] for s in samples]),
-        "grammars_held": _first_last_max([_grammars(s) for s in samples]),
+        "grammars_held": grammars,
         "logs": log_figures(samples),
         "windows": windows,
         "ttft_drift": drift,
@@ -469,8 +474,11 @@ def format_report(f: dict) -> str:
             ),
             (
                 "grammars held",
-                "{first} -> {last} (max {max}; compiled tool and schema grammars of the "
-                "replicas, a bounded fill)".format(**f.get("grammars_held", _first_last_max([]))),
+                "{first} -> {last} (max {max} of the {cache} --grammar-cache keeps: the "
+                "replicas' compiled tool and schema grammars)".format(
+                    cache=f["settings"].get("grammar_cache"),
+                    **f.get("grammars_held", _first_last_max([])),
+                ),
             ),
             (
                 "logs",

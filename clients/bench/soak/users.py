@@ -11,9 +11,9 @@ and readers of clients.bench.agents.wire_apis:
   their retries), each round new sessions on a new seed, each session in the
   wire format its name picks; between steps, now and then an idle gap. The
   rounds' tool definitions come from a few sets in turn (`tool_sets`: the
-  agents one machine has installed), so the engine's compiled tool grammars
-  are a bounded, recurring set, as on a user's machine; 0 makes every round's
-  tools new.
+  agents one machine has installed), so the tool grammars the engine compiles
+  recur, as on a user's machine (the soak keeps fewer than that compiled, so
+  they are also dropped and compiled again); 0 makes every round's tools new.
 - `LongSession`: one coding session that grows turn by turn (user turns, tool
   calls and results), and compacts when it passes `compact_at` estimated
   tokens (it starts again from its system prompt and a summary); now and then

@@ -29,6 +29,12 @@ answering again) took its writer's queue with it or flushed it: at `revived`
 was to delete and did not leave the directory, so the index stays true to
 the directory. Its writer reports the files it made durable (`files_written`):
 until then only it reads them (engine.cache.replicas).
+
+Its process gives glibc's free pages back every `trim_s` seconds (the serve's
+`malloc_trim_s`; engine.runtime.malloc.Trimmer, as the front end does): its plans and commits
+allocate and free token arrays and records all day, and what they freed
+otherwise stays held in malloc's arenas (a soak's cache manager grew +5.9%/h
+without it).
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ from engine.cache.replicas import DEFAULT_THRESHOLD
 from engine.cache.replicated import ReplicatedCache
 from engine.cache.tree import CacheTree
 from engine.config import CacheConfig
+from engine.runtime.malloc import Trimmer
 from engine.storage.directory import open_cache_directory
 
 log = logging.getLogger(__name__)
@@ -80,6 +87,7 @@ class CacheManagerActor:
         has_state_layers: bool,
         replicas: int = 1,
         threshold: int = DEFAULT_THRESHOLD,
+        trim_s: float = 30.0,
     ):
         log_to_stderr()
         self.config = config
@@ -99,6 +107,8 @@ class CacheManagerActor:
             f"cache directory {config.resolved_cache_dir}" if self.directory else "no disk tier",
         )
         self.replica_handles: list = []  # the replicas' handles, for Orders they did not ask for
+        self.trimmer = Trimmer(trim_s)
+        self.trimmer.start()
 
     def _build(self, first_id: int) -> ReplicatedCache:
         manager = CacheManager(
@@ -109,6 +119,10 @@ class CacheManagerActor:
             first_id=first_id,
         )
         return ReplicatedCache(manager, self.replicas, self.threshold)
+
+    def malloc_trims(self) -> tuple[int, int]:
+        """(trims, resident bytes they gave back) of this process so far."""
+        return self.trimmer.trims, self.trimmer.returned
 
     def hello(self, loop_deadline: float = 0.0) -> Hello:
         return Hello(self.incarnation, self.epoch, os.getpid())

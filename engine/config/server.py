@@ -128,8 +128,8 @@ class ServerConfig:
     )
     malloc_trim_s: float = setting(
         30.0,
-        "seconds between returns of the front end's free malloc pages to the system "
-        "(malloc_trim; 0: never)",
+        "seconds between returns of the front end's and the cache manager's free malloc "
+        "pages to the system (malloc_trim; 0: never)",
         flag=None,
     )
     replicas: int | str = setting(

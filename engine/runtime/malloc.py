@@ -10,14 +10,20 @@ machine), a few milliseconds only where little was free; meanwhile the calling
 thread waits, and so does any other that allocates in the arena being walked.
 
 Elsewhere (macOS, musl) there is no glibc: `glibc()` is None and `trim` does
-nothing. It knows nothing of what allocates, MLX's buffers included (MLX keeps
-its own pool, released by `mx.clear_cache`).
+nothing. `Trimmer` trims every interval on a daemon thread of its own (the
+front end, the cache-manager actor); the model loop trims when it goes idle.
+It knows nothing of what allocates, MLX's buffers included (MLX keeps its own
+pool, released by `mx.clear_cache`).
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
+import threading
+
+log = logging.getLogger("lineage")
 
 
 def glibc():
@@ -47,3 +53,49 @@ def trim(libc) -> int:
     before = resident_bytes()
     libc.malloc_trim(0)
     return max(0, before - resident_bytes())
+
+
+class Trimmer:
+    """Every `interval` seconds, malloc's free pages go back to the system: `trims` counts
+    the calls, `returned` the resident bytes they gave back (the resident set before less
+    after, never below zero)."""
+
+    def __init__(self, interval: float):
+        self.interval = interval
+        self.trims = 0
+        self.returned = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._libc = glibc()
+
+    def trim(self) -> int:
+        """Give the free pages back now; the resident bytes that went."""
+        if self._libc is None:
+            return 0
+        gone = trim(self._libc)
+        self.trims += 1
+        self.returned += gone
+        return gone
+
+    def start(self) -> bool:
+        """Trim in a daemon thread until `stop`; False (and one log line) where malloc is
+        not glibc's or the interval is 0."""
+        if self.interval <= 0:
+            return False
+        if self._libc is None:
+            log.info("lineage: malloc is not glibc's here; its free memory is its own to return")
+            return False
+        self._thread = threading.Thread(target=self._run, name="malloc-trim", daemon=True)
+        self._thread.start()
+        return True
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            gone = self.trim()
+            if gone >= 1 << 20:
+                log.debug("malloc trim returned %.1f MiB", gone / 2**20)

@@ -32,3 +32,32 @@ def test_a_manager_refuses_to_plan_until_resync_then_stamps_each_replicas_epoch(
         assert ray.get(manager.audit.remote(), timeout=60).violation == ""
     finally:
         ray.kill(manager)
+
+
+@pytest.mark.skipif(
+    __import__("engine.runtime.malloc", fromlist=["glibc"]).glibc() is None,
+    reason="malloc is not glibc's",
+)
+def test_a_manager_gives_its_free_malloc_pages_back_every_interval(ray_session, tmp_path):
+    """Its plans and commits free token arrays and records all day: without a trim what
+    they freed stays held in malloc's arenas. `trim_s` 0 trims never."""
+    import time
+
+    import ray
+
+    from engine.actors.cache_manager import CacheManagerActor
+
+    config = CacheConfig(cache_dir=str(tmp_path))
+    trimming = CacheManagerActor.remote(config, "fp", True, 1, trim_s=0.2)
+    never = CacheManagerActor.remote(
+        CacheConfig(cache_dir=str(tmp_path / "b")), "fp", True, 1, trim_s=0
+    )
+    try:
+        ray.get([trimming.hello.remote(), never.hello.remote()], timeout=60)
+        time.sleep(1.5)
+        trims, _ = ray.get(trimming.malloc_trims.remote(), timeout=60)
+        assert trims >= 3
+        assert ray.get(never.malloc_trims.remote(), timeout=60) == (0, 0)
+    finally:
+        ray.kill(trimming)
+        ray.kill(never)

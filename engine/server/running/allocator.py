@@ -20,11 +20,10 @@ allocator.
 from __future__ import annotations
 
 import logging
-import threading
 
-from engine.runtime.malloc import glibc, resident_bytes, trim
+from engine.runtime.malloc import Trimmer, glibc, resident_bytes
 
-__all__ = ["Trimmer", "glibc", "limit_arenas", "resident_bytes"]
+__all__ = ["Trimmer", "glibc", "limit_arenas", "resident_bytes"]  # Trimmer: engine.runtime.malloc
 
 log = logging.getLogger("lineage")
 M_ARENA_MAX = -8  # glibc's malloc.h
@@ -36,49 +35,3 @@ def limit_arenas(most: int) -> bool:
     if most <= 0 or libc is None:
         return False
     return bool(libc.mallopt(M_ARENA_MAX, most))
-
-
-class Trimmer:
-    """Every `interval` seconds, malloc's free pages go back to the system: `trims` counts
-    the calls, `returned` the resident bytes they gave back (the resident set before less
-    after, never below zero)."""
-
-    def __init__(self, interval: float):
-        self.interval = interval
-        self.trims = 0
-        self.returned = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._libc = glibc()
-
-    def trim(self) -> int:
-        """Give the free pages back now; the resident bytes that went."""
-        if self._libc is None:
-            return 0
-        gone = trim(self._libc)
-        self.trims += 1
-        self.returned += gone
-        return gone
-
-    def start(self) -> bool:
-        """Trim in a daemon thread until `stop`; False (and one log line) where malloc is
-        not glibc's or the interval is 0."""
-        if self.interval <= 0:
-            return False
-        if self._libc is None:
-            log.info("lineage: malloc is not glibc's here; its free memory is its own to return")
-            return False
-        self._thread = threading.Thread(target=self._run, name="malloc-trim", daemon=True)
-        self._thread.start()
-        return True
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=1)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            gone = self.trim()
-            if gone >= 1 << 20:
-                log.debug("malloc trim returned %.1f MiB", gone / 2**20)

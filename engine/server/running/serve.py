@@ -331,6 +331,7 @@ async def start_group(
         info.has_state_layers,
         count,
         config.server.route_threshold,
+        config.server.malloc_trim_s,
     )
     started.actors.append(manager)
     supervisor = Supervisor(replicas, manager, config, set_serving)

@@ -53,9 +53,7 @@ class ModelLoop:
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.generator: Generator | None = None
         self.pool_releases = 0
-        self.malloc_trims = 0  # idle spells whose free malloc pages went back (glibc)
-        self.malloc_returned = 0  # the resident bytes they gave back
-        self._libc = malloc.glibc()
+        self.trimmer = malloc.Trimmer(0)  # trimmed by hand at each idle release, no thread
         self._error: BaseException | None = None
         self._ready = threading.Event()
         self._stopped = False
@@ -163,6 +161,14 @@ class ModelLoop:
 
         mx.clear_cache()
         self.pool_releases += 1
-        if self._libc is not None:
-            self.malloc_returned += malloc.trim(self._libc)
-            self.malloc_trims += 1
+        self.trimmer.trim()
+
+    @property
+    def malloc_trims(self) -> int:
+        """Idle spells whose free malloc pages went back (0 where malloc is not glibc's)."""
+        return self.trimmer.trims
+
+    @property
+    def malloc_returned(self) -> int:
+        """The resident bytes those trims gave back."""
+        return self.trimmer.returned

@@ -29,10 +29,6 @@ class Ring:
         self._data = np.empty(keep, self.dtype)
         self._data[...] = np.zeros((), self.dtype)  # every page touched now, not as rows come
 
-    @property
-    def nbytes(self) -> int:
-        return self._data.nbytes
-
     def __len__(self) -> int:
         return min(self.written, self.keep)
 

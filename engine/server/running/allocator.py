@@ -13,8 +13,8 @@ what it gives back).
 
 Both are glibc's: elsewhere (macOS, musl) they do nothing and say so once in
 the log. This module knows nothing of what allocates. The model loop trims on its own
-when it goes idle (engine.runtime.loop); the cache manager is left to its
-allocator.
+when it goes idle (engine.runtime.loop); the cache-manager actor runs a Trimmer of
+its own (engine.actors.cache_manager).
 """
 
 from __future__ import annotations

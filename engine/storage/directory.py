@@ -182,7 +182,7 @@ def file_sizes(directory: Path) -> dict[int, int]:
     try:
         with os.scandir(directory) as it:
             for d in it:
-                entry_id = file_id(Path(d.name))
+                entry_id = file_id(d.name)  # no Path: see file_id
                 if entry_id is None:
                     continue
                 try:

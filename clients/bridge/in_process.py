@@ -18,6 +18,7 @@ only in the engine's process (a client process never loads it).
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import PurePath
 
 from clients.client import LineageError
@@ -113,6 +114,16 @@ class InProcessStream:
         return self._collector.result()
 
 
+@functools.lru_cache(maxsize=8)
+def model_name(path: str) -> str:
+    """The name the model is listed by: its path's last part (never the server's layout).
+
+    Kept per path: `model_info` runs on every request, and a `PurePath` each time
+    interned the path's parts anew once the last request's had died (pathlib's
+    parse), churning the interpreter's table of interned strings."""
+    return PurePath(path).name
+
+
 class InProcessClient:
     """`stream(...)` as AsyncClient's, on the engine in this process."""
 
@@ -165,7 +176,7 @@ class InProcessBackend:
             if auth.identity(metadata) is None:
                 raise LineageError("UNAUTHENTICATED", "a known bearer token is required")
         i = self.engine.frontend.info
-        model = PurePath(i.path).name
+        model = model_name(i.path)
         output_format = self.engine.frontend.builder.output_format
         reply = {
             "model": model,

@@ -18,8 +18,6 @@ only in the engine's process (a client process never loads it).
 from __future__ import annotations
 
 import asyncio
-import functools
-from pathlib import PurePath
 
 from clients.client import LineageError
 from clients.wire import (
@@ -36,7 +34,7 @@ from clients.wire import (
 from engine.runtime.events import Finished, Tokens
 from engine.runtime.events import Progress as EngineProgress
 from engine.server.observe.figures import ClientFigures
-from engine.server.rpc.replies import to_tree_reply
+from engine.server.rpc.replies import model_name, to_tree_reply
 from engine.server.rpc.service import DOMAIN_ERRORS, generate_events, status_of, tree_scope
 
 
@@ -112,16 +110,6 @@ class InProcessStream:
         finally:
             self.cancel()
         return self._collector.result()
-
-
-@functools.lru_cache(maxsize=8)
-def model_name(path: str) -> str:
-    """The name the model is listed by: its path's last part (never the server's layout).
-
-    Kept per path: `model_info` runs on every request, and a `PurePath` each time
-    interned the path's parts anew once the last request's had died (pathlib's
-    parse), churning the interpreter's table of interned strings."""
-    return PurePath(path).name
 
 
 class InProcessClient:

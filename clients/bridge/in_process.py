@@ -18,7 +18,6 @@ only in the engine's process (a client process never loads it).
 from __future__ import annotations
 
 import asyncio
-from pathlib import PurePath
 
 from clients.client import LineageError
 from clients.wire import (
@@ -35,7 +34,7 @@ from clients.wire import (
 from engine.runtime.events import Finished, Tokens
 from engine.runtime.events import Progress as EngineProgress
 from engine.server.observe.figures import ClientFigures
-from engine.server.rpc.replies import to_tree_reply
+from engine.server.rpc.replies import model_name, to_tree_reply
 from engine.server.rpc.service import DOMAIN_ERRORS, generate_events, status_of, tree_scope
 
 
@@ -165,7 +164,7 @@ class InProcessBackend:
             if auth.identity(metadata) is None:
                 raise LineageError("UNAUTHENTICATED", "a known bearer token is required")
         i = self.engine.frontend.info
-        model = PurePath(i.path).name
+        model = model_name(i.path)
         output_format = self.engine.frontend.builder.output_format
         reply = {
             "model": model,

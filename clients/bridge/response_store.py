@@ -138,7 +138,7 @@ class ResponseStore:
         if self.directory is None:
             return None
         try:
-            fd = os.open(self.directory / f"{response_id}.json", os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(self._path(f"{response_id}.json"), os.O_RDONLY | os.O_NOFOLLOW)
             with os.fdopen(fd, "rb") as f:
                 data = f.readline() if head_only else f.read()
             return _parse(response_id, data, head_only), data
@@ -216,7 +216,7 @@ class ResponseStore:
     def _write(self, response_id: str, data: bytes, gone: list[tuple[str, str]]) -> None:
         """On the writer thread: the record's file, then the evicted ones' tombstones."""
         try:
-            _atomic_write(self.directory / f"{response_id}.json", data)
+            _atomic_write(self._path(f"{response_id}.json"), data)
         except OSError as error:
             log.warning("response store: %s not written: %s", response_id, error)
         for old, tenant in gone:
@@ -225,14 +225,21 @@ class ResponseStore:
     def _bury(self, response_id: str, tenant: str) -> None:
         """An evicted record's file replaced by its tombstone."""
         try:
-            _atomic_write(self.directory / f"{response_id}.evicted", tenant.encode())
+            _atomic_write(self._path(f"{response_id}.evicted"), tenant.encode())
         except OSError as error:
             log.warning("response store: tombstone of %s not written: %s", response_id, error)
         self._unlink(f"{response_id}.json")
 
+    def _path(self, name: str) -> str:
+        """The file `name` of the directory, joined as strings: a `Path` per record's file
+        (each request that stores a response writes one) interns its new name, churning
+        the interpreter's interned-string table until it resizes (a one-off step of a few
+        MiB in a soak)."""
+        return os.path.join(self.directory, name)
+
     def _unlink(self, name: str) -> None:
         try:
-            os.unlink(self.directory / name)
+            os.unlink(self._path(name))
         except FileNotFoundError:
             pass
         except OSError as error:
@@ -312,9 +319,10 @@ def _json(value) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def _atomic_write(path: str, data: bytes) -> None:
     """Write `data` at `path` (0600) under a temporary name, fsync it, rename it."""
-    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}-{threading.get_ident()}")
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, f".tmp-{name}-{os.getpid()}-{threading.get_ident()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:

@@ -212,16 +212,17 @@ def read_arrays(path: Path, fingerprint: str, entry_id: int):
     return drain(read_steps(path, fingerprint, entry_id))
 
 
-def read_steps(path: Path, fingerprint: str, entry_id: int, dir_fd: int | None = None):
+def read_steps(path: str | Path, fingerprint: str, entry_id: int, dir_fd: int | None = None):
     """`read_arrays` in steps (one array's allocation, one chunk of the body read): yields
     the bytes done so far after each (allocated, then read: twice the arrays' bytes at the
     end) and returns what `read_arrays` returns, so a reader
     can hand the rest of a load to another thread (`drain` there). Each step creates
     and evaluates its own arrays, so none is left on the stream of the thread that
     ran the steps before. With `dir_fd` (the directory as opened at start) the file
-    is opened relative to it, whatever its path has become since."""
-    path = Path(path)
-    with file_format.open_entry(path.parent if dir_fd is None else dir_fd, path.name) as f:
+    is opened relative to it, whatever its path has become since. `path` is split as a
+    string, not parsed into a `Path` (file_format.entry_name says why)."""
+    directory, name = os.path.split(os.fspath(path))
+    with file_format.open_entry(directory if dir_fd is None else dir_fd, name) as f:
         size = os.fstat(f.fileno()).st_size
         header = file_format.read_header_from(f, size)
         if header.fingerprint != fingerprint or header.entry_id != entry_id:

@@ -188,7 +188,7 @@ class DiskStore:
         job = self.writer.held(entry_id)
         if job is not None:
             return entry_id, job, None, 0.0
-        path = file_format.entry_path(self.directory, entry_id)
+        path = os.path.join(self.directory, file_format.entry_name(entry_id))  # no Path
         t0 = time.perf_counter()
         try:
             steps = read_steps(path, self.fingerprint, entry_id, self.dir_fd)
@@ -235,7 +235,7 @@ class DiskStore:
                 log.error("disk tier: queued entry %d holds other tokens than planned", entry_id)
                 return None
             return StoredEntry(held.layers, held.length, dict(held.states), tokens=held.tokens)
-        path = file_format.entry_path(self.directory, entry_id)
+        name = file_format.entry_name(entry_id)  # no Path: see entry_name
         try:
             if isinstance(result, BaseException):
                 raise result
@@ -245,13 +245,13 @@ class DiskStore:
         except (file_format.DamagedFile, OSError) as e:
             log.error(
                 "disk tier: %s is damaged (%s); not loaded, renamed to %s",
-                path,
+                os.path.join(self.directory, name),
                 e,
                 file_format.DAMAGED_SUFFIX,
             )
             try:
-                damaged = path.with_suffix(file_format.DAMAGED_SUFFIX).name
-                os.replace(path.name, damaged, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+                damaged = f"{entry_id}{file_format.DAMAGED_SUFFIX}"
+                os.replace(name, damaged, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
             except OSError:
                 pass
         else:
@@ -260,7 +260,7 @@ class DiskStore:
             self.load_seconds += time.perf_counter() - t0
             try:
                 # the disk tier's LRU survives restarts through mtimes
-                os.utime(path.name, dir_fd=self.dir_fd, follow_symlinks=False)
+                os.utime(name, dir_fd=self.dir_fd, follow_symlinks=False)
             except OSError:
                 pass
             return entry

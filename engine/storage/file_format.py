@@ -69,8 +69,18 @@ def entries_dir(cache_dir: str | Path, mode: str = "lineage") -> Path:
     return Path(cache_dir) / ("entries" if mode == "lineage" else f"entries-{mode}")
 
 
+def entry_name(entry_id: int) -> str:
+    """The name of an entry's file in its directory.
+
+    The model replica's writer and reader join it to the directory as strings
+    (`os.path.join`), never `directory / name`: pathlib interns every part it
+    parses, and a new name per file written, read or deleted churns the
+    interpreter's table of interned strings until it resizes (see `file_id`)."""
+    return f"{entry_id}{SUFFIX}"
+
+
 def entry_path(directory: Path, entry_id: int) -> Path:
-    return Path(directory) / f"{entry_id}{SUFFIX}"
+    return Path(directory) / entry_name(entry_id)
 
 
 def _align(n: int) -> int:

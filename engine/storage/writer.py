@@ -26,7 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from engine.storage.directory import delete_files, private_directory
-from engine.storage.file_format import TRAILER_BYTES, encode_header, encode_trailer, entry_path
+from engine.storage.file_format import TRAILER_BYTES, encode_header, encode_trailer, entry_name
 
 log = logging.getLogger(__name__)
 
@@ -93,11 +93,13 @@ def _blocks(view: np.ndarray, most: int = 4096):
 
 
 def write_file(directory: Path, job: WriteJob) -> int:
-    """Write one entry file atomically (temporary name, fsync, rename, fsync dir); its bytes."""
-    directory = Path(directory)
-    tmp = directory / f".{job.entry_id}.{os.getpid()}.tmp"
+    """Write one entry file atomically (temporary name, fsync, rename, fsync dir); its bytes.
+
+    Its paths are strings, not `Path`s: see file_format.entry_name."""
+    directory = os.fspath(directory)
+    tmp = os.path.join(directory, f".{job.entry_id}.{os.getpid()}.tmp")
     header, table, body_bytes = encode_header(job.meta, job.tokens, job.arrays, job.dtypes)
-    tmp.unlink(missing_ok=True)  # a leftover of this pid's predecessor (or a planted link)
+    _unlink_quietly(tmp)  # a leftover of this pid's predecessor (or a planted link)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(tmp, flags, 0o600)
     try:
@@ -118,15 +120,22 @@ def write_file(directory: Path, job: WriteJob) -> int:
         os.fsync(fd)
     except BaseException:
         os.close(fd)
-        tmp.unlink(missing_ok=True)
+        _unlink_quietly(tmp)
         raise
     os.close(fd)
-    os.replace(tmp, entry_path(directory, job.entry_id))
+    os.replace(tmp, os.path.join(directory, entry_name(job.entry_id)))
     _fsync_dir(directory)
     return len(header) + body_bytes + TRAILER_BYTES
 
 
-def _fsync_dir(directory: Path) -> None:
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _fsync_dir(directory: str | Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -353,3 +353,32 @@ def test_reading_the_files_sizes_interns_no_file_name(tmp_path, monkeypatch):
     assert interned == [], interned[:5]
     assert file_format.file_id(tmp_path / "12.entry") == 12  # a Path is still taken
     assert file_format.file_id("12.tmp") is None
+
+
+def test_the_replicas_writes_reads_and_deletes_intern_no_file_name(tmp_path, monkeypatch):
+    """A model replica's writer writes a file per entry it stores and deletes one per entry
+    superseded or evicted; its reader reads one per restore from disk. A `Path` built on a
+    new name, each time, interns that name (pathlib's parse), and the interpreter's
+    interned-string table churns a file at a time until it resizes: the step the cache
+    manager took from `file_sizes`. Their paths are joined as strings."""
+    store = DiskStore(tmp_path, "fp")
+    fresh = DiskStore(tmp_path, "fp")  # nothing queued: its loads read the files
+    interned = []
+    real = sys.intern
+    monkeypatch.setattr(sys, "intern", lambda s: interned.append(s) or real(s))
+    for entry_id in (5, 6):
+        store.write(_entry("hybrid-float32"), _record(entry_id, 30))
+    assert store.flush(10)
+    with open(os.path.join(tmp_path, "6.entry"), "r+b") as f:
+        f.write(b"garbage!")  # its load fails: the file is renamed 6.damaged
+    assert fresh.load(5) is not None
+    assert fresh.load(6) is None
+    assert sorted(os.listdir(tmp_path)) == ["5.entry", "6.damaged"]
+    store.delete(5)
+    store.delete(6)
+    assert store.flush(10)
+    assert os.listdir(tmp_path) == []
+    store.close(10)
+    fresh.close(10)
+    names = [s for s in interned if s.endswith((".entry", ".damaged", ".tmp"))]
+    assert names == [], names[:5]

@@ -2,7 +2,8 @@
 
 `coalesce` merges a step's consecutive token events of a branch into one chunk before
 they go out; `to_event` writes one event, `to_inspect_reply` and `to_tree_reply` the
-operator's views (the messages carry the dataclasses' field names). It knows the
+operator's views (the messages carry the dataclasses' field names); `model_name` is the
+name a model is listed by (ModelInfo, the fleet's listing, the in-process bridge). It knows the
 proto's reply messages and the domain's events and views; nothing of the servicer,
 of who may see what, or of the figures' rounding (engine.server.observe.figures).
 """
@@ -10,11 +11,24 @@ of who may see what, or of the figures' rounding (engine.server.observe.figures)
 from __future__ import annotations
 
 import dataclasses
+import functools
+from pathlib import PurePath
 
 from engine.proto import engine_pb2
 from engine.runtime.events import Finished, Progress, Tokens
 from engine.server.observe.activity import Inspection, RequestRecord
 from engine.server.observe.cache_view import CacheView
+
+
+@functools.lru_cache(maxsize=64)
+def model_name(path: str) -> str:
+    """The name a model is listed by: its path's last part, never the server's layout.
+
+    Kept per path: the in-process bridge asks it on every request (and the fleet's
+    listing, per model), and a `PurePath` each time interned the path's parts anew
+    once the previous call's had died (pathlib's parse), churning the interpreter's
+    table of interned strings until it resized."""
+    return PurePath(path).name
 
 
 def to_event(event) -> engine_pb2.GenerateEvent:

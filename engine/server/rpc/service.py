@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from pathlib import PurePath
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -35,7 +34,13 @@ from engine.server.front.frontend import Frontend
 from engine.server.observe.figures import ClientFigures
 from engine.server.prompts.constraints import to_grammar
 from engine.server.rpc.health import EngineSlots, HealthGate
-from engine.server.rpc.replies import coalesce, to_event, to_inspect_reply, to_tree_reply
+from engine.server.rpc.replies import (
+    coalesce,
+    model_name,
+    to_event,
+    to_inspect_reply,
+    to_tree_reply,
+)
 from engine.server.rpc.requests import check_request, to_prompt_input, to_sampling
 from engine.server.security.auth import Authenticator, AuthInterceptor, server_credentials
 from engine.server.security.limits import check_identifier
@@ -143,7 +148,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     async def ModelInfo(self, request, context):
         i = self.frontend.info
         return engine_pb2.ModelInfoReply(
-            model=PurePath(i.path).name,  # never the server's directory layout
+            model=model_name(i.path),
             model_type=i.model_type,
             vocab_size=i.vocab_size,
             max_context=i.max_context,

@@ -32,6 +32,7 @@ from engine.config import EngineConfig, ModelSpec, format_bytes, machine_memory,
 from engine.config.fleet import alias_targets, routed
 from engine.runtime.events import Progress
 from engine.server.errors import Overloaded, Unavailable, UnknownModel
+from engine.server.rpc.replies import model_name
 
 log = logging.getLogger("lineage.fleet")
 
@@ -114,7 +115,7 @@ class Fleet:
                     name=m.name,
                     state=m.state,
                     aliases=list(m.aliases),
-                    model=Path(m.spec.path or "embedded").name,
+                    model=model_name(m.spec.path or "embedded"),
                     output_format=output_format,
                     max_context=max_context,
                 )

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 import uuid
 
 import pytest
 
+from clients.bridge import response_store
 from clients.bridge.response_store import Record, ResponseStore, StoredNotFound, tenant_key
 from tests.child import run_python
 
@@ -86,7 +88,7 @@ def test_the_byte_bound_evicts_too(tmp_path):
         store.put(r)
     assert store.bytes <= 3000 and len(store._sizes) == 2
     with pytest.raises(StoredNotFound):
-        store.get("alice", records[0].id)
+        store.get("alice", records[2].id)  # the latest evicted: its tombstone stays
     assert store.get("alice", records[-1].id).conversation == records[-1].conversation
     store.close()
 
@@ -146,6 +148,7 @@ def test_tighter_bounds_at_a_restart_evict_the_oldest(tmp_path):
 
 _MEMORY = """
 import gc, json, sys, tracemalloc, uuid
+from clients.bridge import response_store
 from clients.bridge import response_store
 from clients.bridge.response_store import Record, ResponseStore, tenant_key
 
@@ -231,3 +234,29 @@ def test_the_records_held_in_memory_cost_their_files_bytes(tmp_path):
     _, out = run_python(_HELD, str(tmp_path / "r"))
     assert out["count"] == 256 and out["held"] > 1_000_000, out
     assert out["grown"] < 1.1 * out["held"], out
+
+
+def test_storing_reading_and_evicting_records_interns_no_file_name(tmp_path, monkeypatch):
+    """Each request that stores a response writes its file (a temporary name, then its
+    own), and evictions write tombstones and remove files. A `Path` per file, on a new
+    name each time, interns that name (pathlib's parse): the serve's interned-string table
+    churned a few names per request until it resized, a one-off step of a few MiB. The
+    store joins its paths as strings."""
+    monkeypatch.setattr(response_store, "MEMORY_RECORDS", 1)  # older records: from files
+    store = ResponseStore(tmp_path / "r", 2, 1 << 20)
+    interned = []
+    real = sys.intern
+    monkeypatch.setattr(sys, "intern", lambda s: interned.append(s) or real(s))
+    records = [_record("alice", f"turn {i}") for i in range(5)]  # 3 evicted, 1 tombstone goes
+    for record in records:
+        store.put(record)
+    store._writer.submit(lambda: None).result()  # the writes are done
+    assert store.get("alice", records[-2].id) == records[-2]  # read from its file
+    with pytest.raises(StoredNotFound) as error:
+        store.get("alice", records[2].id)  # the latest evicted: its tombstone stays
+    assert error.value.evicted
+    store.delete("alice", records[-1].id)
+    store.close()
+    assert len(os.listdir(tmp_path / "r")) == 3  # a record and two tombstones
+    names = [s for s in interned if "resp_" in s]
+    assert names == [], names[:5]

@@ -177,12 +177,17 @@ def test_a_replica_that_misses_one_ping_is_reset_and_holds_only_what_is_placed(e
     # the loop within the stall's first second; rounds are a second or more apart, and
     # further apart on a loaded machine, so the stall is repeated until one is missed.
     # Between stalls the loop answers many rounds: never two misses in a row.
+    # Once the miss is seen (the manager stops routing to the replica), the reset is waited
+    # for however long it takes: a new stall then would lose the replica a second time.
     for _ in range(4):
         ray.get(model.__ray_call__.remote(_stall, 3.0), timeout=30)
-        stalled = time.monotonic()
-        while sup.restarts == restarts and time.monotonic() - stalled < RECOVERY_S / 3:
+        stalled, missed = time.monotonic(), False
+        while sup.restarts == restarts:
+            missed = missed or 0 not in ray.get(manager.alive.remote(), timeout=30)
+            if time.monotonic() - stalled > (RECOVERY_S if missed else RECOVERY_S / 3):
+                break
             time.sleep(0.2)
-        if sup.restarts != restarts:
+        if sup.restarts != restarts or missed:
             break
     assert sup.restarts != restarts, "the replica was never reset"
     assert sup.wedged_restarts == wedged, "one missed ping: reset, not killed"

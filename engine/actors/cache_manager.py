@@ -33,9 +33,10 @@ until then only it reads them (engine.cache.replicas).
 Its process gives glibc's free pages back every `trim_s` seconds (the serve's
 `malloc_trim_s`; engine.runtime.malloc.Trimmer, as the front end does): its plans and commits
 allocate and free token arrays and records all day, and what they freed
-otherwise stays held in malloc's arenas. It did not remove what made a soak's
-cache manager grow (+5.90%/h without it, +6.61%/h with it: a ~2 MiB step of live
-memory, not freed pages; docs/benchmarks.md, "Soak").
+otherwise stays held in malloc's arenas. What made a soak's cache manager grow
+was live memory, not freed pages: a one-off ~2 MiB step when the interpreter's
+interned-string table resized, churned by a `Path` per file on every `stats`
+read (engine.storage.file_format.file_id; docs/benchmarks.md, "Soak").
 """
 
 from __future__ import annotations

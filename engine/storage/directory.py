@@ -29,7 +29,7 @@ from engine.storage.file_format import (
     DamagedFile,
     Header,
     entries_dir,
-    entry_name,
+    entry_file,
     file_id,
     read_header,
 )
@@ -200,7 +200,7 @@ def files_bytes(directory: Path) -> int:
     return sum(file_sizes(directory).values())
 
 
-def _remove(path: str) -> int:
+def remove_file(path: str) -> int:
     """Unlink `path`; the bytes freed (0 when it was not there)."""
     try:
         nbytes = os.stat(path).st_size
@@ -213,8 +213,8 @@ def _remove(path: str) -> int:
 def delete_files(directory: Path, entry_id: int) -> int:
     """Remove an entry's file (and a quarantined copy); the bytes freed. The paths are
     strings (the writer deletes a file per superseded entry): see file_format.entry_name."""
-    directory = os.fspath(directory)
-    return sum(_remove(os.path.join(directory, f"{entry_id}{s}")) for s in (SUFFIX, DAMAGED_SUFFIX))
+    paths = (os.path.join(directory, f"{entry_id}{s}") for s in (SUFFIX, DAMAGED_SUFFIX))
+    return sum(remove_file(path) for path in paths)
 
 
 LOCK_NAME = "LOCK"
@@ -297,7 +297,7 @@ class OpenDirectory:
 
     def delete(self, entry_ids) -> int:
         """Remove these entry files (a quarantined copy stays); the bytes freed."""
-        return sum(_remove(os.path.join(self.path, entry_name(i))) for i in entry_ids)
+        return sum(remove_file(entry_file(self.path, i)) for i in entry_ids)
 
     def close(self) -> None:
         if self.lock is not None:

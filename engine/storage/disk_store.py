@@ -188,7 +188,7 @@ class DiskStore:
         job = self.writer.held(entry_id)
         if job is not None:
             return entry_id, job, None, 0.0
-        path = os.path.join(self.directory, file_format.entry_name(entry_id))  # no Path
+        path = file_format.entry_file(self.directory, entry_id)
         t0 = time.perf_counter()
         try:
             steps = read_steps(path, self.fingerprint, entry_id, self.dir_fd)

@@ -79,6 +79,11 @@ def entry_name(entry_id: int) -> str:
     return f"{entry_id}{SUFFIX}"
 
 
+def entry_file(directory: str | Path, entry_id: int) -> str:
+    """An entry's file in `directory`, as a string (for the per-file paths: see entry_name)."""
+    return os.path.join(directory, entry_name(entry_id))
+
+
 def entry_path(directory: Path, entry_id: int) -> Path:
     return Path(directory) / entry_name(entry_id)
 

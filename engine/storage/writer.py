@@ -25,8 +25,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from engine.storage.directory import delete_files, private_directory
-from engine.storage.file_format import TRAILER_BYTES, encode_header, encode_trailer, entry_name
+from engine.storage.directory import delete_files, private_directory, remove_file
+from engine.storage.file_format import TRAILER_BYTES, encode_header, encode_trailer, entry_file
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def write_file(directory: Path, job: WriteJob) -> int:
     directory = os.fspath(directory)
     tmp = os.path.join(directory, f".{job.entry_id}.{os.getpid()}.tmp")
     header, table, body_bytes = encode_header(job.meta, job.tokens, job.arrays, job.dtypes)
-    _unlink_quietly(tmp)  # a leftover of this pid's predecessor (or a planted link)
+    remove_file(tmp)  # a leftover of this pid's predecessor (or a planted link)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(tmp, flags, 0o600)
     try:
@@ -120,19 +120,12 @@ def write_file(directory: Path, job: WriteJob) -> int:
         os.fsync(fd)
     except BaseException:
         os.close(fd)
-        _unlink_quietly(tmp)
+        remove_file(tmp)
         raise
     os.close(fd)
-    os.replace(tmp, os.path.join(directory, entry_name(job.entry_id)))
+    os.replace(tmp, entry_file(directory, job.entry_id))
     _fsync_dir(directory)
     return len(header) + body_bytes + TRAILER_BYTES
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def _fsync_dir(directory: str | Path) -> None:
